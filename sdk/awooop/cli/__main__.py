@@ -1,0 +1,5 @@
+import sys
+
+from awooop.cli.main import main
+
+sys.exit(main())

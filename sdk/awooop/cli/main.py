@@ -1,0 +1,41 @@
+"""`awooop`: the command line. Server-side commands (serve, up, migrate, admin) import the
+services lazily so the client-side commands stay light."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from awooop.cli import admin, server
+
+# each module contributes subcommands: register(subparsers) sets args.func
+MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
+    server.register,
+    admin.register,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="awooop",
+        description="Exactly-once runs, fenced leases and saga compensation on Postgres and Redis.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for register in MODULES:
+        register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    result = args.func(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

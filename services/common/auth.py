@@ -1,0 +1,137 @@
+"""Authentication (bearer API keys) and per-project role checks.
+
+The interceptor resolves `authorization: Bearer <key>` to a Principal and puts it in a
+context variable for the handler. Verified keys are cached for AWOOOP_AUTH_CACHE_SECONDS
+so hot paths (duplicate events answered from Redis) need no Postgres round trip; a
+revoked key or role therefore stops working within that many seconds. Checks that must
+be exact (the idempotency replay re-check of seed 003) read memberships fresh instead:
+see `has_role_now`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hmac
+import time
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from services.common import errors
+from services.common.principals import ALL_PROJECTS, hash_secret, parse_key
+
+# admin implies every role
+IMPLIED = {"admin": {"ingest", "worker", "approver", "admin"}}
+
+
+@dataclass(frozen=True)
+class Principal:
+    principal_id: str
+    principal_type: str
+    # project_id -> roles (the key "*" applies to every project)
+    roles: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def roles_in(self, project_id: str) -> set[str]:
+        held = set(self.roles.get(project_id, ())) | set(self.roles.get(ALL_PROJECTS, ()))
+        out = set(held)
+        for r in held:
+            out |= IMPLIED.get(r, set())
+        return out
+
+    def has(self, project_id: str, role: str) -> bool:
+        return role in self.roles_in(project_id)
+
+    def require(self, project_id: str, role: str) -> None:
+        if not self.has(project_id, role):
+            raise errors.forbidden(
+                f"principal {self.principal_id} has no {role} role in project {project_id}",
+                project_id=project_id,
+                role=role,
+            )
+
+    @property
+    def actor(self) -> str:
+        return f"{self.principal_type}:{self.principal_id}"
+
+
+_current: contextvars.ContextVar[Principal | None] = contextvars.ContextVar("awooop_principal", default=None)
+
+
+def current_principal() -> Principal:
+    p = _current.get()
+    if p is None:  # only reachable if a handler runs without the interceptor
+        raise errors.unauthenticated()
+    return p
+
+
+def set_principal(p: Principal | None) -> contextvars.Token[Principal | None]:
+    return _current.set(p)
+
+
+def reset_principal(token: contextvars.Token[Principal | None]) -> None:
+    _current.reset(token)
+
+
+class Authenticator:
+    def __init__(self, pool: asyncpg.Pool, cache_seconds: float) -> None:
+        self.pool = pool
+        self.cache_seconds = cache_seconds
+        self._cache: dict[str, tuple[float, Principal]] = {}
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        if not authorization:
+            raise errors.unauthenticated("missing authorization metadata: send 'authorization: Bearer <key>'")
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise errors.unauthenticated("authorization must be 'Bearer <key>'")
+        key = key.strip()
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        principal = await self._load(key)
+        if len(self._cache) > 10000:
+            self._cache.clear()
+        self._cache[key] = (now + self.cache_seconds, principal)
+        return principal
+
+    async def _load(self, key: str) -> Principal:
+        parsed = parse_key(key)
+        if parsed is None:
+            raise errors.unauthenticated("malformed API key")
+        key_id, secret = parsed
+        rows = await self.pool.fetch(
+            """SELECT k.secret_sha256, p.principal_id, p.principal_type, m.project_id, m.role
+                 FROM awooop_api_key k
+                 JOIN awooop_principal p USING (principal_id)
+                 LEFT JOIN awooop_project_member m ON m.principal_id = p.principal_id
+                WHERE k.key_id = $1 AND k.revoked_at IS NULL""",
+            key_id,
+        )
+        # compare even when the key id is unknown, so timing does not reveal which ids exist
+        expected = rows[0]["secret_sha256"] if rows else b"\x00" * 32
+        if not hmac.compare_digest(expected, hash_secret(secret)) or not rows:
+            raise errors.unauthenticated("unknown or revoked API key")
+        roles: dict[str, set[str]] = {}
+        for r in rows:
+            if r["project_id"] is not None:
+                roles.setdefault(r["project_id"], set()).add(r["role"])
+        return Principal(
+            rows[0]["principal_id"],
+            rows[0]["principal_type"],
+            {k: frozenset(v) for k, v in roles.items()},
+        )
+
+
+async def has_role_now(conn: asyncpg.Connection, principal: Principal, project_id: str, role: str) -> bool:
+    """Reads the principal's membership from the store now (no cache)."""
+    wanted = [r for r, implied in IMPLIED.items() if role in implied] + [role]
+    return bool(
+        await conn.fetchval(
+            """SELECT EXISTS (SELECT 1 FROM awooop_project_member
+                               WHERE principal_id = $1 AND project_id = ANY($2::text[]) AND role = ANY($3::text[]))""",
+            principal.principal_id,
+            [project_id, ALL_PROJECTS],
+            wanted,
+        )
+    )

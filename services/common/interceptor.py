@@ -1,0 +1,102 @@
+"""The one server interceptor: authentication, error mapping, metrics and access log.
+
+Handlers raise ServiceError (or let a store failure propagate); this turns it into a
+status with google.rpc details. Anything else is a bug: logged with its traceback and
+answered INTERNAL without leaking the exception text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from services.common import errors
+from services.common.auth import Authenticator, reset_principal, set_principal
+from services.common.db import store_error
+from services.common.observability import RPC_LATENCY, RPC_REQUESTS
+
+log = logging.getLogger("awooop.rpc")
+
+PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, authenticator: Authenticator, access_log: bool = True) -> None:
+        self.authenticator = authenticator
+        self.access_log = access_log
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        method: str = details.method  # type: ignore[attr-defined]
+        if handler is None or method.startswith(PUBLIC_PREFIXES):
+            return handler
+        if handler.unary_unary is None:  # every awooop RPC is unary
+            return handler
+        return grpc.unary_unary_rpc_method_handler(
+            self._wrap(method, handler.unary_unary),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _wrap(self, method: str, inner: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Any:
+        authenticator = self.authenticator
+        access_log = self.access_log
+
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            started = time.perf_counter()
+            code = "OK"
+            principal_id = ""
+            token = None
+            try:
+                md = {k: v for k, v in (context.invocation_metadata() or ())}
+                principal = await authenticator.authenticate(md.get("authorization"))  # type: ignore[arg-type]
+                principal_id = principal.principal_id
+                token = set_principal(principal)
+                return await inner(request, context)
+            except errors.ServiceError as exc:
+                code = exc.code.name
+                await context.abort_with_status(exc.to_status())
+            except grpc.aio.AbortError:
+                code = context.code().name if context.code() else "ABORTED"  # type: ignore[union-attr]
+                raise
+            except asyncio.CancelledError:
+                code = "CANCELLED"
+                raise
+            except NotImplementedError:  # the generated base servicer's answer
+                code = "UNIMPLEMENTED"
+                await context.abort_with_status(errors.unimplemented(method).to_status())
+            except Exception as exc:
+                mapped = store_error(exc)
+                if mapped is None:
+                    log.exception("unhandled error in %s", method)
+                    mapped = errors.internal()
+                code = mapped.code.name
+                await context.abort_with_status(mapped.to_status())
+            finally:
+                if token is not None:
+                    reset_principal(token)
+                elapsed = time.perf_counter() - started
+                RPC_REQUESTS.labels(method, code).inc()
+                RPC_LATENCY.labels(method).observe(elapsed)
+                if access_log:
+                    log.info(
+                        "rpc",
+                        extra={
+                            "method": method,
+                            "code": code,
+                            "ms": round(elapsed * 1000, 2),
+                            "principal": principal_id,
+                            "peer": context.peer(),
+                        },
+                    )
+
+        return handle

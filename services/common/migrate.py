@@ -1,0 +1,72 @@
+"""Applies the ordered SQL files in services/common/migrations exactly once each.
+
+Each file runs in its own transaction together with its row in awooop_schema_migrations;
+a session advisory lock makes concurrent `awooop migrate` runs (several replicas starting
+with AWOOOP_MIGRATE_ON_START) wait for each other instead of racing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from importlib import resources
+
+import asyncpg
+
+log = logging.getLogger("awooop.migrate")
+
+# pg_advisory_lock key: the first 8 bytes of sha256("awooop-migrate")
+LOCK_KEY = int.from_bytes(hashlib.sha256(b"awooop-migrate").digest()[:8], "big", signed=True)
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def load() -> list[Migration]:
+    out = []
+    for entry in resources.files("services.common.migrations").iterdir():
+        if entry.name.endswith(".sql"):
+            version = int(entry.name.split("_", 1)[0])
+            out.append(Migration(version, entry.name, entry.read_text(encoding="utf-8")))
+    out.sort(key=lambda m: m.version)
+    return out
+
+
+async def apply(conn: asyncpg.Connection) -> list[str]:
+    """Applies pending migrations; returns the names applied (empty when up to date)."""
+    await conn.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)
+    try:
+        await conn.execute(
+            """CREATE TABLE IF NOT EXISTS awooop_schema_migrations (
+                   version    INT PRIMARY KEY,
+                   name       TEXT NOT NULL,
+                   applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"""
+        )
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM awooop_schema_migrations")}
+        applied = []
+        for m in load():
+            if m.version in done:
+                continue
+            async with conn.transaction():
+                await conn.execute(m.sql)
+                await conn.execute(
+                    "INSERT INTO awooop_schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name
+                )
+            log.info("applied migration", extra={"migration": m.name})
+            applied.append(m.name)
+        return applied
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+
+
+async def migrate(dsn: str) -> list[str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await apply(conn)
+    finally:
+        await conn.close()

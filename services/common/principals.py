@@ -1,0 +1,120 @@
+"""Principals, API keys and project roles: the store side of ARCHITECTURE.md section 7.
+
+Keys look like "awk_<key_id>_<secret>". Only sha256(secret) is stored: the secret is 256
+random bits, so a fast hash is enough and lookups stay cheap. Used by `awooop admin`,
+`awooop up` and the tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+
+import asyncpg
+
+ROLES = ("ingest", "worker", "approver", "admin")
+PRINCIPAL_TYPES = ("user", "service")
+ALL_PROJECTS = "*"
+
+
+def hash_secret(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode()).digest()
+
+
+def parse_key(key: str) -> tuple[str, str] | None:
+    """(key_id, secret) of a well-formed key, else None."""
+    parts = key.split("_")
+    if len(parts) != 3 or parts[0] != "awk" or not parts[1] or not parts[2]:
+        return None
+    return parts[1], parts[2]
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    key_id: str
+    key: str  # shown once
+
+
+async def create_principal(
+    conn: asyncpg.Connection | asyncpg.Pool, principal_id: str, principal_type: str = "user", display_name: str = ""
+) -> None:
+    if principal_type not in PRINCIPAL_TYPES:
+        raise ValueError(f"principal_type must be one of {PRINCIPAL_TYPES}")
+    await conn.execute(
+        """INSERT INTO awooop_principal (principal_id, principal_type, display_name)
+           VALUES ($1, $2, $3)
+           ON CONFLICT (principal_id) DO UPDATE SET display_name = EXCLUDED.display_name""",
+        principal_id,
+        principal_type,
+        display_name,
+    )
+
+
+async def issue_key(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str, label: str = "") -> IssuedKey:
+    key_id = secrets.token_hex(8)
+    secret = secrets.token_urlsafe(32).replace("_", "-")
+    status = await conn.execute(
+        """INSERT INTO awooop_api_key (key_id, principal_id, secret_sha256, label)
+           SELECT $1, principal_id, $3, $4 FROM awooop_principal WHERE principal_id = $2""",
+        key_id,
+        principal_id,
+        hash_secret(secret),
+        label,
+    )
+    if status.endswith(" 0"):
+        raise LookupError(f"principal {principal_id} does not exist")
+    return IssuedKey(key_id, f"awk_{key_id}_{secret}")
+
+
+async def revoke_key(conn: asyncpg.Connection | asyncpg.Pool, key_id: str) -> bool:
+    status = await conn.execute(
+        "UPDATE awooop_api_key SET revoked_at = now() WHERE key_id = $1 AND revoked_at IS NULL", key_id
+    )
+    return not status.endswith(" 0")
+
+
+async def grant_role(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str, project_id: str, role: str) -> None:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}")
+    await conn.execute(
+        """INSERT INTO awooop_project_member (project_id, principal_id, role) VALUES ($1, $2, $3)
+           ON CONFLICT DO NOTHING""",
+        project_id,
+        principal_id,
+        role,
+    )
+
+
+async def revoke_role(
+    conn: asyncpg.Connection | asyncpg.Pool, principal_id: str, project_id: str, role: str | None = None
+) -> int:
+    """Removes one role, or every role when role is None; returns rows removed."""
+    status = await conn.execute(
+        """DELETE FROM awooop_project_member
+            WHERE principal_id = $1 AND project_id = $2 AND ($3::text IS NULL OR role = $3)""",
+        principal_id,
+        project_id,
+        role,
+    )
+    return int(status.split()[-1])
+
+
+async def list_principals(conn: asyncpg.Connection | asyncpg.Pool) -> list[asyncpg.Record]:
+    return await conn.fetch(
+        """SELECT p.principal_id, p.principal_type, p.display_name,
+                  COALESCE(array_agg(m.project_id || ':' || m.role ORDER BY m.project_id, m.role)
+                           FILTER (WHERE m.role IS NOT NULL), '{}') AS roles,
+                  (SELECT count(*) FROM awooop_api_key k
+                    WHERE k.principal_id = p.principal_id AND k.revoked_at IS NULL) AS active_keys
+             FROM awooop_principal p
+             LEFT JOIN awooop_project_member m USING (principal_id)
+            GROUP BY p.principal_id ORDER BY p.principal_id"""
+    )
+
+
+async def bootstrap_admin(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str = "dev-admin") -> IssuedKey:
+    """A principal with the admin role in every project, and a fresh key for it."""
+    await create_principal(conn, principal_id, "user", "development administrator")
+    await grant_role(conn, principal_id, ALL_PROJECTS, "admin")
+    return await issue_key(conn, principal_id, "bootstrap")

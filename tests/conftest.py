@@ -1,0 +1,182 @@
+"""Fixtures: a real PostgreSQL, a real Redis and real gRPC servers over real channels.
+
+Postgres: AWOOOP_TEST_DATABASE_URL (or AWOOOP_DATABASE_URL) names a server we may create
+databases on; without one an embedded Postgres (pgserver) is started for the session.
+The schema is migrated once into a template database and each test gets a fresh clone.
+
+Redis: AWOOOP_TEST_REDIS_URL (or AWOOOP_REDIS_URL), else an embedded redis-server. Tests
+share it but each test's keys live under its own prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import grpc
+import pytest
+import pytest_asyncio
+
+from services.common import embedded, migrate, principals
+from services.common.runtime import Runtime
+from services.common.settings import Settings
+
+
+def _with_database(dsn: str, dbname: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
+
+
+@pytest.fixture(scope="session")
+def pg_server_dsn() -> Iterator[str]:
+    dsn = os.environ.get("AWOOOP_TEST_DATABASE_URL") or os.environ.get("AWOOOP_DATABASE_URL")
+    if dsn:
+        yield dsn
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="awooop-test-pg-"))
+    pg = embedded.start_postgres(tmp / "pg")
+    try:
+        yield pg.dsn
+    finally:
+        pg.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = os.environ.get("AWOOOP_TEST_REDIS_URL") or os.environ.get("AWOOOP_REDIS_URL")
+    if url:
+        yield url
+        return
+    rd = embedded.start_redis(Path(tempfile.mkdtemp(prefix="awooop-test-redis-")))
+    try:
+        yield rd.url
+    finally:
+        rd.stop()
+
+
+async def _admin(pg_server_dsn: str) -> asyncpg.Connection:
+    return await asyncpg.connect(_with_database(pg_server_dsn, "postgres"))
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def template_db(pg_server_dsn: str) -> AsyncIterator[str]:
+    name = f"awooop_tmpl_{uuid.uuid4().hex[:10]}"
+    conn = await _admin(pg_server_dsn)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    await migrate.migrate(_with_database(pg_server_dsn, name))
+    yield name
+    conn = await _admin(pg_server_dsn)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+# CREATE DATABASE ... TEMPLATE needs the template to have no other sessions; serialize clones.
+_clone_lock = asyncio.Lock()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def db_dsn(pg_server_dsn: str, template_db: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test."""
+    name = f"awooop_t_{uuid.uuid4().hex[:12]}"
+    async with _clone_lock:
+        conn = await _admin(pg_server_dsn)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+        finally:
+            await conn.close()
+    yield _with_database(pg_server_dsn, name)
+    conn = await _admin(pg_server_dsn)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def db(db_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    """A direct connection to this test's database, for arranging and asserting."""
+    conn = await asyncpg.connect(db_dsn)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+def settings(db_dsn: str, redis_url: str) -> Settings:
+    prefix = f"awooop:{urlsplit(db_dsn).path.lstrip('/')}:"
+    return Settings.from_env().with_(
+        database_url=db_dsn,
+        redis_url=redis_url,
+        redis_prefix=prefix,
+        metrics_port=0,
+        access_log=False,
+        shutdown_grace=0.5,
+        db_pool_min=1,
+        internal_api_key="",
+        saga_addr="",
+    )
+
+
+StartServices = Callable[..., Awaitable[Runtime]]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def start_services(settings: Settings) -> AsyncIterator[StartServices]:
+    """start_services("ingest", "scheduler", **settings_overrides) -> Runtime on ephemeral ports."""
+    started: list[Runtime] = []
+
+    async def start(*names: str, **overrides: Any) -> Runtime:
+        rt = Runtime(settings.with_(**overrides), list(names), port_zero=True)
+        await rt.start()
+        started.append(rt)
+        return rt
+
+    yield start
+    for rt in reversed(started):
+        await rt.stop(0.2)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def channels() -> AsyncIterator[Callable[[int], grpc.aio.Channel]]:
+    """channels(port) -> an insecure grpc.aio channel, closed after the test."""
+    opened: list[grpc.aio.Channel] = []
+
+    def open_channel(port: int) -> grpc.aio.Channel:
+        ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        opened.append(ch)
+        return ch
+
+    yield open_channel
+    for ch in opened:
+        await ch.close()
+
+
+MakeKey = Callable[..., Awaitable[tuple[tuple[str, str], ...]]]
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def make_key(db: asyncpg.Connection) -> MakeKey:
+    """make_key("alice", {"proj": ["ingest"]}) -> call metadata with a fresh API key."""
+
+    async def make(
+        principal_id: str, roles: dict[str, list[str]] | None = None, principal_type: str = "user"
+    ) -> tuple[tuple[str, str], ...]:
+        await principals.create_principal(db, principal_id, principal_type)
+        for project, names in (roles or {}).items():
+            for role in names:
+                await principals.grant_role(db, principal_id, project, role)
+        issued = await principals.issue_key(db, principal_id)
+        return (("authorization", f"Bearer {issued.key}"),)
+
+    return make

@@ -1,0 +1,132 @@
+"""Test helpers: decoding rich errors, polling with a deadline, and real service processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common import errors
+from services.common.embedded import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def reason_of(err: grpc.RpcError) -> str:
+    info = errors.error_info(err)
+    return info.reason if info else ""
+
+
+async def expect_error(call: Awaitable[Any], code: grpc.StatusCode, reason: str | None = None) -> grpc.aio.AioRpcError:
+    """Awaits call, asserts it fails with code (and ErrorInfo reason); returns the error."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as err:
+        assert err.code() == code, f"expected {code}, got {err.code()}: {err.details()}"
+        if reason is not None:
+            assert reason_of(err) == reason, f"expected reason {reason}, got {reason_of(err)}: {err.details()}"
+        return err
+    raise AssertionError(f"expected {code}, call succeeded")
+
+
+async def eventually(
+    check: Callable[[], Awaitable[T]], *, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"
+) -> T:
+    """Polls check() until it returns a truthy value; fails after timeout. Not a sleep-and-hope:
+    the assertion is the condition, the timeout only bounds a failing test."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+@dataclass
+class ServiceProcess:
+    """A real `awooop serve` process, for crash tests."""
+
+    proc: subprocess.Popen[bytes]
+    ports: dict[str, int]
+    log_path: Path
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self, timeout: float = 15) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            return self.proc.wait(timeout)
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+async def wait_healthy(port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while True:
+            try:
+                r = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"service on port {port} not healthy after {timeout}s")
+            await asyncio.sleep(0.1)
+
+
+async def spawn_services(services: list[str], env: dict[str, str], tmp_path: Path, name: str = "svc") -> ServiceProcess:
+    """Starts `python -m awooop.cli serve <services>` with AWOOOP_* env; waits until healthy."""
+    ports = {s: free_port() for s in services}
+    full_env = {**os.environ, **env, "AWOOOP_METRICS_PORT": "0", "AWOOOP_ACCESS_LOG": "false"}
+    for s, p in ports.items():
+        full_env[f"AWOOOP_{s.upper()}_PORT"] = str(p)
+    log_path = tmp_path / f"{name}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "awooop.cli", "serve", *services],
+            env=full_env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    sp = ServiceProcess(proc, ports, log_path)
+    try:
+        for p in ports.values():
+            await wait_healthy(p)
+    except AssertionError:
+        sp.kill()
+        raise AssertionError(f"{services} did not start:\n{sp.log()}") from None
+    return sp
+
+
+def settings_env(settings: Any) -> dict[str, str]:
+    """AWOOOP_* variables reproducing a Settings object in a child process."""
+    from dataclasses import fields
+
+    out = {}
+    for f in fields(settings):
+        if f.name == "extra":
+            continue
+        v = getattr(settings, f.name)
+        out[f"AWOOOP_{f.name.upper()}"] = ("true" if v else "false") if isinstance(v, bool) else str(v)
+    return out
