@@ -12,12 +12,12 @@ from pathlib import Path
 import asyncpg
 import grpc
 import pytest
-from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_status import rpc_status
 
+from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from services.common import migrate
 from tests.helpers import expect_error
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
-
 from services.common.runtime import AppContext, ServiceParts
 
 SERVICE_NAME = tools_pb2.DESCRIPTOR.services_by_name["ToolGatewayService"].full_name

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
-
 from services.common.runtime import AppContext, ServiceParts
 
 SERVICE_NAME = ingest_pb2.DESCRIPTOR.services_by_name["IngestService"].full_name

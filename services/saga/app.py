@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
-
 from services.common.runtime import AppContext, ServiceParts
 
 SERVICE_NAME = saga_pb2.DESCRIPTOR.services_by_name["SagaService"].full_name

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-
 from services.common.runtime import AppContext, ServiceParts
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name

@@ -1,0 +1,124 @@
+"""Shared run plumbing: the store's status/channel strings <-> protobuf enums, a row of
+awooop_run_state -> common.v1.Run, the audit log insert, and the wake-up channel."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import asyncpg
+from google.protobuf import timestamp_pb2
+
+from awooop.common.v1 import common_pb2
+from services.common.validate import to_struct
+
+# Postgres NOTIFY channel: payload is the project_id that has a claimable run. Sent in the
+# transaction that makes a run claimable (ingest insert, reap, approve, retry), so a
+# long-polling ClaimRuns wakes without polling delay.
+RUN_READY_CHANNEL = "awooop_run_ready"
+
+STATUSES = ("PENDING", "RUNNING", "WAITING_TOOL", "WAITING_APPROVAL", "RESUMED", "COMPLETED", "FAILED", "CANCELLED")
+TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
+CHANNELS = ("telegram", "alertmanager", "gitea", "line", "api")
+SAGA_STATUSES = ("in_progress", "compensating", "compensated", "compensation_failed")
+
+
+def status_to_pb(status: str | None) -> int:
+    return common_pb2.RunStatus.Value(f"RUN_STATUS_{status}") if status else 0
+
+
+def status_from_pb(value: int) -> str:
+    return common_pb2.RunStatus.Name(value).removeprefix("RUN_STATUS_")
+
+
+def channel_to_pb(channel: str) -> int:
+    return common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{channel.upper()}")
+
+
+def channel_from_pb(value: int) -> str:
+    return common_pb2.ChannelType.Name(value).removeprefix("CHANNEL_TYPE_").lower()
+
+
+def saga_status_to_pb(value: str | None) -> int:
+    return common_pb2.SagaStatus.Value(f"SAGA_STATUS_{value.upper()}") if value else 0
+
+
+def ts(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    t = timestamp_pb2.Timestamp()
+    t.FromDatetime(value)
+    return t
+
+
+# Columns every Run needs (the approval token hash never leaves the store).
+RUN_COLUMNS = """run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
+    attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
+    cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
+    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before"""
+
+
+def run_to_pb(row: Mapping[str, Any]) -> common_pb2.Run:
+    run = common_pb2.Run(
+        run_id=str(row["run_id"]),
+        project_id=row["project_id"],
+        channel_type=channel_to_pb(row["channel_type"]),  # type: ignore[arg-type]
+        provider_event_id=row["provider_event_id"] or "",
+        status=status_to_pb(row["status"]),  # type: ignore[arg-type]
+        max_attempts=row["max_attempts"],
+        attempt_count=row["attempt_count"],
+        worker_id=row["worker_id"] or "",
+        failure_reason=row["failure_reason"] or "",
+        error_code=row["error_code"] or "",
+        cancel_requested=row["cancel_requested"],
+        approval_decided_by=row["approval_decided_by"] or "",
+        approval_summary=row["approval_summary"] or "",
+        saga_status=saga_status_to_pb(row["saga_status"]),  # type: ignore[arg-type]
+    )
+    run.input.CopyFrom(to_struct(_obj(row["input"])))
+    if row["output"] is not None:
+        run.output.CopyFrom(to_struct(_obj(row["output"])))
+    for name in (
+        "lease_until",
+        "heartbeat_at",
+        "reaped_at",
+        "approval_expires_at",
+        "compensation_started_at",
+        "compensation_completed_at",
+        "created_at",
+        "updated_at",
+        "not_before",
+    ):
+        t = ts(row[name])
+        if t is not None:
+            getattr(run, name).CopyFrom(t)
+    return run
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):  # a connection without the jsonb codec
+        value = json.loads(value)
+    return value if isinstance(value, dict) else {"value": value}
+
+
+AUDIT_SQL = """INSERT INTO awooop_audit_log
+    (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"""
+
+
+async def audit(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    *,
+    project_id: str,
+    run_id: Any,
+    actor: str,
+    action: str,
+    from_status: str | None = None,
+    to_status: str | None = None,
+    reason: str | None = None,
+    details: dict[str, Any] | None = None,
+) -> None:
+    """One audit row. Call it inside the transaction of the change it records."""
+    await conn.execute(AUDIT_SQL, project_id, run_id, actor, action, from_status, to_status, reason, details or {})
