@@ -1,8 +1,13 @@
 """The one server interceptor: authentication, error mapping, metrics and access log.
 
 Handlers raise ServiceError (or let a store failure propagate); this turns it into a
-status with google.rpc details. Anything else is a bug: logged with its traceback and
-answered INTERNAL without leaking the exception text.
+status with google.rpc details. A method the servicer does not implement (the generated
+base raises NotImplementedError) answers UNIMPLEMENTED with ErrorInfo, never a fake
+answer. Anything else is a bug: logged with its traceback and answered INTERNAL without
+leaking the exception text.
+
+Only unary-unary handlers are wrapped: every awooop RPC is unary. Health and reflection
+(streaming, and public by ARCHITECTURE.md section 7) pass through untouched.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, authenticator: Authenticator, access_log: bool = True) -> None:
+    def __init__(self, authenticator: Authenticator, access_log: bool = True, *, authenticate: bool = True) -> None:
         self.authenticator = authenticator
         self.access_log = access_log
+        # False for public services (the reference gateway): no key asked, the rest applies
+        self.authenticate = authenticate
 
     async def intercept_service(
         self,
@@ -48,7 +55,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         )
 
     def _wrap(self, method: str, inner: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Any:
-        authenticator = self.authenticator
+        authenticator = self.authenticator if self.authenticate else None
         access_log = self.access_log
 
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -57,10 +64,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             principal_id = ""
             token = None
             try:
-                md = {k: v for k, v in (context.invocation_metadata() or ())}
-                principal = await authenticator.authenticate(md.get("authorization"))  # type: ignore[arg-type]
-                principal_id = principal.principal_id
-                token = set_principal(principal)
+                if authenticator is not None:
+                    md = {k: v for k, v in (context.invocation_metadata() or ())}
+                    principal = await authenticator.authenticate(md.get("authorization"))  # type: ignore[arg-type]
+                    principal_id = principal.principal_id
+                    token = set_principal(principal)
                 return await inner(request, context)
             except errors.ServiceError as exc:
                 code = exc.code.name
@@ -69,7 +77,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 code = context.code().name if context.code() else "ABORTED"  # type: ignore[union-attr]
                 raise
             except asyncio.CancelledError:
-                code = "CANCELLED"
+                # the client went away or its deadline passed; grpc already answered it
+                remaining = context.time_remaining()
+                code = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
                 raise
             except NotImplementedError:  # the generated base servicer's answer
                 code = "UNIMPLEMENTED"

@@ -4,8 +4,14 @@
 A service package provides `app.build(ctx) -> ServiceParts`: its servicers, the full
 names of its gRPC services, and its background loops. Runtime adds the rest: one
 grpc.aio server per service with the interceptor, grpc.health.v1 (per-service status),
-server reflection, Prometheus metrics, and graceful shutdown (NOT_SERVING first, then
-stop with a grace period).
+server reflection, optional TLS, Prometheus metrics, and graceful shutdown:
+
+  1. ctx.stopping is set: background loops finish their current pass, long-polls return;
+  2. health turns NOT_SERVING (Watch streams get it and end);
+  3. AWOOOP_SHUTDOWN_DELAY seconds of still serving, for load balancers to move away;
+  4. server.stop(AWOOOP_SHUTDOWN_GRACE): new RPCs are refused, in-flight ones may finish;
+  5. background loops are awaited (then cancelled), on_stop closers run, Redis and the
+     pool close.
 """
 
 from __future__ import annotations
@@ -22,16 +28,17 @@ from typing import Any
 
 import asyncpg
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common import migrate
 from services.common.auth import Authenticator
 from services.common.cache import Cache
 from services.common.db import create_pool, store_error
+from services.common.health import SERVING, HealthServicer
 from services.common.interceptor import ServiceInterceptor
 from services.common.observability import LOOP_RUNS, setup_logging, start_metrics
-from services.common.settings import Settings
+from services.common.settings import Settings, SettingsError, problems, unknown_env
 
 log = logging.getLogger("awooop.runtime")
 
@@ -58,7 +65,7 @@ class ServiceParts:
     background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # closers run after the server stopped
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-    # gateway-style services that need no API key
+    # gateway-style services that need no API key (errors, metrics and access log still apply)
     public: bool = False
 
 
@@ -92,19 +99,41 @@ class Runtime:
     def __init__(self, settings: Settings, services: list[str], *, port_zero: bool = False) -> None:
         self.settings = settings
         self.services = list(services)
-        self.port_zero = port_zero  # tests: bind ephemeral ports
+        self.port_zero = port_zero  # tests: bind ephemeral ports, no metrics endpoint
         self.ports: dict[str, int] = {}
         self.servers: dict[str, grpc.aio.Server] = {}
-        self.health: dict[str, health.aio.HealthServicer] = {}  # type: ignore[name-defined]
+        self.health: dict[str, HealthServicer] = {}
         self.ctx: AppContext | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
         self._service_names: dict[str, list[str]] = {}
+        self._stopped = False
+
+    def _server_credentials(self) -> grpc.ServerCredentials | None:
+        s = self.settings
+        if not (s.tls_cert_file and s.tls_key_file):
+            return None
+        try:
+            with open(s.tls_key_file, "rb") as kf, open(s.tls_cert_file, "rb") as cf:
+                return grpc.ssl_server_credentials([(kf.read(), cf.read())])
+        except OSError as exc:
+            raise SystemExit(f"cannot read the TLS key or certificate: {exc}") from exc
 
     async def start(self) -> None:
+        """Starts every service; on failure stops what was started and re-raises."""
+        try:
+            await self._start()
+        except BaseException:
+            await self._close(0)
+            raise
+
+    async def _start(self) -> None:
         s = self.settings
+        credentials = self._server_credentials()  # fail before anything listens
         if s.migrate_on_start:
             await migrate.migrate(s.database_url)
+        if not self.port_zero:
+            start_metrics(s.host, s.metrics_port)
         pool = await create_pool(s)
         cache = Cache(s)
         self.ctx = AppContext(s, pool, cache)
@@ -112,75 +141,106 @@ class Runtime:
         options = [
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 0),  # a second server on a taken port fails instead of sharing it
         ]
         for name in self.services:
             parts = load_service(name)(self.ctx)
-            interceptors = [] if parts.public else [ServiceInterceptor(authenticator, s.access_log)]
-            server = grpc.aio.server(interceptors=interceptors, options=options)
+            interceptor = ServiceInterceptor(authenticator, s.access_log, authenticate=not parts.public)
+            server = grpc.aio.server(interceptors=[interceptor], options=options)
             for add, servicer in parts.servicers:
                 add(servicer, server)
-            hs = health.aio.HealthServicer()  # type: ignore[attr-defined]
+            hs = HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(hs, server)
             reflection.enable_server_reflection(
                 [*parts.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
             )
             port = 0 if self.port_zero else s.port_of(name)
             address = f"{s.host}:{port}"
-            if s.tls_cert_file and s.tls_key_file:
-                with open(s.tls_key_file, "rb") as kf, open(s.tls_cert_file, "rb") as cf:
-                    creds = grpc.ssl_server_credentials([(kf.read(), cf.read())])
-                bound = server.add_secure_port(address, creds)
-            else:
-                bound = server.add_insecure_port(address)
-            await server.start()
-            for svc in [*parts.service_names, ""]:
-                await hs.set(svc, health_pb2.HealthCheckResponse.SERVING)
+            try:
+                if credentials is not None:
+                    bound = server.add_secure_port(address, credentials)
+                else:
+                    bound = server.add_insecure_port(address)
+            except RuntimeError as exc:  # grpc's "Failed to bind to address"
+                raise SystemExit(f"{name}: cannot listen on {address} (in use?): {exc}") from exc
             self.servers[name] = server
             self.health[name] = hs
-            self.ports[name] = bound
             self._service_names[name] = parts.service_names
             self._on_stop.extend(parts.on_stop)
+            await server.start()
+            for svc in [*parts.service_names, ""]:
+                await hs.set(svc, SERVING)
+            self.ports[name] = bound
             for loop in parts.background:
                 self._tasks.append(asyncio.create_task(loop(), name=f"{name}:{loop.__name__}"))
-            log.info("serving", extra={"service": name, "address": f"{s.host}:{bound}"})
-        if not self.port_zero:
-            start_metrics(s.host, s.metrics_port)
+            log.info(
+                "serving",
+                extra={"service": name, "address": f"{s.host}:{bound}", "tls": credentials is not None},
+            )
 
     async def stop(self, grace: float | None = None) -> None:
-        grace = self.settings.shutdown_grace if grace is None else grace
-        assert self.ctx is not None
-        self.ctx.stopping.set()
+        """Graceful shutdown in the order of the module docstring; safe to call twice."""
+        await self._close(self.settings.shutdown_grace if grace is None else grace)
+
+    async def _close(self, grace: float) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.ctx is not None:
+            self.ctx.stopping.set()
         # tell load balancers first, then drain
-        for name, hs in self.health.items():
-            for svc in [*self._service_names[name], ""]:
-                await hs.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
+        for hs in self.health.values():
+            await hs.enter_graceful_shutdown()
+        if self.settings.shutdown_delay > 0 and grace > 0 and self.servers:
+            await asyncio.sleep(self.settings.shutdown_delay)
         await asyncio.gather(*(srv.stop(grace) for srv in self.servers.values()))
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # loops saw ctx.stopping and end after their current pass; cancel the ones that do not
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=max(grace, 1.0))
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         for closer in self._on_stop:
-            with contextlib.suppress(Exception):
+            try:
                 await closer()
-        await self.ctx.cache.close()
-        await self.ctx.pool.close()
+            except Exception:
+                log.exception("on_stop closer failed")
+        if self.ctx is not None:
+            await self.ctx.cache.close()
+            try:
+                await asyncio.wait_for(self.ctx.pool.close(), timeout=max(grace, 1.0))
+            except TimeoutError:
+                self.ctx.pool.terminate()
 
     async def run_until_signal(self) -> None:
-        await self.start()
-        stop = asyncio.Event()
+        """Serves until SIGTERM or SIGINT, then shuts down gracefully."""
         loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        await self.start()
         await stop.wait()
-        log.info("shutting down", extra={"grace_s": self.settings.shutdown_grace})
+        log.info(
+            "shutting down",
+            extra={"delay_s": self.settings.shutdown_delay, "grace_s": self.settings.shutdown_grace},
+        )
         await self.stop()
+        log.info("stopped")
 
 
 def serve(services: list[str], settings: Settings | None = None) -> None:
-    settings = settings or Settings.from_env()
+    """The process entry point of `awooop serve` and `python -m services.<name>`."""
+    try:
+        settings = settings or Settings.from_env()
+    except SettingsError as exc:
+        raise SystemExit(f"configuration error: {exc}") from None
     setup_logging(settings.log_level)
     if not settings.database_url:
         raise SystemExit("AWOOOP_DATABASE_URL is not set (use `awooop up` for an embedded store)")
+    for problem in problems(settings):
+        log.warning("configuration: %s", problem)
+    for name in unknown_env():
+        log.warning("unknown setting %s ignored (see `awooop config`)", name)
     main = Runtime(settings, services).run_until_signal()
     if settings.uvloop:
         import uvloop

@@ -1,50 +1,81 @@
 """Settings from AWOOOP_* environment variables, with the documented defaults.
 
-Every knob lives here so the README's configuration table has one source. Durations
-are seconds (floats allowed) so tests can shorten leases and loops.
+Every knob lives here so the configuration table has one source: docs/configuration.md
+is generated from this class (`python -m services.common.settings`), taking each
+setting's meaning from the comment on its line (or the comment lines just above it), so
+give every new field such a comment. Durations are seconds (floats allowed) so tests can
+shorten leases and loops.
 """
 
 from __future__ import annotations
 
+import inspect
+import io
 import os
+import re
+import tokenize
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 
-def _env(name: str, default: Any, cast: type) -> Any:
-    raw = os.environ.get(f"AWOOOP_{name}")
+class SettingsError(ValueError):
+    """An AWOOOP_* variable that does not parse; the message names it."""
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _parse(name: str, raw: str, cast: type) -> Any:
+    if cast is bool:
+        value = raw.strip().lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise SettingsError(f"{name}={raw!r} is not a boolean (use one of {', '.join(_TRUE + _FALSE)})")
+    try:
+        return cast(raw.strip()) if cast in (int, float) else cast(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a valid {cast.__name__}") from None
+
+
+def _env(name: str, default: Any, cast: type, environ: Mapping[str, str] | None = None) -> Any:
+    env_name = f"AWOOOP_{name}"
+    raw = (os.environ if environ is None else environ).get(env_name)
     if raw is None or raw == "":
         return default
-    if cast is bool:
-        return raw.strip().lower() in ("1", "true", "yes", "on")
-    return cast(raw)
+    return _parse(env_name, raw, cast)
 
 
 @dataclass(frozen=True)
 class Settings:
     # --- store and cache ---
-    database_url: str = ""  # empty: `awooop up` starts an embedded Postgres
+    database_url: str = ""  # Postgres DSN; empty: `awooop up` starts an embedded Postgres, `serve` refuses to start
     redis_url: str = ""  # empty: `awooop up` starts an embedded Redis; services run without Redis
     redis_prefix: str = "awooop:"  # every Redis key starts with this (lets tenants of one Redis coexist)
-    db_pool_min: int = 2
-    db_pool_max: int = 10
-    db_statement_timeout: float = 10.0
-    db_connect_timeout: float = 5.0
-    migrate_on_start: bool = False
+    db_pool_min: int = 2  # connections opened at start (when the store is up) and kept
+    db_pool_max: int = 10  # most connections one process holds; size Postgres max_connections for all replicas
+    db_statement_timeout: float = 10.0  # Postgres statement_timeout; a slower statement answers UNAVAILABLE
+    db_connect_timeout: float = 5.0  # connect / pool acquire timeout; past it the RPC answers UNAVAILABLE
+    migrate_on_start: bool = False  # apply pending migrations before serving (concurrent starts wait on a lock)
 
     # --- listeners ---
-    host: str = "127.0.0.1"
-    ingest_port: int = 50051
-    scheduler_port: int = 50052
-    saga_port: int = 50053
-    gateway_port: int = 50054
-    metrics_port: int = 9464  # 0 disables the Prometheus endpoint
-    tls_cert_file: str = ""
-    tls_key_file: str = ""
-    shutdown_grace: float = 10.0
-    max_message_bytes: int = 4 * 1024 * 1024
-    log_level: str = "INFO"
-    access_log: bool = True  # one JSON line per RPC
+    host: str = "127.0.0.1"  # address the gRPC and metrics listeners bind; 0.0.0.0 in containers
+    ingest_port: int = 50051  # gRPC port of the ingest service
+    scheduler_port: int = 50052  # gRPC port of the scheduler service
+    saga_port: int = 50053  # gRPC port of the saga service
+    gateway_port: int = 50054  # gRPC port of the reference tool gateway
+    metrics_port: int = 9464  # Prometheus /metrics (one per process); 0 disables the endpoint
+    tls_cert_file: str = ""  # PEM certificate chain; with tls_key_file set, every gRPC port serves TLS only
+    tls_key_file: str = ""  # PEM private key of tls_cert_file
+    # on SIGTERM: seconds health stays NOT_SERVING while still serving, so load balancers move away first
+    shutdown_delay: float = 0.0
+    shutdown_grace: float = 10.0  # then seconds in-flight RPCs get to finish before they are cancelled
+    max_message_bytes: int = 4 * 1024 * 1024  # largest gRPC message received or sent
+    log_level: str = "INFO"  # DEBUG, INFO, WARNING or ERROR; logs are JSON lines on stderr
+    access_log: bool = True  # one JSON line per RPC (method, code, ms, principal, peer)
     uvloop: bool = False  # run the event loop on uvloop (pip install awooop[uvloop])
 
     # --- auth ---
@@ -52,47 +83,49 @@ class Settings:
     internal_api_key: str = ""  # key the scheduler presents to the saga service
 
     # --- ingest ---
-    max_payload_bytes: int = 256 * 1024
-    max_batch: int = 1000
-    dedupe_retention: float = 7 * 24 * 3600.0
-    idempotency_ttl: float = 24 * 3600.0
+    max_payload_bytes: int = 256 * 1024  # largest event payload / run input, as compact JSON
+    max_batch: int = 1000  # most events in one IngestEvents call
+    dedupe_retention: float = 7 * 24 * 3600.0  # how long an event id is remembered (seed 000 D1: 7 days)
+    idempotency_ttl: float = 24 * 3600.0  # how long an idempotency key replays its response (seed 003: 24 h)
     policy_version: str = "v1"  # sanitizer/policy version recorded with idempotency keys
-    prune_interval: float = 300.0
-    prune_batch: int = 5000
-    redis_dedupe_ttl: float = 24 * 3600.0
+    prune_interval: float = 300.0  # how often expired dedupe rows and idempotency keys are pruned
+    prune_batch: int = 5000  # rows deleted per pruning statement (short transactions, no long locks)
+    redis_dedupe_ttl: float = 24 * 3600.0  # how long Redis answers a repeated event id without Postgres
 
     # --- scheduler ---
-    lease_ttl: float = 300.0
-    heartbeat_interval: float = 30.0
-    reaper_interval: float = 60.0
-    max_attempts: int = 3
-    retry_backoff: float = 5.0
-    approval_ttl: float = 900.0
-    approval_sweep_interval: float = 30.0
-    max_claim_wait: float = 60.0
+    lease_ttl: float = 300.0  # lease a claim grants and a heartbeat renews (seed 000: 5 min)
+    heartbeat_interval: float = 30.0  # heartbeat period the scheduler tells workers to use (seed 000: 30 s)
+    reaper_interval: float = 60.0  # how often expired leases are reaped (seed 000: 60 s)
+    max_attempts: int = 3  # attempts a run gets unless its request says otherwise (seed 000: 3)
+    retry_backoff: float = 5.0  # delay before a run that failed retryably can be claimed again
+    approval_ttl: float = 900.0  # life of an approval token (15 min); then E-APPROVAL-002
+    approval_sweep_interval: float = 30.0  # how often expired approvals are failed
+    max_claim_wait: float = 60.0  # longest a ClaimRuns long-poll may wait for work
 
     # --- saga ---
     saga_addr: str = ""  # scheduler -> saga nudges; empty: the saga's recovery loop picks requests up
-    gateway_addr: str = "127.0.0.1:50054"
-    max_step_result_bytes: int = 64 * 1024
-    compensation_interval: float = 5.0
-    compensation_lease: float = 60.0
-    tool_timeout: float = 30.0
-    telegram_api_base: str = "https://api.telegram.org"
-    telegram_bot_token: str = ""
-    telegram_chat_id: str = ""
+    gateway_addr: str = "127.0.0.1:50054"  # tool gateway the saga calls to run compensations
+    max_step_result_bytes: int = 64 * 1024  # largest journaled step result, as compact JSON
+    compensation_interval: float = 5.0  # how often the saga looks for recorded compensation requests
+    compensation_lease: float = 60.0  # how long one saga replica owns a compensation request it picked up
+    tool_timeout: float = 30.0  # deadline of one compensation tool call
+    telegram_api_base: str = "https://api.telegram.org"  # Telegram Bot API base URL for escalations
+    telegram_bot_token: str = ""  # empty: no Telegram escalation (audit log and Redis stream still get it)
+    telegram_chat_id: str = ""  # chat that receives compensation_failed escalations
     alert_stream: str = "alerts"  # Redis stream (under redis_prefix) that receives escalations
 
     extra: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from AWOOOP_* variables (os.environ unless environ is given); raises
+        SettingsError naming the variable when one does not parse."""
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name == "extra":
                 continue
             default = f.default
-            values[f.name] = _env(f.name.upper(), default, type(default))
+            values[f.name] = _env(f.name.upper(), default, type(default), environ)
         values.update(overrides)
         return cls(**values)
 
@@ -111,3 +144,110 @@ def describe() -> list[tuple[str, str]]:
             continue
         out.append((f"AWOOOP_{f.name.upper()}", repr(f.default)))
     return out
+
+
+# AWOOOP_* variables that are not server settings: read by the CLI, the worker SDK and the tests.
+CLIENT_VARIABLES = frozenset(
+    {"AWOOOP_API_KEY", "AWOOOP_DATA_DIR", "AWOOOP_ADDR", "AWOOOP_TEST_DATABASE_URL", "AWOOOP_TEST_REDIS_URL"}
+)
+
+
+def env_names() -> list[str]:
+    return [f"AWOOOP_{f.name.upper()}" for f in fields(Settings) if f.name != "extra"]
+
+
+def unknown_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """AWOOOP_* variables that name no setting: most likely typos, worth a warning."""
+    known = set(env_names()) | CLIENT_VARIABLES
+    env = os.environ if environ is None else environ
+    return sorted(k for k in env if k.startswith("AWOOOP_") and k not in known)
+
+
+def problems(s: Settings) -> list[str]:
+    """Combinations that run but defeat their purpose; serve() logs them as warnings."""
+    out = []
+    if s.heartbeat_interval >= s.lease_ttl:
+        out.append("AWOOOP_HEARTBEAT_INTERVAL >= AWOOOP_LEASE_TTL: live workers will lose their leases")
+    if bool(s.tls_cert_file) != bool(s.tls_key_file):
+        out.append("only one of AWOOOP_TLS_CERT_FILE / AWOOOP_TLS_KEY_FILE is set: serving without TLS")
+    if s.db_pool_min > s.db_pool_max:
+        out.append("AWOOOP_DB_POOL_MIN > AWOOOP_DB_POOL_MAX")
+    return out
+
+
+# --- the configuration table, generated from the comments in the Settings class ---
+
+_SECTION = re.compile(r"#\s*---\s*(.+?)\s*---")
+_FIELD = re.compile(r"^\s+(\w+)\s*:")
+
+
+def setting_docs() -> dict[str, tuple[str, str]]:
+    """field name -> (section, meaning), read from the comments in Settings' source."""
+    source = inspect.getsource(Settings)
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    lines = source.splitlines()
+    names = {f.name for f in fields(Settings)}
+    docs: dict[str, tuple[str, str]] = {}
+    section = ""
+    above: list[str] = []
+    for no, line in enumerate(lines, start=1):
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            m = _SECTION.match(stripped)
+            if m:
+                section, above = m.group(1), []
+            else:
+                above.append(comments.get(no, ""))
+            continue
+        m = _FIELD.match(line)
+        if m and m.group(1) in names:
+            text = " ".join([*above, comments.get(no, "")]).strip()
+            docs[m.group(1)] = (section, text)
+        above = []
+    return docs
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "`true`" if value else "`false`"
+    if value == "":
+        return "(empty)"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"`{value}`"
+
+
+def markdown() -> str:
+    """docs/configuration.md."""
+    docs = setting_docs()
+    out = [
+        "# Configuration",
+        "",
+        "Every server setting is an environment variable (`AWOOOP_<NAME>`); this table lists all of them.",
+        "It is generated from `services/common/settings.py` by `python -m services.common.settings >",
+        "docs/configuration.md`, and a test fails when the two differ. Durations are seconds (decimals",
+        "allowed), sizes are bytes, booleans accept `1/true/yes/on` and `0/false/no/off`; a value that does",
+        "not parse stops the service with a message naming the variable. `awooop config` prints the same",
+        "names with their defaults.",
+        "",
+        "Client-side variables (not server settings): `AWOOOP_API_KEY` (the key the CLI and SDK send),",
+        "`AWOOOP_DATA_DIR` (where `awooop up` keeps its embedded Postgres and Redis; default `.awooop`).",
+    ]
+    section = None
+    for f in fields(Settings):
+        if f.name == "extra":
+            continue
+        sec, text = docs.get(f.name, ("", ""))
+        if sec != section:
+            section = sec
+            out += ["", f"## {sec or 'other'}", "", "| variable | default | meaning |", "|---|---|---|"]
+        meaning = text.replace("|", "\\|")
+        out.append(f"| `AWOOOP_{f.name.upper()}` | {_default_text(f.default)} | {meaning} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -1,0 +1,70 @@
+"""grpc.health.v1 for one server, with per-service status.
+
+Like grpc_health's asyncio reference servicer (same `set` and `enter_graceful_shutdown`),
+except that a Watch stream ends once the server shuts down: the reference keeps every
+Watch open until the grace period runs out, so one watching load balancer would hold
+every shutdown for the full AWOOOP_SHUTDOWN_GRACE. Here watchers get NOT_SERVING and then
+the end of the stream, and the grace period is spent only on real in-flight RPCs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+
+
+class HealthServicer(health_pb2_grpc.HealthServicer):
+    def __init__(self) -> None:
+        self._status: dict[str, health_pb2.HealthCheckResponse.ServingStatus.ValueType] = {"": SERVING}
+        self._changed = asyncio.Condition()
+        self._shutting_down = False
+
+    def status(self, service: str = "") -> health_pb2.HealthCheckResponse.ServingStatus.ValueType | None:
+        return self._status.get(service)
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
+        status = self._status.get(request.service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def Watch(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        last = None
+        while True:
+            async with self._changed:
+                status = self._status.get(request.service, SERVICE_UNKNOWN)
+                if status == last and not self._shutting_down:
+                    await self._changed.wait()
+                    continue
+            if status != last:
+                yield health_pb2.HealthCheckResponse(status=status)
+                last = status
+            if self._shutting_down:
+                return
+
+    async def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
+        """Sets one service's status (ignored once shutting down, as in the reference)."""
+        if self._shutting_down:
+            return
+        async with self._changed:
+            self._status[service] = status
+            self._changed.notify_all()
+
+    async def enter_graceful_shutdown(self) -> None:
+        """Every service NOT_SERVING for good; open Watch streams get it and then end."""
+        async with self._changed:
+            self._shutting_down = True
+            for service in self._status:
+                self._status[service] = NOT_SERVING
+            self._changed.notify_all()
