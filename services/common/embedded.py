@@ -5,11 +5,13 @@ machine needs nothing but `pip install awooop[embedded]`."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import socket
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,10 +46,17 @@ class EmbeddedPostgres:
 
 
 def start_postgres(data_dir: Path) -> EmbeddedPostgres:
-    try:
-        import pgserver
-    except ImportError as exc:  # pragma: no cover - depends on extras
-        raise SystemExit("embedded Postgres needs `pip install 'awooop[embedded]'`") from exc
+    """Starts (or joins) the Postgres whose data lives in data_dir; it listens on a unix
+    socket only (in data_dir, or under the runtime dir when that path is too long for a
+    socket). As root, pgserver runs it as a 'pgserver' system user that it creates, owning
+    data_dir and able to traverse its parents."""
+    with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
+        try:
+            import pgserver
+        except ImportError as exc:  # pragma: no cover - depends on extras
+            raise SystemExit("embedded Postgres needs `pip install 'awooop[embedded]'`") from exc
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
     data_dir.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(data_dir, cleanup_mode="stop")
     return EmbeddedPostgres(server, server.get_uri())
@@ -85,6 +94,8 @@ def redis_server_binary() -> str:
 def start_redis(data_dir: Path, port: int | None = None) -> EmbeddedRedis:
     data_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
+    log_path = data_dir / "redis.log"
+    log = open(log_path, "wb")
     proc = subprocess.Popen(
         [
             redis_server_binary(),
@@ -101,9 +112,21 @@ def start_redis(data_dir: Path, port: int | None = None) -> EmbeddedRedis:
             "--daemonize",
             "no",
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         env={**os.environ},
     )
-    wait_port("127.0.0.1", port)
+    log.close()  # the child has its own copy
+    deadline = time.monotonic() + 10
+    while True:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"redis-server exited with {proc.returncode}: {tail.strip()}")
+        try:
+            wait_port("127.0.0.1", port, timeout=0.2)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise
     return EmbeddedRedis(proc, port)

@@ -1,16 +1,26 @@
-"""Server-side commands: serve, up, migrate, config."""
+"""Server-side commands: serve, up, migrate, config. Service code is imported lazily so the
+client-side commands stay light."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 SERVICE_CHOICES = ("ingest", "scheduler", "saga", "gateway")
 UP_SERVICES = ["ingest", "scheduler", "saga", "gateway"]
+SERVICE_NAMES = {
+    "ingest": "awooop.ingest.v1.IngestService",
+    "scheduler": "awooop.scheduler.v1.SchedulerService",
+    "saga": "awooop.saga.v1.SagaService",
+    "gateway": "awooop.tools.v1.ToolGatewayService",
+}
+DEV_KEY_FILE = "dev-admin.key"
 
 
 def register(sub: Any) -> None:
@@ -29,20 +39,29 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--data-dir",
-        default=os.environ.get("AWOOOP_DATA_DIR", ".awooop"),
-        help="where the embedded Postgres and Redis keep their files (default .awooop)",
+        default=os.environ.get("AWOOOP_DATA_DIR") or ".awooop",
+        help="where the embedded Postgres and Redis and the dev admin key live (default .awooop; AWOOOP_DATA_DIR)",
     )
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("config", help="list every AWOOOP_* setting with its default")
+    p.add_argument("--markdown", action="store_true", help="print docs/configuration.md (with meanings)")
     p.set_defaults(func=cmd_config)
+
+
+def _settings() -> Any:
+    from services.common.settings import Settings, SettingsError
+
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        raise SystemExit(f"configuration error: {exc}") from None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from services.common.runtime import serve
-    from services.common.settings import Settings
 
-    settings = Settings.from_env()
+    settings = _settings()
     if args.migrate:
         settings = settings.with_(migrate_on_start=True)
     serve(list(dict.fromkeys(args.services)), settings)
@@ -51,20 +70,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from services.common import migrate
-    from services.common.settings import Settings
 
-    dsn = args.database_url or Settings.from_env().database_url
+    dsn = args.database_url or _settings().database_url
     if not dsn:
-        print("AWOOOP_DATABASE_URL is not set")
+        print("AWOOOP_DATABASE_URL is not set (or pass --database-url)", file=sys.stderr)
         return 2
-    applied = asyncio.run(migrate.migrate(dsn))
+    try:
+        applied = asyncio.run(migrate.migrate(dsn))
+    except (OSError, TimeoutError) as exc:
+        print(f"cannot reach the store: {exc}", file=sys.stderr)
+        return 1
     print("applied: " + ", ".join(applied) if applied else "up to date")
     return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from services.common.settings import describe
+    from services.common.settings import describe, markdown
 
+    if args.markdown:
+        print(markdown(), end="")
+        return 0
     for name, default in describe():
         print(f"{name}={default}")
     return 0
@@ -93,74 +118,125 @@ async def _dev_key(dsn: str, key_file: Path) -> str:
         await conn.close()
 
 
+def client_host(host: str) -> str:
+    """The address a local client dials for a listener bound to host."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+def _terminate_on_sigterm(signum: int, frame: Any) -> None:
+    # before the event loop owns the signals: unwind through `finally` so the embedded
+    # Postgres and Redis are stopped, not orphaned
+    raise SystemExit(128 + signum)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
+    # pg_ctl and redis-server are started with fork+exec while grpc runs; its fork handlers only warn
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from services.common import embedded, migrate
     from services.common.observability import setup_logging
     from services.common.runtime import Runtime
-    from services.common.settings import Settings
 
-    settings = Settings.from_env()
+    settings = _settings()
     setup_logging(settings.log_level)
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
+    signal.signal(signal.SIGTERM, _terminate_on_sigterm)
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     stoppers = []
-    if not settings.database_url:
-        pg = embedded.start_postgres(data_dir / "postgres")
-        stoppers.append(pg.stop)
-        settings = settings.with_(database_url=pg.dsn)
-    if not settings.redis_url:
-        rd = embedded.start_redis(data_dir / "redis")
-        stoppers.append(rd.stop)
-        settings = settings.with_(redis_url=rd.url)
+    store = redis = "configured"
     try:
-        asyncio.run(migrate.migrate(settings.database_url))
-        key = asyncio.run(_dev_key(settings.database_url, data_dir / "dev-admin.key"))
-        # the scheduler reaches the saga service in-process with the dev key
+        if not settings.database_url:
+            pg = embedded.start_postgres(data_dir / "postgres")
+            stoppers.append(pg.stop)
+            settings = settings.with_(database_url=pg.dsn)
+            store = f"embedded, {data_dir / 'postgres'}"
+        if not settings.redis_url:
+            rd = embedded.start_redis(data_dir / "redis")
+            stoppers.append(rd.stop)
+            settings = settings.with_(redis_url=rd.url)
+            redis = "embedded"
+        try:
+            applied = asyncio.run(migrate.migrate(settings.database_url))
+            key = asyncio.run(_dev_key(settings.database_url, data_dir / DEV_KEY_FILE))
+        except (OSError, TimeoutError) as exc:
+            print(f"cannot reach the store at {settings.database_url}: {exc}", file=sys.stderr)
+            return 1
+        local = client_host(settings.host)
+        # in this mode the scheduler reaches the saga, and the saga the gateway, in this process
         settings = settings.with_(
             internal_api_key=settings.internal_api_key or key,
-            saga_addr=settings.saga_addr or f"{settings.host}:{settings.saga_port}",
-            gateway_addr=f"{settings.host}:{settings.gateway_port}",
+            saga_addr=settings.saga_addr or f"{local}:{settings.saga_port}",
+            gateway_addr=f"{local}:{settings.gateway_port}",
         )
         runtime = Runtime(settings, UP_SERVICES)
 
         async def main() -> None:
-            await runtime.start()
-            _print_banner(settings, key)
-            stop = asyncio.Event()
             loop = asyncio.get_running_loop()
+            stop = asyncio.Event()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
+            await runtime.start()
+            print(banner(settings, key, store=store, redis=redis, migrated=applied), flush=True)
             await stop.wait()
+            logging.getLogger("awooop.up").info("shutting down")
             await runtime.stop()
 
         asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
     finally:
         for stop in reversed(stoppers):
             stop()
     return 0
 
 
-def _print_banner(settings: Any, key: str) -> None:
-    h = settings.host
+def redact(url: str) -> str:
+    """url without its password, for printing."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def grpcurl_target(settings: Any) -> str:
+    """grpcurl's transport flags for these settings: -plaintext, or the server's own cert as CA."""
+    if settings.tls_cert_file and settings.tls_key_file:
+        return f"-cacert {Path(settings.tls_cert_file).resolve()}"
+    return "-plaintext"
+
+
+def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[str]) -> str:
+    """What `awooop up` prints once every service is SERVING; the grpcurl lines work when pasted."""
+    h = client_host(settings.host)
+    flags = grpcurl_target(settings)
+    ingest = f"{h}:{settings.ingest_port}"
+    rows = [f"  {name:<10} {h}:{settings.port_of(name):<6} {SERVICE_NAMES[name]}" for name in UP_SERVICES]
     lines = [
         "",
         "awooop is up.",
-        f"  ingest     {h}:{settings.ingest_port}   (awooop.ingest.v1.IngestService)",
-        f"  scheduler  {h}:{settings.scheduler_port}   (awooop.scheduler.v1.SchedulerService)",
-        f"  saga       {h}:{settings.saga_port}   (awooop.saga.v1.SagaService)",
-        f"  gateway    {h}:{settings.gateway_port}   (awooop.tools.v1.ToolGatewayService, reference tools)",
-        f"  metrics    http://{h}:{settings.metrics_port}/metrics" if settings.metrics_port else "",
+        *rows,
+    ]
+    if settings.metrics_port:
+        lines.append(f"  {'metrics':<10} http://{h}:{settings.metrics_port}/metrics")
+    lines += [
         "",
-        f"  dev admin key: {key}",
+        f"  postgres   {store} ({'migrated: ' + ', '.join(migrated) if migrated else 'schema up to date'})",
+        f"             {redact(settings.database_url)}",
+        f"  redis      {redis}, {redact(settings.redis_url)}",
+        "",
+        f"  dev admin key (admin in every project): {key}",
         f"  export AWOOOP_API_KEY={key}",
         "",
         "Try:",
-        f"  grpcurl -plaintext {h}:{settings.ingest_port} list",
-        f"  grpcurl -plaintext -H 'authorization: Bearer {key}' \\",
+        f"  grpcurl {flags} {ingest} list",
+        f"  grpcurl {flags} -H 'authorization: Bearer {key}' \\",
         """    -d '{"project_id":"demo","channel_type":"CHANNEL_TYPE_TELEGRAM","payload":{"update_id":1001}}' \\""",
-        f"    {h}:{settings.ingest_port} awooop.ingest.v1.IngestService/IngestEvent",
+        f"    {ingest} awooop.ingest.v1.IngestService/IngestEvent",
         "",
         "Stop with Ctrl-C.",
         "",
     ]
-    print("\n".join(line for line in lines if line is not None), flush=True)
+    return "\n".join(lines)
