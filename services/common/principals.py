@@ -77,13 +77,16 @@ async def revoke_key(conn: asyncpg.Connection | asyncpg.Pool, key_id: str) -> bo
 async def grant_role(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str, project_id: str, role: str) -> None:
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}")
-    await conn.execute(
-        """INSERT INTO awooop_project_member (project_id, principal_id, role) VALUES ($1, $2, $3)
-           ON CONFLICT DO NOTHING""",
-        project_id,
-        principal_id,
-        role,
-    )
+    try:
+        await conn.execute(
+            """INSERT INTO awooop_project_member (project_id, principal_id, role) VALUES ($1, $2, $3)
+               ON CONFLICT DO NOTHING""",
+            project_id,
+            principal_id,
+            role,
+        )
+    except asyncpg.ForeignKeyViolationError:
+        raise LookupError(f"principal {principal_id} does not exist") from None
 
 
 async def revoke_role(
@@ -118,3 +121,13 @@ async def bootstrap_admin(conn: asyncpg.Connection | asyncpg.Pool, principal_id:
     await create_principal(conn, principal_id, "user", "development administrator")
     await grant_role(conn, principal_id, ALL_PROJECTS, "admin")
     return await issue_key(conn, principal_id, "bootstrap")
+
+
+async def list_keys(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str | None = None) -> list[asyncpg.Record]:
+    """Key ids with label and dates (never a secret), newest first; one principal's or all."""
+    return await conn.fetch(
+        """SELECT key_id, principal_id, label, created_at, revoked_at FROM awooop_api_key
+            WHERE $1::text IS NULL OR principal_id = $1
+            ORDER BY created_at DESC, key_id""",
+        principal_id,
+    )

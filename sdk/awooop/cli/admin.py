@@ -1,14 +1,35 @@
 """`awooop admin`: principals, API keys and project roles, straight against the store
-(AWOOOP_DATABASE_URL). Keys are printed once and stored only as hashes."""
+(AWOOOP_DATABASE_URL or --database-url). A key is printed once, on stdout alone so scripts
+can capture it, and stored only as a hash. Exit codes: 0 done, 1 refused (unknown
+principal or key, bad value, store unreachable), 2 not configured."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import re
+import sys
 from typing import Any
 
 ROLES = ("ingest", "worker", "approver", "admin")
+# the store's column sizes (0001_initial.sql) and the services' project id rule
+PRINCIPAL_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
+PROJECT_RE = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,63})$")
+
+
+def _principal_id(value: str) -> str:
+    if not PRINCIPAL_RE.match(value):
+        raise argparse.ArgumentTypeError("1-128 printable ASCII characters without spaces")
+    return value
+
+
+def _project_id(value: str) -> str:
+    if not PROJECT_RE.match(value):
+        raise argparse.ArgumentTypeError(
+            "'*' (every project) or 1-64 letters, digits, '.', '_', '-' starting with a letter or digit"
+        )
+    return value
 
 
 def register(sub: Any) -> None:
@@ -17,50 +38,62 @@ def register(sub: Any) -> None:
     a = admin.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
 
     p = a.add_parser("create-principal", help="create (or rename) a principal")
-    p.add_argument("principal_id")
+    p.add_argument("principal_id", type=_principal_id)
     p.add_argument("--type", choices=("user", "service"), default="user")
-    p.add_argument("--name", default="")
+    p.add_argument("--name", default="", help="display name")
     p.set_defaults(func=_run(_create_principal))
 
     p = a.add_parser("issue-key", help="issue an API key for a principal (printed once)")
-    p.add_argument("principal_id")
-    p.add_argument("--label", default="")
+    p.add_argument("principal_id", type=_principal_id)
+    p.add_argument("--label", default="", help="what the key is for (shown by list-keys)")
     p.set_defaults(func=_run(_issue_key))
 
-    p = a.add_parser("revoke-key", help="revoke an API key by its id (the part after awk_)")
-    p.add_argument("key_id")
+    p = a.add_parser("revoke-key", help="revoke an API key by its id (the part between awk_ and the next _)")
+    p.add_argument("key_id", help="key id, or the whole key")
     p.set_defaults(func=_run(_revoke_key))
 
     p = a.add_parser("grant", help="grant a role in a project ('*' for every project)")
-    p.add_argument("principal_id")
-    p.add_argument("project_id")
+    p.add_argument("principal_id", type=_principal_id)
+    p.add_argument("project_id", type=_project_id)
     p.add_argument("role", choices=ROLES)
     p.set_defaults(func=_run(_grant))
 
     p = a.add_parser("revoke", help="revoke a role (or every role) in a project")
-    p.add_argument("principal_id")
-    p.add_argument("project_id")
+    p.add_argument("principal_id", type=_principal_id)
+    p.add_argument("project_id", type=_project_id)
     p.add_argument("role", nargs="?", choices=ROLES)
     p.set_defaults(func=_run(_revoke))
 
-    p = a.add_parser("list", help="list principals with their roles")
+    p = a.add_parser("list", help="list principals with their roles and active key count")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run(_list))
+
+    p = a.add_parser("list-keys", help="list key ids (never secrets) of one principal or all")
+    p.add_argument("principal_id", nargs="?", type=_principal_id)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run(_list_keys))
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
 
 
 def _run(fn: Any) -> Any:
     def call(args: argparse.Namespace) -> int:
         import asyncpg
 
-        from services.common.settings import Settings
+        from services.common.settings import Settings, SettingsError
 
-        dsn = args.database_url or Settings.from_env().database_url
+        try:
+            dsn = args.database_url or Settings.from_env().database_url
+        except SettingsError as exc:
+            return _fail(str(exc), 2)
         if not dsn:
-            print("AWOOOP_DATABASE_URL is not set (or pass --database-url)")
-            return 2
+            return _fail("AWOOOP_DATABASE_URL is not set (or pass --database-url)", 2)
 
         async def go() -> int:
-            conn = await asyncpg.connect(dsn)
+            conn = await asyncpg.connect(dsn, timeout=10)
             try:
                 return int(await fn(conn, args) or 0)
             finally:
@@ -69,8 +102,11 @@ def _run(fn: Any) -> Any:
         try:
             return asyncio.run(go())
         except (LookupError, ValueError) as exc:
-            print(f"error: {exc}")
-            return 1
+            return _fail(str(exc))
+        except (OSError, TimeoutError, asyncpg.PostgresConnectionError) as exc:
+            return _fail(f"cannot reach the store: {exc}")
+        except asyncpg.UndefinedTableError:
+            return _fail("the store has no awooop schema yet: run `awooop migrate` first")
 
     return call
 
@@ -88,17 +124,19 @@ async def _issue_key(conn: Any, args: argparse.Namespace) -> int:
 
     issued = await principals.issue_key(conn, args.principal_id, args.label)
     print(issued.key)
+    print(f"key id {issued.key_id}: shown once, stored only as a hash", file=sys.stderr)
     return 0
 
 
 async def _revoke_key(conn: Any, args: argparse.Namespace) -> int:
     from services.common import principals
 
-    if await principals.revoke_key(conn, args.key_id):
-        print(f"key {args.key_id} revoked")
+    parsed = principals.parse_key(args.key_id)
+    key_id = parsed[0] if parsed else args.key_id
+    if await principals.revoke_key(conn, key_id):
+        print(f"key {key_id} revoked")
         return 0
-    print(f"key {args.key_id} not found or already revoked")
-    return 1
+    return _fail(f"key {key_id} not found or already revoked")
 
 
 async def _grant(conn: Any, args: argparse.Namespace) -> int:
@@ -113,8 +151,10 @@ async def _revoke(conn: Any, args: argparse.Namespace) -> int:
     from services.common import principals
 
     n = await principals.revoke_role(conn, args.principal_id, args.project_id, args.role)
+    if not n:
+        return _fail(f"{args.principal_id} has no {args.role or 'role'} in {args.project_id}")
     print(f"{n} role(s) revoked")
-    return 0 if n else 1
+    return 0
 
 
 async def _list(conn: Any, args: argparse.Namespace) -> int:
@@ -127,4 +167,19 @@ async def _list(conn: Any, args: argparse.Namespace) -> int:
     print(f"{'PRINCIPAL':<24} {'TYPE':<8} {'KEYS':>4}  ROLES")
     for r in rows:
         print(f"{r['principal_id']:<24} {r['principal_type']:<8} {r['active_keys']:>4}  {' '.join(r['roles'])}")
+    return 0
+
+
+async def _list_keys(conn: Any, args: argparse.Namespace) -> int:
+    from services.common import principals
+
+    rows = await principals.list_keys(conn, args.principal_id)
+    if args.json:
+        print(json.dumps([dict(r) for r in rows], indent=2, default=str))
+        return 0
+    print(f"{'KEY ID':<18} {'PRINCIPAL':<24} {'CREATED':<20} {'REVOKED':<20} LABEL")
+    for r in rows:
+        revoked = r["revoked_at"].strftime("%Y-%m-%d %H:%M:%S") if r["revoked_at"] else "-"
+        created = r["created_at"].strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{r['key_id']:<18} {r['principal_id']:<24} {created:<20} {revoked:<20} {r['label']}")
     return 0
