@@ -1,0 +1,63 @@
+"""Sizes of one benchmark run. The full run fits in ~10 minutes on 2 cores, --quick in ~2."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Config:
+    quick: bool = False
+    # load generator: client processes, measured window and warm-up per load point
+    processes: int = 2
+    duration: float = 5.0
+    warmup: float = 1.0
+    # concurrency sweep (plot) and the point the table reads
+    concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
+    table_concurrency: int = 64
+    # ids ingested first, then sent again as duplicates (the Redis fast path)
+    duplicate_ids: int = 2000
+    # batch ingest vs raw SQL
+    batch_size: int = 500
+    batch_concurrency: int = 4
+    # claim cycles vs PgQueuer
+    claim_jobs: int = 6000
+    claim_workers: int = 16
+    claim_batch: int = 10  # PgQueuer's default batch size; awooop claims the same number
+    # journal
+    journal_steps: int = 1000  # DBOS steps and awooop steps at the long journal
+    journal_short: int = 10
+    journal_window: int = 100  # steps timed at each journal length (awooop)
+    # reaper
+    reaper_finished_big: int = 1_000_000
+    reaper_finished_small: int = 10_000
+    reaper_expired: int = 1000  # RUNNING runs with expired leases present in each cost run
+    reaper_repeats: int = 5
+    reap_pass: int = 10_000  # expired leases reaped in one pass
+    # crash
+    crash_lease_ttl: float = 2.0
+    crash_reaper_interval: float = 0.5
+    crash_trials: int = 3
+    # service settings under test
+    service_uvloop: bool = False
+
+    @classmethod
+    def quick_mode(cls) -> Config:
+        return cls(
+            quick=True,
+            duration=1.5,
+            warmup=0.5,
+            concurrencies=[1, 16, 64],
+            duplicate_ids=500,
+            claim_jobs=1500,
+            journal_steps=1000,
+            journal_window=50,
+            reaper_finished_big=200_000,
+            reaper_repeats=3,
+            reap_pass=10_000,
+            crash_trials=1,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,316 @@
+"""Ingest figures: unique and duplicate events/s through IngestEvent against the gRPC
+transport ceiling, batch ingest against the service's own insert statement run raw over
+asyncpg, and the concurrency sweep behind the plot.
+
+Fairness: the ceiling (health Check) and IngestEvent run through the same load generator,
+processes, channels and concurrency, against the same server process. The raw-SQL baseline
+runs the very statement the service runs (imported from services/ingest), on its own fresh
+database, with the same batches and concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+from bench import env, procs, rss
+from bench.config import Config
+from bench.loadgen import HealthCheck, LoadResult, Unexpected, run_load
+from bench.report import Figure
+
+PROJECT = "bench"
+PAYLOAD = {"message": {"chat": {"id": 4242, "type": "private"}, "text": "deploy web-7 finished", "date": 1760000000}}
+
+
+def _event(pb: Any, project_id: str, event_id: str) -> Any:
+    from google.protobuf import struct_pb2
+
+    from awooop.common.v1 import common_pb2
+
+    payload = struct_pb2.Struct()
+    payload.update(PAYLOAD)
+    return pb.IngestEventRequest(
+        project_id=project_id,
+        channel_type=common_pb2.CHANNEL_TYPE_API,
+        provider_event_id=event_id,
+        payload=payload,
+    )
+
+
+class _IngestCaller:
+    def __init__(self, address: str, metadata: list[tuple[str, str]], project_id: str = PROJECT, **kw: Any) -> None:
+        self.address = address
+        self.metadata = tuple(tuple(m) for m in metadata)
+        self.project_id = project_id
+        self.kw = kw
+
+    async def setup(self, proc_idx: int, workers: int) -> None:
+        import grpc
+
+        from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
+
+        self.pb = ingest_pb2
+        self.proc_idx = proc_idx
+        self.channel = grpc.aio.insecure_channel(self.address)
+        await self.channel.channel_ready()
+        self.stub = ingest_pb2_grpc.IngestServiceStub(self.channel)
+        # one template request; each call only swaps the id (building Structs is client CPU)
+        self.template = _event(ingest_pb2, self.project_id, "x")
+
+    def request(self, event_id: str) -> Any:
+        r = self.pb.IngestEventRequest()
+        r.CopyFrom(self.template)
+        r.provider_event_id = event_id
+        return r
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+class UniqueIngest(_IngestCaller):
+    """IngestEvent with an id never seen before: dedupe insert + run insert in Postgres."""
+
+    async def call(self, worker: int, n: int) -> int:
+        r = await self.stub.IngestEvent(
+            self.request(f"{self.kw['label']}-{self.proc_idx}-{worker}-{n}"), metadata=self.metadata, timeout=30
+        )
+        if r.outcomes[0].duplicate:
+            raise Unexpected("a fresh event id was answered as a duplicate")
+        return 1
+
+
+class DuplicateIngest(_IngestCaller):
+    """IngestEvent with an id ingested before: the Redis fast path answers it."""
+
+    async def call(self, worker: int, n: int) -> int:
+        ids: list[str] = self.kw["ids"]
+        i = (self.proc_idx * 7919 + worker * 104729 + n) % len(ids)
+        r = await self.stub.IngestEvent(self.request(ids[i]), metadata=self.metadata, timeout=30)
+        if not r.outcomes[0].duplicate:
+            raise Unexpected("a known event id was not answered as a duplicate")
+        return 1
+
+
+class BatchIngest(_IngestCaller):
+    """IngestEvents with `batch` fresh events per call."""
+
+    async def call(self, worker: int, n: int) -> int:
+        size: int = self.kw["batch"]
+        prefix = f"{self.kw['label']}-{self.proc_idx}-{worker}-{n}"
+        req = self.pb.IngestEventsRequest(events=[self.request(f"{prefix}-{i}") for i in range(size)])
+        r = await self.stub.IngestEvents(req, metadata=self.metadata, timeout=60)
+        if len(r.results) != size or any(x.outcomes[0].duplicate for x in r.results):
+            raise Unexpected("batch answer does not match the batch")
+        return size
+
+
+class SqlBatch:
+    """The raw-store baseline: the ingest service's own batch statement, `batch` events per
+    execution, straight over asyncpg with one connection per in-flight statement."""
+
+    def __init__(self, dsn: str, label: str, batch: int, project_id: str = PROJECT) -> None:
+        self.dsn, self.label, self.batch, self.project_id = dsn, label, batch, project_id
+
+    async def setup(self, proc_idx: int, workers: int) -> None:
+        from services.common.db import _init_connection
+        from services.ingest import store
+
+        self.store = store
+        self.proc_idx = proc_idx
+        import asyncpg
+
+        self.pool = await asyncpg.create_pool(self.dsn, min_size=workers, max_size=workers, init=_init_connection)
+
+    async def call(self, worker: int, n: int) -> int:
+        prefix = f"{self.label}-{self.proc_idx}-{worker}-{n}"
+        ids = [f"{prefix}-{i}" for i in range(self.batch)]
+        args = self.store.batch_insert_args(self.project_id, "api", ids, PAYLOAD)
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(self.store.INSERT_EVENTS_SQL, *args)
+        if len(rows) != self.batch:
+            raise Unexpected(f"raw insert returned {len(rows)} rows for {self.batch} events")
+        return self.batch
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+async def _load(
+    kind: type, params: dict[str, Any], cfg: Config, concurrency: int, server: procs.Service | None = None
+) -> LoadResult:
+    return await asyncio.to_thread(
+        run_load,
+        f"bench.ingest:{kind.__name__}" if kind is not HealthCheck else "bench.loadgen:HealthCheck",
+        params,
+        concurrency=concurrency,
+        processes=cfg.processes,
+        duration=cfg.duration,
+        warmup=cfg.warmup,
+        server_pid=server.pid if server else None,
+    )
+
+
+async def _preingest(svc: procs.Service, metadata: Any, label: str, count: int) -> list[str]:
+    """Ingests `count` ids and sends each once more, so the duplicate run starts warm."""
+    import grpc
+
+    from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
+
+    ids = [f"{label}-{i}" for i in range(count)]
+    async with grpc.aio.insecure_channel(svc.address) as ch:
+        stub = ingest_pb2_grpc.IngestServiceStub(ch)
+        sem = asyncio.Semaphore(16)
+
+        async def one(event_id: str) -> bool:
+            async with sem:
+                r = await stub.IngestEvent(_event(ingest_pb2, PROJECT, event_id), metadata=metadata, timeout=30)
+                return r.outcomes[0].duplicate
+
+        try:
+            first = await asyncio.gather(*(one(i) for i in ids))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise NotImplementedError(f"IngestEvent: {exc.details()}") from None
+            raise
+        again = await asyncio.gather(*(one(i) for i in ids))
+    if any(first) or not all(again):
+        raise RuntimeError("pre-ingest: first arrivals must be new and second arrivals duplicates")
+    return ids
+
+
+async def _redis_keys(stores: env.Stores) -> int:
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(stores.redis_url)
+    try:
+        return len([k async for k in client.scan_iter(match=stores.redis_prefix + "*", count=1000)])
+    finally:
+        await client.aclose()
+
+
+def _fast_path_metrics(svc: procs.Service) -> dict[str, float]:
+    return {k: v for k, v in procs.scrape_metrics(svc).items() if k.startswith("awooop_ingest")}
+
+
+def declare(cfg: Config) -> list[Figure]:
+    unique = Figure(
+        "ingest_unique",
+        "unique events/s, IngestEvent",
+        "events/s",
+        "ratio_ge",
+        0.6,
+        "≥ 0.6 ×",
+        baseline_label=f"health Check calls/s, same client, {cfg.table_concurrency} in flight",
+        baseline_unit="calls/s",
+    )
+    dup = Figure(
+        "ingest_duplicate",
+        "duplicate events/s (Redis fast path)",
+        "events/s",
+        "ratio_ge",
+        0.9,
+        "≥ 0.9 ×",
+        baseline_label="same transport ceiling",
+        baseline_unit="calls/s",
+    )
+    batch = Figure(
+        "ingest_batch",
+        f"events/s, IngestEvents (batches of {cfg.batch_size})",
+        "events/s",
+        "ratio_ge",
+        0.5,
+        "≥ 0.5 ×",
+        baseline_label=f"the service's own insert, raw over asyncpg, {cfg.batch_concurrency} in flight",
+        baseline_unit="events/s",
+    )
+    return [unique, dup, batch]
+
+
+async def run(
+    stores: env.Stores, cfg: Config, figures: list[Figure], sweep: dict[str, list[dict[str, Any]]]
+) -> list[Figure]:
+    unique, dup, batch = figures
+    label = secrets.token_hex(3)
+    sweep.setdefault("health Check (transport ceiling)", [])
+    sweep.setdefault("IngestEvent, unique ids", [])
+    sweep.setdefault("IngestEvent, duplicates (Redis)", [])
+    services: list[procs.Service] = []
+    try:
+        dsn = await stores.create_database("ingest")
+        svc_env = procs.service_env(dsn, stores.redis_url, stores.redis_prefix, uvloop=cfg.service_uvloop)
+        svc = await procs.spawn("ingest", svc_env)
+        services.append(svc)
+        md = await env.bench_key(dsn, PROJECT, ("ingest",))
+        base = {"address": svc.address, "metadata": [list(m) for m in md]}
+        by_c: dict[int, dict[str, LoadResult]] = {}
+        dup_ids: list[str] | None = None
+        unimplemented = ""
+        for c in cfg.concurrencies:
+            point: dict[str, LoadResult] = {}
+            point["health"] = await _load(HealthCheck, {"address": svc.address}, cfg, c, svc)
+            sweep["health Check (transport ceiling)"].append(point["health"].as_dict())
+            if not unimplemented:
+                try:
+                    point["unique"] = await _load(UniqueIngest, {**base, "label": f"{label}-u{c}"}, cfg, c, svc)
+                    sweep["IngestEvent, unique ids"].append(point["unique"].as_dict())
+                    if dup_ids is None:
+                        dup_ids = await _preingest(svc, md, f"{label}-d", cfg.duplicate_ids)
+                    point["dup"] = await _load(DuplicateIngest, {**base, "ids": dup_ids}, cfg, c, svc)
+                    sweep["IngestEvent, duplicates (Redis)"].append(point["dup"].as_dict())
+                except NotImplementedError as exc:
+                    unimplemented = str(exc)
+            by_c[c] = point
+        tc = cfg.table_concurrency
+        table = by_c.get(tc) or by_c[max(by_c)]
+        ceiling = table["health"]
+        if "unique" in table:
+            u = table["unique"]
+            unique.measured(u.units_per_s, ceiling.calls_per_s, run=u.as_dict(), ceiling=ceiling.as_dict())
+            if u.errors or u.unexpected:
+                unique.note = f"{sum(u.errors.values())} errors, {u.unexpected} unexpected: {u.first_error}"
+        else:
+            unique.status = dup.status = "not implemented"
+            unique.note = unimplemented
+        if "dup" in table:
+            d = table["dup"]
+            dup.measured(
+                d.units_per_s,
+                ceiling.calls_per_s,
+                run=d.as_dict(),
+                ceiling=ceiling.as_dict(),
+                redis_keys_under_prefix=await _redis_keys(stores),
+                service_metrics=_fast_path_metrics(svc),
+            )
+            if d.errors or d.unexpected:
+                dup.note = f"{sum(d.errors.values())} errors, {d.unexpected} unexpected: {d.first_error}"
+        rss.record("ingest", svc, "after the single-event sweep (unique + duplicate ingest)")
+
+        # batch ingest on a fresh database, and the raw statement on another fresh one
+        try:
+            bdsn = await stores.create_database("ingest_batch")
+            bsvc = await procs.spawn("ingest", procs.service_env(bdsn, stores.redis_url, stores.redis_prefix + "b:"))
+            services.append(bsvc)
+            bmd = await env.bench_key(bdsn, PROJECT, ("ingest",))
+            b = await _load(
+                BatchIngest,
+                {"address": bsvc.address, "metadata": [list(m) for m in bmd], "label": label, "batch": cfg.batch_size},
+                cfg,
+                cfg.batch_concurrency,
+                bsvc,
+            )
+            rss.record("ingest", bsvc, f"after batch ingest ({cfg.batch_size} per call)")
+            try:
+                sdsn = await stores.create_database("ingest_sql")
+                sql_params = {"dsn": sdsn, "label": label, "batch": cfg.batch_size}
+                s = await _load(SqlBatch, sql_params, cfg, cfg.batch_concurrency)
+                batch.measured(b.units_per_s, s.units_per_s, run=b.as_dict(), raw_sql=s.as_dict())
+            except ImportError as exc:
+                batch.measured(b.units_per_s, None, run=b.as_dict())
+                batch.note = f"raw-SQL baseline unavailable: {exc}"
+        except NotImplementedError as exc:
+            batch.status, batch.note = "not implemented", str(exc)
+    finally:
+        for s in services:
+            s.stop()
+    return figures

@@ -1,0 +1,134 @@
+"""Services under test as real processes (`python -m awooop.cli serve <name>`), the same way
+an operator runs them: access log off and WARNING logs so the numbers measure the service,
+not its logging. Each process gets its own ports; its log goes to a file under a temp dir."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common.embedded import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG_DIR = Path(tempfile.mkdtemp(prefix="awooop-bench-logs-"))
+
+
+@dataclass
+class Service:
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+    metrics_port: int
+    log_path: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 10) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+async def wait_healthy(address: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while True:
+            try:
+                r = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"service at {address} not healthy after {timeout}s")
+            await asyncio.sleep(0.1)
+
+
+def service_env(database_url: str, redis_url: str, redis_prefix: str, **settings: object) -> dict[str, str]:
+    env = {
+        "AWOOOP_DATABASE_URL": database_url,
+        "AWOOOP_REDIS_URL": redis_url,
+        "AWOOOP_REDIS_PREFIX": redis_prefix,
+        "AWOOOP_ACCESS_LOG": "false",
+        "AWOOOP_LOG_LEVEL": "WARNING",
+        "AWOOOP_SHUTDOWN_GRACE": "1",
+    }
+    for k, v in settings.items():
+        env[f"AWOOOP_{k.upper()}"] = ("true" if v else "false") if isinstance(v, bool) else str(v)
+    return env
+
+
+async def spawn(name: str, env: dict[str, str], tag: str = "") -> Service:
+    """Starts one service process and waits until its health check says SERVING."""
+    port, metrics_port = free_port(), free_port()
+    full_env = {
+        **os.environ,
+        **env,
+        f"AWOOOP_{name.upper()}_PORT": str(port),
+        "AWOOOP_METRICS_PORT": str(metrics_port),
+    }
+    log_path = LOG_DIR / f"{name}{'-' + tag if tag else ''}-{port}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "awooop.cli", "serve", name],
+            env=full_env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    svc = Service(name, proc, port, metrics_port, log_path)
+    try:
+        await wait_healthy(svc.address)
+    except RuntimeError:
+        svc.kill()
+        raise RuntimeError(f"{name} did not start:\n{svc.log()[-3000:]}") from None
+    return svc
+
+
+def scrape_metrics(svc: Service) -> dict[str, float]:
+    """The service's Prometheus samples, name{labels} -> value (empty if unreachable)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{svc.metrics_port}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            continue
+    return out
