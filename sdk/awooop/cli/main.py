@@ -7,13 +7,14 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from awooop.cli import admin, health, server
+from awooop.cli import admin, health, runs, server
 
 # each module contributes subcommands: register(subparsers) sets args.func
 MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
     server.register,
     admin.register,
     health.register,
+    runs.register,
 ]
 
 

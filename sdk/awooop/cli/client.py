@@ -1,0 +1,147 @@
+"""Shared helpers of the client-side commands (runs, demo): connection options, the API key,
+rich-error rendering, JSON and table output.
+
+Connection options come from flags, else AWOOOP_* variables, else the `awooop up` defaults:
+  --key        AWOOOP_API_KEY, else the dev admin key `awooop up` keeps in <data dir>/dev-admin.key
+  --ingest     AWOOOP_INGEST_ADDR     (127.0.0.1:50051)
+  --scheduler  AWOOOP_SCHEDULER_ADDR  (127.0.0.1:50052)
+  --saga       AWOOOP_SAGA_ADDR       (127.0.0.1:50053)
+  --gateway    AWOOOP_GATEWAY_ADDR    (127.0.0.1:50054)
+  --tls / --ca-file   AWOOOP_TLS / AWOOOP_TLS_CA_FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, timestamp_pb2
+from google.protobuf.message import Message
+
+from awooop.worker.client import DEFAULT_ADDRESSES, Client
+from awooop.worker.errors import AwooopError
+
+EXIT_RPC_ERROR = 1
+EXIT_USAGE = 2
+
+
+def add_connection_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("connection")
+    g.add_argument("--key", default=None, help="API key (default: AWOOOP_API_KEY, else the `awooop up` dev key)")
+    for service in ("ingest", "scheduler", "saga", "gateway"):
+        g.add_argument(
+            f"--{service}",
+            default=None,
+            metavar="HOST:PORT",
+            help=f"{service} address (default: AWOOOP_{service.upper()}_ADDR or {DEFAULT_ADDRESSES[service]})",
+        )
+    g.add_argument("--timeout", type=float, default=10.0, help="deadline of each call in seconds (default 10)")
+    g.add_argument("--tls", action="store_true", default=None, help="use TLS (default: AWOOOP_TLS)")
+    g.add_argument("--ca-file", default=None, help="CA bundle for TLS (default: AWOOOP_TLS_CA_FILE)")
+    g.add_argument(
+        "--data-dir",
+        default=None,
+        help="where `awooop up` keeps dev-admin.key (default: AWOOOP_DATA_DIR or .awooop)",
+    )
+
+
+def dev_key_file(data_dir: str | None = None) -> Path:
+    return Path(data_dir or os.environ.get("AWOOOP_DATA_DIR") or ".awooop") / "dev-admin.key"
+
+
+def resolve_key(args: argparse.Namespace) -> str:
+    if args.key:
+        return str(args.key)
+    if os.environ.get("AWOOOP_API_KEY"):
+        return os.environ["AWOOOP_API_KEY"]
+    path = dev_key_file(args.data_dir)
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def make_client(args: argparse.Namespace) -> Client:
+    return Client(
+        key=resolve_key(args),
+        ingest=args.ingest,
+        scheduler=args.scheduler,
+        saga=args.saga,
+        gateway=args.gateway,
+        timeout=args.timeout,
+        tls=args.tls,
+        ca_file=args.ca_file,
+    )
+
+
+def render_error(err: AwooopError) -> str:
+    """`error: <CODE> <REASON>: message`, then one line per field violation."""
+    return "error: " + err.details.render()
+
+
+def run_command(
+    fn: Callable[[argparse.Namespace, Client], Awaitable[int | None]],
+) -> Callable[[argparse.Namespace], int]:
+    """Wraps an async command: opens the client, maps RPC errors to a message and exit code 1."""
+
+    def command(args: argparse.Namespace) -> int:
+        async def go() -> int:
+            client = make_client(args)
+            try:
+                return int(await fn(args, client) or 0)
+            finally:
+                await client.close()
+
+        try:
+            return asyncio.run(go())
+        except AwooopError as err:
+            print(render_error(err), file=sys.stderr)
+            if err.reason == "UNAUTHENTICATED" and not resolve_key(args):
+                print("hint: pass --key or set AWOOOP_API_KEY (`awooop up` prints one)", file=sys.stderr)
+            return EXIT_RPC_ERROR
+        except KeyboardInterrupt:
+            return 130
+
+    return command
+
+
+# --- output ---
+
+
+def to_json(msg: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(msg, preserving_proto_field_name=True)  # type: ignore[no-any-return]
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=False, default=str))
+
+
+def when(t: timestamp_pb2.Timestamp | None, *, date: bool = True) -> str:
+    """A database timestamp as UTC text; empty when unset."""
+    if t is None or (t.seconds == 0 and t.nanos == 0):
+        return ""
+    d = t.ToDatetime(dt.UTC)
+    return d.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z" if date else d.strftime("%H:%M:%S.%f")[:-3]
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    print(line.rstrip())
+    for r in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+
+
+def enum_name(enum: Any, value: int, prefix: str) -> str:
+    try:
+        return str(enum.Name(value)).removeprefix(prefix)
+    except ValueError:
+        return str(value)

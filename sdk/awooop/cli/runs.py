@@ -1,0 +1,398 @@
+"""`awooop runs ...`: the operator's view of runs, through the gRPC API with an API key.
+
+    awooop runs list --project P [--status RUNNING ...] [--limit N]
+    awooop runs show RUN_ID                 run, state history and journal as one timeline
+    awooop runs approve RUN_ID --token T [--reason R]
+    awooop runs reject RUN_ID --token T [--reason R]
+    awooop runs cancel RUN_ID [--reason R]
+    awooop runs compensation retry RUN_ID [--step S]
+    awooop runs compensation resolve RUN_ID --step S --reason R
+
+Every command takes --json. An RPC error prints `error: <CODE> <REASON>: message` (plus the
+field violations) on stderr and exits 1; bad arguments exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from google.protobuf import timestamp_pb2
+
+from awooop.cli.client import (
+    EXIT_RPC_ERROR,
+    add_connection_args,
+    enum_name,
+    print_json,
+    print_table,
+    render_error,
+    run_command,
+    to_json,
+    when,
+)
+from awooop.common.v1 import common_pb2
+from awooop.saga.v1 import saga_pb2
+from awooop.scheduler.v1 import scheduler_pb2
+from awooop.worker.client import Client
+from awooop.worker.errors import AwooopError
+from awooop.worker.structs import from_struct
+
+STATUSES = [n.removeprefix("RUN_STATUS_") for n in common_pb2.RunStatus.keys() if n != "RUN_STATUS_UNSPECIFIED"]
+
+
+def register(sub: Any) -> None:
+    runs = sub.add_parser("runs", help="list, inspect, approve, cancel runs and repair compensations")
+    r = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
+
+    p = _leaf(r, "list", "list a project's runs, newest first")
+    p.add_argument("--project", required=True)
+    p.add_argument(
+        "--status",
+        action="append",
+        type=_status,
+        default=[],
+        metavar="STATUS",
+        help=f"only these statuses (repeat or comma-separate): {', '.join(STATUSES)}",
+    )
+    p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
+    p.set_defaults(func=run_command(cmd_list))
+
+    p = _leaf(r, "show", "one run: fields, state history and journal as a timeline")
+    p.add_argument("run_id")
+    p.set_defaults(func=run_command(cmd_show))
+
+    for name, decision in (("approve", "approve"), ("reject", "reject")):
+        p = _leaf(r, name, f"{decision} a run waiting for approval (approver role)")
+        p.add_argument("run_id")
+        p.add_argument("--token", required=True, help="the approval token the worker received")
+        p.add_argument("--reason", default="", help="why (audit log)")
+        p.set_defaults(func=run_command(cmd_decide), decision=decision)
+
+    p = _leaf(r, "cancel", "cancel a run (a running one stops at its next heartbeat)")
+    p.add_argument("run_id")
+    p.add_argument("--reason", default="", help="why (audit log)")
+    p.set_defaults(func=run_command(cmd_cancel))
+
+    comp = r.add_parser("compensation", help="retry or resolve a failed compensation (admin role)")
+    c = comp.add_subparsers(dest="compensation_command", metavar="ACTION", required=True)
+    p = _leaf(c, "retry", "run the failed compensations of a run again")
+    p.add_argument("run_id")
+    p.add_argument("--step", default="", help="only this step (default: every compensation_failed step)")
+    p.set_defaults(func=run_command(cmd_retry))
+    p = _leaf(c, "resolve", "mark a failed compensation as resolved by hand")
+    p.add_argument("run_id")
+    p.add_argument("--step", required=True)
+    p.add_argument("--reason", required=True, help="why it is safe to consider it resolved (audit log)")
+    p.set_defaults(func=run_command(cmd_resolve))
+
+
+def _leaf(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_connection_args(p)
+    return p
+
+
+def _status(value: str) -> list[int]:
+    out = []
+    for part in value.split(","):
+        name = part.strip().upper().removeprefix("RUN_STATUS_")
+        if name not in STATUSES:
+            raise argparse.ArgumentTypeError(f"unknown status {part!r}; one of {', '.join(STATUSES)}")
+        out.append(common_pb2.RunStatus.Value(f"RUN_STATUS_{name}"))
+    return out
+
+
+def status_name(value: int) -> str:
+    return enum_name(common_pb2.RunStatus, value, "RUN_STATUS_")
+
+
+def saga_name(value: int) -> str:
+    return enum_name(common_pb2.SagaStatus, value, "SAGA_STATUS_").lower()
+
+
+def channel_name(value: int) -> str:
+    return enum_name(common_pb2.ChannelType, value, "CHANNEL_TYPE_").lower()
+
+
+def step_status(value: int) -> str:
+    return enum_name(common_pb2.StepStatus, value, "STEP_STATUS_").lower()
+
+
+def step_type(value: int) -> str:
+    return enum_name(common_pb2.StepType, value, "STEP_TYPE_").lower()
+
+
+# --- list ---
+
+
+async def cmd_list(args: argparse.Namespace, client: Client) -> int:
+    statuses = [s for group in args.status for s in group]
+    runs: list[common_pb2.Run] = []
+    token = ""
+    while len(runs) < args.limit:
+        resp = await client.call(
+            client.scheduler.ListRuns,
+            scheduler_pb2.ListRunsRequest(
+                project_id=args.project,
+                statuses=statuses,
+                page_size=min(500, max(1, args.limit - len(runs))),
+                page_token=token,
+            ),
+        )
+        runs.extend(resp.runs)
+        token = resp.next_page_token
+        if not token:
+            break
+    runs = runs[: args.limit]
+    if args.json:
+        print_json({"runs": [to_json(r) for r in runs], "next_page_token": token})
+        return 0
+    if not runs:
+        print(f"no runs in project {args.project}" + (" with that status" if statuses else ""))
+        return 0
+    print_table(
+        ["RUN_ID", "STATUS", "ATTEMPT", "CHANNEL", "SAGA", "WORKER", "CREATED", "UPDATED", "REASON"],
+        [
+            [
+                r.run_id,
+                status_name(r.status) + (" (cancel requested)" if r.cancel_requested else ""),
+                f"{r.attempt_count}/{r.max_attempts}",
+                channel_name(r.channel_type),
+                saga_name(r.saga_status),
+                r.worker_id or "-",
+                when(r.created_at),
+                when(r.updated_at),
+                _short(r.failure_reason, 40),
+            ]
+            for r in runs
+        ],
+    )
+    if token:
+        print(f"(more: raise --limit; next page token {token})")
+    return 0
+
+
+# --- show ---
+
+
+async def cmd_show(args: argparse.Namespace, client: Client) -> int:
+    run = (await client.call(client.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=args.run_id))).run
+    problems: list[str] = []
+    history: list[scheduler_pb2.RunEvent] = []
+    journal: saga_pb2.GetJournalResponse | None = None
+    try:
+        history = list(
+            (
+                await client.call(
+                    client.scheduler.GetRunHistory, scheduler_pb2.GetRunHistoryRequest(run_id=args.run_id)
+                )
+            ).events
+        )
+    except AwooopError as err:
+        problems.append("history: " + render_error(err))
+    try:
+        journal = await client.call(client.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=args.run_id))
+    except AwooopError as err:
+        problems.append("journal: " + render_error(err))
+    if args.json:
+        out: dict[str, Any] = {"run": to_json(run), "history": [to_json(e) for e in history]}
+        if journal is not None:
+            out["journal"] = to_json(journal)
+            out["journal"]["saga_steps"] = json.loads(journal.saga_steps_json or "[]")
+            out["journal"].pop("saga_steps_json", None)
+        print_json(out)
+    else:
+        _print_run(run)
+        _print_timeline(history, journal)
+        if journal is not None:
+            _print_journal(journal)
+    for p in problems:
+        print(p, file=sys.stderr)
+    return EXIT_RPC_ERROR if problems else 0
+
+
+def _print_run(run: common_pb2.Run) -> None:
+    rows: list[tuple[str, str]] = [
+        ("run", run.run_id),
+        ("project", run.project_id),
+        (
+            "channel",
+            channel_name(run.channel_type) + (f"  event {run.provider_event_id}" if run.provider_event_id else ""),
+        ),
+        ("event", run.provider_event_id or "-"),
+        ("status", status_name(run.status) + ("  (cancel requested)" if run.cancel_requested else "")),
+        ("attempts", f"{run.attempt_count} of {run.max_attempts}"),
+    ]
+    if run.worker_id:
+        rows.append(("worker", f"{run.worker_id}  lease until {when(run.lease_until)}"))
+    if run.failure_reason or run.error_code:
+        rows.append(("failure", " ".join(x for x in (run.error_code, run.failure_reason) if x)))
+    if run.approval_summary:
+        rows.append(("approval", run.approval_summary))
+    if run.HasField("approval_expires_at"):
+        rows.append(("approval expires", when(run.approval_expires_at)))
+    if run.approval_decided_by:
+        rows.append(("decided by", run.approval_decided_by))
+    saga = saga_name(run.saga_status)
+    if run.HasField("compensation_started_at"):
+        saga += f"  (compensation {when(run.compensation_started_at)} .. {when(run.compensation_completed_at) or '?'})"
+    rows.append(("saga", saga))
+    rows.append(("created", when(run.created_at)))
+    rows.append(("updated", when(run.updated_at)))
+    rows.append(("input", _short(json.dumps(from_struct(run.input)), 160)))
+    if run.HasField("output"):
+        rows.append(("output", _short(json.dumps(from_struct(run.output)), 160)))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k.ljust(width)}  {v}")
+
+
+def _print_timeline(history: list[scheduler_pb2.RunEvent], journal: saga_pb2.GetJournalResponse | None) -> None:
+    entries: list[tuple[int, int, str]] = []  # (nanoseconds, order, text)
+    for i, e in enumerate(history):
+        move = ""
+        if e.from_status or e.to_status:
+            a = status_name(e.from_status) if e.from_status else ""
+            move = f"{a} -> {status_name(e.to_status)}" if e.to_status else a
+        details = from_struct(e.details)
+        extra = " ".join(f"{k}={v}" for k, v in details.items() if v not in (None, ""))
+        text = f"run   {e.action:<22} {move:<28} by {e.actor or '-'}"
+        if e.reason:
+            text += f"  {_short(e.reason, 80)}"
+        if extra:
+            text += f"  [{_short(extra, 80)}]"
+        entries.append((e.at.ToNanoseconds(), i, text))
+    if journal is not None:
+        for s in journal.steps:
+            label = f"#{s.seq} {s.step_id} ({step_type(s.step_type)}{', ' + s.tool_id if s.tool_id else ''})"
+            if s.HasField("started_at"):
+                entries.append((s.started_at.ToNanoseconds(), 10_000 + s.seq, f"step  {label} begun"))
+            if s.HasField("completed_at"):
+                end = "failed" if s.status == common_pb2.STEP_STATUS_FAILED else "completed"
+                text = f"step  {label} {end}"
+                if s.status == common_pb2.STEP_STATUS_FAILED and s.error:
+                    text += f": {_short(s.error, 80)}"
+                entries.append((s.completed_at.ToNanoseconds(), 20_000 + s.seq, text))
+            if s.HasField("compensated_at"):
+                what = step_status(s.status)
+                text = f"step  {label} compensation -> {what}"
+                if s.HasField("compensation_cmd"):
+                    text += f"  ({s.compensation_cmd.tool_id} {json.dumps(from_struct(s.compensation_cmd.params))})"
+                if s.error and s.status == common_pb2.STEP_STATUS_COMPENSATION_FAILED:
+                    text += f": {_short(s.error, 80)}"
+                entries.append((s.compensated_at.ToNanoseconds(), 30_000 + s.seq, text))
+    print()
+    print("timeline (UTC)")
+    if not entries:
+        print("  (nothing recorded)")
+    for ns, _, text in sorted(entries):
+        t = timestamp_pb2.Timestamp()
+        t.FromNanoseconds(ns)
+        print(f"  {when(t)}  {text}")
+
+
+def _print_journal(journal: saga_pb2.GetJournalResponse) -> None:
+    print()
+    print(f"journal (saga {saga_name(journal.saga_status)})")
+    if not journal.steps:
+        print("  (no steps)")
+        return
+    rows = []
+    for s in journal.steps:
+        comp = ""
+        if s.HasField("compensation_cmd") and s.compensation_cmd.tool_id:
+            comp = f"{s.compensation_cmd.tool_id} {json.dumps(from_struct(s.compensation_cmd.params))}"
+        rows.append(
+            [
+                s.seq,
+                s.step_id,
+                step_type(s.step_type),
+                step_status(s.status),
+                s.attempt,
+                s.tool_id or "-",
+                _short(json.dumps(from_struct(s.tool_params)), 40) if s.tool_id else "-",
+                _short(json.dumps(from_struct(s.result)), 50) if s.HasField("result") else "-",
+                comp or "-",
+            ]
+        )
+        if s.resolved_by:
+            rows[-1][-1] += f" (resolved by {s.resolved_by}: {_short(s.resolution_reason, 40)})"
+    print_table(["SEQ", "STEP", "TYPE", "STATUS", "ATTEMPT", "TOOL", "PARAMS", "RESULT", "COMPENSATION"], rows)
+
+
+# --- approve / reject / cancel ---
+
+
+async def cmd_decide(args: argparse.Namespace, client: Client) -> int:
+    decision = scheduler_pb2.DECISION_APPROVE if args.decision == "approve" else scheduler_pb2.DECISION_REJECT
+    resp = await client.call(
+        client.scheduler.DecideApproval,
+        scheduler_pb2.DecideApprovalRequest(
+            run_id=args.run_id, approval_token=args.token, decision=decision, reason=args.reason
+        ),
+    )
+    if args.json:
+        print_json(to_json(resp))
+        return 0
+    verb = "approved" if args.decision == "approve" else "rejected"
+    line = f"run {resp.run.run_id} {verb}: now {status_name(resp.run.status)}"
+    if resp.compensation_requested:
+        line += "; compensation requested (see `awooop runs show`)"
+    print(line)
+    return 0
+
+
+async def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
+    resp = await client.call(
+        client.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=args.run_id, reason=args.reason)
+    )
+    if args.json:
+        print_json(to_json(resp))
+        return 0
+    run = resp.run
+    if run.status == common_pb2.RUN_STATUS_CANCELLED:
+        line = f"run {run.run_id} cancelled"
+    else:
+        line = (
+            f"run {run.run_id} is {status_name(run.status)}: cancel requested; its worker stops at the next heartbeat"
+        )
+    if resp.compensation_requested:
+        line += "; compensation requested"
+    print(line)
+    return 0
+
+
+# --- compensation ---
+
+
+async def cmd_retry(args: argparse.Namespace, client: Client) -> int:
+    resp = await client.call(
+        client.saga.RetryCompensation, saga_pb2.RetryCompensationRequest(run_id=args.run_id, step_id=args.step)
+    )
+    if args.json:
+        print_json(to_json(resp))
+        return 0
+    what = f"step {args.step}" if args.step else "every failed compensation"
+    print(f"run {args.run_id}: retrying {what}; saga {saga_name(resp.saga_status)}")
+    return 0
+
+
+async def cmd_resolve(args: argparse.Namespace, client: Client) -> int:
+    resp = await client.call(
+        client.saga.ResolveCompensation,
+        saga_pb2.ResolveCompensationRequest(run_id=args.run_id, step_id=args.step, reason=args.reason),
+    )
+    if args.json:
+        print_json(to_json(resp))
+        return 0
+    step = f"step {resp.step.step_id} {step_status(resp.step.status)}"
+    print(f"run {args.run_id}: {step}; saga {saga_name(resp.saga_status)}")
+    return 0
+
+
+def _short(text: str, n: int) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= n else text[: n - 1] + "…"

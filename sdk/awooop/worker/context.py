@@ -1,0 +1,318 @@
+"""RunContext: what a handler gets for one claimed run.
+
+Journaled steps (seed ADR-119 D2): `await ctx.step(step_id, fn, ...)` asks the saga service first.
+A step completed by an earlier attempt is skipped and its recorded result returned; a step an
+earlier attempt left pending (it may or may not have happened) runs again with the same
+idempotency key, so the tool can recognise the repeat. Every call carries the lease's fencing
+token; once the lease is gone every call raises LeaseLost and the worker stops the handler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import duration_pb2
+
+from awooop.common.v1 import common_pb2
+from awooop.saga.v1 import saga_pb2
+from awooop.scheduler.v1 import scheduler_pb2
+from awooop.worker import metrics
+from awooop.worker.client import Client
+from awooop.worker.errors import AwooopError, LeaseLost, RunFinished
+from awooop.worker.structs import from_struct, to_struct
+
+log = logging.getLogger("awooop.worker")
+
+STEP_TYPES = {
+    "llm_call": common_pb2.STEP_TYPE_LLM_CALL,
+    "tool_call": common_pb2.STEP_TYPE_TOOL_CALL,
+    "approval_request": common_pb2.STEP_TYPE_APPROVAL_REQUEST,
+    "callback": common_pb2.STEP_TYPE_CALLBACK,
+}
+ACTIONS = {
+    saga_pb2.STEP_ACTION_EXECUTE: "execute",
+    saga_pb2.STEP_ACTION_SKIP: "skip",
+    saga_pb2.STEP_ACTION_RETRY: "retry",
+}
+
+Json = dict[str, Any]
+# compensation: a command dict {"tool_id", "params", "reason"}, or a function of the step's result
+# returning one (or None when there is nothing to undo)
+Compensation = Mapping[str, Any] | Callable[[Json], Mapping[str, Any] | None] | None
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """What a step function receives. Pass idempotency_key to the tool: it is the same on every attempt."""
+
+    run_id: str
+    project_id: str
+    step_id: str
+    idempotency_key: str
+    tool_id: str
+    params: Json
+    attempt: int
+    retry: bool  # an earlier attempt began this step and did not record its end
+
+
+@dataclass(frozen=True)
+class Approval:
+    """granted: the approver approved (the run was resumed), go on. Otherwise the approval was
+    requested now: hand `token` to the approver and return; the run waits without a lease."""
+
+    granted: bool
+    token: str = ""
+    expires_at: dt.datetime | None = None
+    decided_by: str = ""
+
+
+def _duration(seconds: float | None) -> duration_pb2.Duration | None:
+    if not seconds:
+        return None
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+def _compensation_pb(cmd: Mapping[str, Any] | None) -> common_pb2.CompensationCommand | None:
+    if not cmd:
+        return None
+    return common_pb2.CompensationCommand(
+        tool_id=str(cmd["tool_id"]), params=to_struct(dict(cmd.get("params") or {})), reason=str(cmd.get("reason", ""))
+    )
+
+
+class RunContext:
+    """One claimed run: its input, its lease, journaled steps and the run's end."""
+
+    def __init__(self, client: Client, claimed: scheduler_pb2.ClaimedRun, worker_id: str) -> None:
+        self.client = client
+        self.run: common_pb2.Run = claimed.run
+        self.lease: common_pb2.LeaseToken = claimed.lease
+        self.resumed: bool = claimed.resumed
+        self.worker_id = worker_id
+        self.input: Json = from_struct(claimed.run.input)
+        # step_id -> "execute" | "skip" | "retry", in the order this attempt met them
+        self.actions: dict[str, str] = {}
+        self.outcome: str | None = None  # completed | failed | waiting_approval, once the run left our hands
+        self.log = logging.LoggerAdapter(log, {"run_id": self.run_id, "attempt": self.attempt})
+
+    @property
+    def run_id(self) -> str:
+        return self.lease.run_id
+
+    @property
+    def project_id(self) -> str:
+        return self.run.project_id
+
+    @property
+    def attempt(self) -> int:
+        return self.lease.attempt
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    def _live(self, what: str) -> None:
+        if self.outcome is not None:
+            raise RunFinished(f"{what}: run {self.run_id} already {self.outcome}; the handler should return")
+
+    # --- journaled steps ---
+
+    async def step(
+        self,
+        step_id: str,
+        fn: Callable[[StepCall], Any],
+        *,
+        step_type: str | None = None,
+        tool_id: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        compensation: Compensation = None,
+    ) -> Json:
+        """Runs fn at most once per run (per step_id) and returns its result dict.
+
+        fn(call: StepCall) may be sync or async and returns a dict (None means {}). step_type is
+        llm_call, tool_call (the default when tool_id is given), approval_request or callback
+        (the default otherwise). compensation undoes a completed tool_call if the run later
+        fails, is rejected or cancelled: a dict {"tool_id", "params", "reason"} or a function of
+        the result returning one. If fn raises, the step is journaled failed and the error re-raised.
+        """
+        self._live(f"step {step_id}")
+        kind = step_type or ("tool_call" if tool_id else "callback")
+        if kind not in STEP_TYPES:
+            raise ValueError(f"step_type must be one of {', '.join(STEP_TYPES)}")
+        args = dict(params or {})
+        begin = await self.client.call(
+            self.client.saga.BeginStep,
+            saga_pb2.BeginStepRequest(
+                lease=self.lease,
+                step_id=step_id,
+                step_type=STEP_TYPES[kind],
+                tool_id=tool_id or "",
+                tool_params=to_struct(args) if (tool_id or args) else None,
+            ),
+        )
+        action = ACTIONS.get(begin.action, "execute")
+        self.actions[step_id] = action
+        metrics.STEPS.labels(action).inc()
+        if action == "skip":
+            self.log.info("step %s skipped: completed by an earlier attempt", step_id)
+            return from_struct(begin.step.result)
+        call = StepCall(
+            run_id=self.run_id,
+            project_id=self.project_id,
+            step_id=step_id,
+            idempotency_key=begin.idempotency_key,
+            tool_id=tool_id or "",
+            params=args,
+            attempt=self.attempt,
+            retry=action == "retry",
+        )
+        try:
+            value = fn(call)
+            if inspect.isawaitable(value):
+                value = await value
+            result = _as_result(value, step_id)
+            cmd = compensation(result) if callable(compensation) else compensation
+        except (LeaseLost, RunFinished):
+            raise
+        except Exception as exc:
+            # cancellation (BaseException) leaves the step pending on purpose: the next attempt retries it
+            with contextlib.suppress(AwooopError):
+                await self.client.call(
+                    self.client.saga.FailStep,
+                    saga_pb2.FailStepRequest(
+                        lease=self.lease, step_id=step_id, error=f"{type(exc).__name__}: {exc}"[:4096]
+                    ),
+                )
+            raise
+        await self.client.call(
+            self.client.saga.CompleteStep,
+            saga_pb2.CompleteStepRequest(
+                lease=self.lease, step_id=step_id, result=to_struct(result), compensation_cmd=_compensation_pb(cmd)
+            ),
+        )
+        return result
+
+    # --- approvals ---
+
+    async def request_approval(self, summary: str, *, step_id: str = "approval", ttl: float | None = None) -> Approval:
+        """Journaled approval. Returns granted=True when this approval was already given (the run
+        was approved and claimed again); otherwise asks for it: the lease is released, the run
+        waits in WAITING_APPROVAL, and the returned token must reach the approver. Reject or expiry
+        fails the run and compensates it; approval resumes it and the handler runs again from the
+        top, skipping completed steps, and this call then returns granted=True."""
+        self._live("request_approval")
+        begin = await self.client.call(
+            self.client.saga.BeginStep,
+            saga_pb2.BeginStepRequest(
+                lease=self.lease, step_id=step_id, step_type=common_pb2.STEP_TYPE_APPROVAL_REQUEST
+            ),
+        )
+        action = ACTIONS.get(begin.action, "execute")
+        self.actions[step_id] = action
+        metrics.STEPS.labels(action).inc()
+        if action == "skip":
+            return Approval(granted=True, decided_by=str(from_struct(begin.step.result).get("decided_by", "")))
+        if action == "retry" and await self._approved_since(begin.step.started_at.ToDatetime(dt.UTC)):
+            decided_by = self.run.approval_decided_by
+            await self.client.call(
+                self.client.saga.CompleteStep,
+                saga_pb2.CompleteStepRequest(
+                    lease=self.lease, step_id=step_id, result=to_struct({"approved": True, "decided_by": decided_by})
+                ),
+            )
+            return Approval(granted=True, decided_by=decided_by)
+        self.outcome = "waiting_approval"
+        resp = await self.client.call(
+            self.client.scheduler.RequestApproval,
+            scheduler_pb2.RequestApprovalRequest(lease=self.lease, summary=summary, ttl=_duration(ttl)),
+        )
+        return Approval(granted=False, token=resp.approval_token, expires_at=resp.expires_at.ToDatetime(dt.UTC))
+
+    async def _approved_since(self, started_at: dt.datetime) -> bool:
+        """Was the run approved after this approval step was first journaled? (A pending approval
+        step is also what a crash between BeginStep and RequestApproval leaves behind.)"""
+        if not self.run.approval_decided_by:
+            return False
+        history = await self.client.call(
+            self.client.scheduler.GetRunHistory, scheduler_pb2.GetRunHistoryRequest(run_id=self.run_id)
+        )
+        return any(
+            e.from_status == common_pb2.RUN_STATUS_WAITING_APPROVAL
+            and e.to_status == common_pb2.RUN_STATUS_RESUMED
+            and e.at.ToDatetime(dt.UTC) >= started_at
+            for e in history.events
+        )
+
+    # --- waiting on a slow tool ---
+
+    @contextlib.asynccontextmanager
+    async def wait_tool(self, tool_id: str) -> AsyncIterator[None]:
+        """`async with ctx.wait_tool("tool"):` marks the run WAITING_TOOL for the block (the lease is
+        still renewed by the heartbeat) and RUNNING again after it."""
+        self._live("wait_tool")
+        await self.client.call(
+            self.client.scheduler.WaitTool, scheduler_pb2.WaitToolRequest(lease=self.lease, tool_id=tool_id)
+        )
+        try:
+            yield
+        except LeaseLost:
+            raise
+        except BaseException:
+            if self.outcome is None:
+                with contextlib.suppress(AwooopError):
+                    await self.client.call(
+                        self.client.scheduler.ResumeTool, scheduler_pb2.ResumeToolRequest(lease=self.lease)
+                    )
+            raise
+        if self.outcome is None:
+            await self.client.call(self.client.scheduler.ResumeTool, scheduler_pb2.ResumeToolRequest(lease=self.lease))
+
+    # --- the run's end ---
+
+    async def complete(self, output: Mapping[str, Any] | None = None) -> common_pb2.Run:
+        """RUNNING -> COMPLETED with output. (Returning a dict from the handler does the same.)"""
+        self._live("complete")
+        self.outcome = "completed"
+        resp = await self.client.call(
+            self.client.scheduler.CompleteRun,
+            scheduler_pb2.CompleteRunRequest(lease=self.lease, output=to_struct(dict(output or {}))),
+        )
+        return resp.run
+
+    async def fail(
+        self, reason: str, *, retryable: bool = False, error_code: str = "", retry_after: float | None = None
+    ) -> common_pb2.Run:
+        """Fails this attempt: retryable with attempts left -> PENDING again after a backoff;
+        otherwise FAILED, and the saga compensates completed steps."""
+        self._live("fail")
+        self.outcome = "failed"
+        resp = await self.client.call(
+            self.client.scheduler.FailRun,
+            scheduler_pb2.FailRunRequest(
+                lease=self.lease,
+                reason=reason[:4096],
+                error_code=error_code[:64],
+                retryable=retryable,
+                retry_after=_duration(retry_after),
+            ),
+        )
+        return resp.run
+
+
+def _as_result(value: Any, step_id: str) -> Json:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"step {step_id} must return a dict (or None), not {type(value).__name__}")
+
+
+Handler = Callable[[RunContext], Awaitable[Mapping[str, Any] | None]]

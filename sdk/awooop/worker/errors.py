@@ -1,0 +1,84 @@
+"""Client-side view of awooop's rich errors (google.rpc ErrorInfo + BadRequest).
+
+Every RPC error the SDK raises is an AwooopError carrying the status code, the ErrorInfo
+reason (for example LEASE_LOST) and the field violations, so callers branch on `reason`
+instead of parsing messages. LeaseLost is raised when this worker's lease is gone: stop
+working on the run (the SDK does that for handlers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import grpc
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+LEASE_LOST = "LEASE_LOST"
+
+
+@dataclass(frozen=True)
+class ErrorDetails:
+    code: grpc.StatusCode
+    reason: str
+    message: str
+    metadata: dict[str, str] = field(default_factory=dict)
+    violations: list[tuple[str, str]] = field(default_factory=list)
+
+    def render(self) -> str:
+        """`<CODE> <REASON>: message` plus one indented line per field violation."""
+        head = f"{self.code.name} {self.reason}: {self.message}" if self.reason else f"{self.code.name}: {self.message}"
+        return "\n".join([head, *(f"  {f}: {d}" for f, d in self.violations)])
+
+
+def details_of(err: grpc.RpcError) -> ErrorDetails:
+    """Decodes a failed call's status; works for errors without rich details too."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    message = (err.details() if hasattr(err, "details") else "") or ""
+    reason, metadata, violations = "", {}, []
+    try:
+        status = rpc_status.from_call(err)  # type: ignore[arg-type]
+    except ValueError:  # status message and details disagree: keep the plain message
+        status = None
+    if status is not None:
+        message = status.message or message
+        for d in status.details:
+            if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                d.Unpack(info)
+                reason, metadata = info.reason, dict(info.metadata)
+            elif d.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+                br = error_details_pb2.BadRequest()
+                d.Unpack(br)
+                violations = [(v.field, v.description) for v in br.field_violations]
+    return ErrorDetails(code, reason, message, metadata, violations)
+
+
+class AwooopError(Exception):
+    """A failed awooop RPC, decoded."""
+
+    def __init__(self, details: ErrorDetails, method: str = "") -> None:
+        super().__init__(details.render())
+        self.details = details
+        self.method = method
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return self.details.code
+
+    @property
+    def reason(self) -> str:
+        return self.details.reason
+
+    @classmethod
+    def from_rpc(cls, err: grpc.RpcError, method: str = "") -> AwooopError:
+        d = details_of(err)
+        kind = LeaseLost if d.reason == LEASE_LOST else cls
+        return kind(d, method)
+
+
+class LeaseLost(AwooopError):
+    """The run's lease is no longer ours (reaped, cancelled, finished or handed to another worker)."""
+
+
+class RunFinished(RuntimeError):
+    """The handler used its RunContext after the run was completed, failed, or handed to an approver."""

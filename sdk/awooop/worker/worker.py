@@ -1,0 +1,410 @@
+"""Worker: claims runs, keeps their leases alive, runs a handler per run, and stops cleanly.
+
+- Claiming: one ClaimRuns long-poll at a time, asking for as many runs as there are free slots
+  (`concurrency`). The scheduler wakes it as soon as a run becomes claimable.
+- Leases: one background task sends ONE Heartbeat for every held lease each `heartbeat_interval`.
+  A lease reported LEASE_LOST (reaped, stolen, finished) cancels its handler task at once; a
+  reported cancel request cancels the handler and then acknowledges the cancel (-> CANCELLED).
+  If heartbeats keep failing until the lease must have expired, the handler is stopped too:
+  another worker may already own the run.
+- Ending a run: returning from the handler completes the run with the returned dict as output
+  (unless the handler completed, failed or handed it to an approver itself); an uncaught
+  exception fails the attempt as retryable (the scheduler retries while attempts are left).
+- Shutdown (SIGTERM, SIGINT or stop()): stop claiming, give running handlers `shutdown_grace`
+  seconds to finish, then cancel the rest and hand their leases back with ReleaseRun, so the
+  runs are claimable again immediately instead of after a lease timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from awooop.scheduler.v1 import scheduler_pb2
+from awooop.worker import metrics
+from awooop.worker.client import DEFAULT_TIMEOUT, Client
+from awooop.worker.context import Handler, RunContext, _duration
+from awooop.worker.errors import AwooopError, LeaseLost, RunFinished
+
+log = logging.getLogger("awooop.worker")
+
+# why the worker stopped a handler
+LOST = "lease_lost"
+CANCEL = "cancel_requested"
+SHUTDOWN = "shutdown"
+
+# errors that no retry will fix: the worker stops instead of spinning
+FATAL_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT)
+HEARTBEAT_BATCH = 1000  # the scheduler's limit per Heartbeat call
+
+
+class WorkerError(Exception):
+    """The worker cannot go on (bad key, no worker role, invalid configuration)."""
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"[-128:]
+
+
+@dataclass
+class _Held:
+    ctx: RunContext
+    ttl: float  # lease length in seconds, as granted
+    renewed_until: float  # monotonic time by which the lease surely ends without a renewal
+    task: asyncio.Task[None] | None = None
+    stop_reason: str | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.ctx.run_id, self.ctx.attempt)
+
+
+@dataclass
+class WorkerStats:
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    waiting_approval: int = 0
+    lost: int = 0
+    cancelled: int = 0
+    released: int = 0
+    heartbeats_sent: int = 0
+    by_outcome: dict[str, int] = field(default_factory=dict)
+
+
+class Worker:
+    """Runs `handler(ctx)` for each run claimed from `projects`.
+
+    async def handle(ctx: RunContext) -> dict: ...
+    await Worker(handle, projects=["demo"]).run()   # until SIGTERM / SIGINT / stop()
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        projects: Iterable[str],
+        key: str | None = None,
+        scheduler: str | None = None,
+        saga: str | None = None,
+        worker_id: str | None = None,
+        concurrency: int = 4,
+        lease_ttl: float | None = None,
+        heartbeat_interval: float | None = None,
+        claim_wait: float = 20.0,
+        call_timeout: float = DEFAULT_TIMEOUT,
+        shutdown_grace: float = 20.0,
+        tls: bool | None = None,
+        ca_file: str | None = None,
+        client: Client | None = None,
+    ) -> None:
+        self.handler = handler
+        self.projects = list(projects)
+        if not self.projects:
+            raise ValueError("projects: give at least one project to claim runs from")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.worker_id = worker_id or default_worker_id()
+        self.concurrency = concurrency
+        # None: the scheduler's configured lease (default 5 min)
+        self.lease_ttl = lease_ttl
+        self.heartbeat_interval = heartbeat_interval or min(30.0, (lease_ttl or 300.0) / 3)
+        if lease_ttl and self.heartbeat_interval >= lease_ttl:
+            raise ValueError("heartbeat_interval must be shorter than lease_ttl")
+        self.claim_wait = claim_wait
+        self.call_timeout = call_timeout
+        self.shutdown_grace = shutdown_grace
+        self._own_client = client is None
+        self.client = client or Client(
+            key=key, scheduler=scheduler, saga=saga, timeout=call_timeout, tls=tls, ca_file=ca_file
+        )
+        self.stats = WorkerStats()
+        self._held: dict[tuple[str, int], _Held] = {}
+        self._stopping = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._running = False
+
+    # --- public ---
+
+    @property
+    def held(self) -> list[tuple[str, int]]:
+        """(run_id, attempt) of every lease held now."""
+        return list(self._held)
+
+    @property
+    def heartbeats_sent(self) -> int:
+        return self.stats.heartbeats_sent
+
+    def stop(self) -> None:
+        """Asks the worker to stop: no new claims; running handlers finish or are released."""
+        self._stopping.set()
+
+    async def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Claims and handles runs until stop(), SIGTERM or SIGINT; then shuts down cleanly."""
+        if self._running:
+            raise RuntimeError("worker already running")
+        self._running = True
+        loop = asyncio.get_running_loop()
+        signals: list[int] = []
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                    loop.add_signal_handler(sig, self.stop)
+                    signals.append(sig)
+        heartbeats = asyncio.create_task(self._heartbeat_loop(), name="awooop-heartbeat")
+        log.info(
+            "worker started",
+            extra={"worker_id": self.worker_id, "projects": self.projects, "concurrency": self.concurrency},
+        )
+        try:
+            await self._claim_loop()
+        finally:
+            await self._shutdown()
+            heartbeats.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeats
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            if self._own_client:
+                await self.client.close()
+            self._running = False
+            log.info("worker stopped", extra={"worker_id": self.worker_id})
+
+    # --- claiming ---
+
+    async def _claim_loop(self) -> None:
+        backoff = 0.2
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._held)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._until_stopping(self._slot_freed.wait())
+                continue
+            request = scheduler_pb2.ClaimRunsRequest(
+                worker_id=self.worker_id,
+                project_ids=self.projects,
+                max_runs=min(free, 100),
+                wait=_duration(self.claim_wait),
+                lease_ttl=_duration(self.lease_ttl),
+            )
+            claim = asyncio.ensure_future(
+                self.client.call(self.client.scheduler.ClaimRuns, request, timeout=self.claim_wait + self.call_timeout)
+            )
+            if not await self._until_stopping(claim):
+                break  # stopping while waiting for work: the in-flight claim was cancelled
+            try:
+                response = claim.result()
+            except AwooopError as err:
+                if err.code in FATAL_CODES:
+                    raise WorkerError(f"ClaimRuns: {err}") from None
+                log.warning("claim failed; retrying", extra={"error": str(err), "backoff_s": backoff})
+                await self._until_stopping(asyncio.sleep(backoff))
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.2
+            for claimed in response.runs:
+                self._start(claimed)
+
+    async def _until_stopping(self, aw: Any) -> bool:
+        """Awaits aw unless stop() comes first (then cancels it). True when aw finished."""
+        task = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if task.done():
+            return True
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, AwooopError):
+            await task
+        return False
+
+    def _start(self, claimed: scheduler_pb2.ClaimedRun) -> None:
+        ctx = RunContext(self.client, claimed, self.worker_id)
+        ttl = self.lease_ttl or _granted_ttl(claimed) or 300.0
+        h = _Held(ctx=ctx, ttl=ttl, renewed_until=time.monotonic() + ttl)
+        self._held[h.key] = h
+        metrics.HELD.set(len(self._held))
+        self.stats.claimed += 1
+        ctx.log.info("claimed run", extra={"resumed": ctx.resumed, "worker_id": self.worker_id})
+        h.task = asyncio.create_task(self._execute(h), name=f"awooop-run-{ctx.run_id}")
+
+    # --- one run ---
+
+    async def _execute(self, h: _Held) -> None:
+        ctx = h.ctx
+        try:
+            try:
+                output = await self.handler(ctx)
+            except asyncio.CancelledError:
+                if h.stop_reason is None:
+                    raise  # not ours: the event loop is going away
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                await self._after_stop(h)
+                return
+            except LeaseLost:
+                self._count("lost")
+                ctx.log.warning("lease lost; handler stopped")
+                return
+            except RunFinished as exc:
+                ctx.log.error("handler kept using a finished run: %s", exc)
+                return
+            except Exception as exc:
+                if ctx.finished:
+                    ctx.log.exception("handler raised after the run was %s", ctx.outcome)
+                    return
+                ctx.log.exception("handler raised; failing the attempt (retryable)")
+                await self._final(
+                    ctx,
+                    "failed",
+                    ctx.fail(f"{type(exc).__name__}: {exc}", retryable=True, error_code="E-WORKER-HANDLER"),
+                )
+                return
+            if h.stop_reason is not None:  # the handler swallowed our cancellation
+                await self._after_stop(h)
+            elif ctx.finished:
+                self._count(ctx.outcome or "completed")
+            else:
+                await self._final(ctx, "completed", ctx.complete(_as_output(output)))
+        finally:
+            self._held.pop(h.key, None)
+            metrics.HELD.set(len(self._held))
+            self._slot_freed.set()
+
+    async def _final(self, ctx: RunContext, outcome: str, call: Any) -> None:
+        try:
+            await call
+            self._count(outcome)
+        except LeaseLost:
+            self._count("lost")
+            ctx.log.warning("lease lost before the run could be %s", outcome)
+        except AwooopError as err:
+            self._count("error")
+            ctx.log.error("could not record the run as %s: %s", outcome, err)
+
+    async def _after_stop(self, h: _Held) -> None:
+        ctx, lease = h.ctx, h.ctx.lease
+        try:
+            if h.stop_reason == LOST:
+                self._count("lost")
+                metrics.LEASES_LOST.inc()
+                ctx.log.warning("lease lost; handler cancelled")
+            elif h.stop_reason == CANCEL:
+                await self.client.call(
+                    self.client.scheduler.AcknowledgeCancel, scheduler_pb2.AcknowledgeCancelRequest(lease=lease)
+                )
+                self._count("cancelled")
+                ctx.log.info("cancel requested; handler cancelled and cancel acknowledged")
+            elif h.stop_reason == SHUTDOWN:
+                await self.client.call(
+                    self.client.scheduler.ReleaseRun,
+                    scheduler_pb2.ReleaseRunRequest(lease=lease, reason=f"worker {self.worker_id} shutting down"),
+                )
+                self._count("released")
+                ctx.log.info("worker shutting down; lease handed back")
+        except AwooopError as err:
+            self._count("lost" if isinstance(err, LeaseLost) else "error")
+            ctx.log.warning("after stopping the handler (%s): %s", h.stop_reason, err)
+
+    def _count(self, outcome: str) -> None:
+        metrics.RUNS.labels(outcome).inc()
+        self.stats.by_outcome[outcome] = self.stats.by_outcome.get(outcome, 0) + 1
+        if outcome in ("completed", "failed", "waiting_approval", "lost", "cancelled", "released"):
+            setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+
+    def _stop_handler(self, h: _Held, reason: str) -> None:
+        if h.stop_reason is not None or h.ctx.finished or h.task is None or h.task.done():
+            return  # already stopping, or the run is being completed/failed/handed over right now
+        h.stop_reason = reason
+        h.task.cancel()
+
+    # --- leases ---
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            await self.heartbeat_once()
+
+    async def heartbeat_once(self) -> None:
+        """Renews every held lease with one Heartbeat call (per 1000 leases) and stops the
+        handlers whose lease is lost or whose run was asked to cancel."""
+        live = [h for h in self._held.values() if h.stop_reason is None and not h.ctx.finished]
+        for i in range(0, len(live), HEARTBEAT_BATCH):
+            batch = live[i : i + HEARTBEAT_BATCH]
+            sent_at = time.monotonic()
+            self.stats.heartbeats_sent += 1
+            request = scheduler_pb2.HeartbeatRequest(
+                worker_id=self.worker_id,
+                leases=[h.ctx.lease for h in batch],
+                lease_ttl=_duration(self.lease_ttl),
+            )
+            try:
+                response = await self.client.call(self.client.scheduler.Heartbeat, request)
+            except AwooopError as err:
+                metrics.HEARTBEATS.labels("error").inc()
+                log.warning("heartbeat failed", extra={"error": str(err), "leases": len(batch)})
+                for h in batch:
+                    if time.monotonic() >= h.renewed_until:
+                        h.ctx.log.warning("lease expired without a successful heartbeat; stopping the handler")
+                        self._stop_handler(h, LOST)
+                continue
+            metrics.HEARTBEATS.labels("ok").inc()
+            by_key = {h.key: h for h in batch}
+            for renewal in response.renewals:
+                h = by_key.get((renewal.lease.run_id, renewal.lease.attempt))
+                if h is None:
+                    continue
+                if renewal.outcome == scheduler_pb2.LEASE_OUTCOME_LEASE_LOST:
+                    self._stop_handler(h, LOST)
+                elif renewal.cancel_requested:
+                    self._stop_handler(h, CANCEL)
+                elif renewal.outcome == scheduler_pb2.LEASE_OUTCOME_RENEWED:
+                    h.renewed_until = sent_at + h.ttl
+
+    # --- shutdown ---
+
+    async def _shutdown(self) -> None:
+        tasks = [h.task for h in self._held.values() if h.task is not None]
+        if tasks:
+            log.info("waiting for running handlers", extra={"handlers": len(tasks), "grace_s": self.shutdown_grace})
+            await asyncio.wait(tasks, timeout=self.shutdown_grace)
+        for h in list(self._held.values()):
+            self._stop_handler(h, SHUTDOWN)
+        rest = [h.task for h in self._held.values() if h.task is not None and not h.task.done()]
+        if rest:
+            await asyncio.wait(rest, timeout=self.call_timeout * 2)
+
+
+def _granted_ttl(claimed: scheduler_pb2.ClaimedRun) -> float | None:
+    """Lease length the scheduler granted, from two database timestamps (no clock skew)."""
+    if claimed.HasField("lease_until") and claimed.run.HasField("heartbeat_at"):
+        ttl = (claimed.lease_until.ToNanoseconds() - claimed.run.heartbeat_at.ToNanoseconds()) / 1e9
+        return ttl if ttl > 0 else None
+    return None
+
+
+def _as_output(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, Mapping):
+        return dict(value)
+    return {"result": value}
+
+
+def run_worker(handler: Handler, **config: Any) -> None:
+    """Blocking convenience: asyncio.run(Worker(handler, **config).run())."""
+    asyncio.run(Worker(handler, **config).run())
