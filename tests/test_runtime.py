@@ -1,0 +1,442 @@
+"""The service runtime as processes see it: graceful shutdown on SIGTERM, Prometheus
+metrics, the JSON access log, `python -m services.<name>`, migrate-on-start, TLS, and the
+interceptor's error mapping (UNIMPLEMENTED / INTERNAL / UNAVAILABLE / deadlines)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
+from services.common import errors, migrate
+from services.common.auth import Authenticator, current_principal
+from services.common.db import create_pool
+from services.common.embedded import free_port
+from services.common.interceptor import ServiceInterceptor
+from services.common.runtime import Runtime
+from services.common.settings import Settings
+from tests.helpers import ROOT, eventually, expect_error, reason_of, settings_env, wait_healthy
+
+INGEST = "awooop.ingest.v1.IngestService"
+CREATE_RUN = f"/{INGEST}/CreateRun"
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[bytes]
+    stderr_path: Path
+    port: int
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    async def wait(self, timeout: float = 30) -> int:
+        return await asyncio.to_thread(self.popen.wait, timeout)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(10)
+
+
+async def spawn(argv: list[str], env: dict[str, str], tmp_path: Path, port: int) -> Proc:
+    """A real server process (stderr to a file), once its health answers SERVING."""
+    path = tmp_path / f"stderr-{uuid.uuid4().hex[:6]}.log"
+    with open(path, "wb") as err:
+        popen = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+    proc = Proc(popen, path, port)
+    try:
+        await wait_healthy(port)
+    except AssertionError:
+        proc.kill()
+        raise AssertionError(f"{argv} did not become healthy:\n{proc.stderr()}") from None
+    return proc
+
+
+def child_env(settings: Settings, **overrides: Any) -> tuple[dict[str, str], int]:
+    """The environment of a child serving ingest with these settings, and its port."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
+    env.update(settings_env(settings.with_(ingest_port=port, metrics_port=0, **overrides)))
+    return env, port
+
+
+@pytest.fixture
+def procs() -> Any:
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+# ---------------------------------------------------------------- graceful shutdown
+
+
+async def test_sigterm_turns_health_not_serving_and_drains_in_flight_rpcs(
+    settings: Settings, db: asyncpg.Connection, db_dsn: str, make_key, tmp_path: Path, procs: list[Proc]
+) -> None:
+    md = await make_key("drain", {"p": ["admin"]})
+    env, port = child_env(settings, auth_cache_seconds=0, shutdown_grace=20, access_log=True)
+    proc = await spawn([sys.executable, "-m", "awooop.cli", "serve", "ingest"], env, tmp_path, port)
+    procs.append(proc)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        watch = health.Watch(health_pb2.HealthCheckRequest(service=INGEST))
+        assert (await watch.read()).status == SERVING
+
+        # hold the API key table so an authenticated call is in flight inside the server
+        tx = db.transaction()
+        await tx.start()
+        await db.execute("LOCK TABLE awooop_api_key IN ACCESS EXCLUSIVE MODE")
+        stub = ingest_pb2_grpc.IngestServiceStub(ch)
+        req = ingest_pb2.CreateRunRequest(project_id="p", idempotency_key="drain-1")
+        in_flight = asyncio.ensure_future(stub.CreateRun(req, metadata=md, timeout=60))
+
+        async def blocked_on_lock() -> bool:
+            return bool(
+                await db.fetchval(
+                    """SELECT count(*) FROM pg_stat_activity
+                        WHERE datname = current_database() AND wait_event_type = 'Lock'"""
+                )
+            )
+
+        await eventually(blocked_on_lock, what="the in-flight call to wait on the lock")
+
+        proc.popen.send_signal(signal.SIGTERM)
+        assert (await watch.read()).status == NOT_SERVING
+        assert await watch.read() == grpc.aio.EOF  # the Watch stream ends instead of holding the shutdown
+        assert (await watch.code()) == grpc.StatusCode.OK
+
+        # draining: new calls are refused while the in-flight one still runs
+        async def refused() -> bool:
+            try:
+                await health.Check(health_pb2.HealthCheckRequest(), timeout=2)
+                return False
+            except grpc.aio.AioRpcError as err:
+                return err.code() == grpc.StatusCode.UNAVAILABLE
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as fresh:
+            health = health_pb2_grpc.HealthStub(fresh)
+            await eventually(refused, what="new calls to be refused during the drain")
+        assert proc.popen.poll() is None, "the process exited with an RPC still in flight"
+        assert not in_flight.done()
+
+        await tx.rollback()  # release: the in-flight call completes instead of being cancelled
+        try:
+            await in_flight
+            code = grpc.StatusCode.OK
+        except grpc.aio.AioRpcError as err:
+            code = err.code()
+        # the call reached the handler (authenticated); UNIMPLEMENTED until the ingest RPCs land
+        assert code in (grpc.StatusCode.OK, grpc.StatusCode.UNIMPLEMENTED), code
+    assert await proc.wait() == 0, proc.stderr()
+    messages = [json.loads(line)["msg"] for line in proc.stderr().splitlines() if line.startswith("{")]
+    assert "shutting down" in messages and messages[-1] == "stopped"
+
+
+async def test_stop_ends_health_watch_streams(start_services, channels) -> None:
+    rt = await start_services("ingest", shutdown_grace=30)
+    health = health_pb2_grpc.HealthStub(channels(rt.ports["ingest"]))
+    watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
+    assert (await watch.read()).status == SERVING
+    await rt.stop()  # a 30 s grace: only a stream that ends lets this return with OK below
+    assert (await watch.read()).status == NOT_SERVING
+    assert await watch.read() == grpc.aio.EOF
+    assert await watch.code() == grpc.StatusCode.OK
+
+
+# ---------------------------------------------------------------- metrics and access log, python -m
+
+
+async def test_python_m_service_exposes_metrics_and_writes_json_access_log(
+    settings: Settings, make_key, tmp_path: Path, procs: list[Proc]
+) -> None:
+    md = await make_key("metrics", {"p": ["ingest"]})
+    metrics_port = free_port()
+    env, port = child_env(settings, access_log=True)
+    env["AWOOOP_METRICS_PORT"] = str(metrics_port)
+    proc = await spawn([sys.executable, "-m", "services.ingest"], env, tmp_path, port)
+    procs.append(proc)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = ingest_pb2_grpc.IngestServiceStub(ch)
+        for _ in range(3):
+            await expect_error(
+                stub.CreateRun(ingest_pb2.CreateRunRequest(project_id="p")), grpc.StatusCode.UNAUTHENTICATED
+            )
+        # an authenticated call with a bad field: whatever the handler answers, it is counted by its code
+        try:
+            await stub.CreateRun(ingest_pb2.CreateRunRequest(project_id="bad project!"), metadata=md)
+            authed_code = "OK"
+        except grpc.aio.AioRpcError as err:
+            authed_code = err.code().name
+        assert authed_code in ("INVALID_ARGUMENT", "UNIMPLEMENTED")
+
+    body = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    )
+    counts = {
+        (s.labels["method"], s.labels["code"]): s.value
+        for fam in text_string_to_metric_families(body)
+        if fam.name == "awooop_rpc_requests"
+        for s in fam.samples
+        if s.name == "awooop_rpc_requests_total"
+    }
+    assert counts[(CREATE_RUN, "UNAUTHENTICATED")] == 3
+    assert counts[(CREATE_RUN, authed_code)] == 1
+    assert "awooop_rpc_duration_seconds_bucket" in body
+
+    proc.popen.send_signal(signal.SIGTERM)
+    assert await proc.wait() == 0, proc.stderr()
+    records = [json.loads(line) for line in proc.stderr().splitlines() if line.startswith("{")]
+    rpc = [r for r in records if r.get("logger") == "awooop.rpc" and r.get("method") == CREATE_RUN]
+    assert [r["code"] for r in rpc] == ["UNAUTHENTICATED"] * 3 + [authed_code]
+    for r in rpc:
+        assert isinstance(r["ms"], float | int) and r["ms"] >= 0
+        assert r["level"] == "info" and r["peer"].startswith("ipv")
+    assert rpc[-1]["principal"] == "metrics" and rpc[0]["principal"] == ""
+
+
+# ---------------------------------------------------------------- migrate on start
+
+
+async def test_migrate_on_start_migrates_an_empty_database(
+    settings: Settings, pg_server_dsn: str, tmp_path: Path, procs: list[Proc]
+) -> None:
+    from tests.conftest import _admin, _with_database
+
+    name = f"awooop_mos_{uuid.uuid4().hex[:8]}"
+    admin = await _admin(pg_server_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    dsn = _with_database(pg_server_dsn, name)
+    try:
+        env, port = child_env(settings.with_(database_url=dsn), migrate_on_start=True)
+        env["AWOOOP_MIGRATE_ON_START"] = "yes"  # any documented spelling of true
+        proc = await spawn([sys.executable, "-m", "awooop.cli", "serve", "ingest"], env, tmp_path, port)
+        procs.append(proc)
+        conn = await asyncpg.connect(dsn)
+        try:
+            versions = [r["version"] for r in await conn.fetch("SELECT version FROM awooop_schema_migrations")]
+            assert sorted(versions) == [m.version for m in migrate.load()]
+        finally:
+            await conn.close()
+        proc.popen.send_signal(signal.SIGTERM)
+        assert await proc.wait() == 0
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def test_serve_refuses_a_setting_that_does_not_parse(settings: Settings, tmp_path: Path) -> None:
+    env, _ = child_env(settings)
+    env["AWOOOP_LEASE_TTL"] = "five minutes"
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "awooop.cli", "serve", "ingest"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "AWOOOP_LEASE_TTL='five minutes' is not a valid float" in out.stderr
+
+
+async def test_port_in_use_is_a_clear_error_and_nothing_stays_up(settings: Settings) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        free = free_port()
+        rt = Runtime(settings.with_(ingest_port=free, scheduler_port=taken), ["ingest", "scheduler"])
+        with pytest.raises(SystemExit, match=f"scheduler: cannot listen on 127.0.0.1:{taken}"):
+            await rt.start()
+    # the ingest server that had started was stopped again
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{free}") as ch:
+        await expect_error(
+            health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2),
+            grpc.StatusCode.UNAVAILABLE,
+        )
+
+
+# ---------------------------------------------------------------- TLS
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl binary to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+async def test_tls_serves_only_secure_channels(start_services, make_key, tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    rt = await start_services("ingest", tls_cert_file=str(cert), tls_key_file=str(key))
+    port = rt.ports["ingest"]
+    md = await make_key("tls", {"p": ["admin"]})
+    creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    async with grpc.aio.secure_channel(f"localhost:{port}", creds) as ch:
+        r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=INGEST))
+        assert r.status == SERVING
+        stub = ingest_pb2_grpc.IngestServiceStub(ch)
+        await expect_error(stub.CreateRun(ingest_pb2.CreateRunRequest(project_id="p")), grpc.StatusCode.UNAUTHENTICATED)
+        try:
+            await stub.CreateRun(ingest_pb2.CreateRunRequest(project_id="p", idempotency_key="t1"), metadata=md)
+        except grpc.aio.AioRpcError as err:  # until the ingest RPCs land
+            assert err.code() == grpc.StatusCode.UNIMPLEMENTED, err
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as plain:
+        await expect_error(
+            health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(), timeout=5),
+            grpc.StatusCode.UNAVAILABLE,
+        )
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "awooop.cli", "health", *args], capture_output=True, text=True, timeout=60
+        )
+
+    ok = await asyncio.to_thread(cli, f"127.0.0.1:{port}", "--tls", "--ca-file", str(cert), "--service", "ingest")
+    assert ok.returncode == 0 and "SERVING" in ok.stdout, ok.stderr
+    no_tls = await asyncio.to_thread(cli, f"127.0.0.1:{port}", "--timeout", "2")
+    assert no_tls.returncode == 1 and "unreachable" in no_tls.stderr
+
+    grpcurl = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [grpcurl, "-cacert", str(cert), f"localhost:{port}", "list"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0 and INGEST in out.stdout.split(), out.stderr
+
+
+# ---------------------------------------------------------------- the interceptor's answers
+
+
+class Probe(ingest_pb2_grpc.IngestServiceServicer):
+    """IngestEvent sleeps (deadlines), IngestEvents fails like a bug or a dead store by its
+    project_id; CreateRun is the generated base: not implemented."""
+
+    async def IngestEvent(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        current_principal()  # the interceptor authenticated the caller before this runs
+        await asyncio.sleep(30)
+        return ingest_pb2.IngestEventResponse()
+
+    async def IngestEvents(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if request.events[0].project_id == "store":
+            raise ConnectionRefusedError("connection refused")
+        raise KeyError("secret internals")
+
+
+@pytest.fixture
+async def probe(settings: Settings) -> AsyncIterator[tuple[grpc.aio.Channel, asyncpg.Pool]]:
+    pool = await create_pool(settings)
+    server = grpc.aio.server(interceptors=[ServiceInterceptor(Authenticator(pool, 0), access_log=False)])
+    ingest_pb2_grpc.add_IngestServiceServicer_to_server(Probe(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        yield ch, pool
+    await server.stop(0)
+    await pool.close()
+
+
+def _counter(method: str, code: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("awooop_rpc_requests_total", {"method": method, "code": code}) or 0.0
+
+
+async def test_unimplemented_method_answers_unimplemented_with_error_info(probe, make_key) -> None:
+    ch, _ = probe
+    md = await make_key("impl", {"p": ["admin"]})
+    before = _counter(CREATE_RUN, "UNIMPLEMENTED")
+    err = await expect_error(
+        ingest_pb2_grpc.IngestServiceStub(ch).CreateRun(ingest_pb2.CreateRunRequest(project_id="p"), metadata=md),
+        grpc.StatusCode.UNIMPLEMENTED,
+        "UNIMPLEMENTED",
+    )
+    assert errors.error_info(err).domain == "awooop"  # type: ignore[union-attr]
+    assert _counter(CREATE_RUN, "UNIMPLEMENTED") == before + 1
+
+
+async def test_a_bug_is_internal_without_leaking_and_a_dead_store_is_unavailable(probe, make_key) -> None:
+    ch, _ = probe
+    md = await make_key("bug", {"p": ["admin"]})
+    stub = ingest_pb2_grpc.IngestServiceStub(ch)
+
+    def batch(project: str) -> ingest_pb2.IngestEventsRequest:
+        return ingest_pb2.IngestEventsRequest(events=[ingest_pb2.IngestEventRequest(project_id=project)])
+
+    err = await expect_error(stub.IngestEvents(batch("p"), metadata=md), grpc.StatusCode.INTERNAL, "INTERNAL")
+    assert "secret internals" not in (err.details() or "")
+    await expect_error(stub.IngestEvents(batch("store"), metadata=md), grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE")
+
+
+async def test_deadline_is_reported_as_deadline_exceeded(probe, make_key) -> None:
+    ch, _ = probe
+    md = await make_key("slow", {"p": ["admin"]})
+    method = f"/{INGEST}/IngestEvent"
+    before = _counter(method, "DEADLINE_EXCEEDED")
+    await expect_error(
+        ingest_pb2_grpc.IngestServiceStub(ch).IngestEvent(ingest_pb2.IngestEventRequest(), metadata=md, timeout=0.3),
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
+    await eventually(
+        lambda: asyncio.sleep(0, _counter(method, "DEADLINE_EXCEEDED") == before + 1),
+        what="the server to count the call as DEADLINE_EXCEEDED",
+    )
+
+
+async def test_unauthenticated_never_reaches_the_handler(probe) -> None:
+    ch, _ = probe
+    err = await expect_error(
+        ingest_pb2_grpc.IngestServiceStub(ch).IngestEvent(ingest_pb2.IngestEventRequest(), timeout=5),
+        grpc.StatusCode.UNAUTHENTICATED,
+    )
+    assert reason_of(err) == "UNAUTHENTICATED"  # answered at once, not after the handler's 30 s sleep
