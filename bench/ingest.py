@@ -11,7 +11,9 @@ database, with the same batches and concurrency.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
+import uuid
 from typing import Any
 
 from bench import env, procs, rss
@@ -106,31 +108,43 @@ class BatchIngest(_IngestCaller):
 
 
 class SqlBatch:
-    """The raw-store baseline: the ingest service's own batch statement, `batch` events per
-    execution, straight over asyncpg with one connection per in-flight statement."""
+    """The raw-store baseline: the ingest service's own statement (services.ingest.store.
+    INGEST_SQL: dedupe rows, runs, audit rows and the wake-up, in one statement) for `batch`
+    fresh events per execution, straight over asyncpg, one connection per in-flight statement.
+    Arguments are built as services.ingest.store.ingest() builds them."""
 
     def __init__(self, dsn: str, label: str, batch: int, project_id: str = PROJECT) -> None:
         self.dsn, self.label, self.batch, self.project_id = dsn, label, batch, project_id
 
     async def setup(self, proc_idx: int, workers: int) -> None:
-        from services.common.db import _init_connection
-        from services.ingest import store
-
-        self.store = store
-        self.proc_idx = proc_idx
         import asyncpg
 
-        self.pool = await asyncpg.create_pool(self.dsn, min_size=workers, max_size=workers, init=_init_connection)
+        from services.ingest import store
+
+        self.sql = store.INGEST_SQL
+        self.proc_idx = proc_idx
+        self.input_json = json.dumps(PAYLOAD, separators=(",", ":"))
+        self.pool = await asyncpg.create_pool(self.dsn, min_size=workers, max_size=workers)
 
     async def call(self, worker: int, n: int) -> int:
+        size = self.batch
         prefix = f"{self.label}-{self.proc_idx}-{worker}-{n}"
-        ids = [f"{prefix}-{i}" for i in range(self.batch)]
-        args = self.store.batch_insert_args(self.project_id, "api", ids, PAYLOAD)
-        async with self.pool.acquire() as conn:
-            rows = await conn.fetch(self.store.INSERT_EVENTS_SQL, *args)
-        if len(rows) != self.batch:
-            raise Unexpected(f"raw insert returned {len(rows)} rows for {self.batch} events")
-        return self.batch
+        rows = await self.pool.fetch(
+            self.sql,
+            list(range(size)),
+            [self.project_id] * size,
+            ["api"] * size,
+            [f"{prefix}-{i}" for i in range(size)],
+            [uuid.uuid4() for _ in range(size)],
+            [self.input_json] * size,
+            [3] * size,
+            "bench",
+            "service:bench",
+            7 * 24 * 3600.0,
+        )
+        if sum(1 for r in rows if r["created"]) != size:
+            raise Unexpected(f"raw insert created {sum(1 for r in rows if r['created'])} runs for {size} events")
+        return size
 
     async def close(self) -> None:
         await self.pool.close()

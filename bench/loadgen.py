@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from bench import cpu
+
 _CTX = mp.get_context("spawn")  # never fork a process that may hold gRPC/asyncio state
 
 
@@ -215,8 +217,8 @@ class LoadResult:
     p99_ms: float = 0.0
     # CPU seconds the load processes used per second of load (1.0 = one core busy)
     client_cpu: float = 0.0
-    # the same for the server process, when the caller measured it (see measure_cpu)
-    server_cpu: float | None = None
+    # cores used during the window by the server process, Postgres, Redis, the machine (bench.cpu)
+    cpu: dict[str, float] = field(default_factory=dict)
 
     @property
     def calls_per_s(self) -> float:
@@ -242,7 +244,7 @@ class LoadResult:
             "p50_ms": round(self.p50_ms, 3),
             "p99_ms": round(self.p99_ms, 3),
             "client_cpu_cores": round(self.client_cpu, 2),
-            "server_cpu_cores": None if self.server_cpu is None else round(self.server_cpu, 2),
+            "cpu_cores": self.cpu,
         }
 
 
@@ -273,17 +275,17 @@ def run_load(
 ) -> LoadResult:
     """`concurrency` requests in flight for `duration` seconds (after `warmup`), over
     `processes` load processes. Raises when a call kind is not implemented by the server.
-    With server_pid, the server process's CPU use over the run is recorded too."""
+    The CPU used in the window (server_pid's, Postgres', Redis', the machine's) is recorded."""
     shares = split(concurrency, processes)
     kwargs = [{"kind": kind, "params": params, "proc_idx": i, "workers": workers} for i, workers in enumerate(shares)]
 
-    server_cpu: list[float | None] = []
+    snaps: list[dict[str, float]] = []
 
-    def sample_server(start_at: float, end_at: float) -> None:
+    def sample(start_at: float, end_at: float) -> None:
         time.sleep(max(0.0, start_at - time.monotonic()))
-        server_cpu.append(_cpu_seconds(server_pid))
+        snaps.append(cpu.snapshot(server_pid))
         time.sleep(max(0.0, end_at - time.monotonic()))
-        server_cpu.append(_cpu_seconds(server_pid))
+        snaps.append(cpu.snapshot(server_pid))
 
     sampler: threading.Thread | None = None
 
@@ -291,9 +293,8 @@ def run_load(
         nonlocal sampler
         warm_at = time.monotonic() + 0.1
         start_at, end_at = warm_at + warmup, warm_at + warmup + duration
-        if server_pid is not None:
-            sampler = threading.Thread(target=sample_server, args=(start_at, end_at), daemon=True)
-            sampler.start()
+        sampler = threading.Thread(target=sample, args=(start_at, end_at), daemon=True)
+        sampler.start()
         return warm_at, start_at, end_at
 
     results = run_processes("bench.loadgen:timed_load", kwargs, go, use_uvloop=use_uvloop)
@@ -323,24 +324,9 @@ def run_load(
         p99_ms=_percentile(lat, 0.99) * 1000,
         # client CPU is measured over warm-up + window in each process
         client_cpu=sum(r["client_cpu_s"] for r in results) / (warmup + duration),
-        server_cpu=(server_cpu[1] - server_cpu[0]) / duration
-        if len(server_cpu) == 2 and None not in server_cpu
-        else None,  # type: ignore[operator]
+        cpu=cpu.cores(snaps[0], snaps[1], duration) if len(snaps) == 2 else {},
     )
     return out
-
-
-def _cpu_seconds(pid: int | None) -> float | None:
-    """user + system CPU seconds of a process (and its threads), None if unknown."""
-    if pid is None:
-        return None
-    try:
-        import psutil
-
-        t = psutil.Process(pid).cpu_times()
-        return float(t.user + t.system)
-    except Exception:
-        return None
 
 
 # ---------------------------------------------------------------- the transport ceiling

@@ -1,0 +1,307 @@
+"""Claim cycles against PgQueuer on the same Postgres.
+
+awooop cycle, per worker: ClaimRuns(max_runs = batch) -> one Heartbeat carrying the whole
+batch's leases -> CompleteRun for each run (concurrently within the worker). 16 workers
+(coroutines) spread over the load processes, talking gRPC to a real scheduler process.
+
+PgQueuer: 16 QueueManagers (one asyncpg connection each, PgQueuer's own model of a
+consumer) spread over the same number of processes, draining no-op jobs with its default
+batch size (10) and its default (durable, logged) tables.
+
+Both drain a queue filled beforehand with N items. Throughput = N / (t_last - t_first), where
+t_first is the first item handed to a consumer and t_last is when a poller sees the last
+item finished in the database (COMPLETED run / job row gone), polled every 10 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from bench import cpu, env, procs, rss
+from bench.config import Config
+from bench.loadgen import run_processes, split
+from bench.report import Figure
+
+PROJECT = "bench"
+
+
+def declare(cfg: Config) -> list[Figure]:
+    return [
+        Figure(
+            "claim_cycles",
+            f"claim → heartbeat → complete cycles/s, {cfg.claim_workers} workers, batch claim ({cfg.claim_batch})",
+            "runs/s",
+            "ratio_ge",
+            1.0,
+            "≥ 1 ×",
+            baseline_label=f"PgQueuer {cfg.claim_workers} consumers draining no-op jobs, batch size {cfg.claim_batch}",
+            baseline_unit="jobs/s",
+        )
+    ]
+
+
+# ---------------------------------------------------------------- load processes
+
+
+async def awooop_workers(
+    sync: Callable[[Any], Awaitable[Any]],
+    address: str,
+    metadata: list[list[str]],
+    proc_idx: int,
+    workers: int,
+    batch: int,
+) -> dict[str, Any]:
+    import grpc
+    from google.protobuf import duration_pb2, struct_pb2
+
+    from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+    md = tuple(tuple(m) for m in metadata)
+    channel = grpc.aio.insecure_channel(address)
+    await channel.channel_ready()
+    stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+    output = struct_pb2.Struct()
+    output.update({"ok": True})
+    first: list[float] = []
+    done = 0
+    errors: dict[str, int] = {}
+    cpu0 = time.process_time()
+    await sync(None)
+
+    async def worker(w: int) -> None:
+        nonlocal done
+        worker_id = f"bench-{proc_idx}-{w}"
+        empty = 0
+        while empty < 3:
+            try:
+                r = await stub.ClaimRuns(
+                    scheduler_pb2.ClaimRunsRequest(
+                        worker_id=worker_id,
+                        project_ids=[PROJECT],
+                        max_runs=batch,
+                        wait=duration_pb2.Duration(nanos=20_000_000),
+                    ),
+                    metadata=md,
+                    timeout=30,
+                )
+                if not r.runs:
+                    empty += 1
+                    continue
+                empty = 0
+                if not first:
+                    first.append(time.monotonic())
+                leases = [c.lease for c in r.runs]
+                await stub.Heartbeat(
+                    scheduler_pb2.HeartbeatRequest(worker_id=worker_id, leases=leases), metadata=md, timeout=30
+                )
+                await asyncio.gather(
+                    *(
+                        stub.CompleteRun(
+                            scheduler_pb2.CompleteRunRequest(lease=lease, output=output), metadata=md, timeout=30
+                        )
+                        for lease in leases
+                    )
+                )
+                done += len(leases)
+            except grpc.aio.AioRpcError as exc:
+                errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED or sum(errors.values()) > 100:
+                    return
+
+    await asyncio.gather(*(worker(w) for w in range(workers)))
+    await channel.close()
+    return {"first": first[0] if first else None, "done": done, "errors": errors, "cpu_s": time.process_time() - cpu0}
+
+
+async def pgqueuer_consumers(
+    sync: Callable[[Any], Awaitable[Any]], dsn: str, consumers: int, batch: int
+) -> dict[str, Any]:
+    from datetime import timedelta
+
+    from pgqueuer import AsyncpgDriver, QueueManager
+    from pgqueuer.queries import Queries
+    from pgqueuer.types import QueueExecutionMode
+
+    conns = [await asyncpg.connect(dsn) for _ in range(consumers)]
+    first: list[float] = []
+    done = 0
+    qms = []
+    for conn in conns:
+        qm = QueueManager(Queries(AsyncpgDriver(conn)))
+
+        @qm.entrypoint("noop")
+        async def noop(job: Any) -> None:
+            nonlocal done
+            if not first:
+                first.append(time.monotonic())
+            done += 1
+
+        qms.append(qm)
+    cpu0 = time.process_time()
+    await sync(None)
+    # drain mode: each consumer stops once the queue is empty. dequeue_timeout only bounds how
+    # long an idle consumer sleeps before re-checking (default 30 s), so the run ends promptly.
+    await asyncio.gather(
+        *(qm.run(batch_size=batch, mode=QueueExecutionMode.drain, dequeue_timeout=timedelta(seconds=0.5)) for qm in qms)
+    )
+    for conn in conns:
+        await conn.close()
+    return {"first": first[0] if first else None, "done": done, "errors": {}, "cpu_s": time.process_time() - cpu0}
+
+
+# ---------------------------------------------------------------- the drain measurement
+
+
+def _poll_until_done(dsn: str, remaining_sql: str, stop_at: float, out: dict[str, Any], server_pid: int | None) -> None:
+    """In a thread: polls `remaining_sql` every 10 ms; records when it first reads 0."""
+
+    async def poll() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            snap0 = cpu.snapshot(server_pid)
+            t_snap0 = time.monotonic()
+            while time.monotonic() < stop_at:
+                left = await conn.fetchval(remaining_sql)
+                if left == 0:
+                    out["done_at"] = time.monotonic()
+                    out["cpu"] = cpu.cores(snap0, cpu.snapshot(server_pid), out["done_at"] - t_snap0)
+                    return
+                await asyncio.sleep(0.01)
+        finally:
+            await conn.close()
+
+    asyncio.run(poll())
+
+
+def drain(
+    fn_path: str,
+    kwargs: list[dict[str, Any]],
+    dsn: str,
+    remaining_sql: str,
+    items: int,
+    server_pid: int | None = None,
+    timeout: float = 240,
+) -> dict[str, Any]:
+    watch: dict[str, Any] = {}
+    poller: threading.Thread | None = None
+
+    def go(_: list[Any]) -> float:
+        nonlocal poller
+        at = time.monotonic() + 0.05
+        poller = threading.Thread(
+            target=_poll_until_done, args=(dsn, remaining_sql, at + timeout, watch, server_pid), daemon=True
+        )
+        poller.start()
+        return at
+
+    results = run_processes(fn_path, kwargs, go, timeout=timeout + 30)
+    if poller is not None:
+        poller.join()
+    firsts = [r["first"] for r in results if r["first"] is not None]
+    errors: dict[str, int] = {}
+    for r in results:
+        for k, v in r["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    if "UNIMPLEMENTED" in errors:
+        raise NotImplementedError("the scheduler answers UNIMPLEMENTED")
+    if not firsts or "done_at" not in watch:
+        raise RuntimeError(f"the queue did not drain: {results} {errors}")
+    elapsed = watch["done_at"] - min(firsts)
+    return {
+        "items": items,
+        "processed": sum(r["done"] for r in results),
+        "seconds": round(elapsed, 3),
+        "per_s": items / elapsed,
+        "errors": errors,
+        "client_cpu_s": round(sum(r["cpu_s"] for r in results), 2),
+        "cpu_cores": watch.get("cpu", {}),
+    }
+
+
+# ---------------------------------------------------------------- setup of each side
+
+
+SEED_RUNS_SQL = """
+INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, input, created_at)
+SELECT $1, 'api', 'claim-' || g, '{"n": 1}'::jsonb, now() - make_interval(secs => $2 - g)
+  FROM generate_series(1, $2) AS g
+"""
+
+
+async def _pgqueuer_db(stores: env.Stores, jobs: int) -> str:
+    from pgqueuer import AsyncpgDriver
+    from pgqueuer.queries import Queries
+
+    dsn = await stores.create_database("pgqueuer", migrated=False)
+    conn = await asyncpg.connect(dsn)
+    try:
+        q = Queries(AsyncpgDriver(conn))
+        await q.install()
+        for i in range(0, jobs, 5000):
+            n = min(5000, jobs - i)
+            await q.enqueue(["noop"] * n, [None] * n, [0] * n)
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+    return dsn
+
+
+async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
+    (fig,) = figures
+    shares = split(cfg.claim_workers, cfg.processes)
+    n = cfg.claim_jobs
+
+    # PgQueuer first: it needs nothing of ours
+    pdsn = await _pgqueuer_db(stores, n)
+    pgq = await asyncio.to_thread(
+        drain,
+        "bench.claims:pgqueuer_consumers",
+        [{"dsn": pdsn, "consumers": c, "batch": cfg.claim_batch} for c in shares],
+        pdsn,
+        "SELECT count(*) FROM pgqueuer",
+        n,
+    )
+    await stores.drop_database(pdsn)
+
+    dsn = await stores.create_database("claims")
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(SEED_RUNS_SQL, PROJECT, n)
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+    md = await env.bench_key(dsn, PROJECT, ("worker",))
+    svc = await procs.spawn(
+        "scheduler", procs.service_env(dsn, stores.redis_url, stores.redis_prefix, uvloop=cfg.service_uvloop)
+    )
+    try:
+        ours = await asyncio.to_thread(
+            drain,
+            "bench.claims:awooop_workers",
+            [
+                {
+                    "address": svc.address,
+                    "metadata": [list(m) for m in md],
+                    "proc_idx": i,
+                    "workers": w,
+                    "batch": cfg.claim_batch,
+                }
+                for i, w in enumerate(shares)
+            ],
+            dsn,
+            "SELECT count(*) FROM awooop_run_state WHERE status <> 'COMPLETED'",
+            n,
+            svc.pid,
+        )
+        rss.record("scheduler", svc, f"after {n} claim cycles")
+    finally:
+        svc.stop()
+    fig.measured(ours["per_s"], pgq["per_s"], awooop=ours, pgqueuer=pgq, workers_per_process=shares)
+    if ours["errors"]:
+        fig.note = f"errors during the awooop drain: {ours['errors']}"
