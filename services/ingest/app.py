@@ -1,16 +1,26 @@
-"""Wires the ingest service into the runtime."""
+"""Wires the ingest service into the runtime: the servicer and the retention loop."""
 
 from __future__ import annotations
 
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
-from services.common.runtime import AppContext, ServiceParts
+from services.common.runtime import AppContext, ServiceParts, periodic
+from services.ingest import retention
+from services.ingest.servicer import IngestServicer
 
 SERVICE_NAME = ingest_pb2.DESCRIPTOR.services_by_name["IngestService"].full_name
 
 
 def build(ctx: AppContext) -> ServiceParts:
-    # RPCs come with the ingest issue; until then the generated base answers UNIMPLEMENTED.
+    s = ctx.settings
+
+    async def retention_loop() -> None:
+        async def one_pass() -> None:
+            await retention.prune(ctx.pool, ctx.cache, s)
+
+        await periodic("ingest-retention", s.prune_interval, one_pass, ctx.stopping)
+
     return ServiceParts(
-        servicers=[(ingest_pb2_grpc.add_IngestServiceServicer_to_server, ingest_pb2_grpc.IngestServiceServicer())],
+        servicers=[(ingest_pb2_grpc.add_IngestServiceServicer_to_server, IngestServicer(ctx))],
         service_names=[SERVICE_NAME],
+        background=[retention_loop],
     )

@@ -1,0 +1,238 @@
+"""The idempotent-mutation engine (seed 003, ARCHITECTURE.md section 6): any mutating RPC
+can run its change through `run_idempotent` so that a retried request with the same key
+replays the first answer instead of changing anything twice.
+
+    outcome = await run_idempotent(
+        pool,
+        scope=Scope(project_id, principal.principal_type, principal.principal_id, "ingest.CreateRun", key),
+        fingerprint=fingerprint({"project_id": ..., "input": ..., "max_attempts": ...}),
+        policy_version=settings.policy_version,
+        ttl=settings.idempotency_ttl,
+        deadline=time.monotonic() + context.time_remaining(),   # or None
+        recheck=lambda conn: has_role_now(conn, principal, project_id, "ingest"),
+        execute=create_the_thing,   # async (conn, KeyWindow) -> Executed(snapshot bytes, resource id)
+    )
+    response = MyResponse.FromString(outcome.snapshot); response.replayed = outcome.replayed
+
+What happens, all in ONE transaction on one connection:
+1. `pg_advisory_xact_lock(hashtextextended(<scope>, 0))` serializes every request of the same
+   scope (project, principal type, principal id, operation, key). A request that arrives while
+   the first is in flight waits here; `lock_timeout` is set from the caller's deadline, and a
+   wait that outlives it is DEADLINE_EXCEEDED (never INTERNAL).
+2. The key row is read in a new statement (so it sees what the previous holder committed).
+   An expired row (expires_at <= now()) is deleted and treated as absent.
+3. Row present -> replay, in this order: `recheck(conn)` (the caller's current membership, read
+   fresh; False -> PERMISSION_DENIED / FORBIDDEN and nothing from the snapshot leaves), then the
+   policy version and the request fingerprint (a mismatch -> ALREADY_EXISTS / IDEMPOTENCY_CONFLICT
+   with metadata first_seen_at, expires_at and differs=fingerprint|policy_version), then the stored
+   snapshot with replayed=True.
+4. Row absent -> `execute(conn, window)` performs the mutation on the same connection (its audit
+   rows too) and returns the serialized response; the key row (fingerprint, policy version,
+   snapshot, resource id, created_at = now(), expires_at = now() + ttl) is inserted; both commit
+   together. `window` carries those two timestamps so the snapshot can include them.
+A unique violation on the key row cannot happen under the lock; should one ever occur the whole
+transaction is retried once (and then replays), so it never reaches a caller.
+
+Expired rows are also removed in bounded batches by the ingest service's retention loop.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from google.protobuf import timestamp_pb2
+
+from services.common import errors
+
+# Leave the server this much of the caller's deadline to answer after a lock wait.
+DEADLINE_MARGIN = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Who may replay whom: the unique key of awooop_idempotency_key."""
+
+    project_id: str
+    principal_type: str
+    principal_id: str
+    operation: str  # e.g. "ingest.CreateRun"; <= 64 chars
+    key: str  # caller's idempotency key; <= 256 chars
+
+    def lock_name(self) -> str:
+        # \x1f cannot be confused with key text in practice; a collision only serializes more
+        return "\x1f".join(
+            ("awooop_idem", self.project_id, self.principal_type, self.principal_id, self.operation, self.key)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KeyWindow:
+    """The key's created_at (= the transaction's now()) and expires_at, known before execute runs."""
+
+    created_at: dt.datetime
+    expires_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Executed:
+    snapshot: bytes  # the serialized response, replayed as is
+    resource_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    snapshot: bytes
+    replayed: bool
+    created_at: dt.datetime
+    expires_at: dt.datetime
+    resource_id: str | None
+
+
+Recheck = Callable[[asyncpg.Connection], Awaitable[bool]]
+Execute = Callable[[asyncpg.Connection, KeyWindow], Awaitable[Executed]]
+
+
+def fingerprint(payload: Any) -> str:
+    """Hex SHA-256 of the canonical JSON (sorted keys, no whitespace, UTF-8) of payload: the fields
+    that define the mutation, never the key itself."""
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+LOCK_SQL = """SELECT pg_advisory_xact_lock(hashtextextended($2, 0))
+  FROM (SELECT set_config('lock_timeout', $1, true)) AS t"""
+
+# One row always: the key's columns (NULL when absent or expired) and the window a new key gets.
+LOOKUP_SQL = """WITH expired AS (
+    DELETE FROM awooop_idempotency_key
+     WHERE project_id = $1 AND principal_type = $2 AND principal_id = $3 AND operation = $4 AND key = $5
+       AND expires_at <= now()
+)
+SELECT k.request_fingerprint, k.policy_version, k.response_snapshot, k.resource_id, k.created_at, k.expires_at,
+       now() AS window_start, now() + make_interval(secs => $6) AS window_end
+  FROM (SELECT 1) AS one
+  LEFT JOIN awooop_idempotency_key k
+    ON k.project_id = $1 AND k.principal_type = $2 AND k.principal_id = $3 AND k.operation = $4 AND k.key = $5
+   AND k.expires_at > now()"""
+
+INSERT_SQL = """INSERT INTO awooop_idempotency_key
+    (project_id, principal_type, principal_id, operation, key, request_fingerprint, policy_version,
+     response_snapshot, resource_id, created_at, expires_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"""
+
+
+async def run_idempotent(
+    pool: asyncpg.Pool,
+    *,
+    scope: Scope,
+    fingerprint: str,
+    policy_version: str,
+    ttl: float,
+    recheck: Recheck,
+    execute: Execute,
+    deadline: float | None = None,
+) -> Outcome:
+    """Runs execute at most once per live key of scope; see the module docstring.
+    deadline is a time.monotonic() instant (None: bounded by the statement timeout only)."""
+    for attempt in range(2):
+        try:
+            return await _attempt(pool, scope, fingerprint, policy_version, ttl, recheck, execute, deadline)
+        except _KeyRace:
+            if attempt:
+                raise errors.store_unavailable("idempotency key contended, retry") from None
+    raise AssertionError("unreachable")
+
+
+class _KeyRace(Exception):
+    pass
+
+
+async def _attempt(
+    pool: asyncpg.Pool,
+    scope: Scope,
+    fp: str,
+    policy_version: str,
+    ttl: float,
+    recheck: Recheck,
+    execute: Execute,
+    deadline: float | None,
+) -> Outcome:
+    s = scope
+    key_args = (s.project_id, s.principal_type, s.principal_id, s.operation, s.key)
+    async with pool.acquire() as conn, conn.transaction():
+        try:
+            await conn.execute(LOCK_SQL, _lock_timeout(deadline), s.lock_name())
+        except asyncpg.exceptions.LockNotAvailableError:
+            raise errors.deadline_exceeded(
+                "a request with the same idempotency key is still in flight; it did not finish within the deadline"
+            ) from None
+        row = await conn.fetchrow(LOOKUP_SQL, *key_args, float(ttl))
+        assert row is not None
+        if row["request_fingerprint"] is not None:
+            return await _replay(conn, s, row, fp, policy_version, recheck)
+        window = KeyWindow(row["window_start"], row["window_end"])
+        done = await execute(conn, window)
+        try:
+            await conn.execute(
+                INSERT_SQL,
+                *key_args,
+                fp,
+                policy_version,
+                done.snapshot,
+                done.resource_id,
+                window.created_at,
+                window.expires_at,
+            )
+        except asyncpg.UniqueViolationError:
+            raise _KeyRace() from None  # leaving the block rolls the whole attempt back
+        return Outcome(done.snapshot, False, window.created_at, window.expires_at, done.resource_id)
+
+
+async def _replay(
+    conn: asyncpg.Connection, s: Scope, row: asyncpg.Record, fp: str, policy_version: str, recheck: Recheck
+) -> Outcome:
+    if not await recheck(conn):
+        raise errors.forbidden(
+            f"principal {s.principal_id} is no longer authorized for {s.operation} in project {s.project_id}",
+            project_id=s.project_id,
+            operation=s.operation,
+        )
+    differs = []
+    if row["policy_version"] != policy_version:
+        differs.append("policy_version")
+    if row["request_fingerprint"] != fp:
+        differs.append("fingerprint")
+    if differs:
+        raise errors.idempotency_conflict(
+            f"idempotency key was first used at {_iso(row['created_at'])} with a different "
+            f"{' and '.join(d.replace('_', ' ') for d in differs)}; use a new key for a different request",
+            first_seen_at=_iso(row["created_at"]),
+            expires_at=_iso(row["expires_at"]),
+            differs=",".join(differs),
+            operation=s.operation,
+        )
+    return Outcome(row["response_snapshot"], True, row["created_at"], row["expires_at"], row["resource_id"])
+
+
+def _lock_timeout(deadline: float | None) -> str:
+    """lock_timeout in ms for the remaining deadline ("0" = no limit beyond statement_timeout)."""
+    if deadline is None:
+        return "0"
+    remaining = deadline - time.monotonic() - DEADLINE_MARGIN
+    if remaining <= 0:
+        raise errors.deadline_exceeded("the call's deadline passed before the request could run")
+    return str(max(1, int(remaining * 1000)))
+
+
+def _iso(value: dt.datetime) -> str:
+    """RFC 3339, exactly as the same instant prints as a protobuf Timestamp in JSON."""
+    t = timestamp_pb2.Timestamp()
+    t.FromDatetime(value)
+    return t.ToJsonString()

@@ -1,0 +1,73 @@
+"""CreateRun: an API run created through the idempotent-mutation engine (seed 003).
+
+The key is scoped to (project, principal type, principal id, "ingest.CreateRun", key), so two
+principals using the same key never see each other's runs. The run gets channel "api" and no
+provider_event_id: its dedupe is the idempotency key table, not the channel dedupe table (the
+key is recorded in the RUN_CREATED audit row). The stored snapshot is the serialized
+CreateRunResponse of the first call; a replay returns it with replayed = true.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+
+from awooop.ingest.v1 import ingest_pb2
+from services.common import errors, idempotency
+from services.common.auth import Principal, has_role_now
+from services.common.runs import run_to_pb, ts
+from services.common.settings import Settings
+from services.ingest import metrics, store
+from services.ingest.parsing import NewRun
+
+OPERATION = "ingest.CreateRun"
+ROLE = "ingest"
+
+
+def request_fingerprint(run: NewRun) -> str:
+    """SHA-256 of the canonical fields that define the mutation (never the key itself)."""
+    return idempotency.fingerprint({"project_id": run.project_id, "input": run.input, "max_attempts": run.max_attempts})
+
+
+class RunCreator:
+    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
+        self.pool = pool
+        self.settings = settings
+
+    async def create(
+        self, run: NewRun, principal: Principal, *, deadline: float | None
+    ) -> ingest_pb2.CreateRunResponse:
+        async def recheck(conn: asyncpg.Connection) -> bool:
+            return await has_role_now(conn, principal, run.project_id, ROLE)
+
+        async def execute(conn: asyncpg.Connection, window: idempotency.KeyWindow) -> idempotency.Executed:
+            row = await store.create_run(conn, run, principal_id=principal.principal_id, actor=principal.actor)
+            response = ingest_pb2.CreateRunResponse(
+                run=run_to_pb(row),
+                replayed=False,
+                key_created_at=ts(window.created_at),
+                key_expires_at=ts(window.expires_at),
+            )
+            return idempotency.Executed(response.SerializeToString(), str(row["run_id"]))
+
+        try:
+            outcome = await idempotency.run_idempotent(
+                self.pool,
+                scope=idempotency.Scope(
+                    run.project_id, principal.principal_type, principal.principal_id, OPERATION, run.key
+                ),
+                fingerprint=request_fingerprint(run),
+                policy_version=self.settings.policy_version,
+                ttl=self.settings.idempotency_ttl,
+                deadline=deadline,
+                recheck=recheck,
+                execute=execute,
+            )
+        except errors.ServiceError as exc:
+            outcome_label = {errors.IDEMPOTENCY_CONFLICT: "conflict", errors.FORBIDDEN: "forbidden"}.get(exc.reason)
+            if outcome_label or exc.reason == errors.DEADLINE_EXCEEDED:
+                metrics.CREATE_RUN.labels(outcome_label or "deadline").inc()
+            raise
+        response = ingest_pb2.CreateRunResponse.FromString(outcome.snapshot)
+        response.replayed = outcome.replayed
+        metrics.CREATE_RUN.labels("replayed" if outcome.replayed else "created").inc()
+        return response

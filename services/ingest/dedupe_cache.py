@@ -1,0 +1,54 @@
+"""The Redis fast path for duplicates: `<prefix>dedupe:<project>:<channel>:<provider_event_id>` -> run_id.
+
+Redis only ever holds what Postgres committed (keys are written after the commit, or from a
+committed dedupe row), so a hit is a true duplicate and a miss just costs the Postgres path,
+whose unique constraint stays the authority. A key never outlives its dedupe row: its TTL is
+at most the time the row has left before retention prunes it, and the pruner deletes the keys
+of the rows it removes. Every call degrades (services.common.cache): with Redis down or
+flushed, lookups miss and writes are dropped, and the next successful write refills it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from services.common.cache import Cache
+from services.ingest import metrics
+
+PART = "dedupe"
+
+
+def key(cache: Cache, project_id: str, channel: str, provider_event_id: str) -> str:
+    return f"{cache.prefix}{PART}:{project_id}:{channel}:{provider_event_id}"
+
+
+async def lookup(cache: Cache, keys: Sequence[str]) -> list[str | None]:
+    """run_id per key (None: not cached, or Redis unavailable); one MGET round trip."""
+    if not keys:
+        return []
+    values = await cache.call("mget", keys) if cache.enabled else None
+    if values is None:
+        metrics.REDIS_UNAVAILABLE.inc(len(keys))
+        return [None] * len(keys)
+    out = [v.decode() if v is not None else None for v in values]
+    hits = sum(1 for v in out if v is not None)
+    if hits:
+        metrics.REDIS_HITS.inc(hits)
+    if hits < len(out):
+        metrics.REDIS_MISSES.inc(len(out) - hits)
+    return out
+
+
+async def remember(cache: Cache, entries: Iterable[tuple[str, str, float]]) -> None:
+    """SETs (key, run_id, ttl seconds) in one pipeline; entries with no time left are skipped."""
+    commands = [("set", (k, run_id, int(ttl))) for k, run_id, ttl in entries if ttl >= 1]
+    if commands and cache.enabled:
+        await cache.pipeline(commands)
+
+
+async def forget(cache: Cache, keys: Sequence[str], chunk: int = 1000) -> None:
+    """Deletes keys (after their dedupe rows were pruned)."""
+    if not cache.enabled:
+        return
+    for i in range(0, len(keys), chunk):
+        await cache.call("delete", *keys[i : i + chunk])

@@ -1,0 +1,24 @@
+"""Prometheus metrics of the ingest service (children bound once: the hot path only increments)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+from services.common.runs import CHANNELS
+
+EVENTS = Counter("awooop_ingest_events_total", "Channel events ingested, by outcome", ["channel", "outcome"])
+REDIS_LOOKUPS = Counter(
+    "awooop_ingest_redis_lookups_total", "Dedupe lookups in Redis: hit, miss, or unavailable", ["result"]
+)
+PRUNED = Counter("awooop_ingest_pruned_rows_total", "Rows removed by the retention loop", ["table"])
+CREATE_RUN = Counter(
+    "awooop_ingest_create_run_total",
+    "CreateRun outcomes: created, replayed, conflict, forbidden, deadline",
+    ["outcome"],
+)
+
+CREATED = {c: EVENTS.labels(c, "created") for c in CHANNELS}
+DUPLICATE = {c: EVENTS.labels(c, "duplicate") for c in CHANNELS}
+REDIS_HITS = REDIS_LOOKUPS.labels("hit")
+REDIS_MISSES = REDIS_LOOKUPS.labels("miss")
+REDIS_UNAVAILABLE = REDIS_LOOKUPS.labels("unavailable")

@@ -1,0 +1,190 @@
+"""Request validation: IngestEvent / IngestEvents / CreateRun messages -> plain values the
+logic works on, with every bad field collected into one INVALID_ARGUMENT (BadRequest field
+violations naming the full path, e.g. `events[3].payload.update_id`).
+
+Payloads are turned into JSON text once here; that text is both the size that is checked and
+what the store receives (cast to jsonb in SQL), so no request is encoded twice.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import struct_pb2
+
+from awooop.common.v1 import common_pb2
+from awooop.ingest.v1 import ingest_pb2
+from services.common.validate import Violations
+from services.ingest import channels
+
+MAX_HEADERS = 100
+MAX_HEADER_NAME = 256
+MAX_HEADER_VALUE = 8192
+MAX_IDEMPOTENCY_KEY = 256  # VARCHAR(256) of awooop_idempotency_key.key
+MAX_ATTEMPTS_LIMIT = 100  # CHECK (max_attempts BETWEEN 1 AND 100)
+
+_CHANNEL_NAMES = {
+    common_pb2.CHANNEL_TYPE_TELEGRAM: "telegram",
+    common_pb2.CHANNEL_TYPE_ALERTMANAGER: "alertmanager",
+    common_pb2.CHANNEL_TYPE_GITEA: "gitea",
+    common_pb2.CHANNEL_TYPE_LINE: "line",
+    common_pb2.CHANNEL_TYPE_API: "api",
+}
+# jsonb refuses the NUL character; json.dumps writes it as \u0000 (an escaped backslash before it does not count)
+_JSON_NUL = re.compile(r"(?:^|[^\\])(?:\\\\)*\\u0000")
+
+
+@dataclass(slots=True)
+class NewEvent:
+    """One event ready for the store (a LINE delivery yields several)."""
+
+    project_id: str
+    channel: str
+    provider_event_id: str
+    input_json: str
+    max_attempts: int
+
+
+@dataclass(slots=True)
+class NewRun:
+    """A validated CreateRun."""
+
+    project_id: str
+    key: str
+    input: dict[str, Any]
+    input_json: str
+    max_attempts: int
+
+
+# ------------------------------------------------------------------ Struct <-> JSON
+
+
+def _value(v: struct_pb2.Value) -> Any:
+    kind = v.WhichOneof("kind")
+    if kind == "string_value":
+        return v.string_value
+    if kind == "number_value":
+        n = v.number_value
+        return int(n) if n.is_integer() else n  # 42, not 42.0: ids stay ids
+    if kind == "struct_value":
+        return {k: _value(x) for k, x in v.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_value(x) for x in v.list_value.values]
+    if kind == "bool_value":
+        return v.bool_value
+    return None
+
+
+def struct_to_dict(s: struct_pb2.Struct) -> dict[str, Any]:
+    """A Struct as plain Python (about twice as fast as json_format.MessageToDict)."""
+    return {k: _value(x) for k, x in s.fields.items()}
+
+
+def to_json(v: Violations, field: str, data: Any, max_bytes: int) -> str:
+    """Compact JSON of data, checked against max_bytes and what jsonb accepts."""
+    try:
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        v.add(field, "numbers must be finite (no NaN or Infinity)")
+        return "{}"
+    size = len(text.encode())
+    if size > max_bytes:
+        v.add(field, f"at most {max_bytes} bytes as JSON (got {size})")
+    elif "\\u0000" in text and _JSON_NUL.search(text):
+        v.add(field, "must not contain NUL characters")
+    return text
+
+
+def canonical_json(data: Any) -> bytes:
+    """Canonical JSON (sorted keys, no whitespace, UTF-8): the input of request fingerprints."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+# ------------------------------------------------------------------ requests
+
+
+def channel_name(v: Violations, field: str, value: int) -> str:
+    name = _CHANNEL_NAMES.get(value)  # type: ignore[call-overload]
+    if name is None:
+        v.enum(field, value, common_pb2.ChannelType)
+        return ""
+    return name
+
+
+def max_attempts(v: Violations, field: str, value: int, default: int) -> int:
+    return v.int_range(field, value, 1, MAX_ATTEMPTS_LIMIT, default=default)
+
+
+def parse_event(
+    req: ingest_pb2.IngestEventRequest,
+    v: Violations,
+    *,
+    prefix: str,
+    max_payload_bytes: int,
+    default_max_attempts: int,
+    metadata_key: str = "",
+) -> list[NewEvent]:
+    """The events of one delivery; problems go to v under `prefix` (e.g. "events[3].")."""
+    start = len(v.items)
+    project_id = v.project_id(prefix + "project_id", req.project_id)
+    channel = channel_name(v, prefix + "channel_type", req.channel_type)
+    pid = v.text(prefix + "provider_event_id", req.provider_event_id, max_len=channels.MAX_PROVIDER_EVENT_ID)
+    attempts = max_attempts(v, prefix + "max_attempts", req.max_attempts, default_max_attempts)
+    headers = req.headers
+    if headers:
+        if len(headers) > MAX_HEADERS:
+            v.add(prefix + "headers", f"at most {MAX_HEADERS} headers")
+        for name, value in headers.items():
+            if len(name) > MAX_HEADER_NAME:
+                v.add(f"{prefix}headers", f"header names are at most {MAX_HEADER_NAME} characters")
+            elif len(value) > MAX_HEADER_VALUE:
+                v.add(f"{prefix}headers.{name}", f"at most {MAX_HEADER_VALUE} characters")
+    payload = struct_to_dict(req.payload) if req.payload.fields else {}
+    payload_json = to_json(v, prefix + "payload", payload, max_payload_bytes)
+    input_json = None
+    if req.HasField("input"):
+        input_json = to_json(v, prefix + "input", struct_to_dict(req.input), max_payload_bytes)
+    if not channel or len(v.items) > start:
+        return []
+    try:
+        derived = channels.derive(channel, payload, headers, provider_event_id=pid, idempotency_key=metadata_key)
+    except channels.DerivationError as exc:
+        for field, description in exc.violations:
+            v.add(prefix + field, description)
+        return []
+    out = []
+    for d in derived:
+        if input_json is not None:
+            text = input_json
+        elif d.event is not None:
+            text = to_json(v, prefix + "payload.events", d.event, max_payload_bytes)
+        else:
+            text = payload_json
+        out.append(NewEvent(project_id, channel, d.provider_event_id, text, attempts))
+    return out
+
+
+def parse_create_run(
+    req: ingest_pb2.CreateRunRequest,
+    v: Violations,
+    *,
+    max_payload_bytes: int,
+    default_max_attempts: int,
+    metadata_key: str = "",
+) -> NewRun:
+    project_id = v.project_id("project_id", req.project_id)
+    key = req.idempotency_key
+    if key and metadata_key and key != metadata_key:
+        v.add("idempotency_key", "differs from the idempotency-key metadata; send one or make them equal")
+    key = key or metadata_key
+    if not key:
+        v.add("idempotency_key", "required (the field or `idempotency-key` metadata)")
+    else:
+        v.text("idempotency_key", key, max_len=MAX_IDEMPOTENCY_KEY)
+    attempts = max_attempts(v, "max_attempts", req.max_attempts, default_max_attempts)
+    data = struct_to_dict(req.input)
+    text = to_json(v, "input", data, max_payload_bytes)
+    return NewRun(project_id, key, data, text, attempts)

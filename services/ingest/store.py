@@ -1,0 +1,174 @@
+"""The ingest service's SQL.
+
+INGEST_SQL is the whole first-arrival path for any number of events in ONE statement (so one
+round trip and one transaction): dedupe rows ON CONFLICT DO NOTHING, a PENDING run and a
+RUN_CREATED audit row for each dedupe row actually inserted, one pg_notify per project with
+new runs, and the existing run_id for each event that was already there. The dedupe row and
+its run are written by the same statement, so neither ever exists without the other.
+
+Run ids are generated here (uuid4) so the statement can join the inserted dedupe rows to
+their runs without a second key lookup.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from services.common import errors
+from services.common.runs import RUN_COLUMNS, RUN_READY_CHANNEL
+from services.ingest.parsing import NewEvent, NewRun
+
+Executor = asyncpg.Pool | asyncpg.Connection
+
+# Rows are inserted in key order so that two batches sharing keys lock them in the same order
+# and cannot deadlock. The final join sees dedupe rows committed before the statement began;
+# a row committed by a concurrent request while we waited on it shows up as run_id NULL and is
+# read by FIND_SQL in a follow-up statement.
+INGEST_SQL = f"""
+WITH ev AS (
+    SELECT * FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[], $5::uuid[], $6::text[], $7::int[])
+        AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts)
+),
+ins AS (
+    INSERT INTO awooop_channel_event_dedupe (project_id, channel_type, provider_event_id, run_id)
+    SELECT project_id, channel_type, provider_event_id, run_id FROM ev
+     ORDER BY project_id, channel_type, provider_event_id
+    ON CONFLICT (project_id, channel_type, provider_event_id) DO NOTHING
+    RETURNING run_id
+),
+new_runs AS (
+    INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, input, max_attempts, created_by)
+    SELECT ev.run_id, ev.project_id, ev.channel_type, ev.provider_event_id, ev.input::jsonb, ev.max_attempts, $8
+      FROM ev JOIN ins USING (run_id)
+    RETURNING run_id, project_id, channel_type, provider_event_id
+),
+audited AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, to_status, details)
+    SELECT project_id, run_id, $9, 'RUN_CREATED', 'PENDING',
+           jsonb_build_object('channel_type', channel_type, 'provider_event_id', provider_event_id)
+      FROM new_runs
+),
+woken AS (
+    SELECT pg_notify('{RUN_READY_CHANNEL}', project_id) FROM (SELECT DISTINCT project_id FROM new_runs) AS p
+)
+SELECT ev.ord,
+       COALESCE(ins.run_id, d.run_id) AS run_id,
+       ins.run_id IS NOT NULL AS created,
+       extract(epoch FROM d.created_at + make_interval(secs => $10) - now())::float8 AS ttl_left,
+       (SELECT count(*) FROM woken) AS woken
+  FROM ev
+  LEFT JOIN ins USING (run_id)
+  LEFT JOIN awooop_channel_event_dedupe d
+    ON ins.run_id IS NULL
+   AND d.project_id = ev.project_id AND d.channel_type = ev.channel_type
+   AND d.provider_event_id = ev.provider_event_id
+"""
+
+FIND_SQL = """
+SELECT t.ord, d.run_id, extract(epoch FROM d.created_at + make_interval(secs => $5) - now())::float8 AS ttl_left
+  FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[])
+       AS t(ord, project_id, channel_type, provider_event_id)
+  JOIN awooop_channel_event_dedupe d USING (project_id, channel_type, provider_event_id)
+"""
+
+CREATE_RUN_SQL = f"""
+WITH run AS (
+    INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by)
+    VALUES ($1, 'api', $2::text::jsonb, $3, $4)
+    RETURNING {RUN_COLUMNS}
+),
+audited AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, to_status, details)
+    SELECT project_id, run_id, $5, 'RUN_CREATED', 'PENDING',
+           jsonb_build_object('channel_type', 'api', 'idempotency_key', $6::text)
+      FROM run
+),
+woken AS (
+    SELECT pg_notify('{RUN_READY_CHANNEL}', project_id) FROM run
+)
+SELECT run.*, (SELECT count(*) FROM woken) AS woken FROM run
+"""
+
+# Attempts at an event whose dedupe row vanished between the insert and the follow-up read
+# (only retention pruning can do that); in practice the second attempt always settles it.
+MAX_ATTEMPTS = 3
+
+
+@dataclass(slots=True)
+class Stored:
+    run_id: str
+    created: bool
+    # seconds the dedupe row has left before retention prunes it (duplicates only)
+    ttl_left: float | None
+
+
+async def ingest(
+    db: Executor, events: Sequence[NewEvent], *, principal_id: str, actor: str, retention: float
+) -> list[Stored]:
+    """Stores events whose keys are distinct; result[i] answers events[i]."""
+    out: list[Stored | None] = [None] * len(events)
+    pending = list(range(len(events)))
+    for _ in range(MAX_ATTEMPTS):
+        ev = [events[i] for i in pending]
+        rows = await _fetch_retrying(
+            db,
+            INGEST_SQL,
+            list(range(len(ev))),
+            [e.project_id for e in ev],
+            [e.channel for e in ev],
+            [e.provider_event_id for e in ev],
+            [uuid.uuid4() for _ in ev],
+            [e.input_json for e in ev],
+            [e.max_attempts for e in ev],
+            principal_id,
+            actor,
+            float(retention),
+        )
+        missing: list[int] = []
+        for r in rows:
+            if r["run_id"] is None:
+                missing.append(r["ord"])
+            else:
+                out[pending[r["ord"]]] = Stored(str(r["run_id"]), r["created"], r["ttl_left"])
+        if missing:
+            # committed by a concurrent request after our statement's snapshot: read it now
+            found = await db.fetch(
+                FIND_SQL,
+                missing,
+                [ev[i].project_id for i in missing],
+                [ev[i].channel for i in missing],
+                [ev[i].provider_event_id for i in missing],
+                float(retention),
+            )
+            for r in found:
+                out[pending[r["ord"]]] = Stored(str(r["run_id"]), False, r["ttl_left"])
+        pending = [i for i in pending if out[i] is None]
+        if not pending:
+            return out  # type: ignore[return-value]
+    raise errors.store_unavailable("dedupe rows changed under the request; retry")
+
+
+async def _fetch_retrying(db: Executor, sql: str, *args: Any) -> list[asyncpg.Record]:
+    """A deadlock between batches sharing keys is rolled back by Postgres; the statement is
+    safe to run again (ON CONFLICT makes it idempotent)."""
+    for attempt in range(3):
+        try:
+            return await db.fetch(sql, *args)
+        except asyncpg.exceptions.DeadlockDetectedError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def create_run(conn: asyncpg.Connection, run: NewRun, *, principal_id: str, actor: str) -> asyncpg.Record:
+    """Inserts a PENDING API run with its audit row and wake-up; returns the run row."""
+    row = await conn.fetchrow(
+        CREATE_RUN_SQL, run.project_id, run.input_json, run.max_attempts, principal_id, actor, run.key
+    )
+    assert row is not None
+    return row

@@ -1,0 +1,205 @@
+"""Provider event id derivation (services/ingest/channels.py) and request parsing, per channel:
+pure functions, no server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from google.protobuf import struct_pb2
+
+from awooop.common.v1 import common_pb2
+from awooop.ingest.v1 import ingest_pb2
+from services.common.idempotency import fingerprint
+from services.common.validate import Violations
+from services.ingest import channels, parsing
+from services.ingest.channels import DerivationError, derive
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def fails(channel: str, payload: dict, headers: dict | None = None, **kw: str) -> list[tuple[str, str]]:
+    with pytest.raises(DerivationError) as exc:
+        derive(channel, payload, headers or {}, **kw)
+    return exc.value.violations
+
+
+def fields_of(violations: list[tuple[str, str]]) -> list[str]:
+    return [f for f, _ in violations]
+
+
+def parse(req: ingest_pb2.IngestEventRequest, prefix: str = "", **kw: object) -> tuple[list, list]:
+    v = Violations()
+    out = parsing.parse_event(req, v, prefix=prefix, max_payload_bytes=1024, default_max_attempts=3, **kw)  # type: ignore[arg-type]
+    return out, v.items
+
+
+def struct(data: dict) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.update(data)
+    return s
+
+
+# --- explicit ids ------------------------------------------------------------------------------
+
+
+def test_explicit_provider_event_id_is_used_as_given_for_every_channel() -> None:
+    for channel in ("telegram", "alertmanager", "gitea", "line", "api"):
+        assert derive(channel, {}, {}, provider_event_id="given-1") == [channels.Derived("given-1")]
+
+
+# --- telegram ----------------------------------------------------------------------------------
+
+
+def test_telegram_update_id() -> None:
+    assert derive("telegram", {"update_id": 123456789, "message": {}}, {}) == [channels.Derived("123456789")]
+    assert derive("telegram", {"update_id": 42.0}, {})[0].provider_event_id == "42"
+    assert derive("telegram", {"update_id": "77"}, {})[0].provider_event_id == "77"
+
+
+def test_telegram_without_integer_update_id_names_the_field() -> None:
+    assert fields_of(fails("telegram", {"message": {}})) == ["payload.update_id"]
+    for bad in (1.5, "abc", True, None, {"x": 1}):
+        assert fields_of(fails("telegram", {"update_id": bad})) == ["payload.update_id"]
+
+
+# --- alertmanager ------------------------------------------------------------------------------
+
+
+def am(group_key: str, *alerts: tuple[str, str]) -> dict:
+    return {"groupKey": group_key, "alerts": [{"fingerprint": fp, "status": st} for fp, st in alerts]}
+
+
+def test_alertmanager_group_key_plus_stable_hash_of_sorted_fingerprints() -> None:
+    a = derive("alertmanager", am('{}:{alertname="Disk"}', ("b2", "firing"), ("a1", "firing")), {})
+    b = derive("alertmanager", am('{}:{alertname="Disk"}', ("a1", "firing"), ("b2", "firing")), {})
+    assert a == b  # order of alerts does not matter
+    expected = hashlib.sha256(b"a1=firing\nb2=firing").hexdigest()
+    assert a[0].provider_event_id == '{}:{alertname="Disk"}:' + expected
+    other = derive("alertmanager", am('{}:{alertname="Disk"}', ("a1", "firing"), ("c3", "firing")), {})
+    assert other != a  # a new alert in the group is a new event
+    resolved = derive("alertmanager", am('{}:{alertname="Disk"}', ("a1", "resolved"), ("b2", "resolved")), {})
+    assert resolved != a  # the resolved notification is not swallowed as a duplicate of the firing one
+    bare = derive("alertmanager", {"groupKey": "g", "alerts": [{"fingerprint": "z"}, {"fingerprint": "y"}]}, {})
+    assert bare[0].provider_event_id == "g:" + hashlib.sha256(b"y\nz").hexdigest()
+
+
+def test_alertmanager_long_group_key_is_hashed_to_fit() -> None:
+    long_key = "{}:{" + ",".join(f'label{i}="{"v" * 20}"' for i in range(30)) + "}"
+    pid = derive("alertmanager", am(long_key, ("f1", "firing")), {})[0].provider_event_id
+    assert len(pid) <= channels.MAX_PROVIDER_EVENT_ID
+    assert pid.startswith("sha256:" + hashlib.sha256(long_key.encode()).hexdigest() + ":")
+
+
+def test_alertmanager_missing_parts_name_their_fields() -> None:
+    assert fields_of(fails("alertmanager", {})) == ["payload.groupKey", "payload.alerts"]
+    assert fields_of(fails("alertmanager", {"groupKey": "g", "alerts": []})) == ["payload.alerts"]
+    v = fails("alertmanager", {"groupKey": "g", "alerts": [{"fingerprint": "ok"}, {"status": "firing"}, "x"]})
+    assert fields_of(v) == ["payload.alerts[1].fingerprint", "payload.alerts[2].fingerprint"]
+
+
+# --- gitea -------------------------------------------------------------------------------------
+
+
+def test_gitea_delivery_header_is_case_insensitive() -> None:
+    for name in ("X-Gitea-Delivery", "x-gitea-delivery", "X-GITEA-DELIVERY"):
+        assert derive("gitea", {"ref": "main"}, {name: "d-1", "X-Other": "o"}) == [channels.Derived("d-1")]
+
+
+def test_gitea_without_delivery_header_or_with_an_oversized_one() -> None:
+    assert fields_of(fails("gitea", {}, {"X-Gitea-Event": "push"})) == ["headers.X-Gitea-Delivery"]
+    assert fields_of(fails("gitea", {}, {"X-Gitea-Delivery": "x" * 257})) == ["headers.X-Gitea-Delivery"]
+
+
+# --- line --------------------------------------------------------------------------------------
+
+
+def test_line_one_event_per_webhook_event_id() -> None:
+    events = [{"type": "message", "webhookEventId": "E1"}, {"type": "follow", "webhookEventId": "E2"}]
+    out = derive("line", {"destination": "U1", "events": events}, {})
+    assert [d.provider_event_id for d in out] == ["E1", "E2"]
+    assert [d.event for d in out] == events  # each event is its run's default input
+    assert derive("line", {"destination": "U1", "events": []}, {}) == []  # LINE's URL verification
+
+
+def test_line_missing_ids_name_each_event() -> None:
+    assert fields_of(fails("line", {"destination": "U1"})) == ["payload.events"]
+    v = fails("line", {"events": [{"webhookEventId": "E1"}, {"type": "x"}, {"webhookEventId": ""}]})
+    assert fields_of(v) == ["payload.events[1].webhookEventId", "payload.events[2].webhookEventId"]
+
+
+# --- api ---------------------------------------------------------------------------------------
+
+
+def test_api_uses_the_idempotency_key_header_then_metadata() -> None:
+    assert derive("api", {}, {"Idempotency-Key": "h-1"}, idempotency_key="m-1") == [channels.Derived("h-1")]
+    assert derive("api", {}, {}, idempotency_key="m-1") == [channels.Derived("m-1")]
+    assert fields_of(fails("api", {"a": 1})) == ["provider_event_id"]
+
+
+# --- request parsing ---------------------------------------------------------------------------
+
+
+def test_parse_event_defaults_input_to_payload_or_each_line_event() -> None:
+    req = ingest_pb2.IngestEventRequest(
+        project_id="p", channel_type=common_pb2.CHANNEL_TYPE_TELEGRAM, payload=struct({"update_id": 5, "x": "y"})
+    )
+    out, problems = parse(req)
+    assert problems == []
+    assert out[0].provider_event_id == "5"
+    assert json.loads(out[0].input_json) == {"update_id": 5, "x": "y"}  # ids stay integers
+    assert out[0].max_attempts == 3
+    line_req = ingest_pb2.IngestEventRequest(
+        project_id="p",
+        channel_type=common_pb2.CHANNEL_TYPE_LINE,
+        payload=struct({"events": [{"webhookEventId": "A"}, {"webhookEventId": "B"}]}),
+    )
+    out, _ = parse(line_req)
+    assert [e.input_json for e in out] == ['{"webhookEventId":"A"}', '{"webhookEventId":"B"}']
+    line_req.input.update({"fixed": True})
+    out, _ = parse(line_req)
+    assert [e.input_json for e in out] == ['{"fixed":true}', '{"fixed":true}']
+
+
+def test_parse_event_reports_every_bad_field_with_its_path() -> None:
+    req = ingest_pb2.IngestEventRequest(
+        project_id="bad project!",
+        channel_type=99,  # type: ignore[arg-type]
+        provider_event_id="x" * 257,
+        max_attempts=101,
+        payload=struct({"blob": "z" * 2000}),
+    )
+    _, problems = parse(req, prefix="events[3].")
+    assert set(fields_of(problems)) == {
+        "events[3].project_id",
+        "events[3].channel_type",
+        "events[3].provider_event_id",
+        "events[3].max_attempts",
+        "events[3].payload",
+    }
+    unspecified = ingest_pb2.IngestEventRequest(project_id="p")
+    assert fields_of(parse(unspecified)[1]) == ["channel_type"]
+    missing = ingest_pb2.IngestEventRequest(project_id="p", channel_type=common_pb2.CHANNEL_TYPE_TELEGRAM)
+    assert fields_of(parse(missing, prefix="events[1].")[1]) == ["events[1].payload.update_id"]
+
+
+def test_parse_event_refuses_what_jsonb_cannot_store() -> None:
+    nan = ingest_pb2.IngestEventRequest(project_id="p", channel_type=common_pb2.CHANNEL_TYPE_API, provider_event_id="k")
+    nan.payload.update({"n": float("nan")})
+    assert fields_of(parse(nan)[1]) == ["payload"]
+    nul = ingest_pb2.IngestEventRequest(project_id="p", channel_type=common_pb2.CHANNEL_TYPE_API, provider_event_id="k")
+    nul.input.update({"s": "a\x00b"})
+    assert fields_of(parse(nul)[1]) == ["input"]
+    escaped = ingest_pb2.IngestEventRequest(
+        project_id="p", channel_type=common_pb2.CHANNEL_TYPE_API, provider_event_id="k"
+    )
+    escaped.input.update({"s": "a\\u0000b"})  # a backslash, then "u0000": harmless text
+    assert parse(escaped)[1] == []
+
+
+def test_request_fingerprint_is_canonical() -> None:
+    a = fingerprint({"project_id": "p", "input": {"a": 1, "b": [1, 2]}, "max_attempts": 3})
+    b = fingerprint({"max_attempts": 3, "input": {"b": [1, 2], "a": 1}, "project_id": "p"})
+    assert a == b and len(a) == 64
+    assert a != fingerprint({"project_id": "p", "input": {"a": 2, "b": [1, 2]}, "max_attempts": 3})
