@@ -9,6 +9,7 @@ token; once the lease is gone every call raises LeaseLost and the worker stops t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as dt
 import inspect
@@ -91,8 +92,16 @@ def _compensation_pb(cmd: Mapping[str, Any] | None) -> common_pb2.CompensationCo
 class RunContext:
     """One claimed run: its input, its lease, journaled steps and the run's end."""
 
-    def __init__(self, client: Client, claimed: scheduler_pb2.ClaimedRun, worker_id: str) -> None:
+    def __init__(
+        self,
+        client: Client,
+        claimed: scheduler_pb2.ClaimedRun,
+        worker_id: str,
+        stopping: asyncio.Event | None = None,
+    ) -> None:
         self.client = client
+        # set when the worker is shutting down: finish within its grace period or be released
+        self.stopping = stopping or asyncio.Event()
         self.run: common_pb2.Run = claimed.run
         self.lease: common_pb2.LeaseToken = claimed.lease
         self.resumed: bool = claimed.resumed

@@ -232,7 +232,7 @@ class Worker:
         return False
 
     def _start(self, claimed: scheduler_pb2.ClaimedRun) -> None:
-        ctx = RunContext(self.client, claimed, self.worker_id)
+        ctx = RunContext(self.client, claimed, self.worker_id, self._stopping)
         ttl = self.lease_ttl or _granted_ttl(claimed) or 300.0
         h = _Held(ctx=ctx, ttl=ttl, renewed_until=time.monotonic() + ttl)
         self._held[h.key] = h

@@ -1,0 +1,473 @@
+"""Worker SDK against real services (ingest, scheduler, saga, gateway in-process, real channels,
+real Postgres/Redis): claiming with concurrency, batched heartbeats, journaled steps that are
+skipped on retry, a pending step retried with the same idempotency key, lease loss and cancel
+stopping the handler at the next heartbeat, approvals, tool waits, and SIGTERM of a real worker
+process handing its leases back."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from awooop.common.v1 import common_pb2
+from awooop.ingest.v1 import ingest_pb2
+from awooop.scheduler.v1 import scheduler_pb2
+from awooop.worker import AwooopError, Client, RunContext, StepCall, Worker, WorkerError, to_struct
+from services.common.runtime import Runtime
+from tests.helpers import ROOT, eventually
+
+PROJECT = "wp"
+
+
+@dataclass
+class Suite:
+    rt: Runtime
+    worker_key: str
+    admin: Client
+
+    @property
+    def scheduler(self) -> str:
+        return f"127.0.0.1:{self.rt.ports['scheduler']}"
+
+    @property
+    def saga(self) -> str:
+        return f"127.0.0.1:{self.rt.ports['saga']}"
+
+    def worker(self, handler: Any, **kw: Any) -> Worker:
+        kw.setdefault("heartbeat_interval", 0.2)
+        kw.setdefault("lease_ttl", 30)
+        kw.setdefault("claim_wait", 2)
+        return Worker(handler, projects=[PROJECT], key=self.worker_key, scheduler=self.scheduler, saga=self.saga, **kw)
+
+    async def create_runs(self, n: int, inputs: list[dict[str, Any]] | None = None, **kw: Any) -> list[str]:
+        out = []
+        for i in range(n):
+            resp = await self.admin.call(
+                self.admin.ingest.IngestEvent,
+                ingest_pb2.IngestEventRequest(
+                    project_id=PROJECT,
+                    channel_type=common_pb2.CHANNEL_TYPE_API,
+                    provider_event_id=f"evt-{os.urandom(6).hex()}",
+                    payload=to_struct({"n": i}),
+                    input=to_struct(inputs[i]) if inputs else None,
+                    **kw,
+                ),
+            )
+            out.append(resp.outcomes[0].run_id)
+        return out
+
+    async def run(self, run_id: str) -> common_pb2.Run:
+        return (await self.admin.call(self.admin.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id))).run
+
+    async def history(self, run_id: str) -> list[scheduler_pb2.RunEvent]:
+        resp = await self.admin.call(
+            self.admin.scheduler.GetRunHistory, scheduler_pb2.GetRunHistoryRequest(run_id=run_id)
+        )
+        return list(resp.events)
+
+
+def _key(md: tuple[tuple[str, str], ...]) -> str:
+    return md[0][1].removeprefix("Bearer ")
+
+
+@pytest.fixture
+async def suite(start_services: Any, make_key: Any) -> Any:
+    rt = await start_services(
+        "ingest",
+        "scheduler",
+        "saga",
+        "gateway",
+        reaper_interval=0.1,
+        retry_backoff=0.05,
+        compensation_interval=0.2,
+        auth_cache_seconds=0,
+    )
+    worker_key = _key(await make_key("worker-pod", {PROJECT: ["worker"]}, "service"))
+    admin_key = _key(await make_key("boss", {PROJECT: ["admin"]}))
+    admin = Client(
+        key=admin_key,
+        ingest=f"127.0.0.1:{rt.ports['ingest']}",
+        scheduler=f"127.0.0.1:{rt.ports['scheduler']}",
+        saga=f"127.0.0.1:{rt.ports['saga']}",
+        gateway=f"127.0.0.1:{rt.ports['gateway']}",
+    )
+    yield Suite(rt, worker_key, admin)
+    await admin.close()
+
+
+async def _stop(worker: Worker, task: asyncio.Task[None]) -> None:
+    worker.stop()
+    await asyncio.wait_for(task, 30)
+
+
+async def test_workers_process_runs_once_each_and_heartbeats_keep_short_leases(suite: Suite, db: Any) -> None:
+    """20 runs, 3 workers of concurrency 4 with a 1 s lease: every run is claimed once, each step
+    runs once, and handlers that outlive their lease TTL keep it through batched heartbeats."""
+    run_ids = await suite.create_runs(20)
+    executed: Counter[str] = Counter()
+    handled_by: dict[str, str] = {}
+    workers: list[Worker] = []
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        def work(call: StepCall) -> dict[str, Any]:
+            executed[call.run_id] += 1
+            return {"n": ctx.input["n"], "key": call.idempotency_key}
+
+        result = await ctx.step("work", work)
+        # outlive the 1 s lease: only heartbeats keep it
+        me = next(w for w in workers if w.worker_id == ctx.worker_id)
+        start = me.heartbeats_sent
+        await eventually(lambda: _true(me.heartbeats_sent >= start + 6), timeout=30, what="heartbeats")
+        handled_by[ctx.run_id] = ctx.worker_id
+        return {"doubled": result["n"] * 2}
+
+    for i in range(3):
+        workers.append(suite.worker(handler, concurrency=4, lease_ttl=1, heartbeat_interval=0.2, worker_id=f"w{i}"))
+    tasks = [asyncio.create_task(w.run(install_signal_handlers=False)) for w in workers]
+
+    async def all_done() -> bool:
+        n = await db.fetchval(
+            "SELECT count(*) FROM awooop_run_state WHERE project_id = $1 AND status = 'COMPLETED'", PROJECT
+        )
+        return bool(n == 20)
+
+    await eventually(all_done, timeout=60, what="20 completed runs")
+    for w, t in zip(workers, tasks, strict=True):
+        await _stop(w, t)
+    rows = await db.fetch(
+        "SELECT run_id::text, attempt_count, reaped_at, output FROM awooop_run_state WHERE project_id = $1", PROJECT
+    )
+    assert {r["run_id"] for r in rows} == set(run_ids)
+    assert all(r["attempt_count"] == 1 and r["reaped_at"] is None for r in rows)  # never reaped, never re-claimed
+    assert executed == Counter({r: 1 for r in run_ids})
+    assert sorted(r["output"]["doubled"] for r in rows) == [2 * i for i in range(20)]
+    assert len(set(handled_by.values())) > 1  # the work was shared
+    # one Heartbeat call per round for all leases of a worker: far fewer calls than lease renewals
+    assert sum(w.stats.claimed for w in workers) == 20
+
+
+def _true(v: bool) -> Any:
+    async def f() -> bool:
+        return v
+
+    return f()
+
+
+async def test_completed_steps_are_skipped_on_retry(suite: Suite, db: Any) -> None:
+    [run_id] = await suite.create_runs(1)
+    calls: Counter[str] = Counter()
+    actions: list[dict[str, str]] = []
+    results: list[dict[str, Any]] = []
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        async def step_fn(call: StepCall) -> dict[str, Any]:
+            calls[call.step_id] += 1
+            return {"step": call.step_id, "replicas": 3, "nested": {"ok": True}}
+
+        a = await ctx.step("a", step_fn, step_type="llm_call")
+        b = await ctx.step("b", step_fn, tool_id="k8s_scale_deployment", params={"deployment": "x", "replicas": 3})
+        results.append({"a": a, "b": b})
+        actions.append(dict(ctx.actions))
+        if ctx.attempt == 1:
+            raise RuntimeError("boom after two steps")
+        c = await ctx.step("c", step_fn)
+        return {"c": c["step"]}
+
+    worker = suite.worker(handler)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_COMPLETED), timeout=30, what="completed")
+    await _stop(worker, task)
+    assert calls == Counter({"a": 1, "b": 1, "c": 1})
+    assert actions == [{"a": "execute", "b": "execute"}, {"a": "skip", "b": "skip"}]
+    assert results[0] == results[1]  # the recorded result, integers intact
+    run = await suite.run(run_id)
+    assert run.attempt_count == 2
+    events = await suite.history(run_id)
+    retry = [e for e in events if e.action == "RETRY_SCHEDULED"]
+    assert retry and "RuntimeError: boom after two steps" in retry[0].reason
+    steps = await db.fetch(
+        "SELECT step_id, status, attempt FROM awooop_saga_step WHERE run_id = $1 ORDER BY seq", run_id
+    )
+    assert [(s["step_id"], s["status"], s["attempt"]) for s in steps] == [
+        ("a", "completed", 1),
+        ("b", "completed", 1),
+        ("c", "completed", 2),
+    ]
+
+
+async def _status_is(suite: Suite, run_id: str, status: int) -> bool:
+    return (await suite.run(run_id)).status == status
+
+
+async def test_handler_exceptions_fail_the_run_when_attempts_are_used(suite: Suite) -> None:
+    [run_id] = await suite.create_runs(1, max_attempts=2)
+    seen: list[int] = []
+
+    async def handler(ctx: RunContext) -> None:
+        seen.append(ctx.attempt)
+        raise ValueError(f"bad input on attempt {ctx.attempt}")
+
+    worker = suite.worker(handler)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_FAILED), timeout=30, what="failed")
+    await _stop(worker, task)
+    run = await suite.run(run_id)
+    assert seen == [1, 2]
+    assert run.error_code == "E-WORKER-HANDLER" and "bad input on attempt 2" in run.failure_reason
+
+
+async def test_lease_loss_cancels_the_handler_at_the_next_heartbeat_and_the_pending_step_is_retried(
+    suite: Suite, db: Any
+) -> None:
+    """The reaper takes the run back while attempt 1 is inside a step. The worker learns it from
+    its next Heartbeat and cancels the handler (no RPC from the handler is needed); attempt 2
+    finds the step pending and runs it again with the same idempotency key."""
+    [run_id] = await suite.create_runs(1)
+    inside = asyncio.Event()
+    cancelled_at: list[int] = []
+    keys: list[tuple[int, str, bool]] = []
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        async def scale(call: StepCall) -> dict[str, Any]:
+            keys.append((ctx.attempt, call.idempotency_key, call.retry))
+            if ctx.attempt == 1:
+                inside.set()
+                try:
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    cancelled_at.append(worker.heartbeats_sent)
+                    raise
+            return {"scaled": True}
+
+        await ctx.step("scale", scale, tool_id="k8s_scale_deployment", params={"deployment": "api", "replicas": 3})
+        return {"attempt": ctx.attempt}
+
+    worker = suite.worker(handler, concurrency=1, heartbeat_interval=0.3, lease_ttl=30)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    await asyncio.wait_for(inside.wait(), 20)
+
+    async def reaped() -> bool:
+        # make the lease look expired until the real reaper has taken the run (a heartbeat in
+        # between renews it, hence the loop)
+        await db.execute(
+            "UPDATE awooop_run_state SET lease_until = now() - interval '1 second' "
+            "WHERE run_id = $1 AND status = 'RUNNING' AND attempt_count = 1",
+            run_id,
+        )
+        return bool(await db.fetchval("SELECT reaped_at IS NOT NULL FROM awooop_run_state WHERE run_id = $1", run_id))
+
+    await eventually(reaped, timeout=20, what="the reaper to take the run")
+    sent_when_reaped = worker.heartbeats_sent
+    await eventually(lambda: _true(bool(cancelled_at)), timeout=20, what="handler cancelled")
+    # cancelled while answering the first heartbeat sent after the reap: within one interval
+    assert cancelled_at[0] <= sent_when_reaped + 1
+    await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_COMPLETED), timeout=20, what="done")
+    await _stop(worker, task)
+    assert [(a, r) for a, _, r in keys] == [(1, False), (2, True)]
+    assert keys[0][1] == keys[1][1] == f"{run_id}:scale"
+    assert worker.stats.lost == 1
+    run = await suite.run(run_id)
+    assert run.attempt_count == 2 and run.output["attempt"] == 2
+    actions = [e.action for e in await suite.history(run_id)]
+    assert "REAPED" in actions
+
+
+async def test_a_stale_worker_gets_lease_lost_and_stops_without_touching_the_run(suite: Suite, db: Any) -> None:
+    """After its lease moved on, a handler's own journal write answers LEASE_LOST: the SDK
+    stops the handler and does not fail or complete the run it no longer owns."""
+    [run_id] = await suite.create_runs(1)
+    go_on = asyncio.Event()
+    claimed = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        claimed.set()
+        await go_on.wait()
+        await ctx.step("late", lambda call: {"written": True})
+        return {"should": "not complete"}
+
+    # heartbeats far apart: the handler's own call must be what notices
+    worker = suite.worker(handler, concurrency=1, heartbeat_interval=20, lease_ttl=60)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    await asyncio.wait_for(claimed.wait(), 20)
+    # another claim took over: the fencing token moved on
+    await db.execute("UPDATE awooop_run_state SET attempt_count = attempt_count + 1 WHERE run_id = $1", run_id)
+    go_on.set()
+    await eventually(lambda: _true(worker.stats.lost == 1), timeout=20, what="lease lost")
+    await _stop(worker, task)
+    run = await suite.run(run_id)
+    assert run.status == common_pb2.RUN_STATUS_RUNNING and run.attempt_count == 2
+    assert await db.fetchval("SELECT count(*) FROM awooop_saga_step WHERE run_id = $1", run_id) == 0
+
+
+async def test_cancel_request_cancels_the_handler_at_the_next_heartbeat(suite: Suite, db: Any) -> None:
+    [run_id] = await suite.create_runs(1)
+    started = asyncio.Event()
+    cancelled_at: list[int] = []
+
+    async def handler(ctx: RunContext) -> None:
+        await ctx.step("prepare", lambda call: {"ok": True})
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled_at.append(worker.heartbeats_sent)
+            raise
+
+    worker = suite.worker(handler, heartbeat_interval=0.3)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    await asyncio.wait_for(started.wait(), 20)
+    resp = await suite.admin.call(
+        suite.admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=run_id, reason="operator says stop")
+    )
+    assert resp.run.cancel_requested and resp.run.status == common_pb2.RUN_STATUS_RUNNING
+    sent_when_requested = worker.heartbeats_sent
+    await eventually(lambda: _true(bool(cancelled_at)), timeout=20, what="handler cancelled")
+    assert cancelled_at[0] <= sent_when_requested + 1
+    await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_CANCELLED), timeout=20, what="ack")
+    await _stop(worker, task)
+    assert worker.stats.cancelled == 1
+    last = (await suite.history(run_id))[-1]
+    assert last.action == "CANCELLED" and last.to_status == common_pb2.RUN_STATUS_CANCELLED
+    assert "worker-pod" in last.actor  # acknowledged by the worker's principal
+
+
+async def test_approval_resumes_the_handler_and_skips_completed_steps(suite: Suite, db: Any) -> None:
+    [run_id] = await suite.create_runs(1)
+    tokens: asyncio.Queue[str] = asyncio.Queue()
+    inside_wait: list[str] = []
+    attempts: list[dict[str, str]] = []
+
+    async def handler(ctx: RunContext) -> dict[str, Any] | None:
+        await ctx.step("prepare", lambda call: {"prepared": True})
+        if ctx.attempt == 1:
+            async with ctx.wait_tool("slow_tool"):
+                inside_wait.append(await db.fetchval("SELECT status FROM awooop_run_state WHERE run_id=$1", run_id))
+        approval = await ctx.request_approval("Apply the change?", ttl=120)
+        attempts.append(dict(ctx.actions))
+        if not approval.granted:
+            await tokens.put(approval.token)
+            return None
+        await ctx.step("apply", lambda call: {"applied": True})
+        return {"approved_by": approval.decided_by}
+
+    worker = suite.worker(handler)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    token = await asyncio.wait_for(tokens.get(), 20)
+    run = await suite.run(run_id)
+    assert run.status == common_pb2.RUN_STATUS_WAITING_APPROVAL and run.approval_summary == "Apply the change?"
+    await eventually(lambda: _true(worker.held == []), what="lease handed back")
+    assert inside_wait == ["WAITING_TOOL"]
+    await suite.admin.call(
+        suite.admin.scheduler.DecideApproval,
+        scheduler_pb2.DecideApprovalRequest(
+            run_id=run_id, approval_token=token, decision=scheduler_pb2.DECISION_APPROVE, reason="looks right"
+        ),
+    )
+    await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_COMPLETED), timeout=20, what="done")
+    await _stop(worker, task)
+    assert attempts == [
+        {"prepare": "execute", "approval": "execute"},
+        {"prepare": "skip", "approval": "retry"},
+    ]
+    run = await suite.run(run_id)
+    assert run.output["approved_by"] == "boss"
+    steps = await db.fetch(
+        "SELECT step_id, step_type, status FROM awooop_saga_step WHERE run_id=$1 ORDER BY seq", run_id
+    )
+    assert [(s["step_id"], s["step_type"], s["status"]) for s in steps] == [
+        ("prepare", "callback", "completed"),
+        ("approval", "approval_request", "completed"),
+        ("apply", "callback", "completed"),
+    ]
+
+
+async def test_a_key_without_the_worker_role_stops_the_worker(suite: Suite, make_key: Any) -> None:
+    key = _key(await make_key("intruder", {"elsewhere": ["worker"]}))
+
+    async def handler(ctx: RunContext) -> None:
+        raise AssertionError("must not run")
+
+    worker = Worker(handler, projects=[PROJECT], key=key, scheduler=suite.scheduler, saga=suite.saga, claim_wait=1)
+    with pytest.raises(WorkerError) as err:
+        await worker.run(install_signal_handlers=False)
+    assert "PERMISSION_DENIED" in str(err.value)
+
+
+async def test_rpc_errors_are_decoded(suite: Suite) -> None:
+    with pytest.raises(AwooopError) as err:
+        await suite.admin.call(suite.admin.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id="not-a-uuid"))
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.reason == "FIELD_INVALID"
+    assert err.value.details.violations and err.value.details.violations[0][0] == "run_id"
+
+
+WORKER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from awooop.worker import Worker
+
+    async def handle(ctx):
+        if ctx.input.get("mode") == "finish":
+            await ctx.stopping.wait()          # finishes inside the shutdown grace period
+            return {"finished_during_grace": True}
+        await asyncio.Event().wait()           # never finishes: released after the grace period
+
+    asyncio.run(Worker(handle, projects=[sys.argv[1]], concurrency=2, lease_ttl=60, heartbeat_interval=1,
+                       shutdown_grace=1.0, claim_wait=2).run())
+    """
+)
+
+
+async def test_sigterm_finishes_or_releases_every_lease(suite: Suite, db: Any, tmp_path: Path) -> None:
+    finish, hold = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_SCRIPT)
+    env = {
+        **os.environ,
+        "AWOOOP_API_KEY": suite.worker_key,
+        "AWOOOP_SCHEDULER_ADDR": suite.scheduler,
+        "AWOOOP_SAGA_ADDR": suite.saga,
+    }
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(script), PROJECT], env=env, cwd=ROOT, stdout=out, stderr=out)
+    try:
+
+        async def both_running() -> bool:
+            n = await db.fetchval(
+                "SELECT count(*) FROM awooop_run_state WHERE project_id=$1 AND status='RUNNING'", PROJECT
+            )
+            return bool(n == 2)
+
+        await eventually(both_running, timeout=30, what="both runs claimed")
+        proc.send_signal(signal.SIGTERM)
+        rc = await asyncio.to_thread(proc.wait, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, log.read_text()
+    rows = {
+        str(r["run_id"]): r
+        for r in await db.fetch(
+            "SELECT run_id, status, attempt_count, released_count, lease_until, worker_id, output "
+            "FROM awooop_run_state WHERE project_id=$1",
+            PROJECT,
+        )
+    }
+    # right after the process exited, with a 60 s lease: only a hand-back can explain PENDING
+    assert rows[finish]["status"] == "COMPLETED" and rows[finish]["output"] == {"finished_during_grace": True}
+    held = rows[hold]
+    assert held["status"] == "PENDING" and held["lease_until"] is None and held["worker_id"] is None
+    assert held["attempt_count"] == 1 and held["released_count"] == 1  # the attempt is not counted as used
+    last = (await suite.history(hold))[-1]
+    assert last.action == "RELEASED" and "shutting down" in last.reason
