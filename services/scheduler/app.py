@@ -1,17 +1,41 @@
-"""Wires the scheduler service into the runtime."""
+"""Wires the scheduler service into the runtime: the servicer, the LISTEN connection for
+claim wake-ups, and two background loops (the stale-lease reaper and the approval expiry
+sweep), each safe to run in several replicas at once."""
 
 from __future__ import annotations
 
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common.runtime import AppContext, ServiceParts
+from services.common.runtime import AppContext, ServiceParts, periodic
+from services.scheduler import approvals, reaper
+from services.scheduler.saga_client import SagaNudger
+from services.scheduler.servicer import SchedulerServicer
+from services.scheduler.wakeup import RunReadyListener
 
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 
 
 def build(ctx: AppContext) -> ServiceParts:
+    s = ctx.settings
+    listener = RunReadyListener(s.database_url, ctx.stopping, connect_timeout=s.db_connect_timeout)
+    saga = SagaNudger(s)
+
+    async def listen() -> None:
+        await listener.run()
+
+    async def reap_loop() -> None:
+        await periodic("scheduler.reaper", s.reaper_interval, lambda: reaper.reap(ctx.pool, saga), ctx.stopping)
+
+    async def approval_sweep_loop() -> None:
+        await periodic(
+            "scheduler.approval_sweep",
+            s.approval_sweep_interval,
+            lambda: approvals.expire_approvals(ctx.pool, saga),
+            ctx.stopping,
+        )
+
     return ServiceParts(
-        servicers=[
-            (scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, scheduler_pb2_grpc.SchedulerServiceServicer())
-        ],
+        servicers=[(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(ctx, listener, saga))],
         service_names=[SERVICE_NAME],
+        background=[listen, reap_loop, approval_sweep_loop],
+        on_stop=[listener.close, saga.close],
     )

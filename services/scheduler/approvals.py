@@ -1,0 +1,208 @@
+"""Approvals (seed 000 D4, ARCHITECTURE.md section 7): RUNNING -> WAITING_APPROVAL releases
+the lease and issues a token (random, returned once, stored as sha256 only, single use,
+15 min by default). Approve: RESUMED (claimable again, new fencing token). Reject: FAILED
+with E-APPROVAL-REJECTED. Expiry: FAILED with E-APPROVAL-002, by the sweep or by the
+DecideApproval call that finds it expired, whichever comes first. Rejection and expiry
+record a compensation request when the journal has something to undo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+import asyncpg
+
+from services.common import errors
+from services.common.auth import Principal
+from services.common.runs import RUN_READY_CHANNEL
+from services.scheduler import metrics
+from services.scheduler.access import check_run_access, projects_with
+from services.scheduler.fragments import RUN_COLUMNS_R, comp_audit_rows, compensation_cte, notify_cte
+from services.scheduler.saga_client import SagaNudger
+from services.scheduler.transitions import Changed, FencedOp, fenced_sql, fenced_write, settled
+
+APPROVER_ROLE = "approver"
+EXPIRED_CODE = "E-APPROVAL-002"  # seed 000 D4
+REJECTED_CODE = "E-APPROVAL-REJECTED"
+EXPIRED_REASON = "approval token expired"
+SWEEP_ACTOR = "system:approval-sweep"
+SWEEP_BATCH = 500
+
+
+def token_hash(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def new_token() -> tuple[str, bytes]:
+    token = secrets.token_urlsafe(32)
+    return token, token_hash(token)
+
+
+# $6 token hash, $7 ttl seconds, $8 summary. The hand-back does not count as a used attempt
+# (released_count), so a run may ask for approval without spending its max_attempts.
+REQUEST = FencedOp(
+    "RequestApproval",
+    fenced_sql(
+        set_sql="""status = 'WAITING_APPROVAL', lease_until = NULL, worker_id = NULL,
+           released_count = r.released_count + 1,
+           approval_token_hash = $6, approval_expires_at = now() + make_interval(secs => $7),
+           approval_summary = $8, approval_decided_by = NULL, approval_decided_at = NULL""",
+        action_sql="'APPROVAL_REQUESTED'",
+        reason_sql="NULLIF($8, '')",
+        details_sql="jsonb_build_object('expires_at', approval_expires_at)",
+        # a run whose cancel is pending must not park itself where the cancel cannot reach it
+        extra_where="AND NOT r.cancel_requested",
+    ),
+    ("RUNNING",),
+    lambda cur: "request approval while a cancel is pending for" if cur["cur_cancel"] else "request approval of",
+)
+
+
+async def request(
+    pool: asyncpg.Pool,
+    principal: Principal,
+    run_id: str,
+    attempt: int,
+    summary: str,
+    ttl: float,
+    *,
+    saga: SagaNudger,
+) -> tuple[Changed, str]:
+    """Returns the change and the token (the only time it exists outside a hash)."""
+    token, digest = new_token()
+    changed = await fenced_write(pool, REQUEST, principal, run_id, attempt, digest, ttl, summary, saga=saga)
+    return changed, token
+
+
+# One statement decides or, when the token expired, fails the run with E-APPROVAL-002 (so the
+# caller's answer and the stored state agree even before the sweep runs). Setting the hash
+# to NULL makes the token single use. $1 run_id, $2 projects where the caller is approver,
+# $3 actor, $4 sha256(token), $5 approve, $6 reason, $7 principal id.
+DECIDE_SQL = f"""
+WITH cur AS (
+    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status,
+           error_code AS cur_error_code,
+           COALESCE(approval_expires_at <= now(), false) AS expired
+      FROM awooop_run_state
+     WHERE run_id = $1
+       FOR UPDATE
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET status = CASE WHEN cur.expired OR NOT $5 THEN 'FAILED' ELSE 'RESUMED' END,
+           error_code = CASE WHEN cur.expired THEN '{EXPIRED_CODE}'
+                             WHEN NOT $5 THEN '{REJECTED_CODE}' ELSE r.error_code END,
+           failure_reason = CASE WHEN cur.expired THEN '{EXPIRED_REASON}'
+                                 WHEN NOT $5 THEN $6 ELSE r.failure_reason END,
+           approval_token_hash = NULL,
+           approval_decided_by = CASE WHEN cur.expired THEN NULL ELSE $7 END,
+           approval_decided_at = CASE WHEN cur.expired THEN NULL ELSE now() END,
+           updated_at = now()
+      FROM cur
+     WHERE r.run_id = cur.cur_run_id
+       AND r.status = 'WAITING_APPROVAL'
+       AND (cur.expired OR r.approval_token_hash = $4)
+       AND ($2::text[] IS NULL OR r.project_id = ANY($2::text[]))
+ RETURNING {RUN_COLUMNS_R}, cur.expired
+){compensation_cte("CASE WHEN u.expired THEN 'approval_expired' ELSE 'approval_rejected' END")},
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, run_id, $3,
+           CASE WHEN expired THEN 'APPROVAL_EXPIRED' WHEN status = 'RESUMED' THEN 'APPROVED'
+                ELSE 'APPROVAL_REJECTED' END,
+           'WAITING_APPROVAL', status, CASE WHEN expired THEN '{EXPIRED_REASON}' ELSE NULLIF($6, '') END,
+           jsonb_build_object('attempt', attempt_count, 'error_code', error_code)
+      FROM upd{comp_audit_rows("$3")}
+){notify_cte(f"'{RUN_READY_CHANNEL}'", "status = 'RESUMED'")}
+SELECT cur.*, upd.*, (SELECT trigger FROM comp LIMIT 1) AS comp_trigger, (SELECT n FROM notified) AS notified
+  FROM cur LEFT JOIN upd ON true
+"""
+
+
+async def decide(
+    pool: asyncpg.Pool,
+    principal: Principal,
+    run_id: str,
+    token: str,
+    approve: bool,
+    reason: str,
+    *,
+    saga: SagaNudger,
+) -> Changed:
+    digest = token_hash(token)
+    reason = reason or ("approved" if approve else "approval rejected")
+    row = await pool.fetchrow(
+        DECIDE_SQL,
+        run_id,
+        projects_with(principal, APPROVER_ROLE),
+        principal.actor,
+        digest,
+        approve,
+        reason,
+        principal.principal_id,
+    )
+    if row is None:
+        raise errors.not_found("run", run_id)
+    if row["run_id"] is not None:
+        changed = settled(row, saga)
+        if row["expired"]:  # the expiry is committed; the decision came too late
+            metrics.APPROVALS_EXPIRED.inc()
+            raise errors.approval_expired(run_id)
+        return changed
+    check_run_access(principal, row["cur_project"], APPROVER_ROLE, run_id)
+    if row["cur_status"] != "WAITING_APPROVAL":
+        if row["cur_status"] == "FAILED" and row["cur_error_code"] == EXPIRED_CODE:
+            raise errors.approval_expired(run_id)
+        raise errors.invalid_transition(run_id, row["cur_status"], "decide the approval of")
+    # waiting, not expired, and the caller may decide: the token is wrong or already used.
+    # (The comparison happened in SQL on sha256 digests; the stored hash is never read back.)
+    raise errors.approval_invalid(run_id)
+
+
+# --- the expiry sweep ------------------------------------------------------------------------
+
+# SKIP LOCKED batches, so several scheduler replicas sweep without waiting on each other.
+# $1 batch size, $2 actor.
+SWEEP_SQL = f"""
+WITH due AS (
+    SELECT run_id
+      FROM awooop_run_state
+     WHERE status = 'WAITING_APPROVAL' AND approval_expires_at <= now()
+     ORDER BY approval_expires_at
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET status = 'FAILED', error_code = '{EXPIRED_CODE}', failure_reason = '{EXPIRED_REASON}',
+           approval_token_hash = NULL, updated_at = now()
+      FROM due
+     WHERE r.run_id = due.run_id AND r.status = 'WAITING_APPROVAL' AND r.approval_expires_at <= now()
+ RETURNING r.run_id, r.project_id, r.status, r.failure_reason, r.attempt_count, r.approval_expires_at
+){compensation_cte("'approval_expired'")},
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, run_id, $2, 'APPROVAL_EXPIRED', 'WAITING_APPROVAL', 'FAILED', '{EXPIRED_REASON}',
+           jsonb_build_object('attempt', attempt_count, 'error_code', '{EXPIRED_CODE}',
+                              'expired_at', approval_expires_at)
+      FROM upd{comp_audit_rows("$2")}
+)
+SELECT upd.run_id, upd.failure_reason, comp.trigger
+  FROM upd LEFT JOIN comp USING (run_id)
+"""
+
+
+async def expire_approvals(pool: asyncpg.Pool, saga: SagaNudger, batch: int = SWEEP_BATCH) -> int:
+    """One sweep: fails every expired approval (in batches); returns how many."""
+    total = 0
+    while True:
+        rows = await pool.fetch(SWEEP_SQL, batch, SWEEP_ACTOR)
+        total += len(rows)
+        metrics.APPROVALS_EXPIRED.inc(len(rows))
+        for r in rows:
+            if r["trigger"]:
+                metrics.COMPENSATIONS.labels(r["trigger"]).inc()
+                saga.nudge(str(r["run_id"]), r["trigger"], r["failure_reason"] or "")
+        if len(rows) < batch:
+            return total

@@ -1,0 +1,86 @@
+"""SQL pieces shared by the scheduler's statements, and the choice of error when a fenced
+write changed nothing.
+
+Every state change is one statement: a data-modifying CTE `upd` makes the change, and
+sibling CTEs record a compensation request (`comp`), write the audit rows (`aud`) and send
+the wake-up NOTIFY (`notified`) in the same statement, so in the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from services.common import errors
+from services.common.runs import RUN_COLUMNS, TERMINAL
+
+# RUN_COLUMNS qualified with the UPDATE target alias `r` (the statements join other CTEs
+# that share column names).
+RUN_COLUMNS_R = ", ".join(f"r.{c.strip()}" for c in RUN_COLUMNS.split(","))
+
+# A run's journal has something to undo: a completed step with a compensation command.
+HAS_COMPENSATABLE_STEPS = """EXISTS (SELECT 1 FROM awooop_saga_step s
+                WHERE s.run_id = u.run_id AND s.status = 'completed'
+                  AND s.compensation_cmd IS NOT NULL AND s.compensation_cmd <> 'null'::jsonb)"""
+
+
+def compensation_cte(trigger_sql: str) -> str:
+    """CTE `comp`: the compensation requests recorded for the rows of `upd` that ended
+    FAILED or CANCELLED with compensatable steps (ARCHITECTURE.md section 4: the request is
+    written in the same transaction as the state change; the saga service drives it to an
+    end). trigger_sql is evaluated per row of `upd` aliased `u`. Put it before the audit
+    CTE, which adds `comp_audit_rows` so the audit order is change, then request."""
+    return f""",
+comp AS (
+    INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
+    SELECT u.run_id, u.project_id, {trigger_sql}, u.failure_reason
+      FROM upd u
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND {HAS_COMPENSATABLE_STEPS}
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id, project_id, trigger
+)"""
+
+
+def comp_audit_rows(actor_sql: str) -> str:
+    """UNION ALL branch of an audit INSERT ... SELECT: one COMPENSATION_REQUESTED row per
+    recorded request (one INSERT keeps the audit rows in the order written)."""
+    return f"""
+    UNION ALL
+    SELECT project_id, run_id, {actor_sql}, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
+      FROM comp"""
+
+
+def notify_cte(channel_param: str, condition: str) -> str:
+    """CTE `notified`: one NOTIFY per project that got a claimable run (Postgres folds
+    identical notifications of one transaction). The final SELECT must reference it,
+    since a read-only CTE that nobody reads is not executed."""
+    return f""",
+notified AS (
+    SELECT count(pg_notify({channel_param}, project_id)) AS n
+      FROM (SELECT DISTINCT project_id FROM upd WHERE {condition}) p
+)"""
+
+
+# --- choosing the error of a fenced write that changed nothing ---------------------------
+
+LEASED = ("RUNNING", "WAITING_TOOL")
+
+
+def lease_was_reaped(cur: Mapping[str, Any]) -> bool:
+    """The current attempt's lease was taken by the reaper: it stamps reaped_at after the
+    claim stamped heartbeat_at (a later claim stamps heartbeat_at again)."""
+    reaped, beat = cur["cur_reaped_at"], cur["cur_heartbeat_at"]
+    return reaped is not None and (beat is None or reaped >= beat)
+
+
+def fenced_refusal(cur: Mapping[str, Any], run_id: str, attempt: int, action: str) -> errors.ServiceError:
+    """LEASE_LOST when the token does not name the run's live lease (another attempt, or
+    the lease was taken back: reaped, released, retried, approved); INVALID_TRANSITION
+    when it does but the action is not allowed from the run's status."""
+    status = cur["cur_status"]
+    if cur["cur_attempt"] != attempt or status in ("PENDING", "RESUMED"):
+        return errors.lease_lost(run_id, attempt)
+    if status in TERMINAL and lease_was_reaped(cur):
+        return errors.lease_lost(run_id, attempt)
+    return errors.invalid_transition(run_id, status, action)

@@ -1,0 +1,29 @@
+"""Prometheus metrics of the scheduler (served by the runtime's /metrics endpoint)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+REAPED = Counter(
+    "awooop_scheduler_reaped_total",
+    "Expired leases taken back by the reaper, by outcome (requeued, failed, cancelled)",
+    ["outcome"],
+)
+CLAIMED = Counter("awooop_scheduler_claimed_total", "Runs handed to workers")
+TRANSITIONS = Counter(
+    "awooop_scheduler_transitions_total", "Run state changes made through the API, by action", ["action"]
+)
+LEASE_LOST = Counter(
+    "awooop_scheduler_lease_lost_total", "Worker calls refused because the lease is no longer held", ["method"]
+)
+APPROVALS_EXPIRED = Counter("awooop_scheduler_approvals_expired_total", "Approvals failed by expiry (E-APPROVAL-002)")
+COMPENSATIONS = Counter(
+    "awooop_scheduler_compensation_requests_total", "Compensation requests recorded, by trigger", ["trigger"]
+)
+SAGA_NUDGES = Counter(
+    "awooop_scheduler_saga_nudges_total", "Compensate RPCs sent to the saga service, by outcome", ["outcome"]
+)
+LISTENER_UP = Gauge(
+    "awooop_scheduler_listener_connected", "1 while the LISTEN connection for run wake-ups is up (else claims poll)"
+)
+CLAIMS_WAITING = Gauge("awooop_scheduler_claims_waiting", "Long-polling ClaimRuns calls currently waiting for work")

@@ -1,0 +1,100 @@
+"""The stale-lease reaper (seed 000 D3): RUNNING / WAITING_TOOL runs whose lease expired go
+back to PENDING while attempts are left, else FAILED "Max retry attempts exceeded"; a run
+with a pending cancel becomes CANCELLED instead. WAITING_APPROVAL holds no lease and is
+never touched.
+
+One statement per batch: the CTE picks expired leases with FOR UPDATE SKIP LOCKED (replicas
+take disjoint rows and never wait on a worker's write), the UPDATE re-checks
+`lease_until < now()` on the row it changes, and the audit rows, compensation requests and
+wake-up NOTIFY are written by the same statement. The scan uses awooop_run_lease_idx
+(partial: leased runs only), so its cost does not grow with finished runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import asyncpg
+
+from services.common.runs import RUN_READY_CHANNEL
+from services.scheduler import metrics
+from services.scheduler.fragments import comp_audit_rows, compensation_cte, notify_cte
+from services.scheduler.saga_client import SagaNudger
+
+REAPER_ACTOR = "system:reaper"
+REAP_BATCH = 1000
+MAX_ATTEMPTS_REASON = "Max retry attempts exceeded"  # seed 000 D3
+MAX_ATTEMPTS_CODE = "E-RUN-MAX-ATTEMPTS"
+
+# $1 batch size, $2 actor.
+REAP_SQL = f"""
+WITH expired AS (
+    SELECT run_id, status, worker_id, lease_until
+      FROM awooop_run_state
+     WHERE status IN ('RUNNING', 'WAITING_TOOL') AND lease_until < now()
+     ORDER BY lease_until
+     LIMIT $1
+       FOR UPDATE SKIP LOCKED
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET status = CASE WHEN r.cancel_requested THEN 'CANCELLED'
+                         WHEN r.attempt_count - r.released_count < r.max_attempts THEN 'PENDING'
+                         ELSE 'FAILED' END,
+           failure_reason = CASE WHEN r.cancel_requested THEN COALESCE(r.failure_reason, 'cancelled')
+                                 WHEN r.attempt_count - r.released_count < r.max_attempts THEN r.failure_reason
+                                 ELSE '{MAX_ATTEMPTS_REASON}' END,
+           error_code = CASE WHEN r.cancel_requested THEN NULL
+                             WHEN r.attempt_count - r.released_count < r.max_attempts THEN r.error_code
+                             ELSE '{MAX_ATTEMPTS_CODE}' END,
+           lease_until = NULL, worker_id = NULL, not_before = NULL, reaped_at = now(), updated_at = now()
+      FROM expired e
+     WHERE r.run_id = e.run_id
+       AND r.status IN ('RUNNING', 'WAITING_TOOL')
+       AND r.lease_until < now()
+ RETURNING r.run_id, r.project_id, r.status, r.failure_reason, r.attempt_count, r.max_attempts,
+           e.status AS from_status, e.worker_id AS prev_worker, e.lease_until AS prev_lease_until
+){compensation_cte("CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END")},
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, run_id, $2,
+           CASE status WHEN 'PENDING' THEN 'REAPED' WHEN 'CANCELLED' THEN 'REAPED_CANCELLED' ELSE 'REAPED_FAILED' END,
+           from_status, status,
+           CASE status WHEN 'PENDING' THEN 'lease expired' WHEN 'CANCELLED' THEN 'lease expired after a cancel request'
+                       ELSE '{MAX_ATTEMPTS_REASON}' END,
+           jsonb_build_object('attempt', attempt_count, 'max_attempts', max_attempts, 'worker_id', prev_worker,
+                              'lease_until', prev_lease_until)
+      FROM upd{comp_audit_rows("$2")}
+){notify_cte("$3", "status = 'PENDING'")}
+SELECT upd.run_id, upd.status, upd.failure_reason, comp.trigger, (SELECT n FROM notified) AS notified
+  FROM upd LEFT JOIN comp USING (run_id)
+"""
+
+_OUTCOME = {"PENDING": "requeued", "FAILED": "failed", "CANCELLED": "cancelled"}
+
+
+@dataclass(frozen=True)
+class ReapResult:
+    requeued: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.requeued + self.failed + self.cancelled
+
+
+async def reap(pool: asyncpg.Pool, saga: SagaNudger, batch: int = REAP_BATCH) -> ReapResult:
+    """One reaper pass: takes back every expired lease, a batch per statement."""
+    counts = {"requeued": 0, "failed": 0, "cancelled": 0}
+    while True:
+        rows = await pool.fetch(REAP_SQL, batch, REAPER_ACTOR, RUN_READY_CHANNEL)
+        for r in rows:
+            outcome = _OUTCOME[r["status"]]
+            counts[outcome] += 1
+            metrics.REAPED.labels(outcome).inc()
+            if r["trigger"]:
+                metrics.COMPENSATIONS.labels(r["trigger"]).inc()
+                saga.nudge(str(r["run_id"]), r["trigger"], r["failure_reason"] or "")
+        if len(rows) < batch:
+            return ReapResult(**counts)

@@ -1,0 +1,324 @@
+"""SchedulerService transport: validate the request, call the logic, build the response.
+Every rule about runs lives in the logic modules (leases, claiming, transitions,
+approvals, reaper, reads); errors are raised as ServiceError and mapped by the interceptor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+from google.protobuf.duration_pb2 import Duration
+
+from awooop.common.v1 import common_pb2
+from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common import errors
+from services.common.auth import current_principal
+from services.common.runs import run_to_pb, status_from_pb, status_to_pb, ts
+from services.common.runtime import AppContext
+from services.common.validate import Violations, to_struct
+from services.scheduler import approvals, claiming, leases, metrics, reads, transitions
+from services.scheduler.access import projects_with
+from services.scheduler.saga_client import SagaNudger
+from services.scheduler.wakeup import RunReadyListener
+
+# request limits (the README's error table names them)
+MAX_CLAIM_RUNS = 100
+MAX_CLAIM_PROJECTS = 100
+MAX_HEARTBEAT_LEASES = 1000
+MAX_LEASE_TTL = 3600.0  # seconds
+MAX_RETRY_AFTER = 86400.0
+MAX_APPROVAL_TTL = 7 * 86400.0
+MAX_TEXT = 4096  # reasons and summaries
+MAX_ERROR_CODE = 64  # awooop_run_state.error_code VARCHAR(64)
+MAX_ID = 128  # worker ids and tool ids (VARCHAR(128))
+MAX_APPROVAL_TOKEN = 256
+MAX_PAGE_SIZE = 500
+DEFAULT_PAGE_SIZE = 50
+INT32_MAX = 2**31 - 1
+
+
+def _lease(v: Violations, field: str, lease: common_pb2.LeaseToken) -> tuple[str, int]:
+    run_id = v.uuid(f"{field}.run_id", lease.run_id)
+    v.check(1 <= lease.attempt <= INT32_MAX, f"{field}.attempt", "must be >= 1 (the attempt ClaimRuns returned)")
+    return run_id, lease.attempt
+
+
+def _status_of(value: str | None) -> int:
+    try:
+        return status_to_pb(value)
+    except ValueError:  # a status string some other writer used; never fail a read on it
+        return 0
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
+    def __init__(self, ctx: AppContext, listener: RunReadyListener, saga: SagaNudger) -> None:
+        self.ctx = ctx
+        self.settings = ctx.settings
+        self.pool = ctx.pool
+        self.listener = listener
+        self.saga = saga
+
+    def _lease_ttl(self, v: Violations, value: Duration) -> float:
+        return v.duration("lease_ttl", value, max_seconds=MAX_LEASE_TTL, default=self.settings.lease_ttl)
+
+    # --- leases ------------------------------------------------------------------------------
+
+    async def ClaimRuns(
+        self, request: scheduler_pb2.ClaimRunsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ClaimRunsResponse:
+        v = Violations()
+        worker_id = v.token("worker_id", request.worker_id, max_len=MAX_ID)
+        projects = list(dict.fromkeys(request.project_ids))
+        if not projects:
+            v.add("project_ids", "at least one project is required")
+        elif len(projects) > MAX_CLAIM_PROJECTS:
+            v.add("project_ids", f"at most {MAX_CLAIM_PROJECTS} projects")
+        for i, p in enumerate(projects[:MAX_CLAIM_PROJECTS]):
+            v.project_id(f"project_ids[{i}]", p)
+        max_runs = v.int_range("max_runs", request.max_runs, 1, MAX_CLAIM_RUNS, default=1)
+        wait = request.wait.seconds + request.wait.nanos / 1e9
+        v.check(wait >= 0, "wait", "must not be negative")
+        lease_ttl = self._lease_ttl(v, request.lease_ttl)
+        v.raise_if_any()
+        principal = current_principal()
+        for p in projects:
+            principal.require(p, "worker")
+        wait = min(max(wait, 0.0), self.settings.max_claim_wait)
+        remaining = context.time_remaining()
+        if remaining is not None:  # answer (empty) before the caller's deadline, not DEADLINE_EXCEEDED
+            wait = max(0.0, min(wait, remaining - min(0.5, remaining * 0.1)))
+        rows = await claiming.claim_runs(
+            self.pool,
+            self.listener,
+            projects=projects,
+            max_runs=max_runs,
+            lease_ttl=lease_ttl,
+            worker_id=worker_id,
+            actor=principal.actor,
+            wait=wait,
+        )
+        return scheduler_pb2.ClaimRunsResponse(
+            runs=[
+                scheduler_pb2.ClaimedRun(
+                    run=run_to_pb(r),
+                    lease=common_pb2.LeaseToken(run_id=str(r["run_id"]), attempt=r["attempt_count"]),
+                    lease_until=ts(r["lease_until"]),
+                    resumed=r["attempt_count"] > 1,
+                )
+                for r in rows
+            ]
+        )
+
+    async def Heartbeat(
+        self, request: scheduler_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.HeartbeatResponse:
+        v = Violations()
+        worker_id = v.token("worker_id", request.worker_id, max_len=MAX_ID)
+        if not request.leases:
+            v.add("leases", "at least one lease is required")
+        elif len(request.leases) > MAX_HEARTBEAT_LEASES:
+            v.add("leases", f"at most {MAX_HEARTBEAT_LEASES} leases per call")
+        lease_list = [_lease(v, f"leases[{i}]", lease) for i, lease in enumerate(request.leases[:MAX_HEARTBEAT_LEASES])]
+        lease_ttl = self._lease_ttl(v, request.lease_ttl)
+        v.raise_if_any()
+        # leases of projects where the caller is no worker are simply not renewed (LEASE_LOST):
+        # the answer does not reveal whether such a run exists
+        projects = projects_with(current_principal(), "worker")
+        renewals = await leases.heartbeat(self.pool, worker_id, lease_list, lease_ttl, projects)
+        out = []
+        for lease, r in zip(request.leases, renewals, strict=True):
+            item = scheduler_pb2.LeaseRenewal(lease=lease, cancel_requested=r.cancel_requested)
+            if r.lease_until is None:
+                item.outcome = scheduler_pb2.LEASE_OUTCOME_LEASE_LOST
+            else:
+                item.outcome = scheduler_pb2.LEASE_OUTCOME_RENEWED
+                item.lease_until.CopyFrom(ts(r.lease_until))
+            out.append(item)
+        lost = sum(1 for r in renewals if r.lease_until is None)
+        if lost:
+            metrics.LEASE_LOST.labels("Heartbeat").inc(lost)
+        return scheduler_pb2.HeartbeatResponse(renewals=out)
+
+    # --- fenced worker writes ----------------------------------------------------------------
+
+    async def _fenced(self, op: transitions.FencedOp, run_id: str, attempt: int, *args: Any) -> transitions.Changed:
+        return await transitions.fenced_write(
+            self.pool, op, current_principal(), run_id, attempt, *args, saga=self.saga
+        )
+
+    async def CompleteRun(
+        self, request: scheduler_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.CompleteRunResponse:
+        v = Violations()
+        run_id, attempt = _lease(v, "lease", request.lease)
+        output = v.struct("output", request.output, max_bytes=self.settings.max_payload_bytes)
+        v.raise_if_any()
+        changed = await self._fenced(transitions.COMPLETE, run_id, attempt, output)
+        return scheduler_pb2.CompleteRunResponse(run=run_to_pb(changed.row))
+
+    async def FailRun(
+        self, request: scheduler_pb2.FailRunRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.FailRunResponse:
+        v = Violations()
+        run_id, attempt = _lease(v, "lease", request.lease)
+        reason = v.text("reason", request.reason, max_len=MAX_TEXT)
+        error_code = v.token("error_code", request.error_code, max_len=MAX_ERROR_CODE, required=False)
+        backoff = v.duration(
+            "retry_after", request.retry_after, max_seconds=MAX_RETRY_AFTER, default=self.settings.retry_backoff
+        )
+        v.raise_if_any()
+        changed = await self._fenced(
+            transitions.FAIL, run_id, attempt, reason or "failed", error_code, request.retryable, backoff
+        )
+        return scheduler_pb2.FailRunResponse(
+            run=run_to_pb(changed.row), compensation_requested=changed.compensation_requested
+        )
+
+    async def ReleaseRun(
+        self, request: scheduler_pb2.ReleaseRunRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ReleaseRunResponse:
+        v = Violations()
+        run_id, attempt = _lease(v, "lease", request.lease)
+        reason = v.text("reason", request.reason, max_len=MAX_TEXT)
+        v.raise_if_any()
+        changed = await self._fenced(transitions.RELEASE, run_id, attempt, reason)
+        return scheduler_pb2.ReleaseRunResponse(run=run_to_pb(changed.row))
+
+    async def WaitTool(
+        self, request: scheduler_pb2.WaitToolRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.WaitToolResponse:
+        v = Violations()
+        run_id, attempt = _lease(v, "lease", request.lease)
+        tool_id = v.token("tool_id", request.tool_id, max_len=MAX_ID, required=False)
+        v.raise_if_any()
+        changed = await self._fenced(transitions.WAIT_TOOL, run_id, attempt, tool_id)
+        return scheduler_pb2.WaitToolResponse(run=run_to_pb(changed.row))
+
+    async def ResumeTool(
+        self, request: scheduler_pb2.ResumeToolRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ResumeToolResponse:
+        v = Violations()
+        run_id, attempt = _lease(v, "lease", request.lease)
+        v.raise_if_any()
+        changed = await self._fenced(transitions.RESUME_TOOL, run_id, attempt)
+        return scheduler_pb2.ResumeToolResponse(run=run_to_pb(changed.row))
+
+    async def AcknowledgeCancel(
+        self, request: scheduler_pb2.AcknowledgeCancelRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.AcknowledgeCancelResponse:
+        v = Violations()
+        run_id, attempt = _lease(v, "lease", request.lease)
+        v.raise_if_any()
+        changed = await self._fenced(transitions.ACKNOWLEDGE_CANCEL, run_id, attempt)
+        return scheduler_pb2.AcknowledgeCancelResponse(
+            run=run_to_pb(changed.row), compensation_requested=changed.compensation_requested
+        )
+
+    # --- approvals and cancel ----------------------------------------------------------------
+
+    async def RequestApproval(
+        self, request: scheduler_pb2.RequestApprovalRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.RequestApprovalResponse:
+        v = Violations()
+        run_id, attempt = _lease(v, "lease", request.lease)
+        summary = v.text("summary", request.summary, max_len=MAX_TEXT)
+        ttl = v.duration("ttl", request.ttl, max_seconds=MAX_APPROVAL_TTL, default=self.settings.approval_ttl)
+        v.raise_if_any()
+        changed, token = await approvals.request(
+            self.pool, current_principal(), run_id, attempt, summary, ttl, saga=self.saga
+        )
+        return scheduler_pb2.RequestApprovalResponse(
+            run=run_to_pb(changed.row),
+            approval_token=token,
+            expires_at=ts(changed.row["approval_expires_at"]),
+        )
+
+    async def DecideApproval(
+        self, request: scheduler_pb2.DecideApprovalRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.DecideApprovalResponse:
+        v = Violations()
+        run_id = v.uuid("run_id", request.run_id)
+        token = v.token("approval_token", request.approval_token, max_len=MAX_APPROVAL_TOKEN)
+        v.enum("decision", request.decision, scheduler_pb2.Decision)
+        reason = v.text("reason", request.reason, max_len=MAX_TEXT)
+        v.raise_if_any()
+        changed = await approvals.decide(
+            self.pool,
+            current_principal(),
+            run_id,
+            token,
+            request.decision == scheduler_pb2.DECISION_APPROVE,
+            reason,
+            saga=self.saga,
+        )
+        return scheduler_pb2.DecideApprovalResponse(
+            run=run_to_pb(changed.row), compensation_requested=changed.compensation_requested
+        )
+
+    async def CancelRun(
+        self, request: scheduler_pb2.CancelRunRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.CancelRunResponse:
+        v = Violations()
+        run_id = v.uuid("run_id", request.run_id)
+        reason = v.text("reason", request.reason, max_len=MAX_TEXT)
+        v.raise_if_any()
+        changed = await transitions.cancel(self.pool, current_principal(), run_id, reason, saga=self.saga)
+        return scheduler_pb2.CancelRunResponse(
+            run=run_to_pb(changed.row), compensation_requested=changed.compensation_requested
+        )
+
+    # --- reads -------------------------------------------------------------------------------
+
+    async def GetRun(
+        self, request: scheduler_pb2.GetRunRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.GetRunResponse:
+        v = Violations()
+        run_id = v.uuid("run_id", request.run_id)
+        v.raise_if_any()
+        row = await reads.get_run(self.pool, current_principal(), run_id)
+        return scheduler_pb2.GetRunResponse(run=run_to_pb(row))
+
+    async def ListRuns(
+        self, request: scheduler_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ListRunsResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        statuses = []
+        for i, s in enumerate(request.statuses):
+            if v.check(s in common_pb2.RunStatus.values() and s != 0, f"statuses[{i}]", "unknown or UNSPECIFIED"):
+                statuses.append(status_from_pb(s))
+        page_size = v.int_range("page_size", request.page_size, 1, MAX_PAGE_SIZE, default=DEFAULT_PAGE_SIZE)
+        after = None
+        if request.page_token:
+            after = reads.decode_page_token(request.page_token)
+            v.check(after is not None, "page_token", "not a token returned by ListRuns")
+        v.raise_if_any()
+        principal = current_principal()
+        if not principal.roles_in(project_id):
+            raise errors.forbidden(
+                f"principal {principal.principal_id} has no role in project {project_id}", project_id=project_id
+            )
+        rows, next_token = await reads.list_runs(self.pool, project_id, sorted(set(statuses)) or None, page_size, after)
+        return scheduler_pb2.ListRunsResponse(runs=[run_to_pb(r) for r in rows], next_page_token=next_token)
+
+    async def GetRunHistory(
+        self, request: scheduler_pb2.GetRunHistoryRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.GetRunHistoryResponse:
+        v = Violations()
+        run_id = v.uuid("run_id", request.run_id)
+        v.raise_if_any()
+        rows = await reads.history(self.pool, current_principal(), run_id)
+        return scheduler_pb2.GetRunHistoryResponse(
+            events=[
+                scheduler_pb2.RunEvent(
+                    at=ts(r["created_at"]),
+                    action=r["action"],
+                    from_status=_status_of(r["from_status"]),  # type: ignore[arg-type]
+                    to_status=_status_of(r["to_status"]),  # type: ignore[arg-type]
+                    actor=r["actor"],
+                    reason=r["reason"] or "",
+                    details=to_struct(r["details"] if isinstance(r["details"], dict) else {}),
+                )
+                for r in rows
+            ]
+        )

@@ -1,0 +1,142 @@
+"""Wake-ups for long-polling claims: one LISTEN connection per scheduler process on
+RUN_READY_CHANNEL (payload: a project id), fanned out to the claims waiting on that project.
+
+Every transaction that makes a run claimable sends the NOTIFY (ingest's insert, the
+reaper, approve, retry, release), so a waiting claim retries at once instead of polling.
+If the connection drops, it reconnects in the background with back-off, and meanwhile
+waiters fall back to a short poll (`poll_interval`). After a reconnect every waiter is
+woken once, since notifications sent while it was down are lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Iterator
+
+import asyncpg
+
+from services.common.runs import RUN_READY_CHANNEL
+from services.scheduler import metrics
+
+log = logging.getLogger("awooop.scheduler.wakeup")
+
+POLL_WHEN_DOWN = 0.5  # seconds between claim retries while the LISTEN connection is down
+PING_INTERVAL = 10.0  # seconds between liveness checks of an idle LISTEN connection
+MAX_BACKOFF = 5.0
+
+
+def _setter(event: asyncio.Event) -> Callable[[object], None]:
+    return lambda _conn: event.set()
+
+
+class RunReadyListener:
+    def __init__(self, dsn: str, stopping: asyncio.Event, connect_timeout: float = 5.0) -> None:
+        self.dsn = dsn
+        self.stopping = stopping
+        self.connect_timeout = connect_timeout
+        self.connected = asyncio.Event()
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._conn: asyncpg.Connection | None = None
+
+    @property
+    def poll_interval(self) -> float | None:
+        """How often a waiter must re-check by itself: None while notifications arrive."""
+        return None if self.connected.is_set() else POLL_WHEN_DOWN
+
+    @contextlib.contextmanager
+    def subscribe(self, projects: Iterable[str]) -> Iterator[asyncio.Event]:
+        """An event set when any of projects may have a claimable run (or on shutdown).
+        Subscribe BEFORE trying to claim, so a notify between the try and the wait is kept."""
+        event = asyncio.Event()
+        keys = list(projects)
+        for p in keys:
+            self._waiters.setdefault(p, set()).add(event)
+        if self.stopping.is_set():
+            event.set()
+        try:
+            yield event
+        finally:
+            for p in keys:
+                waiters = self._waiters.get(p)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._waiters[p]
+
+    def wake(self, project_id: str) -> None:
+        for event in self._waiters.get(project_id, ()):
+            event.set()
+
+    def wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for event in waiters:
+                event.set()
+
+    def _on_notify(self, conn: object, pid: int, channel: str, payload: str) -> None:
+        self.wake(payload)
+
+    async def run(self) -> None:
+        """Background loop: keeps the LISTEN connection up until shutdown."""
+        backoff = 0.1
+        while not self.stopping.is_set():
+            lost = asyncio.Event()
+            try:
+                conn = await asyncpg.connect(
+                    self.dsn,
+                    timeout=self.connect_timeout,
+                    server_settings={"application_name": "awooop-scheduler-listen"},
+                )
+                self._conn = conn
+                conn.add_termination_listener(_setter(lost))
+                await conn.add_listener(RUN_READY_CHANNEL, self._on_notify)
+                self.connected.set()
+                metrics.LISTENER_UP.set(1)
+                self.wake_all()  # anything sent while we were down is lost: look once
+                backoff = 0.1
+                await self._watch(conn, lost)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # connect failures, a dropped connection, a failed ping
+                log.warning("LISTEN connection down; claims poll until it is back", extra={"error": repr(exc)})
+            finally:
+                self.connected.clear()
+                metrics.LISTENER_UP.set(0)
+                await self._close()
+            if self.stopping.is_set():
+                break
+            self.wake_all()  # waiters switch to polling now
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), timeout=backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF)
+        self.wake_all()
+
+    async def _watch(self, conn: asyncpg.Connection, lost: asyncio.Event) -> None:
+        """Returns when the connection is lost (or on shutdown); pings it while idle, since a
+        dead peer without a FIN would otherwise never be noticed."""
+        while not self.stopping.is_set() and not lost.is_set():
+            stop = asyncio.ensure_future(self.stopping.wait())
+            gone = asyncio.ensure_future(lost.wait())
+            try:
+                await asyncio.wait({stop, gone}, timeout=PING_INTERVAL, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+                gone.cancel()
+            if self.stopping.is_set() or lost.is_set():
+                return
+            await conn.fetchval("SELECT 1", timeout=self.connect_timeout)
+        if lost.is_set():
+            raise ConnectionError("LISTEN connection closed")
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), timeout=1.0)
+        elif conn is not None:
+            conn.terminate()
+
+    async def close(self) -> None:
+        self.wake_all()
+        await self._close()
