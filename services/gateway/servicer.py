@@ -1,0 +1,171 @@
+"""The reference ToolGateway: ExecuteTool once per (project_id, idempotency_key).
+
+Per call: the request is logged (awooop_refgw_request), then ONE transaction takes an advisory
+lock on the key, replays a recorded success (replayed = true, nothing runs), or runs the tool
+and records the key with its result. Failures are not recorded, so a retry with the same key
+runs the tool again. The work is shielded from caller cancellation: like a real tool, a call
+whose caller died still finishes, and the caller's retry gets the replay.
+
+Told to fail: a param "simulate_failure": "<message>" fails that call (FAILED_PRECONDITION,
+TOOL_FAILED); rows of awooop_refgw_fault fail every call of a tool (with their code) while they
+last. "simulate_delay_ms": N makes the call take N ms longer (at most 60000).
+
+The gateway is public (no API key; ServiceParts(public=True)); errors still go through the
+shared interceptor's mapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import asyncpg
+import grpc
+from google.protobuf import json_format
+from prometheus_client import Counter
+
+from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
+from services.common import errors
+from services.common.validate import Violations, to_struct
+from services.gateway.tools import TOOL_FAILED, TOOLS, has_nul, json_size, struct_dict, tool_failed
+
+log = logging.getLogger("awooop.gateway")
+
+CALLS = Counter("awooop_gateway_calls_total", "Reference gateway calls by tool and outcome", ["tool_id", "outcome"])
+MAX_KEY = 256
+MAX_DELAY_MS = 60000
+
+LOG_SQL = """INSERT INTO awooop_refgw_request (project_id, idempotency_key, tool_id) VALUES ($1, $2, $3)
+             RETURNING request_id"""
+OUTCOME_SQL = """UPDATE awooop_refgw_request SET outcome = $2, error = $3, finished_at = now()
+                  WHERE request_id = $1"""
+LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
+RECORDED_SQL = """SELECT tool_id, result FROM awooop_refgw_call WHERE project_id = $1 AND idempotency_key = $2"""
+REPLAYED_SQL = """UPDATE awooop_refgw_call SET replays = replays + 1 WHERE project_id = $1 AND idempotency_key = $2"""
+RECORD_SQL = """INSERT INTO awooop_refgw_call (project_id, idempotency_key, tool_id, params, result, run_id, reason)
+                VALUES ($1, $2, $3, $4, $5, $6, $7)"""
+FAULT_SQL = """
+UPDATE awooop_refgw_fault SET remaining = remaining - 1
+ WHERE (project_id, tool_id) = (
+        SELECT project_id, tool_id FROM awooop_refgw_fault
+         WHERE tool_id = $2 AND project_id IN ($1, '*') AND (remaining IS NULL OR remaining > 0)
+         ORDER BY project_id = '*' LIMIT 1)
+RETURNING code, message
+"""
+
+
+class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
+    def __init__(self, pool: asyncpg.Pool, max_params_bytes: int) -> None:
+        self.pool = pool
+        self.max_params_bytes = max_params_bytes
+        self._inflight: set[asyncio.Task[Any]] = set()
+
+    async def ExecuteTool(self, request: tools_pb2.ExecuteToolRequest, context: grpc.aio.ServicerContext) -> Any:
+        tool_id = request.tool_id if request.tool_id in TOOLS else "unknown"
+        task = asyncio.ensure_future(self._execute(request))
+        self._inflight.add(task)
+        task.add_done_callback(self._done)
+        try:
+            # the caller going away cancels this await, not the task: the call finishes regardless
+            result, replayed = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            CALLS.labels(tool_id, "error").inc()
+            raise  # the shared interceptor maps ServiceError / store errors to rich statuses
+        CALLS.labels(tool_id, "replayed" if replayed else "executed").inc()
+        return tools_pb2.ExecuteToolResponse(result=to_struct(result), replayed=replayed)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._inflight.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: an abandoned call's failure is logged in its request row
+
+    async def close(self) -> None:
+        await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def _execute(self, request: tools_pb2.ExecuteToolRequest) -> tuple[dict[str, Any], bool]:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        key = v.token("idempotency_key", request.idempotency_key, max_len=MAX_KEY)
+        tool_id = v.token("tool_id", request.tool_id, max_len=128)
+        if tool_id and tool_id not in TOOLS:
+            v.add("tool_id", f"unknown tool; one of {', '.join(sorted(TOOLS))}")
+        run_id = v.uuid("run_id", request.run_id) if request.run_id else None
+        reason = v.text("reason", request.reason, max_len=4096)
+        try:
+            params = struct_dict(request.params)
+        except (ValueError, json_format.Error) as exc:  # NaN / Infinity, a Value without a kind
+            v.add("params", f"must be representable as JSON: {exc}")
+            params = {}
+        if json_size(params) > self.max_params_bytes:
+            v.add("params", f"at most {self.max_params_bytes} bytes as JSON")
+        elif has_nul(params):
+            v.add("params", "must not contain NUL characters")
+        delay = params.pop("simulate_delay_ms", 0)
+        if not isinstance(delay, int | float) or not 0 <= delay <= MAX_DELAY_MS:
+            v.add("params.simulate_delay_ms", f"between 0 and {MAX_DELAY_MS}")
+            delay = 0
+        simulated = params.pop("simulate_failure", None)
+        v.raise_if_any()
+
+        request_id = await self.pool.fetchval(LOG_SQL, project_id, key, tool_id)
+        try:
+            result, replayed = await self._once(project_id, key, tool_id, params, run_id, reason, delay, simulated)
+        except errors.ServiceError as exc:
+            await self.pool.execute(OUTCOME_SQL, request_id, "failed", exc.message)
+            raise
+        except BaseException as exc:
+            await asyncio.shield(self._log_failure(request_id, repr(exc)))
+            raise
+        await self.pool.execute(OUTCOME_SQL, request_id, "replayed" if replayed else "executed", None)
+        return result, replayed
+
+    async def _log_failure(self, request_id: int, text: str) -> None:
+        try:
+            await self.pool.execute(OUTCOME_SQL, request_id, "failed", text[:4096])
+        except Exception:
+            log.warning("could not record a failed gateway call", exc_info=True)
+
+    async def _once(
+        self,
+        project_id: str,
+        key: str,
+        tool_id: str,
+        params: dict[str, Any],
+        run_id: str | None,
+        reason: str,
+        delay_ms: float,
+        simulated: Any,
+    ) -> tuple[dict[str, Any], bool]:
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
+        async with self.pool.acquire() as conn:
+            async with conn.transaction():
+                await conn.execute(LOCK_SQL, f"{project_id}/{key}")
+                recorded = await conn.fetchrow(RECORDED_SQL, project_id, key)
+                if recorded is not None:
+                    if recorded["tool_id"] != tool_id:
+                        raise errors.idempotency_conflict(
+                            f"idempotency key {key} was used for {recorded['tool_id']}, not {tool_id}",
+                            idempotency_key=key,
+                        )
+                    await conn.execute(REPLAYED_SQL, project_id, key)
+                    return recorded["result"], True
+            # injected faults are consumed outside the tool's transaction so the count survives the failure
+            fault = await conn.fetchrow(FAULT_SQL, project_id, tool_id)
+            if fault is not None:
+                code = getattr(grpc.StatusCode, fault["code"])
+                raise errors.ServiceError(code, TOOL_FAILED, fault["message"], metadata={"tool_id": tool_id})
+            if simulated is not None:
+                raise tool_failed(str(simulated) or "simulated failure", tool_id=tool_id, simulated="true")
+            async with conn.transaction():
+                await conn.execute(LOCK_SQL, f"{project_id}/{key}")
+                recorded = await conn.fetchrow(RECORDED_SQL, project_id, key)
+                if recorded is not None:  # a concurrent call with the same key ran it meanwhile
+                    await conn.execute(REPLAYED_SQL, project_id, key)
+                    return recorded["result"], True
+                result = await TOOLS[tool_id](conn, project_id, params)
+                await conn.execute(RECORD_SQL, project_id, key, tool_id, params, result, run_id, reason or None)
+                return result, False

@@ -1,0 +1,246 @@
+"""The reference gateway's tools (seed ADR-119 D3), acting on its own tables instead of a
+cluster, a database and a knowledge base. Each runs inside the gateway's per-call transaction.
+
+| tool                  | params                                  | result                                        |
+|-----------------------|-----------------------------------------|-----------------------------------------------|
+| k8s_scale_deployment  | deployment, replicas                    | deployment, replicas, previous_replicas       |
+| k8s_create_resource   | kind, name, spec? (Deployment: replicas)| kind, name, created                           |
+| k8s_delete_resource   | kind, name                              | kind, name, deleted                           |
+| pg_mutate             | op INSERT + table + row / op DELETE + id| table, inserted_id / deleted                  |
+| knowledge_write       | content, entry_id?                      | entry_id, created                             |
+| knowledge_delete      | entry_id                                | entry_id, deleted                             |
+| k8s_exec_pod          | pod, command (irreversible)             | pod, exit_code, output                        |
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import grpc
+from google.protobuf import json_format, struct_pb2
+
+from services.common import errors
+from services.common.validate import TOKEN_RE, Violations
+
+TOOL_FAILED = "TOOL_FAILED"
+NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")  # k8s-style names and kinds
+TABLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+MAX_REPLICAS = 10000
+
+Tool = Callable[[asyncpg.Connection, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def plain(value: Any) -> Any:
+    """Integral Struct numbers (doubles) back to ints: {"replicas": 3.0} -> {"replicas": 3}."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def struct_dict(value: struct_pb2.Struct) -> dict[str, Any]:
+    return plain(json_format.MessageToDict(value))  # type: ignore[no-any-return]
+
+
+def has_nul(value: Any) -> bool:
+    """Postgres JSONB cannot store U+0000 in keys or strings."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(has_nul(v) for v in value)
+    return False
+
+
+def json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def tool_failed(message: str, **metadata: str) -> errors.ServiceError:
+    return errors.ServiceError(grpc.StatusCode.FAILED_PRECONDITION, TOOL_FAILED, message, metadata=metadata)
+
+
+def _name(v: Violations, params: dict[str, Any], key: str) -> str:
+    value = params.get(key)
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        v.add(f"params.{key}", "required: 1-253 chars of letters, digits, '.', '_', '-'")
+        return ""
+    return value
+
+
+def _int(v: Violations, params: dict[str, Any], key: str, lo: int, hi: int, default: int | None = None) -> int:
+    value = params.get(key, default)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        v.add(f"params.{key}", f"required: an integer between {lo} and {hi}")
+        return 0
+    return value
+
+
+async def k8s_scale_deployment(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    v = Violations()
+    name = _name(v, params, "deployment")
+    replicas = _int(v, params, "replicas", 0, MAX_REPLICAS)
+    v.raise_if_any()
+    previous = await conn.fetchval(
+        "SELECT replicas FROM awooop_refgw_deployment WHERE project_id = $1 AND name = $2 FOR UPDATE", project_id, name
+    )
+    if previous is None:
+        raise tool_failed(f"deployment {name} not found", deployment=name)
+    await conn.execute(
+        "UPDATE awooop_refgw_deployment SET replicas = $3, updated_at = now() WHERE project_id = $1 AND name = $2",
+        project_id,
+        name,
+        replicas,
+    )
+    return {"deployment": name, "replicas": replicas, "previous_replicas": previous}
+
+
+async def k8s_create_resource(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    v = Violations()
+    kind = _name(v, params, "kind")
+    name = _name(v, params, "name")
+    spec = params.get("spec", {})
+    if not isinstance(spec, dict):
+        v.add("params.spec", "must be an object")
+    replicas = _int(v, spec if isinstance(spec, dict) else {}, "replicas", 0, MAX_REPLICAS, default=1)
+    v.raise_if_any()
+    created = await conn.fetchval(
+        """INSERT INTO awooop_refgw_resource (project_id, kind, name, spec) VALUES ($1, $2, $3, $4)
+           ON CONFLICT DO NOTHING RETURNING true""",
+        project_id,
+        kind,
+        name,
+        spec,
+    )
+    if not created:
+        raise tool_failed(f"{kind} {name} already exists", kind=kind, name=name)
+    if kind == "Deployment":
+        await conn.execute(
+            """INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, $2, $3)
+               ON CONFLICT (project_id, name) DO UPDATE SET replicas = EXCLUDED.replicas, updated_at = now()""",
+            project_id,
+            name,
+            replicas,
+        )
+    return {"kind": kind, "name": name, "created": True}
+
+
+async def k8s_delete_resource(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    v = Violations()
+    kind = _name(v, params, "kind")
+    name = _name(v, params, "name")
+    v.raise_if_any()
+    deleted = await conn.fetchval(
+        "DELETE FROM awooop_refgw_resource WHERE project_id = $1 AND kind = $2 AND name = $3 RETURNING true",
+        project_id,
+        kind,
+        name,
+    )
+    if kind == "Deployment":
+        await conn.execute("DELETE FROM awooop_refgw_deployment WHERE project_id = $1 AND name = $2", project_id, name)
+    # already gone counts as done: a compensation's goal is the state, not the act
+    return {"kind": kind, "name": name, "deleted": bool(deleted)}
+
+
+async def pg_mutate(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    v = Violations()
+    op = params.get("op")
+    table = params.get("table")
+    if op not in ("INSERT", "DELETE"):
+        v.add("params.op", "required: INSERT or DELETE")
+    if not isinstance(table, str) or not TABLE_RE.match(table):
+        v.add("params.table", "required: a lower-case SQL identifier")
+    if op == "INSERT":
+        row = params.get("row")
+        if not isinstance(row, dict):
+            v.add("params.row", "required for INSERT: an object")
+        v.raise_if_any()
+        inserted = await conn.fetchval(
+            "INSERT INTO awooop_refgw_row (project_id, table_name, data) VALUES ($1, $2, $3) RETURNING row_id",
+            project_id,
+            table,
+            row,
+        )
+        return {"table": table, "inserted_id": str(inserted)}
+    row_id = params.get("id")
+    try:
+        parsed = uuid.UUID(row_id) if isinstance(row_id, str) else None
+    except ValueError:
+        parsed = None
+    if op == "DELETE" and parsed is None:
+        v.add("params.id", "required for DELETE: the inserted_id (a UUID)")
+    v.raise_if_any()
+    deleted = await conn.fetchval(
+        "DELETE FROM awooop_refgw_row WHERE project_id = $1 AND table_name = $2 AND row_id = $3 RETURNING true",
+        project_id,
+        table,
+        parsed,
+    )
+    return {"table": table, "id": str(parsed), "deleted": bool(deleted)}
+
+
+async def knowledge_write(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    v = Violations()
+    entry_id = params.get("entry_id") or str(uuid.uuid4())
+    if not isinstance(entry_id, str) or len(entry_id) > 128 or not TOKEN_RE.match(entry_id):
+        v.add("params.entry_id", "1-128 printable characters without spaces")
+    if "content" not in params:
+        v.add("params.content", "required")
+    v.raise_if_any()
+    created = await conn.fetchval(
+        """INSERT INTO awooop_refgw_knowledge (project_id, entry_id, content) VALUES ($1, $2, $3)
+           ON CONFLICT (project_id, entry_id) DO UPDATE SET content = EXCLUDED.content
+           RETURNING (xmax = 0)""",
+        project_id,
+        entry_id,
+        params["content"],
+    )
+    return {"entry_id": entry_id, "created": bool(created)}
+
+
+async def knowledge_delete(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    v = Violations()
+    entry_id = params.get("entry_id")
+    if not isinstance(entry_id, str) or not entry_id or len(entry_id) > 128:
+        v.add("params.entry_id", "required: 1-128 characters")
+    v.raise_if_any()
+    deleted = await conn.fetchval(
+        "DELETE FROM awooop_refgw_knowledge WHERE project_id = $1 AND entry_id = $2 RETURNING true",
+        project_id,
+        entry_id,
+    )
+    return {"entry_id": entry_id, "deleted": bool(deleted)}
+
+
+async def k8s_exec_pod(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Irreversible (seed ADR-119 D3): accepted and recorded, nothing can undo it."""
+    v = Violations()
+    pod = _name(v, params, "pod")
+    command = params.get("command")
+    if not isinstance(command, str | list) or not command:
+        v.add("params.command", "required: a string or a list of strings")
+    v.raise_if_any()
+    return {"pod": pod, "exit_code": 0, "output": "executed"}
+
+
+TOOLS: dict[str, Tool] = {
+    "k8s_scale_deployment": k8s_scale_deployment,
+    "k8s_create_resource": k8s_create_resource,
+    "k8s_delete_resource": k8s_delete_resource,
+    "pg_mutate": pg_mutate,
+    "knowledge_write": knowledge_write,
+    "knowledge_delete": knowledge_delete,
+    "k8s_exec_pod": k8s_exec_pod,
+}

@@ -1,0 +1,378 @@
+"""The compensation driver (seed ADR-119 D4–D6): drives every recorded compensation request to
+an end, in reverse step order, through the ToolGateway contract.
+
+Durability: requests live in awooop_compensation_request. A replica claims open ones with
+FOR UPDATE SKIP LOCKED (pending, or running with an expired lease), so any number of replicas
+may run this loop and a crashed replica's work is taken over after settings.compensation_lease.
+The claim's fencing token is (claimed_by, attempts): every write re-checks it, so a replica that
+lost its claim writes nothing.
+
+Never twice: before calling the gateway a step is marked 'compensating' (durable intent). A
+crash then leaves it 'compensating'; the next owner calls the gateway again with the SAME
+idempotency key "<run_id>:<step_id>:compensate", and the gateway replays the first result
+instead of running the command again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import grpc
+
+from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
+from services.common.db import store_error
+from services.common.observability import LOOP_RUNS
+from services.common.runs import audit
+from services.common.runtime import AppContext
+from services.common.validate import to_struct
+from services.saga.compensation import ELIGIBLE
+from services.saga.metrics import COMPENSATION_RUNS, COMPENSATIONS, GATEWAY_LATENCY
+from services.saga.notifier import Notifier
+from services.saga.steps import STEP_COLUMNS, struct_dict
+
+log = logging.getLogger("awooop.saga.driver")
+
+ACTOR = "service:saga"
+BATCH = 10  # requests claimed per pass (driven concurrently)
+MAX_ROUNDS = 10  # re-reads of the eligible steps per claim (retries re-open steps meanwhile)
+# gateway answers worth another try before a compensation counts as failed
+TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+GATEWAY_TRIES = 3
+GATEWAY_BACKOFF = (0.2, 0.5)
+NOT_COMPENSATED_LISTED = 100  # cap of the list of skipped steps in the audit details
+
+CLAIM_SQL = """
+UPDATE awooop_compensation_request c
+   SET status = 'running', claimed_by = $1, lease_until = now() + make_interval(secs => $2),
+       attempts = c.attempts + 1, updated_at = now()
+ WHERE c.run_id IN (
+        SELECT q.run_id FROM awooop_compensation_request q
+          JOIN awooop_run_state r ON r.run_id = q.run_id
+         WHERE (q.status = 'pending' OR (q.status = 'running' AND q.lease_until < now()))
+           AND r.status IN ('FAILED', 'CANCELLED')
+         ORDER BY q.created_at LIMIT $3
+           FOR UPDATE OF q SKIP LOCKED)
+RETURNING c.run_id, c.project_id, c.trigger, c.reason, c.attempts
+"""
+# $1 run_id, $2 claimed_by, $3 attempts (the claim's fencing token)
+FENCE_SQL = """
+SELECT 1 FROM awooop_compensation_request
+ WHERE run_id = $1 AND claimed_by = $2 AND attempts = $3 AND status = 'running'
+   FOR UPDATE
+"""
+RENEW_SQL = """
+UPDATE awooop_compensation_request SET lease_until = now() + make_interval(secs => $4), updated_at = now()
+ WHERE run_id = $1 AND claimed_by = $2 AND attempts = $3 AND status = 'running'
+RETURNING 1
+"""
+DONE_SQL = """
+UPDATE awooop_compensation_request SET status = 'done', lease_until = NULL, updated_at = now()
+ WHERE run_id = $1
+"""
+RUN_SQL = "SELECT project_id, saga_status FROM awooop_run_state WHERE run_id = $1 FOR NO KEY UPDATE"
+ELIGIBLE_SQL = f"SELECT step_id, tool_id, seq FROM awooop_saga_step WHERE run_id = $1 AND {ELIGIBLE} ORDER BY seq DESC"
+NOT_COMPENSATED_SQL = f"""
+SELECT step_id, step_type, tool_id, status,
+       CASE WHEN status = 'pending' THEN 'outcome unknown (never completed)'
+            WHEN step_type <> 'tool_call' THEN step_type || ' steps are not compensated'
+            ELSE 'no compensation command' END AS why
+  FROM awooop_saga_step
+ WHERE run_id = $1 AND status IN ('completed', 'pending') AND NOT ({ELIGIBLE})
+ ORDER BY seq DESC LIMIT {NOT_COMPENSATED_LISTED}
+"""
+START_SQL = """
+UPDATE awooop_run_state
+   SET saga_status = 'compensating', compensation_started_at = COALESCE(compensation_started_at, now()),
+       compensation_completed_at = NULL, updated_at = now()
+ WHERE run_id = $1
+"""
+FINISH_SQL = """
+UPDATE awooop_run_state
+   SET saga_status = CASE WHEN EXISTS (SELECT 1 FROM awooop_saga_step
+                                        WHERE run_id = $1 AND status = 'compensation_failed')
+                          THEN 'compensation_failed' ELSE 'compensated' END,
+       compensation_completed_at = now(), updated_at = now()
+ WHERE run_id = $1
+RETURNING saga_status
+"""
+MARK_SQL = f"""
+UPDATE awooop_saga_step SET status = 'compensating'
+ WHERE run_id = $1 AND step_id = $2 AND {ELIGIBLE}
+RETURNING {STEP_COLUMNS}
+"""
+COMPENSATED_SQL = """
+UPDATE awooop_saga_step SET status = 'compensated', compensated_at = now(), error = NULL
+ WHERE run_id = $1 AND step_id = $2 AND status = 'compensating'
+RETURNING step_id
+"""
+COMPENSATION_FAILED_SQL = """
+UPDATE awooop_saga_step SET status = 'compensation_failed', error = $3
+ WHERE run_id = $1 AND step_id = $2 AND status = 'compensating'
+RETURNING step_id
+"""
+ALERT_SQL = """
+INSERT INTO awooop_saga_alert (project_id, run_id, step_id, tool_id, error) VALUES ($1, $2, $3, $4, $5)
+"""
+
+
+@dataclass(frozen=True)
+class Claim:
+    run_id: Any
+    project_id: str
+    trigger: str
+    reason: str | None
+    token: int  # the request's attempts after this claim
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    replayed: bool = False
+    error: str = ""
+    result: dict[str, Any] | None = None
+
+
+class LostClaim(Exception):
+    """Another replica took the request over (our lease expired); stop touching it."""
+
+
+def replica_id() -> str:
+    return f"saga-{socket.gethostname()[:60]}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class CompensationDriver:
+    def __init__(self, ctx: AppContext, notifier: Notifier) -> None:
+        self.ctx = ctx
+        self.settings = ctx.settings
+        self.pool = ctx.pool
+        self.notifier = notifier
+        self.me = replica_id()
+        self._kick = asyncio.Event()
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: tools_pb2_grpc.ToolGatewayServiceStub | None = None
+
+    # ---------------------------------------------------------------- loop
+
+    def kick(self) -> None:
+        """Run a pass now (Compensate and RetryCompensation call this after they commit)."""
+        self._kick.set()
+
+    async def loop(self) -> None:
+        """Background loop: a pass every compensation_interval, or at once when kicked."""
+        while not self.ctx.stopping.is_set():
+            claimed = 0
+            try:
+                claimed = await self.run_pass()
+                await self.notifier.deliver_pending()
+                LOOP_RUNS.labels("saga_compensation", "ok").inc()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                LOOP_RUNS.labels("saga_compensation", "error").inc()
+                if store_error(exc) is not None:
+                    log.warning("compensation pass: store unavailable", extra={"error": repr(exc)})
+                else:
+                    log.exception("compensation pass failed")
+            if claimed >= BATCH:
+                continue  # more may be waiting
+            try:
+                await asyncio.wait_for(self._kick.wait(), timeout=self.settings.compensation_interval)
+            except TimeoutError:
+                pass
+            self._kick.clear()
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+
+    async def run_pass(self) -> int:
+        rows = await self.pool.fetch(CLAIM_SQL, self.me, float(self.settings.compensation_lease), BATCH)
+        claims = [Claim(r["run_id"], r["project_id"], r["trigger"], r["reason"], r["attempts"]) for r in rows]
+        await asyncio.gather(*(self._drive_logged(c) for c in claims))
+        return len(claims)
+
+    async def _drive_logged(self, claim: Claim) -> None:
+        try:
+            await self.drive(claim)
+        except LostClaim:
+            log.warning("compensation claim lost to another replica", extra={"run_id": str(claim.run_id)})
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # the request stays 'running' and is taken over when its lease expires
+            if store_error(exc) is None:
+                log.exception("compensation of run %s failed; retried after its lease", claim.run_id)
+            else:
+                log.warning("compensation: store unavailable", extra={"run_id": str(claim.run_id)})
+
+    # ---------------------------------------------------------------- one request
+
+    async def drive(self, claim: Claim) -> None:
+        for _ in range(MAX_ROUNDS):
+            steps = await self._settle(claim)
+            if not steps:
+                return
+            for step in steps:
+                await self._compensate_step(claim, step)
+        log.warning("compensation still has work after %d rounds; next pass continues", MAX_ROUNDS)
+
+    async def _fence(self, conn: asyncpg.Connection, claim: Claim) -> None:
+        if await conn.fetchval(FENCE_SQL, claim.run_id, self.me, claim.token) is None:
+            raise LostClaim()
+
+    async def _settle(self, claim: Claim) -> list[asyncpg.Record]:
+        """Under the run and request locks: the steps left to compensate (marking the saga
+        'compensating' when work starts), or, when none is left, the end of the request."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            run = await conn.fetchrow(RUN_SQL, claim.run_id)
+            await self._fence(conn, claim)
+            steps = await conn.fetch(ELIGIBLE_SQL, claim.run_id)
+            if steps:
+                if run["saga_status"] != "compensating":
+                    await conn.execute(START_SQL, claim.run_id)
+                    await audit(
+                        conn,
+                        project_id=claim.project_id,
+                        run_id=claim.run_id,
+                        actor=ACTOR,
+                        action="SAGA_COMPENSATION_STARTED",
+                        from_status=run["saga_status"],
+                        to_status="compensating",
+                        reason=claim.reason,
+                        details={
+                            "trigger": claim.trigger,
+                            "order": [s["step_id"] for s in steps],
+                            "not_compensated": await self._not_compensated(conn, claim),
+                        },
+                    )
+                await conn.fetchval(
+                    RENEW_SQL, claim.run_id, self.me, claim.token, float(self.settings.compensation_lease)
+                )
+                return list(steps)
+            if run["saga_status"] == "compensating":
+                final = await conn.fetchval(FINISH_SQL, claim.run_id)
+                await audit(
+                    conn,
+                    project_id=claim.project_id,
+                    run_id=claim.run_id,
+                    actor=ACTOR,
+                    action="SAGA_COMPENSATION_ENDED",
+                    from_status="compensating",
+                    to_status=final,
+                    details={"trigger": claim.trigger},
+                )
+                COMPENSATION_RUNS.labels(final).inc()
+            elif run["saga_status"] == "in_progress":
+                # seed ADR-119 D6: nothing compensatable (for example a CANCELLED run with only
+                # llm_call steps) just ends; only the audit log records it. saga_status stays.
+                await audit(
+                    conn,
+                    project_id=claim.project_id,
+                    run_id=claim.run_id,
+                    actor=ACTOR,
+                    action="SAGA_COMPENSATION_SKIPPED",
+                    from_status="in_progress",
+                    to_status="in_progress",
+                    reason="no compensatable steps (seed ADR-119 D6)",
+                    details={"trigger": claim.trigger, "not_compensated": await self._not_compensated(conn, claim)},
+                )
+                COMPENSATION_RUNS.labels("skipped").inc()
+            await conn.execute(DONE_SQL, claim.run_id)
+            return []
+
+    async def _not_compensated(self, conn: asyncpg.Connection, claim: Claim) -> list[dict[str, Any]]:
+        rows = await conn.fetch(NOT_COMPENSATED_SQL, claim.run_id)
+        return [{"step_id": r["step_id"], "tool_id": r["tool_id"], "why": r["why"]} for r in rows]
+
+    async def _compensate_step(self, claim: Claim, step: asyncpg.Record) -> None:
+        async with self.pool.acquire() as conn, conn.transaction():
+            renewed = await conn.fetchval(
+                RENEW_SQL, claim.run_id, self.me, claim.token, float(self.settings.compensation_lease)
+            )
+            if renewed is None:
+                raise LostClaim()
+            marked = await conn.fetchrow(MARK_SQL, claim.run_id, step["step_id"])
+        if marked is None:
+            return  # resolved or changed meanwhile
+        cmd = marked["compensation_cmd"]
+        outcome = await self._call_gateway(claim, marked["step_id"], cmd)
+        alert = False
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._fence(conn, claim)
+            if outcome.ok:
+                if await conn.fetchval(COMPENSATED_SQL, claim.run_id, marked["step_id"]) is not None:
+                    await audit(
+                        conn,
+                        project_id=claim.project_id,
+                        run_id=claim.run_id,
+                        actor=ACTOR,
+                        action="SAGA_STEP_COMPENSATED",
+                        from_status="completed",
+                        to_status="compensated",
+                        reason=cmd.get("reason"),
+                        details={
+                            "step_id": marked["step_id"],
+                            "tool_id": cmd.get("tool_id"),
+                            "replayed": outcome.replayed,
+                            "result": outcome.result or {},
+                        },
+                    )
+                    COMPENSATIONS.labels("replayed" if outcome.replayed else "compensated").inc()
+            elif await conn.fetchval(COMPENSATION_FAILED_SQL, claim.run_id, marked["step_id"], outcome.error):
+                # seed ADR-119 D4: a failure does not stop the others; audit + escalate
+                await audit(
+                    conn,
+                    project_id=claim.project_id,
+                    run_id=claim.run_id,
+                    actor=ACTOR,
+                    action="SAGA_COMPENSATION_FAILED",
+                    from_status="completed",
+                    to_status="compensation_failed",
+                    reason=outcome.error,
+                    details={"step_id": marked["step_id"], "tool_id": marked["tool_id"], "compensation_cmd": cmd},
+                )
+                await conn.execute(
+                    ALERT_SQL, claim.project_id, claim.run_id, marked["step_id"], cmd.get("tool_id"), outcome.error
+                )
+                COMPENSATIONS.labels("failed").inc()
+                alert = True
+        if alert:
+            self.notifier.deliver_soon()
+
+    # ---------------------------------------------------------------- gateway
+
+    def _gateway(self) -> tools_pb2_grpc.ToolGatewayServiceStub:
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self.settings.gateway_addr)
+            self._stub = tools_pb2_grpc.ToolGatewayServiceStub(self._channel)
+        return self._stub
+
+    async def _call_gateway(self, claim: Claim, step_id: str, cmd: dict[str, Any]) -> Outcome:
+        req = tools_pb2.ExecuteToolRequest(
+            tool_id=cmd.get("tool_id") or "",
+            params=to_struct(cmd.get("params") or {}),
+            idempotency_key=f"{claim.run_id}:{step_id}:compensate",
+            project_id=claim.project_id,
+            run_id=str(claim.run_id),
+            reason=cmd.get("reason") or f"SAGA compensation ({claim.trigger})",
+        )
+        error = ""
+        for i in range(GATEWAY_TRIES):
+            try:
+                with GATEWAY_LATENCY.time():
+                    resp = await self._gateway().ExecuteTool(req, timeout=self.settings.tool_timeout)
+                return Outcome(True, replayed=resp.replayed, result=struct_dict(resp.result))
+            except grpc.aio.AioRpcError as exc:
+                error = f"{exc.code().name}: {exc.details()}"
+                if exc.code() not in TRANSIENT or i == GATEWAY_TRIES - 1:
+                    break
+                log.warning("gateway call failed, retrying", extra={"run_id": str(claim.run_id), "error": error})
+                await asyncio.sleep(GATEWAY_BACKOFF[min(i, len(GATEWAY_BACKOFF) - 1)])
+        return Outcome(False, error=error[:4096])

@@ -1,0 +1,283 @@
+"""The step journal (seed ADR-119 D1, D2): begin, complete, fail, read.
+
+Every write is ONE statement fenced by the lease: it only writes while the run is RUNNING or
+WAITING_TOOL with attempt_count equal to the caller's token, and it locks that run row (FOR
+SHARE, or FOR NO KEY UPDATE when it allocates a seq) so a reap or a fail committed first makes the
+write find nothing. Each write touches one step row and looks up max(seq) through the unique
+(run_id, seq) index, so its cost does not grow with the journal. When nothing was written, one
+follow-up read finds out why (not found, LEASE_LOST, invalid step transition, bad argument).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import grpc
+
+from services.common import errors
+from services.common.auth import Principal
+from services.saga import access
+from services.saga.steps import IRREVERSIBLE_TOOLS, LEASED_STATUSES, STEP_COLUMNS
+
+# How often a write is tried again when the follow-up read finds nothing wrong: the state changed
+# between the write and the read (a concurrent write of the same step); the next try decides.
+WRITE_TRIES = 3
+SEQ_CONSTRAINT = "awooop_saga_step_run_id_seq_key"
+SEQ_RACE_TRIES = 100  # each lost race means another begin of the run committed: progress
+
+_S = ", ".join(f"s.{c.strip()}" for c in STEP_COLUMNS.split(","))
+
+# $1 run_id, $2 attempt, $3 step_id, $4 step_type, $5 tool_id, $6 tool_params, $7 projects, $8 leased statuses
+BEGIN_SQL = f"""
+WITH lease AS (
+    SELECT run_id, project_id FROM awooop_run_state
+     WHERE run_id = $1 AND attempt_count = $2 AND status = ANY($8::text[])
+       AND ($7::text[] IS NULL OR project_id = ANY($7::text[]))
+       FOR NO KEY UPDATE
+)
+INSERT INTO awooop_saga_step AS s (run_id, step_id, project_id, seq, step_type, tool_id, tool_params, status, attempt)
+SELECT l.run_id, $3, l.project_id,
+       COALESCE((SELECT max(seq) FROM awooop_saga_step WHERE run_id = l.run_id), 0) + 1,
+       $4, $5, $6, 'pending', $2
+  FROM lease l
+ON CONFLICT (run_id, step_id) DO UPDATE
+   SET status = 'pending', attempt = EXCLUDED.attempt, tool_params = EXCLUDED.tool_params,
+       error = NULL, completed_at = NULL
+ WHERE s.status IN ('pending', 'failed')
+   AND s.step_type = EXCLUDED.step_type
+   AND s.tool_id IS NOT DISTINCT FROM EXCLUDED.tool_id
+RETURNING (s.xmax = 0) AS inserted, {_S}
+"""
+
+# $1 run_id, $2 attempt, $3 step_id, $4 result, $5 compensation_cmd, $6 projects, $7 leased, $8 irreversible tools
+COMPLETE_SQL = f"""
+WITH lease AS (
+    SELECT run_id FROM awooop_run_state
+     WHERE run_id = $1 AND attempt_count = $2 AND status = ANY($7::text[])
+       AND ($6::text[] IS NULL OR project_id = ANY($6::text[]))
+       FOR SHARE
+)
+UPDATE awooop_saga_step s
+   SET status = 'completed', result = $4, compensation_cmd = $5, error = NULL, completed_at = now()
+ WHERE s.run_id = (SELECT run_id FROM lease) AND s.step_id = $3
+   AND s.status = 'pending' AND s.attempt = $2
+   AND ($5::jsonb IS NULL OR (s.step_type = 'tool_call' AND COALESCE(s.tool_id, '') <> ALL($8::text[])))
+RETURNING {_S}
+"""
+
+# $1 run_id, $2 attempt, $3 step_id, $4 error, $5 projects, $6 leased
+FAIL_SQL = f"""
+WITH lease AS (
+    SELECT run_id FROM awooop_run_state
+     WHERE run_id = $1 AND attempt_count = $2 AND status = ANY($6::text[])
+       AND ($5::text[] IS NULL OR project_id = ANY($5::text[]))
+       FOR SHARE
+)
+UPDATE awooop_saga_step s
+   SET status = 'failed', error = $4, completed_at = now()
+ WHERE s.run_id = (SELECT run_id FROM lease) AND s.step_id = $3
+   AND s.status = 'pending' AND s.attempt = $2
+RETURNING {_S}
+"""
+
+# The follow-up read: the run, the caller's lease and the step, in one snapshot.
+WHY_SQL = f"""
+SELECT r.project_id, r.status AS run_status, r.attempt_count, s.step_id IS NOT NULL AS has_step, {_S}
+  FROM awooop_run_state r
+  LEFT JOIN awooop_saga_step s ON s.run_id = r.run_id AND s.step_id = $2
+ WHERE r.run_id = $1
+"""
+
+RUN_SQL = """
+SELECT project_id, saga_status, compensation_started_at, compensation_completed_at
+  FROM awooop_run_state WHERE run_id = $1
+"""
+STEPS_SQL = f"SELECT {STEP_COLUMNS} FROM awooop_saga_step WHERE run_id = $1 ORDER BY seq"
+SEED_JSON_SQL = "SELECT saga_steps FROM awooop_run_saga_steps WHERE run_id = $1"
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Begun:
+    action: str  # execute | skip | retry
+    step: asyncpg.Record
+
+
+@dataclass(frozen=True)
+class Journal:
+    run: asyncpg.Record
+    steps: list[asyncpg.Record]
+    seed_steps: list[dict[str, Any]]
+
+
+def step_transition(run_id: str, step_id: str, status: str, action: str, hint: str = "") -> errors.ServiceError:
+    return errors.ServiceError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        errors.INVALID_TRANSITION,
+        f"cannot {action} step {step_id} of run {run_id} in status {status}{hint}",
+        metadata={"run_id": run_id, "step_id": step_id, "status": status, "action": action},
+    )
+
+
+def _retry_later() -> errors.ServiceError:
+    return errors.store_unavailable("the step changed concurrently, retry")
+
+
+async def _why(conn: asyncpg.Connection | asyncpg.Pool, principal: Principal, lease: Lease, step_id: str) -> Any:
+    """The follow-up read after a write changed nothing: raises NOT_FOUND / FORBIDDEN / LEASE_LOST,
+    or returns the row for the operation to decide."""
+    row = await conn.fetchrow(WHY_SQL, lease.run_id, step_id)
+    access.check(principal, row["project_id"] if row else None, lease.run_id, "worker")
+    assert row is not None
+    if row["attempt_count"] != lease.attempt or row["run_status"] not in LEASED_STATUSES:
+        raise errors.lease_lost(lease.run_id, lease.attempt)
+    return row
+
+
+def _same_kind(row: Any, step_type: str, tool_id: str | None) -> bool:
+    return bool(row["step_type"] == step_type and row["tool_id"] == tool_id)
+
+
+async def begin_step(
+    pool: asyncpg.Pool,
+    principal: Principal,
+    lease: Lease,
+    step_id: str,
+    step_type: str,
+    tool_id: str | None,
+    tool_params: dict[str, Any] | None,
+) -> Begun:
+    scope = access.project_scope(principal, "worker")
+    tries = races = 0
+    while tries < WRITE_TRIES and races < SEQ_RACE_TRIES:
+        try:
+            row = await pool.fetchrow(
+                BEGIN_SQL,
+                lease.run_id,
+                lease.attempt,
+                step_id,
+                step_type,
+                tool_id,
+                tool_params,
+                scope,
+                list(LEASED_STATUSES),
+            )
+        except asyncpg.UniqueViolationError as exc:
+            # Two new steps of one run began at once: the run-row lock made this statement wait, but
+            # its max(seq) was read in the snapshot taken before the wait. The next try sees the
+            # winner's row. (A worker begins its steps one at a time; this only happens under races.)
+            if exc.constraint_name != SEQ_CONSTRAINT:
+                raise
+            races += 1
+            continue
+        tries += 1
+        if row is not None:
+            return Begun("execute" if row["inserted"] else "retry", row)
+        why = await _why(pool, principal, lease, step_id)
+        if not why["has_step"]:
+            continue  # lease held and no step: the insert raced with something; try again
+        if not _same_kind(why, step_type, tool_id):
+            raise errors.invalid(
+                [
+                    (
+                        "step_id",
+                        f"step {step_id} is already journaled as {why['step_type']}"
+                        f"{' ' + why['tool_id'] if why['tool_id'] else ''}; a step id names one step",
+                    )
+                ]
+            )
+        if why["status"] == "completed":
+            return Begun("skip", why)
+        if why["status"] not in ("pending", "failed"):
+            raise step_transition(lease.run_id, step_id, why["status"], "begin")
+    raise _retry_later()
+
+
+async def complete_step(
+    pool: asyncpg.Pool,
+    principal: Principal,
+    lease: Lease,
+    step_id: str,
+    result: dict[str, Any],
+    compensation_cmd: dict[str, Any] | None,
+) -> asyncpg.Record:
+    scope = access.project_scope(principal, "worker")
+    for _ in range(WRITE_TRIES):
+        row = await pool.fetchrow(
+            COMPLETE_SQL,
+            lease.run_id,
+            lease.attempt,
+            step_id,
+            result,
+            compensation_cmd,
+            scope,
+            list(LEASED_STATUSES),
+            list(IRREVERSIBLE_TOOLS),
+        )
+        if row is not None:
+            return row
+        why = await _why(pool, principal, lease, step_id)
+        if not why["has_step"]:
+            raise errors.not_found("step", step_id)
+        status = why["status"]
+        if status == "completed" and why["attempt"] == lease.attempt:
+            return why  # a repeated CompleteStep: the first recorded result stands
+        if compensation_cmd is not None and why["step_type"] != "tool_call":
+            raise errors.invalid(
+                [
+                    (
+                        "compensation_cmd",
+                        f"only tool_call steps carry a compensation command; {step_id} is a "
+                        f"{why['step_type']} step (seed ADR-119 D3)",
+                    )
+                ]
+            )
+        if compensation_cmd is not None and why["tool_id"] in IRREVERSIBLE_TOOLS:
+            raise errors.invalid(
+                [("compensation_cmd", f"{why['tool_id']} is irreversible and is never compensated (seed ADR-119 D6)")]
+            )
+        if status == "pending" and why["attempt"] != lease.attempt:
+            raise step_transition(
+                lease.run_id, step_id, status, "complete", f" (begun by attempt {why['attempt']}: BeginStep it first)"
+            )
+        if status != "pending":
+            raise step_transition(lease.run_id, step_id, status, "complete")
+    raise _retry_later()
+
+
+async def fail_step(pool: asyncpg.Pool, principal: Principal, lease: Lease, step_id: str, error: str) -> asyncpg.Record:
+    scope = access.project_scope(principal, "worker")
+    for _ in range(WRITE_TRIES):
+        row = await pool.fetchrow(FAIL_SQL, lease.run_id, lease.attempt, step_id, error, scope, list(LEASED_STATUSES))
+        if row is not None:
+            return row
+        why = await _why(pool, principal, lease, step_id)
+        if not why["has_step"]:
+            raise errors.not_found("step", step_id)
+        status = why["status"]
+        if status == "failed" and why["attempt"] == lease.attempt:
+            return why  # a repeated FailStep
+        if status == "pending" and why["attempt"] != lease.attempt:
+            raise step_transition(
+                lease.run_id, step_id, status, "fail", f" (begun by attempt {why['attempt']}: BeginStep it first)"
+            )
+        if status != "pending":
+            raise step_transition(lease.run_id, step_id, status, "fail")
+    raise _retry_later()
+
+
+async def get_journal(pool: asyncpg.Pool, principal: Principal, run_id: str) -> Journal:
+    """The journal in order, read in one snapshot. Workers and approvers (and admins) may read it."""
+    async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        run = await conn.fetchrow(RUN_SQL, run_id)
+        access.check(principal, run["project_id"] if run else None, run_id, "worker", "approver")
+        steps = await conn.fetch(STEPS_SQL, run_id)
+        seed = await conn.fetchval(SEED_JSON_SQL, run_id)
+    return Journal(run, list(steps), seed or [])

@@ -1,0 +1,17 @@
+"""Prometheus metrics of the saga service."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+STEP_WRITES = Counter("awooop_saga_step_writes_total", "Journal writes by operation and outcome", ["op", "outcome"])
+COMPENSATIONS = Counter("awooop_saga_compensation_steps_total", "Compensation commands run, by outcome", ["outcome"])
+COMPENSATION_RUNS = Counter(
+    "awooop_saga_compensation_runs_total", "Compensation requests driven to an end, by final saga status", ["status"]
+)
+GATEWAY_LATENCY = Histogram(
+    "awooop_saga_gateway_call_seconds",
+    "ToolGateway.ExecuteTool latency seen by the saga",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+ALERTS = Counter("awooop_saga_alerts_total", "Escalation deliveries by channel and outcome", ["channel", "outcome"])

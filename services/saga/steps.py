@@ -1,0 +1,106 @@
+"""Journal entries: the store's strings <-> protobuf enums, a row of awooop_saga_step ->
+common.v1.SagaStep, and JSON values as callers meant them (integral numbers stay integers).
+
+Statuses and step types are stored lower-case, exactly as seed ADR-119 D1 writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from google.protobuf import json_format, struct_pb2
+
+from awooop.common.v1 import common_pb2
+from services.common.runs import ts
+from services.common.validate import to_struct
+
+STEP_TYPES = ("llm_call", "tool_call", "approval_request", "callback")
+STEP_STATUSES = ("pending", "completed", "failed", "compensating", "compensated", "compensation_failed", "resolved")
+# Tools whose side effects cannot be undone (seed ADR-119 D3, D6): never carry a compensation command.
+IRREVERSIBLE_TOOLS = ("k8s_exec_pod",)
+# A run holds a lease (and may write its journal) only in these statuses (ARCHITECTURE.md section 5).
+LEASED_STATUSES = ("RUNNING", "WAITING_TOOL")
+
+STEP_COLUMNS = """step_id, step_type, tool_id, tool_params, status, result, error, compensation_cmd, attempt, seq,
+    started_at, completed_at, compensated_at, resolved_by, resolution_reason"""
+
+
+def step_type_from_pb(value: int) -> str:
+    return common_pb2.StepType.Name(value).removeprefix("STEP_TYPE_").lower()  # type: ignore[arg-type]
+
+
+def step_type_to_pb(value: str) -> int:
+    return common_pb2.StepType.Value(f"STEP_TYPE_{value.upper()}")
+
+
+def step_status_to_pb(value: str) -> int:
+    # 'compensating' is a store-only intent marker (a compensation call is in flight); callers see
+    # the step as still completed until the call's outcome is recorded.
+    if value == "compensating":
+        value = "completed"
+    return common_pb2.StepStatus.Value(f"STEP_STATUS_{value.upper()}")
+
+
+def plain(value: Any) -> Any:
+    """A JSON value with integral floats turned back into ints (Struct numbers are doubles, so
+    {"replicas": 3} arrives as 3.0; the seed's journal shows 3)."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
+
+
+def struct_dict(value: struct_pb2.Struct) -> dict[str, Any]:
+    return plain(json_format.MessageToDict(value))  # type: ignore[no-any-return]
+
+
+def has_nul(value: Any) -> bool:
+    """Postgres JSONB cannot store U+0000 in keys or strings."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(has_nul(k) or has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(has_nul(v) for v in value)
+    return False
+
+
+def json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def compensation_to_pb(cmd: Mapping[str, Any]) -> common_pb2.CompensationCommand:
+    out = common_pb2.CompensationCommand(tool_id=cmd.get("tool_id") or "", reason=cmd.get("reason") or "")
+    out.params.CopyFrom(to_struct(cmd.get("params") or {}))
+    return out
+
+
+def step_to_pb(row: Mapping[str, Any]) -> common_pb2.SagaStep:
+    step = common_pb2.SagaStep(
+        step_id=row["step_id"],
+        step_type=step_type_to_pb(row["step_type"]),  # type: ignore[arg-type]
+        tool_id=row["tool_id"] or "",
+        status=step_status_to_pb(row["status"]),  # type: ignore[arg-type]
+        error=row["error"] or "",
+        seq=row["seq"],
+        attempt=row["attempt"],
+        resolved_by=row["resolved_by"] or "",
+        resolution_reason=row["resolution_reason"] or "",
+    )
+    if row["tool_params"] is not None:
+        step.tool_params.CopyFrom(to_struct(row["tool_params"]))
+    if row["result"] is not None:
+        step.result.CopyFrom(to_struct(row["result"]))
+    if row["compensation_cmd"] is not None:
+        step.compensation_cmd.CopyFrom(compensation_to_pb(row["compensation_cmd"]))
+    for name in ("started_at", "completed_at", "compensated_at"):
+        t = ts(row[name])
+        if t is not None:
+            getattr(step, name).CopyFrom(t)
+    return step
