@@ -1,0 +1,689 @@
+"""Saga compensation (seed ADR-119 D3–D6): reverse order through the reference ToolGateway,
+failures that do not stop the others, escalation (audit + Redis stream + Telegram stand-in),
+operator retry / resolve, several replicas, and a saga process killed mid-compensation.
+Real Postgres, Redis, gRPC servers and processes; the gateway and Telegram stand-in are real
+local servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import grpc
+import redis.asyncio as aioredis
+from google.protobuf import json_format
+
+from awooop.common.v1 import common_pb2
+from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
+from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
+from services.common.settings import Settings
+from tests.helpers import eventually, expect_error, settings_env, spawn_services
+from tests.telegram_stub import TelegramStub
+from tests.test_saga import PROJECT, check_seed_format, claim, lease, new_run, struct
+
+Undo = Callable[[dict[str, Any]], dict[str, Any]] | None
+
+
+@dataclass
+class Step:
+    step_id: str
+    tool_id: str = ""  # empty: an llm_call
+    params: dict[str, Any] | None = None
+    undo: Undo = None  # result -> compensation command
+
+
+def scale(step_id: str, deployment: str, replicas: int, **undo_extra: Any) -> Step:
+    return Step(
+        step_id,
+        "k8s_scale_deployment",
+        {"deployment": deployment, "replicas": replicas},
+        lambda r: {
+            "tool_id": "k8s_scale_deployment",
+            "params": {"deployment": deployment, "replicas": r["previous_replicas"], **undo_extra},
+            "reason": "SAGA compensation: scale deployment back",
+        },
+    )
+
+
+def create_cm(step_id: str, name: str, **undo_extra: Any) -> Step:
+    return Step(
+        step_id,
+        "k8s_create_resource",
+        {"kind": "ConfigMap", "name": name},
+        lambda r: {"tool_id": "k8s_delete_resource", "params": {"kind": "ConfigMap", "name": name, **undo_extra}},
+    )
+
+
+def insert_row(step_id: str, **undo_extra: Any) -> Step:
+    return Step(
+        step_id,
+        "pg_mutate",
+        {"op": "INSERT", "table": "incidents", "row": {"title": step_id}},
+        lambda r: {
+            "tool_id": "pg_mutate",
+            "params": {"op": "DELETE", "table": "incidents", "id": r["inserted_id"], **undo_extra},
+        },
+    )
+
+
+def write_kb(step_id: str, entry_id: str, **undo_extra: Any) -> Step:
+    return Step(
+        step_id,
+        "knowledge_write",
+        {"entry_id": entry_id, "content": {"text": "runbook"}},
+        lambda r: {"tool_id": "knowledge_delete", "params": {"entry_id": r["entry_id"], **undo_extra}},
+    )
+
+
+def as_dict(s: Any) -> dict[str, Any]:
+    out: dict[str, Any] = json_format.MessageToDict(s)
+    return {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in out.items()}
+
+
+@dataclass
+class Harness:
+    saga: saga_pb2_grpc.SagaServiceStub
+    gw: tools_pb2_grpc.ToolGatewayServiceStub
+    worker: Any
+    admin: Any
+    db: asyncpg.Connection
+    gateway_addr: str
+
+    async def run_with_steps(self, steps: list[Step]) -> str:
+        """A claimed run whose worker executed steps through the gateway and journaled them."""
+        run_id = await new_run(self.db)
+        now = lease(run_id, await claim(self.db, run_id))
+        for st in steps:
+            kind = common_pb2.STEP_TYPE_TOOL_CALL if st.tool_id else common_pb2.STEP_TYPE_LLM_CALL
+            begun = await self.saga.BeginStep(
+                saga_pb2.BeginStepRequest(
+                    lease=now, step_id=st.step_id, step_type=kind, tool_id=st.tool_id, tool_params=struct(st.params)
+                ),
+                metadata=self.worker,
+            )
+            result: dict[str, Any] = {"text": "thought"}
+            if st.tool_id:
+                resp = await self.gw.ExecuteTool(
+                    tools_pb2.ExecuteToolRequest(
+                        tool_id=st.tool_id,
+                        params=struct(st.params),
+                        idempotency_key=begun.idempotency_key,
+                        project_id=PROJECT,
+                        run_id=run_id,
+                    )
+                )
+                result = as_dict(resp.result)
+            cmd = None
+            if st.undo is not None:
+                c = st.undo(result)
+                cmd = common_pb2.CompensationCommand(
+                    tool_id=c["tool_id"], params=struct(c["params"]), reason=c.get("reason", "")
+                )
+            await self.saga.CompleteStep(
+                saga_pb2.CompleteStepRequest(
+                    lease=now, step_id=st.step_id, result=struct(result), compensation_cmd=cmd
+                ),
+                metadata=self.worker,
+            )
+        return run_id
+
+    async def fail_run(self, run_id: str, trigger: str = "step_failed") -> None:
+        """What the scheduler does: FAILED and the compensation request in one transaction."""
+        async with self.db.transaction():
+            await self.db.execute(
+                "UPDATE awooop_run_state SET status = 'FAILED', lease_until = NULL WHERE run_id = $1", run_id
+            )
+            await self.db.execute(
+                """INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
+                   VALUES ($1, $2, $3, 'step 7 failed')""",
+                run_id,
+                PROJECT,
+                trigger,
+            )
+
+    async def statuses(self, run_id: str) -> dict[str, str]:
+        rows = await self.db.fetch("SELECT step_id, status FROM awooop_saga_step WHERE run_id = $1", run_id)
+        return {r["step_id"]: r["status"] for r in rows}
+
+    async def saga_status(self, run_id: str) -> str:
+        return str(await self.db.fetchval("SELECT saga_status FROM awooop_run_state WHERE run_id = $1", run_id))
+
+    async def request_done(self, run_id: str) -> bool:
+        return bool(
+            await self.db.fetchval("SELECT status = 'done' FROM awooop_compensation_request WHERE run_id = $1", run_id)
+        )
+
+    async def compensation_calls(self, run_id: str) -> list[tuple[str, str]]:
+        """(step_id, outcome) of every compensation call the gateway received, in arrival order."""
+        rows = await self.db.fetch(
+            """SELECT idempotency_key, outcome FROM awooop_refgw_request
+                WHERE idempotency_key LIKE $1 || ':%:compensate' ORDER BY request_id""",
+            run_id,
+        )
+        return [(r["idempotency_key"].split(":")[1], r["outcome"]) for r in rows]
+
+
+async def harness(start_services: Any, channels: Any, make_key: Any, db: asyncpg.Connection, **saga: Any) -> Harness:
+    gw_rt = await start_services("gateway")
+    addr = f"127.0.0.1:{gw_rt.ports['gateway']}"
+    saga_rt = await start_services("saga", **{"gateway_addr": addr, "compensation_interval": 0.2, **saga})
+    await db.execute(
+        "INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 1), ($1, 'web', 2)",
+        PROJECT,
+    )
+    return Harness(
+        saga=saga_pb2_grpc.SagaServiceStub(channels(saga_rt.ports["saga"])),
+        gw=tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"])),
+        worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
+        admin=await make_key("operator", {PROJECT: ["admin"]}),
+        db=db,
+        gateway_addr=addr,
+    )
+
+
+async def audit_actions(db: asyncpg.Connection, run_id: str) -> list[str]:
+    rows = await db.fetch("SELECT action FROM awooop_audit_log WHERE run_id = $1 ORDER BY audit_id", run_id)
+    return [r["action"] for r in rows]
+
+
+# ---------------------------------------------------------------- seed criterion: approval reject
+
+
+async def test_approval_reject_scales_the_deployment_back_to_its_original_replicas(
+    start_services, channels, make_key, db
+) -> None:
+    """Worker scales api 1 -> 3, asks for approval, the approver rejects (real scheduler); the
+    scheduler records the request and nudges the saga, whose compensation scales api back to 1."""
+    gw_rt = await start_services("gateway")
+    gw_addr = f"127.0.0.1:{gw_rt.ports['gateway']}"
+    # a long interval: the compensation below starts from the scheduler's nudge, not the timer
+    saga_rt = await start_services("saga", gateway_addr=gw_addr, compensation_interval=60)
+    internal = await make_key("scheduler-svc", {"*": ["admin"]}, "service")
+    sched_rt = await start_services(
+        "scheduler",
+        saga_addr=f"127.0.0.1:{saga_rt.ports['saga']}",
+        internal_api_key=internal[0][1].removeprefix("Bearer "),
+    )
+    saga = saga_pb2_grpc.SagaServiceStub(channels(saga_rt.ports["saga"]))
+    sched = scheduler_pb2_grpc.SchedulerServiceStub(channels(sched_rt.ports["scheduler"]))
+    gw = tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"]))
+    worker = await make_key("worker", {PROJECT: ["worker"]}, "service")
+    approver = await make_key("alice", {PROJECT: ["approver"]})
+    await db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 1)", PROJECT)
+    run_id = await new_run(db)
+
+    claimed = await sched.ClaimRuns(
+        scheduler_pb2.ClaimRunsRequest(worker_id="pod-1", project_ids=[PROJECT]), metadata=worker
+    )
+    (c,) = claimed.runs
+    assert c.run.run_id == run_id
+    params = {"deployment": "api", "replicas": 3}
+    begun = await saga.BeginStep(
+        saga_pb2.BeginStepRequest(
+            lease=c.lease,
+            step_id="scale-api",
+            step_type=common_pb2.STEP_TYPE_TOOL_CALL,
+            tool_id="k8s_scale_deployment",
+            tool_params=struct(params),
+        ),
+        metadata=worker,
+    )
+    done = await gw.ExecuteTool(
+        tools_pb2.ExecuteToolRequest(
+            tool_id="k8s_scale_deployment",
+            params=struct(params),
+            idempotency_key=begun.idempotency_key,
+            project_id=PROJECT,
+            run_id=run_id,
+        )
+    )
+    previous = as_dict(done.result)["previous_replicas"]
+    assert previous == 1
+    await saga.CompleteStep(
+        saga_pb2.CompleteStepRequest(
+            lease=c.lease,
+            step_id="scale-api",
+            result=done.result,
+            compensation_cmd=common_pb2.CompensationCommand(
+                tool_id="k8s_scale_deployment",
+                params=struct({"deployment": "api", "replicas": previous}),
+                reason="SAGA compensation: scale deployment back",
+            ),
+        ),
+        metadata=worker,
+    )
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 3
+    await saga.BeginStep(
+        saga_pb2.BeginStepRequest(lease=c.lease, step_id="approval", step_type=common_pb2.STEP_TYPE_APPROVAL_REQUEST),
+        metadata=worker,
+    )
+    asked = await sched.RequestApproval(
+        scheduler_pb2.RequestApprovalRequest(lease=c.lease, summary="scale api to 3"), metadata=worker
+    )
+    decided = await sched.DecideApproval(
+        scheduler_pb2.DecideApprovalRequest(
+            run_id=run_id,
+            approval_token=asked.approval_token,
+            decision=scheduler_pb2.DECISION_REJECT,
+            reason="not during the freeze",
+        ),
+        metadata=approver,
+    )
+    assert decided.run.status == common_pb2.RUN_STATUS_FAILED and decided.compensation_requested
+
+    async def scaled_back() -> bool:
+        replicas = await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'")
+        status = await db.fetchval("SELECT saga_status FROM awooop_run_state WHERE run_id = $1", run_id)
+        return replicas == 1 and status == "compensated"
+
+    await eventually(scaled_back, timeout=15, what="api scaled back to 1 and the saga compensated")
+    journal = await saga.GetJournal(saga_pb2.GetJournalRequest(run_id=run_id), metadata=worker)
+    assert journal.saga_status == common_pb2.SAGA_STATUS_COMPENSATED
+    assert journal.compensation_started_at.ToDatetime() <= journal.compensation_completed_at.ToDatetime()
+    by_id = {s.step_id: s for s in journal.steps}
+    assert by_id["scale-api"].status == common_pb2.STEP_STATUS_COMPENSATED
+    assert by_id["scale-api"].HasField("compensated_at")
+    assert by_id["approval"].status == common_pb2.STEP_STATUS_PENDING  # not a tool call: nothing to undo
+    seed = {s["step_id"]: s for s in check_seed_format(journal.saga_steps_json)}
+    assert seed["scale-api"]["status"] == "compensated"
+    trigger = await db.fetchval("SELECT trigger FROM awooop_compensation_request WHERE run_id = $1", run_id)
+    assert trigger == "approval_rejected"
+    actions = await audit_actions(db, run_id)
+    assert actions.index("SAGA_COMPENSATION_STARTED") < actions.index("SAGA_STEP_COMPENSATED")
+    assert actions[-1] == "SAGA_COMPENSATION_ENDED"
+
+
+# ---------------------------------------------------------------- order and failures
+
+
+async def test_compensation_runs_in_exact_reverse_order_and_a_failing_middle_does_not_stop_the_rest(
+    start_services, channels, make_key, db
+) -> None:
+    h = await harness(start_services, channels, make_key, db)
+    run_id = await h.run_with_steps(
+        [
+            Step("plan"),
+            create_cm("create-cm", "cfg"),
+            insert_row("insert-row", simulate_failure="incidents table is read-only"),
+            Step("exec", "k8s_exec_pod", {"pod": "api-0", "command": "restart"}),
+            write_kb("write-kb", "kb-1"),
+            scale("scale-web", "web", 5),
+        ]
+    )
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'web'") == 5
+    await h.fail_run(run_id)
+
+    await eventually(lambda: h.request_done(run_id), what="the compensation request to end")
+    # every compensation command ran once, last step first; llm_call and irreversible steps never
+    assert await h.compensation_calls(run_id) == [
+        ("scale-web", "executed"),
+        ("write-kb", "executed"),
+        ("insert-row", "failed"),
+        ("create-cm", "executed"),
+    ]
+    assert await h.statuses(run_id) == {
+        "plan": "completed",
+        "create-cm": "compensated",
+        "insert-row": "compensation_failed",
+        "exec": "completed",
+        "write-kb": "compensated",
+        "scale-web": "compensated",
+    }
+    assert await h.saga_status(run_id) == "compensation_failed"
+    # the world was put back, except the row whose compensation failed
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'web'") == 2
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_resource WHERE name = 'cfg'") == 0
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_knowledge") == 0
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_row") == 1
+    run = await db.fetchrow(
+        "SELECT compensation_started_at, compensation_completed_at FROM awooop_run_state WHERE run_id = $1", run_id
+    )
+    assert run["compensation_started_at"] <= run["compensation_completed_at"]
+    started = await db.fetchval(
+        """SELECT details FROM awooop_audit_log WHERE run_id = $1 AND action = 'SAGA_COMPENSATION_STARTED'""", run_id
+    )
+    details = json.loads(started)
+    assert details["order"] == ["scale-web", "write-kb", "insert-row", "create-cm"]
+    assert {s["step_id"] for s in details["not_compensated"]} == {"plan", "exec"}
+    failed = await db.fetchrow(
+        "SELECT reason, details FROM awooop_audit_log WHERE run_id = $1 AND action = 'SAGA_COMPENSATION_FAILED'", run_id
+    )
+    assert "read-only" in failed["reason"] and json.loads(failed["details"])["step_id"] == "insert-row"
+    journal = await h.saga.GetJournal(saga_pb2.GetJournalRequest(run_id=run_id), metadata=h.worker)
+    assert journal.saga_status == common_pb2.SAGA_STATUS_COMPENSATION_FAILED
+    seed = {s["step_id"]: s for s in check_seed_format(journal.saga_steps_json)}
+    assert seed["insert-row"]["status"] == "compensation_failed" and "read-only" in seed["insert-row"]["error"]
+
+
+async def test_compensation_failed_writes_the_audit_log_and_delivers_the_alert(
+    start_services, channels, make_key, db, settings: Settings, redis_url: str
+) -> None:
+    """Seed criterion: compensation_failed -> audit_log + Telegram alert (here also the Redis
+    stream). The Telegram stand-in fails the first delivery; the notifier retries it."""
+    telegram = TelegramStub(fail_first=1).start()
+    try:
+        h = await harness(
+            start_services,
+            channels,
+            make_key,
+            db,
+            telegram_api_base=telegram.base_url,
+            telegram_bot_token="123:secret",
+            telegram_chat_id="-1001",
+        )
+        run_id = await h.run_with_steps([scale("scale-api", "api", 4, simulate_failure="cluster unreachable")])
+        await h.fail_run(run_id, "cancelled")
+        await eventually(lambda: h.request_done(run_id), what="the compensation request to end")
+        assert await h.saga_status(run_id) == "compensation_failed"
+        audit = await db.fetchrow(
+            """SELECT actor, from_status, to_status, reason, details FROM awooop_audit_log
+                WHERE run_id = $1 AND action = 'SAGA_COMPENSATION_FAILED'""",
+            run_id,
+        )
+        assert audit["to_status"] == "compensation_failed" and "cluster unreachable" in audit["reason"]
+        assert json.loads(audit["details"])["compensation_cmd"]["tool_id"] == "k8s_scale_deployment"
+
+        async def telegram_delivered() -> list[Any]:
+            return telegram.delivered()
+
+        (msg,) = await eventually(telegram_delivered, what="the Telegram alert")
+        assert msg.path == "/bot123:secret/sendMessage"
+        assert msg.body["chat_id"] == "-1001"
+        assert run_id in msg.body["text"] and "scale-api" in msg.body["text"]
+        assert "cluster unreachable" in msg.body["text"]
+        assert [r.answered for r in telegram.received] == [502, 200]
+
+        r = aioredis.from_url(redis_url)
+        try:
+            entries = await r.xrange(f"{settings.redis_prefix}{settings.alert_stream}")
+        finally:
+            await r.aclose()
+        assert len(entries) == 1
+        fields = {k.decode(): v.decode() for k, v in entries[0][1].items()}
+        assert fields["run_id"] == run_id and fields["step_id"] == "scale-api" and fields["project_id"] == PROJECT
+        assert fields["kind"] == "compensation_failed" and "cluster unreachable" in fields["error"]
+        alert = await db.fetchrow("SELECT * FROM awooop_saga_alert WHERE run_id = $1", run_id)
+        assert alert["done_at"] is not None and alert["redis_sent_at"] is not None
+        assert alert["telegram_sent_at"] is not None
+
+        # the operator resolves it by hand (audited, with the reason); the saga reaches its end
+        await expect_error(
+            h.saga.ResolveCompensation(
+                saga_pb2.ResolveCompensationRequest(run_id=run_id, step_id="scale-api", reason="x"), metadata=h.worker
+            ),
+            grpc.StatusCode.PERMISSION_DENIED,
+            "FORBIDDEN",
+        )
+        resolved = await h.saga.ResolveCompensation(
+            saga_pb2.ResolveCompensationRequest(
+                run_id=run_id, step_id="scale-api", reason="scaled back by hand with kubectl"
+            ),
+            metadata=h.admin,
+        )
+        assert resolved.step.status == common_pb2.STEP_STATUS_RESOLVED
+        assert resolved.step.resolved_by == "operator"
+        assert resolved.saga_status == common_pb2.SAGA_STATUS_COMPENSATED
+        assert await h.saga_status(run_id) == "compensated"
+        row = await db.fetchrow(
+            "SELECT actor, reason FROM awooop_audit_log WHERE run_id = $1 AND action = 'SAGA_COMPENSATION_RESOLVED'",
+            run_id,
+        )
+        assert row["actor"] == "user:operator" and row["reason"] == "scaled back by hand with kubectl"
+        await expect_error(
+            h.saga.ResolveCompensation(
+                saga_pb2.ResolveCompensationRequest(run_id=run_id, step_id="scale-api", reason="again"),
+                metadata=h.admin,
+            ),
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "INVALID_TRANSITION",
+        )
+    finally:
+        telegram.stop()
+
+
+async def test_retry_compensation_runs_a_failed_compensation_again(start_services, channels, make_key, db) -> None:
+    h = await harness(start_services, channels, make_key, db)
+    await db.execute(
+        """INSERT INTO awooop_refgw_fault (project_id, tool_id, code, message)
+           VALUES ($1, 'knowledge_delete', 'FAILED_PRECONDITION', 'knowledge base is read-only')""",
+        PROJECT,
+    )
+    run_id = await h.run_with_steps([write_kb("kb-a", "a"), write_kb("kb-b", "b"), scale("scale-api", "api", 2)])
+    await h.fail_run(run_id)
+    await eventually(lambda: h.request_done(run_id), what="the first compensation pass")
+    assert await h.statuses(run_id) == {
+        "kb-a": "compensation_failed",
+        "kb-b": "compensation_failed",
+        "scale-api": "compensated",
+    }
+    assert await h.saga_status(run_id) == "compensation_failed"
+    await expect_error(
+        h.saga.RetryCompensation(
+            saga_pb2.RetryCompensationRequest(run_id=run_id, step_id="scale-api"), metadata=h.admin
+        ),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "INVALID_TRANSITION",
+    )
+    await expect_error(
+        h.saga.RetryCompensation(saga_pb2.RetryCompensationRequest(run_id=run_id, step_id="nope"), metadata=h.admin),
+        grpc.StatusCode.NOT_FOUND,
+        "NOT_FOUND",
+    )
+    await expect_error(
+        h.saga.RetryCompensation(saga_pb2.RetryCompensationRequest(run_id=run_id), metadata=h.worker),
+        grpc.StatusCode.PERMISSION_DENIED,
+        "FORBIDDEN",
+    )
+
+    # one step, while the knowledge base is still read-only: it fails again, the other stays failed
+    retried = await h.saga.RetryCompensation(
+        saga_pb2.RetryCompensationRequest(run_id=run_id, step_id="kb-b"), metadata=h.admin
+    )
+    assert retried.saga_status == common_pb2.SAGA_STATUS_COMPENSATING
+    await eventually(lambda: h.request_done(run_id), what="the retry of kb-b")
+    assert (await h.statuses(run_id))["kb-b"] == "compensation_failed"
+    assert await h.saga_status(run_id) == "compensation_failed"
+
+    # the knowledge base is back: retry all, with the same idempotency keys
+    await db.execute("DELETE FROM awooop_refgw_fault")
+    await h.saga.RetryCompensation(saga_pb2.RetryCompensationRequest(run_id=run_id), metadata=h.admin)
+
+    async def compensated() -> bool:
+        return await h.request_done(run_id) and await h.saga_status(run_id) == "compensated"
+
+    await eventually(compensated, what="every compensation to succeed")
+    assert set((await h.statuses(run_id)).values()) == {"compensated"}
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_knowledge") == 0
+    calls = await h.compensation_calls(run_id)
+    assert calls.count(("kb-b", "failed")) == 2 and calls.count(("kb-a", "failed")) == 1
+    assert [c for c in calls if c[1] == "executed"] == [
+        ("scale-api", "executed"),
+        ("kb-b", "executed"),
+        ("kb-a", "executed"),
+    ]
+    actions = await audit_actions(db, run_id)
+    assert actions.count("SAGA_COMPENSATION_RETRY") == 2 and actions.count("SAGA_COMPENSATION_FAILED") == 3
+    # escalations: one alert per failure
+    assert await db.fetchval("SELECT count(*) FROM awooop_saga_alert WHERE run_id = $1", run_id) == 3
+
+
+# ---------------------------------------------------------------- Compensate RPC
+
+
+async def test_compensate_rpc_is_idempotent_and_only_for_ended_runs(start_services, channels, make_key, db) -> None:
+    h = await harness(start_services, channels, make_key, db)
+    manual = saga_pb2.COMPENSATION_TRIGGER_MANUAL
+
+    running = await h.run_with_steps([scale("scale-api", "api", 3)])
+    err = await expect_error(
+        h.saga.Compensate(saga_pb2.CompensateRequest(run_id=running, trigger=manual), metadata=h.admin),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "INVALID_TRANSITION",
+    )
+    assert "RUNNING" in err.details()
+    await expect_error(
+        h.saga.Compensate(
+            saga_pb2.CompensateRequest(run_id="5b2e9a3c-1d1e-4f7a-8a51-7f8a4c2d9e10", trigger=manual), metadata=h.admin
+        ),
+        grpc.StatusCode.NOT_FOUND,
+        "NOT_FOUND",
+    )
+
+    # 10 concurrent requests for one failed run: one request, compensated once
+    await db.execute("UPDATE awooop_run_state SET status = 'FAILED' WHERE run_id = $1", running)
+    resps = await asyncio.gather(
+        *(
+            h.saga.Compensate(
+                saga_pb2.CompensateRequest(run_id=running, trigger=manual, reason="operator asked"), metadata=h.admin
+            )
+            for _ in range(10)
+        )
+    )
+    assert all([s.step_id for s in r.steps] == ["scale-api"] for r in resps)
+    await eventually(lambda: h.request_done(running), what="compensation to end")
+    assert await h.saga_status(running) == "compensated"
+    assert await h.compensation_calls(running) == [("scale-api", "executed")]
+    actions = await audit_actions(db, running)
+    assert actions.count("SAGA_COMPENSATION_REQUESTED") == 1 and actions.count("SAGA_COMPENSATION_STARTED") == 1
+    again = await h.saga.Compensate(saga_pb2.CompensateRequest(run_id=running, trigger=manual), metadata=h.admin)
+    assert again.saga_status == common_pb2.SAGA_STATUS_COMPENSATED
+    assert [s.status for s in again.steps] == [common_pb2.STEP_STATUS_COMPENSATED]
+
+    # seed D6: a cancelled run with nothing compensatable just ends; only the audit log records it
+    cancelled = await h.run_with_steps([Step("think"), Step("exec", "k8s_exec_pod", {"pod": "p", "command": "ls"})])
+    await db.execute("UPDATE awooop_run_state SET status = 'CANCELLED' WHERE run_id = $1", cancelled)
+    resp = await h.saga.Compensate(
+        saga_pb2.CompensateRequest(run_id=cancelled, trigger=saga_pb2.COMPENSATION_TRIGGER_CANCELLED),
+        metadata=h.admin,
+    )
+    assert list(resp.steps) == [] and resp.saga_status == common_pb2.SAGA_STATUS_IN_PROGRESS
+    await eventually(lambda: h.request_done(cancelled), what="the skip to be recorded")
+    assert await h.saga_status(cancelled) == "in_progress"
+    run = await db.fetchrow("SELECT compensation_started_at FROM awooop_run_state WHERE run_id = $1", cancelled)
+    assert run["compensation_started_at"] is None
+    assert await audit_actions(db, cancelled) == ["SAGA_COMPENSATION_REQUESTED", "SAGA_COMPENSATION_SKIPPED"]
+    assert await h.statuses(cancelled) == {"think": "completed", "exec": "completed"}
+    assert await h.compensation_calls(cancelled) == []
+
+
+# ---------------------------------------------------------------- durability
+
+
+async def test_several_replicas_drive_every_request_exactly_once(start_services, channels, make_key, db) -> None:
+    h = await harness(start_services, channels, make_key, db)
+    for _ in range(2):  # three saga replicas in all, sharing the store
+        await start_services("saga", gateway_addr=h.gateway_addr, compensation_interval=0.2)
+    await db.execute(
+        """INSERT INTO awooop_refgw_deployment (project_id, name, replicas)
+           SELECT $1, 'd' || i, 1 FROM generate_series(0, 9) i""",
+        PROJECT,
+    )
+    runs = [await h.run_with_steps([create_cm(f"cm-{i}", f"cm-{i}"), scale(f"s-{i}", f"d{i}", 4)]) for i in range(10)]
+    # all ten fail at once, as the scheduler records them
+    async with db.transaction():
+        await db.execute("UPDATE awooop_run_state SET status = 'FAILED' WHERE run_id = ANY($1::uuid[])", runs)
+        await db.execute(
+            """INSERT INTO awooop_compensation_request (run_id, project_id, trigger)
+               SELECT r, $2, 'step_failed' FROM unnest($1::uuid[]) r""",
+            runs,
+            PROJECT,
+        )
+
+    async def all_done() -> bool:
+        return bool(
+            await db.fetchval(
+                "SELECT bool_and(status = 'done') FROM awooop_compensation_request WHERE run_id = ANY($1::uuid[])", runs
+            )
+        )
+
+    await eventually(all_done, timeout=30, what="every request to end")
+    for i, run_id in enumerate(runs):
+        assert await h.saga_status(run_id) == "compensated"
+        assert await h.compensation_calls(run_id) == [(f"s-{i}", "executed"), (f"cm-{i}", "executed")]
+        assert (await audit_actions(db, run_id)).count("SAGA_COMPENSATION_STARTED") == 1
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_resource") == 0
+    assert await db.fetchval("SELECT sum(replicas) FROM awooop_refgw_deployment WHERE name LIKE 'd%'") == 10
+
+
+async def test_killing_the_saga_mid_compensation_finishes_the_rest_without_repeating_any(
+    start_services, channels, make_key, db, settings: Settings, tmp_path: Path
+) -> None:
+    gw_rt = await start_services("gateway")
+    gw_addr = f"127.0.0.1:{gw_rt.ports['gateway']}"
+    gw = tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"]))
+    env = settings_env(
+        settings.with_(gateway_addr=gw_addr, compensation_interval=0.2, compensation_lease=3.0, tool_timeout=2.5)
+    )
+    first = await spawn_services(["saga"], env, tmp_path, name="saga-1")
+    try:
+        saga = saga_pb2_grpc.SagaServiceStub(channels(first.ports["saga"]))
+        h = Harness(
+            saga=saga,
+            gw=gw,
+            worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
+            admin=await make_key("operator", {PROJECT: ["admin"]}),
+            db=db,
+            gateway_addr=gw_addr,
+        )
+        await db.execute(
+            "INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 1)", PROJECT
+        )
+        run_id = await h.run_with_steps(
+            [
+                write_kb("s1-kb", "kb-1"),
+                create_cm("s2-cm", "cfg", simulate_delay_ms=1500),  # its compensation is slow: the crash window
+                scale("s3-scale", "api", 3),
+            ]
+        )
+        await db.execute("UPDATE awooop_run_state SET status = 'FAILED' WHERE run_id = $1", run_id)
+        await saga.Compensate(
+            saga_pb2.CompensateRequest(run_id=run_id, trigger=saga_pb2.COMPENSATION_TRIGGER_STEP_FAILED),
+            metadata=h.admin,
+        )
+
+        async def s2_in_flight() -> bool:
+            return (await h.statuses(run_id))["s2-cm"] == "compensating" and (
+                ("s2-cm", "received") in await h.compensation_calls(run_id)
+            )
+
+        await eventually(s2_in_flight, what="s2's compensation call to be in flight")
+        first.kill()
+    finally:
+        first.kill()
+    assert await h.statuses(run_id) == {"s1-kb": "completed", "s2-cm": "compensating", "s3-scale": "compensated"}
+    assert await h.saga_status(run_id) == "compensating"
+
+    second = await spawn_services(["saga"], env, tmp_path, name="saga-2")
+    try:
+
+        async def finished() -> bool:
+            return await h.request_done(run_id)
+
+        await eventually(finished, timeout=20, what="the restarted saga to finish the compensation")
+    finally:
+        second.terminate()
+    assert await h.statuses(run_id) == {"s1-kb": "compensated", "s2-cm": "compensated", "s3-scale": "compensated"}
+    assert await h.saga_status(run_id) == "compensated"
+    # never twice: one execution per compensation; s2 was asked again and replayed, s3 never again
+    assert await h.compensation_calls(run_id) == [
+        ("s3-scale", "executed"),
+        ("s2-cm", "executed"),
+        ("s2-cm", "replayed"),
+        ("s1-kb", "executed"),
+    ]
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 1
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_resource") == 0
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_knowledge") == 0
+    replayed = await db.fetchval(
+        """SELECT details->>'replayed' FROM awooop_audit_log
+            WHERE run_id = $1 AND action = 'SAGA_STEP_COMPENSATED' AND details->>'step_id' = 's2-cm'""",
+        run_id,
+    )
+    assert replayed == "true"
+    assert (await audit_actions(db, run_id)).count("SAGA_COMPENSATION_STARTED") == 1
