@@ -7,6 +7,7 @@ process handing its leases back."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -151,7 +152,7 @@ async def test_workers_process_runs_once_each_and_heartbeats_keep_short_leases(s
     assert {r["run_id"] for r in rows} == set(run_ids)
     assert all(r["attempt_count"] == 1 and r["reaped_at"] is None for r in rows)  # never reaped, never re-claimed
     assert executed == Counter({r: 1 for r in run_ids})
-    assert sorted(r["output"]["doubled"] for r in rows) == [2 * i for i in range(20)]
+    assert sorted(json.loads(r["output"])["doubled"] for r in rows) == [2 * i for i in range(20)]
     assert len(set(handled_by.values())) > 1  # the work was shared
     # one Heartbeat call per round for all leases of a worker: far fewer calls than lease renewals
     assert sum(w.stats.claimed for w in workers) == 20
@@ -465,7 +466,7 @@ async def test_sigterm_finishes_or_releases_every_lease(suite: Suite, db: Any, t
         )
     }
     # right after the process exited, with a 60 s lease: only a hand-back can explain PENDING
-    assert rows[finish]["status"] == "COMPLETED" and rows[finish]["output"] == {"finished_during_grace": True}
+    assert rows[finish]["status"] == "COMPLETED" and json.loads(rows[finish]["output"]) == {"finished_during_grace": True}
     held = rows[hold]
     assert held["status"] == "PENDING" and held["lease_until"] is None and held["worker_id"] is None
     assert held["attempt_count"] == 1 and held["released_count"] == 1  # the attempt is not counted as used

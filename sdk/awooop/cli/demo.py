@@ -437,7 +437,7 @@ async def _story(
         )
         line = f"#{s.seq} {s.step_id:<9} {step_type(s.step_type):<16} {step_status(s.status):<12} attempt {s.attempt}"
         if s.tool_id:
-            line += f"  {s.tool_id} {json.dumps(from_struct(s.tool_params))}"
+            line += f"  {s.tool_id} {json.dumps(from_struct(s.tool_params), sort_keys=True)}"
         story.detail(line)
     summary["journal"] = steps
     summary["saga_status"] = saga_name(journal.saga_status)

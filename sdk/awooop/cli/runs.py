@@ -242,9 +242,9 @@ def _print_run(run: common_pb2.Run) -> None:
     rows.append(("saga", saga))
     rows.append(("created", when(run.created_at)))
     rows.append(("updated", when(run.updated_at)))
-    rows.append(("input", _short(json.dumps(from_struct(run.input)), 160)))
+    rows.append(("input", _short(_j(from_struct(run.input)), 160)))
     if run.HasField("output"):
-        rows.append(("output", _short(json.dumps(from_struct(run.output)), 160)))
+        rows.append(("output", _short(_j(from_struct(run.output)), 160)))
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k.ljust(width)}  {v}")
@@ -280,7 +280,7 @@ def _print_timeline(history: list[scheduler_pb2.RunEvent], journal: saga_pb2.Get
                 what = step_status(s.status)
                 text = f"step  {label} compensation -> {what}"
                 if s.HasField("compensation_cmd"):
-                    text += f"  ({s.compensation_cmd.tool_id} {json.dumps(from_struct(s.compensation_cmd.params))})"
+                    text += f"  ({s.compensation_cmd.tool_id} {_j(from_struct(s.compensation_cmd.params))})"
                 if s.error and s.status == common_pb2.STEP_STATUS_COMPENSATION_FAILED:
                     text += f": {_short(s.error, 80)}"
                 entries.append((s.compensated_at.ToNanoseconds(), 30_000 + s.seq, text))
@@ -304,7 +304,7 @@ def _print_journal(journal: saga_pb2.GetJournalResponse) -> None:
     for s in journal.steps:
         comp = ""
         if s.HasField("compensation_cmd") and s.compensation_cmd.tool_id:
-            comp = f"{s.compensation_cmd.tool_id} {json.dumps(from_struct(s.compensation_cmd.params))}"
+            comp = f"{s.compensation_cmd.tool_id} {_j(from_struct(s.compensation_cmd.params))}"
         rows.append(
             [
                 s.seq,
@@ -313,8 +313,8 @@ def _print_journal(journal: saga_pb2.GetJournalResponse) -> None:
                 step_status(s.status),
                 s.attempt,
                 s.tool_id or "-",
-                _short(json.dumps(from_struct(s.tool_params)), 40) if s.tool_id else "-",
-                _short(json.dumps(from_struct(s.result)), 50) if s.HasField("result") else "-",
+                _short(_j(from_struct(s.tool_params)), 40) if s.tool_id else "-",
+                _short(_j(from_struct(s.result)), 50) if s.HasField("result") else "-",
                 comp or "-",
             ]
         )
@@ -391,6 +391,10 @@ async def cmd_resolve(args: argparse.Namespace, client: Client) -> int:
     step = f"step {resp.step.step_id} {step_status(resp.step.status)}"
     print(f"run {args.run_id}: {step}; saga {saga_name(resp.saga_status)}")
     return 0
+
+
+def _j(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
 
 
 def _short(text: str, n: int) -> str:
