@@ -43,12 +43,15 @@ async def create_pool(settings: Settings, dsn: str | None = None) -> asyncpg.Poo
     pool = await asyncpg.create_pool(**kwargs)
     assert pool is not None
     # warm up to min size when we can; a store that is down now is not fatal
+    conns = []
     try:
-        conns = [await pool.acquire() for _ in range(settings.db_pool_min)]
+        for _ in range(min(settings.db_pool_min, settings.db_pool_max)):
+            conns.append(await pool.acquire(timeout=settings.db_connect_timeout))
+    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        pass
+    finally:
         for c in conns:
             await pool.release(c)
-    except (TimeoutError, OSError, asyncpg.PostgresError):
-        pass
     return pool
 
 

@@ -8,6 +8,7 @@ with AWOOOP_MIGRATE_ON_START) wait for each other instead of racing.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 from dataclasses import dataclass
 from importlib import resources
@@ -34,6 +35,9 @@ def load() -> list[Migration]:
             version = int(entry.name.split("_", 1)[0])
             out.append(Migration(version, entry.name, entry.read_text(encoding="utf-8")))
     out.sort(key=lambda m: m.version)
+    for a, b in itertools.pairwise(out):
+        if a.version == b.version:  # two branches took one number: refuse rather than apply one of them
+            raise RuntimeError(f"migrations {a.name} and {b.name} share version {a.version}; renumber one")
     return out
 
 
