@@ -374,14 +374,18 @@ class Probe(ingest_pb2_grpc.IngestServiceServicer):
 
 
 @pytest.fixture
-async def probe(settings: Settings) -> AsyncIterator[tuple[grpc.aio.Channel, asyncpg.Pool]]:
+async def probe(settings: Settings) -> AsyncIterator[tuple[grpc.aio.Channel, int]]:
+    """A real server with the interceptor and the Probe servicer (plus reflection, for grpcurl)."""
+    from grpc_reflection.v1alpha import reflection
+
     pool = await create_pool(settings)
     server = grpc.aio.server(interceptors=[ServiceInterceptor(Authenticator(pool, 0), access_log=False)])
     ingest_pb2_grpc.add_IngestServiceServicer_to_server(Probe(), server)
+    reflection.enable_server_reflection([INGEST, reflection.SERVICE_NAME], server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-        yield ch, pool
+        yield ch, port
     await server.stop(0)
     await pool.close()
 
@@ -393,7 +397,7 @@ def _counter(method: str, code: str) -> float:
 
 
 async def test_unimplemented_method_answers_unimplemented_with_error_info(probe, make_key) -> None:
-    ch, _ = probe
+    ch, port = probe
     md = await make_key("impl", {"p": ["admin"]})
     before = _counter(CREATE_RUN, "UNIMPLEMENTED")
     err = await expect_error(
@@ -403,6 +407,19 @@ async def test_unimplemented_method_answers_unimplemented_with_error_info(probe,
     )
     assert errors.error_info(err).domain == "awooop"  # type: ignore[union-attr]
     assert _counter(CREATE_RUN, "UNIMPLEMENTED") == before + 1
+    # and as grpcurl shows it, with the ErrorInfo detail
+    grpcurl = shutil.which("grpcurl") or str(Path(sys.executable).parent / "grpcurl")
+    argv = [grpcurl, "-plaintext", "-format-error", "-H", f"authorization: {md[0][1]}", "-d", '{"project_id":"p"}']
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [*argv, f"127.0.0.1:{port}", f"{INGEST}/CreateRun"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    shown = json.loads(out.stdout or out.stderr)
+    assert out.returncode != 0 and shown["code"] == grpc.StatusCode.UNIMPLEMENTED.value[0], out
+    assert shown["details"][0]["reason"] == "UNIMPLEMENTED" and shown["details"][0]["domain"] == "awooop"
 
 
 async def test_a_bug_is_internal_without_leaking_and_a_dead_store_is_unavailable(probe, make_key) -> None:
