@@ -466,7 +466,8 @@ async def test_sigterm_finishes_or_releases_every_lease(suite: Suite, db: Any, t
         )
     }
     # right after the process exited, with a 60 s lease: only a hand-back can explain PENDING
-    assert rows[finish]["status"] == "COMPLETED" and json.loads(rows[finish]["output"]) == {"finished_during_grace": True}
+    assert rows[finish]["status"] == "COMPLETED"
+    assert json.loads(rows[finish]["output"]) == {"finished_during_grace": True}
     held = rows[hold]
     assert held["status"] == "PENDING" and held["lease_until"] is None and held["worker_id"] is None
     assert held["attempt_count"] == 1 and held["released_count"] == 1  # the attempt is not counted as used

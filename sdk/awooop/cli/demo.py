@@ -344,10 +344,12 @@ async def _story(
     summary.update(replicas_before=original, replicas_scaled=result.get("replicas"))
     undo = from_struct(scale.compensation_cmd.params) if scale.HasField("compensation_cmd") else {}
     story.step(
-        f'Worker A runs step "scale" (tool_call k8s_scale_deployment, key {run_id}:scale): '
+        f'Worker A runs step "scale" (tool_call k8s_scale_deployment through the gateway): '
         f"{deployment} {original} -> {result.get('replicas')} replicas."
     )
-    story.detail(f"journaled with its compensation: scale {deployment} back to {undo.get('replicas')}")
+    story.detail(
+        f"idempotency key {run_id}:scale; compensation journaled: scale {deployment} back to {undo.get('replicas')}"
+    )
 
     # 4. the crash
     await wa.kill()
@@ -382,8 +384,8 @@ async def _story(
     checks["resumed_without_repeating_steps"] = actions == {"diagnose": "skip", "scale": "skip"}
     story.step(
         f"Worker B claims it (attempt {claimed['attempt']}) and replays the journal: "
-        f"diagnose {actions.get('diagnose', '?').upper()}, scale {actions.get('scale', '?').upper()} "
-        "(the recorded results are reused; the gateway is not called again)."
+        f"diagnose {_done(actions.get('diagnose'))}, scale {_done(actions.get('scale'))} "
+        "(recorded results reused; the gateway is not called again)."
     )
     approval = await wb.next_event(("approval_requested",), args.step_timeout)
     run = await _run(client, run_id)
@@ -453,12 +455,16 @@ async def _story(
 
     # 10. the end state
     story.step(
-        f"Gateway: deployment {deployment} is back at {comp.get('replicas')} replica(s), as before the run. "
+        f"Gateway: deployment {deployment} is back at {comp.get('replicas')} replicas, as before the run. "
         f"Run {summary['run_status']} after {final.attempt_count} attempts, saga {summary['saga_status']}."
     )
     rc = await wb.terminate()
     summary["worker_b_exit"] = rc
     story.detail(f"worker B stops on SIGTERM (exit {rc}): it holds no lease, nothing to hand back")
+
+
+def _done(action: str | None) -> str:
+    return {"skip": "skipped", "execute": "EXECUTED AGAIN", "retry": "RETRIED"}.get(action or "", "?")
 
 
 def _same_run(event: dict[str, Any], run_id: str) -> None:

@@ -39,6 +39,8 @@ from awooop.worker.client import Client
 from awooop.worker.errors import AwooopError
 from awooop.worker.structs import from_struct
 
+# audit details that repeat what the timeline line already says
+HIDDEN_DETAILS = ("lease_until", "expires_at")
 STATUSES = [n.removeprefix("RUN_STATUS_") for n in common_pb2.RunStatus.keys() if n != "RUN_STATUS_UNSPECIFIED"]
 
 
@@ -218,10 +220,7 @@ def _print_run(run: common_pb2.Run) -> None:
     rows: list[tuple[str, str]] = [
         ("run", run.run_id),
         ("project", run.project_id),
-        (
-            "channel",
-            channel_name(run.channel_type) + (f"  event {run.provider_event_id}" if run.provider_event_id else ""),
-        ),
+        ("channel", channel_name(run.channel_type)),
         ("event", run.provider_event_id or "-"),
         ("status", status_name(run.status) + ("  (cancel requested)" if run.cancel_requested else "")),
         ("attempts", f"{run.attempt_count} of {run.max_attempts}"),
@@ -258,12 +257,16 @@ def _print_timeline(history: list[scheduler_pb2.RunEvent], journal: saga_pb2.Get
             a = status_name(e.from_status) if e.from_status else ""
             move = f"{a} -> {status_name(e.to_status)}" if e.to_status else a
         details = from_struct(e.details)
-        extra = " ".join(f"{k}={v}" for k, v in details.items() if v not in (None, ""))
-        text = f"run   {e.action:<22} {move:<28} by {e.actor or '-'}"
+        extra = " ".join(
+            f"{k}={v if isinstance(v, str | int | float) else _j(v)}"
+            for k, v in details.items()
+            if v not in (None, "", [], {}) and k not in HIDDEN_DETAILS
+        )
+        text = f"run   {e.action:<26} {move:<28} by {e.actor or '-'}"
         if e.reason:
             text += f"  {_short(e.reason, 80)}"
         if extra:
-            text += f"  [{_short(extra, 80)}]"
+            text += f"  [{_short(extra, 100)}]"
         entries.append((e.at.ToNanoseconds(), i, text))
     if journal is not None:
         for s in journal.steps:
@@ -284,14 +287,18 @@ def _print_timeline(history: list[scheduler_pb2.RunEvent], journal: saga_pb2.Get
                 if s.error and s.status == common_pb2.STEP_STATUS_COMPENSATION_FAILED:
                     text += f": {_short(s.error, 80)}"
                 entries.append((s.compensated_at.ToNanoseconds(), 30_000 + s.seq, text))
-    print()
-    print("timeline (UTC)")
-    if not entries:
-        print("  (nothing recorded)")
+    stamps = []
     for ns, _, text in sorted(entries):
         t = timestamp_pb2.Timestamp()
         t.FromNanoseconds(ns)
-        print(f"  {when(t)}  {text}")
+        stamps.append((when(t), text))
+    days = {w[:10] for w, _ in stamps}
+    print()
+    print(f"timeline (UTC{', ' + days.pop() if len(days) == 1 else ''})")
+    if not stamps:
+        print("  (nothing recorded)")
+    for w, text in stamps:
+        print(f"  {w[11:] if not days else w}  {text}")
 
 
 def _print_journal(journal: saga_pb2.GetJournalResponse) -> None:
