@@ -164,6 +164,22 @@ async def test_stop_ends_health_watch_streams(start_services, channels) -> None:
     assert await watch.code() == grpc.StatusCode.OK
 
 
+async def test_shutdown_delay_keeps_serving_while_health_says_not_serving(start_services, channels) -> None:
+    rt = await start_services("ingest", shutdown_delay=3)
+    health = health_pb2_grpc.HealthStub(channels(rt.ports["ingest"]))
+    stopping = asyncio.ensure_future(rt.stop(5))
+
+    async def answered_not_serving() -> bool:
+        # answered at all: the server still serves; NOT_SERVING: load balancers are told to leave
+        r = await health.Check(health_pb2.HealthCheckRequest(service=INGEST), timeout=2)
+        return r.status == NOT_SERVING
+
+    await eventually(answered_not_serving, what="NOT_SERVING answered during the shutdown delay")
+    assert not stopping.done()
+    await stopping
+    await expect_error(health.Check(health_pb2.HealthCheckRequest(), timeout=2), grpc.StatusCode.UNAVAILABLE)
+
+
 # ---------------------------------------------------------------- metrics and access log, python -m
 
 
