@@ -29,6 +29,7 @@ class Config:
     journal_steps: int = 1000  # DBOS steps and awooop steps at the long journal
     journal_short: int = 10
     journal_window: int = 100  # steps timed at each journal length (awooop)
+    dbos_steps: int = 1000  # steps of the DBOS workflow (per-step cost does not depend on it)
     # reaper
     reaper_finished_big: int = 1_000_000
     reaper_finished_small: int = 10_000
@@ -53,6 +54,7 @@ class Config:
             claim_jobs=1500,
             journal_steps=1000,
             journal_window=50,
+            dbos_steps=300,
             reaper_finished_big=200_000,
             reaper_repeats=3,
             reap_pass=10_000,

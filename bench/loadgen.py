@@ -58,6 +58,16 @@ def _entry(fn_path: str, kwargs: dict[str, Any], conn: Any, use_uvloop: bool) ->
         conn.close()
 
 
+def _recv(conn: Any, proc: Any, fn_path: str, timeout: float, what: str) -> tuple[str, Any]:
+    if not conn.poll(timeout):
+        raise RuntimeError(f"{fn_path}: a load process did not {what} in {timeout}s")
+    try:
+        return tuple(conn.recv())  # type: ignore[return-value]
+    except EOFError:
+        proc.join(5)
+        raise RuntimeError(f"{fn_path}: a load process died (exit code {proc.exitcode})") from None
+
+
 def run_processes(
     fn_path: str,
     kwargs_per_process: list[dict[str, Any]],
@@ -80,10 +90,8 @@ def run_processes(
         procs.append(p)
     try:
         readies = []
-        for conn in pipes:
-            if not conn.poll(timeout):
-                raise RuntimeError(f"{fn_path}: a load process did not get ready in {timeout}s")
-            kind, payload = conn.recv()
+        for conn, p in zip(pipes, procs, strict=True):
+            kind, payload = _recv(conn, p, fn_path, timeout, "get ready")
             if kind == "error":
                 raise RuntimeError(f"{fn_path} failed while setting up:\n{payload}")
             readies.append(payload)
@@ -91,10 +99,8 @@ def run_processes(
         for conn in pipes:
             conn.send(signal)
         results = []
-        for conn in pipes:
-            if not conn.poll(timeout):
-                raise RuntimeError(f"{fn_path}: a load process did not finish in {timeout}s")
-            kind, payload = conn.recv()
+        for conn, p in zip(pipes, procs, strict=True):
+            kind, payload = _recv(conn, p, fn_path, timeout, "finish")
             if kind == "error":
                 raise RuntimeError(f"{fn_path} failed:\n{payload}")
             results.append(payload)
