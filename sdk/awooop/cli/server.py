@@ -185,6 +185,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        # a second Ctrl-C or SIGTERM must not cut the embedded stores' shutdown short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for stop in reversed(stoppers):
             stop()
     return 0
