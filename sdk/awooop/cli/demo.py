@@ -329,6 +329,7 @@ async def _story(
     # 3. worker A claims and journals two steps
     wa = await spawn_worker("A", args, client, project, logdir, pause_after="scale")
     workers.append(wa)
+    summary["worker_a_pid"] = wa.pid
     claimed = await wa.next_event(("claimed",), args.step_timeout)
     _same_run(claimed, run_id)
     story.step(
@@ -360,6 +361,7 @@ async def _story(
     # 5. worker B, the reaper
     wb = await spawn_worker("B", args, client, project, logdir, pause_after=None)
     workers.append(wb)
+    summary["worker_b_pid"] = wb.pid
     story.step(f"Worker B (pid {wb.pid}) starts and waits for work.")
     story.detail("waiting for the reaper: the lease ends 2 s after the last heartbeat, the reaper runs every")
     story.detail("AWOOOP_REAPER_INTERVAL seconds (60 by default; `AWOOOP_REAPER_INTERVAL=2 ./dev up` is quicker) ...")
