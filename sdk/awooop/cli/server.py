@@ -130,8 +130,6 @@ def _terminate_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    # pg_ctl and redis-server are started with fork+exec while grpc runs; its fork handlers only warn
-    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from services.common import embedded, migrate
     from services.common.observability import setup_logging
     from services.common.runtime import Runtime
