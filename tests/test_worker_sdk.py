@@ -24,7 +24,18 @@ import pytest
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import AwooopError, Client, RunContext, StepCall, Worker, WorkerError, to_struct
+from awooop.tools.v1 import tools_pb2
+from awooop.worker import (
+    AwooopError,
+    Client,
+    RunContext,
+    RunFinished,
+    StepCall,
+    ToolClient,
+    Worker,
+    WorkerError,
+    to_struct,
+)
 from services.common.runtime import Runtime
 from tests.helpers import ROOT, eventually
 
@@ -84,16 +95,18 @@ def _key(md: tuple[tuple[str, str], ...]) -> str:
 
 @pytest.fixture
 async def suite(start_services: Any, make_key: Any) -> Any:
+    gw = await start_services("gateway")
     rt = await start_services(
         "ingest",
         "scheduler",
         "saga",
-        "gateway",
+        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
         reaper_interval=0.1,
         retry_backoff=0.05,
         compensation_interval=0.2,
         auth_cache_seconds=0,
     )
+    rt.ports["gateway"] = gw.ports["gateway"]
     worker_key = _key(await make_key("worker-pod", {PROJECT: ["worker"]}, "service"))
     admin_key = _key(await make_key("boss", {PROJECT: ["admin"]}))
     admin = Client(
@@ -226,6 +239,61 @@ async def test_handler_exceptions_fail_the_run_when_attempts_are_used(suite: Sui
     run = await suite.run(run_id)
     assert seen == [1, 2]
     assert run.error_code == "E-WORKER-HANDLER" and "bad input on attempt 2" in run.failure_reason
+
+
+async def test_explicit_fail_compensates_through_the_gateway_and_explicit_complete_keeps_output(
+    suite: Suite, db: Any
+) -> None:
+    await suite.admin.call(
+        suite.admin.gateway.ExecuteTool,
+        tools_pb2.ExecuteToolRequest(
+            tool_id="k8s_create_resource",
+            params=to_struct({"kind": "Deployment", "name": "api", "spec": {"replicas": 2}}),
+            idempotency_key="setup",
+            project_id=PROJECT,
+        ),
+    )
+    failing, completing = await suite.create_runs(2, inputs=[{"fail": True}, {"fail": False}])
+    tools = ToolClient(f"127.0.0.1:{suite.rt.ports['gateway']}")
+    after_end: list[str] = []
+
+    def undo(result: dict[str, Any]) -> dict[str, Any]:
+        params = {"deployment": "api", "replicas": result["previous_replicas"]}
+        return {"tool_id": "k8s_scale_deployment", "params": params, "reason": "undo"}
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        if ctx.input["fail"]:
+            await ctx.step(
+                "scale",
+                tools.execute,
+                tool_id="k8s_scale_deployment",
+                params={"deployment": "api", "replicas": 5},
+                compensation=undo,
+            )
+            await ctx.fail("the new pods crash-loop", error_code="E-DEMO-CRASHLOOP")
+        else:
+            await ctx.complete({"explicit": True})
+        try:
+            await ctx.step("too-late", lambda call: {})
+        except RunFinished:
+            after_end.append(ctx.run_id)
+        return {"ignored": "the run already ended"}
+
+    worker = suite.worker(handler, concurrency=2)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+
+    async def compensated() -> bool:
+        return await db.fetchval("SELECT saga_status FROM awooop_run_state WHERE run_id=$1", failing) == "compensated"
+
+    await eventually(compensated, timeout=20, what="compensation")
+    await eventually(lambda: _status_is(suite, completing, common_pb2.RUN_STATUS_COMPLETED), what="completed")
+    await _stop(worker, task)
+    await tools.close()
+    assert sorted(after_end) == sorted([failing, completing])  # the context refuses use after the end
+    run = await suite.run(failing)
+    assert run.status == common_pb2.RUN_STATUS_FAILED and run.error_code == "E-DEMO-CRASHLOOP"
+    assert (await suite.run(completing)).output["explicit"] is True
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE project_id=$1", PROJECT) == 2
 
 
 async def test_lease_loss_cancels_the_handler_at_the_next_heartbeat_and_the_pending_step_is_retried(
