@@ -918,3 +918,55 @@ async def test_bad_input_is_invalid_argument_with_field_violations(s: Sched) -> 
         br = errors.bad_request(err)
         assert br is not None and {v.field for v in br.field_violations} == fields, err.details()
     assert await s.db.fetchval("SELECT count(*) FROM awooop_audit_log") == 0
+
+
+# --- grpcurl (the README's examples, run as written) --------------------------------------------------
+
+
+async def _grpcurl(*args: str) -> tuple[int, str]:
+    import shutil
+    import sys
+    from pathlib import Path
+
+    exe = shutil.which("grpcurl") or shutil.which("grpcurl", path=str(Path(sys.executable).parent))
+    assert exe, "grpcurl not installed (part of the [dev] extra)"
+    proc = await asyncio.create_subprocess_exec(
+        exe, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    return proc.returncode or 0, out.decode()
+
+
+async def test_grpcurl_claim_heartbeat_complete_and_read(s: Sched) -> None:
+    (run_id,) = await insert_runs(s.db, "p", 1)
+    addr = f"127.0.0.1:{s.rt.ports['scheduler']}"
+    auth = ["-H", f"authorization: {s.worker[0][1]}"]
+    svc = "awooop.scheduler.v1.SchedulerService"
+    code, out = await _grpcurl(
+        "-plaintext", *auth, "-d", '{"worker_id":"w1","project_ids":["p"],"max_runs":1,"wait":"2s"}',
+        addr, f"{svc}/ClaimRuns",
+    )  # fmt: skip
+    assert code == 0, out
+    claimed = json.loads(out)["runs"][0]
+    assert claimed["lease"] == {"run_id": run_id, "attempt": 1} and claimed["run"]["status"] == "RUN_STATUS_RUNNING"
+    lease_json = json.dumps(claimed["lease"])
+    code, out = await _grpcurl(
+        "-plaintext", *auth, "-d", f'{{"worker_id":"w1","leases":[{lease_json}]}}', addr, f"{svc}/Heartbeat"
+    )
+    assert code == 0 and json.loads(out)["renewals"][0]["outcome"] == "LEASE_OUTCOME_RENEWED", out
+    code, out = await _grpcurl(
+        "-plaintext", *auth, "-d", f'{{"lease":{lease_json},"output":{{"ok":true}}}}', addr, f"{svc}/CompleteRun"
+    )
+    assert code == 0 and json.loads(out)["run"]["status"] == "RUN_STATUS_COMPLETED", out
+    # a second completion with the same token: the rich error, as grpcurl prints it
+    code, out = await _grpcurl(
+        "-plaintext", "-format-error", *auth, "-d", f'{{"lease":{lease_json}}}', addr, f"{svc}/CompleteRun"
+    )
+    err = json.loads(out)
+    assert code != 0 and err["code"] == FP.value[0] and err["details"][0]["reason"] == "INVALID_TRANSITION", out
+    code, out = await _grpcurl("-plaintext", *auth, "-d", f'{{"run_id":"{run_id}"}}', addr, f"{svc}/GetRunHistory")
+    assert code == 0 and [e["action"] for e in json.loads(out)["events"]] == ["CLAIMED", "COMPLETED"], out
+    code, out = await _grpcurl(
+        "-plaintext", *auth, "-d", '{"project_id":"p","statuses":["RUN_STATUS_COMPLETED"]}', addr, f"{svc}/ListRuns"
+    )
+    assert code == 0 and [r["run_id"] for r in json.loads(out)["runs"]] == [run_id], out

@@ -23,17 +23,28 @@ import asyncpg
 from services.scheduler.fragments import RUN_COLUMNS_R
 
 # $1 projects, $2 max runs, $3 lease seconds, $4 worker id, $5 actor.
+# Per project, an ordered scan of awooop_run_claim_idx that stops after $2 unlocked rows
+# (equality on project_id keeps the index order, so the cost does not grow with the backlog;
+# `project_id = ANY(...)` would sort every pending run of the projects on each claim). Then
+# the oldest $2 of those. Rows locked by the lateral scans but not kept (several projects
+# only) are released when the statement's transaction ends.
 CLAIM_SQL = f"""
 WITH picked AS (
-    SELECT run_id, status AS from_status
-      FROM awooop_run_state
-     WHERE status IN ('PENDING', 'RESUMED')
-       AND project_id = ANY($1::text[])
-       AND (not_before IS NULL OR not_before <= now())
-       AND attempt_count - released_count < max_attempts
-     ORDER BY created_at
+    SELECT c.run_id, c.from_status
+      FROM unnest($1::text[]) AS p(project_id)
+     CROSS JOIN LATERAL (
+            SELECT run_id, status AS from_status, created_at
+              FROM awooop_run_state
+             WHERE project_id = p.project_id
+               AND status IN ('PENDING', 'RESUMED')
+               AND (not_before IS NULL OR not_before <= now())
+               AND attempt_count - released_count < max_attempts
+             ORDER BY created_at
+             LIMIT $2
+               FOR UPDATE SKIP LOCKED
+           ) c
+     ORDER BY c.created_at
      LIMIT $2
-       FOR UPDATE SKIP LOCKED
 ),
 claimed AS (
     UPDATE awooop_run_state r
@@ -66,26 +77,18 @@ SELECT EXTRACT(EPOCH FROM min(not_before) - now())::float8
 """
 
 # $1 run ids, $2 attempts (same order), $3 worker id, $4 lease seconds, $5 projects where the
-# caller is a worker (NULL: all). One row per requested lease, in request order.
+# caller is a worker (NULL: all). Returns the positions (1-based) of the renewed leases; the
+# others are lost. unnest in FROM (not a CTE) lets the planner probe the primary key per lease.
 HEARTBEAT_SQL = """
-WITH req AS (
-    SELECT t.run_id, t.attempt, t.ord
-      FROM unnest($1::uuid[], $2::int[]) WITH ORDINALITY AS t(run_id, attempt, ord)
-),
-renewed AS (
-    UPDATE awooop_run_state r
-       SET lease_until = now() + make_interval(secs => $4), heartbeat_at = now()
-      FROM req
-     WHERE r.run_id = req.run_id
-       AND r.attempt_count = req.attempt
-       AND r.worker_id = $3
-       AND r.status IN ('RUNNING', 'WAITING_TOOL')
-       AND ($5::text[] IS NULL OR r.project_id = ANY($5::text[]))
- RETURNING r.run_id, r.attempt_count, r.lease_until, r.cancel_requested
-)
-SELECT req.ord, n.lease_until, n.cancel_requested
-  FROM req LEFT JOIN renewed n ON n.run_id = req.run_id AND n.attempt_count = req.attempt
- ORDER BY req.ord
+UPDATE awooop_run_state r
+   SET lease_until = now() + make_interval(secs => $4), heartbeat_at = now()
+  FROM unnest($1::uuid[], $2::int[]) WITH ORDINALITY AS t(run_id, attempt, ord)
+ WHERE r.run_id = t.run_id
+   AND r.attempt_count = t.attempt
+   AND r.worker_id = $3
+   AND r.status IN ('RUNNING', 'WAITING_TOOL')
+   AND ($5::text[] IS NULL OR r.project_id = ANY($5::text[]))
+RETURNING t.ord, r.lease_until, r.cancel_requested
 """
 
 
@@ -117,4 +120,10 @@ async def heartbeat(
     rows = await pool.fetch(
         HEARTBEAT_SQL, [r for r, _ in leases], [a for _, a in leases], worker_id, lease_ttl, projects
     )
-    return [Renewal(r["lease_until"], bool(r["cancel_requested"])) for r in rows]
+    # a run listed twice is updated once: answer every position that names it
+    renewed = {(str(leases[r["ord"] - 1][0]), leases[r["ord"] - 1][1]): r for r in rows}
+    out = []
+    for lease in leases:
+        row = renewed.get((str(lease[0]), lease[1]))
+        out.append(Renewal(None, False) if row is None else Renewal(row["lease_until"], bool(row["cancel_requested"])))
+    return out

@@ -32,7 +32,6 @@ WITH expired AS (
     SELECT run_id, status, worker_id, lease_until
       FROM awooop_run_state
      WHERE status IN ('RUNNING', 'WAITING_TOOL') AND lease_until < now()
-     ORDER BY lease_until
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 ),
