@@ -93,8 +93,10 @@ class Settings:
     redis_dedupe_ttl: float = 24 * 3600.0  # how long Redis answers a repeated event id without Postgres
 
     # --- scheduler ---
-    lease_ttl: float = 300.0  # lease a claim grants and a heartbeat renews (seed 000: 5 min)
-    heartbeat_interval: float = 30.0  # heartbeat period the scheduler tells workers to use (seed 000: 30 s)
+    lease_ttl: float = 300.0  # lease a claim grants unless the claim asks for its own (seed 000: 5 min)
+    # workers choose their heartbeat period (the SDK: min(30 s, lease / 3)); the services only warn at
+    # start when this expected period (seed 000: 30 s) is not shorter than lease_ttl
+    heartbeat_interval: float = 30.0
     reaper_interval: float = 60.0  # how often expired leases are reaped (seed 000: 60 s)
     max_attempts: int = 3  # attempts a run gets unless its request says otherwise (seed 000: 3)
     retry_backoff: float = 5.0  # delay before a run that failed retryably can be claimed again
