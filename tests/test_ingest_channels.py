@@ -203,3 +203,55 @@ def test_request_fingerprint_is_canonical() -> None:
     b = fingerprint({"max_attempts": 3, "input": {"b": [1, 2], "a": 1}, "project_id": "p"})
     assert a == b and len(a) == 64
     assert a != fingerprint({"project_id": "p", "input": {"a": 2, "b": [1, 2]}, "max_attempts": 3})
+
+
+# --- coalescing (services/ingest/coalesce.py) ----------------------------------------------------
+
+
+async def test_coalescer_shares_flushes_keeps_order_and_bounds_concurrency() -> None:
+    import asyncio
+
+    from services.ingest.coalesce import Coalescer
+
+    flushes: list[list[int]] = []
+    running = 0
+    peak = 0
+    gate = asyncio.Event()
+
+    async def flush(items: list[int]) -> list[int]:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        flushes.append(items)
+        await gate.wait()
+        running -= 1
+        return [i * 10 for i in items]
+
+    c: Coalescer[int, int] = Coalescer(flush, max_in_flight=2, max_items=5)
+    calls = [asyncio.ensure_future(c.submit([n, n + 100])) for n in range(6)]
+    calls.append(asyncio.ensure_future(c.submit(list(range(200, 207)))))  # larger than max_items: never split
+    for _ in range(20):  # let the loop turn: submissions queue, two flushes start, then block
+        await asyncio.sleep(0)
+    assert len(flushes) == 2 and peak == 2  # the rest waits for a free slot
+    gate.set()
+    results = await asyncio.gather(*calls)
+    assert results[:6] == [[n * 10, (n + 100) * 10] for n in range(6)]
+    assert results[6] == [i * 10 for i in range(200, 207)]
+    assert peak == 2
+    assert all(len(f) <= 5 or len(f) == 7 for f in flushes)
+    assert sorted(i for f in flushes for i in f) == sorted(i for n in range(6) for i in (n, n + 100)) + list(
+        range(200, 207)
+    )
+
+
+async def test_coalescer_gives_every_caller_of_a_failed_flush_the_error() -> None:
+    import asyncio
+
+    from services.ingest.coalesce import Coalescer
+
+    async def flush(items: list[int]) -> list[int]:
+        raise RuntimeError("store down")
+
+    c: Coalescer[int, int] = Coalescer(flush, max_in_flight=1, max_items=100)
+    results = await asyncio.gather(*(c.submit([n]) for n in range(3)), return_exceptions=True)
+    assert all(isinstance(r, RuntimeError) for r in results)

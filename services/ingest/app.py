@@ -1,4 +1,5 @@
-"""Wires the ingest service into the runtime: the servicer and the retention loop."""
+"""Wires the ingest service into the runtime: the servicer, the wake-up notifier and the
+retention loop."""
 
 from __future__ import annotations
 
@@ -6,12 +7,17 @@ from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from services.common.runtime import AppContext, ServiceParts, periodic
 from services.ingest import retention
 from services.ingest.servicer import IngestServicer
+from services.ingest.wakeup import Notifier
 
 SERVICE_NAME = ingest_pb2.DESCRIPTOR.services_by_name["IngestService"].full_name
 
 
 def build(ctx: AppContext) -> ServiceParts:
     s = ctx.settings
+    notifier = Notifier(ctx.pool)
+
+    async def wakeup_loop() -> None:
+        await notifier.run(ctx.stopping)
 
     async def retention_loop() -> None:
         async def one_pass() -> None:
@@ -20,7 +26,7 @@ def build(ctx: AppContext) -> ServiceParts:
         await periodic("ingest-retention", s.prune_interval, one_pass, ctx.stopping)
 
     return ServiceParts(
-        servicers=[(ingest_pb2_grpc.add_IngestServiceServicer_to_server, IngestServicer(ctx))],
+        servicers=[(ingest_pb2_grpc.add_IngestServiceServicer_to_server, IngestServicer(ctx, notifier))],
         service_names=[SERVICE_NAME],
-        background=[retention_loop],
+        background=[wakeup_loop, retention_loop],
     )

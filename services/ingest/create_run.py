@@ -18,6 +18,7 @@ from services.common.runs import run_to_pb, ts
 from services.common.settings import Settings
 from services.ingest import metrics, store
 from services.ingest.parsing import NewRun
+from services.ingest.wakeup import Notifier
 
 OPERATION = "ingest.CreateRun"
 ROLE = "ingest"
@@ -29,9 +30,10 @@ def request_fingerprint(run: NewRun) -> str:
 
 
 class RunCreator:
-    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
+    def __init__(self, pool: asyncpg.Pool, settings: Settings, notifier: Notifier) -> None:
         self.pool = pool
         self.settings = settings
+        self.notifier = notifier
 
     async def create(
         self, run: NewRun, principal: Principal, *, deadline: float | None
@@ -67,6 +69,8 @@ class RunCreator:
             if outcome_label or exc.reason == errors.DEADLINE_EXCEEDED:
                 metrics.CREATE_RUN.labels(outcome_label or "deadline").inc()
             raise
+        if not outcome.replayed:
+            self.notifier.ready((run.project_id,))
         response = ingest_pb2.CreateRunResponse.FromString(outcome.snapshot)
         response.replayed = outcome.replayed
         metrics.CREATE_RUN.labels("replayed" if outcome.replayed else "created").inc()

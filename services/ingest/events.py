@@ -1,9 +1,15 @@
 """Event ingest: every channel event becomes exactly one run.
 
-Per call: duplicates inside the call are folded onto their first occurrence; the rest are
-looked up in Redis with one MGET (a hit is a committed duplicate, answered without Postgres);
-the misses go to Postgres in one statement (store.INGEST_SQL), whose unique constraint
-decides; what Postgres answered is then cached for the next duplicate.
+Per call: the events' keys are looked up in Redis (a hit is a committed duplicate, answered
+without Postgres); the misses go to Postgres (store.INGEST_SQL), whose unique constraint
+decides; what Postgres answered is then cached for the next duplicate, and the projects
+with new runs are handed to the wake-up notifier.
+
+Concurrent calls share round trips (services/ingest/coalesce.py): lookups of calls arriving
+together go in one MGET, their misses in one INGEST_SQL statement (per calling principal,
+which the statement records as the runs' creator), their cache writes in one pipeline. Two
+occurrences of one key in a flush, from one call or two, are one event: the first creates
+the run and the others are its duplicates.
 """
 
 from __future__ import annotations
@@ -16,9 +22,14 @@ import asyncpg
 from services.common.cache import Cache
 from services.common.settings import Settings
 from services.ingest import dedupe_cache, metrics, store
+from services.ingest.coalesce import Coalescer
 from services.ingest.parsing import NewEvent
+from services.ingest.wakeup import Notifier
 
 DUPLICATE_CODE = "E-IDEMPOTENT-001"
+# flushes in flight at once per kind; what arrives meanwhile is coalesced into the next one
+REDIS_IN_FLIGHT = 4
+STORE_IN_FLIGHT = 4
 
 
 @dataclass(slots=True)
@@ -29,58 +40,91 @@ class Outcome:
 
 
 class EventIngestor:
-    def __init__(self, pool: asyncpg.Pool, cache: Cache, settings: Settings) -> None:
+    def __init__(self, pool: asyncpg.Pool, cache: Cache, settings: Settings, notifier: Notifier) -> None:
         self.pool = pool
         self.cache = cache
+        self.notifier = notifier
         self.retention = settings.dedupe_retention
         # a Redis key must never claim a duplicate for a row retention already removed
         self.redis_ttl = min(settings.redis_dedupe_ttl, settings.dedupe_retention)
+        self.max_flush = settings.max_batch
+        self.store_in_flight = max(1, min(STORE_IN_FLIGHT, settings.db_pool_max // 2))
+        self._lookups: Coalescer[str, str | None] = Coalescer(
+            self._lookup, max_in_flight=REDIS_IN_FLIGHT, max_items=max(1000, settings.max_batch)
+        )
+        self._remember: Coalescer[tuple[str, str, float], None] = Coalescer(
+            self._write_cache, max_in_flight=REDIS_IN_FLIGHT, max_items=max(1000, settings.max_batch)
+        )
+        self._writers: dict[str, Coalescer[NewEvent, store.Stored]] = {}
 
     async def ingest(self, events: Sequence[NewEvent], *, principal_id: str, actor: str) -> list[Outcome]:
         """outcome[i] answers events[i]."""
-        n = len(events)
-        first: dict[tuple[str, str, str], int] = {}
-        unique: list[int] = []
-        repeats: list[tuple[int, int]] = []  # (index, index of its first occurrence in this call)
-        for i, e in enumerate(events):
-            j = first.setdefault((e.project_id, e.channel, e.provider_event_id), i)
-            if j == i:
-                unique.append(i)
-            else:
-                repeats.append((i, j))
-
-        run_ids: list[str] = [""] * n
-        duplicate = [True] * n
-        keys = [
-            dedupe_cache.key(self.cache, e.project_id, e.channel, e.provider_event_id)
-            for e in (events[i] for i in unique)
-        ]
-        cached = await dedupe_cache.lookup(self.cache, keys)
-        misses = [pos for pos, run_id in enumerate(cached) if run_id is None]
-        for pos, run_id in enumerate(cached):
-            if run_id is not None:
-                run_ids[unique[pos]] = run_id
+        keys = [dedupe_cache.key(self.cache, e.project_id, e.channel, e.provider_event_id) for e in events]
+        cached: Sequence[str | None] = await self._lookups.submit(keys) if self.cache.enabled else [None] * len(keys)
+        run_ids = list(cached)
+        duplicate = [True] * len(events)
+        misses = [i for i, run_id in enumerate(cached) if run_id is None]
         if misses:
-            stored = await store.ingest(
-                self.pool,
-                [events[unique[pos]] for pos in misses],
-                principal_id=principal_id,
-                actor=actor,
-                retention=self.retention,
-            )
+            stored = await self._writer(principal_id, actor).submit([events[i] for i in misses])
             remember = []
-            for pos, s in zip(misses, stored, strict=True):
-                i = unique[pos]
+            ready: set[str] = set()
+            for i, s in zip(misses, stored, strict=True):
                 run_ids[i] = s.run_id
                 duplicate[i] = not s.created
+                if s.created:
+                    ready.add(events[i].project_id)
                 ttl = self.redis_ttl if s.created else min(self.redis_ttl, s.ttl_left or 0.0)
-                remember.append((keys[pos], s.run_id, ttl))
-            await dedupe_cache.remember(self.cache, remember)
-        for i, j in repeats:
-            run_ids[i] = run_ids[j]
+                remember.append((keys[i], s.run_id, ttl))
+            self.notifier.ready(ready)
+            if self.cache.enabled:
+                self._remember.submit_nowait(remember)
 
         out = []
         for i, e in enumerate(events):
             (metrics.DUPLICATE if duplicate[i] else metrics.CREATED)[e.channel].inc()
-            out.append(Outcome(run_ids[i], e.provider_event_id, duplicate[i]))
+            out.append(Outcome(run_ids[i] or "", e.provider_event_id, duplicate[i]))
         return out
+
+    def _writer(self, principal_id: str, actor: str) -> Coalescer[NewEvent, store.Stored]:
+        writer = self._writers.get(actor)
+        if writer is None:
+
+            async def flush(events: list[NewEvent]) -> list[store.Stored]:
+                return await self._store(events, principal_id, actor)
+
+            writer = self._writers[actor] = Coalescer(
+                flush, max_in_flight=self.store_in_flight, max_items=self.max_flush
+            )
+        return writer
+
+    async def _store(self, events: list[NewEvent], principal_id: str, actor: str) -> list[store.Stored]:
+        """One statement for a flush; repeats of a key are duplicates of its first occurrence."""
+        first: dict[tuple[str, str, str], int] = {}
+        unique: list[NewEvent] = []
+        slot: list[int] = []
+        repeated: set[int] = set()
+        for e in events:
+            k = (e.project_id, e.channel, e.provider_event_id)
+            j = first.get(k)
+            if j is None:
+                j = first[k] = len(unique)
+                unique.append(e)
+            else:
+                repeated.add(len(slot))
+            slot.append(j)
+        stored = await store.ingest(self.pool, unique, principal_id=principal_id, actor=actor, retention=self.retention)
+        out = []
+        for n, j in enumerate(slot):
+            s = stored[j]
+            if n in repeated:
+                left = self.retention if s.created else s.ttl_left
+                s = store.Stored(s.run_id, False, left)
+            out.append(s)
+        return out
+
+    async def _lookup(self, keys: list[str]) -> list[str | None]:
+        return await dedupe_cache.lookup(self.cache, keys)
+
+    async def _write_cache(self, entries: list[tuple[str, str, float]]) -> list[None]:
+        await dedupe_cache.remember(self.cache, entries)
+        return [None] * len(entries)

@@ -22,3 +22,5 @@ DUPLICATE = {c: EVENTS.labels(c, "duplicate") for c in CHANNELS}
 REDIS_HITS = REDIS_LOOKUPS.labels("hit")
 REDIS_MISSES = REDIS_LOOKUPS.labels("miss")
 REDIS_UNAVAILABLE = REDIS_LOOKUPS.labels("unavailable")
+WAKEUPS = Counter("awooop_ingest_wakeups_total", "Run-ready notifications sent (one per project per flush)")
+WAKEUP_FAILURES = Counter("awooop_ingest_wakeup_failures_total", "Run-ready NOTIFY statements that failed")

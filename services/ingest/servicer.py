@@ -22,19 +22,20 @@ from services.ingest import parsing
 from services.ingest.channels import IDEMPOTENCY_KEY_HEADER
 from services.ingest.create_run import ROLE, RunCreator
 from services.ingest.events import DUPLICATE_CODE, EventIngestor, Outcome
+from services.ingest.wakeup import Notifier
 
 # BadRequest details travel in a trailer; keep them well under gRPC's 8 KiB metadata limit.
 MAX_VIOLATIONS = 10
 
 
 class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
-    def __init__(self, ctx: AppContext) -> None:
+    def __init__(self, ctx: AppContext, notifier: Notifier) -> None:
         s = ctx.settings
         self.max_payload_bytes = s.max_payload_bytes
         self.default_max_attempts = s.max_attempts
         self.max_batch = s.max_batch
-        self.events = EventIngestor(ctx.pool, ctx.cache, s)
-        self.runs = RunCreator(ctx.pool, s)
+        self.events = EventIngestor(ctx.pool, ctx.cache, s, notifier)
+        self.runs = RunCreator(ctx.pool, s, notifier)
 
     async def IngestEvent(
         self, request: ingest_pb2.IngestEventRequest, context: grpc.aio.ServicerContext

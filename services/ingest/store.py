@@ -2,8 +2,8 @@
 
 INGEST_SQL is the whole first-arrival path for any number of events in ONE statement (so one
 round trip and one transaction): dedupe rows ON CONFLICT DO NOTHING, a PENDING run and a
-RUN_CREATED audit row for each dedupe row actually inserted, one pg_notify per project with
-new runs, and the existing run_id for each event that was already there. The dedupe row and
+RUN_CREATED audit row for each dedupe row actually inserted, and the existing run_id for
+each event that was already there. The dedupe row and
 its run are written by the same statement, so neither ever exists without the other.
 
 Run ids are generated here (uuid4) so the statement can join the inserted dedupe rows to
@@ -20,16 +20,19 @@ from typing import Any
 import asyncpg
 
 from services.common import errors
-from services.common.runs import RUN_COLUMNS, RUN_READY_CHANNEL
+from services.common.runs import RUN_COLUMNS
 from services.ingest.parsing import NewEvent, NewRun
 
 Executor = asyncpg.Pool | asyncpg.Connection
+
+# The wake-up NOTIFY is not part of these statements: it is sent after the commit
+# (services/ingest/wakeup.py explains why).
 
 # Rows are inserted in key order so that two batches sharing keys lock them in the same order
 # and cannot deadlock. The final join sees dedupe rows committed before the statement began;
 # a row committed by a concurrent request while we waited on it shows up as run_id NULL and is
 # read by FIND_SQL in a follow-up statement.
-INGEST_SQL = f"""
+INGEST_SQL = """
 WITH ev AS (
     SELECT * FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[], $5::uuid[], $6::text[], $7::int[])
         AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts)
@@ -52,15 +55,11 @@ audited AS (
     SELECT project_id, run_id, $9, 'RUN_CREATED', 'PENDING',
            jsonb_build_object('channel_type', channel_type, 'provider_event_id', provider_event_id)
       FROM new_runs
-),
-woken AS (
-    SELECT pg_notify('{RUN_READY_CHANNEL}', project_id) FROM (SELECT DISTINCT project_id FROM new_runs) AS p
 )
 SELECT ev.ord,
        COALESCE(ins.run_id, d.run_id) AS run_id,
        ins.run_id IS NOT NULL AS created,
-       extract(epoch FROM d.created_at + make_interval(secs => $10) - now())::float8 AS ttl_left,
-       (SELECT count(*) FROM woken) AS woken
+       extract(epoch FROM d.created_at + make_interval(secs => $10) - now())::float8 AS ttl_left
   FROM ev
   LEFT JOIN ins USING (run_id)
   LEFT JOIN awooop_channel_event_dedupe d
@@ -87,11 +86,8 @@ audited AS (
     SELECT project_id, run_id, $5, 'RUN_CREATED', 'PENDING',
            jsonb_build_object('channel_type', 'api', 'idempotency_key', $6::text)
       FROM run
-),
-woken AS (
-    SELECT pg_notify('{RUN_READY_CHANNEL}', project_id) FROM run
 )
-SELECT run.*, (SELECT count(*) FROM woken) AS woken FROM run
+SELECT * FROM run
 """
 
 # Attempts at an event whose dedupe row vanished between the insert and the follow-up read
@@ -166,7 +162,7 @@ async def _fetch_retrying(db: Executor, sql: str, *args: Any) -> list[asyncpg.Re
 
 
 async def create_run(conn: asyncpg.Connection, run: NewRun, *, principal_id: str, actor: str) -> asyncpg.Record:
-    """Inserts a PENDING API run with its audit row and wake-up; returns the run row."""
+    """Inserts a PENDING API run with its audit row; returns the run row."""
     row = await conn.fetchrow(
         CREATE_RUN_SQL, run.project_id, run.input_json, run.max_attempts, principal_id, actor, run.key
     )

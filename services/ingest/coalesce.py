@@ -1,0 +1,95 @@
+"""Coalescing: many concurrent callers' items go through one flush (one Redis MGET, one
+Postgres statement) instead of one round trip each.
+
+A caller submits its items and awaits its own results. Flushes start on the next turn of the
+event loop, so everything submitted in the same turn travels together, and at most
+`max_in_flight` flushes run at once: under load, what arrives while they run waits for the
+next one and goes in a single larger flush. Alone, a request is flushed at once, by itself,
+so coalescing costs no latency when idle. A caller's items are never split across flushes,
+so a batch RPC still costs one store round trip; a flush never takes more than `max_items`
+unless a single submission is that large.
+
+When a flush fails, every caller in it gets the error (each would have got it alone).
+A caller that goes away (cancelled RPC) does not stop the flush its items are in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class Coalescer(Generic[T, R]):
+    def __init__(
+        self, flush: Callable[[list[T]], Awaitable[Sequence[R]]], *, max_in_flight: int, max_items: int
+    ) -> None:
+        self._flush = flush
+        self.max_in_flight = max(1, max_in_flight)
+        self.max_items = max(1, max_items)
+        self._pending: list[tuple[Sequence[T], asyncio.Future[list[R]] | None]] = []
+        self._in_flight = 0
+        self._scheduled = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def submit(self, items: Sequence[T]) -> list[R]:
+        """The results for items, in order (result[i] answers items[i])."""
+        fut: asyncio.Future[list[R]] = asyncio.get_running_loop().create_future()
+        self._pending.append((items, fut))
+        self._schedule()
+        return await fut
+
+    def submit_nowait(self, items: Sequence[T]) -> None:
+        """Queues items whose results nobody waits for (errors are dropped)."""
+        if items:
+            self._pending.append((items, None))
+            self._schedule()
+
+    def _schedule(self) -> None:
+        if not self._scheduled and self._in_flight < self.max_in_flight:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._start)
+
+    def _start(self) -> None:
+        self._scheduled = False
+        while self._pending and self._in_flight < self.max_in_flight:
+            taken, size = 0, 0
+            for items, _ in self._pending:
+                if taken and size + len(items) > self.max_items:
+                    break
+                taken += 1
+                size += len(items)
+            batch, self._pending = self._pending[:taken], self._pending[taken:]
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._run(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: list[tuple[Sequence[T], asyncio.Future[list[R]] | None]]) -> None:
+        try:
+            flat = [item for items, _ in batch for item in items]
+            try:
+                results = await self._flush(flat)
+            except asyncio.CancelledError:
+                for _, fut in batch:
+                    if fut is not None and not fut.done():
+                        fut.cancel()
+                raise
+            except Exception as exc:
+                for _, fut in batch:
+                    if fut is not None and not fut.done():
+                        fut.set_exception(exc)
+                return
+            start = 0
+            for items, fut in batch:
+                end = start + len(items)
+                if fut is not None and not fut.done():
+                    fut.set_result(list(results[start:end]))
+                start = end
+        finally:
+            self._in_flight -= 1
+            if self._pending:
+                self._schedule()
