@@ -678,16 +678,22 @@ async def test_concurrent_reap_and_journal_writes_never_write_under_a_lost_lease
 
         async def reap_now() -> dt.datetime:
             await reaper.execute(
-                "UPDATE awooop_run_state SET status = 'PENDING', reaped_at = clock_timestamp() WHERE run_id = $1",
-                run_id,
+                "UPDATE awooop_run_state SET status = 'PENDING', reaped_at = now() WHERE run_id = $1", run_id
             )
-            return await reaper.fetchval("SELECT reaped_at FROM awooop_run_state WHERE run_id = $1", run_id)
+            return await reaper.fetchval("SELECT clock_timestamp()")  # after the reap committed
 
         results = await asyncio.gather(*(complete(i) for i in range(10)), reap_now())
     finally:
         await reaper.close()
-    reaped_at = results[-1]
+    reap_committed = results[-1]
     rows = await db.fetch("SELECT step_id, status, completed_at FROM awooop_saga_step WHERE run_id = $1", run_id)
     completed = {r["step_id"] for r in rows if r["status"] == "completed"}
+    # what the workers were told is what the store holds, and no write began after the reap committed
     assert completed == {f"s{i}" for i, outcome in enumerate(results[:-1]) if outcome == "ok"}
-    assert all(r["completed_at"] <= reaped_at for r in rows if r["status"] == "completed")
+    assert all(r["completed_at"] < reap_committed for r in rows if r["status"] == "completed")
+    # after the reap, every write of that lease is refused
+    await expect_error(
+        saga.CompleteStep(saga_pb2.CompleteStepRequest(lease=now, step_id="s0"), metadata=md),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "LEASE_LOST",
+    )
