@@ -27,6 +27,7 @@ from google.protobuf.message import Message
 
 from awooop.worker.client import DEFAULT_ADDRESSES, Client
 from awooop.worker.errors import AwooopError
+from awooop.worker.structs import ints
 
 EXIT_RPC_ERROR = 1
 EXIT_USAGE = 2
@@ -108,6 +109,9 @@ def run_command(
             return EXIT_RPC_ERROR
         except KeyboardInterrupt:
             return 130
+        except BrokenPipeError:  # `awooop runs list | head`: the reader left, nothing to report
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
 
     return command
 
@@ -116,7 +120,8 @@ def run_command(
 
 
 def to_json(msg: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(msg, preserving_proto_field_name=True)  # type: ignore[no-any-return]
+    """A message as JSON, field names as in the .proto; whole numbers inside Structs stay ints."""
+    return ints(json_format.MessageToDict(msg, preserving_proto_field_name=True))  # type: ignore[no-any-return]
 
 
 def print_json(value: Any) -> None:

@@ -27,7 +27,9 @@ class ErrorDetails:
     def render(self) -> str:
         """`<CODE> <REASON>: message` plus one indented line per field violation."""
         head = f"{self.code.name} {self.reason}: {self.message}" if self.reason else f"{self.code.name}: {self.message}"
-        return "\n".join([head, *(f"  {f}: {d}" for f, d in self.violations)])
+        # the server's message usually lists the violations already; repeat only what it left out
+        extra = [f"  {f}: {d}" for f, d in self.violations if f"{f}: {d}" not in self.message]
+        return "\n".join([head, *extra])
 
 
 def details_of(err: grpc.RpcError) -> ErrorDetails:

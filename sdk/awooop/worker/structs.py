@@ -18,14 +18,15 @@ def to_struct(value: dict[str, Any] | None) -> struct_pb2.Struct:
 def from_struct(s: struct_pb2.Struct | None) -> dict[str, Any]:
     if s is None:
         return {}
-    return _ints(json_format.MessageToDict(s))  # type: ignore[no-any-return]
+    return ints(json_format.MessageToDict(s))  # type: ignore[no-any-return]
 
 
-def _ints(v: Any) -> Any:
+def ints(v: Any) -> Any:
+    """Whole-number floats (as JSON numbers arrive from a Struct) back to int, recursively."""
     if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
         return int(v)
     if isinstance(v, dict):
-        return {k: _ints(x) for k, x in v.items()}
+        return {k: ints(x) for k, x in v.items()}
     if isinstance(v, list):
-        return [_ints(x) for x in v]
+        return [ints(x) for x in v]
     return v
