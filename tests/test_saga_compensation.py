@@ -22,6 +22,7 @@ from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
+from services.common.embedded import free_port
 from services.common.settings import Settings
 from tests.helpers import eventually, expect_error, settings_env, spawn_services
 from tests.telegram_stub import TelegramStub
@@ -687,3 +688,33 @@ async def test_killing_the_saga_mid_compensation_finishes_the_rest_without_repea
     )
     assert replayed == "true"
     assert (await audit_actions(db, run_id)).count("SAGA_COMPENSATION_STARTED") == 1
+
+
+async def test_an_unreachable_gateway_is_a_failed_compensation_not_a_stuck_one(
+    start_services, channels, make_key, db
+) -> None:
+    gw_rt = await start_services("gateway")  # the worker's gateway; the saga is pointed at a dead address
+    saga_rt = await start_services(
+        "saga", gateway_addr=f"127.0.0.1:{free_port()}", compensation_interval=0.2, tool_timeout=0.5
+    )
+    h = Harness(
+        saga=saga_pb2_grpc.SagaServiceStub(channels(saga_rt.ports["saga"])),
+        gw=tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"])),
+        worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
+        admin=await make_key("operator", {PROJECT: ["admin"]}),
+        db=db,
+        gateway_addr="",
+    )
+    await db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 1)", PROJECT)
+    run_id = await h.run_with_steps([scale("scale-api", "api", 3)])
+    await db.execute("UPDATE awooop_run_state SET status = 'CANCELLED' WHERE run_id = $1", run_id)
+    await h.saga.Compensate(
+        saga_pb2.CompensateRequest(run_id=run_id, trigger=saga_pb2.COMPENSATION_TRIGGER_CANCELLED), metadata=h.admin
+    )
+    await eventually(lambda: h.request_done(run_id), what="the compensation to end")
+    assert await h.statuses(run_id) == {"scale-api": "compensation_failed"}
+    assert await h.saga_status(run_id) == "compensation_failed"
+    error = await db.fetchval("SELECT error FROM awooop_saga_step WHERE run_id = $1", run_id)
+    assert error.startswith("UNAVAILABLE")
+    assert await db.fetchval("SELECT count(*) FROM awooop_saga_alert WHERE run_id = $1", run_id) == 1
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 3

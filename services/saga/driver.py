@@ -157,6 +157,11 @@ class CompensationDriver:
         self._kick = asyncio.Event()
         self._channel: grpc.aio.Channel | None = None
         self._stub: tools_pb2_grpc.ToolGatewayServiceStub | None = None
+        if self.settings.compensation_lease <= self.settings.tool_timeout:
+            log.warning(
+                "AWOOOP_COMPENSATION_LEASE should exceed AWOOOP_TOOL_TIMEOUT: a replica may take over a "
+                "compensation while a tool call is still running (safe: the gateway replays, but wasteful)"
+            )
 
     # ---------------------------------------------------------------- loop
 
@@ -291,13 +296,16 @@ class CompensationDriver:
         rows = await conn.fetch(NOT_COMPENSATED_SQL, claim.run_id)
         return [{"step_id": r["step_id"], "tool_id": r["tool_id"], "why": r["why"]} for r in rows]
 
+    async def _renew(self, claim: Claim, conn: asyncpg.Connection | asyncpg.Pool | None = None) -> None:
+        renewed = await (conn or self.pool).fetchval(
+            RENEW_SQL, claim.run_id, self.me, claim.token, float(self.settings.compensation_lease)
+        )
+        if renewed is None:
+            raise LostClaim()
+
     async def _compensate_step(self, claim: Claim, step: asyncpg.Record) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
-            renewed = await conn.fetchval(
-                RENEW_SQL, claim.run_id, self.me, claim.token, float(self.settings.compensation_lease)
-            )
-            if renewed is None:
-                raise LostClaim()
+            await self._renew(claim, conn)
             marked = await conn.fetchrow(MARK_SQL, claim.run_id, step["step_id"])
         if marked is None:
             return  # resolved or changed meanwhile
@@ -365,6 +373,8 @@ class CompensationDriver:
         )
         error = ""
         for i in range(GATEWAY_TRIES):
+            if i > 0:
+                await self._renew(claim)  # each try may take tool_timeout; keep the claim for it
             try:
                 with GATEWAY_LATENCY.time():
                     resp = await self._gateway().ExecuteTool(req, timeout=self.settings.tool_timeout)
