@@ -16,6 +16,7 @@ from google.protobuf import struct_pb2
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from services.common import errors, idempotency, principals
+from services.common.runs import RUN_READY_CHANNEL
 from services.ingest import retention
 from services.ingest.create_run import OPERATION
 from tests.helpers import eventually, expect_error
@@ -174,8 +175,11 @@ async def test_key_comes_from_field_or_metadata_and_is_required(start_services, 
 
 async def test_keys_are_scoped_to_the_principal(start_services, channels, make_key, db) -> None:
     _rt, stub, md = await serve(start_services, channels, make_key)
+    woken: asyncio.Queue[str] = asyncio.Queue()
+    await db.add_listener(RUN_READY_CHANNEL, lambda *args: woken.put_nowait(args[3]))
     bob = await make_key("bob", {PROJECT: ["admin"]})  # admin implies ingest
     a = await stub.CreateRun(create("shared"), metadata=md)
+    assert await asyncio.wait_for(woken.get(), 5) == PROJECT  # waiting claimers hear of the new run
     b = await stub.CreateRun(create("shared", other="payload"), metadata=bob)
     assert not a.replayed and not b.replayed and a.run.run_id != b.run.run_id
     assert await runs(db) == 2

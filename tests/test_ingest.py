@@ -215,6 +215,10 @@ async def test_batch_answers_per_event_in_order(start_services, channels, make_k
     line_input = await db.fetchval("SELECT input FROM awooop_run_state WHERE run_id = $1", uuid.UUID(o[2][1].run_id))
     assert json.loads(line_input) == {"type": "message", "webhookEventId": "line-9-1"}
     assert await count(db, "awooop_run_state") == 5  # 1, 2, two LINE events, 3
+    verify = ingest_pb2.IngestEventRequest(
+        project_id=PROJECT, channel_type=CH.CHANNEL_TYPE_LINE, payload=struct({"destination": "U1", "events": []})
+    )
+    assert list((await stub.IngestEvent(verify, metadata=md)).outcomes) == []  # LINE's URL check: no run
     again = await stub.IngestEvents(ingest_pb2.IngestEventsRequest(events=batch), metadata=md)
     assert all(e.duplicate for x in again.results for e in x.outcomes)
     assert [e.run_id for x in again.results for e in x.outcomes] == [e.run_id for x in r.results for e in x.outcomes]
@@ -348,6 +352,13 @@ async def test_bad_input_is_invalid_argument_with_field_paths(start_services, ch
     too_many = ingest_pb2.IngestEventsRequest(events=[tg(i) for i in range(4)])
     err = await expect_error(stub.IngestEvents(too_many, metadata=md), grpc.StatusCode.INVALID_ARGUMENT)
     assert violations(err) == ["events"]
+    line = ingest_pb2.IngestEventRequest(
+        project_id=PROJECT,
+        channel_type=CH.CHANNEL_TYPE_LINE,
+        payload=struct({"events": [{"webhookEventId": f"w{i}"} for i in range(4)]}),
+    )
+    err = await expect_error(stub.IngestEvent(line, metadata=md), grpc.StatusCode.INVALID_ARGUMENT)
+    assert violations(err) == ["payload.events"]  # a LINE delivery counts its events against max_batch
     await expect_error(
         stub.IngestEvents(ingest_pb2.IngestEventsRequest(), metadata=md), grpc.StatusCode.INVALID_ARGUMENT
     )

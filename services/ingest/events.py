@@ -59,6 +59,8 @@ class EventIngestor:
 
     async def ingest(self, events: Sequence[NewEvent], *, principal_id: str, actor: str) -> list[Outcome]:
         """outcome[i] answers events[i]."""
+        if not events:  # e.g. LINE's webhook verification: a delivery without events
+            return []
         keys = [dedupe_cache.key(self.cache, e.project_id, e.channel, e.provider_event_id) for e in events]
         cached: Sequence[str | None] = await self._lookups.submit(keys) if self.cache.enabled else [None] * len(keys)
         run_ids = list(cached)

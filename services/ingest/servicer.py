@@ -52,6 +52,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
             default_max_attempts=self.default_max_attempts,
             metadata_key=key,
         )
+        self._check_expanded(v, "payload.events", len(events))
         _raise_if_invalid(v)
         principal = current_principal()
         principal.require(request.project_id, ROLE)
@@ -81,10 +82,16 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
                 default_max_attempts=self.default_max_attempts,
             )
             bounds.append((start, len(events)))
+        self._check_expanded(v, "events", len(events))
         _raise_if_invalid(v)
         principal = current_principal()
+        allowed: set[str] = set()
         for i, req in enumerate(request.events):
-            if not principal.has(req.project_id, ROLE):
+            if req.project_id in allowed:
+                continue
+            if principal.has(req.project_id, ROLE):
+                allowed.add(req.project_id)
+            else:
                 raise errors.forbidden(
                     f"principal {principal.principal_id} has no {ROLE} role in project {req.project_id} "
                     f"(events[{i}]); nothing was ingested",
@@ -98,6 +105,11 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
                 ingest_pb2.IngestEventResponse(outcomes=[_outcome_pb(o) for o in outcomes[a:b]]) for a, b in bounds
             ]
         )
+
+    def _check_expanded(self, v: Violations, field: str, count: int) -> None:
+        # a LINE delivery expands to one run per event: bound the total like a batch
+        if count > self.max_batch:
+            v.add(field, f"at most {self.max_batch} events per call, LINE events included (got {count})")
 
     async def CreateRun(
         self, request: ingest_pb2.CreateRunRequest, context: grpc.aio.ServicerContext
