@@ -246,9 +246,9 @@ async def test_long_poll_claim_is_woken_by_a_new_run(s: Sched) -> None:
 
 async def test_long_poll_returns_empty_when_the_wait_ends_or_the_deadline_nears(s: Sched) -> None:
     assert await s.claim(wait=dur(0.3)) == []
-    # a 60 s wait under a 1 s deadline answers (empty) instead of DEADLINE_EXCEEDED
+    # a 60 s wait under a 5 s deadline answers (empty) instead of DEADLINE_EXCEEDED
     resp = await s.stub.ClaimRuns(
-        pb.ClaimRunsRequest(worker_id="w", project_ids=["p"], wait=dur(60)), metadata=s.worker, timeout=1.5
+        pb.ClaimRunsRequest(worker_id="w", project_ids=["p"], wait=dur(60)), metadata=s.worker, timeout=5
     )
     assert list(resp.runs) == []
 
@@ -586,6 +586,17 @@ async def test_approve_resumes_with_a_new_fencing_token_and_the_token_is_single_
     (o,) = await s.heartbeat("w1", r.lease)
     assert o.outcome == pb.LEASE_OUTCOME_LEASE_LOST
     assert await audit_actions(s.db, r.run.run_id) == ["CLAIMED", "APPROVAL_REQUESTED", "APPROVED", "CLAIMED"]
+
+
+async def test_waiting_for_approval_does_not_spend_an_attempt(s: Sched) -> None:
+    (run_id,) = await insert_runs(s.db, "p", 1, max_attempts=1)
+    r = await s.claim_one()
+    resp = await s.stub.RequestApproval(pb.RequestApprovalRequest(lease=r.lease), metadata=s.worker)
+    await _decide(s, run_id, resp.approval_token, pb.DECISION_APPROVE)
+    resumed = await s.claim_one()  # max_attempts=1, yet the approved run is claimable again
+    assert resumed.lease.attempt == 2 and resumed.resumed
+    done = await s.stub.CompleteRun(pb.CompleteRunRequest(lease=resumed.lease), metadata=s.worker)
+    assert done.run.status == common_pb2.RUN_STATUS_COMPLETED
 
 
 async def test_a_wrong_token_is_refused_and_a_second_approval_round_issues_a_new_token(s: Sched) -> None:

@@ -15,7 +15,7 @@ from awooop.scheduler.v1 import scheduler_pb2 as pb
 from tests.helpers import ROOT, eventually
 from tests.test_scheduler import audit_actions, insert_runs, make_sched, run_row
 
-LEASE_TTL = 1.0
+LEASE_TTL = 2.0  # heartbeats every 0.2 s keep it alive even on a loaded machine
 REAPER_INTERVAL = 0.5
 CI_SLACK = 5.0  # a slow, shared CI machine; the condition, not the sleep, is the assertion
 

@@ -215,11 +215,11 @@ async def test_the_reaper_loop_requeues_a_silent_worker_and_wakes_a_waiting_clai
 async def test_a_heartbeating_worker_keeps_its_lease_through_reaper_passes(
     start_services, channels, db, make_key
 ) -> None:
-    s = await make_sched(start_services, channels, db, make_key, reaper_interval=0.1, lease_ttl=0.6)
+    s = await make_sched(start_services, channels, db, make_key, reaper_interval=0.1, lease_ttl=1.5)
     (run_id,) = await insert_runs(db, "p", 1)
     r = await s.claim_one()
     passes = REGISTRY.get_sample_value("awooop_background_runs_total", {"loop": "scheduler.reaper", "outcome": "ok"})
-    for _ in range(8):  # ~2.4 s: four lease lengths, many reaper passes
+    for _ in range(8):  # ~2.4 s: longer than the lease, many reaper passes
         (o,) = await s.heartbeat("w1", r.lease)
         assert o.outcome == pb.LEASE_OUTCOME_RENEWED
         await asyncio.sleep(0.3)  # the worker's heartbeat cadence

@@ -1,0 +1,18 @@
+"""The scheduler service: hands runs to worker pods under fenced leases (seed 000 D2–D5,
+ARCHITECTURE.md sections 4 and 5).
+
+Modules, transport first:
+    servicer.py     SchedulerService RPCs: validate, call the logic, build responses
+    claiming.py     ClaimRuns long-poll (wait for a wake-up, a backoff's end, or the wait's end)
+    leases.py       the claim and heartbeat statements
+    transitions.py  fenced worker writes (complete, fail, release, tool waits, cancel ack) and CancelRun
+    approvals.py    RequestApproval / DecideApproval and the approval expiry sweep
+    reaper.py       the stale-lease reaper pass
+    reads.py        GetRun, ListRuns (keyset page tokens), GetRunHistory
+    fragments.py    SQL pieces shared by the statements, and the choice of error when a write changed nothing
+    access.py       tenant isolation: which projects a caller may touch, NOT_FOUND vs PERMISSION_DENIED
+    wakeup.py       the LISTEN connection that wakes long-polling claims
+    saga_client.py  fire-and-forget SagaService.Compensate after a compensation request was recorded
+    metrics.py      Prometheus metrics (awooop_scheduler_*)
+    app.py          wiring: servicer, LISTEN loop, reaper loop, approval sweep loop
+"""

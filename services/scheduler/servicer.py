@@ -86,7 +86,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         wait = min(max(wait, 0.0), self.settings.max_claim_wait)
         remaining = context.time_remaining()
         if remaining is not None:  # answer (empty) before the caller's deadline, not DEADLINE_EXCEEDED
-            wait = max(0.0, min(wait, remaining - min(0.5, remaining * 0.1)))
+            wait = max(0.0, min(wait, remaining - min(1.0, remaining * 0.2)))
         rows = await claiming.claim_runs(
             self.pool,
             self.listener,
