@@ -167,8 +167,9 @@ async def test_workers_process_runs_once_each_and_heartbeats_keep_short_leases(s
     assert executed == Counter({r: 1 for r in run_ids})
     assert sorted(json.loads(r["output"])["doubled"] for r in rows) == [2 * i for i in range(20)]
     assert len(set(handled_by.values())) > 1  # the work was shared
-    # one Heartbeat call per round for all leases of a worker: far fewer calls than lease renewals
     assert sum(w.stats.claimed for w in workers) == 20
+    # one Heartbeat call per round renews all of a worker's leases: more renewals than calls
+    assert sum(w.stats.leases_renewed for w in workers) > sum(w.stats.heartbeats_sent for w in workers)
 
 
 def _true(v: bool) -> Any:

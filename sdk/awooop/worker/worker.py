@@ -79,7 +79,8 @@ class WorkerStats:
     lost: int = 0
     cancelled: int = 0
     released: int = 0
-    heartbeats_sent: int = 0
+    heartbeats_sent: int = 0  # Heartbeat calls
+    leases_renewed: int = 0  # leases those calls renewed (one call renews every held lease)
     by_outcome: dict[str, int] = field(default_factory=dict)
 
 
@@ -337,7 +338,10 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_interval)
-            await self.heartbeat_once()
+            try:
+                await self.heartbeat_once()
+            except Exception:  # a bug here must not silently end lease renewal for every run
+                log.exception("heartbeat round failed")
 
     async def heartbeat_once(self) -> None:
         """Renews every held lease with one Heartbeat call (per 1000 leases) and stops the
@@ -374,6 +378,7 @@ class Worker:
                     self._stop_handler(h, CANCEL)
                 elif renewal.outcome == scheduler_pb2.LEASE_OUTCOME_RENEWED:
                     h.renewed_until = sent_at + h.ttl
+                    self.stats.leases_renewed += 1
 
     # --- shutdown ---
 
