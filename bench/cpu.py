@@ -1,7 +1,7 @@
 """Where the CPU went during a measured window: the service process, Postgres (all its
-processes), Redis, and the whole machine. Reported in cores (1.0 = one core busy), so a
-result says what limited it: a server at ~1.0 is bound by its one event loop; a machine at
-~cores is saturated; neither means waiting (fsync, locks, round trips)."""
+processes on this machine), Redis, and the whole machine. Reported in cores (1.0 = one core
+busy), so a result says what limited it: a server at ~1.0 is bound by its one event loop; a
+machine at ~cores is saturated; neither means waiting (fsync, locks, round trips)."""
 
 from __future__ import annotations
 
@@ -9,34 +9,42 @@ from typing import Any
 
 import psutil
 
-
-def _proc_seconds(p: psutil.Process) -> float:
-    t = p.cpu_times()
-    return float(t.user + t.system)
+Snapshot = dict[str, Any]
 
 
-def snapshot(server_pid: int | None = None) -> dict[str, float]:
-    out = {"postgres": 0.0, "redis": 0.0}
+def _group(name: str) -> str | None:
+    if name.startswith("postgres"):
+        return "postgres"
+    if name.startswith("redis-server"):
+        return "redis"
+    return None
+
+
+def snapshot(server_pid: int | None = None) -> Snapshot:
+    procs: dict[int, tuple[str, float]] = {}
     for p in psutil.process_iter(["name"]):
-        name = p.info.get("name") or ""
-        group = "postgres" if name.startswith("postgres") else "redis" if name.startswith("redis-server") else None
+        group = "server" if p.pid == server_pid else _group(p.info.get("name") or "")
         if group is None:
             continue
         try:
-            out[group] += _proc_seconds(p)
+            t = p.cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    if server_pid is not None:
-        try:
-            out["server"] = _proc_seconds(psutil.Process(server_pid))
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
+        procs[p.pid] = (group, float(t.user + t.system))
     t = psutil.cpu_times()
-    out["machine"] = float(t.user + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0) + t.nice)
-    return out
+    machine = float(t.user + t.system + t.nice + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0))
+    return {"procs": procs, "machine": machine}
 
 
-def cores(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, Any]:
-    """CPU cores used per group between two snapshots. Postgres backends that ended in
-    between lose their time, so postgres is a lower bound when connections churn."""
-    return {k: round((after[k] - before[k]) / seconds, 2) for k in after if k in before and seconds > 0}
+def cores(before: Snapshot, after: Snapshot, seconds: float) -> dict[str, float]:
+    """CPU cores used per group between two snapshots. A process that started in between
+    counts whole; one that ended in between is lost (so postgres is a lower bound when
+    connections churn)."""
+    if seconds <= 0:
+        return {}
+    used: dict[str, float] = {"postgres": 0.0, "redis": 0.0}
+    for pid, (group, secs) in after["procs"].items():
+        prev = before["procs"].get(pid)
+        used[group] = used.get(group, 0.0) + secs - (prev[1] if prev and prev[0] == group else 0.0)
+    used["machine"] = after["machine"] - before["machine"]
+    return {k: round(max(0.0, v) / seconds, 2) for k, v in used.items()}

@@ -285,7 +285,7 @@ def run_load(
     shares = split(concurrency, processes)
     kwargs = [{"kind": kind, "params": params, "proc_idx": i, "workers": workers} for i, workers in enumerate(shares)]
 
-    snaps: list[dict[str, float]] = []
+    snaps: list[cpu.Snapshot] = []
 
     def sample(start_at: float, end_at: float) -> None:
         time.sleep(max(0.0, start_at - time.monotonic()))

@@ -21,6 +21,8 @@ from services.common.embedded import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(tempfile.mkdtemp(prefix="awooop-bench-logs-"))
+# set by `run.py --profile DIR`: every service process is sampled by py-spy into DIR
+PROFILE_DIR: Path | None = None
 
 
 @dataclass
@@ -30,6 +32,7 @@ class Service:
     port: int
     metrics_port: int
     log_path: Path
+    profiler: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
@@ -54,6 +57,11 @@ class Service:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if self.profiler is not None:  # py-spy writes its file when the target exits
+            try:
+                self.profiler.wait(30)
+            except subprocess.TimeoutExpired:
+                self.profiler.kill()
 
 
 async def wait_healthy(address: str, timeout: float = 30.0) -> None:
@@ -110,7 +118,26 @@ async def spawn(name: str, env: dict[str, str], tag: str = "") -> Service:
     except RuntimeError:
         svc.kill()
         raise RuntimeError(f"{name} did not start:\n{svc.log()[-3000:]}") from None
+    if PROFILE_DIR is not None:
+        svc.profiler = start_profiler(proc.pid, PROFILE_DIR / f"{name}{'-' + tag if tag else ''}-{port}")
     return svc
+
+
+def start_profiler(pid: int, stem: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling `pid` until it exits: collapsed stacks in <stem>.txt (read them with
+    `python -m bench.profile <stem>.txt`) and a flame graph in <stem>.svg is left to py-spy."""
+    import shutil
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        print("py-spy not found (pip install py-spy); not profiling", file=sys.stderr)
+        return None
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "-o", f"{stem}.txt", "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def scrape_metrics(svc: Service) -> dict[str, float]:

@@ -24,7 +24,7 @@ import traceback  # noqa: E402
 from collections.abc import Awaitable, Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
-from bench import env, machine, report, rss  # noqa: E402
+from bench import env, machine, procs, report, rss  # noqa: E402
 from bench.config import Config  # noqa: E402
 from bench.report import Figure  # noqa: E402
 
@@ -54,6 +54,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=None, help="seconds measured per load point")
     p.add_argument("--processes", type=int, default=None, help="load-generator processes")
     p.add_argument("--uvloop", action="store_true", help="run the services with AWOOOP_UVLOOP=true")
+    p.add_argument(
+        "--profile",
+        metavar="DIR",
+        default=None,
+        help="sample every service process with py-spy into DIR (read with `python -m bench.profile`)",
+    )
     return p.parse_args(argv)
 
 
@@ -83,6 +89,8 @@ async def main(args: argparse.Namespace) -> int:
     if args.processes:
         cfg.processes = args.processes
     cfg.service_uvloop = args.uvloop
+    if args.profile:
+        procs.PROFILE_DIR = Path(args.profile).resolve()
     only = [g for item in args.only for g in item.split(",") if g]
     unknown = [g for g in only if g not in GROUPS and g != "rss"]
     if unknown:
