@@ -363,9 +363,20 @@ async def _story(
     workers.append(wb)
     summary["worker_b_pid"] = wb.pid
     story.step(f"Worker B (pid {wb.pid}) starts and waits for work.")
-    story.detail("waiting for the reaper: the lease ends 2 s after the last heartbeat, the reaper runs every")
+    story.detail(
+        f"waiting for the reaper: the lease ends {args.lease_ttl:g} s after the last heartbeat, the reaper runs every"
+    )
     story.detail("AWOOOP_REAPER_INTERVAL seconds (60 by default; `AWOOOP_REAPER_INTERVAL=2 ./dev up` is quicker) ...")
-    reaped = await poll(lambda: _history_event(client, run_id, "REAPED"), args.reaper_timeout, "the reaper")
+    waited = {"next": 15.0}
+
+    async def reaped_yet() -> scheduler_pb2.RunEvent | None:
+        event = await _history_event(client, run_id, "REAPED")
+        if event is None and time.monotonic() - killed_at >= waited["next"]:
+            story.detail(f"... still waiting for the reaper ({waited['next']:.0f} s)")
+            waited["next"] += 15.0
+        return event
+
+    reaped = await poll(reaped_yet, args.reaper_timeout, "the reaper")
     after = time.monotonic() - killed_at
     summary["reaped_after_seconds"] = round(after, 1)
     checks["reaped"] = True
@@ -457,12 +468,16 @@ async def _story(
 
     # 10. the end state
     story.step(
-        f"Gateway: deployment {deployment} is back at {comp.get('replicas')} replicas, as before the run. "
+        f"Gateway: deployment {deployment} is back at {_replicas(comp.get('replicas'))}, as before the run. "
         f"Run {summary['run_status']} after {final.attempt_count} attempts, saga {summary['saga_status']}."
     )
     rc = await wb.terminate()
     summary["worker_b_exit"] = rc
     story.detail(f"worker B stops on SIGTERM (exit {rc}): it holds no lease, nothing to hand back")
+
+
+def _replicas(n: Any) -> str:
+    return f"{n} replica" if n == 1 else f"{n} replicas"
 
 
 def _done(action: str | None) -> str:
