@@ -28,7 +28,7 @@ class Config:
     # journal
     journal_steps: int = 1000  # DBOS steps and awooop steps at the long journal
     journal_short: int = 10
-    journal_window: int = 100  # steps timed at each journal length (awooop)
+    journal_window: int = 100  # journal write pairs timed at each length (awooop)
     dbos_steps: int = 1000  # steps of the DBOS workflow (per-step cost does not depend on it)
     # reaper
     reaper_finished_big: int = 1_000_000

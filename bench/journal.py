@@ -3,19 +3,24 @@ process, sequential, one run) against DBOS Transact's per-step cost (one workflo
 steps, bench/dbos_steps.py), and awooop's per-step cost at journal length 1,000 against the
 same at length 10.
 
-- vs DBOS: one run journals N steps one after another (N = the DBOS workflow's steps);
-  per step = total / N on both sides.
-- length: after that run holds N (1,000) steps, K more steps are timed on it; the baseline is
-  K steps timed on fresh runs that already hold 10 steps (10 timed steps per run, so the
-  journal stays between 10 and 20 long). Per step = total / K on both.
+The journal write pair and the pre-fill statement are the saga helper's
+(bench/bench_journal.py: `_pair`, `PREFILL_SQL`); this module runs them from a separate load
+process against a real saga process, as every figure here does.
 
-The run under the journal is RUNNING with a lease (attempt 1), inserted directly: the
-journal's fence only needs the run row, not a scheduler.
+- vs DBOS: one fresh run journals N steps one after another (N = the DBOS workflow's steps);
+  per step = total / N on both sides.
+- length: runs pre-filled (one INSERT ... SELECT) to 10 and 1,000 completed steps get pairs in
+  interleaved rounds, so drift hits both lengths alike; the figure is the median pair at each
+  length (bench_journal's method).
+
+The runs are RUNNING with a lease (attempt 1), inserted directly: the journal's fence only
+needs the run row, not a scheduler.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,6 +28,7 @@ from typing import Any
 import asyncpg
 
 from bench import env, procs, rss
+from bench.bench_journal import PREFILL_SQL
 from bench.config import Config
 from bench.loadgen import run_processes
 from bench.report import Figure
@@ -67,75 +73,56 @@ async def journal_client(
     sync: Callable[[Any], Awaitable[Any]],
     address: str,
     metadata: list[list[str]],
-    long_run: str,
-    long_steps: int,
-    short_runs: list[str],
-    short_len: int,
-    timed_long: int,
+    seq_run: str,
+    steps: int,
+    length_runs: dict[str, str],
+    pairs: int,
+    warm_run: str,
 ) -> dict[str, Any]:
     """Load process: the sequential journal writes, timed."""
     import grpc
     from google.protobuf import struct_pb2
 
     from awooop.common.v1 import common_pb2
-    from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
+    from awooop.saga.v1 import saga_pb2_grpc
+    from bench.bench_journal import _pair
 
     md = tuple(tuple(m) for m in metadata)
     channel = grpc.aio.insecure_channel(address)
     await channel.channel_ready()
-    stub = saga_pb2_grpc.SagaServiceStub(channel)
+    saga = saga_pb2_grpc.SagaServiceStub(channel)
     result = struct_pb2.Struct()
-    result.update({"ok": True})
+    result.update({"inserted_id": "7c1c", "rows": 1})
 
-    async def step(run_id: str, step_id: str) -> None:
-        lease = common_pb2.LeaseToken(run_id=run_id, attempt=1)
-        r = await stub.BeginStep(
-            saga_pb2.BeginStepRequest(lease=lease, step_id=step_id, step_type=common_pb2.STEP_TYPE_LLM_CALL),
-            metadata=md,
-            timeout=30,
-        )
-        if r.action != saga_pb2.STEP_ACTION_EXECUTE:
-            raise RuntimeError(f"BeginStep {step_id}: expected EXECUTE, got {r.action}")
-        await stub.CompleteStep(
-            saga_pb2.CompleteStepRequest(lease=lease, step_id=step_id, result=result), metadata=md, timeout=30
-        )
+    def lease(run_id: str) -> Any:
+        return common_pb2.LeaseToken(run_id=run_id, attempt=1)
 
-    async def steps(run_id: str, first: int, count: int) -> list[float]:
-        times = []
-        for i in range(first, first + count):
-            t0 = time.perf_counter()
-            await step(run_id, f"step-{i}")
-            times.append(time.perf_counter() - t0)
-        return times
-
-    # warm the channel, the server's auth cache and its prepared statements on a throwaway run
-    await steps(short_runs[-1], 0, 5)
+    # warm the channel, the server's auth cache and its prepared statements (untimed)
+    for i in range(20):
+        await _pair(saga, md, lease(warm_run), f"warm-{i}", result)
     await sync(None)
     try:
         t0 = time.perf_counter()
-        await steps(long_run, 0, long_steps)
-        long_total = time.perf_counter() - t0
-        short_times: list[float] = []
-        per_run = max(1, timed_long // max(1, len(short_runs) - 1))
-        for run_id in short_runs[:-1]:
-            await steps(run_id, 0, short_len)  # untimed: bring the journal to its length
-            short_times += await steps(run_id, short_len, per_run)
-        long_times = await steps(long_run, long_steps, timed_long)
+        for i in range(steps):
+            await _pair(saga, md, lease(seq_run), f"step-{i}", result)
+        seq_total = time.perf_counter() - t0
+        times: dict[str, list[float]] = {n: [] for n in length_runs}
+        rounds = 10
+        per_round = max(1, pairs // rounds)
+        for r in range(rounds):
+            for n, run_id in length_runs.items():
+                for i in range(per_round):
+                    times[n].append(await _pair(saga, md, lease(run_id), f"b-{r}-{i}", result))
     finally:
         await channel.close()
-    return {
-        "long_total_s": long_total,
-        "long_steps": long_steps,
-        "short_step_s": short_times,
-        "long_step_s": long_times,
-    }
+    return {"seq_total_s": seq_total, "steps": steps, "pair_s": times}
 
 
 def _ms(xs: list[float]) -> dict[str, float]:
     s = sorted(xs)
     return {
         "mean_ms": round(sum(s) / len(s) * 1000, 3),
-        "median_ms": round(s[len(s) // 2] * 1000, 3),
+        "median_ms": round(statistics.median(s) * 1000, 3),
         "p99_ms": round(s[min(len(s) - 1, int(0.99 * len(s)))] * 1000, 3),
         "steps": len(s),
     }
@@ -159,10 +146,13 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
         await stores.drop_database(ddsn)
 
     dsn = await stores.create_database("journal")
+    short, long = cfg.journal_short, cfg.journal_steps
     conn = await asyncpg.connect(dsn)
     try:
-        short_count = max(1, cfg.journal_window // cfg.journal_short)
-        run_ids = [r[0] for r in await conn.fetch(LEASED_RUNS_SQL, PROJECT, 2 + short_count)]
+        seq_run, warm_run, short_run, long_run = (r[0] for r in await conn.fetch(LEASED_RUNS_SQL, PROJECT, 4))
+        await conn.execute(PREFILL_SQL, short_run, PROJECT, short)
+        await conn.execute(PREFILL_SQL, long_run, PROJECT, long)
+        await conn.execute("ANALYZE awooop_saga_step")
     finally:
         await conn.close()
     md = await env.bench_key(dsn, PROJECT, ("worker",))
@@ -176,11 +166,11 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
                 {
                     "address": svc.address,
                     "metadata": [list(m) for m in md],
-                    "long_run": run_ids[0],
-                    "long_steps": n,
-                    "short_runs": run_ids[1:],
-                    "short_len": cfg.journal_short,
-                    "timed_long": cfg.journal_window,
+                    "seq_run": seq_run,
+                    "steps": n,
+                    "length_runs": {str(short): short_run, str(long): long_run},
+                    "pairs": cfg.journal_window,
+                    "warm_run": warm_run,
                 }
             ],
             timeout=600,
@@ -188,12 +178,18 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
         rss.record("saga", svc, f"after {n + 2 * cfg.journal_window} journaled steps")
     finally:
         svc.stop()
-    per_step = ours["long_total_s"] / n * 1000
+    per_step = ours["seq_total_s"] / n * 1000
     vs_dbos.measured(
         per_step,
         dbos["per_step_ms"],
-        awooop={"steps": n, "total_s": round(ours["long_total_s"], 3), "per_step_ms": round(per_step, 3)},
+        awooop={"steps": n, "total_s": round(ours["seq_total_s"], 3), "per_step_ms": round(per_step, 3)},
         dbos=dbos,
     )
-    short, long = _ms(ours["short_step_s"]), _ms(ours["long_step_s"])
-    by_length.measured(long["mean_ms"], short["mean_ms"], at_length_long=long, at_length_short=short)
+    at_short, at_long = _ms(ours["pair_s"][str(short)]), _ms(ours["pair_s"][str(long)])
+    by_length.measured(
+        at_long["median_ms"],
+        at_short["median_ms"],
+        statistic="median pair (BeginStep + CompleteStep), interleaved rounds",
+        at_length_long=at_long,
+        at_length_short=at_short,
+    )
