@@ -126,7 +126,7 @@ async def _stop(worker: Worker, task: asyncio.Task[None]) -> None:
 
 
 async def test_workers_process_runs_once_each_and_heartbeats_keep_short_leases(suite: Suite, db: Any) -> None:
-    """20 runs, 3 workers of concurrency 4 with a 1 s lease: every run is claimed once, each step
+    """20 runs, 3 workers of concurrency 4 with a 1.5 s lease: every run is claimed once, each step
     runs once, and handlers that outlive their lease TTL keep it through batched heartbeats."""
     run_ids = await suite.create_runs(20)
     executed: Counter[str] = Counter()
@@ -139,15 +139,15 @@ async def test_workers_process_runs_once_each_and_heartbeats_keep_short_leases(s
             return {"n": ctx.input["n"], "key": call.idempotency_key}
 
         result = await ctx.step("work", work)
-        # outlive the 1 s lease: only heartbeats keep it
+        # outlive the 1.5 s lease: only heartbeats keep it
         me = next(w for w in workers if w.worker_id == ctx.worker_id)
         start = me.heartbeats_sent
-        await eventually(lambda: _true(me.heartbeats_sent >= start + 6), timeout=30, what="heartbeats")
+        await eventually(lambda: _holds(me.heartbeats_sent >= start + 9), timeout=30, what="heartbeats")
         handled_by[ctx.run_id] = ctx.worker_id
         return {"doubled": result["n"] * 2}
 
     for i in range(3):
-        workers.append(suite.worker(handler, concurrency=4, lease_ttl=1, heartbeat_interval=0.2, worker_id=f"w{i}"))
+        workers.append(suite.worker(handler, concurrency=4, lease_ttl=1.5, heartbeat_interval=0.2, worker_id=f"w{i}"))
     tasks = [asyncio.create_task(w.run(install_signal_handlers=False)) for w in workers]
 
     async def all_done() -> bool:
@@ -172,7 +172,9 @@ async def test_workers_process_runs_once_each_and_heartbeats_keep_short_leases(s
     assert sum(w.stats.leases_renewed for w in workers) > sum(w.stats.heartbeats_sent for w in workers)
 
 
-def _true(v: bool) -> Any:
+def _holds(v: bool) -> Any:
+    """An awaitable of v, for `eventually(lambda: _holds(<condition>))` on in-memory state."""
+
     async def f() -> bool:
         return v
 
@@ -339,7 +341,7 @@ async def test_lease_loss_cancels_the_handler_at_the_next_heartbeat_and_the_pend
 
     await eventually(reaped, timeout=20, what="the reaper to take the run")
     sent_when_reaped = worker.heartbeats_sent
-    await eventually(lambda: _true(bool(cancelled_at)), timeout=20, what="handler cancelled")
+    await eventually(lambda: _holds(bool(cancelled_at)), timeout=20, what="handler cancelled")
     # cancelled while answering the first heartbeat sent after the reap: within one interval
     assert cancelled_at[0] <= sent_when_reaped + 1
     await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_COMPLETED), timeout=20, what="done")
@@ -373,7 +375,7 @@ async def test_a_stale_worker_gets_lease_lost_and_stops_without_touching_the_run
     # another claim took over: the fencing token moved on
     await db.execute("UPDATE awooop_run_state SET attempt_count = attempt_count + 1 WHERE run_id = $1", run_id)
     go_on.set()
-    await eventually(lambda: _true(worker.stats.lost == 1), timeout=20, what="lease lost")
+    await eventually(lambda: _holds(worker.stats.lost == 1), timeout=20, what="lease lost")
     await _stop(worker, task)
     run = await suite.run(run_id)
     assert run.status == common_pb2.RUN_STATUS_RUNNING and run.attempt_count == 2
@@ -402,7 +404,7 @@ async def test_cancel_request_cancels_the_handler_at_the_next_heartbeat(suite: S
     )
     assert resp.run.cancel_requested and resp.run.status == common_pb2.RUN_STATUS_RUNNING
     sent_when_requested = worker.heartbeats_sent
-    await eventually(lambda: _true(bool(cancelled_at)), timeout=20, what="handler cancelled")
+    await eventually(lambda: _holds(bool(cancelled_at)), timeout=20, what="handler cancelled")
     assert cancelled_at[0] <= sent_when_requested + 1
     await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_CANCELLED), timeout=20, what="ack")
     await _stop(worker, task)
@@ -436,7 +438,7 @@ async def test_approval_resumes_the_handler_and_skips_completed_steps(suite: Sui
     token = await asyncio.wait_for(tokens.get(), 20)
     run = await suite.run(run_id)
     assert run.status == common_pb2.RUN_STATUS_WAITING_APPROVAL and run.approval_summary == "Apply the change?"
-    await eventually(lambda: _true(worker.held == []), what="lease handed back")
+    await eventually(lambda: _holds(worker.held == []), what="lease handed back")
     assert inside_wait == ["WAITING_TOOL"]
     await suite.admin.call(
         suite.admin.scheduler.DecideApproval,
