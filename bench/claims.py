@@ -277,9 +277,7 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
     finally:
         await conn.close()
     md = await env.bench_key(dsn, PROJECT, ("worker",))
-    svc = await procs.spawn(
-        "scheduler", procs.service_env(dsn, stores.redis_url, stores.redis_prefix, uvloop=cfg.service_uvloop)
-    )
+    svc = await procs.spawn("scheduler", procs.service_env(dsn, stores.redis_url, stores.redis_prefix))
     try:
         ours = await asyncio.to_thread(
             drain,

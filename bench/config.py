@@ -40,8 +40,9 @@ class Config:
     crash_lease_ttl: float = 2.0
     crash_reaper_interval: float = 0.5
     crash_trials: int = 3
-    # service settings under test
+    # service settings under test (beyond the defaults): --uvloop, --set NAME=VALUE
     service_uvloop: bool = False
+    service_settings: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def quick_mode(cls) -> Config:

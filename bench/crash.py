@@ -174,7 +174,6 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
             stores.redis_prefix,
             lease_ttl=cfg.crash_lease_ttl,
             reaper_interval=cfg.crash_reaper_interval,
-            uvloop=cfg.service_uvloop,
         ),
         tag="crash",
     )

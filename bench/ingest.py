@@ -252,7 +252,7 @@ async def run(
     services: list[procs.Service] = []
     try:
         dsn = await stores.create_database("ingest")
-        svc_env = procs.service_env(dsn, stores.redis_url, stores.redis_prefix, uvloop=cfg.service_uvloop)
+        svc_env = procs.service_env(dsn, stores.redis_url, stores.redis_prefix)
         svc = await procs.spawn("ingest", svc_env)
         services.append(svc)
         md = await env.bench_key(dsn, PROJECT, ("ingest",))

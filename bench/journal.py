@@ -156,7 +156,7 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
     finally:
         await conn.close()
     md = await env.bench_key(dsn, PROJECT, ("worker",))
-    svc_env = procs.service_env(dsn, stores.redis_url, stores.redis_prefix, uvloop=cfg.service_uvloop)
+    svc_env = procs.service_env(dsn, stores.redis_url, stores.redis_prefix)
     svc = await procs.spawn("saga", svc_env)
     try:
         (ours,) = await asyncio.to_thread(

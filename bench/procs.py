@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(tempfile.mkdtemp(prefix="awooop-bench-logs-"))
 # set by `run.py --profile DIR`: every service process is sampled by py-spy into DIR
 PROFILE_DIR: Path | None = None
+# set by `run.py --uvloop / --set NAME=VALUE`: settings every service process gets
+EXTRA_SETTINGS: dict[str, str] = {}
 
 
 @dataclass
@@ -89,6 +91,7 @@ def service_env(database_url: str, redis_url: str, redis_prefix: str, **settings
         "AWOOOP_LOG_LEVEL": "WARNING",
         "AWOOOP_SHUTDOWN_GRACE": "1",
     }
+    env.update({f"AWOOOP_{k.upper()}": v for k, v in EXTRA_SETTINGS.items()})
     for k, v in settings.items():
         env[f"AWOOOP_{k.upper()}"] = ("true" if v else "false") if isinstance(v, bool) else str(v)
     return env

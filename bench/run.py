@@ -55,6 +55,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--processes", type=int, default=None, help="load-generator processes")
     p.add_argument("--uvloop", action="store_true", help="run the services with AWOOOP_UVLOOP=true")
     p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for every service process, e.g. --set db_pool_max=20 (AWOOOP_DB_POOL_MAX)",
+    )
+    p.add_argument(
         "--profile",
         metavar="DIR",
         default=None,
@@ -89,6 +96,15 @@ async def main(args: argparse.Namespace) -> int:
     if args.processes:
         cfg.processes = args.processes
     cfg.service_uvloop = args.uvloop
+    if args.uvloop:
+        procs.EXTRA_SETTINGS["uvloop"] = "true"
+    for item in args.set:
+        name, sep, value = item.partition("=")
+        if not sep:
+            print(f"--set {item}: expected NAME=VALUE", file=sys.stderr)
+            return 2
+        procs.EXTRA_SETTINGS[name.strip().lower().removeprefix("awooop_")] = value
+    cfg.service_settings = dict(procs.EXTRA_SETTINGS)
     if args.profile:
         procs.PROFILE_DIR = Path(args.profile).resolve()
     only = [g for item in args.only for g in item.split(",") if g]
