@@ -414,6 +414,33 @@ async def test_cancel_request_cancels_the_handler_at_the_next_heartbeat(suite: S
     assert "worker-pod" in last.actor  # acknowledged by the worker's principal
 
 
+async def test_a_refused_approval_request_leaves_the_run_to_the_worker(suite: Suite) -> None:
+    """A cancel arrives before the handler asks for approval: RequestApproval is refused
+    (INVALID_TRANSITION), the handler's error fails the attempt, and the pending cancel turns
+    that into CANCELLED; the run is not left RUNNING without heartbeats."""
+    [run_id] = await suite.create_runs(1)
+    claimed, cancelled = asyncio.Event(), asyncio.Event()
+    refused: list[str] = []
+
+    async def handler(ctx: RunContext) -> None:
+        claimed.set()
+        await cancelled.wait()
+        try:
+            await ctx.request_approval("ship it?")
+        except AwooopError as err:
+            refused.append(err.reason)
+            raise
+
+    worker = suite.worker(handler, heartbeat_interval=20, lease_ttl=60)  # the heartbeat must not be first
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    await asyncio.wait_for(claimed.wait(), 20)
+    await suite.admin.call(suite.admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=run_id))
+    cancelled.set()
+    await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_CANCELLED), what="cancelled")
+    await _stop(worker, task)
+    assert refused == ["INVALID_TRANSITION"]
+
+
 async def test_approval_resumes_the_handler_and_skips_completed_steps(suite: Suite, db: Any) -> None:
     [run_id] = await suite.create_runs(1)
     tokens: asyncio.Queue[str] = asyncio.Queue()

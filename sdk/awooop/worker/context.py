@@ -238,11 +238,11 @@ class RunContext:
                 ),
             )
             return Approval(granted=True, decided_by=decided_by)
-        self.outcome = "waiting_approval"
-        resp = await self.client.call(
-            self.client.scheduler.RequestApproval,
-            scheduler_pb2.RequestApprovalRequest(lease=self.lease, summary=summary, ttl=_duration(ttl)),
-        )
+        async with self._ending("waiting_approval"):
+            resp = await self.client.call(
+                self.client.scheduler.RequestApproval,
+                scheduler_pb2.RequestApprovalRequest(lease=self.lease, summary=summary, ttl=_duration(ttl)),
+            )
         return Approval(granted=False, token=resp.approval_token, expires_at=resp.expires_at.ToDatetime(dt.UTC))
 
     async def _approved_since(self, started_at: dt.datetime) -> bool:
@@ -286,14 +286,28 @@ class RunContext:
 
     # --- the run's end ---
 
+    @contextlib.asynccontextmanager
+    async def _ending(self, outcome: str) -> AsyncIterator[None]:
+        """Marks the run as leaving our hands while the ending call is in flight (the worker then
+        neither renews nor cancels it). If the call is refused, the run is still ours: unmark it
+        so the worker can fail it, release it or honour a cancel as usual."""
+        self.outcome = outcome
+        try:
+            yield
+        except LeaseLost:
+            raise
+        except BaseException:
+            self.outcome = None
+            raise
+
     async def complete(self, output: Mapping[str, Any] | None = None) -> common_pb2.Run:
         """RUNNING -> COMPLETED with output. (Returning a dict from the handler does the same.)"""
         self._live("complete")
-        self.outcome = "completed"
-        resp = await self.client.call(
-            self.client.scheduler.CompleteRun,
-            scheduler_pb2.CompleteRunRequest(lease=self.lease, output=to_struct(dict(output or {}))),
-        )
+        async with self._ending("completed"):
+            resp = await self.client.call(
+                self.client.scheduler.CompleteRun,
+                scheduler_pb2.CompleteRunRequest(lease=self.lease, output=to_struct(dict(output or {}))),
+            )
         return resp.run
 
     async def fail(
@@ -302,17 +316,17 @@ class RunContext:
         """Fails this attempt: retryable with attempts left -> PENDING again after a backoff;
         otherwise FAILED, and the saga compensates completed steps."""
         self._live("fail")
-        self.outcome = "failed"
-        resp = await self.client.call(
-            self.client.scheduler.FailRun,
-            scheduler_pb2.FailRunRequest(
-                lease=self.lease,
-                reason=reason[:4096],
-                error_code=error_code[:64],
-                retryable=retryable,
-                retry_after=_duration(retry_after),
-            ),
-        )
+        async with self._ending("failed"):
+            resp = await self.client.call(
+                self.client.scheduler.FailRun,
+                scheduler_pb2.FailRunRequest(
+                    lease=self.lease,
+                    reason=reason[:4096],
+                    error_code=error_code[:64],
+                    retryable=retryable,
+                    retry_after=_duration(retry_after),
+                ),
+            )
         return resp.run
 
 
