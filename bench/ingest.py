@@ -204,7 +204,12 @@ async def _redis_keys(stores: env.Stores) -> int:
 
 
 def _fast_path_metrics(svc: procs.Service) -> dict[str, float]:
-    return {k: v for k, v in procs.scrape_metrics(svc).items() if k.startswith("awooop_ingest")}
+    """The ingest service's counters (non-zero, without the *_created timestamps)."""
+    return {
+        k: v
+        for k, v in procs.scrape_metrics(svc).items()
+        if k.startswith("awooop_ingest") and "_created" not in k and v
+    }
 
 
 def declare(cfg: Config) -> list[Figure]:
@@ -288,16 +293,23 @@ async def run(
             unique.note = unimplemented
         if "dup" in table:
             d = table["dup"]
+            metrics = _fast_path_metrics(svc)
+            hits = metrics.get('awooop_ingest_redis_lookups_total{result="hit"}', 0.0)
+            dups = metrics.get('awooop_ingest_events_total{channel="api",outcome="duplicate"}', 0.0)
             dup.measured(
                 d.units_per_s,
                 ceiling.calls_per_s,
                 run=d.as_dict(),
                 ceiling=ceiling.as_dict(),
                 redis_keys_under_prefix=await _redis_keys(stores),
-                service_metrics=_fast_path_metrics(svc),
+                # duplicates the service answered from Redis, over all duplicates it answered
+                redis_fast_path_share=round(hits / dups, 4) if dups else None,
+                service_metrics=metrics,
             )
             if d.errors or d.unexpected:
                 dup.note = f"{sum(d.errors.values())} errors, {d.unexpected} unexpected: {d.first_error}"
+            elif dups and hits / dups < 0.99:
+                dup.note = f"only {hits / dups:.1%} of duplicates were answered from Redis"
         rss.record("ingest", svc, "after the single-event sweep (unique + duplicate ingest)")
 
         # batch ingest on a fresh database, and the raw statement on another fresh one
