@@ -21,6 +21,7 @@ class Config:
     # batch ingest vs raw SQL
     batch_size: int = 500
     batch_concurrency: int = 4
+    batch_duration: float = 6.0  # a batch call takes ~100 ms: a longer window than single calls
     # claim cycles vs PgQueuer
     claim_jobs: int = 6000
     claim_workers: int = 16
@@ -52,6 +53,7 @@ class Config:
             warmup=0.5,
             concurrencies=[1, 16, 64],
             duplicate_ids=500,
+            batch_duration=3.0,
             claim_jobs=1500,
             journal_steps=1000,
             journal_window=50,

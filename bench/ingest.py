@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import uuid
 from typing import Any
 
 from bench import env, procs, rss
@@ -108,10 +107,10 @@ class BatchIngest(_IngestCaller):
 
 
 class SqlBatch:
-    """The raw-store baseline: the ingest service's own statement (services.ingest.store.
-    INGEST_SQL: dedupe rows, runs, audit rows and the wake-up, in one statement) for `batch`
-    fresh events per execution, straight over asyncpg, one connection per in-flight statement.
-    Arguments are built as services.ingest.store.ingest() builds them."""
+    """The raw-store baseline: the ingest service's own store call, services.ingest.store.ingest(),
+    which runs INGEST_SQL (dedupe rows, runs and audit rows for the whole batch in ONE
+    statement) for `batch` fresh events, straight over asyncpg with one connection per
+    in-flight statement: no gRPC, no protobuf, no validation, no auth, no Redis."""
 
     def __init__(self, dsn: str, label: str, batch: int, project_id: str = PROJECT) -> None:
         self.dsn, self.label, self.batch, self.project_id = dsn, label, batch, project_id
@@ -119,39 +118,46 @@ class SqlBatch:
     async def setup(self, proc_idx: int, workers: int) -> None:
         import asyncpg
 
+        from services.common.db import _init_connection
         from services.ingest import store
+        from services.ingest.parsing import NewEvent
 
-        self.sql = store.INGEST_SQL
+        self.store, self.new_event = store, NewEvent
         self.proc_idx = proc_idx
         self.input_json = json.dumps(PAYLOAD, separators=(",", ":"))
-        self.pool = await asyncpg.create_pool(self.dsn, min_size=workers, max_size=workers)
+        self.pool = await asyncpg.create_pool(self.dsn, min_size=workers, max_size=workers, init=_init_connection)
 
     async def call(self, worker: int, n: int) -> int:
-        size = self.batch
         prefix = f"{self.label}-{self.proc_idx}-{worker}-{n}"
-        rows = await self.pool.fetch(
-            self.sql,
-            list(range(size)),
-            [self.project_id] * size,
-            ["api"] * size,
-            [f"{prefix}-{i}" for i in range(size)],
-            [uuid.uuid4() for _ in range(size)],
-            [self.input_json] * size,
-            [3] * size,
-            "bench",
-            "service:bench",
-            7 * 24 * 3600.0,
+        events = [
+            self.new_event(
+                project_id=self.project_id,
+                channel="api",
+                provider_event_id=f"{prefix}-{i}",
+                input_json=self.input_json,
+                max_attempts=3,
+            )
+            for i in range(self.batch)
+        ]
+        stored = await self.store.ingest(
+            self.pool, events, principal_id="bench", actor="service:bench", retention=7 * 24 * 3600.0
         )
-        if sum(1 for r in rows if r["created"]) != size:
-            raise Unexpected(f"raw insert created {sum(1 for r in rows if r['created'])} runs for {size} events")
-        return size
+        created = sum(1 for s in stored if s.created)
+        if created != self.batch:
+            raise Unexpected(f"raw insert created {created} runs for {self.batch} events")
+        return self.batch
 
     async def close(self) -> None:
         await self.pool.close()
 
 
 async def _load(
-    kind: type, params: dict[str, Any], cfg: Config, concurrency: int, server: procs.Service | None = None
+    kind: type,
+    params: dict[str, Any],
+    cfg: Config,
+    concurrency: int,
+    server: procs.Service | None = None,
+    duration: float | None = None,
 ) -> LoadResult:
     return await asyncio.to_thread(
         run_load,
@@ -159,8 +165,8 @@ async def _load(
         params,
         concurrency=concurrency,
         processes=cfg.processes,
-        duration=cfg.duration,
-        warmup=cfg.warmup,
+        duration=duration or cfg.duration,
+        warmup=max(1.0, cfg.warmup) if duration else cfg.warmup,
         server_pid=server.pid if server else None,
     )
 
@@ -324,12 +330,13 @@ async def run(
                 cfg,
                 cfg.batch_concurrency,
                 bsvc,
+                cfg.batch_duration,
             )
             rss.record("ingest", bsvc, f"after batch ingest ({cfg.batch_size} per call)")
             try:
                 sdsn = await stores.create_database("ingest_sql")
                 sql_params = {"dsn": sdsn, "label": label, "batch": cfg.batch_size}
-                s = await _load(SqlBatch, sql_params, cfg, cfg.batch_concurrency)
+                s = await _load(SqlBatch, sql_params, cfg, cfg.batch_concurrency, None, cfg.batch_duration)
                 batch.measured(b.units_per_s, s.units_per_s, run=b.as_dict(), raw_sql=s.as_dict())
             except ImportError as exc:
                 batch.measured(b.units_per_s, None, run=b.as_dict())
