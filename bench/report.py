@@ -158,5 +158,6 @@ def write(out_dir: Path, figures: list[Figure], meta: dict[str, Any], sweep: dic
     plot(
         sweep,
         out_dir / "throughput.png",
-        f"awooop ingest vs gRPC transport ceiling — {m['cores']} cores, PostgreSQL {m['postgres']['version']}",
+        f"awooop ingest vs gRPC transport ceiling — {m['cores']} cores, "
+        f"PostgreSQL {m['postgres']['version'].split()[0]}, {meta['started_at'][:10]}",
     )
