@@ -15,6 +15,7 @@ SERVICE_NAME = ingest_pb2.DESCRIPTOR.services_by_name["IngestService"].full_name
 def build(ctx: AppContext) -> ServiceParts:
     s = ctx.settings
     notifier = Notifier(ctx.pool)
+    servicer = IngestServicer(ctx, notifier)
 
     async def wakeup_loop() -> None:
         await notifier.run(ctx.stopping)
@@ -26,7 +27,8 @@ def build(ctx: AppContext) -> ServiceParts:
         await periodic("ingest-retention", s.prune_interval, one_pass, ctx.stopping)
 
     return ServiceParts(
-        servicers=[(ingest_pb2_grpc.add_IngestServiceServicer_to_server, IngestServicer(ctx, notifier))],
+        servicers=[(ingest_pb2_grpc.add_IngestServiceServicer_to_server, servicer)],
         service_names=[SERVICE_NAME],
         background=[wakeup_loop, retention_loop],
+        on_stop=[servicer.events.drain],
     )

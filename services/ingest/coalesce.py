@@ -48,6 +48,16 @@ class Coalescer(Generic[T, R]):
             self._pending.append((items, None))
             self._schedule()
 
+    async def drain(self) -> None:
+        """Waits until everything submitted so far has been flushed (used at shutdown)."""
+        while self._pending or self._tasks:
+            if self._pending:
+                self._schedule()
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            else:
+                await asyncio.sleep(0)  # a flush is scheduled to start on the next turn
+
     def _schedule(self) -> None:
         if not self._scheduled and self._in_flight < self.max_in_flight:
             self._scheduled = True

@@ -28,8 +28,8 @@ from services.ingest.wakeup import Notifier
 
 DUPLICATE_CODE = "E-IDEMPOTENT-001"
 # flushes in flight at once per kind; what arrives meanwhile is coalesced into the next one
-REDIS_IN_FLIGHT = 4
-STORE_IN_FLIGHT = 4
+REDIS_IN_FLIGHT = 1
+STORE_IN_FLIGHT = 1
 
 
 @dataclass(slots=True)
@@ -86,6 +86,11 @@ class EventIngestor:
             (metrics.DUPLICATE if duplicate[i] else metrics.CREATED)[e.channel].inc()
             out.append(Outcome(run_ids[i] or "", e.provider_event_id, duplicate[i]))
         return out
+
+    async def drain(self) -> None:
+        """Finishes queued flushes (cache writes included) before the store and Redis close."""
+        for c in (self._lookups, *self._writers.values(), self._remember):
+            await c.drain()
 
     def _writer(self, principal_id: str, actor: str) -> Coalescer[NewEvent, store.Stored]:
         writer = self._writers.get(actor)

@@ -57,7 +57,9 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
         principal = current_principal()
         principal.require(request.project_id, ROLE)
         outcomes = await self.events.ingest(events, principal_id=principal.principal_id, actor=principal.actor)
-        return ingest_pb2.IngestEventResponse(outcomes=[_outcome_pb(o) for o in outcomes])
+        response = ingest_pb2.IngestEventResponse()
+        _add_outcomes(response, outcomes)
+        return response
 
     async def IngestEvents(
         self, request: ingest_pb2.IngestEventsRequest, context: grpc.aio.ServicerContext
@@ -100,11 +102,10 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
                     event_index=str(i),
                 )
         outcomes = await self.events.ingest(events, principal_id=principal.principal_id, actor=principal.actor)
-        return ingest_pb2.IngestEventsResponse(
-            results=[
-                ingest_pb2.IngestEventResponse(outcomes=[_outcome_pb(o) for o in outcomes[a:b]]) for a, b in bounds
-            ]
-        )
+        response = ingest_pb2.IngestEventsResponse()
+        for a, b in bounds:
+            _add_outcomes(response.results.add(), outcomes[a:b])
+        return response
 
     def _check_expanded(self, v: Violations, field: str, count: int) -> None:
         # a LINE delivery expands to one run per event: bound the total like a batch
@@ -130,12 +131,13 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
         return await self.runs.create(run, principal, deadline=deadline)
 
 
-def _outcome_pb(o: Outcome) -> ingest_pb2.EventOutcome:
-    if o.duplicate:
-        return ingest_pb2.EventOutcome(
-            run_id=o.run_id, provider_event_id=o.provider_event_id, duplicate=True, code=DUPLICATE_CODE
-        )
-    return ingest_pb2.EventOutcome(run_id=o.run_id, provider_event_id=o.provider_event_id)
+def _add_outcomes(response: ingest_pb2.IngestEventResponse, outcomes: list[Outcome]) -> None:
+    add = response.outcomes.add  # built in place: no intermediate messages to copy
+    for o in outcomes:
+        if o.duplicate:
+            add(run_id=o.run_id, provider_event_id=o.provider_event_id, duplicate=True, code=DUPLICATE_CODE)
+        else:
+            add(run_id=o.run_id, provider_event_id=o.provider_event_id)
 
 
 def _metadata(context: grpc.aio.ServicerContext, name: str) -> str:
