@@ -147,6 +147,11 @@ async def run_idempotent(
         except _KeyRace:
             if attempt:
                 raise errors.store_unavailable("idempotency key contended, retry") from None
+        except asyncpg.exceptions.LockNotAvailableError:
+            # lock_timeout (the caller's remaining deadline) covers every lock wait of the transaction
+            raise errors.deadline_exceeded(
+                "a request with the same idempotency key (or a row it needs) was still locked at the deadline"
+            ) from None
     raise AssertionError("unreachable")
 
 
@@ -167,12 +172,7 @@ async def _attempt(
     s = scope
     key_args = (s.project_id, s.principal_type, s.principal_id, s.operation, s.key)
     async with pool.acquire() as conn, conn.transaction():
-        try:
-            await conn.execute(LOCK_SQL, _lock_timeout(deadline), s.lock_name())
-        except asyncpg.exceptions.LockNotAvailableError:
-            raise errors.deadline_exceeded(
-                "a request with the same idempotency key is still in flight; it did not finish within the deadline"
-            ) from None
+        await conn.execute(LOCK_SQL, _lock_timeout(deadline), s.lock_name())
         row = await conn.fetchrow(LOOKUP_SQL, *key_args, float(ttl))
         assert row is not None
         if row["request_fingerprint"] is not None:

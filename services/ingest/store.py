@@ -161,8 +161,9 @@ async def ingest(
 
 
 async def _fetch_retrying(db: Executor, sql: str, *args: Any) -> list[asyncpg.Record]:
-    """A deadlock between batches sharing keys is rolled back by Postgres; the statement is
-    safe to run again (ON CONFLICT makes it idempotent)."""
+    """Keys are inserted in sorted order, so statements sharing keys should never deadlock;
+    should Postgres still report one, the statement is safe to run again (ON CONFLICT makes
+    it idempotent)."""
     for attempt in range(3):
         try:
             return await db.fetch(sql, *args)
