@@ -75,7 +75,8 @@ async def lock_waiters(db: asyncpg.Connection) -> int:
 async def test_ten_parallel_identical_create_run_calls_create_one_run_and_nine_replays(
     start_services, channels, make_key, db, db_dsn
 ) -> None:
-    _rt, stub, md = await serve(start_services, channels, make_key)
+    # (a pool with room for all ten to wait at once)
+    _rt, stub, md = await serve(start_services, channels, make_key, db_pool_max=20)
     # hold the key's lock so all ten are provably in flight together, then let them go
     holder = await asyncpg.connect(db_dsn)
     tx = await hold_lock(holder, lock_name("alice", "key-1"))
