@@ -102,9 +102,10 @@ async def journal_client(
         await _pair(saga, md, lease(warm_run), f"warm-{i}", result)
     await sync(None)
     try:
+        seq_times = []
         t0 = time.perf_counter()
         for i in range(steps):
-            await _pair(saga, md, lease(seq_run), f"step-{i}", result)
+            seq_times.append(await _pair(saga, md, lease(seq_run), f"step-{i}", result))
         seq_total = time.perf_counter() - t0
         times: dict[str, list[float]] = {n: [] for n in length_runs}
         rounds = 10
@@ -115,7 +116,7 @@ async def journal_client(
                     times[n].append(await _pair(saga, md, lease(run_id), f"b-{r}-{i}", result))
     finally:
         await channel.close()
-    return {"seq_total_s": seq_total, "steps": steps, "pair_s": times}
+    return {"seq_total_s": seq_total, "seq_pair_s": seq_times, "steps": steps, "pair_s": times}
 
 
 def _ms(xs: list[float]) -> dict[str, float]:
@@ -182,7 +183,12 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
     vs_dbos.measured(
         per_step,
         dbos["per_step_ms"],
-        awooop={"steps": n, "total_s": round(ours["seq_total_s"], 3), "per_step_ms": round(per_step, 3)},
+        awooop={
+            "steps": n,
+            "total_s": round(ours["seq_total_s"], 3),
+            "per_step_ms": round(per_step, 3),
+            "pairs": _ms(ours["seq_pair_s"]),
+        },
         dbos=dbos,
     )
     at_short, at_long = _ms(ours["pair_s"][str(short)]), _ms(ours["pair_s"][str(long)])
