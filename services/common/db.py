@@ -23,6 +23,12 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool release hook. asyncpg's default resets session state with one extra round trip
+    per release; awooop never sets session state through the pool (advisory locks and
+    settings are transaction-scoped), and asyncpg still rolls back an open transaction."""
+
+
 async def create_pool(settings: Settings, dsn: str | None = None) -> asyncpg.Pool:
     """A pool that starts even when the store is down (min_size connections are
     opened lazily on failure) so the service can answer UNAVAILABLE instead of crashing."""
@@ -32,6 +38,7 @@ async def create_pool(settings: Settings, dsn: str | None = None) -> asyncpg.Poo
         min_size=0,
         max_size=settings.db_pool_max,
         init=_init_connection,
+        reset=_keep_session,
         timeout=settings.db_connect_timeout,
         command_timeout=settings.db_statement_timeout + 1,
         server_settings={
