@@ -16,6 +16,7 @@ class Config:
     # concurrency sweep (plot) and the point the table reads
     concurrencies: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
     table_concurrency: int = 64
+    table_rounds: int = 3  # interleaved rounds at table_concurrency; the table takes the median
     # ids ingested first, then sent again as duplicates (the Redis fast path)
     duplicate_ids: int = 2000
     # batch ingest vs raw SQL
@@ -49,9 +50,10 @@ class Config:
     def quick_mode(cls) -> Config:
         return cls(
             quick=True,
-            duration=1.5,
             warmup=0.5,
             concurrencies=[1, 16, 64],
+            table_rounds=3,
+            duration=1.0,
             duplicate_ids=500,
             batch_duration=3.0,
             claim_jobs=1500,
