@@ -37,10 +37,6 @@ def step_type_to_pb(value: str) -> int:
 
 
 def step_status_to_pb(value: str) -> int:
-    # 'compensating' is a store-only intent marker (a compensation call is in flight); callers see
-    # the step as still completed until the call's outcome is recorded.
-    if value == "compensating":
-        value = "completed"
     return common_pb2.StepStatus.Value(f"STEP_STATUS_{value.upper()}")
 
 

@@ -189,6 +189,10 @@ class _StepStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_StepStatus
     """Its compensation command failed; awaits retry or an operator."""
     STEP_STATUS_RESOLVED: _StepStatus.ValueType  # 6
     """A failed compensation resolved by hand by an operator (with a reason)."""
+    STEP_STATUS_COMPENSATING: _StepStatus.ValueType  # 7
+    """Its compensation command is being executed (or was in flight when the saga service stopped;
+    it is re-sent with the same idempotency key, so it never runs twice).
+    """
 
 class StepStatus(_StepStatus, metaclass=_StepStatusEnumTypeWrapper):
     """Status of a journaled step (seed ADR-119 D1, D4)."""
@@ -207,6 +211,10 @@ STEP_STATUS_COMPENSATION_FAILED: StepStatus.ValueType  # 5
 """Its compensation command failed; awaits retry or an operator."""
 STEP_STATUS_RESOLVED: StepStatus.ValueType  # 6
 """A failed compensation resolved by hand by an operator (with a reason)."""
+STEP_STATUS_COMPENSATING: StepStatus.ValueType  # 7
+"""Its compensation command is being executed (or was in flight when the saga service stopped;
+it is re-sent with the same idempotency key, so it never runs twice).
+"""
 Global___StepStatus: _TypeAlias = StepStatus  # noqa: Y015
 
 @_typing.final
