@@ -11,7 +11,7 @@
 
 The workers claim with a short lease (--lease-ttl, default 2 s), so the run is reapable two
 seconds after the crash; how soon it comes back then depends on the scheduler's reaper interval
-(AWOOOP_REAPER_INTERVAL, 60 s by default; `AWOOOP_REAPER_INTERVAL=2 ./dev up` makes it quick).
+(AWOOOP_REAPER_INTERVAL: `awooop up` uses 2 s, a served scheduler 60 s by default).
 
 --json prints a machine-readable summary on stdout (the story goes to stderr).
 """
@@ -366,7 +366,7 @@ async def _story(
     story.detail(
         f"waiting for the reaper: the lease ends {args.lease_ttl:g} s after the last heartbeat, the reaper runs every"
     )
-    story.detail("AWOOOP_REAPER_INTERVAL seconds (60 by default; `AWOOOP_REAPER_INTERVAL=2 ./dev up` is quicker) ...")
+    story.detail("AWOOOP_REAPER_INTERVAL seconds (2 under `awooop up`, 60 for a served scheduler) ...")
     waited = {"next": 15.0}
 
     async def reaped_yet() -> scheduler_pb2.RunEvent | None:

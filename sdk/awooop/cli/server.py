@@ -134,7 +134,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from services.common.observability import setup_logging
     from services.common.runtime import Runtime
 
-    settings = _settings()
+    settings = _dev_defaults(_settings())
     setup_logging(settings.log_level)
     logging.getLogger("pgserver").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _terminate_on_sigterm)
@@ -209,6 +209,16 @@ def grpcurl_target(settings: Any) -> str:
     return "-plaintext"
 
 
+# `awooop up` is the development mode: the reaper passes every 2 s instead of 60 s so a crashed
+# worker's run comes back within seconds (the demo shows it). An AWOOOP_* variable still wins.
+DEV_DEFAULTS = {"reaper_interval": 2.0}
+
+
+def _dev_defaults(settings: Any) -> Any:
+    unset = {k: v for k, v in DEV_DEFAULTS.items() if f"AWOOOP_{k.upper()}" not in os.environ}
+    return settings.with_(**unset)
+
+
 def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[str]) -> str:
     """What `awooop up` prints once every service is SERVING; the grpcurl lines work when pasted."""
     h = client_host(settings.host)
@@ -227,6 +237,8 @@ def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[st
         f"  postgres   {store} ({'migrated: ' + ', '.join(migrated) if migrated else 'schema up to date'})",
         f"             {redact(settings.database_url)}",
         f"  redis      {redis}, {redact(settings.redis_url)}",
+        f"  reaper     every {settings.reaper_interval:g} s, default lease {settings.lease_ttl:g} s"
+        " (AWOOOP_REAPER_INTERVAL, AWOOOP_LEASE_TTL)",
         "",
         f"  dev admin key (admin in every project): {key}",
         f"  export AWOOOP_API_KEY={key}",
@@ -236,6 +248,7 @@ def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[st
         f"  grpcurl {flags} -H 'authorization: Bearer {key}' \\",
         """    -d '{"project_id":"demo","channel_type":"CHANNEL_TYPE_TELEGRAM","payload":{"update_id":1001}}' \\""",
         f"    {ingest} awooop.ingest.v1.IngestService/IngestEvent",
+        "  awooop demo        # the seeds' story end to end, from another terminal (./dev demo)",
         "",
         "Stop with Ctrl-C.",
         "",
