@@ -24,7 +24,7 @@ class Config:
     batch_concurrency: int = 4
     batch_duration: float = 6.0  # a batch call takes ~100 ms: a longer window than single calls
     # claim cycles vs PgQueuer
-    claim_jobs: int = 6000
+    claim_jobs: int = 20000
     claim_workers: int = 16
     claim_batch: int = 10  # PgQueuer's default batch size; awooop claims the same number
     # journal
@@ -56,7 +56,7 @@ class Config:
             duration=1.0,
             duplicate_ids=500,
             batch_duration=3.0,
-            claim_jobs=1500,
+            claim_jobs=3000,
             journal_steps=1000,
             journal_window=50,
             dbos_steps=300,
