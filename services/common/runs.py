@@ -14,9 +14,10 @@ from google.protobuf import timestamp_pb2
 from awooop.common.v1 import common_pb2
 from services.common.validate import to_struct
 
-# Postgres NOTIFY channel: payload is the project_id that has a claimable run. Sent in the
-# transaction that makes a run claimable (ingest insert, reap, approve, retry), so a
-# long-polling ClaimRuns wakes without polling delay.
+# Postgres NOTIFY channel: payload is the project_id that has a claimable run. Sent when a run
+# becomes claimable (the scheduler in the transaction that reaps, approves or retries; ingest
+# right after its insert commits, see services/ingest/wakeup.py), so a long-polling ClaimRuns
+# wakes without polling delay.
 RUN_READY_CHANNEL = "awooop_run_ready"
 
 STATUSES = ("PENDING", "RUNNING", "WAITING_TOOL", "WAITING_APPROVAL", "RESUMED", "COMPLETED", "FAILED", "CANCELLED")
