@@ -236,7 +236,11 @@ def markdown() -> str:
         "names with their defaults.",
         "",
         "Client-side variables (not server settings): `AWOOOP_API_KEY` (the key the CLI and SDK send),",
-        "`AWOOOP_DATA_DIR` (where `awooop up` keeps its embedded Postgres and Redis; default `.awooop`).",
+        "`AWOOOP_INGEST_ADDR`, `AWOOOP_SCHEDULER_ADDR`, `AWOOOP_SAGA_ADDR`, `AWOOOP_GATEWAY_ADDR` (where the",
+        "CLI and SDK find each service; default 127.0.0.1 and the default ports), `AWOOOP_TLS` and",
+        "`AWOOOP_TLS_CA_FILE` (dial with TLS, trusting that CA), `AWOOOP_DATA_DIR` (where `awooop up`",
+        "keeps its embedded Postgres and Redis; default `.awooop`). `AWOOOP_SAGA_ADDR` is also the",
+        "scheduler's setting below: in both roles it says where the saga service listens.",
     ]
     section = None
     for f in fields(Settings):
