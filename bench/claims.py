@@ -16,6 +16,7 @@ item finished in the database (COMPLETED run / job row gone), polled every 10 ms
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -301,5 +302,6 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
     finally:
         svc.stop()
     fig.measured(ours["per_s"], pgq["per_s"], awooop=ours, pgqueuer=pgq, workers_per_process=shares)
+    fig.details["bound"] = cpu.bound(ours["cpu_cores"], os.cpu_count() or 1)
     if ours["errors"]:
         fig.note = f"errors during the awooop drain: {ours['errors']}"

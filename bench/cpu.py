@@ -48,3 +48,15 @@ def cores(before: Snapshot, after: Snapshot, seconds: float) -> dict[str, float]
         used[group] = used.get(group, 0.0) + secs - (prev[1] if prev and prev[0] == group else 0.0)
     used["machine"] = after["machine"] - before["machine"]
     return {k: round(max(0.0, v) / seconds, 2) for k, v in used.items()}
+
+
+def bound(used: dict[str, float], cores_total: int) -> str:
+    """A one-line reading of a window's CPU: what the work most likely waited on."""
+    server, machine, pg = used.get("server"), used.get("machine", 0.0), used.get("postgres", 0.0)
+    if server is not None and server >= 0.85:
+        return f"service process CPU-bound ({server:.2f} cores: one Python event loop)"
+    if machine >= 0.9 * cores_total:
+        return f"machine CPU saturated ({machine:.2f} of {cores_total} cores; service {server}, Postgres {pg:.2f})"
+    if pg >= 0.85:
+        return f"Postgres CPU-bound ({pg:.2f} cores)"
+    return f"latency-bound (service {server}, Postgres {pg:.2f}, machine {machine:.2f} cores): commits, round trips"

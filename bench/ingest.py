@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 from typing import Any
 
-from bench import env, procs, rss
+from bench import cpu, env, procs, rss
 from bench.config import Config
 from bench.loadgen import HealthCheck, LoadResult, Unexpected, run_load
 from bench.report import Figure
@@ -312,6 +313,7 @@ async def run(
             unique.measured(
                 u.units_per_s, ceiling.calls_per_s, run=u.as_dict(), ceiling=ceiling.as_dict(), rounds=rounds_at
             )
+            unique.details["bound"] = cpu.bound(u.cpu, os.cpu_count() or 1)
             if u.errors or u.unexpected:
                 unique.note = f"{sum(u.errors.values())} errors, {u.unexpected} unexpected: {u.first_error}"
         else:
@@ -333,6 +335,7 @@ async def run(
                 redis_fast_path_share=round(hits / dups, 4) if dups else None,
                 service_metrics=metrics,
             )
+            dup.details["bound"] = cpu.bound(d.cpu, os.cpu_count() or 1)
             if d.errors or d.unexpected:
                 dup.note = f"{sum(d.errors.values())} errors, {d.unexpected} unexpected: {d.first_error}"
             elif dups and hits / dups < 0.99:
@@ -359,6 +362,7 @@ async def run(
                 sql_params = {"dsn": sdsn, "label": label, "batch": cfg.batch_size}
                 s = await _load(SqlBatch, sql_params, cfg, cfg.batch_concurrency, None, cfg.batch_duration)
                 batch.measured(b.units_per_s, s.units_per_s, run=b.as_dict(), raw_sql=s.as_dict())
+                batch.details["bound"] = cpu.bound(b.cpu, os.cpu_count() or 1)
             except ImportError as exc:
                 batch.measured(b.units_per_s, None, run=b.as_dict())
                 batch.note = f"raw-SQL baseline unavailable: {exc}"

@@ -109,10 +109,12 @@ def markdown(figures: list[Figure], meta: dict[str, Any]) -> str:
             base = f"— ({f.baseline_label})"
         ratio = "—" if f.ratio is None or f.rule in ("le", "le_baseline_plus", "report") else f"{f.ratio:.2f} ×"
         lines.append(f"| {f.title} | {_fmt(f.value, f.unit)} | {base} | {ratio} | {f.target} | {verdict(f)} |")
-    notes = [f for f in figures if f.note]
+    notes = [f for f in figures if f.note or (f.passed is False and f.details.get("bound"))]
     if notes:
         lines += ["", "Notes:", ""]
-        lines += [f"- **{f.title}**: {f.note}" for f in notes]
+        for f in notes:
+            text = "; ".join(x for x in (f.note, f.details.get("bound", "") if f.passed is False else "") if x)
+            lines.append(f"- **{f.title}**: {text}")
     if meta.get("notes"):
         lines += ["", *[f"- {n}" for n in meta["notes"]]]
     lines += ["", "Raw numbers, settings and per-run details: `results.json`. Plot: `throughput.png`.", ""]
