@@ -3,9 +3,10 @@ transport ceiling, batch ingest against the service's own insert statement run r
 asyncpg, and the concurrency sweep behind the plot.
 
 Fairness: the ceiling (health Check) and IngestEvent run through the same load generator,
-processes, channels and concurrency, against the same server process. The raw-SQL baseline
-runs the very statement the service runs (imported from services/ingest), on its own fresh
-database, with the same batches and concurrency.
+processes, channels and concurrency, against the same server process, in interleaved rounds.
+The raw-SQL baseline calls the service's own store function (services.ingest.store.ingest(),
+one INGEST_SQL statement per batch) on its own fresh database, with the same batches and
+concurrency.
 """
 
 from __future__ import annotations
