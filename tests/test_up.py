@@ -110,7 +110,8 @@ async def bash(command: str) -> subprocess.CompletedProcess[str]:
 
 async def check_printed_commands(up: Up) -> None:
     """Runs the printed grpcurl lines as pasted; the call must authenticate."""
-    listing, call = up.try_commands()
+    listing, call, demo = up.try_commands()
+    assert demo.startswith("awooop demo")
     assert listing.startswith("grpcurl ") and call.startswith("grpcurl ")
     out = await bash(listing)
     assert out.returncode == 0, out.stderr

@@ -25,6 +25,9 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         self._status: dict[str, health_pb2.HealthCheckResponse.ServingStatus.ValueType] = {"": SERVING}
         self._changed = asyncio.Condition()
         self._shutting_down = False
+        self._watchers = 0
+        self._no_watchers = asyncio.Event()
+        self._no_watchers.set()
 
     def status(self, service: str = "") -> health_pb2.HealthCheckResponse.ServingStatus.ValueType | None:
         return self._status.get(service)
@@ -41,17 +44,26 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         last = None
-        while True:
-            async with self._changed:
-                status = self._status.get(request.service, SERVICE_UNKNOWN)
-                if status == last and not self._shutting_down:
-                    await self._changed.wait()
-                    continue
-            if status != last:
-                yield health_pb2.HealthCheckResponse(status=status)
-                last = status
-            if self._shutting_down:
-                return
+        self._watchers += 1
+        self._no_watchers.clear()
+        try:
+            while True:
+                async with self._changed:
+                    status = self._status.get(request.service, SERVICE_UNKNOWN)
+                    if status == last and not self._shutting_down:
+                        await self._changed.wait()
+                        continue
+                if status != last:
+                    # grpc sends each yielded message before asking for the next one, so once
+                    # this generator ends its last message has been written
+                    yield health_pb2.HealthCheckResponse(status=status)
+                    last = status
+                if self._shutting_down:
+                    return
+        finally:
+            self._watchers -= 1
+            if self._watchers == 0:
+                self._no_watchers.set()
 
     async def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
         """Sets one service's status (ignored once shutting down, as in the reference)."""
@@ -68,3 +80,11 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             for service in self._status:
                 self._status[service] = NOT_SERVING
             self._changed.notify_all()
+
+    async def watchers_done(self, timeout: float) -> bool:
+        """Waits (up to timeout) until every Watch stream has sent its last message and ended."""
+        try:
+            await asyncio.wait_for(self._no_watchers.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False

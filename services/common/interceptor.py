@@ -63,6 +63,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             code = "OK"
             principal_id = ""
             token = None
+            # Failures are answered after the metrics and the log are written (below the
+            # try), so a caller that sees the status also sees it counted.
+            failure: errors.ServiceError | None = None
             try:
                 if authenticator is not None:
                     md = {k: v for k, v in (context.invocation_metadata() or ())}
@@ -71,8 +74,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                     token = set_principal(principal)
                 return await inner(request, context)
             except errors.ServiceError as exc:
-                code = exc.code.name
-                await context.abort_with_status(exc.to_status())
+                failure = exc
             except grpc.aio.AbortError:
                 code = context.code().name if context.code() else "ABORTED"  # type: ignore[union-attr]
                 raise
@@ -82,16 +84,15 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 code = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
                 raise
             except NotImplementedError:  # the generated base servicer's answer
-                code = "UNIMPLEMENTED"
-                await context.abort_with_status(errors.unimplemented(method).to_status())
+                failure = errors.unimplemented(method)
             except Exception as exc:
-                mapped = store_error(exc)
-                if mapped is None:
+                failure = store_error(exc)
+                if failure is None:
                     log.exception("unhandled error in %s", method)
-                    mapped = errors.internal()
-                code = mapped.code.name
-                await context.abort_with_status(mapped.to_status())
+                    failure = errors.internal()
             finally:
+                if failure is not None:
+                    code = failure.code.name
                 if token is not None:
                     reset_principal(token)
                 elapsed = time.perf_counter() - started
@@ -108,5 +109,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                             "peer": context.peer(),
                         },
                     )
+            assert failure is not None  # the try either returned, raised, or set it
+            await context.abort_with_status(failure.to_status())
 
         return handle

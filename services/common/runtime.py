@@ -191,6 +191,8 @@ class Runtime:
         # tell load balancers first, then drain
         for hs in self.health.values():
             await hs.enter_graceful_shutdown()
+        # watchers get NOT_SERVING and the end of their stream before the server stops
+        await asyncio.gather(*(hs.watchers_done(min(grace, 2.0)) for hs in self.health.values()))
         if self.settings.shutdown_delay > 0 and grace > 0 and self.servers:
             await asyncio.sleep(self.settings.shutdown_delay)
         await asyncio.gather(*(srv.stop(grace) for srv in self.servers.values()))

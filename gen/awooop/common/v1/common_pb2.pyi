@@ -283,7 +283,9 @@ class Run(_message.Message):
     channel_type: Global___ChannelType.ValueType
     """Channel the run came from."""
     provider_event_id: _builtins.str
-    """Provider event id the run was deduplicated on (empty for CreateRun without a key)."""
+    """Provider event id the run was deduplicated on (empty for runs made by CreateRun, whose key is
+    principal-scoped and lives in the idempotency table).
+    """
     status: Global___RunStatus.ValueType
     """Current status."""
     max_attempts: _builtins.int
