@@ -103,3 +103,26 @@ async def facts(pg_dsn: str, redis_url: str, pg_source: str, redis_source: str) 
         "load_average_at_start": [round(x, 2) for x in load],
         "git_commit": _git_commit(),
     }
+
+
+async def commit_latency(dsn: str, n: int = 200) -> dict[str, float]:
+    """Milliseconds per sequential single-row autocommit INSERT, with synchronous_commit on
+    (each commit waits for its WAL flush: the disk's fsync) and off (no wait), on a scratch
+    database. It is the floor under every figure that commits per item."""
+    import time
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("CREATE TABLE commit_probe (i int)")
+        out = {}
+        for mode in ("on", "off"):
+            await conn.execute(f"SET synchronous_commit = {mode}")
+            for i in range(20):  # warm
+                await conn.execute("INSERT INTO commit_probe VALUES ($1)", i)
+            t0 = time.perf_counter()
+            for i in range(n):
+                await conn.execute("INSERT INTO commit_probe VALUES ($1)", i)
+            out[f"synchronous_commit_{mode}_ms"] = round((time.perf_counter() - t0) / n * 1000, 3)
+        return out
+    finally:
+        await conn.close()

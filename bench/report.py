@@ -98,6 +98,8 @@ def markdown(figures: list[Figure], meta: dict[str, Any]) -> str:
         f"grpcio {m['packages']['grpcio']}; load average at start {m['load_average_at_start']}.",
         f"PostgreSQL {pg['version']} ({pg['source']}): "
         + ", ".join(f"{k}={v}" for k, v in pg["settings"].items())
+        + f"; one commit takes {pg.get('commit_latency', {}).get('synchronous_commit_on_ms', '?')} ms "
+        f"({pg.get('commit_latency', {}).get('synchronous_commit_off_ms', '?')} ms without waiting for the WAL flush)"
         + f". Redis {m['redis']['version']} ({m['redis']['source']}).",
         "",
         "| figure | value | baseline (same run) | ratio | target | verdict |",

@@ -122,6 +122,9 @@ async def main(args: argparse.Namespace) -> int:
     errors: dict[str, str] = {}
     try:
         facts = await machine.facts(stores.pg_dsn, stores.redis_url, stores.pg_source, stores.redis_source)
+        probe = await stores.create_database("probe", migrated=False)
+        facts["postgres"]["commit_latency"] = await machine.commit_latency(probe)
+        await stores.drop_database(probe)
         print(
             f"awooop bench ({'quick' if cfg.quick else 'full'}): Postgres {facts['postgres']['version']} "
             f"({stores.pg_source}), Redis {facts['redis']['version']} ({stores.redis_source}), "
