@@ -61,6 +61,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         metavar="NAME=VALUE",
         help="a setting for every service process, e.g. --set db_pool_max=20 (AWOOOP_DB_POOL_MAX)",
     )
+    p.add_argument("--note", action="append", default=[], help="a line for the results' notes (repeatable)")
     p.add_argument(
         "--profile",
         metavar="DIR",
@@ -160,7 +161,8 @@ async def main(args: argparse.Namespace) -> int:
         "errors": errors,
         "notes": [
             "Client load runs in separate processes on the same machine as the services, Postgres and Redis: "
-            "every number here shares the same cores with its baseline."
+            "every number here shares the same cores with its baseline.",
+            *args.note,
         ],
     }
     out = Path(args.out)
