@@ -27,8 +27,9 @@ from prometheus_client import Counter
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common import errors
+from services.common.jsonvalues import has_nul, json_size, struct_dict
 from services.common.validate import Violations, to_struct
-from services.gateway.tools import TOOL_FAILED, TOOLS, has_nul, json_size, struct_dict, tool_failed
+from services.gateway.tools import TOOL_FAILED, TOOLS, tool_failed
 
 log = logging.getLogger("awooop.gateway")
 

@@ -14,8 +14,6 @@ cluster, a database and a knowledge base. Each runs inside the gateway's per-cal
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import uuid
 from collections.abc import Awaitable, Callable
@@ -23,7 +21,6 @@ from typing import Any
 
 import asyncpg
 import grpc
-from google.protobuf import json_format, struct_pb2
 
 from services.common import errors
 from services.common.validate import TOKEN_RE, Violations
@@ -34,36 +31,6 @@ TABLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 MAX_REPLICAS = 10000
 
 Tool = Callable[[asyncpg.Connection, str, dict[str, Any]], Awaitable[dict[str, Any]]]
-
-
-def plain(value: Any) -> Any:
-    """Integral Struct numbers (doubles) back to ints: {"replicas": 3.0} -> {"replicas": 3}."""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
-
-
-def struct_dict(value: struct_pb2.Struct) -> dict[str, Any]:
-    return plain(json_format.MessageToDict(value))  # type: ignore[no-any-return]
-
-
-def has_nul(value: Any) -> bool:
-    """Postgres JSONB cannot store U+0000 in keys or strings."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(has_nul(k) or has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(has_nul(v) for v in value)
-    return False
-
-
-def json_size(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def tool_failed(message: str, **metadata: str) -> errors.ServiceError:

@@ -13,13 +13,14 @@ from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
 from services.common import errors
 from services.common.auth import current_principal
+from services.common.jsonvalues import has_nul, json_size, struct_dict
 from services.common.runs import saga_status_to_pb, ts
 from services.common.settings import Settings
 from services.common.validate import Violations
 from services.saga import compensation, journal
 from services.saga.driver import CompensationDriver
 from services.saga.metrics import STEP_WRITES
-from services.saga.steps import IRREVERSIBLE_TOOLS, has_nul, json_size, step_to_pb, step_type_from_pb, struct_dict
+from services.saga.steps import IRREVERSIBLE_TOOLS, step_to_pb, step_type_from_pb
 
 MAX_ID = 128  # step_id / tool_id: VARCHAR(128)
 MAX_TEXT = 4096  # error text, reasons

@@ -6,12 +6,8 @@ Statuses and step types are stored lower-case, exactly as seed ADR-119 D1 writes
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping
 from typing import Any
-
-from google.protobuf import json_format, struct_pb2
 
 from awooop.common.v1 import common_pb2
 from services.common.runs import ts
@@ -38,37 +34,6 @@ def step_type_to_pb(value: str) -> int:
 
 def step_status_to_pb(value: str) -> int:
     return common_pb2.StepStatus.Value(f"STEP_STATUS_{value.upper()}")
-
-
-def plain(value: Any) -> Any:
-    """A JSON value with integral floats turned back into ints (Struct numbers are doubles, so
-    {"replicas": 3} arrives as 3.0; the seed's journal shows 3)."""
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
-        return int(value)
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    return value
-
-
-def struct_dict(value: struct_pb2.Struct) -> dict[str, Any]:
-    return plain(json_format.MessageToDict(value))  # type: ignore[no-any-return]
-
-
-def has_nul(value: Any) -> bool:
-    """Postgres JSONB cannot store U+0000 in keys or strings."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(has_nul(k) or has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(has_nul(v) for v in value)
-    return False
-
-
-def json_size(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
 
 def compensation_to_pb(cmd: Mapping[str, Any]) -> common_pb2.CompensationCommand:
