@@ -109,13 +109,15 @@ class Stores:
                 stop()
 
 
-async def resolve(database_url: str | None, redis_url: str | None) -> Stores:
+async def resolve(database_url: str | None, redis_url: str | None, *, embedded_only: bool = False) -> Stores:
+    """The stores, in the order of the module doc; embedded_only skips straight to embedded ones."""
     stoppers = []
     pg_source = "argument"
     dsn = database_url
-    if not dsn and os.environ.get("AWOOOP_DATABASE_URL"):
+    local = not embedded_only
+    if not dsn and local and os.environ.get("AWOOOP_DATABASE_URL"):
         dsn, pg_source = os.environ["AWOOOP_DATABASE_URL"], "AWOOOP_DATABASE_URL"
-    if not dsn and await _pg_answers(LOCAL_PG):
+    if not dsn and local and await _pg_answers(LOCAL_PG):
         dsn, pg_source = LOCAL_PG, "local 127.0.0.1:5432"
     if not dsn:
         pg = embedded.start_postgres(Path(tempfile.mkdtemp(prefix="awooop-bench-pg-")))
@@ -123,9 +125,9 @@ async def resolve(database_url: str | None, redis_url: str | None) -> Stores:
         dsn, pg_source = pg.dsn, "embedded (pgserver)"
     rsource = "argument"
     rurl = redis_url
-    if not rurl and os.environ.get("AWOOOP_REDIS_URL"):
+    if not rurl and local and os.environ.get("AWOOOP_REDIS_URL"):
         rurl, rsource = os.environ["AWOOOP_REDIS_URL"], "AWOOOP_REDIS_URL"
-    if not rurl and await _redis_answers(LOCAL_REDIS):
+    if not rurl and local and await _redis_answers(LOCAL_REDIS):
         rurl, rsource = LOCAL_REDIS, "local 127.0.0.1:6379"
     if not rurl:
         rd = embedded.start_redis(Path(tempfile.mkdtemp(prefix="awooop-bench-redis-")))

@@ -50,6 +50,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--database-url", default=None, help="Postgres server to create scratch databases on")
     p.add_argument("--redis-url", default=None, help="Redis to use (keys under a per-run prefix)")
+    p.add_argument("--embedded", action="store_true", help="use an embedded Postgres and Redis, not the machine's")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"), help="output directory")
     p.add_argument("--duration", type=float, default=None, help="seconds measured per load point")
     p.add_argument("--processes", type=int, default=None, help="load-generator processes")
@@ -117,7 +118,7 @@ async def main(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    stores = await env.resolve(args.database_url, args.redis_url)
+    stores = await env.resolve(args.database_url, args.redis_url, embedded_only=args.embedded)
     figures: list[Figure] = []
     sweep: dict[str, Any] = {}
     errors: dict[str, str] = {}
