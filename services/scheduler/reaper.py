@@ -4,10 +4,15 @@ with a pending cancel becomes CANCELLED instead. WAITING_APPROVAL holds no lease
 never touched.
 
 One statement per batch: the CTE picks expired leases with FOR UPDATE SKIP LOCKED (replicas
-take disjoint rows and never wait on a worker's write), the UPDATE re-checks
-`lease_until < now()` on the row it changes, and the audit rows, compensation requests and
-wake-up NOTIFY are written by the same statement. The scan uses awooop_run_lease_idx
-(partial: leased runs only), so its cost does not grow with finished runs.
+take disjoint rows and never wait on a worker's write). Locking re-checks expiry in this same
+statement: a row whose heartbeat committed after our snapshot is re-read at its newest
+version and dropped when `lease_until < now()` no longer holds (READ COMMITTED re-evaluation),
+and once locked nobody can renew it before the UPDATE. The audit rows, compensation requests
+and wake-up NOTIFY are written by the same statement. The scan uses awooop_run_lease_idx
+(partial: leased runs only) and the UPDATE joins by primary key, so its cost does not grow
+with finished runs. (Repeating the status/expiry filter in the UPDATE made the planner join
+through the partial index instead, a nested loop of batch x batch rows: 6x slower at 1M
+finished runs.)
 """
 
 from __future__ import annotations
@@ -49,8 +54,6 @@ upd AS (
            lease_until = NULL, worker_id = NULL, not_before = NULL, reaped_at = now(), updated_at = now()
       FROM expired e
      WHERE r.run_id = e.run_id
-       AND r.status IN ('RUNNING', 'WAITING_TOOL')
-       AND r.lease_until < now()
  RETURNING r.run_id, r.project_id, r.status, r.failure_reason, r.attempt_count, r.max_attempts,
            e.status AS from_status, e.worker_id AS prev_worker, e.lease_until AS prev_lease_until
 ){compensation_cte("CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END")},
