@@ -18,6 +18,31 @@ from services.common.runs import RUN_COLUMNS, TERMINAL
 # that share column names).
 RUN_COLUMNS_R = ", ".join(f"r.{c.strip()}" for c in RUN_COLUMNS.split(","))
 
+# The locked row's state a fenced write reads to choose its error (`cur` CTE; prefixed so
+# it does not clash with the changed row's columns).
+CUR_COLUMNS = """run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
+           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
+           worker_id AS cur_worker"""
+
+
+def fence_where(attempt_sql: str, statuses_sql: str, projects_sql: str) -> str:
+    """The fencing condition of a fenced UPDATE of `awooop_run_state r`: the token names the
+    current attempt, the status allows the action, and the caller holds the role in the run's
+    project (projects_sql NULL: every project)."""
+    return f"""r.attempt_count = {attempt_sql}
+       AND r.status = ANY({statuses_sql})
+       AND ({projects_sql} IS NULL OR r.project_id = ANY({projects_sql}))"""
+
+
+def complete_set(output_sql: str) -> str:
+    """SET list of CompleteRun / CompleteRuns: RUNNING -> COMPLETED with the output, lease dropped."""
+    return f"""status = 'COMPLETED', output = {output_sql}, lease_until = NULL, worker_id = NULL,
+           failure_reason = NULL, error_code = NULL, not_before = NULL"""
+
+
+# Audit row of a fenced write, per changed row of `upd` (which carries from_status and prev_worker).
+FENCED_AUDIT_DETAILS = "jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)"
+
 # A run's journal has something to undo: a completed step with a compensation command.
 HAS_COMPENSATABLE_STEPS = """EXISTS (SELECT 1 FROM awooop_saga_step s
                 WHERE s.run_id = u.run_id AND s.status = 'completed'

@@ -16,7 +16,7 @@ from services.common.auth import current_principal
 from services.common.runs import run_to_pb, status_from_pb, status_to_pb, ts
 from services.common.runtime import AppContext
 from services.common.validate import Violations, to_struct
-from services.scheduler import approvals, claiming, leases, metrics, reads, transitions
+from services.scheduler import approvals, batch_complete, claiming, leases, metrics, reads, transitions
 from services.scheduler.access import projects_with
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.wakeup import RunReadyListener
@@ -25,6 +25,7 @@ from services.scheduler.wakeup import RunReadyListener
 MAX_CLAIM_RUNS = 100
 MAX_CLAIM_PROJECTS = 100
 MAX_HEARTBEAT_LEASES = 1000
+MAX_COMPLETE_RUNS = 1000
 MAX_LEASE_TTL = 3600.0  # seconds
 MAX_RETRY_AFTER = 86400.0
 MAX_APPROVAL_TTL = 7 * 86400.0
@@ -155,6 +156,31 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         v.raise_if_any()
         changed = await self._fenced(transitions.COMPLETE, run_id, attempt, output)
         return scheduler_pb2.CompleteRunResponse(run=run_to_pb(changed.row))
+
+    async def CompleteRuns(
+        self, request: scheduler_pb2.CompleteRunsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.CompleteRunsResponse:
+        v = Violations()
+        if not request.runs:
+            v.add("runs", "at least one run is required")
+        elif len(request.runs) > MAX_COMPLETE_RUNS:
+            v.add("runs", f"at most {MAX_COMPLETE_RUNS} runs per call")
+        items = []
+        for i, item in enumerate(request.runs[:MAX_COMPLETE_RUNS]):
+            run_id, attempt = _lease(v, f"runs[{i}].lease", item.lease)
+            output = v.struct(f"runs[{i}].output", item.output, max_bytes=self.settings.max_payload_bytes)
+            items.append(batch_complete.Item(run_id, attempt, output))
+        v.raise_if_any()
+        outcomes = await batch_complete.complete_many(self.pool, current_principal(), items, saga=self.saga)
+        results = []
+        for outcome in outcomes:
+            if isinstance(outcome, errors.ServiceError):
+                results.append(
+                    scheduler_pb2.CompleteRunResult(error_reason=outcome.reason, error_message=outcome.message)
+                )
+            else:
+                results.append(scheduler_pb2.CompleteRunResult(run=run_to_pb(outcome.row)))
+        return scheduler_pb2.CompleteRunsResponse(results=results)
 
     async def FailRun(
         self, request: scheduler_pb2.FailRunRequest, context: grpc.aio.ServicerContext

@@ -25,9 +25,13 @@ from services.common.runs import RUN_READY_CHANNEL
 from services.scheduler import metrics
 from services.scheduler.access import check_run_access, projects_with
 from services.scheduler.fragments import (
+    CUR_COLUMNS,
+    FENCED_AUDIT_DETAILS,
     RUN_COLUMNS_R,
     comp_audit_rows,
     compensation_cte,
+    complete_set,
+    fence_where,
     fenced_refusal,
     notify_cte,
 )
@@ -59,9 +63,7 @@ def fenced_sql(
     notify = notify_cte(f"'{RUN_READY_CHANNEL}'", notify_when) if notify_when else ""
     return f"""
 WITH cur AS (
-    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
-           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
-           worker_id AS cur_worker
+    SELECT {CUR_COLUMNS}
       FROM awooop_run_state
      WHERE run_id = $1
        FOR UPDATE
@@ -71,15 +73,13 @@ upd AS (
        SET {set_sql}, updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
-       AND r.attempt_count = $2
-       AND r.status = ANY($3::text[])
-       AND ($4::text[] IS NULL OR r.project_id = ANY($4::text[])) {extra_where}
+       AND {fence_where("$2", "$3::text[]", "$4::text[]")} {extra_where}
  RETURNING {RUN_COLUMNS_R}, cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ){comp},
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
     SELECT project_id, run_id, $5, {action_sql}, from_status, status, {reason_sql},
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || {details_sql}
+           {FENCED_AUDIT_DETAILS} || {details_sql}
       FROM upd{comp_audit}
 ){notify}
 SELECT cur.*, upd.*,
@@ -106,8 +106,7 @@ class FencedOp:
 COMPLETE = FencedOp(
     "CompleteRun",
     fenced_sql(
-        set_sql="""status = 'COMPLETED', output = $6::jsonb, lease_until = NULL, worker_id = NULL,
-           failure_reason = NULL, error_code = NULL, not_before = NULL""",
+        set_sql=complete_set("$6::jsonb"),
         action_sql="'COMPLETED'",
     ),
     ("RUNNING",),

@@ -332,6 +332,98 @@ class CompleteRunResponse(_message.Message):
 Global___CompleteRunResponse: _TypeAlias = CompleteRunResponse  # noqa: Y015
 
 @_typing.final
+class CompleteRunsRequest(_message.Message):
+    """Completes many runs. The batch is not atomic: each item is checked and applied on its own
+    (fencing token, status, role), exactly as CompleteRun would; one refused item does not stop
+    the others. Bad input in any item (a malformed lease, an oversized output) rejects the whole
+    call with INVALID_ARGUMENT naming the field, e.g. `runs[3].lease.run_id`.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUNS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompleteRunRequest]:
+        """Runs to complete (1-1000), each with its fencing token and output. A run named twice is
+        completed at most once; the other item gets the error CompleteRun would give (LEASE_LOST
+        or INVALID_TRANSITION).
+        """
+
+    def __init__(
+        self,
+        *,
+        runs: _abc.Iterable[Global___CompleteRunRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteRunsRequest: _TypeAlias = CompleteRunsRequest  # noqa: Y015
+
+@_typing.final
+class CompleteRunResult(_message.Message):
+    """The outcome of one item of a CompleteRunsRequest: exactly one of run or error_reason is set."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    ERROR_REASON_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    error_reason: _builtins.str
+    """Empty when completed; otherwise the ErrorInfo reason CompleteRun would have raised for
+    this item: LEASE_LOST (stale token, or the lease was reaped or handed back),
+    INVALID_TRANSITION (the token is live but the run is not RUNNING, e.g. WAITING_TOOL),
+    NOT_FOUND (no such run, or a run of a project where the caller has no role at all), or
+    FORBIDDEN (the caller is a member of the run's project without the worker role).
+    """
+    error_message: _builtins.str
+    """Human-readable explanation of error_reason; empty when completed."""
+    @_builtins.property
+    def run(self) -> _common_pb2.Run:
+        """The run, now COMPLETED; unset when this item was refused."""
+
+    def __init__(
+        self,
+        *,
+        run: _common_pb2.Run | None = ...,
+        error_reason: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_message", b"error_message", "error_reason", b"error_reason", "run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteRunResult: _TypeAlias = CompleteRunResult  # noqa: Y015
+
+@_typing.final
+class CompleteRunsResponse(_message.Message):
+    """Per-item results, in request order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompleteRunResult]:
+        """results[i] answers runs[i]."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___CompleteRunResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteRunsResponse: _TypeAlias = CompleteRunsResponse  # noqa: Y015
+
+@_typing.final
 class FailRunRequest(_message.Message):
     """Fails an attempt."""
 

@@ -50,6 +50,11 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRunRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRunResponse.FromString,
                 _registered_method=True)
+        self.CompleteRuns = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/CompleteRuns',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRunsRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRunsResponse.FromString,
+                _registered_method=True)
         self.FailRun = channel.unary_unary(
                 '/awooop.scheduler.v1.SchedulerService/FailRun',
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.FailRunRequest.SerializeToString,
@@ -128,6 +133,14 @@ class SchedulerServiceServicer:
 
     def CompleteRun(self, request, context):
         """RUNNING -> COMPLETED, with the fencing token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteRuns(self, request, context):
+        """Completes many runs in one call (one statement). Not atomic: each run completes or fails
+        on its own fencing token, and results[i] says which. Worker role in each run's project.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -227,6 +240,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.CompleteRun,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRunRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRunResponse.SerializeToString,
+            ),
+            'CompleteRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteRuns,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRunsRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRunsResponse.SerializeToString,
             ),
             'FailRun': grpc.unary_unary_rpc_method_handler(
                     servicer.FailRun,
@@ -366,6 +384,33 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/CompleteRun',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRunRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/CompleteRuns',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRunsRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -43,6 +43,10 @@ class SchedulerServiceStub:
     """Renews many leases in one call; per lease: renewed, or LEASE_LOST; reports cancel requests."""
     CompleteRun: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteRunRequest, _scheduler_pb2.CompleteRunResponse]
     """RUNNING -> COMPLETED, with the fencing token."""
+    CompleteRuns: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteRunsRequest, _scheduler_pb2.CompleteRunsResponse]
+    """Completes many runs in one call (one statement). Not atomic: each run completes or fails
+    on its own fencing token, and results[i] says which. Worker role in each run's project.
+    """
     FailRun: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.FailRunRequest, _scheduler_pb2.FailRunResponse]
     """RUNNING/WAITING_TOOL -> PENDING (retryable, attempts left, after a backoff) or FAILED."""
     ReleaseRun: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReleaseRunRequest, _scheduler_pb2.ReleaseRunResponse]
@@ -79,6 +83,10 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Renews many leases in one call; per lease: renewed, or LEASE_LOST; reports cancel requests."""
     CompleteRun: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteRunRequest, _scheduler_pb2.CompleteRunResponse]  # type: ignore[assignment]
     """RUNNING -> COMPLETED, with the fencing token."""
+    CompleteRuns: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteRunsRequest, _scheduler_pb2.CompleteRunsResponse]  # type: ignore[assignment]
+    """Completes many runs in one call (one statement). Not atomic: each run completes or fails
+    on its own fencing token, and results[i] says which. Worker role in each run's project.
+    """
     FailRun: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.FailRunRequest, _scheduler_pb2.FailRunResponse]  # type: ignore[assignment]
     """RUNNING/WAITING_TOOL -> PENDING (retryable, attempts left, after a backoff) or FAILED."""
     ReleaseRun: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReleaseRunRequest, _scheduler_pb2.ReleaseRunResponse]  # type: ignore[assignment]
@@ -130,6 +138,16 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.CompleteRunResponse, _abc.Awaitable[_scheduler_pb2.CompleteRunResponse]]:
         """RUNNING -> COMPLETED, with the fencing token."""
+
+    @_abc_1.abstractmethod
+    def CompleteRuns(
+        self,
+        request: _scheduler_pb2.CompleteRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.CompleteRunsResponse, _abc.Awaitable[_scheduler_pb2.CompleteRunsResponse]]:
+        """Completes many runs in one call (one statement). Not atomic: each run completes or fails
+        on its own fencing token, and results[i] says which. Worker role in each run's project.
+        """
 
     @_abc_1.abstractmethod
     def FailRun(

@@ -1,0 +1,125 @@
+"""CompleteRuns: many CompleteRun calls in ONE statement.
+
+Per item the rules are CompleteRun's (transitions.COMPLETE): the same SET list, the same
+fence (token, status, role; fragments.fence_where) and the same audit row, and when an item
+changed nothing its error is chosen from the locked row by the same helper
+(fragments.fenced_refusal). The batch is not atomic: each item succeeds or fails on its own.
+
+Rows are locked in run_id order, so overlapping batches running at the same time wait for
+each other instead of deadlocking. A run named twice is completed at most once: the first
+item whose token names the current attempt wins, and the others are answered as if they had
+arrived one after the other (before the winner: the pre-state; after it: COMPLETED).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from services.common import errors
+from services.common.auth import Principal
+from services.scheduler import metrics
+from services.scheduler.access import check_run_access, projects_with
+from services.scheduler.fragments import (
+    CUR_COLUMNS,
+    FENCED_AUDIT_DETAILS,
+    RUN_COLUMNS_R,
+    complete_set,
+    fence_where,
+    fenced_refusal,
+)
+from services.scheduler.saga_client import SagaNudger
+from services.scheduler.transitions import COMPLETE, WORKER_ROLE, Changed, settled
+
+# $1 run ids, $2 attempts, $3 outputs (JSON text), all in request order; $4 allowed statuses,
+# $5 projects where the caller is a worker (NULL: all), $6 actor. One row per item, in order:
+# the locked row's state (cur_*; NULL when the run does not exist) and, when this item
+# completed the run, the changed row (run_id not NULL).
+COMPLETE_MANY_SQL = f"""
+WITH items AS (
+    SELECT t.item, t.run_id, t.attempt, t.output::jsonb AS output
+      FROM unnest($1::uuid[], $2::int[], $3::text[]) WITH ORDINALITY AS t(run_id, attempt, output, item)
+),
+cur AS (
+    SELECT {CUR_COLUMNS}
+      FROM awooop_run_state
+     WHERE run_id IN (SELECT run_id FROM items)
+     ORDER BY run_id
+       FOR UPDATE
+),
+win AS (
+    SELECT DISTINCT ON (it.run_id) it.item, it.run_id, it.attempt, it.output, cur.cur_status, cur.cur_worker
+      FROM items it JOIN cur ON cur.cur_run_id = it.run_id
+     WHERE it.attempt = cur.cur_attempt
+     ORDER BY it.run_id, it.item
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET {complete_set("w.output")}, updated_at = now()
+      FROM win w
+     WHERE r.run_id = w.run_id
+       AND {fence_where("w.attempt", "$4::text[]", "$5::text[]")}
+ RETURNING {RUN_COLUMNS_R}, w.item AS upd_item, w.cur_status AS from_status, w.cur_worker AS prev_worker
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, run_id, $6, 'COMPLETED', from_status, status, NULL, {FENCED_AUDIT_DETAILS}
+      FROM upd
+)
+SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger
+  FROM items it
+  LEFT JOIN cur ON cur.cur_run_id = it.run_id
+  LEFT JOIN upd ON upd.upd_item = it.item
+ ORDER BY it.item
+"""
+
+
+@dataclass(frozen=True)
+class Item:
+    run_id: str
+    attempt: int
+    output: dict[str, Any]
+
+
+async def complete_many(
+    pool: asyncpg.Pool, principal: Principal, items: list[Item], *, saga: SagaNudger
+) -> list[Changed | errors.ServiceError]:
+    """Completes each item like CompleteRun; returns, in order, the change or the error
+    CompleteRun would have raised for that item."""
+    rows = await pool.fetch(
+        COMPLETE_MANY_SQL,
+        [it.run_id for it in items],
+        [it.attempt for it in items],
+        [json.dumps(it.output, separators=(",", ":")) for it in items],
+        list(COMPLETE.allowed),
+        projects_with(principal, WORKER_ROLE),
+        principal.actor,
+    )
+    winners = {str(r["run_id"]): r["item"] for r in rows if r["run_id"] is not None}
+    out: list[Changed | errors.ServiceError] = []
+    for it, row in zip(items, rows, strict=True):
+        if row["run_id"] is not None:
+            out.append(settled(row, saga))
+        else:
+            out.append(_refusal(principal, it, row, winners.get(it.run_id)))
+    return out
+
+
+def _refusal(principal: Principal, it: Item, row: asyncpg.Record, winner: int | None) -> errors.ServiceError:
+    if row["cur_run_id"] is None:
+        return errors.not_found("run", it.run_id)
+    try:
+        check_run_access(principal, row["cur_project"], WORKER_ROLE, it.run_id)
+    except errors.ServiceError as err:
+        return err
+    cur: Mapping[str, Any] = row
+    if winner is not None and winner < row["item"]:  # an earlier item of this batch completed the run
+        cur = {**dict(row), "cur_status": "COMPLETED"}
+    err = fenced_refusal(cur, it.run_id, it.attempt, COMPLETE.describe(cur))
+    if err.reason == errors.LEASE_LOST:
+        metrics.LEASE_LOST.labels("CompleteRuns").inc()
+    return err

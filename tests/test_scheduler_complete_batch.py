@@ -1,0 +1,172 @@
+"""CompleteRuns: many completions in one call and one statement, each item fenced on its own,
+against real Postgres, a real in-process scheduler and real channels."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections import Counter
+
+import grpc
+import pytest_asyncio
+from google.protobuf import struct_pb2
+
+from awooop.common.v1 import common_pb2
+from awooop.scheduler.v1 import scheduler_pb2 as pb
+from services.common import errors
+from tests.helpers import expect_error
+from tests.test_scheduler import Sched, _snapshot, audit_actions, insert_runs, lease, make_sched, run_row
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def s(start_services, channels, db, make_key) -> Sched:
+    return await make_sched(start_services, channels, db, make_key)
+
+
+def item(token: common_pb2.LeaseToken, **output: object) -> pb.CompleteRunRequest:
+    out = struct_pb2.Struct()
+    out.update(output)
+    return pb.CompleteRunRequest(lease=token, output=out)
+
+
+async def complete_actions(s: Sched, run_id: str) -> int:
+    return sum(1 for a in await audit_actions(s.db, run_id) if a == "COMPLETED")
+
+
+async def test_a_mixed_batch_answers_each_item_in_order_and_changes_only_the_valid_ones(s: Sched) -> None:
+    a, b, c, d = await insert_runs(s.db, "p", 4)
+    claimed = {r.run.run_id: r for r in await s.claim(max_runs=4)}
+    assert set(claimed) == {a, b, c, d}
+    # c: the lease is live but the run waits for a tool -> INVALID_TRANSITION
+    await s.stub.WaitTool(pb.WaitToolRequest(lease=claimed[c].lease, tool_id="t"), metadata=s.worker)
+    # d: handed back and claimed again -> the first token is stale (LEASE_LOST)
+    await s.stub.ReleaseRun(pb.ReleaseRunRequest(lease=claimed[d].lease), metadata=s.worker)
+    d2 = await s.claim_one()
+    assert d2.run.run_id == d and d2.lease.attempt == 2
+    # a run of project q, leased by its own worker: the p worker has no role there -> NOT_FOUND
+    (q_run,) = await insert_runs(s.db, "q", 1)
+    q = await s.claim_one(worker_id="wq", project_ids=["q"], md=s.outsider)
+    assert q.run.run_id == q_run
+    unchanged = {rid: await _snapshot(s, rid) for rid in (c, d, q_run)}
+
+    batch = [
+        item(claimed[a].lease, n=1),
+        item(claimed[c].lease),
+        item(lease(uuid.uuid4(), 1)),
+        item(claimed[d].lease),
+        item(q.lease),
+        item(claimed[b].lease, n=2),
+        item(claimed[a].lease, n=3),  # a again: already completed by the first item
+    ]
+    resp = await s.stub.CompleteRuns(pb.CompleteRunsRequest(runs=batch), metadata=s.worker)
+    got = [(r.run.run_id if r.HasField("run") else "", r.error_reason) for r in resp.results]
+    assert got == [
+        (a, ""),
+        ("", errors.INVALID_TRANSITION),
+        ("", errors.NOT_FOUND),
+        ("", errors.LEASE_LOST),
+        ("", errors.NOT_FOUND),
+        (b, ""),
+        ("", errors.INVALID_TRANSITION),
+    ]
+    assert all(r.error_message for r in resp.results if r.error_reason)
+    for rid, n in ((a, 1), (b, 2)):
+        result = next(r for r in resp.results if r.run.run_id == rid)
+        assert result.run.status == common_pb2.RUN_STATUS_COMPLETED and not result.run.worker_id
+        row = await run_row(s.db, rid)
+        assert row["status"] == "COMPLETED" and json.loads(row["output"]) == {"n": n} and row["lease_until"] is None
+        assert await audit_actions(s.db, rid) == ["CLAIMED", "COMPLETED"]
+    audit = await s.db.fetchrow(
+        "SELECT from_status, to_status, details FROM awooop_audit_log WHERE run_id = $1 AND action = 'COMPLETED'",
+        uuid.UUID(a),
+    )
+    assert audit["from_status"] == "RUNNING" and audit["to_status"] == "COMPLETED"
+    assert json.loads(audit["details"]) == {"attempt": 1, "worker_id": "w1"}
+    for rid, before in unchanged.items():
+        assert await _snapshot(s, rid) == before
+    # the same items one by one through CompleteRun give the same errors
+    await expect_error(
+        s.stub.CompleteRun(pb.CompleteRunRequest(lease=claimed[d].lease), metadata=s.worker),
+        grpc.StatusCode.FAILED_PRECONDITION,
+        errors.LEASE_LOST,
+    )
+    await expect_error(
+        s.stub.CompleteRun(pb.CompleteRunRequest(lease=q.lease), metadata=s.worker),
+        grpc.StatusCode.NOT_FOUND,
+        errors.NOT_FOUND,
+    )
+
+
+async def test_a_member_without_the_worker_role_gets_forbidden_per_item(s: Sched) -> None:
+    (run_id,) = await insert_runs(s.db, "p", 1)
+    r = await s.claim_one()
+    before = await _snapshot(s, run_id)
+    resp = await s.stub.CompleteRuns(pb.CompleteRunsRequest(runs=[item(r.lease)]), metadata=s.approver)
+    assert [x.error_reason for x in resp.results] == [errors.FORBIDDEN]
+    assert await _snapshot(s, run_id) == before
+
+
+async def test_ten_concurrent_batches_over_disjoint_and_overlapping_runs_complete_each_run_once(s: Sched) -> None:
+    ids = await insert_runs(s.db, "p", 30)
+    claimed = await s.claim(max_runs=30)
+    assert len(claimed) == 30
+    tokens = [r.lease for r in claimed]
+    # call k: its own 3 runs, the first run of call k+1, and run 0 that every call names
+    batches = [[tokens[i] for i in range(3 * k, 3 * k + 3)] + [tokens[(3 * k + 3) % 30], tokens[0]] for k in range(10)]
+    resps = await asyncio.gather(
+        *(
+            s.stub.CompleteRuns(pb.CompleteRunsRequest(runs=[item(t) for t in batch]), metadata=s.worker)
+            for batch in batches
+        )
+    )
+    wins: Counter[str] = Counter()
+    for batch, resp in zip(batches, resps, strict=True):
+        assert len(resp.results) == len(batch)
+        for t, result in zip(batch, resp.results, strict=True):
+            if result.HasField("run"):
+                assert result.run.run_id == t.run_id and not result.error_reason
+                wins[t.run_id] += 1
+            else:  # lost the race: the run was completed by another call
+                assert result.error_reason == errors.INVALID_TRANSITION, result
+    assert wins == Counter({rid: 1 for rid in ids})
+    for rid in ids:
+        assert (await run_row(s.db, rid))["status"] == "COMPLETED"
+        assert await complete_actions(s, rid) == 1
+
+
+async def test_bad_input_is_invalid_argument_naming_each_field(s: Sched) -> None:
+    err = await expect_error(
+        s.stub.CompleteRuns(pb.CompleteRunsRequest(), metadata=s.worker),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        errors.FIELD_INVALID,
+    )
+    assert [f.field for f in errors.bad_request(err).field_violations] == ["runs"]
+
+    (run_id,) = await insert_runs(s.db, "p", 1)
+    r = await s.claim_one()
+    assert s.rt.ctx is not None
+    big = "x" * s.rt.ctx.settings.max_payload_bytes
+    batch = [
+        item(r.lease),
+        item(common_pb2.LeaseToken(run_id="not-a-uuid", attempt=1)),
+        item(lease(uuid.uuid4(), 0)),
+        item(lease(uuid.uuid4(), 1), blob=big),
+    ]
+    err = await expect_error(
+        s.stub.CompleteRuns(pb.CompleteRunsRequest(runs=batch), metadata=s.worker),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        errors.FIELD_INVALID,
+    )
+    fields = [f.field for f in errors.bad_request(err).field_violations]
+    assert fields == ["runs[1].lease.run_id", "runs[2].lease.attempt", "runs[3].output"]
+    # nothing of a rejected batch is applied, not even its valid item
+    assert (await run_row(s.db, run_id))["status"] == "RUNNING"
+
+    too_many = [item(lease(uuid.uuid4(), 1))] * 1001
+    err = await expect_error(
+        s.stub.CompleteRuns(pb.CompleteRunsRequest(runs=too_many), metadata=s.worker),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        errors.FIELD_INVALID,
+    )
+    assert [f.field for f in errors.bad_request(err).field_violations] == ["runs"]
