@@ -1,7 +1,7 @@
 """Claim cycles against PgQueuer on the same Postgres.
 
 awooop cycle, per worker: ClaimRuns(max_runs = batch) -> one Heartbeat carrying the whole
-batch's leases -> CompleteRun for each run (concurrently within the worker). 16 workers
+batch's leases -> one CompleteRuns for the whole batch (one statement, one commit). 16 workers
 (coroutines) spread over the load processes, talking gRPC to a real scheduler process.
 
 PgQueuer: 16 QueueManagers (one asyncpg connection each, PgQueuer's own model of a
@@ -101,15 +101,18 @@ async def awooop_workers(
                 await stub.Heartbeat(
                     scheduler_pb2.HeartbeatRequest(worker_id=worker_id, leases=leases), metadata=md, timeout=30
                 )
-                await asyncio.gather(
-                    *(
-                        stub.CompleteRun(
-                            scheduler_pb2.CompleteRunRequest(lease=lease, output=output), metadata=md, timeout=30
-                        )
-                        for lease in leases
-                    )
+                resp = await stub.CompleteRuns(
+                    scheduler_pb2.CompleteRunsRequest(
+                        runs=[scheduler_pb2.CompleteRunRequest(lease=lease, output=output) for lease in leases]
+                    ),
+                    metadata=md,
+                    timeout=30,
                 )
-                done += len(leases)
+                for result in resp.results:  # per-item refusals (none expected) count as errors
+                    if result.error_reason:
+                        errors[result.error_reason] = errors.get(result.error_reason, 0) + 1
+                    else:
+                        done += 1
             except grpc.aio.AioRpcError as exc:
                 errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED or sum(errors.values()) > 100:
