@@ -7,6 +7,7 @@ import asyncio
 import json
 import uuid
 from collections import Counter
+from typing import Any
 
 import grpc
 import pytest_asyncio
@@ -14,8 +15,10 @@ from google.protobuf import struct_pb2
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2 as pb
+from awooop.worker import AwooopError, Client, LeaseLost, RunContext, Worker
+from awooop.worker.completions import CompletionBatcher
 from services.common import errors
-from tests.helpers import expect_error
+from tests.helpers import eventually, expect_error
 from tests.test_scheduler import Sched, _snapshot, audit_actions, insert_runs, lease, make_sched, run_row
 
 
@@ -170,3 +173,73 @@ async def test_bad_input_is_invalid_argument_naming_each_field(s: Sched) -> None
         errors.FIELD_INVALID,
     )
     assert [f.field for f in errors.bad_request(err).field_violations] == ["runs"]
+
+
+# --- the worker SDK's batcher ------------------------------------------------------------------------
+
+
+def _client(s: Sched, md: tuple[tuple[str, str], ...]) -> Client:
+    return Client(key=md[0][1].removeprefix("Bearer "), scheduler=f"127.0.0.1:{s.rt.ports['scheduler']}")
+
+
+async def test_a_worker_completes_many_runs_through_shared_complete_runs_calls(s: Sched) -> None:
+    ids = await insert_runs(s.db, "p", 60)
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        return {"n": ctx.input["n"]}
+
+    async with _client(s, s.worker) as client:
+        worker = Worker(handler, projects=["p"], client=client, concurrency=20, claim_wait=1, worker_id="sdk")
+        task = asyncio.create_task(worker.run(install_signal_handlers=False))
+
+        async def all_completed() -> bool:
+            n = await s.db.fetchval("SELECT count(*) FROM awooop_run_state WHERE status = 'COMPLETED'")
+            return bool(n == 60)
+
+        await eventually(all_completed, what="60 completed runs")
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+    assert worker.stats.completed == 60 and worker.stats.claimed == 60
+    # completions ready together shared calls: fewer CompleteRuns calls than runs
+    assert 1 <= worker.completions.calls < 60
+    for rid in ids:
+        row = await run_row(s.db, rid)
+        assert row["attempt_count"] == 1 and json.loads(row["output"]) == json.loads(row["input"])
+        assert await complete_actions(s, rid) == 1
+
+
+async def test_the_batcher_gives_each_caller_its_own_result_or_error(s: Sched) -> None:
+    a, b, c = await insert_runs(s.db, "p", 3)
+    claimed = {r.run.run_id: r for r in await s.claim(max_runs=3)}
+    stale = lease(a, claimed[a].lease.attempt + 1)
+    assert s.rt.ctx is not None
+    big = "x" * s.rt.ctx.settings.max_payload_bytes
+    async with _client(s, s.worker) as client:
+        batcher = CompletionBatcher(client)
+        first, *rest = await asyncio.gather(
+            batcher.complete(item(claimed[a].lease, k="a")),
+            batcher.complete(item(stale)),  # a stale token for a: LEASE_LOST, as from CompleteRun
+            batcher.complete(item(claimed[b].lease, blob=big)),  # only this item is bad input
+            batcher.complete(item(claimed[c].lease, k="c")),
+            return_exceptions=True,
+        )
+    assert isinstance(first, common_pb2.Run) and first.status == common_pb2.RUN_STATUS_COMPLETED
+    lost, bad, done = rest
+    assert isinstance(lost, LeaseLost) and lost.reason == errors.LEASE_LOST
+    assert isinstance(bad, AwooopError) and bad.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert isinstance(done, common_pb2.Run) and done.run_id == c
+    assert [(await run_row(s.db, r))["status"] for r in (a, b, c)] == ["COMPLETED", "RUNNING", "COMPLETED"]
+    # without bad input the refusals come per item from one CompleteRuns call
+    async with _client(s, s.worker) as client:
+        batcher = CompletionBatcher(client)
+        results = await asyncio.gather(
+            batcher.complete(item(claimed[b].lease)),
+            batcher.complete(item(stale)),
+            batcher.complete(item(claimed[c].lease)),
+            return_exceptions=True,
+        )
+        assert batcher.calls == 1
+    done, lost, again = results
+    assert isinstance(done, common_pb2.Run) and done.run_id == b
+    assert isinstance(lost, LeaseLost) and lost.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert isinstance(again, AwooopError) and again.reason == errors.INVALID_TRANSITION

@@ -25,6 +25,7 @@ from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import metrics
 from awooop.worker.client import Client
+from awooop.worker.completions import CompletionBatcher
 from awooop.worker.errors import AwooopError, LeaseLost, RunFinished
 from awooop.worker.structs import from_struct, to_struct
 
@@ -98,8 +99,11 @@ class RunContext:
         claimed: scheduler_pb2.ClaimedRun,
         worker_id: str,
         stopping: asyncio.Event | None = None,
+        completions: CompletionBatcher | None = None,
     ) -> None:
         self.client = client
+        # the Worker's batcher (completions share CompleteRuns calls); None: one CompleteRun each
+        self.completions = completions
         # set when the worker is shutting down: finish within its grace period or be released
         self.stopping = stopping or asyncio.Event()
         self.run: common_pb2.Run = claimed.run
@@ -303,11 +307,11 @@ class RunContext:
     async def complete(self, output: Mapping[str, Any] | None = None) -> common_pb2.Run:
         """RUNNING -> COMPLETED with output. (Returning a dict from the handler does the same.)"""
         self._live("complete")
+        request = scheduler_pb2.CompleteRunRequest(lease=self.lease, output=to_struct(dict(output or {})))
         async with self._ending("completed"):
-            resp = await self.client.call(
-                self.client.scheduler.CompleteRun,
-                scheduler_pb2.CompleteRunRequest(lease=self.lease, output=to_struct(dict(output or {}))),
-            )
+            if self.completions is not None:
+                return await self.completions.complete(request)
+            resp = await self.client.call(self.client.scheduler.CompleteRun, request)
         return resp.run
 
     async def fail(

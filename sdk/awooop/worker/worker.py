@@ -8,7 +8,9 @@
   If heartbeats keep failing until the lease must have expired, the handler is stopped too:
   another worker may already own the run.
 - Ending a run: returning from the handler completes the run with the returned dict as output
-  (unless the handler completed, failed or handed it to an approver itself); an uncaught
+  (unless the handler completed, failed or handed it to an approver itself). Completions go
+  through one batcher (completions.py): those ready while a CompleteRuns call is in flight
+  share the next call, each still getting its own result or error. An uncaught
   exception fails the attempt as retryable (the scheduler retries while attempts are left).
 - Shutdown (SIGTERM, SIGINT or stop()): stop claiming, give running handlers `shutdown_grace`
   seconds to finish, then cancel the rest and hand their leases back with ReleaseRun, so the
@@ -34,6 +36,7 @@ import grpc
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import metrics
 from awooop.worker.client import DEFAULT_TIMEOUT, Client
+from awooop.worker.completions import CompletionBatcher
 from awooop.worker.context import Handler, RunContext, _duration
 from awooop.worker.errors import AwooopError, LeaseLost, RunFinished
 
@@ -130,6 +133,7 @@ class Worker:
         self.client = client or Client(
             key=key, scheduler=scheduler, saga=saga, timeout=call_timeout, tls=tls, ca_file=ca_file
         )
+        self.completions = CompletionBatcher(self.client)
         self.stats = WorkerStats()
         self._held: dict[tuple[str, int], _Held] = {}
         self._stopping = asyncio.Event()
@@ -233,7 +237,7 @@ class Worker:
         return False
 
     def _start(self, claimed: scheduler_pb2.ClaimedRun) -> None:
-        ctx = RunContext(self.client, claimed, self.worker_id, self._stopping)
+        ctx = RunContext(self.client, claimed, self.worker_id, self._stopping, self.completions)
         ttl = self.lease_ttl or _granted_ttl(claimed) or 300.0
         h = _Held(ctx=ctx, ttl=ttl, renewed_until=time.monotonic() + ttl)
         self._held[h.key] = h
