@@ -79,15 +79,25 @@ SELECT EXTRACT(EPOCH FROM min(not_before) - now())::float8
 # $1 run ids, $2 attempts (same order), $3 worker id, $4 lease seconds, $5 projects where the
 # caller is a worker (NULL: all). Returns the positions (1-based) of the renewed leases; the
 # others are lost. unnest in FROM (not a CTE) lets the planner probe the primary key per lease.
+# Rows are locked in run_id order (the `locked` CTE), as CompleteRuns locks them, so a worker's
+# heartbeat and its batched completions on the same runs can never deadlock each other.
 HEARTBEAT_SQL = """
+WITH t AS (
+    SELECT * FROM unnest($1::uuid[], $2::int[]) WITH ORDINALITY AS t(run_id, attempt, ord)
+),
+locked AS (
+    SELECT r.run_id
+      FROM awooop_run_state r JOIN t ON r.run_id = t.run_id AND r.attempt_count = t.attempt
+     WHERE r.worker_id = $3
+       AND r.status IN ('RUNNING', 'WAITING_TOOL')
+       AND ($5::text[] IS NULL OR r.project_id = ANY($5::text[]))
+     ORDER BY r.run_id
+       FOR UPDATE OF r
+)
 UPDATE awooop_run_state r
    SET lease_until = now() + make_interval(secs => $4), heartbeat_at = now()
-  FROM unnest($1::uuid[], $2::int[]) WITH ORDINALITY AS t(run_id, attempt, ord)
- WHERE r.run_id = t.run_id
-   AND r.attempt_count = t.attempt
-   AND r.worker_id = $3
-   AND r.status IN ('RUNNING', 'WAITING_TOOL')
-   AND ($5::text[] IS NULL OR r.project_id = ANY($5::text[]))
+  FROM locked, t
+ WHERE r.run_id = locked.run_id AND t.run_id = r.run_id AND r.attempt_count = t.attempt
 RETURNING t.ord, r.lease_until, r.cancel_requested
 """
 
