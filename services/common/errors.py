@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import grpc
 from google.protobuf import any_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 DOMAIN = "awooop"
@@ -27,7 +27,6 @@ INVALID_TRANSITION = "INVALID_TRANSITION"
 APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
 APPROVAL_INVALID = "APPROVAL_INVALID"
 STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
-DEPENDENCY_UNAVAILABLE = "DEPENDENCY_UNAVAILABLE"
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 INTERNAL = "INTERNAL"
 UNIMPLEMENTED = "UNIMPLEMENTED"
@@ -140,15 +139,6 @@ def store_unavailable(detail: str) -> ServiceError:
     )
 
 
-def dependency_unavailable(what: str, detail: str) -> ServiceError:
-    return ServiceError(
-        grpc.StatusCode.UNAVAILABLE,
-        DEPENDENCY_UNAVAILABLE,
-        f"{what} unavailable: {detail}",
-        metadata={"dependency": what},
-    )
-
-
 def deadline_exceeded(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.DEADLINE_EXCEEDED, DEADLINE_EXCEEDED, message)
 
@@ -186,6 +176,3 @@ def bad_request(err: grpc.RpcError) -> error_details_pb2.BadRequest | None:
             d.Unpack(br)
             return br
     return None
-
-
-_ = code_pb2  # keep the import: documents that codes follow google.rpc.Code
