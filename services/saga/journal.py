@@ -51,6 +51,32 @@ ON CONFLICT (run_id, step_id) DO UPDATE
 RETURNING (s.xmax = 0) AS inserted, {_S}
 """
 
+# RecordStep: a step that already ran, journaled completed (or failed) in one statement, the way
+# BeginStep journals it pending (same lease lock, same seq allocation). A pending or failed row of
+# the same kind (an earlier attempt's) is overwritten; a completed one is left alone.
+# $1 run_id, $2 attempt, $3 step_id, $4 step_type, $5 status, $6 result, $7 error, $8 projects, $9 leased,
+# $10 params
+RECORD_SQL = f"""
+WITH lease AS (
+    SELECT run_id, project_id FROM awooop_run_state
+     WHERE run_id = $1 AND attempt_count = $2 AND status = ANY($9::text[])
+       AND ($8::text[] IS NULL OR project_id = ANY($8::text[]))
+       FOR NO KEY UPDATE
+)
+INSERT INTO awooop_saga_step AS s (run_id, step_id, project_id, seq, step_type, tool_params, status, result, error,
+                                   attempt, completed_at)
+SELECT l.run_id, $3, l.project_id,
+       COALESCE((SELECT max(seq) FROM awooop_saga_step WHERE run_id = l.run_id), 0) + 1,
+       $4, $10, $5, $6, $7, $2, now()
+  FROM lease l
+ON CONFLICT (run_id, step_id) DO UPDATE
+   SET status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error, attempt = EXCLUDED.attempt,
+       tool_params = EXCLUDED.tool_params, completed_at = now()
+ WHERE s.status IN ('pending', 'failed')
+   AND s.step_type = EXCLUDED.step_type AND s.tool_id IS NULL
+RETURNING {_S}
+"""
+
 # $1 run_id, $2 attempt, $3 step_id, $4 result, $5 compensation_cmd, $6 projects, $7 leased, $8 irreversible tools
 COMPLETE_SQL = f"""
 WITH lease AS (
@@ -111,6 +137,12 @@ class Begun:
 
 
 @dataclass(frozen=True)
+class Recorded:
+    recorded: bool  # False: the step was already completed and its first result stands
+    step: asyncpg.Record
+
+
+@dataclass(frozen=True)
 class Journal:
     run: asyncpg.Record
     steps: list[asyncpg.Record]
@@ -145,6 +177,32 @@ def _same_kind(row: Any, step_type: str, tool_id: str | None) -> bool:
     return bool(row["step_type"] == step_type and row["tool_id"] == tool_id)
 
 
+async def _insert_step(pool: asyncpg.Pool, sql: str, *args: Any) -> asyncpg.Record | None:
+    """Runs a step-inserting statement (BEGIN_SQL, RECORD_SQL), again when it lost a seq race:
+    two new steps of one run began at once, the run-row lock made this statement wait, but its
+    max(seq) was read in the snapshot taken before the wait. The next try sees the winner's row.
+    (A worker journals its steps one at a time; this only happens under races.)"""
+    for _ in range(SEQ_RACE_TRIES):
+        try:
+            return await pool.fetchrow(sql, *args)
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name != SEQ_CONSTRAINT:
+                raise
+    raise _retry_later()
+
+
+def _other_kind(step_id: str, why: Any) -> errors.ServiceError:
+    return errors.invalid(
+        [
+            (
+                "step_id",
+                f"step {step_id} is already journaled as {why['step_type']}"
+                f"{' ' + why['tool_id'] if why['tool_id'] else ''}; a step id names one step",
+            )
+        ]
+    )
+
+
 async def begin_step(
     pool: asyncpg.Pool,
     principal: Principal,
@@ -155,48 +213,72 @@ async def begin_step(
     tool_params: dict[str, Any] | None,
 ) -> Begun:
     scope = access.project_scope(principal, "worker")
-    tries = races = 0
-    while tries < WRITE_TRIES and races < SEQ_RACE_TRIES:
-        try:
-            row = await pool.fetchrow(
-                BEGIN_SQL,
-                lease.run_id,
-                lease.attempt,
-                step_id,
-                step_type,
-                tool_id,
-                tool_params,
-                scope,
-                list(LEASED_STATUSES),
-            )
-        except asyncpg.UniqueViolationError as exc:
-            # Two new steps of one run began at once: the run-row lock made this statement wait, but
-            # its max(seq) was read in the snapshot taken before the wait. The next try sees the
-            # winner's row. (A worker begins its steps one at a time; this only happens under races.)
-            if exc.constraint_name != SEQ_CONSTRAINT:
-                raise
-            races += 1
-            continue
-        tries += 1
+    for _ in range(WRITE_TRIES):
+        row = await _insert_step(
+            pool,
+            BEGIN_SQL,
+            lease.run_id,
+            lease.attempt,
+            step_id,
+            step_type,
+            tool_id,
+            tool_params,
+            scope,
+            list(LEASED_STATUSES),
+        )
         if row is not None:
             return Begun("execute" if row["inserted"] else "retry", row)
         why = await _why(pool, principal, lease, step_id)
         if not why["has_step"]:
             continue  # lease held and no step: the insert raced with something; try again
         if not _same_kind(why, step_type, tool_id):
-            raise errors.invalid(
-                [
-                    (
-                        "step_id",
-                        f"step {step_id} is already journaled as {why['step_type']}"
-                        f"{' ' + why['tool_id'] if why['tool_id'] else ''}; a step id names one step",
-                    )
-                ]
-            )
+            raise _other_kind(step_id, why)
         if why["status"] == "completed":
             return Begun("skip", why)
         if why["status"] not in ("pending", "failed"):
             raise step_transition(lease.run_id, step_id, why["status"], "begin")
+    raise _retry_later()
+
+
+async def record_step(
+    pool: asyncpg.Pool,
+    principal: Principal,
+    lease: Lease,
+    step_id: str,
+    step_type: str,
+    result: dict[str, Any] | None,
+    error: str | None,
+    params: dict[str, Any] | None = None,
+) -> Recorded:
+    """Journals a step that already ran: completed with result, or failed with error."""
+    scope = access.project_scope(principal, "worker")
+    status = "failed" if error is not None else "completed"
+    for _ in range(WRITE_TRIES):
+        row = await _insert_step(
+            pool,
+            RECORD_SQL,
+            lease.run_id,
+            lease.attempt,
+            step_id,
+            step_type,
+            status,
+            result,
+            error,
+            scope,
+            list(LEASED_STATUSES),
+            params,
+        )
+        if row is not None:
+            return Recorded(True, row)
+        why = await _why(pool, principal, lease, step_id)
+        if not why["has_step"]:
+            continue  # lease held and no step: the insert raced with something; try again
+        if not _same_kind(why, step_type, None):
+            raise _other_kind(step_id, why)
+        if why["status"] == "completed":
+            return Recorded(False, why)
+        if why["status"] not in ("pending", "failed"):
+            raise step_transition(lease.run_id, step_id, why["status"], "record")
     raise _retry_later()
 
 

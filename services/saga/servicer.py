@@ -30,6 +30,8 @@ ACTIONS = {
     "retry": saga_pb2.STEP_ACTION_RETRY,
 }
 JOURNAL_TOO_LARGE = "JOURNAL_TOO_LARGE"
+# step types RecordStep takes: no side effect that a pending record would have to protect
+RECORDABLE = (common_pb2.STEP_TYPE_LLM_CALL, common_pb2.STEP_TYPE_CALLBACK)
 
 
 def idempotency_key(run_id: str, step_id: str) -> str:
@@ -110,6 +112,35 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         row = await journal.complete_step(self.pool, current_principal(), lease, step_id, result, cmd)
         STEP_WRITES.labels("complete", "ok").inc()
         return saga_pb2.CompleteStepResponse(step=step_to_pb(row))
+
+    async def RecordStep(self, request: saga_pb2.RecordStepRequest, context: grpc.aio.ServicerContext) -> Any:
+        v = Violations()
+        lease = self._lease(v, request.lease, request.HasField("lease"))
+        step_id = v.token("step_id", request.step_id, max_len=MAX_ID)
+        if request.step_type not in RECORDABLE:
+            v.add(
+                "step_type",
+                "must be STEP_TYPE_LLM_CALL or STEP_TYPE_CALLBACK; tool calls and approvals are begun with "
+                "BeginStep so that a crash mid-call leaves a pending record",
+            )
+        error = v.text("error", request.error, max_len=MAX_TEXT) or None
+        result = self._struct(v, "result", request.result)
+        if error is not None and result:
+            v.add("result", "must be empty when error is given (the step is recorded failed)")
+        params = self._struct(v, "params", request.params) if request.HasField("params") else None
+        v.raise_if_any()
+        done = await journal.record_step(
+            self.pool,
+            current_principal(),
+            lease,
+            step_id,
+            step_type_from_pb(request.step_type),
+            None if error is not None else result,
+            error,
+            params,
+        )
+        STEP_WRITES.labels("record", "ok" if done.recorded else "already_completed").inc()
+        return saga_pb2.RecordStepResponse(step=step_to_pb(done.step), recorded=done.recorded)
 
     async def FailStep(self, request: saga_pb2.FailStepRequest, context: grpc.aio.ServicerContext) -> Any:
         v = Violations()

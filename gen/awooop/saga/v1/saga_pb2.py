@@ -27,17 +27,17 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61wooop/saga/v1/saga.proto\x12\x0e\x61wooop.saga.v1\x1a\x1d\x61wooop/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbe\x01\n\x10\x42\x65ginStepRequest\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.awooop.common.v1.LeaseToken\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12-\n\tstep_type\x18\x03 \x01(\x0e\x32\x1a.awooop.common.v1.StepType\x12\x0f\n\x07tool_id\x18\x04 \x01(\t\x12,\n\x0btool_params\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x82\x01\n\x11\x42\x65ginStepResponse\x12*\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1a.awooop.saga.v1.StepAction\x12(\n\x04step\x18\x02 \x01(\x0b\x32\x1a.awooop.common.v1.SagaStep\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"\xbd\x01\n\x13\x43ompleteStepRequest\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.awooop.common.v1.LeaseToken\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\'\n\x06result\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12?\n\x10\x63ompensation_cmd\x18\x04 \x01(\x0b\x32%.awooop.common.v1.CompensationCommand\"@\n\x14\x43ompleteStepResponse\x12(\n\x04step\x18\x01 \x01(\x0b\x32\x1a.awooop.common.v1.SagaStep\"^\n\x0f\x46\x61ilStepRequest\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.awooop.common.v1.LeaseToken\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"<\n\x10\x46\x61ilStepResponse\x12(\n\x04step\x18\x01 \x01(\x0b\x32\x1a.awooop.common.v1.SagaStep\"#\n\x11GetJournalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x97\x02\n\x12GetJournalResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x31\n\x0bsaga_status\x18\x02 \x01(\x0e\x32\x1c.awooop.common.v1.SagaStatus\x12)\n\x05steps\x18\x03 \x03(\x0b\x32\x1a.awooop.common.v1.SagaStep\x12\x17\n\x0fsaga_steps_json\x18\x04 \x01(\t\x12;\n\x17\x63ompensation_started_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12=\n\x19\x63ompensation_completed_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"i\n\x11\x43ompensateRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x34\n\x07trigger\x18\x02 \x01(\x0e\x32#.awooop.saga.v1.CompensationTrigger\x12\x0e\n\x06reason\x18\x03 \x01(\t\"r\n\x12\x43ompensateResponse\x12\x31\n\x0bsaga_status\x18\x01 \x01(\x0e\x32\x1c.awooop.common.v1.SagaStatus\x12)\n\x05steps\x18\x02 \x03(\x0b\x32\x1a.awooop.common.v1.SagaStep\";\n\x18RetryCompensationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\t\"N\n\x19RetryCompensationResponse\x12\x31\n\x0bsaga_status\x18\x01 \x01(\x0e\x32\x1c.awooop.common.v1.SagaStatus\"M\n\x1aResolveCompensationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"z\n\x1bResolveCompensationResponse\x12(\n\x04step\x18\x01 \x01(\x0b\x32\x1a.awooop.common.v1.SagaStep\x12\x31\n\x0bsaga_status\x18\x02 \x01(\x0e\x32\x1c.awooop.common.v1.SagaStatus*o\n\nStepAction\x12\x1b\n\x17STEP_ACTION_UNSPECIFIED\x10\x00\x12\x17\n\x13STEP_ACTION_EXECUTE\x10\x01\x12\x14\n\x10STEP_ACTION_SKIP\x10\x02\x12\x15\n\x11STEP_ACTION_RETRY\x10\x03*\xfd\x01\n\x13\x43ompensationTrigger\x12$\n COMPENSATION_TRIGGER_UNSPECIFIED\x10\x00\x12*\n&COMPENSATION_TRIGGER_APPROVAL_REJECTED\x10\x01\x12)\n%COMPENSATION_TRIGGER_APPROVAL_EXPIRED\x10\x02\x12$\n COMPENSATION_TRIGGER_STEP_FAILED\x10\x03\x12\"\n\x1e\x43OMPENSATION_TRIGGER_CANCELLED\x10\x04\x12\x1f\n\x1b\x43OMPENSATION_TRIGGER_MANUAL\x10\x05\x32\x8d\x05\n\x0bSagaService\x12P\n\tBeginStep\x12 .awooop.saga.v1.BeginStepRequest\x1a!.awooop.saga.v1.BeginStepResponse\x12Y\n\x0c\x43ompleteStep\x12#.awooop.saga.v1.CompleteStepRequest\x1a$.awooop.saga.v1.CompleteStepResponse\x12M\n\x08\x46\x61ilStep\x12\x1f.awooop.saga.v1.FailStepRequest\x1a .awooop.saga.v1.FailStepResponse\x12S\n\nGetJournal\x12!.awooop.saga.v1.GetJournalRequest\x1a\".awooop.saga.v1.GetJournalResponse\x12S\n\nCompensate\x12!.awooop.saga.v1.CompensateRequest\x1a\".awooop.saga.v1.CompensateResponse\x12h\n\x11RetryCompensation\x12(.awooop.saga.v1.RetryCompensationRequest\x1a).awooop.saga.v1.RetryCompensationResponse\x12n\n\x13ResolveCompensation\x12*.awooop.saga.v1.ResolveCompensationRequest\x1a+.awooop.saga.v1.ResolveCompensationResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x61wooop/saga/v1/saga.proto\x12\x0e\x61wooop.saga.v1\x1a\x1d\x61wooop/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbe\x01\n\x10\x42\x65ginStepRequest\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.awooop.common.v1.LeaseToken\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12-\n\tstep_type\x18\x03 \x01(\x0e\x32\x1a.awooop.common.v1.StepType\x12\x0f\n\x07tool_id\x18\x04 \x01(\t\x12,\n\x0btool_params\x18\x05 \x01(\x0b\x32\x17.google.protobuf.Struct\"\x82\x01\n\x11\x42\x65ginStepResponse\x12*\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32\x1a.awooop.saga.v1.StepAction\x12(\n\x04step\x18\x02 \x01(\x0b\x32\x1a.awooop.common.v1.SagaStep\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\"\xbd\x01\n\x13\x43ompleteStepRequest\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.awooop.common.v1.LeaseToken\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\'\n\x06result\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12?\n\x10\x63ompensation_cmd\x18\x04 \x01(\x0b\x32%.awooop.common.v1.CompensationCommand\"@\n\x14\x43ompleteStepResponse\x12(\n\x04step\x18\x01 \x01(\x0b\x32\x1a.awooop.common.v1.SagaStep\"\xe1\x01\n\x11RecordStepRequest\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.awooop.common.v1.LeaseToken\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12-\n\tstep_type\x18\x03 \x01(\x0e\x32\x1a.awooop.common.v1.StepType\x12\'\n\x06result\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\'\n\x06params\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\"P\n\x12RecordStepResponse\x12(\n\x04step\x18\x01 \x01(\x0b\x32\x1a.awooop.common.v1.SagaStep\x12\x10\n\x08recorded\x18\x02 \x01(\x08\"^\n\x0f\x46\x61ilStepRequest\x12+\n\x05lease\x18\x01 \x01(\x0b\x32\x1c.awooop.common.v1.LeaseToken\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\r\n\x05\x65rror\x18\x03 \x01(\t\"<\n\x10\x46\x61ilStepResponse\x12(\n\x04step\x18\x01 \x01(\x0b\x32\x1a.awooop.common.v1.SagaStep\"#\n\x11GetJournalRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x97\x02\n\x12GetJournalResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x31\n\x0bsaga_status\x18\x02 \x01(\x0e\x32\x1c.awooop.common.v1.SagaStatus\x12)\n\x05steps\x18\x03 \x03(\x0b\x32\x1a.awooop.common.v1.SagaStep\x12\x17\n\x0fsaga_steps_json\x18\x04 \x01(\t\x12;\n\x17\x63ompensation_started_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12=\n\x19\x63ompensation_completed_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"i\n\x11\x43ompensateRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x34\n\x07trigger\x18\x02 \x01(\x0e\x32#.awooop.saga.v1.CompensationTrigger\x12\x0e\n\x06reason\x18\x03 \x01(\t\"r\n\x12\x43ompensateResponse\x12\x31\n\x0bsaga_status\x18\x01 \x01(\x0e\x32\x1c.awooop.common.v1.SagaStatus\x12)\n\x05steps\x18\x02 \x03(\x0b\x32\x1a.awooop.common.v1.SagaStep\";\n\x18RetryCompensationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\t\"N\n\x19RetryCompensationResponse\x12\x31\n\x0bsaga_status\x18\x01 \x01(\x0e\x32\x1c.awooop.common.v1.SagaStatus\"M\n\x1aResolveCompensationRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07step_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"z\n\x1bResolveCompensationResponse\x12(\n\x04step\x18\x01 \x01(\x0b\x32\x1a.awooop.common.v1.SagaStep\x12\x31\n\x0bsaga_status\x18\x02 \x01(\x0e\x32\x1c.awooop.common.v1.SagaStatus*o\n\nStepAction\x12\x1b\n\x17STEP_ACTION_UNSPECIFIED\x10\x00\x12\x17\n\x13STEP_ACTION_EXECUTE\x10\x01\x12\x14\n\x10STEP_ACTION_SKIP\x10\x02\x12\x15\n\x11STEP_ACTION_RETRY\x10\x03*\xfd\x01\n\x13\x43ompensationTrigger\x12$\n COMPENSATION_TRIGGER_UNSPECIFIED\x10\x00\x12*\n&COMPENSATION_TRIGGER_APPROVAL_REJECTED\x10\x01\x12)\n%COMPENSATION_TRIGGER_APPROVAL_EXPIRED\x10\x02\x12$\n COMPENSATION_TRIGGER_STEP_FAILED\x10\x03\x12\"\n\x1e\x43OMPENSATION_TRIGGER_CANCELLED\x10\x04\x12\x1f\n\x1b\x43OMPENSATION_TRIGGER_MANUAL\x10\x05\x32\xe2\x05\n\x0bSagaService\x12P\n\tBeginStep\x12 .awooop.saga.v1.BeginStepRequest\x1a!.awooop.saga.v1.BeginStepResponse\x12Y\n\x0c\x43ompleteStep\x12#.awooop.saga.v1.CompleteStepRequest\x1a$.awooop.saga.v1.CompleteStepResponse\x12S\n\nRecordStep\x12!.awooop.saga.v1.RecordStepRequest\x1a\".awooop.saga.v1.RecordStepResponse\x12M\n\x08\x46\x61ilStep\x12\x1f.awooop.saga.v1.FailStepRequest\x1a .awooop.saga.v1.FailStepResponse\x12S\n\nGetJournal\x12!.awooop.saga.v1.GetJournalRequest\x1a\".awooop.saga.v1.GetJournalResponse\x12S\n\nCompensate\x12!.awooop.saga.v1.CompensateRequest\x1a\".awooop.saga.v1.CompensateResponse\x12h\n\x11RetryCompensation\x12(.awooop.saga.v1.RetryCompensationRequest\x1a).awooop.saga.v1.RetryCompensationResponse\x12n\n\x13ResolveCompensation\x12*.awooop.saga.v1.ResolveCompensationRequest\x1a+.awooop.saga.v1.ResolveCompensationResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'awooop.saga.v1.saga_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STEPACTION']._serialized_start=1767
-  _globals['_STEPACTION']._serialized_end=1878
-  _globals['_COMPENSATIONTRIGGER']._serialized_start=1881
-  _globals['_COMPENSATIONTRIGGER']._serialized_end=2134
+  _globals['_STEPACTION']._serialized_start=2077
+  _globals['_STEPACTION']._serialized_end=2188
+  _globals['_COMPENSATIONTRIGGER']._serialized_start=2191
+  _globals['_COMPENSATIONTRIGGER']._serialized_end=2444
   _globals['_BEGINSTEPREQUEST']._serialized_start=140
   _globals['_BEGINSTEPREQUEST']._serialized_end=330
   _globals['_BEGINSTEPRESPONSE']._serialized_start=333
@@ -46,26 +46,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COMPLETESTEPREQUEST']._serialized_end=655
   _globals['_COMPLETESTEPRESPONSE']._serialized_start=657
   _globals['_COMPLETESTEPRESPONSE']._serialized_end=721
-  _globals['_FAILSTEPREQUEST']._serialized_start=723
-  _globals['_FAILSTEPREQUEST']._serialized_end=817
-  _globals['_FAILSTEPRESPONSE']._serialized_start=819
-  _globals['_FAILSTEPRESPONSE']._serialized_end=879
-  _globals['_GETJOURNALREQUEST']._serialized_start=881
-  _globals['_GETJOURNALREQUEST']._serialized_end=916
-  _globals['_GETJOURNALRESPONSE']._serialized_start=919
-  _globals['_GETJOURNALRESPONSE']._serialized_end=1198
-  _globals['_COMPENSATEREQUEST']._serialized_start=1200
-  _globals['_COMPENSATEREQUEST']._serialized_end=1305
-  _globals['_COMPENSATERESPONSE']._serialized_start=1307
-  _globals['_COMPENSATERESPONSE']._serialized_end=1421
-  _globals['_RETRYCOMPENSATIONREQUEST']._serialized_start=1423
-  _globals['_RETRYCOMPENSATIONREQUEST']._serialized_end=1482
-  _globals['_RETRYCOMPENSATIONRESPONSE']._serialized_start=1484
-  _globals['_RETRYCOMPENSATIONRESPONSE']._serialized_end=1562
-  _globals['_RESOLVECOMPENSATIONREQUEST']._serialized_start=1564
-  _globals['_RESOLVECOMPENSATIONREQUEST']._serialized_end=1641
-  _globals['_RESOLVECOMPENSATIONRESPONSE']._serialized_start=1643
-  _globals['_RESOLVECOMPENSATIONRESPONSE']._serialized_end=1765
-  _globals['_SAGASERVICE']._serialized_start=2137
-  _globals['_SAGASERVICE']._serialized_end=2790
+  _globals['_RECORDSTEPREQUEST']._serialized_start=724
+  _globals['_RECORDSTEPREQUEST']._serialized_end=949
+  _globals['_RECORDSTEPRESPONSE']._serialized_start=951
+  _globals['_RECORDSTEPRESPONSE']._serialized_end=1031
+  _globals['_FAILSTEPREQUEST']._serialized_start=1033
+  _globals['_FAILSTEPREQUEST']._serialized_end=1127
+  _globals['_FAILSTEPRESPONSE']._serialized_start=1129
+  _globals['_FAILSTEPRESPONSE']._serialized_end=1189
+  _globals['_GETJOURNALREQUEST']._serialized_start=1191
+  _globals['_GETJOURNALREQUEST']._serialized_end=1226
+  _globals['_GETJOURNALRESPONSE']._serialized_start=1229
+  _globals['_GETJOURNALRESPONSE']._serialized_end=1508
+  _globals['_COMPENSATEREQUEST']._serialized_start=1510
+  _globals['_COMPENSATEREQUEST']._serialized_end=1615
+  _globals['_COMPENSATERESPONSE']._serialized_start=1617
+  _globals['_COMPENSATERESPONSE']._serialized_end=1731
+  _globals['_RETRYCOMPENSATIONREQUEST']._serialized_start=1733
+  _globals['_RETRYCOMPENSATIONREQUEST']._serialized_end=1792
+  _globals['_RETRYCOMPENSATIONRESPONSE']._serialized_start=1794
+  _globals['_RETRYCOMPENSATIONRESPONSE']._serialized_end=1872
+  _globals['_RESOLVECOMPENSATIONREQUEST']._serialized_start=1874
+  _globals['_RESOLVECOMPENSATIONREQUEST']._serialized_end=1951
+  _globals['_RESOLVECOMPENSATIONRESPONSE']._serialized_start=1953
+  _globals['_RESOLVECOMPENSATIONRESPONSE']._serialized_end=2075
+  _globals['_SAGASERVICE']._serialized_start=2447
+  _globals['_SAGASERVICE']._serialized_end=3185
 # @@protoc_insertion_point(module_scope)

@@ -227,6 +227,86 @@ class CompleteStepResponse(_message.Message):
 Global___CompleteStepResponse: _TypeAlias = CompleteStepResponse  # noqa: Y015
 
 @_typing.final
+class RecordStepRequest(_message.Message):
+    """Journals a finished step without BeginStep."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    STEP_TYPE_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    PARAMS_FIELD_NUMBER: _builtins.int
+    step_id: _builtins.str
+    """Step id (1-128 chars), stable across attempts."""
+    step_type: _common_pb2.StepType.ValueType
+    """LLM_CALL or CALLBACK. Tool calls and approvals are begun with BeginStep: a crash mid-call
+    must leave a pending record behind for them.
+    """
+    error: _builtins.str
+    """Error text (at most 4096 chars): records the step failed instead; result must then be empty."""
+    @_builtins.property
+    def lease(self) -> _common_pb2.LeaseToken:
+        """Fencing token."""
+
+    @_builtins.property
+    def result(self) -> _struct_pb2.Struct:
+        """Result (at most AWOOOP_MAX_STEP_RESULT_BYTES serialized, default 64 KiB)."""
+
+    @_builtins.property
+    def params(self) -> _struct_pb2.Struct:
+        """The step's parameters, journaled as BeginStep journals tool_params."""
+
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.LeaseToken | None = ...,
+        step_id: _builtins.str = ...,
+        step_type: _common_pb2.StepType.ValueType = ...,
+        result: _struct_pb2.Struct | None = ...,
+        error: _builtins.str = ...,
+        params: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "params", b"params", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "lease", b"lease", "params", b"params", "result", b"result", "step_id", b"step_id", "step_type", b"step_type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordStepRequest: _TypeAlias = RecordStepRequest  # noqa: Y015
+
+@_typing.final
+class RecordStepResponse(_message.Message):
+    """The journaled step."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    RECORDED_FIELD_NUMBER: _builtins.int
+    recorded: _builtins.bool
+    """False when the step was already completed, by an earlier attempt or a repeated call: its
+    first result stands and is the one returned in step.
+    """
+    @_builtins.property
+    def step(self) -> _common_pb2.SagaStep:
+        """The journal entry: completed (or failed, when error was given)."""
+
+    def __init__(
+        self,
+        *,
+        step: _common_pb2.SagaStep | None = ...,
+        recorded: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["step", b"step"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["recorded", b"recorded", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordStepResponse: _TypeAlias = RecordStepResponse  # noqa: Y015
+
+@_typing.final
 class FailStepRequest(_message.Message):
     """Fails a step."""
 

@@ -45,6 +45,11 @@ class SagaServiceStub:
                 request_serializer=awooop_dot_saga_dot_v1_dot_saga__pb2.CompleteStepRequest.SerializeToString,
                 response_deserializer=awooop_dot_saga_dot_v1_dot_saga__pb2.CompleteStepResponse.FromString,
                 _registered_method=True)
+        self.RecordStep = channel.unary_unary(
+                '/awooop.saga.v1.SagaService/RecordStep',
+                request_serializer=awooop_dot_saga_dot_v1_dot_saga__pb2.RecordStepRequest.SerializeToString,
+                response_deserializer=awooop_dot_saga_dot_v1_dot_saga__pb2.RecordStepResponse.FromString,
+                _registered_method=True)
         self.FailStep = channel.unary_unary(
                 '/awooop.saga.v1.SagaService/FailStep',
                 request_serializer=awooop_dot_saga_dot_v1_dot_saga__pb2.FailStepRequest.SerializeToString,
@@ -85,6 +90,15 @@ class SagaServiceServicer:
 
     def CompleteStep(self, request, context):
         """Records a step's result and, for tool calls, its compensation command.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordStep(self, request, context):
+        """Journals a step that has already run, in one call: for llm_call and callback steps, which
+        have no side effect to protect with a pending record. A step already completed keeps its first
+        result (recorded = false). Worker role.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -138,6 +152,11 @@ def add_SagaServiceServicer_to_server(servicer, server):
                     servicer.CompleteStep,
                     request_deserializer=awooop_dot_saga_dot_v1_dot_saga__pb2.CompleteStepRequest.FromString,
                     response_serializer=awooop_dot_saga_dot_v1_dot_saga__pb2.CompleteStepResponse.SerializeToString,
+            ),
+            'RecordStep': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordStep,
+                    request_deserializer=awooop_dot_saga_dot_v1_dot_saga__pb2.RecordStepRequest.FromString,
+                    response_serializer=awooop_dot_saga_dot_v1_dot_saga__pb2.RecordStepResponse.SerializeToString,
             ),
             'FailStep': grpc.unary_unary_rpc_method_handler(
                     servicer.FailStep,
@@ -220,6 +239,33 @@ class SagaService:
             '/awooop.saga.v1.SagaService/CompleteStep',
             awooop_dot_saga_dot_v1_dot_saga__pb2.CompleteStepRequest.SerializeToString,
             awooop_dot_saga_dot_v1_dot_saga__pb2.CompleteStepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordStep(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.saga.v1.SagaService/RecordStep',
+            awooop_dot_saga_dot_v1_dot_saga__pb2.RecordStepRequest.SerializeToString,
+            awooop_dot_saga_dot_v1_dot_saga__pb2.RecordStepResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,11 @@ class SagaServiceStub:
     """Journals a step as pending before it runs, or tells the worker to skip it. Worker role."""
     CompleteStep: _grpc.UnaryUnaryMultiCallable[_saga_pb2.CompleteStepRequest, _saga_pb2.CompleteStepResponse]
     """Records a step's result and, for tool calls, its compensation command."""
+    RecordStep: _grpc.UnaryUnaryMultiCallable[_saga_pb2.RecordStepRequest, _saga_pb2.RecordStepResponse]
+    """Journals a step that has already run, in one call: for llm_call and callback steps, which
+    have no side effect to protect with a pending record. A step already completed keeps its first
+    result (recorded = false). Worker role.
+    """
     FailStep: _grpc.UnaryUnaryMultiCallable[_saga_pb2.FailStepRequest, _saga_pb2.FailStepResponse]
     """Records a step's failure."""
     GetJournal: _grpc.UnaryUnaryMultiCallable[_saga_pb2.GetJournalRequest, _saga_pb2.GetJournalResponse]
@@ -61,6 +66,11 @@ class SagaServiceAsyncStub(SagaServiceStub):
     """Journals a step as pending before it runs, or tells the worker to skip it. Worker role."""
     CompleteStep: _aio.UnaryUnaryMultiCallable[_saga_pb2.CompleteStepRequest, _saga_pb2.CompleteStepResponse]  # type: ignore[assignment]
     """Records a step's result and, for tool calls, its compensation command."""
+    RecordStep: _aio.UnaryUnaryMultiCallable[_saga_pb2.RecordStepRequest, _saga_pb2.RecordStepResponse]  # type: ignore[assignment]
+    """Journals a step that has already run, in one call: for llm_call and callback steps, which
+    have no side effect to protect with a pending record. A step already completed keeps its first
+    result (recorded = false). Worker role.
+    """
     FailStep: _aio.UnaryUnaryMultiCallable[_saga_pb2.FailStepRequest, _saga_pb2.FailStepResponse]  # type: ignore[assignment]
     """Records a step's failure."""
     GetJournal: _aio.UnaryUnaryMultiCallable[_saga_pb2.GetJournalRequest, _saga_pb2.GetJournalResponse]  # type: ignore[assignment]
@@ -92,6 +102,17 @@ class SagaServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_saga_pb2.CompleteStepResponse, _abc.Awaitable[_saga_pb2.CompleteStepResponse]]:
         """Records a step's result and, for tool calls, its compensation command."""
+
+    @_abc_1.abstractmethod
+    def RecordStep(
+        self,
+        request: _saga_pb2.RecordStepRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_saga_pb2.RecordStepResponse, _abc.Awaitable[_saga_pb2.RecordStepResponse]]:
+        """Journals a step that has already run, in one call: for llm_call and callback steps, which
+        have no side effect to protect with a pending record. A step already completed keeps its first
+        result (recorded = false). Worker role.
+        """
 
     @_abc_1.abstractmethod
     def FailStep(
