@@ -123,6 +123,9 @@ class Client:
         self._ca_file = ca_file
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, Any] = {}
+        # False once the saga service answered RecordStep with UNIMPLEMENTED (an older service):
+        # every step is then journaled with BeginStep + CompleteStep
+        self.record_steps = True
 
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:

@@ -1,10 +1,16 @@
 """RunContext: what a handler gets for one claimed run.
 
-Journaled steps (seed ADR-119 D2): `await ctx.step(step_id, fn, ...)` asks the saga service first.
-A step completed by an earlier attempt is skipped and its recorded result returned; a step an
-earlier attempt left pending (it may or may not have happened) runs again with the same
-idempotency key, so the tool can recognise the repeat. Every call carries the lease's fencing
-token; once the lease is gone every call raises LeaseLost and the worker stops the handler.
+Journaled steps (seed ADR-119 D2): `await ctx.step(step_id, fn, ...)`. A step completed by an
+earlier attempt is skipped and its recorded result returned; a step an earlier attempt left
+pending (it may or may not have happened) runs again with the same idempotency key, so the tool
+can recognise the repeat. Every call carries the lease's fencing token; once the lease is gone
+every call raises LeaseLost and the worker stops the handler.
+
+Tool calls are journaled twice: BeginStep before they run (the pending record a crash mid-call
+leaves behind) and CompleteStep after. Steps without side effects (llm_call, callback) are
+journaled once, after they ran, with RecordStep: a crash mid-step just runs them again. Which of
+those an earlier attempt completed is read from the journal once per attempt (never on a run's
+first attempt, whose journal is empty).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 from google.protobuf import duration_pb2
 
 from awooop.common.v1 import common_pb2
@@ -42,6 +49,9 @@ ACTIONS = {
     saga_pb2.STEP_ACTION_SKIP: "skip",
     saga_pb2.STEP_ACTION_RETRY: "retry",
 }
+
+# step types journaled once, after they ran (RecordStep)
+RECORDED_AFTER = ("llm_call", "callback")
 
 Json = dict[str, Any]
 # compensation: a command dict {"tool_id", "params", "reason"}, or a function of the step's result
@@ -114,6 +124,9 @@ class RunContext:
         # step_id -> "execute" | "skip" | "retry", in the order this attempt met them
         self.actions: dict[str, str] = {}
         self.outcome: str | None = None  # completed | failed | waiting_approval, once the run left our hands
+        # the journal as this attempt knows it (step_id -> entry), for steps journaled after they
+        # ran; None until read. A first attempt's journal is empty: nothing to read.
+        self._journal: dict[str, common_pb2.SagaStep] | None = None if (self.attempt > 1 or self.resumed) else {}
         self.log = logging.LoggerAdapter(log, {"run_id": self.run_id, "attempt": self.attempt})
 
     @property
@@ -161,6 +174,11 @@ class RunContext:
         if kind not in STEP_TYPES:
             raise ValueError(f"step_type must be one of {', '.join(STEP_TYPES)}")
         args = dict(params or {})
+        if kind in RECORDED_AFTER and not tool_id and self.client.record_steps:
+            known = await self._known(step_id)
+            if known is None or (known.step_type == STEP_TYPES[kind] and not known.tool_id):
+                return await self._recorded_step(step_id, kind, fn, args, known)
+            # journaled as another kind of step: BeginStep below answers why that is refused
         begin = await self.client.call(
             self.client.saga.BeginStep,
             saga_pb2.BeginStepRequest(
@@ -212,6 +230,69 @@ class RunContext:
             ),
         )
         return result
+
+    async def _known(self, step_id: str) -> common_pb2.SagaStep | None:
+        """This step's journal entry from an earlier attempt, if any (the journal is read once)."""
+        if self._journal is None:
+            resp = await self.client.call(self.client.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=self.run_id))
+            self._journal = {s.step_id: s for s in resp.steps}
+        return self._journal.get(step_id)
+
+    async def _recorded_step(
+        self, step_id: str, kind: str, fn: Callable[[StepCall], Any], args: Json, known: common_pb2.SagaStep | None
+    ) -> Json:
+        """A step without side effects: skipped when completed, else run and journaled once (RecordStep)."""
+        if known is not None and known.status == common_pb2.STEP_STATUS_COMPLETED:
+            self.actions[step_id] = "skip"
+            metrics.STEPS.labels("skip").inc()
+            self.log.info("step %s skipped: completed by an earlier attempt", step_id)
+            return from_struct(known.result)
+        action = "retry" if known is not None else "execute"
+        self.actions[step_id] = action
+        metrics.STEPS.labels(action).inc()
+        call = StepCall(
+            run_id=self.run_id,
+            project_id=self.project_id,
+            step_id=step_id,
+            idempotency_key=f"{self.run_id}:{step_id}",
+            tool_id="",
+            params=args,
+            attempt=self.attempt,
+            retry=action == "retry",
+        )
+        base = saga_pb2.RecordStepRequest(
+            lease=self.lease, step_id=step_id, step_type=STEP_TYPES[kind], params=to_struct(args) if args else None
+        )
+        try:
+            value = fn(call)
+            if inspect.isawaitable(value):
+                value = await value
+            result = _as_result(value, step_id)
+        except (LeaseLost, RunFinished):
+            raise
+        except Exception as exc:
+            base.error = f"{type(exc).__name__}: {exc}"[:4096]
+            with contextlib.suppress(AwooopError):
+                await self._record(base)
+            raise
+        base.result.CopyFrom(to_struct(result))
+        resp = await self._record(base)
+        if resp is None:  # an older saga service: journal it the two-call way
+            return await self.step(step_id, lambda _: result, step_type=kind, params=args)
+        return result if resp.recorded else from_struct(resp.step.result)  # the first recorded result stands
+
+    async def _record(self, request: saga_pb2.RecordStepRequest) -> saga_pb2.RecordStepResponse | None:
+        """RecordStep; None when the service does not know it (it then never gets asked again)."""
+        try:
+            resp = await self.client.call(self.client.saga.RecordStep, request)
+        except AwooopError as err:
+            if err.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self.client.record_steps = False
+            return None
+        if self._journal is not None:
+            self._journal[request.step_id] = resp.step
+        return resp
 
     # --- approvals ---
 
