@@ -139,3 +139,34 @@ async def test_ten_concurrent_records_take_distinct_positions_and_one_wins_each_
     assert len(winners) == 1
     assert {dict(r.step.result)["i"] for r in same} == {dict(winners[0].step.result)["i"]}
     assert await db.fetchval("SELECT count(*) FROM awooop_saga_step WHERE run_id = $1", run_id) == 11
+
+
+async def test_record_commits_asynchronously_for_its_own_transaction_only(db) -> None:
+    """The statement turns synchronous_commit off inside its transaction (a lost record only means
+    the step runs again) and the connection, a pooled one in the service, keeps its setting."""
+    import json
+
+    from services.saga.journal import RECORD_SQL
+    from services.saga.steps import LEASED_STATUSES
+
+    run_id = await new_run(db)
+    token = await claim(db, run_id)
+    args = (
+        run_id,
+        token,
+        "think",
+        "llm_call",
+        "completed",
+        json.dumps({"a": 1}),
+        None,
+        None,
+        list(LEASED_STATUSES),
+        None,
+    )
+    before = await db.fetchval("SHOW synchronous_commit")
+    async with db.transaction():
+        row = await db.fetchrow(RECORD_SQL, *args)
+        assert row is not None and row["status"] == "completed"
+        assert await db.fetchval("SHOW synchronous_commit") == "off"
+    assert await db.fetchval("SHOW synchronous_commit") == before
+    assert await db.fetchval("SELECT count(*) FROM awooop_saga_step WHERE run_id = $1", run_id) == 1

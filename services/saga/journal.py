@@ -54,6 +54,10 @@ RETURNING (s.xmax = 0) AS inserted, {_S}
 # RecordStep: a step that already ran, journaled completed (or failed) in one statement, the way
 # BeginStep journals it pending (same lease lock, same seq allocation). A pending or failed row of
 # the same kind (an earlier attempt's) is overwritten; a completed one is left alone.
+# It commits without waiting for the WAL flush (synchronous_commit off for this transaction only):
+# a record lost in a Postgres crash means the step runs again, which is all a crash mid-step means
+# for these steps anyway. The next synchronous commit of the run (a tool call's BeginStep, the run's
+# completion) flushes it, so no later journal entry or run state can outlive it.
 # $1 run_id, $2 attempt, $3 step_id, $4 step_type, $5 status, $6 result, $7 error, $8 projects, $9 leased,
 # $10 params
 RECORD_SQL = f"""
@@ -62,13 +66,16 @@ WITH lease AS (
      WHERE run_id = $1 AND attempt_count = $2 AND status = ANY($9::text[])
        AND ($8::text[] IS NULL OR project_id = ANY($8::text[]))
        FOR NO KEY UPDATE
+),
+async_commit AS (
+    SELECT set_config('synchronous_commit', 'off', true)
 )
 INSERT INTO awooop_saga_step AS s (run_id, step_id, project_id, seq, step_type, tool_params, status, result, error,
                                    attempt, completed_at)
 SELECT l.run_id, $3, l.project_id,
        COALESCE((SELECT max(seq) FROM awooop_saga_step WHERE run_id = l.run_id), 0) + 1,
        $4, $10, $5, $6, $7, $2, now()
-  FROM lease l
+  FROM lease l, async_commit
 ON CONFLICT (run_id, step_id) DO UPDATE
    SET status = EXCLUDED.status, result = EXCLUDED.result, error = EXCLUDED.error, attempt = EXCLUDED.attempt,
        tool_params = EXCLUDED.tool_params, completed_at = now()
