@@ -114,6 +114,42 @@ async def test_claims_at_the_store_level_are_disjoint(s: Sched) -> None:
     assert len(ids) == 200 and len(set(ids)) == 200
 
 
+async def test_no_index_reads_the_columns_a_heartbeat_changes(s: Sched) -> None:
+    """Heartbeats are HOT updates only while no index of awooop_run_state (key, INCLUDE,
+    expression or predicate) mentions lease_until or heartbeat_at (migration 0040)."""
+    rows = await s.db.fetch(
+        """SELECT i.indexrelid::regclass::text AS name, a.attname AS col, pg_get_indexdef(i.indexrelid) AS def
+             FROM pg_index i
+             LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+            WHERE i.indrelid = 'awooop_run_state'::regclass"""
+    )
+    assert {r["name"] for r in rows} >= {"awooop_run_leased_idx", "awooop_run_claim_idx"}
+    for r in rows:
+        assert r["col"] not in ("lease_until", "heartbeat_at"), r["def"]
+        assert "lease_until" not in r["def"] and "heartbeat_at" not in r["def"], r["def"]
+
+
+async def test_a_heartbeat_is_a_hot_update(s: Sched) -> None:
+    """The heartbeat statement renews 5 leases without touching any index (counted by the
+    transaction's own statistics, which are exact)."""
+    from services.scheduler import leases
+
+    await insert_runs(s.db, "p", 5)
+    claimed = await leases.claim(s.pool, ["p"], 5, 60.0, "w1", "test")
+    async with s.db.transaction():
+        renewed = await leases.heartbeat(
+            s.db,  # type: ignore[arg-type]
+            "w1",
+            [(str(r["run_id"]), r["attempt_count"]) for r in claimed],
+            60.0,
+            None,
+        )
+        assert all(r.lease_until is not None for r in renewed)
+        hot = await s.db.fetchval("SELECT pg_stat_get_xact_tuples_hot_updated('awooop_run_state'::regclass)")
+        updated = await s.db.fetchval("SELECT pg_stat_get_xact_tuples_updated('awooop_run_state'::regclass)")
+    assert updated == 5 and hot == 5
+
+
 # --- the reaper -------------------------------------------------------------------------------------
 
 

@@ -78,9 +78,14 @@ SELECT EXTRACT(EPOCH FROM min(not_before) - now())::float8
 
 # $1 run ids, $2 attempts (same order), $3 worker id, $4 lease seconds, $5 projects where the
 # caller is a worker (NULL: all). Returns the positions (1-based) of the renewed leases; the
-# others are lost. unnest in FROM (not a CTE) lets the planner probe the primary key per lease.
-# Rows are locked in run_id order (the `locked` CTE), as CompleteRuns locks them, so a worker's
-# heartbeat and its batched completions on the same runs can never deadlock each other.
+# others are lost. Rows are locked in run_id order (the `locked` CTE), as CompleteRuns locks
+# them, so a worker's heartbeat and its batched completions on the same runs can never
+# deadlock each other. The status test is wrapped in `IS TRUE` (status is NOT NULL: same
+# meaning) so that it does not match the predicate of awooop_run_leased_idx: the planner, which
+# believes that partial index nearly empty, otherwise scans all of it and compares every leased
+# run with every lease of the call (leases held x batch) instead of one primary-key probe per
+# lease (300 leases held: 2x the heartbeat's cost). The update sets no indexed column
+# (migration 0040), so it is a HOT update.
 HEARTBEAT_SQL = """
 WITH t AS (
     SELECT * FROM unnest($1::uuid[], $2::int[]) WITH ORDINALITY AS t(run_id, attempt, ord)
@@ -89,7 +94,7 @@ locked AS (
     SELECT r.run_id
       FROM awooop_run_state r JOIN t ON r.run_id = t.run_id AND r.attempt_count = t.attempt
      WHERE r.worker_id = $3
-       AND r.status IN ('RUNNING', 'WAITING_TOOL')
+       AND (r.status IN ('RUNNING', 'WAITING_TOOL')) IS TRUE
        AND ($5::text[] IS NULL OR r.project_id = ANY($5::text[]))
      ORDER BY r.run_id
        FOR UPDATE OF r

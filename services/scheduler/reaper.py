@@ -8,9 +8,10 @@ take disjoint rows and never wait on a worker's write). Locking re-checks expiry
 statement: a row whose heartbeat committed after our snapshot is re-read at its newest
 version and dropped when `lease_until < now()` no longer holds (READ COMMITTED re-evaluation),
 and once locked nobody can renew it before the UPDATE. The audit rows, compensation requests
-and wake-up NOTIFY are written by the same statement. The scan uses awooop_run_lease_idx
-(partial: leased runs only) and the UPDATE joins by primary key, so its cost does not grow
-with finished runs. (Repeating the status/expiry filter in the UPDATE made the planner join
+and wake-up NOTIFY are written by the same statement. The scan reads awooop_run_leased_idx
+(partial: leased runs only, keyed by run_id so that heartbeats are HOT updates; expiry is
+checked on the row) and the UPDATE joins by primary key, so its cost grows with the leases
+held, not with finished runs. (Repeating the status/expiry filter in the UPDATE made the planner join
 through the partial index instead, a nested loop of batch x batch rows: 6x slower at 1M
 finished runs.)
 """
