@@ -1,7 +1,12 @@
-"""Journal figures: awooop's per-step cost (BeginStep + CompleteStep over gRPC to a real saga
-process, sequential, one run) against DBOS Transact's per-step cost (one workflow of no-op
-steps, bench/dbos_steps.py), and awooop's per-step cost at journal length 1,000 against the
-same at length 10.
+"""Journal figures: awooop's per-step cost against DBOS Transact's (one workflow of no-op steps,
+bench/dbos_steps.py), and awooop's per-step cost at journal length 1,000 against the same at
+length 10.
+
+Per step, awooop is timed two ways over gRPC to a real saga process, sequential, one run:
+- through the worker SDK, `await ctx.step(step_id, noop)`, as a handler journals a step without
+  side effects (one RecordStep call: the like of a DBOS step, recorded after it ran): the figure;
+- BeginStep + CompleteStep, the two calls a tool call is journaled with (a pending record
+  before it runs, so a crash mid-call is retried with the same idempotency key): reported.
 
 The journal write pair and the pre-fill statement are the saga helper's
 (bench/bench_journal.py: `_pair`, `PREFILL_SQL`); this module runs them from a separate load
@@ -48,12 +53,22 @@ def declare(cfg: Config) -> list[Figure]:
     return [
         Figure(
             "journal_step",
-            "per-step journal cost (begin + complete), one run, sequential",
+            "per-step journal cost, no-op steps through the worker SDK (RecordStep), one run, sequential",
             "ms",
             "ratio_le",
             0.5,
             "≤ 0.5 ×",
             baseline_label=f"DBOS Transact, one workflow of {cfg.dbos_steps} no-op steps, per step",
+            baseline_unit="ms",
+        ),
+        Figure(
+            "journal_step_tool",
+            "per-step journal cost of a tool call (BeginStep + CompleteStep), one run, sequential",
+            "ms",
+            "report",
+            None,
+            "reported",
+            baseline_label="DBOS Transact per step, as above",
             baseline_unit="ms",
         ),
         Figure(
@@ -74,6 +89,7 @@ async def journal_client(
     address: str,
     metadata: list[list[str]],
     seq_run: str,
+    sdk_run: str,
     steps: int,
     length_runs: dict[str, str],
     pairs: int,
@@ -97,11 +113,35 @@ async def journal_client(
     def lease(run_id: str) -> Any:
         return common_pb2.LeaseToken(run_id=run_id, attempt=1)
 
-    # warm the channel, the server's auth cache and its prepared statements (untimed)
+    from awooop.scheduler.v1 import scheduler_pb2
+    from awooop.worker.client import Client
+    from awooop.worker.context import RunContext
+
+    key = dict(md)["authorization"].removeprefix("Bearer ")
+    client = Client(key=key, saga=address)
+
+    def context(run_id: str) -> RunContext:
+        claimed = scheduler_pb2.ClaimedRun(run=common_pb2.Run(run_id=run_id, project_id=PROJECT), lease=lease(run_id))
+        return RunContext(client, claimed, "bench-journal")
+
+    def noop(call: Any) -> dict[str, Any]:
+        return {"inserted_id": "7c1c", "rows": 1}
+
+    # warm the channels, the server's auth cache and its prepared statements (untimed)
+    warm = context(warm_run)
     for i in range(20):
         await _pair(saga, md, lease(warm_run), f"warm-{i}", result)
+        await warm.step(f"warm-sdk-{i}", noop)
     await sync(None)
     try:
+        sdk_times = []
+        ctx = context(sdk_run)
+        t0 = time.perf_counter()
+        for i in range(steps):
+            t1 = time.perf_counter()
+            await ctx.step(f"step-{i}", noop)
+            sdk_times.append(time.perf_counter() - t1)
+        sdk_total = time.perf_counter() - t0
         seq_times = []
         t0 = time.perf_counter()
         for i in range(steps):
@@ -116,7 +156,15 @@ async def journal_client(
                     times[n].append(await _pair(saga, md, lease(run_id), f"b-{r}-{i}", result))
     finally:
         await channel.close()
-    return {"seq_total_s": seq_total, "seq_pair_s": seq_times, "steps": steps, "pair_s": times}
+        await client.close()
+    return {
+        "sdk_total_s": sdk_total,
+        "sdk_step_s": sdk_times,
+        "seq_total_s": seq_total,
+        "seq_pair_s": seq_times,
+        "steps": steps,
+        "pair_s": times,
+    }
 
 
 def _ms(xs: list[float]) -> dict[str, float]:
@@ -130,7 +178,7 @@ def _ms(xs: list[float]) -> dict[str, float]:
 
 
 async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
-    vs_dbos, by_length = figures
+    vs_dbos, tool_steps, by_length = figures
     n = cfg.journal_steps
 
     # DBOS first, on its own scratch database
@@ -150,7 +198,7 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
     short, long = cfg.journal_short, cfg.journal_steps
     conn = await asyncpg.connect(dsn)
     try:
-        seq_run, warm_run, short_run, long_run = (r[0] for r in await conn.fetch(LEASED_RUNS_SQL, PROJECT, 4))
+        seq_run, sdk_run, warm_run, short_run, long_run = (r[0] for r in await conn.fetch(LEASED_RUNS_SQL, PROJECT, 5))
         await conn.execute(PREFILL_SQL, short_run, PROJECT, short)
         await conn.execute(PREFILL_SQL, long_run, PROJECT, long)
         await conn.execute("ANALYZE awooop_saga_step")
@@ -168,6 +216,7 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
                     "address": svc.address,
                     "metadata": [list(m) for m in md],
                     "seq_run": seq_run,
+                    "sdk_run": sdk_run,
                     "steps": n,
                     "length_runs": {str(short): short_run, str(long): long_run},
                     "pairs": cfg.journal_window,
@@ -179,17 +228,30 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
         rss.record("saga", svc, f"after {n + 2 * cfg.journal_window} journaled steps")
     finally:
         svc.stop()
-    per_step = ours["seq_total_s"] / n * 1000
+    per_step = ours["sdk_total_s"] / n * 1000
     vs_dbos.measured(
         per_step,
         dbos["per_step_ms"],
         awooop={
             "steps": n,
-            "total_s": round(ours["seq_total_s"], 3),
+            "total_s": round(ours["sdk_total_s"], 3),
             "per_step_ms": round(per_step, 3),
-            "pairs": _ms(ours["seq_pair_s"]),
+            "steps_ms": _ms(ours["sdk_step_s"]),
+            "calls_per_step": "RecordStep",
         },
         dbos=dbos,
+    )
+    per_pair = ours["seq_total_s"] / n * 1000
+    tool_steps.measured(
+        per_pair,
+        dbos["per_step_ms"],
+        awooop={
+            "steps": n,
+            "total_s": round(ours["seq_total_s"], 3),
+            "per_step_ms": round(per_pair, 3),
+            "pairs": _ms(ours["seq_pair_s"]),
+            "calls_per_step": "BeginStep + CompleteStep",
+        },
     )
     at_short, at_long = _ms(ours["pair_s"][str(short)]), _ms(ours["pair_s"][str(long)])
     by_length.measured(
