@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -269,7 +270,8 @@ async def test_redis_stopped_mid_test_no_duplicates_and_automatic_recovery(
 ) -> None:
     rd = embedded.start_redis(tmp_path / "r1")
     try:
-        rt, stub, md = await serve(start_services, channels, make_key, redis_url=rd.url)
+        # the process's own memory of recent ids is off: this is about Redis and Postgres
+        rt, stub, md = await serve(start_services, channels, make_key, redis_url=rd.url, dedupe_memory_keys=0)
         client = aioredis.from_url(rd.url)
         first = await stub.IngestEvents(ingest_pb2.IngestEventsRequest(events=[tg(i) for i in range(20)]), metadata=md)
         run_of = {i: first.results[i].outcomes[0].run_id for i in range(20)}
@@ -315,6 +317,81 @@ async def test_redis_keys_expire_no_later_than_retention(start_services, channel
     await stub.IngestEvent(tg(1), metadata=md)
     ttl = await rt.ctx.cache.call("ttl", dedupe_cache.key(rt.ctx.cache, PROJECT, "telegram", "1"))
     assert 0 < ttl <= 120
+
+
+async def test_the_process_memory_answers_duplicates_without_redis_or_postgres(
+    start_services, channels, make_key
+) -> None:
+    rt, stub, md = await serve(start_services, channels, make_key, redis_url="", auth_cache_seconds=60)
+    first = (await stub.IngestEvent(tg(1), metadata=md)).outcomes[0]
+    await rt.ctx.pool.close()  # no Redis configured, and now no Postgres either
+    hits = counter(metrics.MEMORY_HITS)
+    again = await asyncio.gather(*(stub.IngestEvent(tg(1), metadata=md) for _ in range(10)))
+    assert {(a.outcomes[0].run_id, a.outcomes[0].duplicate) for a in again} == {(first.run_id, True)}
+    assert counter(metrics.MEMORY_HITS) == hits + 10
+    await expect_error(stub.IngestEvent(tg(2), metadata=md), grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE")
+
+    # off: the same duplicate needs the store
+    _rt2, off, md2 = await serve(start_services, channels, make_key, redis_url="", dedupe_memory_keys=0)
+    await off.IngestEvent(tg(3), metadata=md2)
+    await _rt2.ctx.pool.close()
+    await expect_error(off.IngestEvent(tg(3), metadata=md2), grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE")
+
+
+async def test_what_redis_and_postgres_answer_is_remembered_no_longer_than_their_keys_live(
+    start_services, channels, make_key, db
+) -> None:
+    """Replica A creates the runs; replica B learns them from Redis (with the key's time to live) or
+    from Postgres (with the dedupe row's time left), never for longer than retention."""
+    from services.common.cache import Cache
+    from services.ingest.events import EventIngestor
+    from services.ingest.wakeup import Notifier
+
+    rt, stub, md = await serve(start_services, channels, make_key, dedupe_retention=120.0, redis_dedupe_ttl=3600.0)
+    created = await stub.IngestEvents(ingest_pb2.IngestEventsRequest(events=[tg(1), tg(2)]), metadata=md)
+    # B: a second ingestor on the same stores, its memory empty
+    s = rt.ctx.settings
+    b = EventIngestor(rt.ctx.pool, Cache(s), s, Notifier(rt.ctx.pool))
+    key2 = dedupe_cache.key(b.cache, PROJECT, "telegram", "2")
+
+    async def written() -> bool:  # A writes its keys after answering
+        return bool(await b.cache.call("exists", key2))
+
+    await eventually(written, what="A's Redis keys")
+    await b.cache.call("delete", key2)  # only Postgres knows 2 now
+    ev = [NewEvent(PROJECT, "telegram", pid, "{}", 3) for pid in ("1", "2")]
+    hits, misses = counter(metrics.REDIS_HITS), counter(metrics.REDIS_MISSES)
+    out = await b.ingest(ev, principal_id="p", actor="t")
+    assert [(o.run_id, o.duplicate) for o in out] == [(r.outcomes[0].run_id, True) for r in created.results]
+    assert (counter(metrics.REDIS_HITS), counter(metrics.REDIS_MISSES)) == (hits + 1, misses + 1)
+    for pid in ("1", "2"):
+        entry = b.recent._entries[dedupe_cache.key(b.cache, PROJECT, "telegram", pid)]
+        left = entry[1] - time.monotonic()
+        assert 100 < left <= 120  # retention, not the 3600 s Redis TTL setting
+    # the second time neither store is asked
+    memory = counter(metrics.MEMORY_HITS)
+    assert all(o.duplicate for o in await b.ingest(ev, principal_id="p", actor="t"))
+    assert counter(metrics.MEMORY_HITS) == memory + 2
+    assert (counter(metrics.REDIS_HITS), counter(metrics.REDIS_MISSES)) == (hits + 1, misses + 1)
+    await b.drain()
+    await b.cache.close()
+
+
+def test_recent_keys_forget_the_least_recently_used_and_the_expired() -> None:
+    from services.ingest.recent import RecentKeys
+
+    m = RecentKeys(capacity=3)
+    for i in range(3):
+        m.put(f"k{i}", f"r{i}", ttl=10, now=100.0)
+    assert m.get("k0", now=101.0) == "r0"  # k0 is now the most recently used
+    m.put("k3", "r3", ttl=10, now=101.0)  # evicts k1
+    assert [m.get(k, now=102.0) for k in ("k0", "k1", "k2", "k3")] == ["r0", None, "r2", "r3"]
+    assert m.get("k2", now=110.0) is None and len(m) == 2  # expired: gone
+    m.put("short", "r", ttl=0.5, now=100.0)  # under a second left: not worth remembering
+    assert m.get("short", now=100.0) is None
+    off = RecentKeys(capacity=0)
+    off.put("k", "r", ttl=10)
+    assert off.get("k") is None and len(off) == 0
 
 
 # --- input limits and roles --------------------------------------------------------------------
@@ -391,7 +468,9 @@ async def test_ingest_role_is_required_in_every_events_project(start_services, c
 async def test_pruning_removes_only_expired_rows_and_a_reused_id_makes_a_new_run(
     start_services, channels, make_key, db
 ) -> None:
-    rt, stub, md = await serve(start_services, channels, make_key)
+    # The rows are aged in the database behind the process's back; its memory of recent ids would
+    # still hold them (in real time it forgets them before retention ends), so it is off here.
+    rt, stub, md = await serve(start_services, channels, make_key, dedupe_memory_keys=0)
     first = await stub.IngestEvents(ingest_pb2.IngestEventsRequest(events=[tg(1), tg(2), tg(3)]), metadata=md)
     run1 = first.results[0].outcomes[0].run_id
     # the database clock is the truth: age two rows past the 7-day retention, one just inside it

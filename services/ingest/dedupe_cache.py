@@ -22,15 +22,25 @@ def key(cache: Cache, project_id: str, channel: str, provider_event_id: str) -> 
     return f"{cache.prefix}{PART}:{project_id}:{channel}:{provider_event_id}"
 
 
-async def lookup(cache: Cache, keys: Sequence[str]) -> list[str | None]:
-    """run_id per key (None: not cached, or Redis unavailable); one MGET round trip."""
+# MGET with each hit's time to live, so what a hit teaches the process's own memory
+# (services/ingest/recent.py) expires no later than the key: [value, pttl, value, pttl, ...].
+GET_MANY = (
+    "local out = {} for i, k in ipairs(KEYS) do local v = redis.call('GET', k) "
+    "out[2 * i - 1] = v out[2 * i] = v and redis.call('PTTL', k) or -2 end return out"
+)
+
+
+async def lookup(cache: Cache, keys: Sequence[str]) -> list[tuple[str, float] | None]:
+    """(run_id, seconds left) per key (None: not cached, or Redis unavailable); one round trip."""
     if not keys:
         return []
-    values = await cache.call("mget", keys) if cache.enabled else None
+    values = await cache.call("eval", GET_MANY, len(keys), *keys) if cache.enabled else None
     if values is None:
         metrics.REDIS_UNAVAILABLE.inc(len(keys))
         return [None] * len(keys)
-    out = [v.decode() if v is not None else None for v in values]
+    out: list[tuple[str, float] | None] = [
+        (v.decode(), ttl / 1000) if v is not None else None for v, ttl in zip(values[::2], values[1::2], strict=True)
+    ]
     hits = sum(1 for v in out if v is not None)
     if hits:
         metrics.REDIS_HITS.inc(hits)

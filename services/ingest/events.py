@@ -1,9 +1,10 @@
 """Event ingest: every channel event becomes exactly one run.
 
-Per call: the events' keys are looked up in Redis (a hit is a committed duplicate, answered
-without Postgres); the misses go to Postgres (store.INGEST_SQL), whose unique constraint
-decides; what Postgres answered is then cached for the next duplicate, and the projects
-with new runs are handed to the wake-up notifier.
+Per call: the events' keys are looked up in the process's own memory of recent answers
+(recent.RecentKeys), then in Redis (a hit is a committed duplicate, answered without Postgres);
+the misses go to Postgres (store.INGEST_SQL), whose unique constraint decides; what Postgres
+answered is then cached for the next duplicate, and the projects with new runs are handed to
+the wake-up notifier.
 
 Concurrent calls share round trips (services/ingest/coalesce.py): lookups of calls arriving
 together go in one MGET, their misses in one INGEST_SQL statement (per calling principal,
@@ -24,6 +25,7 @@ from services.common.settings import Settings
 from services.ingest import dedupe_cache, metrics, store
 from services.ingest.coalesce import Coalescer
 from services.ingest.parsing import NewEvent
+from services.ingest.recent import RecentKeys
 from services.ingest.wakeup import Notifier
 
 DUPLICATE_CODE = "E-IDEMPOTENT-001"
@@ -50,7 +52,8 @@ class EventIngestor:
         # a Redis key must never claim a duplicate for a row retention already removed
         self.redis_ttl = min(settings.redis_dedupe_ttl, settings.dedupe_retention)
         self.max_flush = settings.max_batch
-        self._lookups: Coalescer[str, str | None] = Coalescer(
+        self.recent = RecentKeys(settings.dedupe_memory_keys)
+        self._lookups: Coalescer[str, tuple[str, float] | None] = Coalescer(
             self._lookup, max_in_flight=REDIS_IN_FLIGHT, max_items=max(1000, settings.max_batch)
         )
         self._remember: Coalescer[tuple[str, str, float], None] = Coalescer(
@@ -63,10 +66,19 @@ class EventIngestor:
         if not events:  # e.g. LINE's webhook verification: a delivery without events
             return []
         keys = [dedupe_cache.key(self.cache, e.project_id, e.channel, e.provider_event_id) for e in events]
-        cached: Sequence[str | None] = await self._lookups.submit(keys) if self.cache.enabled else [None] * len(keys)
-        run_ids = list(cached)
+        recent = self.recent
+        run_ids = [recent.get(k) for k in keys]
         duplicate = [True] * len(events)
-        misses = [i for i, run_id in enumerate(cached) if run_id is None]
+        unknown = [i for i, run_id in enumerate(run_ids) if run_id is None]
+        if len(unknown) < len(keys):
+            metrics.MEMORY_HITS.inc(len(keys) - len(unknown))
+        if unknown and self.cache.enabled:
+            cached = await self._lookups.submit([keys[i] for i in unknown])
+            for i, hit in zip(unknown, cached, strict=True):
+                if hit is not None:
+                    run_ids[i] = hit[0]
+                    recent.put(keys[i], *hit)
+        misses = [i for i in unknown if run_ids[i] is None]
         if misses:
             stored = await self._writer(principal_id, actor).submit([events[i] for i in misses])
             remember = []
@@ -78,6 +90,7 @@ class EventIngestor:
                     ready.add(events[i].project_id)
                 ttl = self.redis_ttl if s.created else min(self.redis_ttl, s.ttl_left or 0.0)
                 remember.append((keys[i], s.run_id, ttl))
+                recent.put(keys[i], s.run_id, ttl)
             self.notifier.ready(ready)
             if self.cache.enabled:
                 self._remember.submit_nowait(remember)
@@ -128,7 +141,7 @@ class EventIngestor:
             out.append(s)
         return out
 
-    async def _lookup(self, keys: list[str]) -> list[str | None]:
+    async def _lookup(self, keys: list[str]) -> list[tuple[str, float] | None]:
         return await dedupe_cache.lookup(self.cache, keys)
 
     async def _write_cache(self, entries: list[tuple[str, str, float]]) -> list[None]:

@@ -10,6 +10,9 @@ EVENTS = Counter("awooop_ingest_events_total", "Channel events ingested, by outc
 REDIS_LOOKUPS = Counter(
     "awooop_ingest_redis_lookups_total", "Dedupe lookups in Redis: hit, miss, or unavailable", ["result"]
 )
+MEMORY_HITS = Counter(
+    "awooop_ingest_memory_hits_total", "Duplicates answered from the process's memory of recent event ids"
+)
 PRUNED = Counter("awooop_ingest_pruned_rows_total", "Rows removed by the retention loop", ["table"])
 CREATE_RUN = Counter(
     "awooop_ingest_create_run_total",
