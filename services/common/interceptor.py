@@ -36,23 +36,30 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         self.access_log = access_log
         # False for public services (the reference gateway): no key asked, the rest applies
         self.authenticate = authenticate
+        # method -> the handler to serve it with, built on its first call: a server's handlers
+        # are registered before it starts and never change, so one wrapper per method will do
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
         method: str = details.method  # type: ignore[attr-defined]
-        if handler is None or method.startswith(PUBLIC_PREFIXES):
+        cached = self._handlers.get(method)
+        if cached is not None:
+            return cached
+        handler = await continuation(details)
+        if handler is None:  # unknown method: grpc answers UNIMPLEMENTED; not cached (any name can come)
             return handler
-        if handler.unary_unary is None:  # every awooop RPC is unary
-            return handler
-        return grpc.unary_unary_rpc_method_handler(
-            self._wrap(method, handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        if not method.startswith(PUBLIC_PREFIXES) and handler.unary_unary is not None:  # every awooop RPC is unary
+            handler = grpc.unary_unary_rpc_method_handler(
+                self._wrap(method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        self._handlers[method] = handler
+        return handler
 
     def _wrap(self, method: str, inner: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Any:
         authenticator = self.authenticator if self.authenticate else None
