@@ -228,31 +228,24 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
         rss.record("saga", svc, f"after {n + 2 * cfg.journal_window} journaled steps")
     finally:
         svc.stop()
-    per_step = ours["sdk_total_s"] / n * 1000
-    vs_dbos.measured(
-        per_step,
-        dbos["per_step_ms"],
-        awooop={
-            "steps": n,
-            "total_s": round(ours["sdk_total_s"], 3),
-            "per_step_ms": round(per_step, 3),
-            "steps_ms": _ms(ours["sdk_step_s"]),
-            "calls_per_step": "RecordStep",
-        },
-        dbos=dbos,
-    )
-    per_pair = ours["seq_total_s"] / n * 1000
-    tool_steps.measured(
-        per_pair,
-        dbos["per_step_ms"],
-        awooop={
-            "steps": n,
-            "total_s": round(ours["seq_total_s"], 3),
-            "per_step_ms": round(per_pair, 3),
-            "pairs": _ms(ours["seq_pair_s"]),
-            "calls_per_step": "BeginStep + CompleteStep",
-        },
-    )
+
+    def sequential(figure: Figure, total_s: float, each_s: list[float], calls: str, **extra: Any) -> None:
+        per_step = total_s / n * 1000
+        figure.measured(
+            per_step,
+            dbos["per_step_ms"],
+            awooop={
+                "steps": n,
+                "total_s": round(total_s, 3),
+                "per_step_ms": round(per_step, 3),
+                "each": _ms(each_s),
+                "calls_per_step": calls,
+            },
+            **extra,
+        )
+
+    sequential(vs_dbos, ours["sdk_total_s"], ours["sdk_step_s"], "RecordStep", dbos=dbos)
+    sequential(tool_steps, ours["seq_total_s"], ours["seq_pair_s"], "BeginStep + CompleteStep")
     at_short, at_long = _ms(ours["pair_s"][str(short)]), _ms(ours["pair_s"][str(long)])
     by_length.measured(
         at_long["median_ms"],

@@ -23,13 +23,18 @@ def record(now: common_pb2.LeaseToken, step_id: str, **kw: Any) -> saga_pb2.Reco
     return saga_pb2.RecordStepRequest(lease=now, step_id=step_id, **kw)
 
 
-async def test_record_journals_a_completed_step_once_and_the_first_result_stands(
-    start_services, channels, make_key, db
-) -> None:
+async def leased(start_services, channels, make_key, db) -> tuple[Any, Any, str, common_pb2.LeaseToken]:  # type: ignore[no-untyped-def]
+    """(saga stub, worker metadata, run id, lease) for a fresh saga server and a claimed run."""
     saga = await saga_stub(start_services, channels)
     md = await make_key("worker", {PROJECT: ["worker"]})
     run_id = await new_run(db)
-    now = lease(run_id, await claim(db, run_id))
+    return saga, md, run_id, lease(run_id, await claim(db, run_id))
+
+
+async def test_record_journals_a_completed_step_once_and_the_first_result_stands(
+    start_services, channels, make_key, db
+) -> None:
+    saga, md, run_id, now = await leased(start_services, channels, make_key, db)
 
     first = await saga.RecordStep(
         record(now, "think", result=struct({"answer": "scale"}), params=struct({"prompt": "why?"})), metadata=md
@@ -121,10 +126,7 @@ async def test_record_refuses_bad_input_other_kinds_and_strangers(start_services
 async def test_ten_concurrent_records_take_distinct_positions_and_one_wins_each_step(
     start_services, channels, make_key, db
 ) -> None:
-    saga = await saga_stub(start_services, channels)
-    md = await make_key("worker", {PROJECT: ["worker"]})
-    run_id = await new_run(db)
-    now = lease(run_id, await claim(db, run_id))
+    saga, md, run_id, now = await leased(start_services, channels, make_key, db)
 
     distinct = await asyncio.gather(
         *(saga.RecordStep(record(now, f"s{i}", result=struct({"i": i})), metadata=md) for i in range(10))
