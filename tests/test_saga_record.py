@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 
 from awooop.common.v1 import common_pb2
-from awooop.saga.v1 import saga_pb2
+from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
 from tests.helpers import expect_error
 from tests.test_saga import LLM, PROJECT, TOOL, claim, field_names, lease, new_run, reap, saga_stub, struct
 
@@ -172,3 +172,55 @@ async def test_record_commits_asynchronously_for_its_own_transaction_only(db) ->
         assert await db.fetchval("SHOW synchronous_commit") == "off"
     assert await db.fetchval("SHOW synchronous_commit") == before
     assert await db.fetchval("SELECT count(*) FROM awooop_saga_step WHERE run_id = $1", run_id) == 1
+
+
+async def test_a_journal_too_large_to_read_whole_is_refused_and_the_sdk_asks_step_by_step(
+    start_services, channels, make_key, db
+) -> None:
+    """GetJournal answers RESOURCE_EXHAUSTED / JOURNAL_TOO_LARGE past the message limit; the worker
+    SDK then journals llm_call / callback steps with BeginStep, which still skips completed ones."""
+    from awooop.scheduler.v1 import scheduler_pb2
+    from awooop.worker.client import Client
+    from awooop.worker.context import RunContext
+
+    rt = await start_services("saga", max_message_bytes=64 * 1024)
+    saga = saga_pb2_grpc.SagaServiceStub(channels(rt.ports["saga"]))
+    md = await make_key("worker", {PROJECT: ["worker"]})
+    run_id = await new_run(db)
+    first = await claim(db, run_id)
+    await db.execute(
+        """INSERT INTO awooop_saga_step (run_id, step_id, project_id, seq, step_type, status, result, attempt,
+                                         completed_at)
+           SELECT $1, 'big-' || g, $2, g, 'callback', 'completed', jsonb_build_object('blob', repeat('x', 20000)),
+                  $3, now()
+             FROM generate_series(1, 5) g""",
+        run_id,
+        PROJECT,
+        first,
+    )
+    err = await expect_error(
+        saga.GetJournal(saga_pb2.GetJournalRequest(run_id=run_id), metadata=md),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "JOURNAL_TOO_LARGE",
+    )
+    assert "AWOOOP_MAX_MESSAGE_BYTES" in err.details()
+
+    await reap(db, run_id)
+    second = await claim(db, run_id, "w2")
+    async with Client(key=dict(md)["authorization"].removeprefix("Bearer "), saga=f"127.0.0.1:{rt.ports['saga']}") as c:
+        claimed = scheduler_pb2.ClaimedRun(
+            run=common_pb2.Run(run_id=run_id, project_id=PROJECT), lease=lease(run_id, second), resumed=True
+        )
+        ctx = RunContext(c, claimed, "w2")
+        ran: list[str] = []
+
+        def step_fn(call: Any) -> dict[str, Any]:
+            ran.append(call.step_id)
+            return {"ran": call.step_id}
+
+        skipped = await ctx.step("big-3", step_fn)
+        assert len(skipped["blob"]) == 20000 and ran == []
+        assert await ctx.step("new", step_fn) == {"ran": "new"} and ran == ["new"]
+        assert ctx.actions == {"big-3": "skip", "new": "execute"}
+    row = await db.fetchrow("SELECT status, seq FROM awooop_saga_step WHERE run_id = $1 AND step_id = 'new'", run_id)
+    assert (row["status"], row["seq"]) == ("completed", 6)

@@ -50,6 +50,8 @@ ACTIONS = {
     saga_pb2.STEP_ACTION_RETRY: "retry",
 }
 
+# GetJournal's answer for a journal larger than the saga service's message limit
+JOURNAL_TOO_LARGE = "JOURNAL_TOO_LARGE"
 # step types journaled once, after they ran (RecordStep)
 RECORDED_AFTER = ("llm_call", "callback")
 
@@ -127,6 +129,7 @@ class RunContext:
         # the journal as this attempt knows it (step_id -> entry), for steps journaled after they
         # ran; None until read. A first attempt's journal is empty: nothing to read.
         self._journal: dict[str, common_pb2.SagaStep] | None = None if (self.attempt > 1 or self.resumed) else {}
+        self._journal_too_large = False  # GetJournal answered JOURNAL_TOO_LARGE: use BeginStep instead
         self.log = logging.LoggerAdapter(log, {"run_id": self.run_id, "attempt": self.attempt})
 
     @property
@@ -174,11 +177,14 @@ class RunContext:
         if kind not in STEP_TYPES:
             raise ValueError(f"step_type must be one of {', '.join(STEP_TYPES)}")
         args = dict(params or {})
-        if kind in RECORDED_AFTER and not tool_id and self.client.record_steps:
+        if kind in RECORDED_AFTER and not tool_id and self.client.record_steps and not self._journal_too_large:
             known = await self._known(step_id)
-            if known is None or (known.step_type == STEP_TYPES[kind] and not known.tool_id):
+            if not self._journal_too_large and (
+                known is None or (known.step_type == STEP_TYPES[kind] and not known.tool_id)
+            ):
                 return await self._recorded_step(step_id, kind, fn, args, known)
             # journaled as another kind of step: BeginStep below answers why that is refused
+            # (and a journal too large to read whole is asked about step by step, with BeginStep)
         begin = await self.client.call(
             self.client.saga.BeginStep,
             saga_pb2.BeginStepRequest(
@@ -234,7 +240,15 @@ class RunContext:
     async def _known(self, step_id: str) -> common_pb2.SagaStep | None:
         """This step's journal entry from an earlier attempt, if any (the journal is read once)."""
         if self._journal is None:
-            resp = await self.client.call(self.client.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=self.run_id))
+            try:
+                resp = await self.client.call(
+                    self.client.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=self.run_id)
+                )
+            except AwooopError as err:
+                if err.reason != JOURNAL_TOO_LARGE:
+                    raise
+                self._journal_too_large = True
+                return None
             self._journal = {s.step_id: s for s in resp.steps}
         return self._journal.get(step_id)
 
