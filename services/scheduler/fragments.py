@@ -28,9 +28,14 @@ CUR_COLUMNS = """run_id AS cur_run_id, project_id AS cur_project, status AS cur_
 def fence_where(attempt_sql: str, statuses_sql: str, projects_sql: str) -> str:
     """The fencing condition of a fenced UPDATE of `awooop_run_state r`: the token names the
     current attempt, the status allows the action, and the caller holds the role in the run's
-    project (projects_sql NULL: every project)."""
+    project (projects_sql NULL: every project).
+
+    The status test is wrapped in `IS TRUE` (status is NOT NULL: same meaning) so the planner
+    cannot match it to the predicate of awooop_run_leased_idx: believing that partial index
+    nearly empty, it would scan all of it and compare every leased run with every item of a
+    batch (CompleteRuns: leases held x batch) instead of one primary-key probe per item."""
     return f"""r.attempt_count = {attempt_sql}
-       AND r.status = ANY({statuses_sql})
+       AND (r.status = ANY({statuses_sql})) IS TRUE
        AND ({projects_sql} IS NULL OR r.project_id = ANY({projects_sql}))"""
 
 
