@@ -32,15 +32,14 @@ from services.scheduler.fragments import (
     fence_where,
     fenced_refusal,
 )
+from services.scheduler.leases import claim_ctes
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.transitions import COMPLETE, WORKER_ROLE, Changed, settled
 
 # $1 run ids, $2 attempts, $3 outputs (JSON text), all in request order; $4 allowed statuses,
-# $5 projects where the caller is a worker (NULL: all), $6 actor. One row per item, in order:
-# the locked row's state (cur_*; NULL when the run does not exist) and, when this item
-# completed the run, the changed row (run_id not NULL).
-COMPLETE_MANY_SQL = f"""
-WITH items AS (
+# $5 projects where the caller is a worker (NULL: all), $6 actor. The locked rows (`cur`), the
+# winning item per run (`win`), the completed rows (`upd`) and their audit rows (`aud`).
+COMPLETE_CTES = f"""items AS (
     SELECT t.item, t.run_id, t.attempt, t.output::jsonb AS output
       FROM unnest($1::uuid[], $2::int[], $3::text[]) WITH ORDINALITY AS t(run_id, attempt, output, item)
 ),
@@ -63,18 +62,41 @@ upd AS (
       FROM win w
      WHERE r.run_id = w.run_id
        AND {fence_where("w.attempt", "$4::text[]", "$5::text[]")}
- RETURNING {RUN_COLUMNS_R}, w.item AS upd_item, w.cur_status AS from_status, w.cur_worker AS prev_worker
+ RETURNING {RUN_COLUMNS_R}, w.cur_status AS from_status, w.item AS upd_item, w.cur_worker AS prev_worker
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
     SELECT project_id, run_id, $6, 'COMPLETED', from_status, status, NULL, {FENCED_AUDIT_DETAILS}
       FROM upd
-)
-SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger
+)"""
+
+# One row per item, in order: the locked row's state (cur_*; NULL when the run does not exist)
+# and, when this item completed the run, the changed row (run_id not NULL).
+COMPLETE_ITEMS_SELECT = """SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger
   FROM items it
   LEFT JOIN cur ON cur.cur_run_id = it.run_id
-  LEFT JOIN upd ON upd.upd_item = it.item
+  LEFT JOIN upd ON upd.upd_item = it.item"""
+
+COMPLETE_MANY_SQL = f"""
+WITH {COMPLETE_CTES}
+{COMPLETE_ITEMS_SELECT}
  ORDER BY it.item
+"""
+
+# ClaimRuns carrying completions: COMPLETE_MANY_SQL's parameters, then $7 projects, $8 max
+# runs, $9 lease seconds, $10 worker id (actor: $6). One statement, one commit: the items are
+# completed first (the claim's scans start after `cur` locked them: a one-time filter), then
+# up to $8 runs are claimed. The two never touch the same row: `upd` changes rows that are
+# RUNNING in the statement's snapshot, the claim rows that are PENDING/RESUMED in it. Rows
+# with item NULL are the claimed runs (oldest first), after the items' rows in item order.
+COMPLETE_AND_CLAIM_SQL = f"""
+WITH {COMPLETE_CTES},
+{claim_ctes("$7", "$8", "$9", "$10", "$6", after="(SELECT count(*) FROM cur) >= 0")}
+{COMPLETE_ITEMS_SELECT}
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, claimed.*, NULL, NULL, NULL
+  FROM claimed
+ ORDER BY item, created_at
 """
 
 
@@ -90,8 +112,35 @@ async def complete_many(
 ) -> list[Changed | errors.ServiceError]:
     """Completes each item like CompleteRun; returns, in order, the change or the error
     CompleteRun would have raised for that item."""
+    rows = await pool.fetch(COMPLETE_MANY_SQL, *_params(principal, items))
+    return _outcomes(principal, items, rows, saga)
+
+
+async def complete_and_claim(
+    pool: asyncpg.Pool,
+    principal: Principal,
+    items: list[Item],
+    *,
+    projects: list[str],
+    max_runs: int,
+    lease_ttl: float,
+    worker_id: str,
+    saga: SagaNudger,
+) -> tuple[list[Changed | errors.ServiceError], list[asyncpg.Record]]:
+    """complete_many, then a claim (leases.claim), in one statement: the items' outcomes in
+    order, and the claimed rows oldest first."""
     rows = await pool.fetch(
-        COMPLETE_MANY_SQL,
+        COMPLETE_AND_CLAIM_SQL, *_params(principal, items), projects, max_runs, lease_ttl, worker_id
+    )
+    n = len(items)
+    claimed = rows[n:]
+    if claimed:
+        metrics.CLAIMED.inc(len(claimed))
+    return _outcomes(principal, items, rows[:n], saga), claimed
+
+
+def _params(principal: Principal, items: list[Item]) -> tuple[Any, ...]:
+    return (
         [it.run_id for it in items],
         [it.attempt for it in items],
         [json.dumps(it.output, separators=(",", ":")) for it in items],
@@ -99,6 +148,11 @@ async def complete_many(
         projects_with(principal, WORKER_ROLE),
         principal.actor,
     )
+
+
+def _outcomes(
+    principal: Principal, items: list[Item], rows: list[asyncpg.Record], saga: SagaNudger
+) -> list[Changed | errors.ServiceError]:
     winners = {str(r["run_id"]): r["item"] for r in rows if r["run_id"] is not None}
     out: list[Changed | errors.ServiceError] = []
     for it, row in zip(items, rows, strict=True):

@@ -22,49 +22,62 @@ import asyncpg
 
 from services.scheduler.fragments import RUN_COLUMNS_R
 
-# $1 projects, $2 max runs, $3 lease seconds, $4 worker id, $5 actor.
-# Per project, an ordered scan of awooop_run_claim_idx that stops after $2 unlocked rows
-# (equality on project_id keeps the index order, so the cost does not grow with the backlog;
-# `project_id = ANY(...)` would sort every pending run of the projects on each claim). Then
-# the oldest $2 of those. Rows locked by the lateral scans but not kept (several projects
-# only) are released when the statement's transaction ends.
-CLAIM_SQL = f"""
-WITH picked AS (
+
+def claim_ctes(projects: str, max_runs: str, lease_secs: str, worker_id: str, actor: str, after: str = "") -> str:
+    """CTEs `picked`, `claimed` (the claimed rows, RUN_COLUMNS and from_status) and
+    `claim_aud` (their CLAIMED audit rows), with the given SQL for each parameter.
+
+    Per project, an ordered scan of awooop_run_claim_idx that stops after max_runs unlocked
+    rows (equality on project_id keeps the index order, so the cost does not grow with the
+    backlog; `project_id = ANY(...)` would sort every pending run of the projects on each
+    claim). Then the oldest max_runs of those. Rows locked by the lateral scans but not kept
+    (several projects only) are released when the statement's transaction ends.
+
+    after: a condition without columns, evaluated once before the scans start (a one-time
+    filter); a statement that locks other rows first names them here, so the claim never
+    holds a picked row while it waits for a lock."""
+    gate = f"\n               AND {after}" if after else ""
+    return f"""picked AS (
     SELECT c.run_id, c.from_status
-      FROM unnest($1::text[]) AS p(project_id)
+      FROM unnest({projects}::text[]) AS p(project_id)
      CROSS JOIN LATERAL (
             SELECT run_id, status AS from_status, created_at
               FROM awooop_run_state
              WHERE project_id = p.project_id
                AND status IN ('PENDING', 'RESUMED')
                AND (not_before IS NULL OR not_before <= now())
-               AND attempt_count - released_count < max_attempts
+               AND attempt_count - released_count < max_attempts{gate}
              ORDER BY created_at
-             LIMIT $2
+             LIMIT {max_runs}
                FOR UPDATE SKIP LOCKED
            ) c
      ORDER BY c.created_at
-     LIMIT $2
+     LIMIT {max_runs}
 ),
 claimed AS (
     UPDATE awooop_run_state r
        SET status = 'RUNNING',
-           lease_until = now() + make_interval(secs => $3),
+           lease_until = now() + make_interval(secs => {lease_secs}),
            heartbeat_at = now(),
            attempt_count = r.attempt_count + 1,
-           worker_id = $4,
+           worker_id = {worker_id},
            not_before = NULL,
            updated_at = now()
       FROM picked p
      WHERE r.run_id = p.run_id
  RETURNING {RUN_COLUMNS_R}, p.from_status
 ),
-aud AS (
+claim_aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, details)
-    SELECT project_id, run_id, $5, 'CLAIMED', from_status, 'RUNNING',
+    SELECT project_id, run_id, {actor}, 'CLAIMED', from_status, 'RUNNING',
            jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id, 'lease_until', lease_until)
       FROM claimed
-)
+)"""
+
+
+# $1 projects, $2 max runs, $3 lease seconds, $4 worker id, $5 actor.
+CLAIM_SQL = f"""
+WITH {claim_ctes("$1", "$2", "$3", "$4", "$5")}
 SELECT * FROM claimed ORDER BY created_at
 """
 

@@ -4,6 +4,7 @@ approvals, reaper, reads); errors are raised as ServiceError and mapped by the i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -44,6 +45,31 @@ def _lease(v: Violations, field: str, lease: common_pb2.LeaseToken) -> tuple[str
     return run_id, lease.attempt
 
 
+def _claimed(rows: list[Any]) -> list[scheduler_pb2.ClaimedRun]:
+    return [
+        scheduler_pb2.ClaimedRun(
+            run=run_to_pb(r),
+            lease=common_pb2.LeaseToken(run_id=str(r["run_id"]), attempt=r["attempt_count"]),
+            lease_until=ts(r["lease_until"]),
+            resumed=r["attempt_count"] > 1,
+        )
+        for r in rows
+    ]
+
+
+def _complete_results(
+    outcomes: list[transitions.Changed | errors.ServiceError],
+) -> list[scheduler_pb2.CompleteRunResult]:
+    """Per-item results of CompleteRuns (and of ClaimRuns.complete), in item order."""
+    results = []
+    for outcome in outcomes:
+        if isinstance(outcome, errors.ServiceError):
+            results.append(scheduler_pb2.CompleteRunResult(error_reason=outcome.reason, error_message=outcome.message))
+        else:
+            results.append(scheduler_pb2.CompleteRunResult(run=run_to_pb(outcome.row)))
+    return results
+
+
 def _status_of(value: str | None) -> int:
     try:
         return status_to_pb(value)
@@ -80,10 +106,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         wait = request.wait.seconds + request.wait.nanos / 1e9
         v.check(wait >= 0, "wait", "must not be negative")
         lease_ttl = self._lease_ttl(v, request.lease_ttl)
+        items = self._complete_items(v, "complete", request.complete, required=False)
         v.raise_if_any()
         principal = current_principal()
         for p in projects:
             principal.require(p, "worker")
+        if items:  # complete, then claim, in one statement; never waits (see the proto)
+            outcomes, rows = await batch_complete.complete_and_claim(
+                self.pool,
+                principal,
+                items,
+                projects=projects,
+                max_runs=max_runs,
+                lease_ttl=lease_ttl,
+                worker_id=worker_id,
+                saga=self.saga,
+            )
+            return scheduler_pb2.ClaimRunsResponse(runs=_claimed(rows), completed=_complete_results(outcomes))
         wait = min(max(wait, 0.0), self.settings.max_claim_wait)
         remaining = context.time_remaining()
         if remaining is not None:  # answer (empty) before the caller's deadline, not DEADLINE_EXCEEDED
@@ -98,17 +137,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             actor=principal.actor,
             wait=wait,
         )
-        return scheduler_pb2.ClaimRunsResponse(
-            runs=[
-                scheduler_pb2.ClaimedRun(
-                    run=run_to_pb(r),
-                    lease=common_pb2.LeaseToken(run_id=str(r["run_id"]), attempt=r["attempt_count"]),
-                    lease_until=ts(r["lease_until"]),
-                    resumed=r["attempt_count"] > 1,
-                )
-                for r in rows
-            ]
-        )
+        return scheduler_pb2.ClaimRunsResponse(runs=_claimed(rows))
 
     async def Heartbeat(
         self, request: scheduler_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
@@ -161,26 +190,25 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.CompleteRunsRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.CompleteRunsResponse:
         v = Violations()
-        if not request.runs:
-            v.add("runs", "at least one run is required")
-        elif len(request.runs) > MAX_COMPLETE_RUNS:
-            v.add("runs", f"at most {MAX_COMPLETE_RUNS} runs per call")
-        items = []
-        for i, item in enumerate(request.runs[:MAX_COMPLETE_RUNS]):
-            run_id, attempt = _lease(v, f"runs[{i}].lease", item.lease)
-            output = v.struct(f"runs[{i}].output", item.output, max_bytes=self.settings.max_payload_bytes)
-            items.append(batch_complete.Item(run_id, attempt, output))
+        items = self._complete_items(v, "runs", request.runs, required=True)
         v.raise_if_any()
         outcomes = await batch_complete.complete_many(self.pool, current_principal(), items, saga=self.saga)
-        results = []
-        for outcome in outcomes:
-            if isinstance(outcome, errors.ServiceError):
-                results.append(
-                    scheduler_pb2.CompleteRunResult(error_reason=outcome.reason, error_message=outcome.message)
-                )
-            else:
-                results.append(scheduler_pb2.CompleteRunResult(run=run_to_pb(outcome.row)))
-        return scheduler_pb2.CompleteRunsResponse(results=results)
+        return scheduler_pb2.CompleteRunsResponse(results=_complete_results(outcomes))
+
+    def _complete_items(
+        self, v: Violations, field: str, runs: Sequence[scheduler_pb2.CompleteRunRequest], *, required: bool
+    ) -> list[batch_complete.Item]:
+        """The items of CompleteRuns.runs / ClaimRuns.complete, validated."""
+        if not runs and required:
+            v.add(field, "at least one run is required")
+        elif len(runs) > MAX_COMPLETE_RUNS:
+            v.add(field, f"at most {MAX_COMPLETE_RUNS} runs per call")
+        items = []
+        for i, item in enumerate(runs[:MAX_COMPLETE_RUNS]):
+            run_id, attempt = _lease(v, f"{field}[{i}].lease", item.lease)
+            output = v.struct(f"{field}[{i}].output", item.output, max_bytes=self.settings.max_payload_bytes)
+            items.append(batch_complete.Item(run_id, attempt, output))
+        return items
 
     async def FailRun(
         self, request: scheduler_pb2.FailRunRequest, context: grpc.aio.ServicerContext

@@ -84,6 +84,7 @@ class ClaimRunsRequest(_message.Message):
     MAX_RUNS_FIELD_NUMBER: _builtins.int
     WAIT_FIELD_NUMBER: _builtins.int
     LEASE_TTL_FIELD_NUMBER: _builtins.int
+    COMPLETE_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker pod id (1-128 chars), recorded as worker_id."""
     max_runs: _builtins.int
@@ -100,6 +101,17 @@ class ClaimRunsRequest(_message.Message):
     def lease_ttl(self) -> _duration_pb2.Duration:
         """Lease length; 0 means the configured default (5 min)."""
 
+    @_builtins.property
+    def complete(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompleteRunRequest]:
+        """Runs to complete before claiming (0-1000), as a CompleteRunsRequest's runs: a busy worker
+        hands in the runs it finished with the claim for the next ones, saving a call. Each item is
+        fenced on its own token and answered in ClaimRunsResponse.completed exactly as
+        CompleteRuns answers it; bad input in an item rejects the whole call (INVALID_ARGUMENT
+        naming e.g. `complete[3].lease.run_id`) and nothing is completed or claimed. A call that
+        carries completions does not wait for work: it answers once they are applied and the
+        claim was tried, so their results are never held back by the long-poll.
+        """
+
     def __init__(
         self,
         *,
@@ -108,10 +120,11 @@ class ClaimRunsRequest(_message.Message):
         max_runs: _builtins.int = ...,
         wait: _duration_pb2.Duration | None = ...,
         lease_ttl: _duration_pb2.Duration | None = ...,
+        complete: _abc.Iterable[Global___CompleteRunRequest] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "max_runs", b"max_runs", "project_ids", b"project_ids", "wait", b"wait", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "lease_ttl", b"lease_ttl", "max_runs", b"max_runs", "project_ids", b"project_ids", "wait", b"wait", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -164,18 +177,28 @@ class ClaimRunsResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RUNS_FIELD_NUMBER: _builtins.int
+    COMPLETED_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def runs(self) -> _containers.RepeatedCompositeFieldContainer[Global___ClaimedRun]:
         """Claimed runs, oldest first."""
+
+    @_builtins.property
+    def completed(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompleteRunResult]:
+        """completed[i] answers ClaimRunsRequest.complete[i] (as CompleteRunsResponse.results).
+        Empty when the request carried no completions; a scheduler that predates the field also
+        leaves it empty, so a caller that sent completions and got no results completes them
+        with CompleteRuns instead.
+        """
 
     def __init__(
         self,
         *,
         runs: _abc.Iterable[Global___ClaimedRun] | None = ...,
+        completed: _abc.Iterable[Global___CompleteRunResult] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["runs", b"runs"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed", b"completed", "runs", b"runs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

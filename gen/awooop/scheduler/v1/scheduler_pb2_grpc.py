@@ -119,6 +119,8 @@ class SchedulerServiceServicer:
     def ClaimRuns(self, request, context):
         """Claims up to max_runs PENDING or RESUMED runs, oldest first (FOR UPDATE SKIP LOCKED).
         May wait up to `wait` for work; woken by new, reaped or resumed runs. Worker role.
+        Optionally completes finished runs first, in the same statement (`complete`, answered
+        per item like CompleteRuns).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -38,6 +38,8 @@ class SchedulerServiceStub:
     ClaimRuns: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ClaimRunsRequest, _scheduler_pb2.ClaimRunsResponse]
     """Claims up to max_runs PENDING or RESUMED runs, oldest first (FOR UPDATE SKIP LOCKED).
     May wait up to `wait` for work; woken by new, reaped or resumed runs. Worker role.
+    Optionally completes finished runs first, in the same statement (`complete`, answered
+    per item like CompleteRuns).
     """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.HeartbeatRequest, _scheduler_pb2.HeartbeatResponse]
     """Renews many leases in one call; per lease: renewed, or LEASE_LOST; reports cancel requests."""
@@ -78,6 +80,8 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     ClaimRuns: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ClaimRunsRequest, _scheduler_pb2.ClaimRunsResponse]  # type: ignore[assignment]
     """Claims up to max_runs PENDING or RESUMED runs, oldest first (FOR UPDATE SKIP LOCKED).
     May wait up to `wait` for work; woken by new, reaped or resumed runs. Worker role.
+    Optionally completes finished runs first, in the same statement (`complete`, answered
+    per item like CompleteRuns).
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.HeartbeatRequest, _scheduler_pb2.HeartbeatResponse]  # type: ignore[assignment]
     """Renews many leases in one call; per lease: renewed, or LEASE_LOST; reports cancel requests."""
@@ -121,6 +125,8 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_scheduler_pb2.ClaimRunsResponse, _abc.Awaitable[_scheduler_pb2.ClaimRunsResponse]]:
         """Claims up to max_runs PENDING or RESUMED runs, oldest first (FOR UPDATE SKIP LOCKED).
         May wait up to `wait` for work; woken by new, reaped or resumed runs. Worker role.
+        Optionally completes finished runs first, in the same statement (`complete`, answered
+        per item like CompleteRuns).
         """
 
     @_abc_1.abstractmethod
