@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 import pytest_asyncio
-from google.protobuf import struct_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2 as pb
@@ -200,8 +200,10 @@ async def test_a_worker_completes_many_runs_through_shared_complete_runs_calls(s
         worker.stop()
         await asyncio.wait_for(task, 30)
     assert worker.stats.completed == 60 and worker.stats.claimed == 60
-    # completions ready together shared calls: fewer CompleteRuns calls than runs
-    assert 1 <= worker.completions.calls < 60
+    # completions ready together shared calls (CompleteRuns, or the claims of a full worker):
+    # fewer calls than runs
+    assert 1 <= worker.completions.calls + worker.completions.claim_calls < 60
+    assert worker.completions.carried >= 1 and worker.completions.carry
     for rid in ids:
         row = await run_row(s.db, rid)
         assert row["attempt_count"] == 1 and json.loads(row["output"]) == json.loads(row["input"])
@@ -243,3 +245,145 @@ async def test_the_batcher_gives_each_caller_its_own_result_or_error(s: Sched) -
     assert isinstance(done, common_pb2.Run) and done.run_id == b
     assert isinstance(lost, LeaseLost) and lost.code == grpc.StatusCode.FAILED_PRECONDITION
     assert isinstance(again, AwooopError) and again.reason == errors.INVALID_TRANSITION
+
+
+# --- completions carried by ClaimRuns ----------------------------------------------------------------
+
+
+async def test_claim_runs_completes_the_carried_runs_per_item_then_claims(s: Sched) -> None:
+    a, b, c = await insert_runs(s.db, "p", 3)
+    claimed = {r.run.run_id: r for r in await s.claim(max_runs=3)}
+    # c: handed back and claimed again -> its first token is stale (LEASE_LOST)
+    await s.stub.ReleaseRun(pb.ReleaseRunRequest(lease=claimed[c].lease), metadata=s.worker)
+    c2 = await s.claim_one()
+    assert c2.run.run_id == c
+    d, e = await insert_runs(s.db, "p", 2)
+    batch = [
+        item(claimed[a].lease, n=1),
+        item(claimed[c].lease),
+        item(lease(uuid.uuid4(), 1)),
+        item(claimed[b].lease, n=2),
+        item(claimed[a].lease, n=3),  # a again: already completed by the first item
+    ]
+    resp = await s.stub.ClaimRuns(
+        pb.ClaimRunsRequest(worker_id="w1", project_ids=["p"], max_runs=5, complete=batch), metadata=s.worker
+    )
+    got = [(r.run.run_id if r.HasField("run") else "", r.error_reason) for r in resp.completed]
+    assert got == [
+        (a, ""),
+        ("", errors.LEASE_LOST),
+        ("", errors.NOT_FOUND),
+        (b, ""),
+        ("", errors.INVALID_TRANSITION),
+    ]
+    assert all(r.run.status == common_pb2.RUN_STATUS_COMPLETED for r in resp.completed if not r.error_reason)
+    # then the claim: only the two pending runs, oldest first, with their leases
+    assert [r.run.run_id for r in resp.runs] == [d, e]
+    assert all(r.run.status == common_pb2.RUN_STATUS_RUNNING and r.lease.attempt == 1 for r in resp.runs)
+    for rid, n in ((a, 1), (b, 2)):
+        row = await run_row(s.db, rid)
+        assert row["status"] == "COMPLETED" and json.loads(row["output"]) == {"n": n}
+        assert await complete_actions(s, rid) == 1
+    assert (await run_row(s.db, c))["status"] == "RUNNING"  # c2's lease is untouched
+    assert [a for a in await audit_actions(s.db, d)] == ["CLAIMED"]
+
+
+async def test_claim_runs_carrying_completions_does_not_wait_for_work(s: Sched) -> None:
+    (a,) = await insert_runs(s.db, "p", 1)
+    r = await s.claim_one()
+    started = asyncio.get_running_loop().time()
+    resp = await s.stub.ClaimRuns(
+        pb.ClaimRunsRequest(
+            worker_id="w1", project_ids=["p"], wait=duration_pb2.Duration(seconds=20), complete=[item(r.lease)]
+        ),
+        metadata=s.worker,
+        timeout=30,
+    )
+    assert asyncio.get_running_loop().time() - started < 10  # answered, not held for the 20 s wait
+    assert not resp.runs and [x.run.run_id for x in resp.completed] == [a]
+
+
+async def test_claim_runs_with_a_bad_completion_changes_nothing(s: Sched) -> None:
+    a, b = await insert_runs(s.db, "p", 2)
+    r = await s.claim_one()
+    bad = [item(r.lease), item(common_pb2.LeaseToken(run_id="not-a-uuid", attempt=1))]
+    err = await expect_error(
+        s.stub.ClaimRuns(pb.ClaimRunsRequest(worker_id="w1", project_ids=["p"], complete=bad), metadata=s.worker),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        errors.FIELD_INVALID,
+    )
+    assert [f.field for f in errors.bad_request(err).field_violations] == ["complete[1].lease.run_id"]
+    # neither the valid completion nor the claim happened
+    assert (await run_row(s.db, r.run.run_id))["status"] == "RUNNING"
+    other = b if r.run.run_id == a else a
+    assert (await run_row(s.db, other))["status"] == "PENDING"
+
+
+async def test_concurrent_claims_carrying_completions_complete_and_claim_each_run_once(s: Sched) -> None:
+    """8 workers cycle ClaimRuns(complete = the previous batch) over 200 runs at once."""
+    ids = set(await insert_runs(s.db, "p", 200))
+    claimed_by: Counter[str] = Counter()
+
+    async def worker(w: int) -> None:
+        finished: list[pb.CompleteRunRequest] = []
+        while True:
+            resp = await s.stub.ClaimRuns(
+                pb.ClaimRunsRequest(worker_id=f"w{w}", project_ids=["p"], max_runs=7, complete=finished),
+                metadata=s.worker,
+            )
+            assert len(resp.completed) == len(finished)
+            assert all(not r.error_reason for r in resp.completed)
+            claimed_by.update(r.run.run_id for r in resp.runs)
+            finished = [item(r.lease, w=w) for r in resp.runs]
+            if not finished:
+                return
+
+    await asyncio.gather(*(worker(w) for w in range(8)))
+    assert set(claimed_by) == ids and set(claimed_by.values()) == {1}
+    assert await s.db.fetchval("SELECT count(*) FROM awooop_run_state WHERE status <> 'COMPLETED'") == 0
+    counts = await s.db.fetch(
+        "SELECT action, count(*) AS n FROM awooop_audit_log WHERE project_id = 'p' GROUP BY action ORDER BY action"
+    )
+    assert {r["action"]: r["n"] for r in counts} == {"CLAIMED": 200, "COMPLETED": 200}
+
+
+class _SchedulerWithoutCarriedCompletions:
+    """A scheduler stub that drops ClaimRunsRequest.complete, as a scheduler that predates the
+    field ignores it (an unknown field)."""
+
+    def __init__(self, stub: Any) -> None:
+        self._stub = stub
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stub, name)
+
+    async def ClaimRuns(self, request: pb.ClaimRunsRequest, **kw: Any) -> pb.ClaimRunsResponse:
+        old = pb.ClaimRunsRequest()
+        old.CopyFrom(request)
+        old.ClearField("complete")
+        return await self._stub.ClaimRuns(old, **kw)  # type: ignore[no-any-return]
+
+
+async def test_a_worker_completes_through_complete_runs_when_the_scheduler_ignores_carried_completions(
+    s: Sched,
+) -> None:
+    await insert_runs(s.db, "p", 40)
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        return {"n": ctx.input["n"]}
+
+    async with _client(s, s.worker) as client:
+        client._stubs["scheduler"] = _SchedulerWithoutCarriedCompletions(client.stub("scheduler"))
+        worker = Worker(handler, projects=["p"], client=client, concurrency=10, claim_wait=1, worker_id="sdk")
+        task = asyncio.create_task(worker.run(install_signal_handlers=False))
+
+        async def all_completed() -> bool:
+            n = await s.db.fetchval("SELECT count(*) FROM awooop_run_state WHERE status = 'COMPLETED'")
+            return bool(n == 40)
+
+        await eventually(all_completed, what="40 completed runs")
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+    assert worker.stats.completed == 40 and not worker.stats.by_outcome.get("error")
+    # the first carried batch came back unanswered: sent again with CompleteRuns, never carried again
+    assert not worker.completions.carry and worker.completions.carried == 0 and worker.completions.calls >= 1

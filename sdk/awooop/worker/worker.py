@@ -10,7 +10,10 @@
 - Ending a run: returning from the handler completes the run with the returned dict as output
   (unless the handler completed, failed or handed it to an approver itself). Completions go
   through one batcher (completions.py): those ready while a CompleteRuns call is in flight
-  share the next call, each still getting its own result or error. An uncaught
+  share the next call, each still getting its own result or error. When every slot is busy,
+  the runs that finish ride on the next ClaimRuns instead (ClaimRunsRequest.complete: one call
+  completes them and claims their successors), so a busy worker's cycle is ClaimRuns and
+  Heartbeat. An uncaught
   exception fails the attempt as retryable (the scheduler retries while attempts are left).
 - Shutdown (SIGTERM, SIGINT or stop()): stop claiming, give running handlers `shutdown_grace`
   seconds to finish, then cancel the rest and hand their leases back with ReleaseRun, so the
@@ -138,6 +141,8 @@ class Worker:
         self._held: dict[tuple[str, int], _Held] = {}
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        self._awaiting_slot = False  # the claim loop waits for a slot: completions ride on its claim
+        self.completions.set_carrier(lambda: self._awaiting_slot and not self._stopping.is_set(), self._slot_freed.set)
         self._running = False
 
     # --- public ---
@@ -175,6 +180,7 @@ class Worker:
         try:
             await self._claim_loop()
         finally:
+            self.completions.release_held()
             await self._shutdown()
             heartbeats.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -191,10 +197,19 @@ class Worker:
     async def _claim_loop(self) -> None:
         backoff = 0.2
         while not self._stopping.is_set():
-            free = self.concurrency - len(self._held)
+            # runs whose completion waits for this claim are done: their slots are free
+            free = self.concurrency - len(self._held) + self.completions.held
             if free <= 0:
                 self._slot_freed.clear()
-                await self._until_stopping(self._slot_freed.wait())
+                self._awaiting_slot = True
+                try:
+                    await self._until_stopping(self._slot_freed.wait())
+                finally:
+                    self._awaiting_slot = False
+                continue
+            carried = self.completions.take()
+            if carried:
+                await self._claim_carrying(carried, free)
                 continue
             request = scheduler_pb2.ClaimRunsRequest(
                 worker_id=self.worker_id,
@@ -220,6 +235,33 @@ class Worker:
             backoff = 0.2
             for claimed in response.runs:
                 self._start(claimed)
+
+    async def _claim_carrying(self, carried: list[Any], free: int) -> None:
+        """One ClaimRuns that also completes the carried runs. It does not wait for work (a
+        scheduler without the field would: wait 0), so it is awaited to the end, stop or not:
+        the completions' callers get their answers."""
+        request = scheduler_pb2.ClaimRunsRequest(
+            worker_id=self.worker_id,
+            project_ids=self.projects,
+            max_runs=min(free, 100),
+            lease_ttl=_duration(self.lease_ttl),
+            complete=[r for r, _ in carried],
+        )
+        try:
+            response = await self.client.call(self.client.scheduler.ClaimRuns, request)
+        except AwooopError as err:
+            # bad input: the completions go again with CompleteRuns and the next claim, without
+            # them, tells whether the claim itself was bad (then fatal, as always)
+            self.completions.claim_failed(carried, err)
+            if err.code != grpc.StatusCode.INVALID_ARGUMENT:
+                if err.code in FATAL_CODES:
+                    raise WorkerError(f"ClaimRuns: {err}") from None
+                log.warning("claim failed; retrying", extra={"error": str(err)})
+                await self._until_stopping(asyncio.sleep(0.2))
+            return
+        self.completions.settle(carried, response.completed)
+        for claimed in response.runs:
+            self._start(claimed)
 
     async def _until_stopping(self, aw: Any) -> bool:
         """Awaits aw unless stop() comes first (then cancels it). True when aw finished."""
