@@ -150,6 +150,38 @@ async def test_a_heartbeat_is_a_hot_update(s: Sched) -> None:
     assert updated == 5 and hot == 5
 
 
+async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> None:
+    """Postgres keeps a prepared statement's generic plan (and stops planning it per call) when
+    it is no worse than the per-call plans; the claim statements are written so that it is the
+    good plan: the claim index scan and primary-key probes, no sequential scan."""
+    from services.scheduler import batch_complete, leases
+
+    await s.db.execute(
+        """INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, status)
+           SELECT CASE WHEN g % 10 = 0 THEN 'p' ELSE 'q' END, 'api', 'plan-' || g,
+                  CASE WHEN g % 3 = 0 THEN 'PENDING' ELSE 'COMPLETED' END
+             FROM generate_series(1, 20000) AS g"""
+    )
+    ids = await insert_runs(s.db, "p", 3)
+    await s.db.execute("ANALYZE awooop_run_state")
+    statements = {
+        "claim": (leases.claim_sql(True, 10), "('p', 60.0, 'w1', 'test')"),
+        "complete and claim": (
+            batch_complete.complete_and_claim_sql(True, 10),
+            f"(ARRAY{[str(i) for i in ids]}::uuid[], '{{1,1,1}}', ARRAY['{{}}', '{{}}', '{{}}'],"
+            " '{RUNNING}', NULL, 'test', 'p', 60.0, 'w1')",
+        ),
+    }
+    for name, (sql, args) in statements.items():
+        async with s.db.transaction():
+            await s.db.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            await s.db.execute(f"PREPARE generic_claim AS {sql}")
+            plan = "\n".join(r[0] for r in await s.db.fetch(f"EXPLAIN EXECUTE generic_claim{args}"))
+            await s.db.execute("DEALLOCATE generic_claim")
+        assert "awooop_run_claim_idx" in plan and "awooop_run_state_pkey" in plan, (name, plan)
+        assert "Seq Scan on awooop_run_state" not in plan, (name, plan)
+
+
 # --- the reaper -------------------------------------------------------------------------------------
 
 

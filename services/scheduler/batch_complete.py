@@ -13,6 +13,7 @@ arrived one after the other (before the winner: the pre-state; after it: COMPLET
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from services.scheduler.fragments import (
     fence_where,
     fenced_refusal,
 )
-from services.scheduler.leases import claim_ctes
+from services.scheduler.leases import claim_ctes, projects_arg
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.transitions import COMPLETE, WORKER_ROLE, Changed, settled
 
@@ -83,15 +84,20 @@ WITH {COMPLETE_CTES}
  ORDER BY it.item
 """
 
-# ClaimRuns carrying completions: COMPLETE_MANY_SQL's parameters, then $7 projects, $8 max
-# runs, $9 lease seconds, $10 worker id (actor: $6). One statement, one commit: the items are
-# completed first (the claim's scans start after `cur` locked them: a one-time filter), then
-# up to $8 runs are claimed. The two never touch the same row: `upd` changes rows that are
-# RUNNING in the statement's snapshot, the claim rows that are PENDING/RESUMED in it. Rows
-# with item NULL are the claimed runs (oldest first), after the items' rows in item order.
-COMPLETE_AND_CLAIM_SQL = f"""
+
+@functools.lru_cache(maxsize=512)
+def complete_and_claim_sql(single: bool, max_runs: int) -> str:
+    """ClaimRuns carrying completions: COMPLETE_MANY_SQL's parameters, then $7 project(s), $8
+    lease seconds, $9 worker id (actor: $6); max_runs and single as leases.claim_ctes.
+
+    One statement, one commit: the items are completed first (the claim's scan starts after
+    `cur` locked them: a one-time filter), then up to max_runs runs are claimed. The two never
+    touch the same row: `upd` changes rows that are RUNNING in the statement's snapshot, the
+    claim rows that are PENDING/RESUMED in it. Rows with item NULL are the claimed runs
+    (oldest first), after the items' rows in item order."""
+    return f"""
 WITH {COMPLETE_CTES},
-{claim_ctes("$7", "$8", "$9", "$10", "$6", after="(SELECT count(*) FROM cur) >= 0")}
+{claim_ctes("$7", max_runs, "$8", "$9", "$6", single=single, after="(SELECT count(*) FROM cur) >= 0")}
 {COMPLETE_ITEMS_SELECT}
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, claimed.*, NULL, NULL, NULL
@@ -129,8 +135,9 @@ async def complete_and_claim(
 ) -> tuple[list[Changed | errors.ServiceError], list[asyncpg.Record]]:
     """complete_many, then a claim (leases.claim), in one statement: the items' outcomes in
     order, and the claimed rows oldest first."""
+    single, arg = projects_arg(projects)
     rows = await pool.fetch(
-        COMPLETE_AND_CLAIM_SQL, *_params(principal, items), projects, max_runs, lease_ttl, worker_id
+        complete_and_claim_sql(single, max_runs), *_params(principal, items), arg, lease_ttl, worker_id
     )
     n = len(items)
     claimed = rows[n:]

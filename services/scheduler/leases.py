@@ -15,6 +15,7 @@ a renewal and a reap never both win).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -23,21 +24,45 @@ import asyncpg
 from services.scheduler.fragments import RUN_COLUMNS_R
 
 
-def claim_ctes(projects: str, max_runs: str, lease_secs: str, worker_id: str, actor: str, after: str = "") -> str:
+def claim_ctes(
+    projects: str, max_runs: int, lease_secs: str, worker_id: str, actor: str, *, single: bool, after: str = ""
+) -> str:
     """CTEs `picked`, `claimed` (the claimed rows, RUN_COLUMNS and from_status) and
     `claim_aud` (their CLAIMED audit rows), with the given SQL for each parameter.
 
-    Per project, an ordered scan of awooop_run_claim_idx that stops after max_runs unlocked
+    An ordered scan of awooop_run_claim_idx per project that stops after max_runs unlocked
     rows (equality on project_id keeps the index order, so the cost does not grow with the
     backlog; `project_id = ANY(...)` would sort every pending run of the projects on each
-    claim). Then the oldest max_runs of those. Rows locked by the lateral scans but not kept
-    (several projects only) are released when the statement's transaction ends.
+    claim). single: projects is one project (text), the scan's rows are the claim; else
+    projects is text[], one lateral scan per project, then the oldest max_runs of those (rows
+    locked by the lateral scans but not kept are released when the statement's transaction
+    ends).
+
+    max_runs is written into the text, not passed as a parameter: with it and a single
+    project, the plan Postgres builds without the parameters' values is the one it builds with
+    them, so it keeps that generic plan and stops planning the statement on every call (with a
+    `LIMIT $n` it cannot estimate the claim's size, prefers a plan per call, and the planning
+    costs about as much as executing it).
 
     after: a condition without columns, evaluated once before the scans start (a one-time
     filter); a statement that locks other rows first names them here, so the claim never
     holds a picked row while it waits for a lock."""
+    n = int(max_runs)
     gate = f"\n               AND {after}" if after else ""
-    return f"""picked AS (
+    if single:
+        picked = f"""picked AS (
+    SELECT run_id, status AS from_status
+      FROM awooop_run_state
+     WHERE project_id = {projects}::text
+       AND status IN ('PENDING', 'RESUMED')
+       AND (not_before IS NULL OR not_before <= now())
+       AND attempt_count - released_count < max_attempts{gate}
+     ORDER BY created_at
+     LIMIT {n}
+       FOR UPDATE SKIP LOCKED
+)"""
+    else:
+        picked = f"""picked AS (
     SELECT c.run_id, c.from_status
       FROM unnest({projects}::text[]) AS p(project_id)
      CROSS JOIN LATERAL (
@@ -48,12 +73,13 @@ def claim_ctes(projects: str, max_runs: str, lease_secs: str, worker_id: str, ac
                AND (not_before IS NULL OR not_before <= now())
                AND attempt_count - released_count < max_attempts{gate}
              ORDER BY created_at
-             LIMIT {max_runs}
+             LIMIT {n}
                FOR UPDATE SKIP LOCKED
            ) c
      ORDER BY c.created_at
-     LIMIT {max_runs}
-),
+     LIMIT {n}
+)"""
+    return f"""{picked},
 claimed AS (
     UPDATE awooop_run_state r
        SET status = 'RUNNING',
@@ -75,11 +101,19 @@ claim_aud AS (
 )"""
 
 
-# $1 projects, $2 max runs, $3 lease seconds, $4 worker id, $5 actor.
-CLAIM_SQL = f"""
-WITH {claim_ctes("$1", "$2", "$3", "$4", "$5")}
+@functools.lru_cache(maxsize=512)
+def claim_sql(single: bool, max_runs: int) -> str:
+    """$1 project (single) or projects, $2 lease seconds, $3 worker id, $4 actor."""
+    return f"""
+WITH {claim_ctes("$1", max_runs, "$2", "$3", "$4", single=single)}
 SELECT * FROM claimed ORDER BY created_at
 """
+
+
+def projects_arg(projects: list[str]) -> tuple[bool, str | list[str]]:
+    """(single, the value of the projects parameter) for claim_ctes."""
+    return (True, projects[0]) if len(projects) == 1 else (False, projects)
+
 
 # When nothing is claimable: seconds until the earliest retry backoff of these projects ends
 # (a long-polling claim re-checks then). Only run on the empty path.
@@ -123,7 +157,8 @@ RETURNING t.ord, r.lease_until, r.cancel_requested
 async def claim(
     pool: asyncpg.Pool, projects: list[str], max_runs: int, lease_ttl: float, worker_id: str, actor: str
 ) -> list[asyncpg.Record]:
-    return await pool.fetch(CLAIM_SQL, projects, max_runs, lease_ttl, worker_id, actor)
+    single, arg = projects_arg(projects)
+    return await pool.fetch(claim_sql(single, max_runs), arg, lease_ttl, worker_id, actor)
 
 
 async def seconds_until_ready(pool: asyncpg.Pool, projects: list[str]) -> float | None:
