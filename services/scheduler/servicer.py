@@ -46,15 +46,18 @@ def _lease(v: Violations, field: str, lease: common_pb2.LeaseToken) -> tuple[str
 
 
 def _claimed(rows: list[Any]) -> list[scheduler_pb2.ClaimedRun]:
-    return [
-        scheduler_pb2.ClaimedRun(
-            run=run_to_pb(r),
-            lease=common_pb2.LeaseToken(run_id=str(r["run_id"]), attempt=r["attempt_count"]),
-            lease_until=ts(r["lease_until"]),
-            resumed=r["attempt_count"] > 1,
+    out = []
+    for r in rows:
+        run = run_to_pb(r)
+        out.append(
+            scheduler_pb2.ClaimedRun(
+                run=run,
+                lease=common_pb2.LeaseToken(run_id=run.run_id, attempt=r["attempt_count"]),
+                lease_until=run.lease_until,  # converted once, in the Run
+                resumed=r["attempt_count"] > 1,
+            )
         )
-        for r in rows
-    ]
+    return out
 
 
 def _complete_results(
@@ -156,13 +159,22 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         projects = projects_with(current_principal(), "worker")
         renewals = await leases.heartbeat(self.pool, worker_id, lease_list, lease_ttl, projects)
         out = []
+        stamps: dict[Any, Any] = {}  # one statement renews every lease to the same instant: convert it once
         for lease, r in zip(request.leases, renewals, strict=True):
-            item = scheduler_pb2.LeaseRenewal(lease=lease, cancel_requested=r.cancel_requested)
             if r.lease_until is None:
-                item.outcome = scheduler_pb2.LEASE_OUTCOME_LEASE_LOST
+                item = scheduler_pb2.LeaseRenewal(
+                    lease=lease, cancel_requested=r.cancel_requested, outcome=scheduler_pb2.LEASE_OUTCOME_LEASE_LOST
+                )
             else:
-                item.outcome = scheduler_pb2.LEASE_OUTCOME_RENEWED
-                item.lease_until.CopyFrom(ts(r.lease_until))
+                stamp = stamps.get(r.lease_until)
+                if stamp is None:
+                    stamp = stamps[r.lease_until] = ts(r.lease_until)
+                item = scheduler_pb2.LeaseRenewal(
+                    lease=lease,
+                    cancel_requested=r.cancel_requested,
+                    outcome=scheduler_pb2.LEASE_OUTCOME_RENEWED,
+                    lease_until=stamp,
+                )
             out.append(item)
         lost = sum(1 for r in renewals if r.lease_until is None)
         if lost:
