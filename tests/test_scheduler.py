@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncpg
 import grpc
+import pytest
 import pytest_asyncio
 from google.protobuf import duration_pb2
 from prometheus_client import REGISTRY
@@ -24,6 +25,7 @@ from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from services.common import errors
 from services.common.runtime import Runtime
+from services.common.validate import to_struct
 from services.scheduler import approvals, reaper
 from services.scheduler.saga_client import SagaNudger
 from tests.helpers import eventually, expect_error
@@ -981,3 +983,40 @@ async def test_grpcurl_claim_heartbeat_complete_and_read(s: Sched) -> None:
         "-plaintext", *auth, "-d", '{"project_id":"p","statuses":["RUN_STATUS_COMPLETED"]}', addr, f"{svc}/ListRuns"
     )
     assert code == 0 and [r["run_id"] for r in json.loads(out)["runs"]] == [run_id], out
+
+
+# --- the fast Run builder of the claim cycle ----------------------------------------------------------
+
+
+async def test_the_fast_run_builder_builds_the_same_message_as_run_to_pb(s: Sched) -> None:
+    """runpb.run_pb (ClaimRuns, CompleteRuns) against run_to_pb: rows as the statements return
+    them in several states, every timestamp set, times before 1970, naive times, unknown values."""
+    import datetime as dt
+
+    from services.common.runs import RUN_COLUMNS, run_to_pb
+    from services.scheduler.runpb import run_pb
+
+    *_, c = await insert_runs(s.db, "p", 3)
+    claimed = await s.claim(max_runs=2)
+    done = pb.CompleteRunRequest(lease=claimed[0].lease, output=to_struct({"x": [1, "y"]}))
+    await s.stub.CompleteRun(done, metadata=s.worker)
+    await s.db.execute(
+        """UPDATE awooop_run_state SET status = 'WAITING_APPROVAL', approval_expires_at = now() + interval '1 day',
+                  approval_summary = 's', approval_decided_by = 'd', failure_reason = 'f', error_code = 'E',
+                  reaped_at = '1969-12-31 23:59:58.5+00', compensation_started_at = now(),
+                  compensation_completed_at = now(), not_before = now(), saga_status = 'compensating',
+                  cancel_requested = true
+            WHERE run_id = $1""",
+        c,
+    )
+    rows = [dict(r) for r in await s.db.fetch(f"SELECT {RUN_COLUMNS} FROM awooop_run_state")]
+    assert len(rows) == 3
+    naive = {**rows[0], "created_at": dt.datetime(2026, 1, 2, 3, 4, 5, 678901)}
+    odd = {**rows[1], "status": "SOMETHING_NEW"}
+    for row in [*rows, naive]:
+        assert run_pb(row) == run_to_pb(row), row
+    for build in (run_pb, run_to_pb):  # a status no enum value names: both refuse it alike
+        with pytest.raises(ValueError):
+            build(odd)
+    full = run_pb(next(r for r in rows if str(r["run_id"]) == c))
+    assert full.HasField("reaped_at") and full.reaped_at.seconds == -2 and full.reaped_at.nanos == 500_000_000
