@@ -1,8 +1,10 @@
 """Claim cycles against PgQueuer on the same Postgres.
 
 awooop cycle, per worker: ClaimRuns(max_runs = batch) -> one Heartbeat carrying the whole
-batch's leases -> one CompleteRuns for the whole batch (one statement, one commit). 16 workers
-(coroutines) spread over the load processes, talking gRPC to a real scheduler process.
+batch's leases -> the whole batch completed, as the worker SDK does for a busy worker: carried
+by the next ClaimRuns (`complete`; completed and claimed in one statement, one commit). The
+last batch rides on a claim that finds the queue empty. 16 workers (coroutines) spread over
+the load processes, talking gRPC to a real scheduler process.
 
 PgQueuer: 16 QueueManagers (one asyncpg connection each, PgQueuer's own model of a
 consumer) spread over the same number of processes, draining no-op jobs with its default
@@ -79,6 +81,7 @@ async def awooop_workers(
         nonlocal done
         worker_id = f"bench-{proc_idx}-{w}"
         empty = 0
+        finished: list[Any] = []  # the batch done last cycle: completed by the next ClaimRuns
         while empty < 3:
             try:
                 r = await stub.ClaimRuns(
@@ -87,10 +90,20 @@ async def awooop_workers(
                         project_ids=[PROJECT],
                         max_runs=batch,
                         wait=duration_pb2.Duration(nanos=20_000_000),
+                        complete=finished,
                     ),
                     metadata=md,
                     timeout=30,
                 )
+                if len(r.completed) != len(finished):
+                    errors["NO_COMPLETIONS_IN_CLAIM"] = errors.get("NO_COMPLETIONS_IN_CLAIM", 0) + 1
+                    return
+                for result in r.completed:  # per-item refusals (none expected) count as errors
+                    if result.error_reason:
+                        errors[result.error_reason] = errors.get(result.error_reason, 0) + 1
+                    else:
+                        done += 1
+                finished = []
                 if not r.runs:
                     empty += 1
                     continue
@@ -101,18 +114,7 @@ async def awooop_workers(
                 await stub.Heartbeat(
                     scheduler_pb2.HeartbeatRequest(worker_id=worker_id, leases=leases), metadata=md, timeout=30
                 )
-                resp = await stub.CompleteRuns(
-                    scheduler_pb2.CompleteRunsRequest(
-                        runs=[scheduler_pb2.CompleteRunRequest(lease=lease, output=output) for lease in leases]
-                    ),
-                    metadata=md,
-                    timeout=30,
-                )
-                for result in resp.results:  # per-item refusals (none expected) count as errors
-                    if result.error_reason:
-                        errors[result.error_reason] = errors.get(result.error_reason, 0) + 1
-                    else:
-                        done += 1
+                finished = [scheduler_pb2.CompleteRunRequest(lease=lease, output=output) for lease in leases]
             except grpc.aio.AioRpcError as exc:
                 errors[exc.code().name] = errors.get(exc.code().name, 0) + 1
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED or sum(errors.values()) > 100:
