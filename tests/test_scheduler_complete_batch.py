@@ -387,3 +387,31 @@ async def test_a_worker_completes_through_complete_runs_when_the_scheduler_ignor
     assert worker.stats.completed == 40 and not worker.stats.by_outcome.get("error")
     # the first carried batch came back unanswered: sent again with CompleteRuns, never carried again
     assert not worker.completions.carry and worker.completions.carried == 0 and worker.completions.calls >= 1
+
+
+async def test_completions_held_for_a_claim_get_each_callers_own_result(s: Sched) -> None:
+    """The batcher's carrier path as the Worker drives it: held completions go in one ClaimRuns;
+    a refused item raises CompleteRun's error (LeaseLost) for its caller only."""
+    a, b = await insert_runs(s.db, "p", 2)
+    claimed = {r.run.run_id: r for r in await s.claim(max_runs=2)}
+    stale = lease(b, claimed[b].lease.attempt + 1)
+    woken: list[int] = []
+    async with _client(s, s.worker) as client:
+        batcher = CompletionBatcher(client)
+        batcher.set_carrier(lambda: True, lambda: woken.append(1))
+        calls = [
+            asyncio.create_task(batcher.complete(item(claimed[a].lease, k="a"))),
+            asyncio.create_task(batcher.complete(item(stale))),
+        ]
+        await asyncio.sleep(0)  # the callers run up to their wait
+        assert batcher.held == 2 and len(woken) == 2 and batcher.calls == 0
+        held = batcher.take()
+        resp = await s.stub.ClaimRuns(
+            pb.ClaimRunsRequest(worker_id="w1", project_ids=["p"], complete=[r for r, _ in held]), metadata=s.worker
+        )
+        batcher.settle(held, resp.completed)
+        done, lost = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(done, common_pb2.Run) and done.run_id == a and done.status == common_pb2.RUN_STATUS_COMPLETED
+    assert isinstance(lost, LeaseLost) and lost.reason == errors.LEASE_LOST
+    assert batcher.carried == 2 and batcher.claim_calls == 1 and batcher.calls == 0
+    assert (await run_row(s.db, b))["status"] == "RUNNING"
