@@ -26,8 +26,21 @@ CHANNELS = ("telegram", "alertmanager", "gitea", "line", "api")
 SAGA_STATUSES = ("in_progress", "compensating", "compensated", "compensation_failed")
 
 
+# enum values by store string, read once: the Run builder is on every claim's hot path
+_STATUS_PB = {v: common_pb2.RunStatus.Value(f"RUN_STATUS_{v}") for v in STATUSES}
+_CHANNEL_PB = {v: common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{v.upper()}") for v in CHANNELS}
+_SAGA_PB = {v: common_pb2.SagaStatus.Value(f"SAGA_STATUS_{v.upper()}") for v in SAGA_STATUSES}
+
+
+def _enum(known: dict[str, int], value: str, name: str) -> int:
+    number = known.get(value)
+    if number is None:  # as the enum's own Value(): a ValueError names what is unknown
+        raise ValueError(f"{name} has no value for {value!r}")
+    return number
+
+
 def status_to_pb(status: str | None) -> int:
-    return common_pb2.RunStatus.Value(f"RUN_STATUS_{status}") if status else 0
+    return _enum(_STATUS_PB, status, "RunStatus") if status else 0
 
 
 def status_from_pb(value: int) -> str:
@@ -35,7 +48,7 @@ def status_from_pb(value: int) -> str:
 
 
 def channel_to_pb(channel: str) -> int:
-    return common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{channel.upper()}")
+    return _enum(_CHANNEL_PB, channel, "ChannelType")
 
 
 def channel_from_pb(value: int) -> str:
@@ -43,14 +56,27 @@ def channel_from_pb(value: int) -> str:
 
 
 def saga_status_to_pb(value: str | None) -> int:
-    return common_pb2.SagaStatus.Value(f"SAGA_STATUS_{value.upper()}") if value else 0
+    return _enum(_SAGA_PB, value, "SagaStatus") if value else 0
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def set_time(t: timestamp_pb2.Timestamp, value: dt.datetime) -> None:
+    """What Timestamp.FromDatetime does (a naive time is UTC), by integer arithmetic: about
+    three times faster, which shows on the claim cycle's Runs."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    d = value - _EPOCH
+    t.seconds = d.days * 86400 + d.seconds
+    t.nanos = d.microseconds * 1000
 
 
 def ts(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
     if value is None:
         return None
     t = timestamp_pb2.Timestamp()
-    t.FromDatetime(value)
+    set_time(t, value)
     return t
 
 
@@ -81,21 +107,24 @@ def run_to_pb(row: Mapping[str, Any]) -> common_pb2.Run:
     run.input.CopyFrom(to_struct(_obj(row["input"])))
     if row["output"] is not None:
         run.output.CopyFrom(to_struct(_obj(row["output"])))
-    for name in (
-        "lease_until",
-        "heartbeat_at",
-        "reaped_at",
-        "approval_expires_at",
-        "compensation_started_at",
-        "compensation_completed_at",
-        "created_at",
-        "updated_at",
-        "not_before",
-    ):
-        t = ts(row[name])
-        if t is not None:
-            getattr(run, name).CopyFrom(t)
+    for name in _RUN_TIMES:
+        value = row[name]
+        if value is not None:
+            set_time(getattr(run, name), value)
     return run
+
+
+_RUN_TIMES = (
+    "lease_until",
+    "heartbeat_at",
+    "reaped_at",
+    "approval_expires_at",
+    "compensation_started_at",
+    "compensation_completed_at",
+    "created_at",
+    "updated_at",
+    "not_before",
+)
 
 
 def _obj(value: Any) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from services.common.runtime import AppContext
 from services.common.validate import Violations, to_struct
 from services.scheduler import approvals, batch_complete, claiming, leases, metrics, reads, transitions
 from services.scheduler.access import projects_with
-from services.scheduler.runpb import run_pb
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.wakeup import RunReadyListener
 
@@ -49,7 +48,7 @@ def _lease(v: Violations, field: str, lease: common_pb2.LeaseToken) -> tuple[str
 def _claimed(rows: list[Any]) -> list[scheduler_pb2.ClaimedRun]:
     out = []
     for r in rows:
-        run = run_pb(r)
+        run = run_to_pb(r)
         out.append(
             scheduler_pb2.ClaimedRun(
                 run=run,
@@ -70,7 +69,7 @@ def _complete_results(
         if isinstance(outcome, errors.ServiceError):
             results.append(scheduler_pb2.CompleteRunResult(error_reason=outcome.reason, error_message=outcome.message))
         else:
-            results.append(scheduler_pb2.CompleteRunResult(run=run_pb(outcome.row)))
+            results.append(scheduler_pb2.CompleteRunResult(run=run_to_pb(outcome.row)))
     return results
 
 
