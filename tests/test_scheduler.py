@@ -989,40 +989,17 @@ async def test_grpcurl_claim_heartbeat_complete_and_read(s: Sched) -> None:
 
 
 def _reference_run(row: dict[str, Any]) -> common_pb2.Run:
-    """A Run built with protobuf's own helpers (enum Value(), Timestamp.FromDatetime)."""
-    from services.common.runs import _obj
+    """The Run's enums and timestamps as protobuf's own helpers make them (enum Value(),
+    Timestamp.FromDatetime), the rest as run_to_pb makes it."""
+    from services.common.runs import _RUN_TIMES, run_to_pb
 
     saga = row["saga_status"]
-    run = common_pb2.Run(
-        run_id=str(row["run_id"]),
-        project_id=row["project_id"],
-        channel_type=common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{row['channel_type'].upper()}"),
-        provider_event_id=row["provider_event_id"] or "",
-        status=common_pb2.RunStatus.Value(f"RUN_STATUS_{row['status']}"),
-        max_attempts=row["max_attempts"],
-        attempt_count=row["attempt_count"],
-        worker_id=row["worker_id"] or "",
-        failure_reason=row["failure_reason"] or "",
-        error_code=row["error_code"] or "",
-        cancel_requested=row["cancel_requested"],
-        approval_decided_by=row["approval_decided_by"] or "",
-        approval_summary=row["approval_summary"] or "",
-        saga_status=common_pb2.SagaStatus.Value(f"SAGA_STATUS_{saga.upper()}") if saga else 0,
-    )
-    run.input.CopyFrom(to_struct(_obj(row["input"])))
-    if row["output"] is not None:
-        run.output.CopyFrom(to_struct(_obj(row["output"])))
-    for name in (
-        "lease_until",
-        "heartbeat_at",
-        "reaped_at",
-        "approval_expires_at",
-        "compensation_started_at",
-        "compensation_completed_at",
-        "created_at",
-        "updated_at",
-        "not_before",
-    ):
+    run = run_to_pb({**row, "status": "PENDING"})
+    run.status = common_pb2.RunStatus.Value(f"RUN_STATUS_{row['status']}")
+    run.channel_type = common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{row['channel_type'].upper()}")
+    run.saga_status = common_pb2.SagaStatus.Value(f"SAGA_STATUS_{saga.upper()}") if saga else 0
+    for name in _RUN_TIMES:
+        run.ClearField(name)
         if row[name] is not None:
             getattr(run, name).FromDatetime(row[name])
     return run

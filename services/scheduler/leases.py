@@ -48,15 +48,17 @@ def claim_ctes(
     filter); a statement that locks other rows first names them here, so the claim never
     holds a picked row while it waits for a lock."""
     n = int(max_runs)
-    gate = f"\n               AND {after}" if after else ""
+    gate = f"\n       AND {after}" if after else ""
+    # claimable: queued, past any retry backoff, attempts left
+    ready = f"""status IN ('PENDING', 'RESUMED')
+       AND (not_before IS NULL OR not_before <= now())
+       AND attempt_count - released_count < max_attempts{gate}"""
     if single:
         picked = f"""picked AS (
     SELECT run_id, status AS from_status
       FROM awooop_run_state
      WHERE project_id = {projects}::text
-       AND status IN ('PENDING', 'RESUMED')
-       AND (not_before IS NULL OR not_before <= now())
-       AND attempt_count - released_count < max_attempts{gate}
+       AND {ready}
      ORDER BY created_at
      LIMIT {n}
        FOR UPDATE SKIP LOCKED
@@ -69,9 +71,7 @@ def claim_ctes(
             SELECT run_id, status AS from_status, created_at
               FROM awooop_run_state
              WHERE project_id = p.project_id
-               AND status IN ('PENDING', 'RESUMED')
-               AND (not_before IS NULL OR not_before <= now())
-               AND attempt_count - released_count < max_attempts{gate}
+               AND {ready}
              ORDER BY created_at
              LIMIT {n}
                FOR UPDATE SKIP LOCKED
