@@ -29,14 +29,22 @@ SEQ_RACE_TRIES = 100  # each lost race means another begin of the run committed:
 
 _S = ", ".join(f"s.{c.strip()}" for c in STEP_COLUMNS.split(","))
 
+
+def _lease(projects: str, leased: str, lock: str, columns: str) -> str:
+    """CTE `lease`: the run row, locked, only while it is leased (RUNNING / WAITING_TOOL, the
+    `leased` parameter) with the caller's fencing token ($2) in a project the caller may write
+    (the `projects` parameter; NULL: every project)."""
+    return f"""lease AS (
+    SELECT {columns} FROM awooop_run_state
+     WHERE run_id = $1 AND attempt_count = $2 AND status = ANY({leased}::text[])
+       AND ({projects}::text[] IS NULL OR project_id = ANY({projects}::text[]))
+       FOR {lock}
+)"""
+
+
 # $1 run_id, $2 attempt, $3 step_id, $4 step_type, $5 tool_id, $6 tool_params, $7 projects, $8 leased statuses
 BEGIN_SQL = f"""
-WITH lease AS (
-    SELECT run_id, project_id FROM awooop_run_state
-     WHERE run_id = $1 AND attempt_count = $2 AND status = ANY($8::text[])
-       AND ($7::text[] IS NULL OR project_id = ANY($7::text[]))
-       FOR NO KEY UPDATE
-)
+WITH {_lease("$7", "$8", "NO KEY UPDATE", "run_id, project_id")}
 INSERT INTO awooop_saga_step AS s (run_id, step_id, project_id, seq, step_type, tool_id, tool_params, status, attempt)
 SELECT l.run_id, $3, l.project_id,
        COALESCE((SELECT max(seq) FROM awooop_saga_step WHERE run_id = l.run_id), 0) + 1,
@@ -61,12 +69,7 @@ RETURNING (s.xmax = 0) AS inserted, {_S}
 # $1 run_id, $2 attempt, $3 step_id, $4 step_type, $5 status, $6 result, $7 error, $8 projects, $9 leased,
 # $10 params
 RECORD_SQL = f"""
-WITH lease AS (
-    SELECT run_id, project_id FROM awooop_run_state
-     WHERE run_id = $1 AND attempt_count = $2 AND status = ANY($9::text[])
-       AND ($8::text[] IS NULL OR project_id = ANY($8::text[]))
-       FOR NO KEY UPDATE
-),
+WITH {_lease("$8", "$9", "NO KEY UPDATE", "run_id, project_id")},
 async_commit AS (
     SELECT set_config('synchronous_commit', 'off', true)
 )
@@ -86,12 +89,7 @@ RETURNING {_S}
 
 # $1 run_id, $2 attempt, $3 step_id, $4 result, $5 compensation_cmd, $6 projects, $7 leased, $8 irreversible tools
 COMPLETE_SQL = f"""
-WITH lease AS (
-    SELECT run_id FROM awooop_run_state
-     WHERE run_id = $1 AND attempt_count = $2 AND status = ANY($7::text[])
-       AND ($6::text[] IS NULL OR project_id = ANY($6::text[]))
-       FOR SHARE
-)
+WITH {_lease("$6", "$7", "SHARE", "run_id")}
 UPDATE awooop_saga_step s
    SET status = 'completed', result = $4, compensation_cmd = $5, error = NULL, completed_at = now()
  WHERE s.run_id = (SELECT run_id FROM lease) AND s.step_id = $3
@@ -102,12 +100,7 @@ RETURNING {_S}
 
 # $1 run_id, $2 attempt, $3 step_id, $4 error, $5 projects, $6 leased
 FAIL_SQL = f"""
-WITH lease AS (
-    SELECT run_id FROM awooop_run_state
-     WHERE run_id = $1 AND attempt_count = $2 AND status = ANY($6::text[])
-       AND ($5::text[] IS NULL OR project_id = ANY($5::text[]))
-       FOR SHARE
-)
+WITH {_lease("$5", "$6", "SHARE", "run_id")}
 UPDATE awooop_saga_step s
    SET status = 'failed', error = $4, completed_at = now()
  WHERE s.run_id = (SELECT run_id FROM lease) AND s.step_id = $3
