@@ -198,6 +198,27 @@ async def test_api_channel_takes_the_idempotency_key_metadata(start_services, ch
 # --- batches -------------------------------------------------------------------------------------
 
 
+async def test_a_deliverys_events_become_runs_in_the_order_sent(start_services, channels, make_key, db) -> None:
+    """One LINE delivery (one statement) creates its runs with created_at in event order, the
+    order the claim hands them out (oldest first): equal timestamps would leave it to chance."""
+    _rt, stub, md = await serve(start_services, channels, make_key)
+    ids = [f"evt-{c}" for c in "qwertyuiop"]  # not sorted: the order sent is what must survive
+    events = [{"type": "message", "webhookEventId": i} for i in ids]
+    req = ingest_pb2.IngestEventRequest(
+        project_id=PROJECT, channel_type=CH.CHANNEL_TYPE_LINE, payload=struct({"events": events})
+    )
+    out = (await stub.IngestEvent(req, metadata=md)).outcomes
+    assert [o.provider_event_id for o in out] == ids and not any(o.duplicate for o in out)
+    rows = await db.fetch(
+        "SELECT provider_event_id, created_at, updated_at FROM awooop_run_state WHERE project_id = $1 "
+        "ORDER BY created_at, run_id",
+        PROJECT,
+    )
+    assert [r["provider_event_id"] for r in rows] == ids
+    assert len({r["created_at"] for r in rows}) == len(ids)  # strictly ordered, no ties
+    assert all(r["created_at"] == r["updated_at"] for r in rows)
+
+
 async def test_batch_answers_per_event_in_order(start_services, channels, make_key, db) -> None:
     _rt, stub, md = await serve(start_services, channels, make_key)
     seen = (await stub.IngestEvent(tg(1), metadata=md)).outcomes[0]

@@ -29,6 +29,9 @@ Executor = asyncpg.Pool | asyncpg.Connection
 # The wake-up NOTIFY is not part of these statements: it is sent after the commit
 # (services/ingest/wakeup.py explains why).
 
+# A statement's runs are created a microsecond apart in the order of its events, so the claim
+# (oldest created_at first) hands out the events of one delivery (LINE sends several) and of
+# one batch in the order they were sent, not in whatever order equal timestamps come back.
 # Rows are inserted in key order so that two batches sharing keys lock them in the same order
 # and cannot deadlock. The final join sees dedupe rows committed before the statement began;
 # a row committed by a concurrent request while we waited on it shows up as run_id NULL and is
@@ -46,8 +49,10 @@ ins AS (
     RETURNING run_id
 ),
 new_runs AS (
-    INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, input, max_attempts, created_by)
-    SELECT ev.run_id, ev.project_id, ev.channel_type, ev.provider_event_id, ev.input::jsonb, ev.max_attempts, $8
+    INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, input, max_attempts, created_by,
+                                  created_at, updated_at)
+    SELECT ev.run_id, ev.project_id, ev.channel_type, ev.provider_event_id, ev.input::jsonb, ev.max_attempts, $8,
+           now() + ev.ord * interval '1 microsecond', now() + ev.ord * interval '1 microsecond'
       FROM ev JOIN ins USING (run_id)
     RETURNING run_id, project_id, channel_type, provider_event_id
 ),
