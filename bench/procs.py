@@ -4,20 +4,16 @@ not its logging. Each process gets its own ports; its log goes to a file under a
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from services.common.embedded import free_port
+from services.common.health import wait_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(tempfile.mkdtemp(prefix="awooop-bench-logs-"))
@@ -67,19 +63,8 @@ class Service:
 
 
 async def wait_healthy(address: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with grpc.aio.insecure_channel(address) as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        while True:
-            try:
-                r = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.aio.AioRpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"service at {address} not healthy after {timeout}s")
-            await asyncio.sleep(0.1)
+    if not await wait_serving(address, timeout):
+        raise RuntimeError(f"service at {address} not healthy after {timeout}s")
 
 
 def service_env(database_url: str, redis_url: str, redis_prefix: str, **settings: object) -> dict[str, str]:

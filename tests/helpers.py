@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common import errors
 from services.common.embedded import free_port
+from services.common.health import wait_serving
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -79,19 +79,8 @@ class ServiceProcess:
 
 
 async def wait_healthy(port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        while True:
-            try:
-                r = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                if r.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.aio.AioRpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"service on port {port} not healthy after {timeout}s")
-            await asyncio.sleep(0.1)
+    if not await wait_serving(f"127.0.0.1:{port}", timeout):
+        raise AssertionError(f"service on port {port} not healthy after {timeout}s")
 
 
 async def spawn_services(services: list[str], env: dict[str, str], tmp_path: Path, name: str = "svc") -> ServiceProcess:

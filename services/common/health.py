@@ -10,6 +10,7 @@ the end of the stream, and the grace period is spent only on real in-flight RPCs
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -88,3 +89,21 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             return True
         except TimeoutError:
             return False
+
+
+async def wait_serving(address: str, timeout: float) -> bool:
+    """Polls the server at address with Health/Check until it answers SERVING (True) or timeout
+    seconds pass (False). For whatever starts a server process and must wait for it."""
+    deadline = time.monotonic() + timeout
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while True:
+            try:
+                r = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if r.status == SERVING:
+                    return True
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.1)

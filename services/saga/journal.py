@@ -177,17 +177,47 @@ def _same_kind(row: Any, step_type: str, tool_id: str | None) -> bool:
     return bool(row["step_type"] == step_type and row["tool_id"] == tool_id)
 
 
-async def _insert_step(pool: asyncpg.Pool, sql: str, *args: Any) -> asyncpg.Record | None:
-    """Runs a step-inserting statement (BEGIN_SQL, RECORD_SQL), again when it lost a seq race:
-    two new steps of one run began at once, the run-row lock made this statement wait, but its
-    max(seq) was read in the snapshot taken before the wait. The next try sees the winner's row.
-    (A worker journals its steps one at a time; this only happens under races.)"""
-    for _ in range(SEQ_RACE_TRIES):
+async def _new_step(
+    pool: asyncpg.Pool,
+    principal: Principal,
+    lease: Lease,
+    step_id: str,
+    step_type: str,
+    tool_id: str | None,
+    action: str,
+    sql: str,
+    *args: Any,
+) -> tuple[bool, asyncpg.Record]:
+    """Runs a step-inserting statement (BEGIN_SQL, RECORD_SQL): (True, the written row), or
+    (False, the step as journaled) when it was already completed. Raises NOT_FOUND / LEASE_LOST,
+    INVALID_ARGUMENT for a step id journaled as another kind of step, INVALID_TRANSITION for a
+    step past completion.
+
+    A seq race is run again: two new steps of one run began at once, the run-row lock made
+    this statement wait, but its max(seq) was read in the snapshot taken before the wait; the
+    next try sees the winner's row. (A worker journals its steps one at a time; this only
+    happens under races.)"""
+    tries = races = 0
+    while tries < WRITE_TRIES and races < SEQ_RACE_TRIES:
         try:
-            return await pool.fetchrow(sql, *args)
+            row = await pool.fetchrow(sql, *args)
         except asyncpg.UniqueViolationError as exc:
             if exc.constraint_name != SEQ_CONSTRAINT:
                 raise
+            races += 1
+            continue
+        tries += 1
+        if row is not None:
+            return True, row
+        why = await _why(pool, principal, lease, step_id)
+        if not why["has_step"]:
+            continue  # lease held and no step: the insert raced with something; try again
+        if not _same_kind(why, step_type, tool_id):
+            raise _other_kind(step_id, why)
+        if why["status"] == "completed":
+            return False, why
+        if why["status"] not in ("pending", "failed"):
+            raise step_transition(lease.run_id, step_id, why["status"], action)
     raise _retry_later()
 
 
@@ -213,31 +243,25 @@ async def begin_step(
     tool_params: dict[str, Any] | None,
 ) -> Begun:
     scope = access.project_scope(principal, "worker")
-    for _ in range(WRITE_TRIES):
-        row = await _insert_step(
-            pool,
-            BEGIN_SQL,
-            lease.run_id,
-            lease.attempt,
-            step_id,
-            step_type,
-            tool_id,
-            tool_params,
-            scope,
-            list(LEASED_STATUSES),
-        )
-        if row is not None:
-            return Begun("execute" if row["inserted"] else "retry", row)
-        why = await _why(pool, principal, lease, step_id)
-        if not why["has_step"]:
-            continue  # lease held and no step: the insert raced with something; try again
-        if not _same_kind(why, step_type, tool_id):
-            raise _other_kind(step_id, why)
-        if why["status"] == "completed":
-            return Begun("skip", why)
-        if why["status"] not in ("pending", "failed"):
-            raise step_transition(lease.run_id, step_id, why["status"], "begin")
-    raise _retry_later()
+    wrote, row = await _new_step(
+        pool,
+        principal,
+        lease,
+        step_id,
+        step_type,
+        tool_id,
+        "begin",
+        BEGIN_SQL,
+        lease.run_id,
+        lease.attempt,
+        step_id,
+        step_type,
+        tool_id,
+        tool_params,
+        scope,
+        list(LEASED_STATUSES),
+    )
+    return Begun(("execute" if row["inserted"] else "retry") if wrote else "skip", row)
 
 
 async def record_step(
@@ -253,33 +277,27 @@ async def record_step(
     """Journals a step that already ran: completed with result, or failed with error."""
     scope = access.project_scope(principal, "worker")
     status = "failed" if error is not None else "completed"
-    for _ in range(WRITE_TRIES):
-        row = await _insert_step(
-            pool,
-            RECORD_SQL,
-            lease.run_id,
-            lease.attempt,
-            step_id,
-            step_type,
-            status,
-            result,
-            error,
-            scope,
-            list(LEASED_STATUSES),
-            params,
-        )
-        if row is not None:
-            return Recorded(True, row)
-        why = await _why(pool, principal, lease, step_id)
-        if not why["has_step"]:
-            continue  # lease held and no step: the insert raced with something; try again
-        if not _same_kind(why, step_type, None):
-            raise _other_kind(step_id, why)
-        if why["status"] == "completed":
-            return Recorded(False, why)
-        if why["status"] not in ("pending", "failed"):
-            raise step_transition(lease.run_id, step_id, why["status"], "record")
-    raise _retry_later()
+    wrote, row = await _new_step(
+        pool,
+        principal,
+        lease,
+        step_id,
+        step_type,
+        None,
+        "record",
+        RECORD_SQL,
+        lease.run_id,
+        lease.attempt,
+        step_id,
+        step_type,
+        status,
+        result,
+        error,
+        scope,
+        list(LEASED_STATUSES),
+        params,
+    )
+    return Recorded(wrote, row)
 
 
 async def complete_step(
