@@ -17,7 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 import grpc
@@ -27,11 +27,7 @@ import pytest_asyncio
 from services.common import embedded, migrate, principals
 from services.common.runtime import Runtime
 from services.common.settings import Settings
-
-
-def _with_database(dsn: str, dbname: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
+from tests.harness.databases import admin_connection, with_database
 
 
 @pytest.fixture(scope="session")
@@ -61,21 +57,17 @@ def redis_url() -> Iterator[str]:
         rd.stop()
 
 
-async def _admin(pg_server_dsn: str) -> asyncpg.Connection:
-    return await asyncpg.connect(_with_database(pg_server_dsn, "postgres"))
-
-
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def template_db(pg_server_dsn: str) -> AsyncIterator[str]:
     name = f"awooop_tmpl_{uuid.uuid4().hex[:10]}"
-    conn = await _admin(pg_server_dsn)
+    conn = await admin_connection(pg_server_dsn)
     try:
         await conn.execute(f'CREATE DATABASE "{name}"')
     finally:
         await conn.close()
-    await migrate.migrate(_with_database(pg_server_dsn, name))
+    await migrate.migrate(with_database(pg_server_dsn, name))
     yield name
-    conn = await _admin(pg_server_dsn)
+    conn = await admin_connection(pg_server_dsn)
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:
@@ -91,13 +83,13 @@ async def db_dsn(pg_server_dsn: str, template_db: str) -> AsyncIterator[str]:
     """A fresh, migrated database for this test."""
     name = f"awooop_t_{uuid.uuid4().hex[:12]}"
     async with _clone_lock:
-        conn = await _admin(pg_server_dsn)
+        conn = await admin_connection(pg_server_dsn)
         try:
             await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
         finally:
             await conn.close()
-    yield _with_database(pg_server_dsn, name)
-    conn = await _admin(pg_server_dsn)
+    yield with_database(pg_server_dsn, name)
+    conn = await admin_connection(pg_server_dsn)
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:

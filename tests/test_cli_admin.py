@@ -16,7 +16,7 @@ import grpc
 
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from services.common.auth import Authenticator
-from tests.helpers import ROOT, expect_error
+from tests.harness.helpers import ROOT, expect_error
 
 KEY_RE = re.compile(r"^awk_([0-9a-f]{16})_([A-Za-z0-9-]{43})$")
 

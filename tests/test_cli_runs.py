@@ -22,7 +22,7 @@ from awooop.scheduler.v1 import scheduler_pb2
 from awooop.tools.v1 import tools_pb2
 from awooop.worker import Client, to_struct
 from services.common.runtime import Runtime
-from tests.helpers import eventually
+from tests.harness.helpers import eventually
 
 PROJECT = "ops"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.settings import Settings
-from tests.helpers import ServiceProcess, settings_env, spawn_services
+from tests.harness.helpers import ServiceProcess, settings_env, spawn_services
 
 PROJECT = "demo-e2e"
 

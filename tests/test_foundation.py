@@ -19,7 +19,7 @@ from grpc_status import rpc_status
 
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from services.common import migrate
-from tests.helpers import expect_error
+from tests.harness.helpers import expect_error
 
 SERVICES = {
     "ingest": "awooop.ingest.v1.IngestService",
@@ -41,12 +41,12 @@ EXPECTED_TABLES = {
 
 
 async def test_migrations_apply_from_zero_and_are_idempotent(pg_server_dsn: str) -> None:
-    from tests.conftest import _admin, _with_database
+    from tests.harness.databases import admin_connection, with_database
 
-    admin = await _admin(pg_server_dsn)
+    admin = await admin_connection(pg_server_dsn)
     await admin.execute('DROP DATABASE IF EXISTS "awooop_migrate_test" WITH (FORCE)')
     await admin.execute('CREATE DATABASE "awooop_migrate_test"')
-    dsn = _with_database(pg_server_dsn, "awooop_migrate_test")
+    dsn = with_database(pg_server_dsn, "awooop_migrate_test")
     try:
         first = await migrate.migrate(dsn)
         assert first == [m.name for m in migrate.load()]

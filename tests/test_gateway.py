@@ -12,7 +12,7 @@ from google.protobuf import json_format, struct_pb2
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common import errors
-from tests.helpers import eventually, expect_error
+from tests.harness.helpers import eventually, expect_error
 
 PROJECT = "proj"
 

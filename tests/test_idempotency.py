@@ -19,7 +19,7 @@ from services.common import errors, idempotency, principals
 from services.common.runs import RUN_READY_CHANNEL
 from services.ingest import retention
 from services.ingest.create_run import OPERATION
-from tests.helpers import eventually, expect_error
+from tests.harness.helpers import eventually, expect_error
 
 # --- helpers shared by the tests of this module ---------------------------------------------
 

@@ -22,7 +22,7 @@ from services.common import embedded, errors
 from services.common.runs import RUN_READY_CHANNEL
 from services.ingest import dedupe_cache, metrics, retention, store
 from services.ingest.parsing import NewEvent
-from tests.helpers import eventually, expect_error
+from tests.harness.helpers import eventually, expect_error
 
 # --- helpers shared by the tests of this module ---------------------------------------------
 

@@ -32,7 +32,7 @@ from services.common.embedded import free_port
 from services.common.interceptor import ServiceInterceptor
 from services.common.runtime import Runtime
 from services.common.settings import Settings
-from tests.helpers import ROOT, eventually, expect_error, reason_of, settings_env, wait_healthy
+from tests.harness.helpers import ROOT, eventually, expect_error, reason_of, settings_env, wait_healthy
 
 INGEST = "awooop.ingest.v1.IngestService"
 CREATE_RUN = f"/{INGEST}/CreateRun"
@@ -237,12 +237,12 @@ async def test_python_m_service_exposes_metrics_and_writes_json_access_log(
 async def test_migrate_on_start_migrates_an_empty_database(
     settings: Settings, pg_server_dsn: str, tmp_path: Path, procs: list[Proc]
 ) -> None:
-    from tests.conftest import _admin, _with_database
+    from tests.harness.databases import admin_connection, with_database
 
     name = f"awooop_mos_{uuid.uuid4().hex[:8]}"
-    admin = await _admin(pg_server_dsn)
+    admin = await admin_connection(pg_server_dsn)
     await admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = _with_database(pg_server_dsn, name)
+    dsn = with_database(pg_server_dsn, name)
     try:
         env, port = child_env(settings.with_(database_url=dsn), migrate_on_start=True)
         env["AWOOOP_MIGRATE_ON_START"] = "yes"  # any documented spelling of true

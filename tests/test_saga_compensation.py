@@ -24,9 +24,9 @@ from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common.embedded import free_port
 from services.common.settings import Settings
-from tests.helpers import eventually, expect_error, settings_env, spawn_services
-from tests.telegram_stub import TelegramStub
-from tests.test_saga import PROJECT, check_seed_format, claim, lease, new_run, struct
+from tests.harness.helpers import eventually, expect_error, settings_env, spawn_services
+from tests.harness.saga import PROJECT, check_seed_format, claim, lease, new_run, struct
+from tests.harness.telegram_stub import TelegramStub
 
 Undo = Callable[[dict[str, Any]], dict[str, Any]] | None
 

@@ -11,8 +11,8 @@ import grpc
 
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
-from tests.helpers import expect_error
-from tests.test_saga import LLM, PROJECT, TOOL, claim, field_names, lease, new_run, reap, saga_stub, struct
+from tests.harness.helpers import expect_error
+from tests.harness.saga import LLM, PROJECT, TOOL, claim, field_names, lease, new_run, reap, saga_stub, struct
 
 CALLBACK = common_pb2.STEP_TYPE_CALLBACK
 COMPLETED, FAILED = common_pb2.STEP_STATUS_COMPLETED, common_pb2.STEP_STATUS_FAILED

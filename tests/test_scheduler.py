@@ -2,7 +2,7 @@
 against real Postgres, real Redis and a real in-process gRPC server over real channels.
 
 Concurrency, the reaper and the crash test live in test_scheduler_leases.py and
-test_scheduler_crash.py; they import the helpers defined here."""
+test_scheduler_crash.py; the helpers they share are in tests/harness/scheduler.py."""
 
 from __future__ import annotations
 
@@ -10,169 +10,35 @@ import asyncio
 import hashlib
 import json
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
-import asyncpg
 import grpc
 import pytest
 import pytest_asyncio
-from google.protobuf import duration_pb2
-from prometheus_client import REGISTRY
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2 as pb
-from awooop.scheduler.v1 import scheduler_pb2_grpc
 from services.common import errors
-from services.common.runtime import Runtime
 from services.common.validate import to_struct
-from services.scheduler import approvals, reaper
-from services.scheduler.saga_client import SagaNudger
-from tests.helpers import eventually, expect_error
+from tests.harness.helpers import eventually, expect_error
+from tests.harness.scheduler import (
+    Metadata,
+    Sched,
+    add_compensatable_step,
+    audit_actions,
+    claims_waiting,
+    comp_request,
+    dur,
+    expire_lease,
+    insert_runs,
+    lease,
+    make_sched,
+    run_row,
+    snapshot,
+    wait_listening,
+)
 
 FP = grpc.StatusCode.FAILED_PRECONDITION
-Metadata = tuple[tuple[str, str], ...]
-
-# --- helpers shared by the scheduler test files -----------------------------------------------
-
-
-def dur(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(seconds * 1e9))
-    return d
-
-
-def lease(run_id: Any, attempt: int) -> common_pb2.LeaseToken:
-    return common_pb2.LeaseToken(run_id=str(run_id), attempt=attempt)
-
-
-async def insert_runs(db: asyncpg.Connection, project: str, n: int = 1, max_attempts: int = 3) -> list[str]:
-    """Runs as the ingest service creates them (one transaction, then the wake-up NOTIFY)."""
-    rows = await db.fetch(
-        # clock_timestamp(): distinct creation times, so "oldest first" has one right answer
-        """INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_at)
-           SELECT $1, 'api', jsonb_build_object('n', g), $3, clock_timestamp() FROM generate_series(1, $2) g
-           RETURNING run_id, created_at""",
-        project,
-        n,
-        max_attempts,
-    )
-    await db.execute("SELECT pg_notify('awooop_run_ready', $1)", project)
-    return [str(r["run_id"]) for r in sorted(rows, key=lambda r: r["created_at"])]
-
-
-async def run_row(db: asyncpg.Connection, run_id: str) -> asyncpg.Record:
-    row = await db.fetchrow("SELECT * FROM awooop_run_state WHERE run_id = $1", uuid.UUID(run_id))
-    assert row is not None
-    return row
-
-
-async def audit_actions(db: asyncpg.Connection, run_id: str) -> list[str]:
-    rows = await db.fetch("SELECT action FROM awooop_audit_log WHERE run_id = $1 ORDER BY audit_id", uuid.UUID(run_id))
-    return [r["action"] for r in rows]
-
-
-async def add_compensatable_step(db: asyncpg.Connection, run_id: str, project: str, attempt: int = 1) -> None:
-    """A completed tool_call step with a compensation command, as the saga service journals it."""
-    await db.execute(
-        """INSERT INTO awooop_saga_step (run_id, step_id, project_id, seq, step_type, tool_id, status,
-                                         compensation_cmd, attempt, completed_at)
-           VALUES ($1, 'scale', $2, 1, 'tool_call', 'k8s_scale_deployment', 'completed',
-                   '{"tool_id": "k8s_scale_deployment", "params": {"replicas": 1}}', $3, now())""",
-        uuid.UUID(run_id),
-        project,
-        attempt,
-    )
-
-
-async def comp_request(db: asyncpg.Connection, run_id: str) -> asyncpg.Record | None:
-    return await db.fetchrow("SELECT * FROM awooop_compensation_request WHERE run_id = $1", uuid.UUID(run_id))
-
-
-async def expire_lease(db: asyncpg.Connection, run_id: str) -> None:
-    """Moves the lease deadline into the past (as if the worker stopped heartbeating long ago)."""
-    await db.execute(
-        "UPDATE awooop_run_state SET lease_until = now() - interval '1 second' WHERE run_id = $1", uuid.UUID(run_id)
-    )
-
-
-@dataclass
-class Sched:
-    rt: Runtime
-    stub: scheduler_pb2_grpc.SchedulerServiceStub
-    db: asyncpg.Connection
-    worker: Metadata  # worker in "p"
-    approver: Metadata  # approver in "p"
-    admin: Metadata  # admin in "p"
-    outsider: Metadata  # worker in "q" only
-    saga: SagaNudger
-
-    @property
-    def pool(self) -> asyncpg.Pool:
-        assert self.rt.ctx is not None
-        return self.rt.ctx.pool
-
-    async def claim(self, worker_id: str = "w1", md: Metadata | None = None, **kw: Any) -> list[pb.ClaimedRun]:
-        kw.setdefault("project_ids", ["p"])
-        resp = await self.stub.ClaimRuns(pb.ClaimRunsRequest(worker_id=worker_id, **kw), metadata=md or self.worker)
-        return list(resp.runs)
-
-    async def claim_one(self, worker_id: str = "w1", **kw: Any) -> pb.ClaimedRun:
-        runs = await self.claim(worker_id, **kw)
-        assert len(runs) == 1, runs
-        return runs[0]
-
-    async def heartbeat(self, worker_id: str, *leases: common_pb2.LeaseToken, **kw: Any) -> list[pb.LeaseRenewal]:
-        md = kw.pop("md", None) or self.worker
-        resp = await self.stub.Heartbeat(pb.HeartbeatRequest(worker_id=worker_id, leases=leases, **kw), metadata=md)
-        return list(resp.renewals)
-
-    async def reap(self) -> reaper.ReapResult:
-        return await reaper.reap(self.pool, self.saga)
-
-    async def expire_approvals(self) -> int:
-        return await approvals.expire_approvals(self.pool, self.saga)
-
-
-async def make_sched(
-    start_services: Any, channels: Any, db: asyncpg.Connection, make_key: Any, **overrides: Any
-) -> Sched:
-    # the loops stay out of the way unless a test shortens them
-    overrides.setdefault("reaper_interval", 3600)
-    overrides.setdefault("approval_sweep_interval", 3600)
-    rt = await start_services("scheduler", **overrides)
-    stub = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
-    assert rt.ctx is not None
-    return Sched(
-        rt=rt,
-        stub=stub,
-        db=db,
-        worker=await make_key("worker-1", {"p": ["worker"]}, "service"),
-        approver=await make_key("alice", {"p": ["approver"]}),
-        admin=await make_key("root", {"p": ["admin"]}),
-        outsider=await make_key("mallory", {"q": ["worker", "approver", "admin"]}),
-        saga=SagaNudger(rt.ctx.settings),
-    )
-
-
-async def wait_listening(s: Sched) -> None:
-    """Waits until the scheduler's LISTEN connection is up (it starts in the background)."""
-
-    async def up() -> bool:
-        return bool(
-            await s.db.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'awooop-scheduler-listen'"
-                " AND datname = current_database()"
-            )
-        )
-
-    await eventually(up, what="the scheduler's LISTEN connection")
-
-
-async def claims_waiting(n: int) -> bool:
-    """At least n long-polling claims are blocked waiting for a wake-up (a real gauge)."""
-    return (REGISTRY.get_sample_value("awooop_scheduler_claims_waiting") or 0) >= n
-
 
 # --- fixtures -----------------------------------------------------------------------------------
 
@@ -421,12 +287,6 @@ async def test_wait_tool_keeps_the_lease_is_renewed_and_reaped_like_running(s: S
 # --- fencing: a reaped worker changes nothing ---------------------------------------------------------
 
 
-async def _snapshot(s: Sched, run_id: str) -> tuple[dict[str, Any], int]:
-    row = dict(await run_row(s.db, run_id))
-    n = await s.db.fetchval("SELECT count(*) FROM awooop_audit_log WHERE run_id = $1", uuid.UUID(run_id))
-    return row, n
-
-
 async def _every_worker_write_is_lease_lost(s: Sched, token: common_pb2.LeaseToken) -> None:
     w = s.worker
     calls = [
@@ -450,20 +310,20 @@ async def test_a_reaped_workers_late_writes_are_lease_lost_and_change_nothing(s:
     first = await s.claim_one("w1")
     await expire_lease(s.db, run_id)
     assert (await s.reap()).requeued == 1
-    before = await _snapshot(s, run_id)
+    before = await snapshot(s, run_id)
     assert before[0]["status"] == "PENDING"
     (o,) = await s.heartbeat("w1", first.lease)
     assert o.outcome == pb.LEASE_OUTCOME_LEASE_LOST and not o.HasField("lease_until")
     await _every_worker_write_is_lease_lost(s, first.lease)
-    assert await _snapshot(s, run_id) == before
+    assert await snapshot(s, run_id) == before
     # a successor claims with a new fencing token; the old token still changes nothing
     second = await s.claim_one("w2")
     assert second.lease.attempt == 2 and second.resumed
-    before = await _snapshot(s, run_id)
+    before = await snapshot(s, run_id)
     (o,) = await s.heartbeat("w1", first.lease)
     assert o.outcome == pb.LEASE_OUTCOME_LEASE_LOST
     await _every_worker_write_is_lease_lost(s, first.lease)
-    assert await _snapshot(s, run_id) == before
+    assert await snapshot(s, run_id) == before
     # the successor's lease is intact
     (o,) = await s.heartbeat("w2", second.lease)
     assert o.outcome == pb.LEASE_OUTCOME_RENEWED
@@ -476,9 +336,9 @@ async def test_writes_after_the_reaper_failed_the_run_are_lease_lost(s: Sched) -
     r = await s.claim_one()
     await expire_lease(s.db, run_id)
     assert (await s.reap()).failed == 1
-    before = await _snapshot(s, run_id)
+    before = await snapshot(s, run_id)
     await _every_worker_write_is_lease_lost(s, r.lease)
-    assert await _snapshot(s, run_id) == before
+    assert await snapshot(s, run_id) == before
 
 
 # --- illegal transitions ----------------------------------------------------------------------------
@@ -510,12 +370,12 @@ async def test_every_illegal_transition_is_refused_and_changes_nothing(s: Sched)
         ("COMPLETED", _decide(s, done.run.run_id, "x" * 20, pb.DECISION_REJECT)),
         ("COMPLETED", s.stub.CancelRun(pb.CancelRunRequest(run_id=done.run.run_id), metadata=s.admin)),
     ]
-    before = [await _snapshot(s, r) for r in run_ids]
+    before = [await snapshot(s, r) for r in run_ids]
     for status, call in refused:
         err = await expect_error(call, FP, errors.INVALID_TRANSITION)
         info = errors.error_info(err)
         assert info is not None and info.metadata["status"] == status, (status, err.details())
-    assert [await _snapshot(s, r) for r in run_ids] == before
+    assert [await snapshot(s, r) for r in run_ids] == before
     # terminal runs stay terminal: FAILED and CANCELLED cannot be cancelled or decided either
     await s.stub.CancelRun(pb.CancelRunRequest(run_id=running.run.run_id), metadata=s.admin)
     await s.stub.AcknowledgeCancel(pb.AcknowledgeCancelRequest(lease=rl), metadata=w)
@@ -580,10 +440,10 @@ async def test_approve_resumes_with_a_new_fencing_token_and_the_token_is_single_
     (claimed,) = await asyncio.wait_for(waiting, 20)
     assert claimed.run.run_id == r.run.run_id and claimed.lease.attempt == 2 and claimed.resumed
     # the token was used: reusing it is refused and changes nothing
-    before = await _snapshot(s, r.run.run_id)
+    before = await snapshot(s, r.run.run_id)
     await expect_error(_decide(s, r.run.run_id, token, pb.DECISION_APPROVE), FP, errors.INVALID_TRANSITION)
     await expect_error(_decide(s, r.run.run_id, token, pb.DECISION_REJECT), FP, errors.INVALID_TRANSITION)
-    assert await _snapshot(s, r.run.run_id) == before
+    assert await snapshot(s, r.run.run_id) == before
     # the pre-approval token is stale
     (o,) = await s.heartbeat("w1", r.lease)
     assert o.outcome == pb.LEASE_OUTCOME_LEASE_LOST
@@ -603,10 +463,10 @@ async def test_waiting_for_approval_does_not_spend_an_attempt(s: Sched) -> None:
 
 async def test_a_wrong_token_is_refused_and_a_second_approval_round_issues_a_new_token(s: Sched) -> None:
     r, token = await _waiting_approval(s)
-    before = await _snapshot(s, r.run.run_id)
+    before = await snapshot(s, r.run.run_id)
     for wrong in ("not-the-token", token[:-1], token + "x"):
         await expect_error(_decide(s, r.run.run_id, wrong, pb.DECISION_APPROVE), FP, errors.APPROVAL_INVALID)
-    assert await _snapshot(s, r.run.run_id) == before
+    assert await snapshot(s, r.run.run_id) == before
     await _decide(s, r.run.run_id, token, pb.DECISION_APPROVE)
     again = await s.claim_one()
     resp = await s.stub.RequestApproval(pb.RequestApprovalRequest(lease=again.lease), metadata=s.worker)
@@ -658,10 +518,10 @@ async def test_expired_approval_is_failed_by_the_sweep_with_e_approval_002(s: Sc
     assert req is not None and req["trigger"] == "approval_expired"
     assert (await run_row(s.db, fresh.run.run_id))["status"] == "WAITING_APPROVAL"
     # deciding now: APPROVAL_EXPIRED with the seed's code, and nothing changes
-    before = await _snapshot(s, r.run.run_id)
+    before = await snapshot(s, r.run.run_id)
     err = await expect_error(_decide(s, r.run.run_id, token, pb.DECISION_APPROVE), FP, errors.APPROVAL_EXPIRED)
     assert errors.error_info(err).metadata["code"] == "E-APPROVAL-002"  # type: ignore[union-attr]
-    assert await _snapshot(s, r.run.run_id) == before
+    assert await snapshot(s, r.run.run_id) == before
     assert await s.expire_approvals() == 0  # idempotent
 
 
@@ -790,7 +650,7 @@ async def test_cancel_roles_and_tenant_isolation(s: Sched) -> None:
 async def test_worker_writes_of_another_tenant_are_not_found(s: Sched) -> None:
     (run_id,) = await insert_runs(s.db, "p", 1)
     r = await s.claim_one()
-    before = await _snapshot(s, run_id)
+    before = await snapshot(s, run_id)
     for call in (
         s.stub.CompleteRun(pb.CompleteRunRequest(lease=r.lease), metadata=s.outsider),
         s.stub.FailRun(pb.FailRunRequest(lease=r.lease), metadata=s.outsider),
@@ -805,7 +665,7 @@ async def test_worker_writes_of_another_tenant_are_not_found(s: Sched) -> None:
         grpc.StatusCode.PERMISSION_DENIED,
         errors.FORBIDDEN,
     )
-    assert await _snapshot(s, run_id) == before
+    assert await snapshot(s, run_id) == before
     await expect_error(
         s.stub.CompleteRun(pb.CompleteRunRequest(lease=lease(uuid.uuid4(), 1)), metadata=s.worker),
         grpc.StatusCode.NOT_FOUND,

@@ -18,8 +18,8 @@ from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.worker import AwooopError, Client, LeaseLost, RunContext, Worker
 from awooop.worker.completions import CompletionBatcher
 from services.common import errors
-from tests.helpers import eventually, expect_error
-from tests.test_scheduler import Sched, _snapshot, audit_actions, insert_runs, lease, make_sched, run_row
+from tests.harness.helpers import eventually, expect_error
+from tests.harness.scheduler import Sched, audit_actions, insert_runs, lease, make_sched, run_row, snapshot
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -51,7 +51,7 @@ async def test_a_mixed_batch_answers_each_item_in_order_and_changes_only_the_val
     (q_run,) = await insert_runs(s.db, "q", 1)
     q = await s.claim_one(worker_id="wq", project_ids=["q"], md=s.outsider)
     assert q.run.run_id == q_run
-    unchanged = {rid: await _snapshot(s, rid) for rid in (c, d, q_run)}
+    unchanged = {rid: await snapshot(s, rid) for rid in (c, d, q_run)}
 
     batch = [
         item(claimed[a].lease, n=1),
@@ -87,7 +87,7 @@ async def test_a_mixed_batch_answers_each_item_in_order_and_changes_only_the_val
     assert audit["from_status"] == "RUNNING" and audit["to_status"] == "COMPLETED"
     assert json.loads(audit["details"]) == {"attempt": 1, "worker_id": "w1"}
     for rid, before in unchanged.items():
-        assert await _snapshot(s, rid) == before
+        assert await snapshot(s, rid) == before
     # the same items one by one through CompleteRun give the same errors
     await expect_error(
         s.stub.CompleteRun(pb.CompleteRunRequest(lease=claimed[d].lease), metadata=s.worker),
@@ -104,10 +104,10 @@ async def test_a_mixed_batch_answers_each_item_in_order_and_changes_only_the_val
 async def test_a_member_without_the_worker_role_gets_forbidden_per_item(s: Sched) -> None:
     (run_id,) = await insert_runs(s.db, "p", 1)
     r = await s.claim_one()
-    before = await _snapshot(s, run_id)
+    before = await snapshot(s, run_id)
     resp = await s.stub.CompleteRuns(pb.CompleteRunsRequest(runs=[item(r.lease)]), metadata=s.approver)
     assert [x.error_reason for x in resp.results] == [errors.FORBIDDEN]
-    assert await _snapshot(s, run_id) == before
+    assert await snapshot(s, run_id) == before
 
 
 async def test_ten_concurrent_batches_over_disjoint_and_overlapping_runs_complete_each_run_once(s: Sched) -> None:

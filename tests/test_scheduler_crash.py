@@ -12,8 +12,8 @@ import uuid
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2 as pb
-from tests.helpers import ROOT, eventually
-from tests.test_scheduler import audit_actions, insert_runs, make_sched, run_row
+from tests.harness.helpers import ROOT, eventually
+from tests.harness.scheduler import audit_actions, insert_runs, make_sched, run_row
 
 LEASE_TTL = 2.0  # heartbeats every 0.2 s keep it alive even on a loaded machine
 REAPER_INTERVAL = 0.5

@@ -22,8 +22,8 @@ from services.common import errors
 from services.common.db import create_pool
 from services.scheduler import reaper
 from services.scheduler.saga_client import SagaNudger
-from tests.helpers import eventually, expect_error
-from tests.test_scheduler import (
+from tests.harness.helpers import eventually, expect_error
+from tests.harness.scheduler import (
     Sched,
     add_compensatable_step,
     audit_actions,
@@ -102,12 +102,12 @@ async def test_ten_concurrent_workers_never_claim_the_same_run(s: Sched, channel
 
 async def test_claims_at_the_store_level_are_disjoint(s: Sched) -> None:
     """The claim statement alone, 10 at once on separate connections: no run twice."""
-    from services.scheduler import leases
+    from services.scheduler import claiming
 
     await insert_runs(s.db, "p", 200)
     pool = await create_pool(s.rt.settings.with_(db_pool_max=10))
     try:
-        batches = await asyncio.gather(*(leases.claim(pool, ["p"], 25, 60.0, f"w{i}", "test") for i in range(10)))
+        batches = await asyncio.gather(*(claiming.claim(pool, ["p"], 25, 60.0, f"w{i}", "test") for i in range(10)))
     finally:
         await pool.close()
     ids = [str(r["run_id"]) for b in batches for r in b]
@@ -132,10 +132,10 @@ async def test_no_index_reads_the_columns_a_heartbeat_changes(s: Sched) -> None:
 async def test_a_heartbeat_is_a_hot_update(s: Sched) -> None:
     """The heartbeat statement renews 5 leases without touching any index (counted by the
     transaction's own statistics, which are exact)."""
-    from services.scheduler import leases
+    from services.scheduler import claiming, leases
 
     await insert_runs(s.db, "p", 5)
-    claimed = await leases.claim(s.pool, ["p"], 5, 60.0, "w1", "test")
+    claimed = await claiming.claim(s.pool, ["p"], 5, 60.0, "w1", "test")
     async with s.db.transaction():
         renewed = await leases.heartbeat(
             s.db,  # type: ignore[arg-type]
@@ -154,7 +154,7 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
     """Postgres keeps a prepared statement's generic plan (and stops planning it per call) when
     it is no worse than the per-call plans; the claim statements are written so that it is the
     good plan: the claim index scan and primary-key probes, no sequential scan."""
-    from services.scheduler import batch_complete, leases
+    from services.scheduler import batch_complete, claiming
 
     await s.db.execute(
         """INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, status)
@@ -165,7 +165,7 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
     ids = await insert_runs(s.db, "p", 3)
     await s.db.execute("ANALYZE awooop_run_state")
     statements = {
-        "claim": (leases.claim_sql(True, 10), "('p', 60.0, 'w1', 'test')"),
+        "claim": (claiming.claim_sql(True, 10), "('p', 60.0, 'w1', 'test')"),
         "complete and claim": (
             batch_complete.complete_and_claim_sql(True, 10),
             f"(ARRAY{[str(i) for i in ids]}::uuid[], '{{1,1,1}}', ARRAY['{{}}', '{{}}', '{{}}'],"

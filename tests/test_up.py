@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from services.common.embedded import free_port
-from tests.helpers import ROOT, eventually
+from tests.harness.helpers import ROOT, eventually
 
 SERVICES = {
     "ingest": "awooop.ingest.v1.IngestService",

@@ -18,7 +18,7 @@ from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.tools.v1 import tools_pb2
 from awooop.worker import Client, to_struct
-from tests.helpers import ROOT, eventually
+from tests.harness.helpers import ROOT, eventually
 
 
 async def test_readme_worker_runs_a_run_through_approval(start_services: Any, make_key: Any, db: Any) -> None:

@@ -37,7 +37,7 @@ from awooop.worker import (
     to_struct,
 )
 from services.common.runtime import Runtime
-from tests.helpers import ROOT, eventually
+from tests.harness.helpers import ROOT, eventually
 
 PROJECT = "wp"
 

@@ -1,4 +1,4 @@
-"""The error model (ARCHITECTURE.md section 8): every non-OK status carries a
+"""The error model (docs/architecture.md, "Security and errors"): every non-OK status carries a
 google.rpc.ErrorInfo (domain "awooop", UPPER_SNAKE reason, the seed's code in metadata)
 and, for bad input, a google.rpc.BadRequest with field violations.
 

@@ -1,4 +1,4 @@
-"""The idempotent-mutation engine (seed 003, ARCHITECTURE.md section 6): any mutating RPC
+"""The idempotent-mutation engine (seed 003; docs/architecture.md, "Idempotency"): any mutating RPC
 can run its change through `run_idempotent` so that a retried request with the same key
 replays the first answer instead of changing anything twice.
 

@@ -7,7 +7,7 @@ answer. Anything else is a bug: logged with its traceback and answered INTERNAL 
 leaking the exception text.
 
 Only unary-unary handlers are wrapped: every awooop RPC is unary. Health and reflection
-(streaming, and public by ARCHITECTURE.md section 7) pass through untouched.
+(streaming, and public: docs/architecture.md, "Security and errors") pass through untouched.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Principals, API keys and project roles: the store side of ARCHITECTURE.md section 7.
+"""Principals, API keys and project roles: the store side of docs/architecture.md,
+"Security and errors".
 
 Keys look like "awk_<key_id>_<secret>". Only sha256(secret) is stored: the secret is 256
 random bits, so a fast hash is enough and lookups stay cheap. Used by `awooop admin`,

@@ -1,5 +1,6 @@
-"""Shared run plumbing: the store's status/channel strings <-> protobuf enums, a row of
-awooop_run_state -> common.v1.Run, the audit log insert, and the wake-up channel."""
+"""Runs in protobuf: the store's status/channel strings <-> protobuf enums, a row of
+awooop_run_state -> common.v1.Run, and the wake-up channel. The audit log insert is in
+audit.py, the run statuses and their transitions in runstate.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import asyncpg
 from google.protobuf import timestamp_pb2
 
 from awooop.common.v1 import common_pb2
@@ -131,24 +131,3 @@ def _obj(value: Any) -> dict[str, Any]:
     if isinstance(value, str):  # a connection without the jsonb codec
         value = json.loads(value)
     return value if isinstance(value, dict) else {"value": value}
-
-
-AUDIT_SQL = """INSERT INTO awooop_audit_log
-    (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"""
-
-
-async def audit(
-    conn: asyncpg.Connection | asyncpg.Pool,
-    *,
-    project_id: str,
-    run_id: Any,
-    actor: str,
-    action: str,
-    from_status: str | None = None,
-    to_status: str | None = None,
-    reason: str | None = None,
-    details: dict[str, Any] | None = None,
-) -> None:
-    """One audit row. Call it inside the transaction of the change it records."""
-    await conn.execute(AUDIT_SQL, project_id, run_id, actor, action, from_status, to_status, reason, details or {})

@@ -51,7 +51,7 @@ async def lookup(cache: Cache, keys: Sequence[str]) -> list[tuple[str, float] | 
 
 # One command for a whole flush: a pipeline of SETs costs redis-py a parsed reply per key
 # (about 5x the CPU of this script at 500 keys). On Redis Cluster (the scale-out plan of
-# ARCHITECTURE.md section 9) the keys of one call, like those of one MGET, must share a hash
+# docs/scale-out.md) the keys of one call, like those of one MGET, must share a hash
 # slot: the key layout would then take a {project} hash tag.
 SET_MANY = "for i, k in ipairs(KEYS) do redis.call('SET', k, ARGV[2 * i - 1], 'EX', ARGV[2 * i]) end return #KEYS"
 

@@ -27,15 +27,15 @@ import asyncpg
 import grpc
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
+from services.common.audit import audit
 from services.common.db import store_error
 from services.common.jsonvalues import struct_dict
 from services.common.observability import LOOP_RUNS
-from services.common.runs import audit
 from services.common.runtime import AppContext
 from services.common.validate import to_struct
-from services.saga.compensation import ELIGIBLE
 from services.saga.metrics import COMPENSATION_RUNS, COMPENSATIONS, GATEWAY_LATENCY
 from services.saga.notifier import Notifier
+from services.saga.operator_actions import ELIGIBLE
 from services.saga.steps import STEP_COLUMNS
 
 log = logging.getLogger("awooop.saga.driver")

@@ -17,7 +17,7 @@ from services.common.jsonvalues import has_nul, json_size, struct_dict
 from services.common.runs import saga_status_to_pb, ts
 from services.common.settings import Settings
 from services.common.validate import Violations
-from services.saga import compensation, journal
+from services.saga import journal, operator_actions
 from services.saga.driver import CompensationDriver
 from services.saga.metrics import STEP_WRITES
 from services.saga.steps import IRREVERSIBLE_TOOLS, step_to_pb, step_type_from_pb
@@ -185,7 +185,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         reason = v.text("reason", request.reason, max_len=MAX_TEXT)
         v.raise_if_any()
         trigger = saga_pb2.CompensationTrigger.Name(request.trigger).removeprefix("COMPENSATION_TRIGGER_").lower()
-        done = await compensation.request(self.pool, current_principal(), run_id, trigger, reason)
+        done = await operator_actions.request(self.pool, current_principal(), run_id, trigger, reason)
         self.driver.kick()
         return saga_pb2.CompensateResponse(
             saga_status=saga_status_to_pb(done.saga_status),  # type: ignore[arg-type]
@@ -199,7 +199,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         run_id = v.uuid("run_id", request.run_id)
         step_id = v.token("step_id", request.step_id, max_len=MAX_ID, required=False)
         v.raise_if_any()
-        status = await compensation.retry(self.pool, current_principal(), run_id, step_id)
+        status = await operator_actions.retry(self.pool, current_principal(), run_id, step_id)
         self.driver.kick()
         return saga_pb2.RetryCompensationResponse(saga_status=saga_status_to_pb(status))  # type: ignore[arg-type]
 
@@ -213,7 +213,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         if reason and not reason.strip():
             v.add("reason", "must not be blank")
         v.raise_if_any()
-        done = await compensation.resolve(self.pool, current_principal(), run_id, step_id, reason)
+        done = await operator_actions.resolve(self.pool, current_principal(), run_id, step_id, reason)
         return saga_pb2.ResolveCompensationResponse(
             step=step_to_pb(done.step),
             saga_status=saga_status_to_pb(done.saga_status),  # type: ignore[arg-type]

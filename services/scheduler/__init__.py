@@ -1,10 +1,10 @@
 """The scheduler service: hands runs to worker pods under fenced leases (seed 000 D2–D5,
-ARCHITECTURE.md sections 4 and 5).
+docs/architecture.md "State machine, leases and fencing").
 
 Modules, transport first:
     servicer.py     SchedulerService RPCs: validate, call the logic, build responses
     claiming.py     ClaimRuns long-poll (wait for a wake-up, a backoff's end, or the wait's end)
-    leases.py       the claim and heartbeat statements
+    leases.py       the heartbeat statement (lease renewal)
     transitions.py  fenced worker writes (complete, fail, release, tool waits, cancel ack) and CancelRun
     approvals.py    RequestApproval / DecideApproval and the approval expiry sweep
     reaper.py       the stale-lease reaper pass

@@ -1,4 +1,4 @@
-"""Approvals (seed 000 D4, ARCHITECTURE.md section 7): RUNNING -> WAITING_APPROVAL releases
+"""Approvals (seed 000 D4): RUNNING -> WAITING_APPROVAL releases
 the lease and issues a token (random, returned once, stored as sha256 only, single use,
 15 min by default). Approve: RESUMED (claimable again, new fencing token). Reject: FAILED
 with E-APPROVAL-REJECTED. Expiry: FAILED with E-APPROVAL-002, by the sweep or by the

@@ -25,6 +25,7 @@ from services.common import errors
 from services.common.auth import Principal
 from services.scheduler import metrics
 from services.scheduler.access import check_run_access, projects_with
+from services.scheduler.claiming import claim_ctes, projects_arg
 from services.scheduler.fragments import (
     CUR_COLUMNS,
     FENCED_AUDIT_DETAILS,
@@ -33,7 +34,6 @@ from services.scheduler.fragments import (
     fence_where,
     fenced_refusal,
 )
-from services.scheduler.leases import claim_ctes, projects_arg
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.transitions import COMPLETE, WORKER_ROLE, Changed, settled
 
@@ -88,7 +88,7 @@ WITH {COMPLETE_CTES}
 @functools.lru_cache(maxsize=512)
 def complete_and_claim_sql(single: bool, max_runs: int) -> str:
     """ClaimRuns carrying completions: COMPLETE_MANY_SQL's parameters, then $7 project(s), $8
-    lease seconds, $9 worker id (actor: $6); max_runs and single as leases.claim_ctes.
+    lease seconds, $9 worker id (actor: $6); max_runs and single as claiming.claim_ctes.
 
     One statement, one commit: the items are completed first (the claim's scan starts after
     `cur` locked them: a one-time filter), then up to max_runs runs are claimed. The two never
@@ -133,7 +133,7 @@ async def complete_and_claim(
     worker_id: str,
     saga: SagaNudger,
 ) -> tuple[list[Changed | errors.ServiceError], list[asyncpg.Record]]:
-    """complete_many, then a claim (leases.claim), in one statement: the items' outcomes in
+    """complete_many, then a claim (claiming.claim), in one statement: the items' outcomes in
     order, and the claimed rows oldest first."""
     single, arg = projects_arg(projects)
     rows = await pool.fetch(

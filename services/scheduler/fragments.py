@@ -56,7 +56,7 @@ HAS_COMPENSATABLE_STEPS = """EXISTS (SELECT 1 FROM awooop_saga_step s
 
 def compensation_cte(trigger_sql: str) -> str:
     """CTE `comp`: the compensation requests recorded for the rows of `upd` that ended
-    FAILED or CANCELLED with compensatable steps (ARCHITECTURE.md section 4: the request is
+    FAILED or CANCELLED with compensatable steps (docs/architecture.md, "Saga": the request is
     written in the same transaction as the state change; the saga service drives it to an
     end). trigger_sql is evaluated per row of `upd` aliased `u`. Put it before the audit
     CTE, which adds `comp_audit_rows` so the audit order is change, then request."""

@@ -1,4 +1,4 @@
-"""Compensation requests and operator actions (seed ADR-119 D4, D5 and its risks section):
+"""The operator actions on compensation (seed ADR-119 D4, D5 and its risks section):
 Compensate records a request, RetryCompensation re-opens failed compensations,
 ResolveCompensation closes one by hand. The driver (driver.py) does the work.
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import asyncpg
 
 from services.common import errors
+from services.common.audit import audit
 from services.common.auth import Principal
-from services.common.runs import audit
 from services.saga import access
 from services.saga.journal import step_transition
 from services.saga.steps import STEP_COLUMNS

@@ -1,0 +1,27 @@
+"""The audit log: one row per state change, written in the transaction of the change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+AUDIT_SQL = """INSERT INTO awooop_audit_log
+    (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"""
+
+
+async def audit(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    *,
+    project_id: str,
+    run_id: Any,
+    actor: str,
+    action: str,
+    from_status: str | None = None,
+    to_status: str | None = None,
+    reason: str | None = None,
+    details: dict[str, Any] | None = None,
+) -> None:
+    """One audit row. Call it inside the transaction of the change it records."""
+    await conn.execute(AUDIT_SQL, project_id, run_id, actor, action, from_status, to_status, reason, details or {})

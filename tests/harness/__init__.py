@@ -1,0 +1,1 @@
+"""Helpers shared by the test files (test files never import each other)."""
