@@ -19,7 +19,7 @@ from services.common import errors
 from services.common.embedded import free_port
 from services.common.health import wait_serving
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
