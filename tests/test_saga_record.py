@@ -148,8 +148,8 @@ async def test_record_commits_asynchronously_for_its_own_transaction_only(db) ->
     the step runs again) and the connection, a pooled one in the service, keeps its setting."""
     import json
 
+    from services.common.runstate import LEASED
     from services.saga.journal import RECORD_SQL
-    from services.saga.steps import LEASED_STATUSES
 
     run_id = await new_run(db)
     token = await claim(db, run_id)
@@ -162,7 +162,7 @@ async def test_record_commits_asynchronously_for_its_own_transaction_only(db) ->
         json.dumps({"a": 1}),
         None,
         None,
-        list(LEASED_STATUSES),
+        list(LEASED),
         None,
     )
     before = await db.fetchval("SHOW synchronous_commit")

@@ -6,9 +6,13 @@ from typing import Any
 
 import asyncpg
 
-AUDIT_SQL = """INSERT INTO awooop_audit_log
-    (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"""
+# The audit row's columns, in the order every INSERT of the project writes them (an
+# `AUDIT_INSERT SELECT ...` or `VALUES` lists exactly these).
+AUDIT_INSERT = (
+    "INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)"
+)
+
+AUDIT_SQL = f"{AUDIT_INSERT} VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
 
 
 async def audit(

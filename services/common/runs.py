@@ -12,6 +12,7 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 
 from awooop.common.v1 import common_pb2
+from services.common.runstate import RunStatus
 from services.common.validate import to_struct
 
 # Postgres NOTIFY channel: payload is the project_id that has a claimable run. Sent when a run
@@ -20,14 +21,12 @@ from services.common.validate import to_struct
 # wakes without polling delay.
 RUN_READY_CHANNEL = "awooop_run_ready"
 
-STATUSES = ("PENDING", "RUNNING", "WAITING_TOOL", "WAITING_APPROVAL", "RESUMED", "COMPLETED", "FAILED", "CANCELLED")
-TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 CHANNELS = ("telegram", "alertmanager", "gitea", "line", "api")
 SAGA_STATUSES = ("in_progress", "compensating", "compensated", "compensation_failed")
 
 
 # enum values by store string, read once: the Run builder is on every claim's hot path
-_STATUS_PB = {v: common_pb2.RunStatus.Value(f"RUN_STATUS_{v}") for v in STATUSES}
+_STATUS_PB = {v.value: common_pb2.RunStatus.Value(f"RUN_STATUS_{v.value}") for v in RunStatus}
 _CHANNEL_PB = {v: common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{v.upper()}") for v in CHANNELS}
 _SAGA_PB = {v: common_pb2.SagaStatus.Value(f"SAGA_STATUS_{v.upper()}") for v in SAGA_STATUSES}
 

@@ -21,7 +21,9 @@ import asyncpg
 from asyncpg.pgproto.pgproto import UUID
 
 from services.common import errors
+from services.common.audit import AUDIT_INSERT
 from services.common.runs import RUN_COLUMNS
+from services.common.runstate import Audit, RunStatus
 from services.ingest.parsing import NewEvent, NewRun
 
 Executor = asyncpg.Pool | asyncpg.Connection
@@ -36,7 +38,7 @@ Executor = asyncpg.Pool | asyncpg.Connection
 # and cannot deadlock. The final join sees dedupe rows committed before the statement began;
 # a row committed by a concurrent request while we waited on it shows up as run_id NULL and is
 # read by FIND_SQL in a follow-up statement.
-INGEST_SQL = """
+INGEST_SQL = f"""
 WITH ev AS (
     SELECT * FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[], $5::uuid[], $6::text[], $7::int[])
         AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts)
@@ -57,8 +59,8 @@ new_runs AS (
     RETURNING run_id, project_id, channel_type, provider_event_id
 ),
 audited AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, to_status, details)
-    SELECT project_id, run_id, $9, 'RUN_CREATED', 'PENDING',
+    {AUDIT_INSERT}
+    SELECT project_id, run_id, $9, '{Audit.RUN_CREATED}', NULL, '{RunStatus.PENDING}', NULL,
            jsonb_build_object('channel_type', channel_type, 'provider_event_id', provider_event_id)
       FROM new_runs
 )
@@ -88,8 +90,8 @@ WITH run AS (
     RETURNING {RUN_COLUMNS}
 ),
 audited AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, to_status, details)
-    SELECT project_id, run_id, $5, 'RUN_CREATED', 'PENDING',
+    {AUDIT_INSERT}
+    SELECT project_id, run_id, $5, '{Audit.RUN_CREATED}', NULL, '{RunStatus.PENDING}', NULL,
            jsonb_build_object('channel_type', 'api', 'idempotency_key', $6::text)
       FROM run
 )

@@ -28,14 +28,16 @@ import grpc
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common.audit import audit
+from services.common.compensatable import compensatable_step
 from services.common.db import store_error
 from services.common.jsonvalues import struct_dict
 from services.common.observability import LOOP_RUNS
+from services.common.runstate import COMPENSATABLE, sql_list
 from services.common.runtime import AppContext
 from services.common.validate import to_struct
 from services.saga.metrics import COMPENSATION_RUNS, COMPENSATIONS, GATEWAY_LATENCY
 from services.saga.notifier import Notifier
-from services.saga.operator_actions import ELIGIBLE
+from services.saga.saga_status import SET_COMPENSATING_SQL
 from services.saga.steps import STEP_COLUMNS
 
 log = logging.getLogger("awooop.saga.driver")
@@ -49,7 +51,7 @@ GATEWAY_TRIES = 3
 GATEWAY_BACKOFF = (0.2, 0.5)
 NOT_COMPENSATED_LISTED = 100  # cap of the list of skipped steps in the audit details
 
-CLAIM_SQL = """
+CLAIM_SQL = f"""
 UPDATE awooop_compensation_request c
    SET status = 'running', claimed_by = $1, lease_until = now() + make_interval(secs => $2),
        attempts = c.attempts + 1, updated_at = now()
@@ -57,7 +59,7 @@ UPDATE awooop_compensation_request c
         SELECT q.run_id FROM awooop_compensation_request q
           JOIN awooop_run_state r ON r.run_id = q.run_id
          WHERE (q.status = 'pending' OR (q.status = 'running' AND q.lease_until < now()))
-           AND r.status IN ('FAILED', 'CANCELLED')
+           AND r.status IN ({sql_list(COMPENSATABLE)})
          ORDER BY q.created_at LIMIT $3
            FOR UPDATE OF q SKIP LOCKED)
 RETURNING c.run_id, c.project_id, c.trigger, c.reason, c.attempts
@@ -77,6 +79,8 @@ DONE_SQL = """
 UPDATE awooop_compensation_request SET status = 'done', lease_until = NULL, updated_at = now()
  WHERE run_id = $1
 """
+# A step the driver still has to compensate.
+ELIGIBLE = compensatable_step()
 RUN_SQL = "SELECT project_id, saga_status FROM awooop_run_state WHERE run_id = $1 FOR NO KEY UPDATE"
 ELIGIBLE_SQL = f"SELECT step_id, tool_id, seq FROM awooop_saga_step WHERE run_id = $1 AND {ELIGIBLE} ORDER BY seq DESC"
 NOT_COMPENSATED_SQL = f"""
@@ -87,12 +91,6 @@ SELECT step_id, step_type, tool_id, status,
   FROM awooop_saga_step
  WHERE run_id = $1 AND status IN ('completed', 'pending') AND NOT ({ELIGIBLE})
  ORDER BY seq DESC LIMIT {NOT_COMPENSATED_LISTED}
-"""
-START_SQL = """
-UPDATE awooop_run_state
-   SET saga_status = 'compensating', compensation_started_at = COALESCE(compensation_started_at, now()),
-       compensation_completed_at = NULL, updated_at = now()
- WHERE run_id = $1
 """
 FINISH_SQL = """
 UPDATE awooop_run_state
@@ -242,7 +240,7 @@ class CompensationDriver:
             steps = await conn.fetch(ELIGIBLE_SQL, claim.run_id)
             if steps:
                 if run["saga_status"] != "compensating":
-                    await conn.execute(START_SQL, claim.run_id)
+                    await conn.execute(SET_COMPENSATING_SQL, claim.run_id)
                     await audit(
                         conn,
                         project_id=claim.project_id,

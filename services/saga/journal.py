@@ -18,8 +18,9 @@ import grpc
 
 from services.common import errors
 from services.common.auth import Principal
+from services.common.runstate import LEASED
 from services.saga import access
-from services.saga.steps import IRREVERSIBLE_TOOLS, LEASED_STATUSES, STEP_COLUMNS
+from services.saga.steps import IRREVERSIBLE_TOOLS, STEP_COLUMNS
 
 # How often a write is tried again when the follow-up read finds nothing wrong: the state changed
 # between the write and the read (a concurrent write of the same step); the next try decides.
@@ -168,7 +169,7 @@ async def _why(conn: asyncpg.Connection | asyncpg.Pool, principal: Principal, le
     row = await conn.fetchrow(WHY_SQL, lease.run_id, step_id)
     access.check(principal, row["project_id"] if row else None, lease.run_id, "worker")
     assert row is not None
-    if row["attempt_count"] != lease.attempt or row["run_status"] not in LEASED_STATUSES:
+    if row["attempt_count"] != lease.attempt or row["run_status"] not in LEASED:
         raise errors.lease_lost(lease.run_id, lease.attempt)
     return row
 
@@ -259,7 +260,7 @@ async def begin_step(
         tool_id,
         tool_params,
         scope,
-        list(LEASED_STATUSES),
+        list(LEASED),
     )
     return Begun(("execute" if row["inserted"] else "retry") if wrote else "skip", row)
 
@@ -294,7 +295,7 @@ async def record_step(
         result,
         error,
         scope,
-        list(LEASED_STATUSES),
+        list(LEASED),
         params,
     )
     return Recorded(wrote, row)
@@ -318,7 +319,7 @@ async def complete_step(
             result,
             compensation_cmd,
             scope,
-            list(LEASED_STATUSES),
+            list(LEASED),
             list(IRREVERSIBLE_TOOLS),
         )
         if row is not None:
@@ -355,7 +356,7 @@ async def complete_step(
 async def fail_step(pool: asyncpg.Pool, principal: Principal, lease: Lease, step_id: str, error: str) -> asyncpg.Record:
     scope = access.project_scope(principal, "worker")
     for _ in range(WRITE_TRIES):
-        row = await pool.fetchrow(FAIL_SQL, lease.run_id, lease.attempt, step_id, error, scope, list(LEASED_STATUSES))
+        row = await pool.fetchrow(FAIL_SQL, lease.run_id, lease.attempt, step_id, error, scope, list(LEASED))
         if row is not None:
             return row
         why = await _why(pool, principal, lease, step_id)

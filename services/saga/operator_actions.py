@@ -15,16 +15,15 @@ import asyncpg
 from services.common import errors
 from services.common.audit import audit
 from services.common.auth import Principal
+from services.common.compensatable import compensatable_step
+from services.common.runstate import COMPENSATABLE
 from services.saga import access
 from services.saga.journal import step_transition
+from services.saga.saga_status import SET_COMPENSATING_SQL
 from services.saga.steps import STEP_COLUMNS
 
-ENDED_RUN_STATUSES = ("FAILED", "CANCELLED")
 TRIGGERS = ("approval_rejected", "approval_expired", "step_failed", "cancelled", "manual")
 
-# A step the driver still has to compensate: a completed tool call with an undo command
-# ('compensating' = a call was started and its outcome is not recorded yet).
-ELIGIBLE = """step_type = 'tool_call' AND compensation_cmd IS NOT NULL AND status IN ('completed', 'compensating')"""
 # Steps that have been or will be compensated, in the order the driver runs them.
 PLANNED_SQL = f"""
 SELECT {STEP_COLUMNS} FROM awooop_saga_step
@@ -61,12 +60,6 @@ UPDATE awooop_saga_step SET status = 'compensating'
  WHERE run_id = $1 AND status = 'compensation_failed' AND ($2 = '' OR step_id = $2)
 RETURNING step_id
 """
-SET_COMPENSATING_SQL = """
-UPDATE awooop_run_state
-   SET saga_status = 'compensating', compensation_started_at = COALESCE(compensation_started_at, now()),
-       compensation_completed_at = NULL, updated_at = now()
- WHERE run_id = $1
-"""
 RESOLVE_SQL = f"""
 UPDATE awooop_saga_step SET status = 'resolved', resolved_by = $3, resolution_reason = $4
  WHERE run_id = $1 AND step_id = $2 AND status = 'compensation_failed'
@@ -75,7 +68,7 @@ RETURNING {STEP_COLUMNS}
 STEP_STATUS_SQL = "SELECT status FROM awooop_saga_step WHERE run_id = $1 AND step_id = $2"
 OPEN_LEFT_SQL = f"""
 SELECT EXISTS (SELECT 1 FROM awooop_saga_step
-                WHERE run_id = $1 AND (status = 'compensation_failed' OR ({ELIGIBLE})))
+                WHERE run_id = $1 AND (status = 'compensation_failed' OR ({compensatable_step()})))
 """
 SET_COMPENSATED_SQL = """
 UPDATE awooop_run_state
@@ -109,7 +102,7 @@ async def request(pool: asyncpg.Pool, principal: Principal, run_id: str, trigger
     run changes nothing and answers the current state)."""
     async with pool.acquire() as conn, conn.transaction():
         run = await _lock_run(conn, principal, run_id)
-        if run["status"] not in ENDED_RUN_STATUSES:
+        if run["status"] not in COMPENSATABLE:
             raise errors.invalid_transition(run_id, run["status"], "compensate")
         created = await conn.fetchval(INSERT_REQUEST_SQL, run_id, run["project_id"], trigger, reason or None)
         if created is not None:

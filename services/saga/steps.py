@@ -17,9 +17,6 @@ STEP_TYPES = ("llm_call", "tool_call", "approval_request", "callback")
 STEP_STATUSES = ("pending", "completed", "failed", "compensating", "compensated", "compensation_failed", "resolved")
 # Tools whose side effects cannot be undone (seed ADR-119 D3, D6): never carry a compensation command.
 IRREVERSIBLE_TOOLS = ("k8s_exec_pod",)
-# A run holds a lease (and may write its journal) only in these statuses
-# (docs/architecture.md, "State machine, leases and fencing").
-LEASED_STATUSES = ("RUNNING", "WAITING_TOOL")
 
 STEP_COLUMNS = """step_id, step_type, tool_id, tool_params, status, result, error, compensation_cmd, attempt, seq,
     started_at, completed_at, compensated_at, resolved_by, resolution_reason"""

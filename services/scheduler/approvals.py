@@ -14,13 +14,15 @@ import secrets
 import asyncpg
 
 from services.common import errors
+from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
 from services.common.runs import RUN_READY_CHANNEL
+from services.common.runstate import DROP_LEASE, TRANSITIONS, Action, Audit, RunStatus
 from services.scheduler import metrics
 from services.scheduler.access import check_run_access, projects_with
 from services.scheduler.fragments import RUN_COLUMNS_R, comp_audit_rows, compensation_cte, notify_cte
 from services.scheduler.saga_client import SagaNudger
-from services.scheduler.transitions import Changed, FencedOp, fenced_sql, fenced_write, settled
+from services.scheduler.transitions import Changed, fenced_op, fenced_write, settled
 
 APPROVER_ROLE = "approver"
 EXPIRED_CODE = "E-APPROVAL-002"  # seed 000 D4
@@ -41,21 +43,20 @@ def new_token() -> tuple[str, bytes]:
 
 # $6 token hash, $7 ttl seconds, $8 summary. The hand-back does not count as a used attempt
 # (released_count), so a run may ask for approval without spending its max_attempts.
-REQUEST = FencedOp(
+REQUEST = fenced_op(
     "RequestApproval",
-    fenced_sql(
-        set_sql="""status = 'WAITING_APPROVAL', lease_until = NULL, worker_id = NULL,
+    Action.REQUEST_APPROVAL,
+    set_sql=f"""status = 'WAITING_APPROVAL', {DROP_LEASE},
            released_count = r.released_count + 1,
            approval_token_hash = $6, approval_expires_at = now() + make_interval(secs => $7),
            approval_summary = $8, approval_decided_by = NULL, approval_decided_at = NULL""",
-        action_sql="'APPROVAL_REQUESTED'",
-        reason_sql="NULLIF($8, '')",
-        details_sql="jsonb_build_object('expires_at', approval_expires_at)",
-        # a run whose cancel is pending must not park itself where the cancel cannot reach it
-        extra_where="AND NOT r.cancel_requested",
+    reason_sql="NULLIF($8, '')",
+    details_sql="jsonb_build_object('expires_at', approval_expires_at)",
+    # a run whose cancel is pending must not park itself where the cancel cannot reach it
+    extra_where="AND NOT r.cancel_requested",
+    describe=lambda cur: (
+        "request approval while a cancel is pending for" if cur["cur_cancel"] else "request approval of"
     ),
-    ("RUNNING",),
-    lambda cur: "request approval while a cancel is pending for" if cur["cur_cancel"] else "request approval of",
 )
 
 
@@ -107,11 +108,11 @@ upd AS (
  RETURNING {RUN_COLUMNS_R}, cur.expired
 ){compensation_cte("CASE WHEN u.expired THEN 'approval_expired' ELSE 'approval_rejected' END")},
 aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    {AUDIT_INSERT}
     SELECT project_id, run_id, $3,
-           CASE WHEN expired THEN 'APPROVAL_EXPIRED' WHEN status = 'RESUMED' THEN 'APPROVED'
-                ELSE 'APPROVAL_REJECTED' END,
-           'WAITING_APPROVAL', status, CASE WHEN expired THEN '{EXPIRED_REASON}' ELSE NULLIF($6, '') END,
+           CASE WHEN expired THEN '{Audit.APPROVAL_EXPIRED}' WHEN status = '{RunStatus.RESUMED}' THEN '{Audit.APPROVED}'
+                ELSE '{Audit.APPROVAL_REJECTED}' END,
+           '{RunStatus.WAITING_APPROVAL}', status, CASE WHEN expired THEN '{EXPIRED_REASON}' ELSE NULLIF($6, '') END,
            jsonb_build_object('attempt', attempt_count, 'error_code', error_code)
       FROM upd{comp_audit_rows("$3")}
 ){notify_cte(f"'{RUN_READY_CHANNEL}'", "status = 'RESUMED'")}
@@ -154,7 +155,7 @@ async def decide(
     if row["cur_status"] != "WAITING_APPROVAL":
         if row["cur_status"] == "FAILED" and row["cur_error_code"] == EXPIRED_CODE:
             raise errors.approval_expired(run_id)
-        raise errors.invalid_transition(run_id, row["cur_status"], "decide the approval of")
+        raise errors.invalid_transition(run_id, row["cur_status"], TRANSITIONS[Action.APPROVE].describe)
     # waiting, not expired, and the caller may decide: the token is wrong or already used.
     # (The comparison happened in SQL on sha256 digests; the stored hash is never read back.)
     raise errors.approval_invalid(run_id)
@@ -182,8 +183,9 @@ upd AS (
  RETURNING r.run_id, r.project_id, r.status, r.failure_reason, r.attempt_count, r.approval_expires_at
 ){compensation_cte("'approval_expired'")},
 aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, $2, 'APPROVAL_EXPIRED', 'WAITING_APPROVAL', 'FAILED', '{EXPIRED_REASON}',
+    {AUDIT_INSERT}
+    SELECT project_id, run_id, $2, '{Audit.APPROVAL_EXPIRED}', '{RunStatus.WAITING_APPROVAL}', '{RunStatus.FAILED}',
+           '{EXPIRED_REASON}',
            jsonb_build_object('attempt', attempt_count, 'error_code', '{EXPIRED_CODE}',
                               'expired_at', approval_expires_at)
       FROM upd{comp_audit_rows("$2")}

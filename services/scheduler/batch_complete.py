@@ -22,7 +22,9 @@ from typing import Any
 import asyncpg
 
 from services.common import errors
+from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
+from services.common.runstate import Audit, RunStatus
 from services.scheduler import metrics
 from services.scheduler.access import check_run_access, projects_with
 from services.scheduler.claiming import claim_ctes, projects_arg
@@ -66,8 +68,8 @@ upd AS (
  RETURNING {RUN_COLUMNS_R}, w.cur_status AS from_status, w.item AS upd_item, w.cur_worker AS prev_worker
 ),
 aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, $6, 'COMPLETED', from_status, status, NULL, {FENCED_AUDIT_DETAILS}
+    {AUDIT_INSERT}
+    SELECT project_id, run_id, $6, '{Audit.COMPLETED}', from_status, status, NULL, {FENCED_AUDIT_DETAILS}
       FROM upd
 )"""
 
@@ -179,7 +181,7 @@ def _refusal(principal: Principal, it: Item, row: asyncpg.Record, winner: int | 
         return err
     cur: Mapping[str, Any] = row
     if winner is not None and winner < row["item"]:  # an earlier item of this batch completed the run
-        cur = {**dict(row), "cur_status": "COMPLETED"}
+        cur = {**dict(row), "cur_status": RunStatus.COMPLETED.value}
     err = fenced_refusal(cur, it.run_id, it.attempt, COMPLETE.describe(cur))
     if err.reason == errors.LEASE_LOST:
         metrics.LEASE_LOST.labels("CompleteRuns").inc()

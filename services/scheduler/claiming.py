@@ -11,6 +11,8 @@ import time
 
 import asyncpg
 
+from services.common.audit import AUDIT_INSERT
+from services.common.runstate import CLAIMABLE, TRANSITIONS, Action, Audit, RunStatus, attempts_left, sql_list
 from services.scheduler import metrics
 from services.scheduler.fragments import RUN_COLUMNS_R
 from services.scheduler.wakeup import RunReadyListener
@@ -42,9 +44,9 @@ def claim_ctes(
     n = int(max_runs)
     gate = f"\n       AND {after}" if after else ""
     # claimable: queued, past any retry backoff, attempts left
-    ready = f"""status IN ('PENDING', 'RESUMED')
+    ready = f"""status IN ({sql_list(TRANSITIONS[Action.CLAIM].allowed_from)})
        AND (not_before IS NULL OR not_before <= now())
-       AND attempt_count - released_count < max_attempts{gate}"""
+       AND {attempts_left()}{gate}"""
     if single:
         picked = f"""picked AS (
     SELECT run_id, status AS from_status
@@ -74,7 +76,7 @@ def claim_ctes(
     return f"""{picked},
 claimed AS (
     UPDATE awooop_run_state r
-       SET status = 'RUNNING',
+       SET status = '{RunStatus.RUNNING}',
            lease_until = now() + make_interval(secs => {lease_secs}),
            heartbeat_at = now(),
            attempt_count = r.attempt_count + 1,
@@ -86,8 +88,8 @@ claimed AS (
  RETURNING {RUN_COLUMNS_R}, p.from_status
 ),
 claim_aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, details)
-    SELECT project_id, run_id, {actor}, 'CLAIMED', from_status, 'RUNNING',
+    {AUDIT_INSERT}
+    SELECT project_id, run_id, {actor}, '{Audit.CLAIMED}', from_status, '{RunStatus.RUNNING}', NULL,
            jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id, 'lease_until', lease_until)
       FROM claimed
 )"""
@@ -109,10 +111,10 @@ def projects_arg(projects: list[str]) -> tuple[bool, str | list[str]]:
 
 # When nothing is claimable: seconds until the earliest retry backoff of these projects ends
 # (a long-polling claim re-checks then). Only run on the empty path.
-NEXT_READY_SQL = """
+NEXT_READY_SQL = f"""
 SELECT EXTRACT(EPOCH FROM min(not_before) - now())::float8
   FROM awooop_run_state
- WHERE status IN ('PENDING', 'RESUMED') AND project_id = ANY($1::text[]) AND not_before > now()
+ WHERE status IN ({sql_list(CLAIMABLE)}) AND project_id = ANY($1::text[]) AND not_before > now()
 """
 
 

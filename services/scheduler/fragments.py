@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from services.common import errors
-from services.common.runs import RUN_COLUMNS, TERMINAL
+from services.common import errors, runstate
+from services.common.compensatable import compensatable_step
+from services.common.runs import RUN_COLUMNS
+from services.common.runstate import COMPENSATABLE, DROP_LEASE, Audit, Refusal, sql_list
 
 # RUN_COLUMNS qualified with the UPDATE target alias `r` (the statements join other CTEs
 # that share column names).
@@ -41,7 +43,7 @@ def fence_where(attempt_sql: str, statuses_sql: str, projects_sql: str) -> str:
 
 def complete_set(output_sql: str) -> str:
     """SET list of CompleteRun / CompleteRuns: RUNNING -> COMPLETED with the output, lease dropped."""
-    return f"""status = 'COMPLETED', output = {output_sql}, lease_until = NULL, worker_id = NULL,
+    return f"""status = 'COMPLETED', output = {output_sql}, {DROP_LEASE},
            failure_reason = NULL, error_code = NULL, not_before = NULL"""
 
 
@@ -49,9 +51,8 @@ def complete_set(output_sql: str) -> str:
 FENCED_AUDIT_DETAILS = "jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)"
 
 # A run's journal has something to undo: a completed step with a compensation command.
-HAS_COMPENSATABLE_STEPS = """EXISTS (SELECT 1 FROM awooop_saga_step s
-                WHERE s.run_id = u.run_id AND s.status = 'completed'
-                  AND s.compensation_cmd IS NOT NULL AND s.compensation_cmd <> 'null'::jsonb)"""
+HAS_COMPENSATABLE_STEPS = f"""EXISTS (SELECT 1 FROM awooop_saga_step s
+                WHERE s.run_id = u.run_id AND {compensatable_step("s")})"""
 
 
 def compensation_cte(trigger_sql: str) -> str:
@@ -65,7 +66,7 @@ comp AS (
     INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
     SELECT u.run_id, u.project_id, {trigger_sql}, u.failure_reason
       FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND {HAS_COMPENSATABLE_STEPS}
+     WHERE u.status IN ({sql_list(COMPENSATABLE)}) AND {HAS_COMPENSATABLE_STEPS}
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 )"""
@@ -76,7 +77,7 @@ def comp_audit_rows(actor_sql: str) -> str:
     recorded request (one INSERT keeps the audit rows in the order written)."""
     return f"""
     UNION ALL
-    SELECT project_id, run_id, {actor_sql}, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+    SELECT project_id, run_id, {actor_sql}, '{Audit.COMPENSATION_REQUESTED}', NULL, NULL, trigger,
            jsonb_build_object('trigger', trigger)
       FROM comp"""
 
@@ -94,8 +95,6 @@ notified AS (
 
 # --- choosing the error of a fenced write that changed nothing ---------------------------
 
-LEASED = ("RUNNING", "WAITING_TOOL")
-
 
 def lease_was_reaped(cur: Mapping[str, Any]) -> bool:
     """The current attempt's lease was taken by the reaper: it stamps reaped_at after the
@@ -105,12 +104,9 @@ def lease_was_reaped(cur: Mapping[str, Any]) -> bool:
 
 
 def fenced_refusal(cur: Mapping[str, Any], run_id: str, attempt: int, action: str) -> errors.ServiceError:
-    """LEASE_LOST when the token does not name the run's live lease (another attempt, or
-    the lease was taken back: reaped, released, retried, approved); INVALID_TRANSITION
-    when it does but the action is not allowed from the run's status."""
+    """The error runstate.fenced_refusal chooses for the locked row `cur`."""
     status = cur["cur_status"]
-    if cur["cur_attempt"] != attempt or status in ("PENDING", "RESUMED"):
-        return errors.lease_lost(run_id, attempt)
-    if status in TERMINAL and lease_was_reaped(cur):
+    refusal = runstate.fenced_refusal(status, cur["cur_attempt"] == attempt, lease_was_reaped(cur))
+    if refusal is Refusal.LEASE_LOST:
         return errors.lease_lost(run_id, attempt)
     return errors.invalid_transition(run_id, status, action)

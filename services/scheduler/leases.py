@@ -15,6 +15,8 @@ from datetime import datetime
 
 import asyncpg
 
+from services.common.runstate import LEASED, sql_list
+
 # $1 run ids, $2 attempts (same order), $3 worker id, $4 lease seconds, $5 projects where the
 # caller is a worker (NULL: all). Returns the positions (1-based) of the renewed leases; the
 # others are lost. Rows are locked in run_id order (the `locked` CTE), as CompleteRuns locks
@@ -25,7 +27,7 @@ import asyncpg
 # run with every lease of the call (leases held x batch) instead of one primary-key probe per
 # lease (300 leases held: 2x the heartbeat's cost). The update sets no indexed column
 # (migration 0040), so it is a HOT update.
-HEARTBEAT_SQL = """
+HEARTBEAT_SQL = f"""
 WITH t AS (
     SELECT * FROM unnest($1::uuid[], $2::int[]) WITH ORDINALITY AS t(run_id, attempt, ord)
 ),
@@ -33,7 +35,7 @@ locked AS (
     SELECT r.run_id
       FROM awooop_run_state r JOIN t ON r.run_id = t.run_id AND r.attempt_count = t.attempt
      WHERE r.worker_id = $3
-       AND (r.status IN ('RUNNING', 'WAITING_TOOL')) IS TRUE
+       AND (r.status IN ({sql_list(LEASED)})) IS TRUE
        AND ($5::text[] IS NULL OR r.project_id = ANY($5::text[]))
      ORDER BY r.run_id
        FOR UPDATE OF r

@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from services.common.audit import AUDIT_INSERT
 from services.common.runs import RUN_READY_CHANNEL
+from services.common.runstate import DROP_LEASE, LEASED, TRANSITIONS, Action, RunStatus, attempts_left, sql_list
 from services.scheduler import metrics
 from services.scheduler.fragments import comp_audit_rows, compensation_cte, notify_cte
 from services.scheduler.saga_client import SagaNudger
@@ -32,38 +34,40 @@ REAP_BATCH = 1000
 MAX_ATTEMPTS_REASON = "Max retry attempts exceeded"  # seed 000 D3
 MAX_ATTEMPTS_CODE = "E-RUN-MAX-ATTEMPTS"
 
-# $1 batch size, $2 actor.
+_ATTEMPTS_LEFT = attempts_left("r")
+_REAP = TRANSITIONS[Action.REAP]
+
+# $1 batch size, $2 actor, $3 the wake-up channel.
 REAP_SQL = f"""
 WITH expired AS (
     SELECT run_id, status, worker_id, lease_until
       FROM awooop_run_state
-     WHERE status IN ('RUNNING', 'WAITING_TOOL') AND lease_until < now()
+     WHERE status IN ({sql_list(LEASED)}) AND lease_until < now()
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 ),
 upd AS (
     UPDATE awooop_run_state r
        SET status = CASE WHEN r.cancel_requested THEN 'CANCELLED'
-                         WHEN r.attempt_count - r.released_count < r.max_attempts THEN 'PENDING'
+                         WHEN {_ATTEMPTS_LEFT} THEN 'PENDING'
                          ELSE 'FAILED' END,
            failure_reason = CASE WHEN r.cancel_requested THEN COALESCE(r.failure_reason, 'cancelled')
-                                 WHEN r.attempt_count - r.released_count < r.max_attempts THEN r.failure_reason
+                                 WHEN {_ATTEMPTS_LEFT} THEN r.failure_reason
                                  ELSE '{MAX_ATTEMPTS_REASON}' END,
            error_code = CASE WHEN r.cancel_requested THEN NULL
-                             WHEN r.attempt_count - r.released_count < r.max_attempts THEN r.error_code
+                             WHEN {_ATTEMPTS_LEFT} THEN r.error_code
                              ELSE '{MAX_ATTEMPTS_CODE}' END,
-           lease_until = NULL, worker_id = NULL, not_before = NULL, reaped_at = now(), updated_at = now()
+           {DROP_LEASE}, not_before = NULL, reaped_at = now(), updated_at = now()
       FROM expired e
      WHERE r.run_id = e.run_id
  RETURNING r.run_id, r.project_id, r.status, r.failure_reason, r.attempt_count, r.max_attempts,
            e.status AS from_status, e.worker_id AS prev_worker, e.lease_until AS prev_lease_until
 ){compensation_cte("CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END")},
 aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, $2,
-           CASE status WHEN 'PENDING' THEN 'REAPED' WHEN 'CANCELLED' THEN 'REAPED_CANCELLED' ELSE 'REAPED_FAILED' END,
-           from_status, status,
-           CASE status WHEN 'PENDING' THEN 'lease expired' WHEN 'CANCELLED' THEN 'lease expired after a cancel request'
+    {AUDIT_INSERT}
+    SELECT project_id, run_id, $2, {_REAP.audit_case()}, from_status, status,
+           CASE status WHEN '{RunStatus.PENDING}' THEN 'lease expired'
+                       WHEN '{RunStatus.CANCELLED}' THEN 'lease expired after a cancel request'
                        ELSE '{MAX_ATTEMPTS_REASON}' END,
            jsonb_build_object('attempt', attempt_count, 'max_attempts', max_attempts, 'worker_id', prev_worker,
                               'lease_until', prev_lease_until)

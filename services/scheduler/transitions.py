@@ -20,8 +20,21 @@ from typing import Any
 import asyncpg
 
 from services.common import errors
+from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
 from services.common.runs import RUN_READY_CHANNEL
+from services.common.runstate import (
+    CANCELLABLE,
+    DROP_LEASE,
+    LEASED,
+    TRANSITIONS,
+    Action,
+    Audit,
+    RunStatus,
+    Transition,
+    attempts_left,
+    sql_list,
+)
 from services.scheduler import metrics
 from services.scheduler.access import check_run_access, projects_with
 from services.scheduler.fragments import (
@@ -77,7 +90,7 @@ upd AS (
  RETURNING {RUN_COLUMNS_R}, cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ){comp},
 aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    {AUDIT_INSERT}
     SELECT project_id, run_id, $5, {action_sql}, from_status, status, {reason_sql},
            {FENCED_AUDIT_DETAILS} || {details_sql}
       FROM upd{comp_audit}
@@ -91,96 +104,82 @@ SELECT cur.*, upd.*,
 
 # The failure is retried only when asked, no cancel is pending, and attempts are left
 # (ReleaseRun hand-backs do not count: attempts used = attempt_count - released_count).
-_RETRY = "($8 AND NOT r.cancel_requested AND r.attempt_count - r.released_count < r.max_attempts)"
+_RETRY = f"($8 AND NOT r.cancel_requested AND {attempts_left('r')})"
 
 
 @dataclass(frozen=True)
 class FencedOp:
     method: str  # RPC name (metrics label)
+    transition: Transition  # runstate: the statuses it may start from, its outcomes and audit actions
     sql: str
-    allowed: tuple[str, ...]  # statuses the action may start from
-    # what the refused action was, for INVALID_TRANSITION ("cannot <action> run X in status S")
-    describe: Callable[[Mapping[str, Any]], str]
+    # what the refused action was, for INVALID_TRANSITION ("cannot <action> run X in status S");
+    # None: the transition's own wording
+    describe_cur: Callable[[Mapping[str, Any]], str] | None = None
+
+    @property
+    def allowed(self) -> tuple[str, ...]:
+        return self.transition.allowed_from
+
+    def describe(self, cur: Mapping[str, Any]) -> str:
+        return self.describe_cur(cur) if self.describe_cur else self.transition.describe
 
 
-COMPLETE = FencedOp(
-    "CompleteRun",
-    fenced_sql(
-        set_sql=complete_set("$6::jsonb"),
-        action_sql="'COMPLETED'",
-    ),
-    ("RUNNING",),
-    lambda cur: "complete",
-)
+def fenced_op(method: str, action: Action, **sql: Any) -> FencedOp:
+    t = TRANSITIONS[action]
+    assert t.fenced, action
+    describe = sql.pop("describe", None)
+    return FencedOp(method, t, fenced_sql(action_sql=sql.pop("action_sql", t.audit_case()), **sql), describe)
 
-FAIL = FencedOp(
+
+COMPLETE = fenced_op("CompleteRun", Action.COMPLETE, set_sql=complete_set("$6::jsonb"))
+
+FAIL = fenced_op(
     "FailRun",
-    fenced_sql(
-        set_sql=f"""status = CASE WHEN {_RETRY} THEN 'PENDING'
+    Action.FAIL,
+    set_sql=f"""status = CASE WHEN {_RETRY} THEN 'PENDING'
                          WHEN $8 AND r.cancel_requested THEN 'CANCELLED'
                          ELSE 'FAILED' END,
            not_before = CASE WHEN {_RETRY} THEN now() + make_interval(secs => $9) END,
-           lease_until = NULL, worker_id = NULL, failure_reason = $6, error_code = NULLIF($7, '')""",
-        action_sql="CASE status WHEN 'PENDING' THEN 'RETRY_SCHEDULED' WHEN 'CANCELLED' THEN 'CANCELLED' "
-        "ELSE 'FAILED' END",
-        reason_sql="$6",
-        details_sql="""jsonb_build_object('retryable', $8::boolean, 'error_code', error_code,
+           {DROP_LEASE}, failure_reason = $6, error_code = NULLIF($7, '')""",
+    reason_sql="$6",
+    details_sql="""jsonb_build_object('retryable', $8::boolean, 'error_code', error_code,
                                   'not_before', not_before, 'max_attempts', max_attempts)""",
-        trigger_sql="CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END",
-        notify_when="status = 'PENDING'",
-    ),
-    ("RUNNING", "WAITING_TOOL"),
-    lambda cur: "fail",
+    trigger_sql="CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END",
+    notify_when="status = 'PENDING'",
 )
 
-RELEASE = FencedOp(
+RELEASE = fenced_op(
     "ReleaseRun",
-    fenced_sql(
-        # a hand-back while a cancel is pending ends the run: re-queuing would ignore the cancel
-        set_sql="""status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
-           released_count = r.released_count + 1, lease_until = NULL, worker_id = NULL, not_before = NULL,
+    Action.RELEASE,
+    # a hand-back while a cancel is pending ends the run: re-queuing would ignore the cancel
+    set_sql=f"""status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
+           released_count = r.released_count + 1, {DROP_LEASE}, not_before = NULL,
            failure_reason = CASE WHEN r.cancel_requested THEN COALESCE(r.failure_reason, 'cancelled')
                                  ELSE r.failure_reason END""",
-        action_sql="CASE status WHEN 'CANCELLED' THEN 'CANCELLED' ELSE 'RELEASED' END",
-        reason_sql="NULLIF($6, '')",
-        trigger_sql="'cancelled'",
-        notify_when="status = 'PENDING'",
-    ),
-    ("RUNNING", "WAITING_TOOL"),
-    lambda cur: "release",
+    reason_sql="NULLIF($6, '')",
+    trigger_sql="'cancelled'",
+    notify_when="status = 'PENDING'",
 )
 
-WAIT_TOOL = FencedOp(
+WAIT_TOOL = fenced_op(
     "WaitTool",
-    fenced_sql(
-        set_sql="status = 'WAITING_TOOL'",
-        action_sql="'WAITING_TOOL'",
-        reason_sql="NULLIF($6, '')",
-        details_sql="jsonb_build_object('tool_id', $6::text)",
-    ),
-    ("RUNNING",),
-    lambda cur: "wait for a tool on",
+    Action.WAIT_TOOL,
+    set_sql="status = 'WAITING_TOOL'",
+    reason_sql="NULLIF($6, '')",
+    details_sql="jsonb_build_object('tool_id', $6::text)",
 )
 
-RESUME_TOOL = FencedOp(
-    "ResumeTool",
-    fenced_sql(set_sql="status = 'RUNNING'", action_sql="'TOOL_RETURNED'"),
-    ("WAITING_TOOL",),
-    lambda cur: "resume from a tool wait",
-)
+RESUME_TOOL = fenced_op("ResumeTool", Action.RESUME_TOOL, set_sql="status = 'RUNNING'")
 
-ACKNOWLEDGE_CANCEL = FencedOp(
+ACKNOWLEDGE_CANCEL = fenced_op(
     "AcknowledgeCancel",
-    fenced_sql(
-        set_sql="""status = 'CANCELLED', lease_until = NULL, worker_id = NULL, not_before = NULL,
+    Action.ACKNOWLEDGE_CANCEL,
+    set_sql=f"""status = 'CANCELLED', {DROP_LEASE}, not_before = NULL,
            failure_reason = COALESCE(r.failure_reason, 'cancelled'), error_code = NULL""",
-        action_sql="'CANCELLED'",
-        reason_sql="'cancel acknowledged by the worker'",
-        extra_where="AND r.cancel_requested",
-        trigger_sql="'cancelled'",
-    ),
-    ("RUNNING", "WAITING_TOOL"),
-    lambda cur: "acknowledge a cancel" if cur["cur_cancel"] else "acknowledge an unrequested cancel of",
+    reason_sql="'cancel acknowledged by the worker'",
+    extra_where="AND r.cancel_requested",
+    trigger_sql="'cancelled'",
+    describe=lambda cur: "acknowledge a cancel" if cur["cur_cancel"] else "acknowledge an unrequested cancel of",
 )
 
 
@@ -237,7 +236,7 @@ def settled(row: asyncpg.Record, saga: SagaNudger) -> Changed:
 CANCEL_SQL = f"""
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status,
-           status IN ('RUNNING', 'WAITING_TOOL') AS leased
+           status IN ({sql_list(LEASED)}) AS leased
       FROM awooop_run_state
      WHERE run_id = $1
        FOR UPDATE
@@ -255,13 +254,14 @@ upd AS (
            updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
-       AND cur.cur_status IN ('PENDING', 'RESUMED', 'WAITING_APPROVAL', 'RUNNING', 'WAITING_TOOL')
+       AND cur.cur_status IN ({sql_list(CANCELLABLE)})
        AND ($2::text[] IS NULL OR r.project_id = ANY($2::text[]))
  RETURNING {RUN_COLUMNS_R}, cur.cur_status AS from_status
 ){compensation_cte("'cancelled'")},
 aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, $3, CASE status WHEN 'CANCELLED' THEN 'CANCELLED' ELSE 'CANCEL_REQUESTED' END,
+    {AUDIT_INSERT}
+    SELECT project_id, run_id, $3,
+           CASE status WHEN '{RunStatus.CANCELLED}' THEN '{Audit.CANCELLED}' ELSE '{Audit.CANCEL_REQUESTED}' END,
            from_status, status, $4, jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id)
       FROM upd{comp_audit_rows("$3")}
 )
@@ -277,5 +277,5 @@ async def cancel(pool: asyncpg.Pool, principal: Principal, run_id: str, reason: 
         raise errors.not_found("run", run_id)
     if row["run_id"] is None:
         check_run_access(principal, row["cur_project"], CANCEL_ROLES, run_id)
-        raise errors.invalid_transition(run_id, row["cur_status"], "cancel")
+        raise errors.invalid_transition(run_id, row["cur_status"], TRANSITIONS[Action.CANCEL].describe)
     return settled(row, saga)

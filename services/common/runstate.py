@@ -1,0 +1,280 @@
+"""The run state machine (seed ADR-114 D4, seed 000 D2-D4): the statuses, their named sets,
+and every transition with the statuses it may start from, where it may end, whether it is
+fenced by the lease token, and the audit action it writes.
+
+This module is the one place these facts are declared. The SQL guards and audit actions of
+the scheduler's statements, the allowed-from lists they bind, and the error of a refused
+transition are built from it; the CHECK constraint of migration 0001, the protobuf RunStatus
+enum and the README's diagram are checked against it (tests/test_runstate.py), and a test
+runs every (status, action) pair against the real store.
+
+A transition is one SQL statement (scheduler/transitions.py, approvals.py, reaper.py,
+claiming.py, batch_complete.py): its `WHERE` allows exactly `allowed_from`, its `SET`
+chooses one of `outcomes`, and it writes the outcome's audit row in the same statement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class RunStatus(StrEnum):
+    """awooop_run_state.status (stored as these strings; RUN_STATUS_<name> in protobuf)."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    WAITING_TOOL = "WAITING_TOOL"
+    WAITING_APPROVAL = "WAITING_APPROVAL"
+    RESUMED = "RESUMED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+S = RunStatus
+STATUSES: tuple[RunStatus, ...] = tuple(RunStatus)
+
+# Queued: a claim may take them (once past any retry backoff, with attempts left).
+CLAIMABLE: tuple[RunStatus, ...] = (S.PENDING, S.RESUMED)
+# Held by a worker under a lease (renewed by Heartbeat, taken back by the reaper); the saga
+# journal accepts writes only in these.
+LEASED: tuple[RunStatus, ...] = (S.RUNNING, S.WAITING_TOOL)
+# Waiting for something outside the worker: a tool's answer (leased) or a person (not leased).
+WAITING: tuple[RunStatus, ...] = (S.WAITING_TOOL, S.WAITING_APPROVAL)
+# Ended: no transition leaves them.
+TERMINAL: tuple[RunStatus, ...] = (S.COMPLETED, S.FAILED, S.CANCELLED)
+# CancelRun applies: every status that is not terminal.
+CANCELLABLE: tuple[RunStatus, ...] = tuple(s for s in STATUSES if s not in TERMINAL)
+# Ended without success: a compensation may be requested for the run's journal.
+COMPENSATABLE: tuple[RunStatus, ...] = (S.FAILED, S.CANCELLED)
+
+
+class Action(StrEnum):
+    """What may happen to a run (the RPC or background pass in brackets)."""
+
+    CLAIM = "claim"  # ClaimRuns, CompleteRuns' claim
+    COMPLETE = "complete"  # CompleteRun, CompleteRuns
+    FAIL = "fail"  # FailRun
+    RELEASE = "release"  # ReleaseRun
+    WAIT_TOOL = "wait_tool"  # WaitTool
+    RESUME_TOOL = "resume_tool"  # ResumeTool
+    ACKNOWLEDGE_CANCEL = "acknowledge_cancel"  # AcknowledgeCancel
+    REQUEST_APPROVAL = "request_approval"  # RequestApproval
+    APPROVE = "approve"  # DecideApproval (approve)
+    REJECT = "reject"  # DecideApproval (reject)
+    EXPIRE_APPROVAL = "expire_approval"  # the approval sweep, or a DecideApproval that finds it expired
+    CANCEL = "cancel"  # CancelRun
+    REAP = "reap"  # the reaper, on an expired lease
+
+
+class Audit(StrEnum):
+    """awooop_audit_log.action of the run transitions."""
+
+    RUN_CREATED = "RUN_CREATED"
+    CLAIMED = "CLAIMED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    RETRY_SCHEDULED = "RETRY_SCHEDULED"
+    RELEASED = "RELEASED"
+    CANCELLED = "CANCELLED"
+    CANCEL_REQUESTED = "CANCEL_REQUESTED"
+    WAITING_TOOL = "WAITING_TOOL"
+    TOOL_RETURNED = "TOOL_RETURNED"
+    APPROVAL_REQUESTED = "APPROVAL_REQUESTED"
+    APPROVED = "APPROVED"
+    APPROVAL_REJECTED = "APPROVAL_REJECTED"
+    APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
+    REAPED = "REAPED"
+    REAPED_FAILED = "REAPED_FAILED"
+    REAPED_CANCELLED = "REAPED_CANCELLED"
+    # not a status change: written beside one that ended FAILED/CANCELLED with steps to undo
+    COMPENSATION_REQUESTED = "COMPENSATION_REQUESTED"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One way a transition ends. to=None: the status stays (a cancel of a leased run only
+    marks it cancel_requested)."""
+
+    to: RunStatus | None
+    audit: Audit
+    when: str  # the condition, for people
+
+
+@dataclass(frozen=True)
+class Transition:
+    action: Action
+    allowed_from: tuple[RunStatus, ...]
+    outcomes: tuple[Outcome, ...]
+    # the caller's lease token (run_id, attempt) must name the current attempt; a stale one is LEASE_LOST
+    fenced: bool
+    # INVALID_TRANSITION's wording: "cannot <describe> run X in status S"
+    describe: str
+
+    @property
+    def to_states(self) -> tuple[RunStatus, ...]:
+        return tuple(o.to for o in self.outcomes if o.to is not None)
+
+    def audit_for(self, to: RunStatus) -> Audit:
+        for o in self.outcomes:
+            if o.to == to:
+                return o.audit
+        raise KeyError(f"{self.action} never ends in {to}")
+
+    def audit_case(self, column: str = "status") -> str:
+        """SQL: the audit action for the row's new status (`CASE status WHEN ... END`)."""
+        whens = " ".join(f"WHEN '{o.to}' THEN '{o.audit}'" for o in self.outcomes if o.to is not None)
+        return f"CASE {column} {whens} END"
+
+
+def _t(
+    action: Action, allowed_from: Iterable[RunStatus], *outcomes: Outcome, fenced: bool, describe: str
+) -> Transition:
+    return Transition(action, tuple(allowed_from), outcomes, fenced, describe)
+
+
+TRANSITIONS: dict[Action, Transition] = {
+    t.action: t
+    for t in (
+        _t(
+            Action.CLAIM,
+            CLAIMABLE,
+            Outcome(S.RUNNING, Audit.CLAIMED, "past any retry backoff, attempts left; a new lease and token"),
+            fenced=False,
+            describe="claim",
+        ),
+        _t(
+            Action.COMPLETE,
+            [S.RUNNING],
+            Outcome(S.COMPLETED, Audit.COMPLETED, "always"),
+            fenced=True,
+            describe="complete",
+        ),
+        _t(
+            Action.FAIL,
+            LEASED,
+            Outcome(S.PENDING, Audit.RETRY_SCHEDULED, "retryable, no cancel pending, attempts left; after a backoff"),
+            Outcome(S.CANCELLED, Audit.CANCELLED, "retryable while a cancel is pending"),
+            Outcome(S.FAILED, Audit.FAILED, "terminal, or attempts used up"),
+            fenced=True,
+            describe="fail",
+        ),
+        _t(
+            Action.RELEASE,
+            LEASED,
+            Outcome(S.PENDING, Audit.RELEASED, "no cancel pending; the attempt is not spent"),
+            Outcome(S.CANCELLED, Audit.CANCELLED, "a cancel is pending"),
+            fenced=True,
+            describe="release",
+        ),
+        _t(
+            Action.WAIT_TOOL,
+            [S.RUNNING],
+            Outcome(S.WAITING_TOOL, Audit.WAITING_TOOL, "the lease is kept"),
+            fenced=True,
+            describe="wait for a tool on",
+        ),
+        _t(
+            Action.RESUME_TOOL,
+            [S.WAITING_TOOL],
+            Outcome(S.RUNNING, Audit.TOOL_RETURNED, "always"),
+            fenced=True,
+            describe="resume from a tool wait",
+        ),
+        _t(
+            Action.ACKNOWLEDGE_CANCEL,
+            LEASED,
+            Outcome(S.CANCELLED, Audit.CANCELLED, "a cancel was requested"),
+            fenced=True,
+            describe="acknowledge a cancel",
+        ),
+        _t(
+            Action.REQUEST_APPROVAL,
+            [S.RUNNING],
+            Outcome(S.WAITING_APPROVAL, Audit.APPROVAL_REQUESTED, "no cancel pending; the lease is released"),
+            fenced=True,
+            describe="request approval of",
+        ),
+        _t(
+            Action.APPROVE,
+            [S.WAITING_APPROVAL],
+            Outcome(S.RESUMED, Audit.APPROVED, "the token matches and has not expired"),
+            fenced=False,
+            describe="decide the approval of",
+        ),
+        _t(
+            Action.REJECT,
+            [S.WAITING_APPROVAL],
+            Outcome(S.FAILED, Audit.APPROVAL_REJECTED, "the token matches and has not expired"),
+            fenced=False,
+            describe="decide the approval of",
+        ),
+        _t(
+            Action.EXPIRE_APPROVAL,
+            [S.WAITING_APPROVAL],
+            Outcome(S.FAILED, Audit.APPROVAL_EXPIRED, "the token's time is up (E-APPROVAL-002)"),
+            fenced=False,
+            describe="expire the approval of",
+        ),
+        _t(
+            Action.CANCEL,
+            CANCELLABLE,
+            Outcome(S.CANCELLED, Audit.CANCELLED, "queued or waiting for approval: at once"),
+            Outcome(None, Audit.CANCEL_REQUESTED, "leased: cancel_requested, delivered in the heartbeat reply"),
+            fenced=False,
+            describe="cancel",
+        ),
+        _t(
+            Action.REAP,
+            LEASED,
+            Outcome(S.PENDING, Audit.REAPED, "the lease expired, attempts left"),
+            Outcome(S.CANCELLED, Audit.REAPED_CANCELLED, "the lease expired after a cancel request"),
+            Outcome(S.FAILED, Audit.REAPED_FAILED, "the lease expired, attempts used up"),
+            fenced=False,
+            describe="reap",
+        ),
+    )
+}
+
+
+def allowed(action: Action, status: str) -> bool:
+    return status in TRANSITIONS[action].allowed_from
+
+
+class Refusal(StrEnum):
+    """Why a fenced write changed nothing (the error reason it answers)."""
+
+    LEASE_LOST = "LEASE_LOST"
+    INVALID_TRANSITION = "INVALID_TRANSITION"
+
+
+def fenced_refusal(status: str, token_is_current: bool, lease_was_reaped: bool) -> Refusal:
+    """The error of a fenced write that changed nothing: LEASE_LOST when the token does not
+    name the run's live lease (another attempt, or the lease was taken back: reaped, released,
+    retried, approved), INVALID_TRANSITION when it does but the action is not allowed from
+    the run's status."""
+    if not token_is_current or status in CLAIMABLE:
+        return Refusal.LEASE_LOST
+    if status in TERMINAL and lease_was_reaped:
+        return Refusal.LEASE_LOST
+    return Refusal.INVALID_TRANSITION
+
+
+# --- SQL pieces of the rules above (each defined once) ------------------------------------
+
+
+def sql_list(statuses: Iterable[str]) -> str:
+    """The statuses as an SQL list of literals: `'RUNNING', 'WAITING_TOOL'`."""
+    return ", ".join(f"'{s}'" for s in statuses)
+
+
+def attempts_left(alias: str = "") -> str:
+    """A run has attempts left: hand-backs (ReleaseRun, approval) are not spent attempts."""
+    a = f"{alias}." if alias else ""
+    return f"{a}attempt_count - {a}released_count < {a}max_attempts"
+
+
+# The SET items that end a lease (the run keeps its attempt_count, the token of the next claim).
+DROP_LEASE = "lease_until = NULL, worker_id = NULL"
