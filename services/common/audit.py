@@ -6,6 +6,8 @@ from typing import Any
 
 import asyncpg
 
+from services.common.db import Conn
+
 # The audit row's columns, in the order every INSERT of the project writes them (an
 # `AUDIT_INSERT SELECT ...` or `VALUES` lists exactly these).
 AUDIT_INSERT = (
@@ -16,7 +18,7 @@ AUDIT_SQL = f"{AUDIT_INSERT} VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
 
 
 async def audit(
-    conn: asyncpg.Connection | asyncpg.Pool,
+    conn: Conn | asyncpg.Pool,
     *,
     project_id: str,
     run_id: Any,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import asyncpg
 
 from services.common import errors
+from services.common.db import Conn
 from services.common.principals import ALL_PROJECTS, hash_secret, parse_key
 
 # admin implies every role
@@ -123,7 +124,7 @@ class Authenticator:
         )
 
 
-async def has_role_now(conn: asyncpg.Connection, principal: Principal, project_id: str, role: str) -> bool:
+async def has_role_now(conn: Conn, principal: Principal, project_id: str, role: str) -> bool:
     """Reads the principal's membership from the store now (no cache)."""
     wanted = [r for r, implied in IMPLIED.items() if role in implied] + [role]
     return bool(

@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Protocol, TypeAlias
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from services.common import errors
 from services.common.settings import Settings
+
+
+class Row(Protocol):
+    """A row read by column name: an asyncpg Record, or any Mapping (the row mappers take either)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+# A connection of its own or one lent by the pool (`async with pool.acquire() as conn`).
+Conn: TypeAlias = asyncpg.Connection | PoolConnectionProxy
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -19,22 +20,24 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+# a ServingStatus value (types-grpcio-health-checking declares the enum without its ValueType)
+ServingStatus = int
 
 
 class HealthServicer(health_pb2_grpc.HealthServicer):
     def __init__(self) -> None:
-        self._status: dict[str, health_pb2.HealthCheckResponse.ServingStatus.ValueType] = {"": SERVING}
+        self._status: dict[str, ServingStatus] = {"": SERVING}
         self._changed = asyncio.Condition()
         self._shutting_down = False
         self._watchers = 0
         self._no_watchers = asyncio.Event()
         self._no_watchers.set()
 
-    def status(self, service: str = "") -> health_pb2.HealthCheckResponse.ServingStatus.ValueType | None:
+    def status(self, service: str = "") -> ServingStatus | None:
         return self._status.get(service)
 
     async def Check(
-        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> health_pb2.HealthCheckResponse:
         status = self._status.get(request.service)
         if status is None:
@@ -42,7 +45,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
         return health_pb2.HealthCheckResponse(status=status)
 
     async def Watch(
-        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         last = None
         self._watchers += 1
@@ -66,7 +69,7 @@ class HealthServicer(health_pb2_grpc.HealthServicer):
             if self._watchers == 0:
                 self._no_watchers.set()
 
-    async def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None:
+    async def set(self, service: str, status: ServingStatus) -> None:
         """Sets one service's status (ignored once shutting down, as in the reference)."""
         if self._shutting_down:
             return
@@ -96,7 +99,7 @@ async def wait_serving(address: str, timeout: float) -> bool:
     seconds pass (False). For whatever starts a server process and must wait for it."""
     deadline = time.monotonic() + timeout
     async with grpc.aio.insecure_channel(address) as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
+        stub: Any = health_pb2_grpc.HealthStub(ch)  # the stubs declare no methods on HealthStub
         while True:
             try:
                 r = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)

@@ -50,6 +50,7 @@ import asyncpg
 from google.protobuf import timestamp_pb2
 
 from services.common import errors
+from services.common.db import Conn
 
 # Leave the server this much of the caller's deadline to answer after a lock wait.
 DEADLINE_MARGIN = 0.05
@@ -95,8 +96,8 @@ class Outcome:
     resource_id: str | None
 
 
-Recheck = Callable[[asyncpg.Connection], Awaitable[bool]]
-Execute = Callable[[asyncpg.Connection, KeyWindow], Awaitable[Executed]]
+Recheck = Callable[[Conn], Awaitable[bool]]
+Execute = Callable[[Conn, KeyWindow], Awaitable[Executed]]
 
 
 def fingerprint(payload: Any) -> str:
@@ -195,9 +196,7 @@ async def _attempt(
         return Outcome(done.snapshot, False, window.created_at, window.expires_at, done.resource_id)
 
 
-async def _replay(
-    conn: asyncpg.Connection, s: Scope, row: asyncpg.Record, fp: str, policy_version: str, recheck: Recheck
-) -> Outcome:
+async def _replay(conn: Conn, s: Scope, row: asyncpg.Record, fp: str, policy_version: str, recheck: Recheck) -> Outcome:
     if not await recheck(conn):
         raise errors.forbidden(
             f"principal {s.principal_id} is no longer authorized for {s.operation} in project {s.project_id}",

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
@@ -30,6 +30,11 @@ log = logging.getLogger("awooop.rpc")
 PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
+if TYPE_CHECKING:  # grpc's classes are generic only in their stubs
+    Handler = grpc.RpcMethodHandler[Any, Any]
+    AioUnary = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+
+
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, authenticator: Authenticator, access_log: bool = True, *, authenticate: bool = True) -> None:
         self.authenticator = authenticator
@@ -38,14 +43,14 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         self.authenticate = authenticate
         # method -> the handler to serve it with, built on its first call: a server's handlers
         # are registered before it starts and never change, so one wrapper per method will do
-        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self._handlers: dict[str, Handler] = {}
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Handler | None]],
         details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        method: str = details.method  # type: ignore[attr-defined]
+    ) -> Handler | None:
+        method: str = details.method
         cached = self._handlers.get(method)
         if cached is not None:
             return cached
@@ -54,18 +59,19 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             return handler
         if not method.startswith(PUBLIC_PREFIXES) and handler.unary_unary is not None:  # every awooop RPC is unary
             handler = grpc.unary_unary_rpc_method_handler(
-                self._wrap(method, handler.unary_unary),
+                # on a grpc.aio server the handlers are coroutine functions taking an aio context
+                self._wrap(method, cast("AioUnary", handler.unary_unary)),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         self._handlers[method] = handler
         return handler
 
-    def _wrap(self, method: str, inner: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Any:
+    def _wrap(self, method: str, inner: AioUnary) -> Any:
         authenticator = self.authenticator if self.authenticate else None
         access_log = self.access_log
 
-        async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             started = time.perf_counter()
             code = "OK"
             principal_id = ""
@@ -76,14 +82,15 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             try:
                 if authenticator is not None:
                     md = {k: v for k, v in (context.invocation_metadata() or ())}
-                    principal = await authenticator.authenticate(md.get("authorization"))  # type: ignore[arg-type]
+                    auth = md.get("authorization")  # text metadata (only "-bin" keys carry bytes)
+                    principal = await authenticator.authenticate(auth if isinstance(auth, str) else None)
                     principal_id = principal.principal_id
                     token = set_principal(principal)
                 return await inner(request, context)
             except errors.ServiceError as exc:
                 failure = exc
             except grpc.aio.AbortError:
-                code = context.code().name if context.code() else "ABORTED"  # type: ignore[union-attr]
+                code = context.code().name if context.code() else "ABORTED"
                 raise
             except asyncio.CancelledError:
                 # the client went away or its deadline passed; grpc already answered it

@@ -12,6 +12,7 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 
 from awooop.common.v1 import common_pb2
+from services.common.db import Row
 from services.common.runstate import RunStatus
 from services.common.validate import to_struct
 
@@ -31,7 +32,7 @@ _CHANNEL_PB = {v: common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{v.upper()}") for 
 _SAGA_PB = {v: common_pb2.SagaStatus.Value(f"SAGA_STATUS_{v.upper()}") for v in SAGA_STATUSES}
 
 
-def _enum(known: dict[str, int], value: str, name: str) -> int:
+def _enum(known: Mapping[str, int], value: str, name: str) -> int:
     number = known.get(value)
     if number is None:  # as the enum's own Value(): a ValueError names what is unknown
         raise ValueError(f"{name} has no value for {value!r}")
@@ -43,7 +44,7 @@ def status_to_pb(status: str | None) -> int:
 
 
 def status_from_pb(value: int) -> str:
-    return common_pb2.RunStatus.Name(value).removeprefix("RUN_STATUS_")
+    return common_pb2.RunStatus.Name(common_pb2.RunStatus.ValueType(value)).removeprefix("RUN_STATUS_")
 
 
 def channel_to_pb(channel: str) -> int:
@@ -51,7 +52,7 @@ def channel_to_pb(channel: str) -> int:
 
 
 def channel_from_pb(value: int) -> str:
-    return common_pb2.ChannelType.Name(value).removeprefix("CHANNEL_TYPE_").lower()
+    return common_pb2.ChannelType.Name(common_pb2.ChannelType.ValueType(value)).removeprefix("CHANNEL_TYPE_").lower()
 
 
 def saga_status_to_pb(value: str | None) -> int:
@@ -86,7 +87,7 @@ RUN_COLUMNS = """run_id, project_id, channel_type, provider_event_id, status, in
     compensation_started_at, compensation_completed_at, created_at, updated_at, not_before"""
 
 
-def run_to_pb(row: Mapping[str, Any]) -> common_pb2.Run:
+def run_to_pb(row: Row) -> common_pb2.Run:
     run = common_pb2.Run(
         run_id=str(row["run_id"]),
         project_id=row["project_id"],

@@ -22,7 +22,7 @@ import importlib
 import logging
 import random
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +62,7 @@ class ServiceParts:
     # full names for health and reflection, e.g. "awooop.ingest.v1.IngestService"
     service_names: list[str]
     # background loops: coroutine functions run until shutdown
-    background: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    background: list[Callable[[], Coroutine[Any, Any, None]]] = field(default_factory=list)
     # closers run after the server stopped
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # gateway-style services that need no API key (errors, metrics and access log still apply)

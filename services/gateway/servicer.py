@@ -62,7 +62,9 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
         self.max_params_bytes = max_params_bytes
         self._inflight: set[asyncio.Task[Any]] = set()
 
-    async def ExecuteTool(self, request: tools_pb2.ExecuteToolRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def ExecuteTool(
+        self, request: tools_pb2.ExecuteToolRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
         tool_id = request.tool_id if request.tool_id in TOOLS else "unknown"
         task = asyncio.ensure_future(self._execute(request))
         self._inflight.add(task)

@@ -19,10 +19,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import asyncpg
 import grpc
 
 from services.common import errors
+from services.common.db import Conn
 from services.common.validate import TOKEN_RE, Violations
 
 TOOL_FAILED = "TOOL_FAILED"
@@ -30,7 +30,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")  # k8s
 TABLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 MAX_REPLICAS = 10000
 
-Tool = Callable[[asyncpg.Connection, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+Tool = Callable[[Conn, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 def tool_failed(message: str, **metadata: str) -> errors.ServiceError:
@@ -55,7 +55,7 @@ def _int(v: Violations, params: dict[str, Any], key: str, lo: int, hi: int, defa
     return value
 
 
-async def k8s_scale_deployment(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+async def k8s_scale_deployment(conn: Conn, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
     v = Violations()
     name = _name(v, params, "deployment")
     replicas = _int(v, params, "replicas", 0, MAX_REPLICAS)
@@ -74,7 +74,7 @@ async def k8s_scale_deployment(conn: asyncpg.Connection, project_id: str, params
     return {"deployment": name, "replicas": replicas, "previous_replicas": previous}
 
 
-async def k8s_create_resource(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+async def k8s_create_resource(conn: Conn, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
     v = Violations()
     kind = _name(v, params, "kind")
     name = _name(v, params, "name")
@@ -104,7 +104,7 @@ async def k8s_create_resource(conn: asyncpg.Connection, project_id: str, params:
     return {"kind": kind, "name": name, "created": True}
 
 
-async def k8s_delete_resource(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+async def k8s_delete_resource(conn: Conn, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
     v = Violations()
     kind = _name(v, params, "kind")
     name = _name(v, params, "name")
@@ -121,7 +121,7 @@ async def k8s_delete_resource(conn: asyncpg.Connection, project_id: str, params:
     return {"kind": kind, "name": name, "deleted": bool(deleted)}
 
 
-async def pg_mutate(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+async def pg_mutate(conn: Conn, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
     v = Violations()
     op = params.get("op")
     table = params.get("table")
@@ -158,7 +158,7 @@ async def pg_mutate(conn: asyncpg.Connection, project_id: str, params: dict[str,
     return {"table": table, "id": str(parsed), "deleted": bool(deleted)}
 
 
-async def knowledge_write(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+async def knowledge_write(conn: Conn, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
     v = Violations()
     entry_id = params.get("entry_id") or str(uuid.uuid4())
     if not isinstance(entry_id, str) or len(entry_id) > 128 or not TOKEN_RE.match(entry_id):
@@ -177,7 +177,7 @@ async def knowledge_write(conn: asyncpg.Connection, project_id: str, params: dic
     return {"entry_id": entry_id, "created": bool(created)}
 
 
-async def knowledge_delete(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+async def knowledge_delete(conn: Conn, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
     v = Violations()
     entry_id = params.get("entry_id")
     if not isinstance(entry_id, str) or not entry_id or len(entry_id) > 128:
@@ -191,7 +191,7 @@ async def knowledge_delete(conn: asyncpg.Connection, project_id: str, params: di
     return {"entry_id": entry_id, "deleted": bool(deleted)}
 
 
-async def k8s_exec_pod(conn: asyncpg.Connection, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
+async def k8s_exec_pod(conn: Conn, project_id: str, params: dict[str, Any]) -> dict[str, Any]:
     """Irreversible (seed ADR-119 D3): accepted and recorded, nothing can undo it."""
     v = Violations()
     pod = _name(v, params, "pod")

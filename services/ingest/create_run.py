@@ -14,6 +14,7 @@ import asyncpg
 from awooop.ingest.v1 import ingest_pb2
 from services.common import errors, idempotency
 from services.common.auth import Principal, has_role_now
+from services.common.db import Conn
 from services.common.runs import run_to_pb, ts
 from services.common.settings import Settings
 from services.ingest import metrics, store
@@ -38,10 +39,10 @@ class RunCreator:
     async def create(
         self, run: NewRun, principal: Principal, *, deadline: float | None
     ) -> ingest_pb2.CreateRunResponse:
-        async def recheck(conn: asyncpg.Connection) -> bool:
+        async def recheck(conn: Conn) -> bool:
             return await has_role_now(conn, principal, run.project_id, ROLE)
 
-        async def execute(conn: asyncpg.Connection, window: idempotency.KeyWindow) -> idempotency.Executed:
+        async def execute(conn: Conn, window: idempotency.KeyWindow) -> idempotency.Executed:
             row = await store.create_run(conn, run, principal_id=principal.principal_id, actor=principal.actor)
             response = ingest_pb2.CreateRunResponse(
                 run=run_to_pb(row),

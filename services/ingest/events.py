@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 
@@ -103,7 +104,8 @@ class EventIngestor:
 
     async def drain(self) -> None:
         """Finishes queued flushes (cache writes included) before the store and Redis close."""
-        for c in (self._lookups, *self._writers.values(), self._remember):
+        coalescers: list[Coalescer[Any, Any]] = [self._lookups, *self._writers.values(), self._remember]
+        for c in coalescers:
             await c.drain()
 
     def _writer(self, principal_id: str, actor: str) -> Coalescer[NewEvent, store.Stored]:

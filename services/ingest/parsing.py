@@ -26,7 +26,7 @@ MAX_HEADER_VALUE = 8192
 MAX_IDEMPOTENCY_KEY = 256  # VARCHAR(256) of awooop_idempotency_key.key
 MAX_ATTEMPTS_LIMIT = 100  # CHECK (max_attempts BETWEEN 1 AND 100)
 
-_CHANNEL_NAMES = {
+_CHANNEL_NAMES: dict[int, str] = {
     common_pb2.CHANNEL_TYPE_TELEGRAM: "telegram",
     common_pb2.CHANNEL_TYPE_ALERTMANAGER: "alertmanager",
     common_pb2.CHANNEL_TYPE_GITEA: "gitea",
@@ -107,7 +107,7 @@ def canonical_json(data: Any) -> bytes:
 
 
 def channel_name(v: Violations, field: str, value: int) -> str:
-    name = _CHANNEL_NAMES.get(value)  # type: ignore[call-overload]
+    name = _CHANNEL_NAMES.get(value)
     if name is None:
         v.enum(field, value, common_pb2.ChannelType)
         return ""

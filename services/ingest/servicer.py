@@ -9,6 +9,7 @@ the project themselves, so nothing is revealed by saying it).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import grpc
 
@@ -38,7 +39,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
         self.runs = RunCreator(ctx.pool, s, notifier)
 
     async def IngestEvent(
-        self, request: ingest_pb2.IngestEventRequest, context: grpc.aio.ServicerContext
+        self, request: ingest_pb2.IngestEventRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ingest_pb2.IngestEventResponse:
         v = Violations()
         key = ""
@@ -62,7 +63,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
         return response
 
     async def IngestEvents(
-        self, request: ingest_pb2.IngestEventsRequest, context: grpc.aio.ServicerContext
+        self, request: ingest_pb2.IngestEventsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ingest_pb2.IngestEventsResponse:
         v = Violations()
         n = len(request.events)
@@ -113,7 +114,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
             v.add(field, f"at most {self.max_batch} events per call, LINE events included (got {count})")
 
     async def CreateRun(
-        self, request: ingest_pb2.CreateRunRequest, context: grpc.aio.ServicerContext
+        self, request: ingest_pb2.CreateRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> ingest_pb2.CreateRunResponse:
         v = Violations()
         run = parsing.parse_create_run(
@@ -140,7 +141,7 @@ def _add_outcomes(response: ingest_pb2.IngestEventResponse, outcomes: list[Outco
             add(run_id=o.run_id, provider_event_id=o.provider_event_id)
 
 
-def _metadata(context: grpc.aio.ServicerContext, name: str) -> str:
+def _metadata(context: grpc.aio.ServicerContext[Any, Any], name: str) -> str:
     for item in context.invocation_metadata() or ():
         if item[0] == name:
             value = item[1]

@@ -22,11 +22,12 @@ from asyncpg.pgproto.pgproto import UUID
 
 from services.common import errors
 from services.common.audit import AUDIT_INSERT
+from services.common.db import Conn
 from services.common.runs import RUN_COLUMNS
 from services.common.runstate import Audit, RunStatus
 from services.ingest.parsing import NewEvent, NewRun
 
-Executor = asyncpg.Pool | asyncpg.Connection
+Executor = asyncpg.Pool | Conn
 
 # The wake-up NOTIFY is not part of these statements: it is sent after the commit
 # (services/ingest/wakeup.py explains why).
@@ -180,7 +181,7 @@ async def _fetch_retrying(db: Executor, sql: str, *args: Any) -> list[asyncpg.Re
     raise AssertionError("unreachable")
 
 
-async def create_run(conn: asyncpg.Connection, run: NewRun, *, principal_id: str, actor: str) -> asyncpg.Record:
+async def create_run(conn: Conn, run: NewRun, *, principal_id: str, actor: str) -> asyncpg.Record:
     """Inserts a PENDING API run with its audit row; returns the run row."""
     row = await conn.fetchrow(
         CREATE_RUN_SQL, run.project_id, run.input_json, run.max_attempts, principal_id, actor, run.key

@@ -29,7 +29,7 @@ import grpc
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common.audit import audit
 from services.common.compensatable import compensatable_step
-from services.common.db import store_error
+from services.common.db import Conn, store_error
 from services.common.jsonvalues import struct_dict
 from services.common.observability import LOOP_RUNS
 from services.common.runstate import COMPENSATABLE, sql_list
@@ -155,7 +155,7 @@ class CompensationDriver:
         self.me = replica_id()
         self._kick = asyncio.Event()
         self._channel: grpc.aio.Channel | None = None
-        self._stub: tools_pb2_grpc.ToolGatewayServiceStub | None = None
+        self._stub: tools_pb2_grpc.ToolGatewayServiceAsyncStub | None = None
         if self.settings.compensation_lease <= self.settings.tool_timeout:
             log.warning(
                 "AWOOOP_COMPENSATION_LEASE should exceed AWOOOP_TOOL_TIMEOUT: a replica may take over a "
@@ -227,7 +227,7 @@ class CompensationDriver:
                 await self._compensate_step(claim, step)
         log.warning("compensation still has work after %d rounds; next pass continues", MAX_ROUNDS)
 
-    async def _fence(self, conn: asyncpg.Connection, claim: Claim) -> None:
+    async def _fence(self, conn: Conn, claim: Claim) -> None:
         if await conn.fetchval(FENCE_SQL, claim.run_id, self.me, claim.token) is None:
             raise LostClaim()
 
@@ -237,6 +237,7 @@ class CompensationDriver:
         async with self.pool.acquire() as conn, conn.transaction():
             run = await conn.fetchrow(RUN_SQL, claim.run_id)
             await self._fence(conn, claim)
+            assert run is not None  # a request names an existing run (foreign key)
             steps = await conn.fetch(ELIGIBLE_SQL, claim.run_id)
             if steps:
                 if run["saga_status"] != "compensating":
@@ -291,11 +292,11 @@ class CompensationDriver:
             await conn.execute(DONE_SQL, claim.run_id)
             return []
 
-    async def _not_compensated(self, conn: asyncpg.Connection, claim: Claim) -> list[dict[str, Any]]:
+    async def _not_compensated(self, conn: Conn, claim: Claim) -> list[dict[str, Any]]:
         rows = await conn.fetch(NOT_COMPENSATED_SQL, claim.run_id)
         return [{"step_id": r["step_id"], "tool_id": r["tool_id"], "why": r["why"]} for r in rows]
 
-    async def _renew(self, claim: Claim, conn: asyncpg.Connection | asyncpg.Pool | None = None) -> None:
+    async def _renew(self, claim: Claim, conn: Conn | asyncpg.Pool | None = None) -> None:
         renewed = await (conn or self.pool).fetchval(
             RENEW_SQL, claim.run_id, self.me, claim.token, float(self.settings.compensation_lease)
         )
@@ -355,7 +356,7 @@ class CompensationDriver:
 
     # ---------------------------------------------------------------- gateway
 
-    def _gateway(self) -> tools_pb2_grpc.ToolGatewayServiceStub:
+    def _gateway(self) -> tools_pb2_grpc.ToolGatewayServiceAsyncStub:
         if self._stub is None:
             self._channel = grpc.aio.insecure_channel(self.settings.gateway_addr)
             self._stub = tools_pb2_grpc.ToolGatewayServiceStub(self._channel)

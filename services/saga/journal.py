@@ -163,7 +163,9 @@ def _retry_later() -> errors.ServiceError:
     return errors.store_unavailable("the step changed concurrently, retry")
 
 
-async def _why(conn: asyncpg.Connection | asyncpg.Pool, principal: Principal, lease: Lease, step_id: str) -> Any:
+async def _why(
+    conn: asyncpg.Connection | asyncpg.Pool, principal: Principal, lease: Lease, step_id: str
+) -> asyncpg.Record:
     """The follow-up read after a write changed nothing: raises NOT_FOUND / FORBIDDEN / LEASE_LOST,
     or returns the row for the operation to decide."""
     row = await conn.fetchrow(WHY_SQL, lease.run_id, step_id)
@@ -379,6 +381,7 @@ async def get_journal(pool: asyncpg.Pool, principal: Principal, run_id: str) -> 
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         run = await conn.fetchrow(RUN_SQL, run_id)
         access.check(principal, run["project_id"] if run else None, run_id, "worker", "approver")
+        assert run is not None  # access.check raised NOT_FOUND for a missing run
         steps = await conn.fetch(STEPS_SQL, run_id)
         seed = await conn.fetchval(SEED_JSON_SQL, run_id)
     return Journal(run, list(steps), seed or [])

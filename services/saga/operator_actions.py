@@ -16,6 +16,7 @@ from services.common import errors
 from services.common.audit import audit
 from services.common.auth import Principal
 from services.common.compensatable import compensatable_step
+from services.common.db import Conn
 from services.common.runstate import COMPENSATABLE
 from services.saga import access
 from services.saga.journal import step_transition
@@ -90,7 +91,7 @@ class Resolved:
     saga_status: str
 
 
-async def _lock_run(conn: asyncpg.Connection, principal: Principal, run_id: str) -> asyncpg.Record:
+async def _lock_run(conn: Conn, principal: Principal, run_id: str) -> asyncpg.Record:
     run = await conn.fetchrow(LOCK_RUN_SQL, run_id)
     access.check(principal, run["project_id"] if run else None, run_id, "admin")
     assert run is not None
@@ -132,7 +133,7 @@ async def retry(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id: 
             if step_id and status is None:
                 raise errors.not_found("step", step_id)
             if step_id:
-                raise step_transition(run_id, step_id, status, "retry the compensation of")
+                raise step_transition(run_id, step_id, str(status), "retry the compensation of")
             raise errors.invalid_transition(run_id, run["saga_status"], "retry compensation (no failed step)")
         await conn.execute(SET_COMPENSATING_SQL, run_id)
         await audit(

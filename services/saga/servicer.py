@@ -71,7 +71,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
 
     # ---------------------------------------------------------------- journal
 
-    async def BeginStep(self, request: saga_pb2.BeginStepRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def BeginStep(self, request: saga_pb2.BeginStepRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         v = Violations()
         lease = self._lease(v, request.lease, request.HasField("lease"))
         step_id = v.token("step_id", request.step_id, max_len=MAX_ID)
@@ -86,12 +86,14 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         )
         STEP_WRITES.labels("begin", begun.action).inc()
         return saga_pb2.BeginStepResponse(
-            action=ACTIONS[begun.action],  # type: ignore[arg-type]
+            action=ACTIONS[begun.action],
             step=step_to_pb(begun.step),
             idempotency_key=idempotency_key(lease.run_id, step_id),
         )
 
-    async def CompleteStep(self, request: saga_pb2.CompleteStepRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def CompleteStep(
+        self, request: saga_pb2.CompleteStepRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
         v = Violations()
         lease = self._lease(v, request.lease, request.HasField("lease"))
         step_id = v.token("step_id", request.step_id, max_len=MAX_ID)
@@ -113,7 +115,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         STEP_WRITES.labels("complete", "ok").inc()
         return saga_pb2.CompleteStepResponse(step=step_to_pb(row))
 
-    async def RecordStep(self, request: saga_pb2.RecordStepRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def RecordStep(self, request: saga_pb2.RecordStepRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         v = Violations()
         lease = self._lease(v, request.lease, request.HasField("lease"))
         step_id = v.token("step_id", request.step_id, max_len=MAX_ID)
@@ -142,7 +144,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         STEP_WRITES.labels("record", "ok" if done.recorded else "already_completed").inc()
         return saga_pb2.RecordStepResponse(step=step_to_pb(done.step), recorded=done.recorded)
 
-    async def FailStep(self, request: saga_pb2.FailStepRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def FailStep(self, request: saga_pb2.FailStepRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         v = Violations()
         lease = self._lease(v, request.lease, request.HasField("lease"))
         step_id = v.token("step_id", request.step_id, max_len=MAX_ID)
@@ -152,7 +154,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         STEP_WRITES.labels("fail", "ok").inc()
         return saga_pb2.FailStepResponse(step=step_to_pb(row))
 
-    async def GetJournal(self, request: saga_pb2.GetJournalRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def GetJournal(self, request: saga_pb2.GetJournalRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         v = Violations()
         run_id = v.uuid("run_id", request.run_id)
         v.raise_if_any()
@@ -178,7 +180,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
 
     # ---------------------------------------------------------------- compensation
 
-    async def Compensate(self, request: saga_pb2.CompensateRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def Compensate(self, request: saga_pb2.CompensateRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         v = Violations()
         run_id = v.uuid("run_id", request.run_id)
         v.enum("trigger", request.trigger, saga_pb2.CompensationTrigger)
@@ -193,7 +195,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         )
 
     async def RetryCompensation(
-        self, request: saga_pb2.RetryCompensationRequest, context: grpc.aio.ServicerContext
+        self, request: saga_pb2.RetryCompensationRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         v = Violations()
         run_id = v.uuid("run_id", request.run_id)
@@ -204,7 +206,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         return saga_pb2.RetryCompensationResponse(saga_status=saga_status_to_pb(status))  # type: ignore[arg-type]
 
     async def ResolveCompensation(
-        self, request: saga_pb2.ResolveCompensationRequest, context: grpc.aio.ServicerContext
+        self, request: saga_pb2.ResolveCompensationRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         v = Violations()
         run_id = v.uuid("run_id", request.run_id)

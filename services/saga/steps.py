@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from awooop.common.v1 import common_pb2
+from services.common.db import Row
 from services.common.runs import ts
 from services.common.validate import to_struct
 
@@ -40,7 +41,7 @@ def compensation_to_pb(cmd: Mapping[str, Any]) -> common_pb2.CompensationCommand
     return out
 
 
-def step_to_pb(row: Mapping[str, Any]) -> common_pb2.SagaStep:
+def step_to_pb(row: Row) -> common_pb2.SagaStep:
     step = common_pb2.SagaStep(
         step_id=row["step_id"],
         step_type=step_type_to_pb(row["step_type"]),  # type: ignore[arg-type]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ import asyncpg
 from services.common import errors
 from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
+from services.common.db import Row
 from services.common.runstate import Audit, RunStatus
 from services.scheduler import metrics
 from services.scheduler.access import check_run_access, projects_with
@@ -179,10 +179,10 @@ def _refusal(principal: Principal, it: Item, row: asyncpg.Record, winner: int | 
         check_run_access(principal, row["cur_project"], WORKER_ROLE, it.run_id)
     except errors.ServiceError as err:
         return err
-    cur: Mapping[str, Any] = row
+    cur: Row = row
     if winner is not None and winner < row["item"]:  # an earlier item of this batch completed the run
         cur = {**dict(row), "cur_status": RunStatus.COMPLETED.value}
-    err = fenced_refusal(cur, it.run_id, it.attempt, COMPLETE.describe(cur))
-    if err.reason == errors.LEASE_LOST:
+    refusal = fenced_refusal(cur, it.run_id, it.attempt, COMPLETE.describe(cur))
+    if refusal.reason == errors.LEASE_LOST:
         metrics.LEASE_LOST.labels("CompleteRuns").inc()
-    return err
+    return refusal

@@ -8,11 +8,9 @@ the wake-up NOTIFY (`notified`) in the same statement, so in the same transactio
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from services.common import errors, runstate
 from services.common.compensatable import compensatable_step
+from services.common.db import Row
 from services.common.runs import RUN_COLUMNS
 from services.common.runstate import COMPENSATABLE, DROP_LEASE, Audit, Refusal, sql_list
 
@@ -96,14 +94,14 @@ notified AS (
 # --- choosing the error of a fenced write that changed nothing ---------------------------
 
 
-def lease_was_reaped(cur: Mapping[str, Any]) -> bool:
+def lease_was_reaped(cur: Row) -> bool:
     """The current attempt's lease was taken by the reaper: it stamps reaped_at after the
     claim stamped heartbeat_at (a later claim stamps heartbeat_at again)."""
     reaped, beat = cur["cur_reaped_at"], cur["cur_heartbeat_at"]
     return reaped is not None and (beat is None or reaped >= beat)
 
 
-def fenced_refusal(cur: Mapping[str, Any], run_id: str, attempt: int, action: str) -> errors.ServiceError:
+def fenced_refusal(cur: Row, run_id: str, attempt: int, action: str) -> errors.ServiceError:
     """The error runstate.fenced_refusal chooses for the locked row `cur`."""
     status = cur["cur_status"]
     refusal = runstate.fenced_refusal(status, cur["cur_attempt"] == attempt, lease_was_reaped(cur))

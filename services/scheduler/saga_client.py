@@ -29,7 +29,7 @@ class SagaNudger:
         self.metadata = (("authorization", f"Bearer {settings.internal_api_key}"),)
         self._tls_cert = settings.tls_cert_file
         self._channel: grpc.aio.Channel | None = None
-        self._stub: saga_pb2_grpc.SagaServiceStub | None = None
+        self._stub: saga_pb2_grpc.SagaServiceAsyncStub | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -44,7 +44,7 @@ class SagaNudger:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _stub_now(self) -> saga_pb2_grpc.SagaServiceStub:
+    def _stub_now(self) -> saga_pb2_grpc.SagaServiceAsyncStub:
         if self._stub is None:
             if self._tls_cert:
                 # the services share one certificate; trust it as the root

@@ -94,7 +94,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     # --- leases ------------------------------------------------------------------------------
 
     async def ClaimRuns(
-        self, request: scheduler_pb2.ClaimRunsRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.ClaimRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.ClaimRunsResponse:
         v = Violations()
         worker_id = v.token("worker_id", request.worker_id, max_len=MAX_ID)
@@ -143,7 +143,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.ClaimRunsResponse(runs=_claimed(rows))
 
     async def Heartbeat(
-        self, request: scheduler_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.HeartbeatResponse:
         v = Violations()
         worker_id = v.token("worker_id", request.worker_id, max_len=MAX_ID)
@@ -189,7 +189,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         )
 
     async def CompleteRun(
-        self, request: scheduler_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.CompleteRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.CompleteRunResponse:
         v = Violations()
         run_id, attempt = _lease(v, "lease", request.lease)
@@ -199,7 +199,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.CompleteRunResponse(run=run_to_pb(changed.row))
 
     async def CompleteRuns(
-        self, request: scheduler_pb2.CompleteRunsRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.CompleteRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.CompleteRunsResponse:
         v = Violations()
         items = self._complete_items(v, "runs", request.runs, required=True)
@@ -223,7 +223,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return items
 
     async def FailRun(
-        self, request: scheduler_pb2.FailRunRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.FailRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.FailRunResponse:
         v = Violations()
         run_id, attempt = _lease(v, "lease", request.lease)
@@ -241,7 +241,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         )
 
     async def ReleaseRun(
-        self, request: scheduler_pb2.ReleaseRunRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.ReleaseRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.ReleaseRunResponse:
         v = Violations()
         run_id, attempt = _lease(v, "lease", request.lease)
@@ -251,7 +251,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.ReleaseRunResponse(run=run_to_pb(changed.row))
 
     async def WaitTool(
-        self, request: scheduler_pb2.WaitToolRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.WaitToolRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.WaitToolResponse:
         v = Violations()
         run_id, attempt = _lease(v, "lease", request.lease)
@@ -261,7 +261,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.WaitToolResponse(run=run_to_pb(changed.row))
 
     async def ResumeTool(
-        self, request: scheduler_pb2.ResumeToolRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.ResumeToolRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.ResumeToolResponse:
         v = Violations()
         run_id, attempt = _lease(v, "lease", request.lease)
@@ -270,7 +270,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.ResumeToolResponse(run=run_to_pb(changed.row))
 
     async def AcknowledgeCancel(
-        self, request: scheduler_pb2.AcknowledgeCancelRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.AcknowledgeCancelRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.AcknowledgeCancelResponse:
         v = Violations()
         run_id, attempt = _lease(v, "lease", request.lease)
@@ -283,7 +283,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     # --- approvals and cancel ----------------------------------------------------------------
 
     async def RequestApproval(
-        self, request: scheduler_pb2.RequestApprovalRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.RequestApprovalRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.RequestApprovalResponse:
         v = Violations()
         run_id, attempt = _lease(v, "lease", request.lease)
@@ -300,7 +300,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         )
 
     async def DecideApproval(
-        self, request: scheduler_pb2.DecideApprovalRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.DecideApprovalRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.DecideApprovalResponse:
         v = Violations()
         run_id = v.uuid("run_id", request.run_id)
@@ -322,7 +322,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         )
 
     async def CancelRun(
-        self, request: scheduler_pb2.CancelRunRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.CancelRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.CancelRunResponse:
         v = Violations()
         run_id = v.uuid("run_id", request.run_id)
@@ -336,7 +336,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     # --- reads -------------------------------------------------------------------------------
 
     async def GetRun(
-        self, request: scheduler_pb2.GetRunRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.GetRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.GetRunResponse:
         v = Violations()
         run_id = v.uuid("run_id", request.run_id)
@@ -345,7 +345,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.GetRunResponse(run=run_to_pb(row))
 
     async def ListRuns(
-        self, request: scheduler_pb2.ListRunsRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.ListRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.ListRunsResponse:
         v = Violations()
         project_id = v.project_id("project_id", request.project_id)
@@ -368,7 +368,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         return scheduler_pb2.ListRunsResponse(runs=[run_to_pb(r) for r in rows], next_page_token=next_token)
 
     async def GetRunHistory(
-        self, request: scheduler_pb2.GetRunHistoryRequest, context: grpc.aio.ServicerContext
+        self, request: scheduler_pb2.GetRunHistoryRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.GetRunHistoryResponse:
         v = Violations()
         run_id = v.uuid("run_id", request.run_id)

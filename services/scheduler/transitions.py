@@ -13,7 +13,7 @@ the write serialize on the row lock, and the fencing token keeps any later attem
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,7 @@ import asyncpg
 from services.common import errors
 from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
+from services.common.db import Row
 from services.common.runs import RUN_READY_CHANNEL
 from services.common.runstate import (
     CANCELLABLE,
@@ -114,13 +115,13 @@ class FencedOp:
     sql: str
     # what the refused action was, for INVALID_TRANSITION ("cannot <action> run X in status S");
     # None: the transition's own wording
-    describe_cur: Callable[[Mapping[str, Any]], str] | None = None
+    describe_cur: Callable[[Row], str] | None = None
 
     @property
     def allowed(self) -> tuple[str, ...]:
         return self.transition.allowed_from
 
-    def describe(self, cur: Mapping[str, Any]) -> str:
+    def describe(self, cur: Row) -> str:
         return self.describe_cur(cur) if self.describe_cur else self.transition.describe
 
 

@@ -74,8 +74,8 @@ class RunReadyListener:
             for event in waiters:
                 event.set()
 
-    def _on_notify(self, conn: object, pid: int, channel: str, payload: str) -> None:
-        self.wake(payload)
+    def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        self.wake(str(payload))
 
     async def run(self) -> None:
         """Background loop: keeps the LISTEN connection up until shutdown."""

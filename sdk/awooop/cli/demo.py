@@ -308,7 +308,7 @@ async def _story(
         },
     }
     story.step(f'Telegram delivers update {update_id} ("{text}") three times, as a retrying bot does:')
-    outcomes = []
+    outcomes: list[dict[str, Any]] = []
     for i in range(3):
         resp = await client.call(
             client.ingest.IngestEvent,

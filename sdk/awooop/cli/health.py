@@ -51,15 +51,15 @@ def check(channel: Any, service: str = "", timeout: float = 3.0) -> tuple[int, s
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    stub = health_pb2_grpc.HealthStub(channel)
+    stub: Any = health_pb2_grpc.HealthStub(channel)  # the stubs declare no methods on HealthStub
     label = service or "server"
     try:
         reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout)
     except grpc.RpcError as err:
-        code = err.code()  # type: ignore[attr-defined]
+        code = err.code()
         if code == grpc.StatusCode.NOT_FOUND:
             return UNHEALTHY, f"{label}: SERVICE_UNKNOWN (the server does not serve it)"
-        return UNHEALTHY, f"{label}: unreachable: {code.name}: {err.details()}"  # type: ignore[attr-defined]
+        return UNHEALTHY, f"{label}: unreachable: {code.name}: {err.details()}"
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
     return (HEALTHY if reply.status == health_pb2.HealthCheckResponse.SERVING else UNHEALTHY), f"{label}: {status}"
 

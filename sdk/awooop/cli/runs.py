@@ -97,7 +97,7 @@ def _leaf(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     return p
 
 
-def _status(value: str) -> list[int]:
+def _status(value: str) -> list[common_pb2.RunStatus.ValueType]:
     out = []
     for part in value.split(","):
         name = part.strip().upper().removeprefix("RUN_STATUS_")
@@ -307,7 +307,7 @@ def _print_journal(journal: saga_pb2.GetJournalResponse) -> None:
     if not journal.steps:
         print("  (no steps)")
         return
-    rows = []
+    rows: list[list[Any]] = []
     for s in journal.steps:
         comp = ""
         if s.HasField("compensation_cmd") and s.compensation_cmd.tool_id:

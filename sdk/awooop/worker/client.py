@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -62,6 +62,7 @@ STUBS: dict[str, Callable[[grpc.aio.Channel], Any]] = {
     "gateway": tools_pb2_grpc.ToolGatewayServiceStub,
 }
 
+Req = TypeVar("Req")
 R = TypeVar("R")
 
 
@@ -139,22 +140,24 @@ class Client:
         return self._stubs[service]
 
     @property
-    def ingest(self) -> ingest_pb2_grpc.IngestServiceStub:
+    def ingest(self) -> ingest_pb2_grpc.IngestServiceAsyncStub:
         return self.stub("ingest")  # type: ignore[no-any-return]
 
     @property
-    def scheduler(self) -> scheduler_pb2_grpc.SchedulerServiceStub:
+    def scheduler(self) -> scheduler_pb2_grpc.SchedulerServiceAsyncStub:
         return self.stub("scheduler")  # type: ignore[no-any-return]
 
     @property
-    def saga(self) -> saga_pb2_grpc.SagaServiceStub:
+    def saga(self) -> saga_pb2_grpc.SagaServiceAsyncStub:
         return self.stub("saga")  # type: ignore[no-any-return]
 
     @property
-    def gateway(self) -> tools_pb2_grpc.ToolGatewayServiceStub:
+    def gateway(self) -> tools_pb2_grpc.ToolGatewayServiceAsyncStub:
         return self.stub("gateway")  # type: ignore[no-any-return]
 
-    async def call(self, method: Callable[..., Awaitable[R]], request: Any, *, timeout: float | None = None) -> R:
+    async def call(
+        self, method: grpc.aio.UnaryUnaryMultiCallable[Req, R], request: Req, *, timeout: float | None = None
+    ) -> R:
         """One RPC with a deadline and the key; a failure raises AwooopError (LeaseLost for LEASE_LOST)."""
         try:
             return await method(request, timeout=timeout or self.timeout, metadata=self.metadata)

@@ -166,7 +166,7 @@ class Worker:
             raise RuntimeError("worker already running")
         self._running = True
         loop = asyncio.get_running_loop()
-        signals: list[int] = []
+        signals: list[signal.Signals] = []
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -415,15 +415,15 @@ class Worker:
             metrics.HEARTBEATS.labels("ok").inc()
             by_key = {h.key: h for h in batch}
             for renewal in response.renewals:
-                h = by_key.get((renewal.lease.run_id, renewal.lease.attempt))
-                if h is None:
+                held = by_key.get((renewal.lease.run_id, renewal.lease.attempt))
+                if held is None:
                     continue
                 if renewal.outcome == scheduler_pb2.LEASE_OUTCOME_LEASE_LOST:
-                    self._stop_handler(h, LOST)
+                    self._stop_handler(held, LOST)
                 elif renewal.cancel_requested:
-                    self._stop_handler(h, CANCEL)
+                    self._stop_handler(held, CANCEL)
                 elif renewal.outcome == scheduler_pb2.LEASE_OUTCOME_RENEWED:
-                    h.renewed_until = sent_at + h.ttl
+                    held.renewed_until = sent_at + held.ttl
                     self.stats.leases_renewed += 1
 
     # --- shutdown ---
