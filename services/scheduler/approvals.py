@@ -41,16 +41,17 @@ def new_token() -> tuple[str, bytes]:
     return token, token_hash(token)
 
 
-# $6 token hash, $7 ttl seconds, $8 summary. The hand-back does not count as a used attempt
+# The hand-back does not count as a used attempt
 # (released_count), so a run may ask for approval without spending its max_attempts.
 REQUEST = fenced_op(
     "RequestApproval",
     Action.REQUEST_APPROVAL,
+    params=("token_hash", "ttl", "summary"),
     set_sql=f"""status = 'WAITING_APPROVAL', {DROP_LEASE},
            released_count = r.released_count + 1,
-           approval_token_hash = $6, approval_expires_at = now() + make_interval(secs => $7),
-           approval_summary = $8, approval_decided_by = NULL, approval_decided_at = NULL""",
-    reason_sql="NULLIF($8, '')",
+           approval_token_hash = :token_hash, approval_expires_at = now() + make_interval(secs => :ttl),
+           approval_summary = :summary, approval_decided_by = NULL, approval_decided_at = NULL""",
+    reason_sql="NULLIF(:summary, '')",
     details_sql="jsonb_build_object('expires_at', approval_expires_at)",
     # a run whose cancel is pending must not park itself where the cancel cannot reach it
     extra_where="AND NOT r.cancel_requested",
@@ -72,7 +73,9 @@ async def request(
 ) -> tuple[Changed, str]:
     """Returns the change and the token (the only time it exists outside a hash)."""
     token, digest = new_token()
-    changed = await fenced_write(pool, REQUEST, principal, run_id, attempt, digest, ttl, summary, saga=saga)
+    changed = await fenced_write(
+        pool, REQUEST, principal, run_id, attempt, saga=saga, token_hash=digest, ttl=ttl, summary=summary
+    )
     return changed, token
 
 

@@ -183,9 +183,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     # --- fenced worker writes ----------------------------------------------------------------
 
-    async def _fenced(self, op: transitions.FencedOp, run_id: str, attempt: int, *args: Any) -> transitions.Changed:
+    async def _fenced(self, op: transitions.FencedOp, run_id: str, attempt: int, **params: Any) -> transitions.Changed:
         return await transitions.fenced_write(
-            self.pool, op, current_principal(), run_id, attempt, *args, saga=self.saga
+            self.pool, op, current_principal(), run_id, attempt, saga=self.saga, **params
         )
 
     async def CompleteRun(
@@ -195,7 +195,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         run_id, attempt = _lease(v, "lease", request.lease)
         output = v.struct("output", request.output, max_bytes=self.settings.max_payload_bytes)
         v.raise_if_any()
-        changed = await self._fenced(transitions.COMPLETE, run_id, attempt, output)
+        changed = await self._fenced(transitions.COMPLETE, run_id, attempt, output=output)
         return scheduler_pb2.CompleteRunResponse(run=run_to_pb(changed.row))
 
     async def CompleteRuns(
@@ -234,7 +234,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         )
         v.raise_if_any()
         changed = await self._fenced(
-            transitions.FAIL, run_id, attempt, reason or "failed", error_code, request.retryable, backoff
+            transitions.FAIL,
+            run_id,
+            attempt,
+            reason=reason or "failed",
+            error_code=error_code,
+            retryable=request.retryable,
+            backoff=backoff,
         )
         return scheduler_pb2.FailRunResponse(
             run=run_to_pb(changed.row), compensation_requested=changed.compensation_requested
@@ -247,7 +253,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         run_id, attempt = _lease(v, "lease", request.lease)
         reason = v.text("reason", request.reason, max_len=MAX_TEXT)
         v.raise_if_any()
-        changed = await self._fenced(transitions.RELEASE, run_id, attempt, reason)
+        changed = await self._fenced(transitions.RELEASE, run_id, attempt, reason=reason)
         return scheduler_pb2.ReleaseRunResponse(run=run_to_pb(changed.row))
 
     async def WaitTool(
@@ -257,7 +263,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         run_id, attempt = _lease(v, "lease", request.lease)
         tool_id = v.token("tool_id", request.tool_id, max_len=MAX_ID, required=False)
         v.raise_if_any()
-        changed = await self._fenced(transitions.WAIT_TOOL, run_id, attempt, tool_id)
+        changed = await self._fenced(transitions.WAIT_TOOL, run_id, attempt, tool_id=tool_id)
         return scheduler_pb2.WaitToolResponse(run=run_to_pb(changed.row))
 
     async def ResumeTool(

@@ -13,6 +13,7 @@ the write serialize on the row lock, and the fencing token keeps any later attem
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -69,9 +70,9 @@ def fenced_sql(
     notify_when: str | None = None,
 ) -> str:
     """A fenced write. Parameters: $1 run_id, $2 attempt (fencing token), $3 allowed
-    statuses, $4 projects where the caller is a worker (NULL: all), $5 actor, $6... the
-    action's own. In the audit expressions the changed row is `upd` (columns of Run plus
-    from_status and prev_worker)."""
+    statuses, $4 projects where the caller is a worker (NULL: all), $5 actor; the action's
+    own parameters are written by name (`:reason`) and bound after these (fenced_op). In the
+    audit expressions the changed row is `upd` (columns of Run plus from_status and prev_worker)."""
     comp = compensation_cte(trigger_sql) if trigger_sql else ""
     comp_audit = comp_audit_rows("$5") if trigger_sql else ""
     notify = notify_cte(f"'{RUN_READY_CHANNEL}'", notify_when) if notify_when else ""
@@ -105,7 +106,7 @@ SELECT cur.*, upd.*,
 
 # The failure is retried only when asked, no cancel is pending, and attempts are left
 # (ReleaseRun hand-backs do not count: attempts used = attempt_count - released_count).
-_RETRY = f"($8 AND NOT r.cancel_requested AND {attempts_left('r')})"
+_RETRY = f"(:retryable AND NOT r.cancel_requested AND {attempts_left('r')})"
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ class FencedOp:
     method: str  # RPC name (metrics label)
     transition: Transition  # runstate: the statuses it may start from, its outcomes and audit actions
     sql: str
+    # the action's own parameters, in the order they are bound ($6, $7, ...)
+    params: tuple[str, ...]
     # what the refused action was, for INVALID_TRANSITION ("cannot <action> run X in status S");
     # None: the transition's own wording
     describe_cur: Callable[[Row], str] | None = None
@@ -125,25 +128,46 @@ class FencedOp:
         return self.describe_cur(cur) if self.describe_cur else self.transition.describe
 
 
-def fenced_op(method: str, action: Action, **sql: Any) -> FencedOp:
+_FIXED_PARAMS = 5  # fenced_sql's $1..$5
+_NAMED = re.compile(r"(?<![:\w]):([a-z_]+)\b")
+
+
+def bind_names(sql: str, params: tuple[str, ...], first: int) -> str:
+    """`:name` placeholders -> `$first`, `$first + 1`, ... in the order of params (every name
+    used must be declared, so a parameter can never be bound in the wrong position)."""
+    numbers = {name: f"${first + i}" for i, name in enumerate(params)}
+
+    def number(m: re.Match[str]) -> str:
+        if m.group(1) not in numbers:
+            raise KeyError(f"SQL uses :{m.group(1)}, which is not a declared parameter {params}")
+        return numbers[m.group(1)]
+
+    return _NAMED.sub(number, sql)
+
+
+def fenced_op(method: str, action: Action, *, params: tuple[str, ...] = (), **sql: Any) -> FencedOp:
+    """A fenced write of the runstate transition `action`: its statuses, audit actions (unless
+    action_sql says otherwise) and the wording of its refusal come from the table."""
     t = TRANSITIONS[action]
     assert t.fenced, action
     describe = sql.pop("describe", None)
-    return FencedOp(method, t, fenced_sql(action_sql=sql.pop("action_sql", t.audit_case()), **sql), describe)
+    text = fenced_sql(action_sql=sql.pop("action_sql", t.audit_case()), **sql)
+    return FencedOp(method, t, bind_names(text, params, _FIXED_PARAMS + 1), params, describe)
 
 
-COMPLETE = fenced_op("CompleteRun", Action.COMPLETE, set_sql=complete_set("$6::jsonb"))
+COMPLETE = fenced_op("CompleteRun", Action.COMPLETE, params=("output",), set_sql=complete_set(":output::jsonb"))
 
 FAIL = fenced_op(
     "FailRun",
     Action.FAIL,
+    params=("reason", "error_code", "retryable", "backoff"),
     set_sql=f"""status = CASE WHEN {_RETRY} THEN 'PENDING'
-                         WHEN $8 AND r.cancel_requested THEN 'CANCELLED'
+                         WHEN :retryable AND r.cancel_requested THEN 'CANCELLED'
                          ELSE 'FAILED' END,
-           not_before = CASE WHEN {_RETRY} THEN now() + make_interval(secs => $9) END,
-           {DROP_LEASE}, failure_reason = $6, error_code = NULLIF($7, '')""",
-    reason_sql="$6",
-    details_sql="""jsonb_build_object('retryable', $8::boolean, 'error_code', error_code,
+           not_before = CASE WHEN {_RETRY} THEN now() + make_interval(secs => :backoff) END,
+           {DROP_LEASE}, failure_reason = :reason, error_code = NULLIF(:error_code, '')""",
+    reason_sql=":reason",
+    details_sql="""jsonb_build_object('retryable', :retryable::boolean, 'error_code', error_code,
                                   'not_before', not_before, 'max_attempts', max_attempts)""",
     trigger_sql="CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END",
     notify_when="status = 'PENDING'",
@@ -152,12 +176,13 @@ FAIL = fenced_op(
 RELEASE = fenced_op(
     "ReleaseRun",
     Action.RELEASE,
+    params=("reason",),
     # a hand-back while a cancel is pending ends the run: re-queuing would ignore the cancel
     set_sql=f"""status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
            released_count = r.released_count + 1, {DROP_LEASE}, not_before = NULL,
            failure_reason = CASE WHEN r.cancel_requested THEN COALESCE(r.failure_reason, 'cancelled')
                                  ELSE r.failure_reason END""",
-    reason_sql="NULLIF($6, '')",
+    reason_sql="NULLIF(:reason, '')",
     trigger_sql="'cancelled'",
     notify_when="status = 'PENDING'",
 )
@@ -165,9 +190,10 @@ RELEASE = fenced_op(
 WAIT_TOOL = fenced_op(
     "WaitTool",
     Action.WAIT_TOOL,
+    params=("tool_id",),
     set_sql="status = 'WAITING_TOOL'",
-    reason_sql="NULLIF($6, '')",
-    details_sql="jsonb_build_object('tool_id', $6::text)",
+    reason_sql="NULLIF(:tool_id, '')",
+    details_sql="jsonb_build_object('tool_id', :tool_id::text)",
 )
 
 RESUME_TOOL = fenced_op("ResumeTool", Action.RESUME_TOOL, set_sql="status = 'RUNNING'")
@@ -200,13 +226,22 @@ async def fenced_write(
     principal: Principal,
     run_id: str,
     attempt: int,
-    *args: Any,
+    *,
     saga: SagaNudger,
+    **params: Any,
 ) -> Changed:
-    """Runs a fenced write; raises NOT_FOUND / PERMISSION_DENIED / LEASE_LOST / INVALID_TRANSITION
-    when it changed nothing."""
+    """Runs a fenced write with the op's own parameters by name; raises NOT_FOUND /
+    PERMISSION_DENIED / LEASE_LOST / INVALID_TRANSITION when it changed nothing."""
+    if set(params) != set(op.params):
+        raise TypeError(f"{op.method} takes {op.params}, got {tuple(params)}")
     row = await pool.fetchrow(
-        op.sql, run_id, attempt, list(op.allowed), projects_with(principal, WORKER_ROLE), principal.actor, *args
+        op.sql,
+        run_id,
+        attempt,
+        list(op.allowed),
+        projects_with(principal, WORKER_ROLE),
+        principal.actor,
+        *(params[name] for name in op.params),
     )
     if row is None:
         raise errors.not_found("run", run_id)
