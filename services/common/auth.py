@@ -42,14 +42,6 @@ class Principal:
     def has(self, project_id: str, role: str) -> bool:
         return role in self.roles_in(project_id)
 
-    def require(self, project_id: str, role: str) -> None:
-        if not self.has(project_id, role):
-            raise errors.forbidden(
-                f"principal {self.principal_id} has no {role} role in project {project_id}",
-                project_id=project_id,
-                role=role,
-            )
-
     @property
     def actor(self) -> str:
         return f"{self.principal_type}:{self.principal_id}"

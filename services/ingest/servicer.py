@@ -16,6 +16,7 @@ import grpc
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from services.common import errors
+from services.common.access import require_role
 from services.common.auth import current_principal
 from services.common.runtime import AppContext
 from services.common.validate import Violations
@@ -56,7 +57,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
         self._check_expanded(v, "payload.events", len(events))
         _raise_if_invalid(v)
         principal = current_principal()
-        principal.require(request.project_id, ROLE)
+        require_role(principal, request.project_id, ROLE)
         outcomes = await self.events.ingest(events, principal_id=principal.principal_id, actor=principal.actor)
         response = ingest_pb2.IngestEventResponse()
         _add_outcomes(response, outcomes)
@@ -126,7 +127,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
         )
         _raise_if_invalid(v)
         principal = current_principal()
-        principal.require(request.project_id, ROLE)
+        require_role(principal, request.project_id, ROLE)
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
         return await self.runs.create(run, principal, deadline=deadline)

@@ -17,9 +17,9 @@ import asyncpg
 import grpc
 
 from services.common import errors
+from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.runstate import LEASED
-from services.saga import access
 from services.saga.steps import IRREVERSIBLE_TOOLS, STEP_COLUMNS
 
 # How often a write is tried again when the follow-up read finds nothing wrong: the state changed
@@ -169,7 +169,7 @@ async def _why(
     """The follow-up read after a write changed nothing: raises NOT_FOUND / FORBIDDEN / LEASE_LOST,
     or returns the row for the operation to decide."""
     row = await conn.fetchrow(WHY_SQL, lease.run_id, step_id)
-    access.check(principal, row["project_id"] if row else None, lease.run_id, "worker")
+    check_run_access(principal, row["project_id"] if row else None, "worker", lease.run_id)
     assert row is not None
     if row["attempt_count"] != lease.attempt or row["run_status"] not in LEASED:
         raise errors.lease_lost(lease.run_id, lease.attempt)
@@ -245,7 +245,7 @@ async def begin_step(
     tool_id: str | None,
     tool_params: dict[str, Any] | None,
 ) -> Begun:
-    scope = access.project_scope(principal, "worker")
+    scope = projects_with(principal, "worker")
     wrote, row = await _new_step(
         pool,
         principal,
@@ -278,7 +278,7 @@ async def record_step(
     params: dict[str, Any] | None = None,
 ) -> Recorded:
     """Journals a step that already ran: completed with result, or failed with error."""
-    scope = access.project_scope(principal, "worker")
+    scope = projects_with(principal, "worker")
     status = "failed" if error is not None else "completed"
     wrote, row = await _new_step(
         pool,
@@ -311,7 +311,7 @@ async def complete_step(
     result: dict[str, Any],
     compensation_cmd: dict[str, Any] | None,
 ) -> asyncpg.Record:
-    scope = access.project_scope(principal, "worker")
+    scope = projects_with(principal, "worker")
     for _ in range(WRITE_TRIES):
         row = await pool.fetchrow(
             COMPLETE_SQL,
@@ -356,7 +356,7 @@ async def complete_step(
 
 
 async def fail_step(pool: asyncpg.Pool, principal: Principal, lease: Lease, step_id: str, error: str) -> asyncpg.Record:
-    scope = access.project_scope(principal, "worker")
+    scope = projects_with(principal, "worker")
     for _ in range(WRITE_TRIES):
         row = await pool.fetchrow(FAIL_SQL, lease.run_id, lease.attempt, step_id, error, scope, list(LEASED))
         if row is not None:
@@ -380,8 +380,8 @@ async def get_journal(pool: asyncpg.Pool, principal: Principal, run_id: str) -> 
     """The journal in order, read in one snapshot. Workers and approvers (and admins) may read it."""
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         run = await conn.fetchrow(RUN_SQL, run_id)
-        access.check(principal, run["project_id"] if run else None, run_id, "worker", "approver")
-        assert run is not None  # access.check raised NOT_FOUND for a missing run
+        check_run_access(principal, run["project_id"] if run else None, ("worker", "approver"), run_id)
+        assert run is not None  # check_run_access raised NOT_FOUND for a missing run
         steps = await conn.fetch(STEPS_SQL, run_id)
         seed = await conn.fetchval(SEED_JSON_SQL, run_id)
     return Journal(run, list(steps), seed or [])

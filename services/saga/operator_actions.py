@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import asyncpg
 
 from services.common import errors
+from services.common.access import check_run_access
 from services.common.audit import audit
 from services.common.auth import Principal
 from services.common.compensatable import compensatable_step
 from services.common.db import Conn
 from services.common.runstate import COMPENSATABLE
-from services.saga import access
 from services.saga.journal import step_transition
 from services.saga.saga_status import SET_COMPENSATING_SQL
 from services.saga.steps import STEP_COLUMNS
@@ -93,7 +93,7 @@ class Resolved:
 
 async def _lock_run(conn: Conn, principal: Principal, run_id: str) -> asyncpg.Record:
     run = await conn.fetchrow(LOCK_RUN_SQL, run_id)
-    access.check(principal, run["project_id"] if run else None, run_id, "admin")
+    check_run_access(principal, run["project_id"] if run else None, "admin", run_id)
     assert run is not None
     return run
 

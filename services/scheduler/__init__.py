@@ -3,16 +3,18 @@ docs/architecture.md "State machine, leases and fencing").
 
 Modules, transport first:
     servicer.py     SchedulerService RPCs: validate, call the logic, build responses
-    claiming.py     ClaimRuns long-poll (wait for a wake-up, a backoff's end, or the wait's end)
+    claiming.py     the claim statement and the ClaimRuns long-poll (wake-up, a backoff's end, or the wait's end)
     leases.py       the heartbeat statement (lease renewal)
     transitions.py  fenced worker writes (complete, fail, release, tool waits, cancel ack) and CancelRun
     approvals.py    RequestApproval / DecideApproval and the approval expiry sweep
     reaper.py       the stale-lease reaper pass
     reads.py        GetRun, ListRuns (keyset page tokens), GetRunHistory
     fragments.py    SQL pieces shared by the statements, and the choice of error when a write changed nothing
-    access.py       tenant isolation: which projects a caller may touch, NOT_FOUND vs PERMISSION_DENIED
     wakeup.py       the LISTEN connection that wakes long-polling claims
     saga_client.py  fire-and-forget SagaService.Compensate after a compensation request was recorded
     metrics.py      Prometheus metrics (awooop_scheduler_*)
     app.py          wiring: servicer, LISTEN loop, reaper loop, approval sweep loop
+
+Shared with the other services: the run state machine (services/common/runstate.py) and the
+access policy (services/common/access.py).
 """

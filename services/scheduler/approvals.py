@@ -14,12 +14,12 @@ import secrets
 import asyncpg
 
 from services.common import errors
+from services.common.access import check_run_access, projects_with
 from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
 from services.common.runs import RUN_READY_CHANNEL
 from services.common.runstate import DROP_LEASE, TRANSITIONS, Action, Audit, RunStatus
 from services.scheduler import metrics
-from services.scheduler.access import check_run_access, projects_with
 from services.scheduler.fragments import RUN_COLUMNS_R, comp_audit_rows, compensation_cte, notify_cte
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.transitions import Changed, fenced_op, fenced_write, settled

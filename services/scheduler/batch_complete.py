@@ -21,12 +21,12 @@ from typing import Any
 import asyncpg
 
 from services.common import errors
+from services.common.access import check_run_access, projects_with
 from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
 from services.common.db import Row
 from services.common.runstate import Audit, RunStatus
 from services.scheduler import metrics
-from services.scheduler.access import check_run_access, projects_with
 from services.scheduler.claiming import claim_ctes, projects_arg
 from services.scheduler.fragments import (
     CUR_COLUMNS,

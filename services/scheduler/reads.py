@@ -1,5 +1,5 @@
 """GetRun, ListRuns and GetRunHistory: one statement each, tenant-checked after the read
-(a caller without a role in the run's project gets NOT_FOUND, see access.py)."""
+(a caller without a role in the run's project gets NOT_FOUND, see services/common/access.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import uuid
 import asyncpg
 
 from services.common import errors
+from services.common.access import check_run_access
 from services.common.auth import Principal
 from services.common.runs import RUN_COLUMNS
-from services.scheduler.access import check_run_access
 
 ANY_ROLE = ("ingest", "worker", "approver", "admin")
 HISTORY_LIMIT = 1000  # events returned by GetRunHistory (a run's history is short: one row per change)

@@ -13,12 +13,12 @@ from google.protobuf.duration_pb2 import Duration
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
+from services.common.access import projects_with, require_member, require_role
 from services.common.auth import current_principal
 from services.common.runs import run_to_pb, status_from_pb, status_to_pb, ts
 from services.common.runtime import AppContext
 from services.common.validate import Violations, to_struct
 from services.scheduler import approvals, batch_complete, claiming, leases, metrics, reads, transitions
-from services.scheduler.access import projects_with
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.wakeup import RunReadyListener
 
@@ -113,7 +113,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         v.raise_if_any()
         principal = current_principal()
         for p in projects:
-            principal.require(p, "worker")
+            require_role(principal, p, "worker")
         if items:  # complete, then claim, in one statement; never waits (see the proto)
             outcomes, rows = await batch_complete.complete_and_claim(
                 self.pool,
@@ -366,10 +366,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             v.check(after is not None, "page_token", "not a token returned by ListRuns")
         v.raise_if_any()
         principal = current_principal()
-        if not principal.roles_in(project_id):
-            raise errors.forbidden(
-                f"principal {principal.principal_id} has no role in project {project_id}", project_id=project_id
-            )
+        require_member(principal, project_id)
         rows, next_token = await reads.list_runs(self.pool, project_id, sorted(set(statuses)) or None, page_size, after)
         return scheduler_pb2.ListRunsResponse(runs=[run_to_pb(r) for r in rows], next_page_token=next_token)
 

@@ -21,6 +21,7 @@ from typing import Any
 import asyncpg
 
 from services.common import errors
+from services.common.access import check_run_access, projects_with
 from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
 from services.common.db import Row
@@ -38,7 +39,6 @@ from services.common.runstate import (
     sql_list,
 )
 from services.scheduler import metrics
-from services.scheduler.access import check_run_access, projects_with
 from services.scheduler.fragments import (
     CUR_COLUMNS,
     FENCED_AUDIT_DETAILS,
