@@ -14,22 +14,32 @@ from google.protobuf import any_pb2
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from awooop.common.v1 import errors_pb2
+
 DOMAIN = "awooop"
 
-# reason constants (the error table in the README lists them all)
-FIELD_INVALID = "FIELD_INVALID"
-UNAUTHENTICATED = "UNAUTHENTICATED"
-FORBIDDEN = "FORBIDDEN"
-NOT_FOUND = "NOT_FOUND"
-IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
-LEASE_LOST = "LEASE_LOST"
-INVALID_TRANSITION = "INVALID_TRANSITION"
-APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
-APPROVAL_INVALID = "APPROVAL_INVALID"
-STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
-DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
-INTERNAL = "INTERNAL"
-UNIMPLEMENTED = "UNIMPLEMENTED"
+
+def reason(value: errors_pb2.ErrorReason.ValueType) -> str:
+    """ErrorInfo.reason of an ErrorReason: its name without the prefix (ERROR_REASON_LEASE_LOST -> LEASE_LOST)."""
+    return errors_pb2.ErrorReason.Name(value).removeprefix("ERROR_REASON_")
+
+
+# the reasons (declared in protos/awooop/common/v1/errors.proto; the README's error table lists them)
+FIELD_INVALID = reason(errors_pb2.ERROR_REASON_FIELD_INVALID)
+UNAUTHENTICATED = reason(errors_pb2.ERROR_REASON_UNAUTHENTICATED)
+FORBIDDEN = reason(errors_pb2.ERROR_REASON_FORBIDDEN)
+NOT_FOUND = reason(errors_pb2.ERROR_REASON_NOT_FOUND)
+IDEMPOTENCY_CONFLICT = reason(errors_pb2.ERROR_REASON_IDEMPOTENCY_CONFLICT)
+LEASE_LOST = reason(errors_pb2.ERROR_REASON_LEASE_LOST)
+INVALID_TRANSITION = reason(errors_pb2.ERROR_REASON_INVALID_TRANSITION)
+APPROVAL_EXPIRED = reason(errors_pb2.ERROR_REASON_APPROVAL_EXPIRED)
+APPROVAL_INVALID = reason(errors_pb2.ERROR_REASON_APPROVAL_INVALID)
+STORE_UNAVAILABLE = reason(errors_pb2.ERROR_REASON_STORE_UNAVAILABLE)
+DEADLINE_EXCEEDED = reason(errors_pb2.ERROR_REASON_DEADLINE_EXCEEDED)
+INTERNAL = reason(errors_pb2.ERROR_REASON_INTERNAL)
+UNIMPLEMENTED = reason(errors_pb2.ERROR_REASON_UNIMPLEMENTED)
+TOOL_FAILED = reason(errors_pb2.ERROR_REASON_TOOL_FAILED)
+JOURNAL_TOO_LARGE = reason(errors_pb2.ERROR_REASON_JOURNAL_TOO_LARGE)
 
 
 class ServiceError(Exception):

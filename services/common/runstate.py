@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from services.common import errors
+
 
 class RunStatus(StrEnum):
     """awooop_run_state.status (stored as these strings; RUN_STATUS_<name> in protobuf)."""
@@ -246,8 +248,8 @@ def allowed(action: Action, status: str) -> bool:
 class Refusal(StrEnum):
     """Why a fenced write changed nothing (the error reason it answers)."""
 
-    LEASE_LOST = "LEASE_LOST"
-    INVALID_TRANSITION = "INVALID_TRANSITION"
+    LEASE_LOST = errors.LEASE_LOST
+    INVALID_TRANSITION = errors.INVALID_TRANSITION
 
 
 def fenced_refusal(status: str, token_is_current: bool, lease_was_reaped: bool) -> Refusal:

@@ -29,7 +29,7 @@ from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common import errors
 from services.common.jsonvalues import has_nul, json_size, struct_dict
 from services.common.validate import Violations, to_struct
-from services.gateway.tools import TOOL_FAILED, TOOLS, tool_failed
+from services.gateway.tools import TOOLS, tool_failed
 
 log = logging.getLogger("awooop.gateway")
 
@@ -160,7 +160,7 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
             fault = await conn.fetchrow(FAULT_SQL, project_id, tool_id)
             if fault is not None:
                 code = getattr(grpc.StatusCode, fault["code"])
-                raise errors.ServiceError(code, TOOL_FAILED, fault["message"], metadata={"tool_id": tool_id})
+                raise errors.ServiceError(code, errors.TOOL_FAILED, fault["message"], metadata={"tool_id": tool_id})
             if simulated is not None:
                 raise tool_failed(str(simulated) or "simulated failure", tool_id=tool_id, simulated="true")
             async with conn.transaction():

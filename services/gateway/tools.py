@@ -25,7 +25,6 @@ from services.common import errors
 from services.common.db import Conn
 from services.common.validate import TOKEN_RE, Violations
 
-TOOL_FAILED = "TOOL_FAILED"
 NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")  # k8s-style names and kinds
 TABLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 MAX_REPLICAS = 10000
@@ -34,7 +33,7 @@ Tool = Callable[[Conn, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 def tool_failed(message: str, **metadata: str) -> errors.ServiceError:
-    return errors.ServiceError(grpc.StatusCode.FAILED_PRECONDITION, TOOL_FAILED, message, metadata=metadata)
+    return errors.ServiceError(grpc.StatusCode.FAILED_PRECONDITION, errors.TOOL_FAILED, message, metadata=metadata)
 
 
 def _name(v: Violations, params: dict[str, Any], key: str) -> str:

@@ -29,7 +29,6 @@ ACTIONS = {
     "skip": saga_pb2.STEP_ACTION_SKIP,
     "retry": saga_pb2.STEP_ACTION_RETRY,
 }
-JOURNAL_TOO_LARGE = "JOURNAL_TOO_LARGE"
 # step types RecordStep takes: no side effect that a pending record would have to protect
 RECORDABLE = (common_pb2.STEP_TYPE_LLM_CALL, common_pb2.STEP_TYPE_CALLBACK)
 
@@ -172,7 +171,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         if resp.ByteSize() > self.settings.max_message_bytes - 1024:
             raise errors.ServiceError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                JOURNAL_TOO_LARGE,
+                errors.JOURNAL_TOO_LARGE,
                 f"the journal of run {run_id} is larger than AWOOOP_MAX_MESSAGE_BYTES; read awooop_saga_step directly",
                 metadata={"run_id": run_id, "bytes": str(resp.ByteSize())},
             )

@@ -26,7 +26,7 @@ from google.protobuf import json_format, timestamp_pb2
 from google.protobuf.message import Message
 
 from awooop.worker.client import DEFAULT_ADDRESSES, Client
-from awooop.worker.errors import AwooopError
+from awooop.worker.errors import UNAUTHENTICATED, AwooopError
 from awooop.worker.structs import ints
 
 EXIT_RPC_ERROR = 1
@@ -104,7 +104,7 @@ def run_command(
             return asyncio.run(go())
         except AwooopError as err:
             print(render_error(err), file=sys.stderr)
-            if err.reason == "UNAUTHENTICATED" and not resolve_key(args):
+            if err.reason == UNAUTHENTICATED and not resolve_key(args):
                 print("hint: pass --key or set AWOOOP_API_KEY (`awooop up` prints one)", file=sys.stderr)
             return EXIT_RPC_ERROR
         except KeyboardInterrupt:

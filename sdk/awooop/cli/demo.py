@@ -42,7 +42,7 @@ from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.tools.v1 import tools_pb2
 from awooop.worker.client import Client
-from awooop.worker.errors import AwooopError
+from awooop.worker.errors import TOOL_FAILED, AwooopError
 from awooop.worker.structs import from_struct, to_struct
 
 T = TypeVar("T")
@@ -290,7 +290,7 @@ async def _story(
         )
         story.step(f"The reference gateway has deployment {deployment} with 1 replica (project {project}).")
     except AwooopError as err:
-        if err.reason != "TOOL_FAILED":
+        if err.reason != TOOL_FAILED:
             raise
         story.step(f"The reference gateway already has deployment {deployment} in project {project}.")
 

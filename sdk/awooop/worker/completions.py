@@ -29,7 +29,15 @@ import grpc
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker.client import Client
-from awooop.worker.errors import LEASE_LOST, AwooopError, ErrorDetails, LeaseLost
+from awooop.worker.errors import (
+    FORBIDDEN,
+    INVALID_TRANSITION,
+    LEASE_LOST,
+    NOT_FOUND,
+    AwooopError,
+    ErrorDetails,
+    LeaseLost,
+)
 
 MAX_BATCH = 1000  # the scheduler's limit per CompleteRuns call
 METHOD = "/awooop.scheduler.v1.SchedulerService/CompleteRuns"
@@ -37,9 +45,9 @@ METHOD = "/awooop.scheduler.v1.SchedulerService/CompleteRuns"
 # status code of each per-item reason, as CompleteRun would have answered it
 _CODES = {
     LEASE_LOST: grpc.StatusCode.FAILED_PRECONDITION,
-    "INVALID_TRANSITION": grpc.StatusCode.FAILED_PRECONDITION,
-    "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
-    "FORBIDDEN": grpc.StatusCode.PERMISSION_DENIED,
+    INVALID_TRANSITION: grpc.StatusCode.FAILED_PRECONDITION,
+    NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 Future = asyncio.Future[common_pb2.Run]

@@ -33,7 +33,7 @@ from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import metrics
 from awooop.worker.client import Client
 from awooop.worker.completions import CompletionBatcher
-from awooop.worker.errors import AwooopError, LeaseLost, RunFinished
+from awooop.worker.errors import JOURNAL_TOO_LARGE, AwooopError, LeaseLost, RunFinished
 from awooop.worker.structs import from_struct, to_struct
 
 log = logging.getLogger("awooop.worker")
@@ -51,7 +51,6 @@ ACTIONS = {
 }
 
 # GetJournal's answer for a journal larger than the saga service's message limit
-JOURNAL_TOO_LARGE = "JOURNAL_TOO_LARGE"
 # step types journaled once, after they ran (RecordStep)
 RECORDED_AFTER = ("llm_call", "callback")
 

@@ -13,7 +13,22 @@ import grpc
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-LEASE_LOST = "LEASE_LOST"
+from awooop.common.v1 import errors_pb2
+
+
+def reason(value: errors_pb2.ErrorReason.ValueType) -> str:
+    """ErrorInfo.reason of an ErrorReason (protos/awooop/common/v1/errors.proto): its name
+    without the prefix, as the services send it (ERROR_REASON_LEASE_LOST -> LEASE_LOST)."""
+    return errors_pb2.ErrorReason.Name(value).removeprefix("ERROR_REASON_")
+
+
+LEASE_LOST = reason(errors_pb2.ERROR_REASON_LEASE_LOST)
+INVALID_TRANSITION = reason(errors_pb2.ERROR_REASON_INVALID_TRANSITION)
+NOT_FOUND = reason(errors_pb2.ERROR_REASON_NOT_FOUND)
+FORBIDDEN = reason(errors_pb2.ERROR_REASON_FORBIDDEN)
+UNAUTHENTICATED = reason(errors_pb2.ERROR_REASON_UNAUTHENTICATED)
+JOURNAL_TOO_LARGE = reason(errors_pb2.ERROR_REASON_JOURNAL_TOO_LARGE)
+TOOL_FAILED = reason(errors_pb2.ERROR_REASON_TOOL_FAILED)
 
 
 @dataclass(frozen=True)
