@@ -227,3 +227,17 @@ def test_the_readme_diagram_shows_only_transitions_of_the_table_and_every_status
     # the table's edges the diagram must show (each at least once as an arrow or in words)
     for a, b in [("PENDING", "RUNNING"), ("RUNNING", "COMPLETED"), ("WAITING_APPROVAL", "RESUMED")]:
         assert (a, b) in drawn
+
+
+async def test_the_partial_indexes_cover_exactly_the_named_sets(db: Any) -> None:
+    """The claim and the leased-run scans are planned on partial indexes: their predicates
+    must name exactly the sets the statements test, or Postgres cannot use them."""
+    want = {
+        "awooop_run_claim_idx": set(CLAIMABLE),
+        "awooop_run_leased_idx": set(LEASED),
+        "awooop_run_approval_idx": {RunStatus.WAITING_APPROVAL},
+    }
+    for name, statuses in want.items():
+        definition = await db.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = $1", name)
+        assert definition is not None, name
+        assert set(re.findall(r"'([A-Z_]+)'", definition)) == {s.value for s in statuses}, definition
