@@ -37,7 +37,7 @@ from services.common.runtime import AppContext
 from services.common.validate import to_struct
 from services.saga.metrics import COMPENSATION_RUNS, COMPENSATIONS, GATEWAY_LATENCY
 from services.saga.notifier import Notifier
-from services.saga.saga_status import SET_COMPENSATING_SQL
+from services.saga.saga_status import SET_COMPENSATING_SQL, lock_run
 from services.saga.steps import STEP_COLUMNS
 
 log = logging.getLogger("awooop.saga.driver")
@@ -81,7 +81,6 @@ UPDATE awooop_compensation_request SET status = 'done', lease_until = NULL, upda
 """
 # A step the driver still has to compensate.
 ELIGIBLE = compensatable_step()
-RUN_SQL = "SELECT project_id, saga_status FROM awooop_run_state WHERE run_id = $1 FOR NO KEY UPDATE"
 ELIGIBLE_SQL = f"SELECT step_id, tool_id, seq FROM awooop_saga_step WHERE run_id = $1 AND {ELIGIBLE} ORDER BY seq DESC"
 NOT_COMPENSATED_SQL = f"""
 SELECT step_id, step_type, tool_id, status,
@@ -235,12 +234,12 @@ class CompensationDriver:
         """Under the run and request locks: the steps left to compensate (marking the saga
         'compensating' when work starts), or, when none is left, the end of the request."""
         async with self.pool.acquire() as conn, conn.transaction():
-            run = await conn.fetchrow(RUN_SQL, claim.run_id)
+            run = await lock_run(conn, claim.run_id)
             await self._fence(conn, claim)
             assert run is not None  # a request names an existing run (foreign key)
             steps = await conn.fetch(ELIGIBLE_SQL, claim.run_id)
             if steps:
-                if run["saga_status"] != "compensating":
+                if run.saga_status != "compensating":
                     await conn.execute(SET_COMPENSATING_SQL, claim.run_id)
                     await audit(
                         conn,
@@ -248,7 +247,7 @@ class CompensationDriver:
                         run_id=claim.run_id,
                         actor=ACTOR,
                         action="SAGA_COMPENSATION_STARTED",
-                        from_status=run["saga_status"],
+                        from_status=run.saga_status,
                         to_status="compensating",
                         reason=claim.reason,
                         details={
@@ -261,7 +260,7 @@ class CompensationDriver:
                     RENEW_SQL, claim.run_id, self.me, claim.token, float(self.settings.compensation_lease)
                 )
                 return list(steps)
-            if run["saga_status"] == "compensating":
+            if run.saga_status == "compensating":
                 final = await conn.fetchval(FINISH_SQL, claim.run_id)
                 await audit(
                     conn,
@@ -274,7 +273,7 @@ class CompensationDriver:
                     details={"trigger": claim.trigger},
                 )
                 COMPENSATION_RUNS.labels(final).inc()
-            elif run["saga_status"] == "in_progress":
+            elif run.saga_status == "in_progress":
                 # seed ADR-119 D6: nothing compensatable (for example a CANCELLED run with only
                 # llm_call steps) just ends; only the audit log records it. saga_status stays.
                 await audit(

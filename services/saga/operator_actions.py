@@ -20,7 +20,7 @@ from services.common.compensatable import compensatable_step
 from services.common.db import Conn
 from services.common.runstate import COMPENSATABLE
 from services.saga.journal import step_transition
-from services.saga.saga_status import SET_COMPENSATING_SQL
+from services.saga.saga_status import SET_COMPENSATING_SQL, LockedRun, lock_run
 from services.saga.steps import STEP_COLUMNS
 
 TRIGGERS = ("approval_rejected", "approval_expired", "step_failed", "cancelled", "manual")
@@ -31,9 +31,6 @@ SELECT {STEP_COLUMNS} FROM awooop_saga_step
  WHERE run_id = $1 AND step_type = 'tool_call' AND compensation_cmd IS NOT NULL
    AND status IN ('completed', 'compensating', 'compensated', 'compensation_failed', 'resolved')
  ORDER BY seq DESC
-"""
-LOCK_RUN_SQL = """
-SELECT project_id, status, saga_status FROM awooop_run_state WHERE run_id = $1 FOR NO KEY UPDATE
 """
 INSERT_REQUEST_SQL = """
 INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
@@ -91,9 +88,9 @@ class Resolved:
     saga_status: str
 
 
-async def _lock_run(conn: Conn, principal: Principal, run_id: str) -> asyncpg.Record:
-    run = await conn.fetchrow(LOCK_RUN_SQL, run_id)
-    check_run_access(principal, run["project_id"] if run else None, "admin", run_id)
+async def _lock_run(conn: Conn, principal: Principal, run_id: str) -> LockedRun:
+    run = await lock_run(conn, run_id)
+    check_run_access(principal, run.project_id if run else None, "admin", run_id)
     assert run is not None
     return run
 
@@ -103,22 +100,22 @@ async def request(pool: asyncpg.Pool, principal: Principal, run_id: str, trigger
     run changes nothing and answers the current state)."""
     async with pool.acquire() as conn, conn.transaction():
         run = await _lock_run(conn, principal, run_id)
-        if run["status"] not in COMPENSATABLE:
-            raise errors.invalid_transition(run_id, run["status"], "compensate")
-        created = await conn.fetchval(INSERT_REQUEST_SQL, run_id, run["project_id"], trigger, reason or None)
+        if run.status not in COMPENSATABLE:
+            raise errors.invalid_transition(run_id, run.status, "compensate")
+        created = await conn.fetchval(INSERT_REQUEST_SQL, run_id, run.project_id, trigger, reason or None)
         if created is not None:
             await audit(
                 conn,
-                project_id=run["project_id"],
+                project_id=run.project_id,
                 run_id=run_id,
                 actor=principal.actor,
                 action="SAGA_COMPENSATION_REQUESTED",
-                from_status=run["saga_status"],
+                from_status=run.saga_status,
                 reason=reason or None,
                 details={"trigger": trigger},
             )
         steps = await conn.fetch(PLANNED_SQL, run_id)
-    return Requested(run["saga_status"], list(steps), created is not None)
+    return Requested(run.saga_status, list(steps), created is not None)
 
 
 async def retry(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id: str) -> str:
@@ -126,7 +123,7 @@ async def retry(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id: 
     gateway again with the same idempotency key (the gateway replays only successes)."""
     async with pool.acquire() as conn, conn.transaction():
         run = await _lock_run(conn, principal, run_id)
-        await conn.fetchval(REOPEN_REQUEST_SQL, run_id, run["project_id"], "retry requested by an operator")
+        await conn.fetchval(REOPEN_REQUEST_SQL, run_id, run.project_id, "retry requested by an operator")
         reopened = [r["step_id"] for r in await conn.fetch(RETRY_STEPS_SQL, run_id, step_id)]
         if not reopened:
             status = await conn.fetchval(STEP_STATUS_SQL, run_id, step_id) if step_id else None
@@ -134,15 +131,15 @@ async def retry(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id: 
                 raise errors.not_found("step", step_id)
             if step_id:
                 raise step_transition(run_id, step_id, str(status), "retry the compensation of")
-            raise errors.invalid_transition(run_id, run["saga_status"], "retry compensation (no failed step)")
+            raise errors.invalid_transition(run_id, run.saga_status, "retry compensation (no failed step)")
         await conn.execute(SET_COMPENSATING_SQL, run_id)
         await audit(
             conn,
-            project_id=run["project_id"],
+            project_id=run.project_id,
             run_id=run_id,
             actor=principal.actor,
             action="SAGA_COMPENSATION_RETRY",
-            from_status=run["saga_status"],
+            from_status=run.saga_status,
             to_status="compensating",
             details={"steps": reopened},
         )
@@ -164,17 +161,17 @@ async def resolve(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id
             if status is None:
                 raise errors.not_found("step", step_id)
             raise step_transition(run_id, step_id, status, "resolve the compensation of")
-        saga_status = run["saga_status"]
+        saga_status = run.saga_status
         if req_status in (None, "done") and not await conn.fetchval(OPEN_LEFT_SQL, run_id):
             await conn.execute(SET_COMPENSATED_SQL, run_id)
             saga_status = "compensated"
         await audit(
             conn,
-            project_id=run["project_id"],
+            project_id=run.project_id,
             run_id=run_id,
             actor=principal.actor,
             action="SAGA_COMPENSATION_RESOLVED",
-            from_status=run["saga_status"],
+            from_status=run.saga_status,
             to_status=saga_status,
             reason=reason,
             details={"step_id": step_id, "tool_id": step["tool_id"]},
