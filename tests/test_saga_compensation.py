@@ -409,6 +409,12 @@ async def test_compensation_failed_writes_the_audit_log_and_delivers_the_alert(
         fields = {k.decode(): v.decode() for k, v in entries[0][1].items()}
         assert fields["run_id"] == run_id and fields["step_id"] == "scale-api" and fields["project_id"] == PROJECT
         assert fields["kind"] == "compensation_failed" and "cluster unreachable" in fields["error"]
+
+        # the notifier records the delivery after Telegram answered: wait for that write
+        async def alert_done() -> bool:
+            return bool(await db.fetchval("SELECT done_at IS NOT NULL FROM awooop_saga_alert WHERE run_id = $1", run_id))
+
+        await eventually(alert_done, what="the alert's delivery to be recorded")
         alert = await db.fetchrow("SELECT * FROM awooop_saga_alert WHERE run_id = $1", run_id)
         assert alert["done_at"] is not None and alert["redis_sent_at"] is not None
         assert alert["telegram_sent_at"] is not None

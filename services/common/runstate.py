@@ -241,10 +241,6 @@ TRANSITIONS: dict[Action, Transition] = {
 }
 
 
-def allowed(action: Action, status: str) -> bool:
-    return status in TRANSITIONS[action].allowed_from
-
-
 class Refusal(StrEnum):
     """Why a fenced write changed nothing (the error reason it answers)."""
 
