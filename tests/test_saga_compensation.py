@@ -412,7 +412,8 @@ async def test_compensation_failed_writes_the_audit_log_and_delivers_the_alert(
 
         # the notifier records the delivery after Telegram answered: wait for that write
         async def alert_done() -> bool:
-            return bool(await db.fetchval("SELECT done_at IS NOT NULL FROM awooop_saga_alert WHERE run_id = $1", run_id))
+            done = await db.fetchval("SELECT done_at IS NOT NULL FROM awooop_saga_alert WHERE run_id = $1", run_id)
+            return bool(done)
 
         await eventually(alert_done, what="the alert's delivery to be recorded")
         alert = await db.fetchrow("SELECT * FROM awooop_saga_alert WHERE run_id = $1", run_id)
