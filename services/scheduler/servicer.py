@@ -16,7 +16,7 @@ from services.common import errors
 from services.common.auth import current_principal
 from services.common.runs import run_to_pb, status_from_pb, status_to_pb, ts
 from services.common.runtime import AppContext
-from services.common.validate import Violations, to_struct
+from services.common.validate import MAX_ID, MAX_TEXT, Violations, to_struct
 from services.scheduler import approvals, batch_complete, claiming, leases, metrics, reads, transitions
 from services.scheduler.access import projects_with
 from services.scheduler.saga_client import SagaNudger
@@ -30,9 +30,7 @@ MAX_COMPLETE_RUNS = 1000
 MAX_LEASE_TTL = 3600.0  # seconds
 MAX_RETRY_AFTER = 86400.0
 MAX_APPROVAL_TTL = 7 * 86400.0
-MAX_TEXT = 4096  # reasons and summaries
 MAX_ERROR_CODE = 64  # awooop_run_state.error_code VARCHAR(64)
-MAX_ID = 128  # worker ids and tool ids (VARCHAR(128))
 MAX_APPROVAL_TOKEN = 256
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
