@@ -173,3 +173,43 @@ async def test_a_poison_telegram_update_id_fails_only_its_own_call(
     assert (
         await db.fetchval("SELECT count(*) FROM awooop_channel_event_dedupe WHERE length(provider_event_id) > 20") == 0
     )
+
+
+# --- undecodable requests ----------------------------------------------------------------------
+
+
+def _raw(channel: grpc.aio.Channel, method: str) -> Any:
+    return channel.unary_unary(method, request_serializer=None, response_deserializer=None)
+
+
+async def test_undecodable_requests_are_invalid_argument_malformed_request_counted_and_logged(
+    start_services: Any, channels: Any, make_key: Any, caplog: Any
+) -> None:
+    from prometheus_client import REGISTRY
+
+    rt = await start_services("ingest", "scheduler", "saga", "gateway", access_log=True)
+    md = await make_key("alice", {"p": ["ingest", "worker"]})
+    valid = ingest_pb2.CreateRunRequest(project_id="AAAAAAAA", idempotency_key="k").SerializeToString()
+    bad_utf8 = valid.replace(b"AAAAAAAA", b"\xff\xfe\xfd\xfc\xc3\x28\xa0\xa1")
+    cases = [
+        ("ingest", "/awooop.ingest.v1.IngestService/CreateRun", b"\xff" * 10),
+        ("ingest", "/awooop.ingest.v1.IngestService/CreateRun", bad_utf8),
+        ("ingest", "/awooop.ingest.v1.IngestService/IngestEvent", b"\x0a\x05ab"),  # truncated field
+        ("scheduler", "/awooop.scheduler.v1.SchedulerService/ClaimRuns", b"\xff" * 10),
+        ("saga", "/awooop.saga.v1.SagaService/BeginStep", b"\xff" * 10),
+        ("gateway", "/awooop.tools.v1.ToolGatewayService/ExecuteTool", b"\xff" * 10),
+    ]
+
+    def count(method: str) -> float:
+        labels = {"method": method, "code": "INVALID_ARGUMENT"}
+        return REGISTRY.get_sample_value("awooop_rpc_requests_total", labels) or 0.0
+
+    caplog.set_level("INFO", logger="awooop.rpc")
+    for service, method, data in cases:
+        before = count(method)
+        call = _raw(channels(rt.ports[service]), method)
+        err = await expect_error(call(data, metadata=md), INVALID, errors.MALFORMED_REQUEST)
+        assert "not a valid" in err.details()
+        assert count(method) == before + 1
+        logged = [r for r in caplog.records if getattr(r, "method", "") == method]
+        assert logged and logged[-1].code == "INVALID_ARGUMENT"  # type: ignore[attr-defined]

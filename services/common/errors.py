@@ -18,6 +18,7 @@ DOMAIN = "awooop"
 
 # reason constants (the error table in the README lists them all)
 FIELD_INVALID = "FIELD_INVALID"
+MALFORMED_REQUEST = "MALFORMED_REQUEST"
 UNAUTHENTICATED = "UNAUTHENTICATED"
 FORBIDDEN = "FORBIDDEN"
 NOT_FOUND = "NOT_FOUND"
@@ -79,6 +80,17 @@ def _pack(msg: object) -> any_pb2.Any:
 def invalid(violations: list[tuple[str, str]], message: str | None = None) -> ServiceError:
     msg = message or "; ".join(f"{f}: {d}" for f, d in violations)
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, FIELD_INVALID, msg, violations=violations)
+
+
+def malformed_request(method: str, detail: str) -> ServiceError:
+    """The request bytes do not decode as the method's message (bad wire bytes, invalid UTF-8
+    in a string field, nesting past the decoder's limit)."""
+    return ServiceError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        MALFORMED_REQUEST,
+        f"request is not a valid {method.rsplit('/', 1)[-1]} message: {detail}",
+        metadata={"method": method},
+    )
 
 
 def unauthenticated(message: str = "missing or unknown API key") -> ServiceError:

@@ -30,6 +30,29 @@ log = logging.getLogger("awooop.rpc")
 PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
+class Malformed:
+    """Stands in for a request whose bytes did not decode, so the handler answers it (grpc
+    itself would answer UNKNOWN "Unexpected DecodeError", unlogged and uncounted)."""
+
+    __slots__ = ("detail",)
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def decode(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # DecodeError, and RecursionError-like limits of the decoder
+            return Malformed(str(exc)[:200] or type(exc).__name__)
+
+    return decode
+
+
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, authenticator: Authenticator, access_log: bool = True, *, authenticate: bool = True) -> None:
         self.authenticator = authenticator
@@ -55,7 +78,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         if not method.startswith(PUBLIC_PREFIXES) and handler.unary_unary is not None:  # every awooop RPC is unary
             handler = grpc.unary_unary_rpc_method_handler(
                 self._wrap(method, handler.unary_unary),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         self._handlers[method] = handler
@@ -74,6 +97,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             # try), so a caller that sees the status also sees it counted.
             failure: errors.ServiceError | None = None
             try:
+                if type(request) is Malformed:  # answered like any bad input: counted, logged, ErrorInfo
+                    raise errors.malformed_request(method, request.detail)
                 if authenticator is not None:
                     md = {k: v for k, v in (context.invocation_metadata() or ())}
                     principal = await authenticator.authenticate(md.get("authorization"))  # type: ignore[arg-type]
