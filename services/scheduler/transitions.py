@@ -222,9 +222,7 @@ async def fenced_write(
     return settled(row, saga)
 
 
-async def _replayed(
-    pool: asyncpg.Pool, op: FencedOp, cur: asyncpg.Record, run_id: str, attempt: int
-) -> Changed | None:
+async def _replayed(pool: asyncpg.Pool, op: FencedOp, cur: asyncpg.Record, run_id: str, attempt: int) -> Changed | None:
     """The same success again when this lease's earlier CompleteRun / FailRun committed."""
     if op is COMPLETE:
         done = replays.completed_by(cur, attempt)
