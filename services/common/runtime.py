@@ -38,7 +38,7 @@ from services.common.db import create_pool, store_error
 from services.common.health import SERVING, HealthServicer
 from services.common.interceptor import ServiceInterceptor
 from services.common.observability import LOOP_RUNS, setup_logging, start_metrics
-from services.common.settings import Settings, SettingsError, problems, unknown_env
+from services.common.settings import Settings, SettingsError, deliverability_problem, problems, unknown_env
 
 log = logging.getLogger("awooop.runtime")
 
@@ -129,6 +129,9 @@ class Runtime:
 
     async def _start(self) -> None:
         s = self.settings
+        problem = deliverability_problem(s)
+        if problem is not None:  # what is accepted must be returnable: refuse to start otherwise
+            raise SystemExit(f"configuration error: {problem}")
         credentials = self._server_credentials()  # fail before anything listens
         if s.migrate_on_start:
             await migrate.migrate(s.database_url)

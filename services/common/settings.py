@@ -167,6 +167,29 @@ def unknown_env(environ: Mapping[str, str] | None = None) -> list[str]:
     return sorted(k for k in env if k.startswith("AWOOOP_") and k not in known)
 
 
+# A run's fields besides input and output at their limits (ids, reasons and summaries as UTF-8),
+# plus the framing of an answer that carries it: what the message limit must hold on top of them.
+RUN_FIELDS_BYTES = 64 * 1024
+
+
+def deliverability_problem(s: Settings) -> str | None:
+    """Why a value accepted under these limits could not be returned in one message, or None.
+    Checked at start-up (a configuration error): a run's input and output are each up to
+    max_payload_bytes, a journal step's parameters and result each up to max_step_result_bytes."""
+    for name, value in (
+        ("AWOOOP_MAX_PAYLOAD_BYTES", s.max_payload_bytes),
+        ("AWOOOP_MAX_STEP_RESULT_BYTES", s.max_step_result_bytes),
+    ):
+        need = 2 * value + RUN_FIELDS_BYTES
+        if s.max_message_bytes < need:
+            return (
+                f"AWOOOP_MAX_MESSAGE_BYTES ({s.max_message_bytes}) is too small for {name} ({value}): a run or step "
+                f"with two values of that size could not be delivered; set AWOOOP_MAX_MESSAGE_BYTES to at least "
+                f"2 x {name} + {RUN_FIELDS_BYTES} (= {need}) or lower {name}"
+            )
+    return None
+
+
 def problems(s: Settings) -> list[str]:
     """Combinations that run but defeat their purpose; serve() logs them as warnings."""
     out = []

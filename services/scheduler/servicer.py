@@ -17,7 +17,7 @@ from services.common.auth import current_principal
 from services.common.runs import run_to_pb, status_from_pb, status_to_pb, ts
 from services.common.runtime import AppContext
 from services.common.validate import MAX_ID, MAX_TEXT, Violations, to_struct
-from services.scheduler import approvals, batch_complete, claiming, leases, metrics, reads, transitions
+from services.scheduler import approvals, batch_complete, budget, claiming, leases, metrics, reads, transitions
 from services.scheduler.access import projects_with
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.wakeup import RunReadyListener
@@ -85,6 +85,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.pool = ctx.pool
         self.listener = listener
         self.saga = saga
+        self._budget = budget.answer_budget(ctx.settings.max_message_bytes)
 
     def _lease_ttl(self, v: Violations, value: Duration) -> float:
         return v.duration("lease_ttl", value, max_seconds=MAX_LEASE_TTL, default=self.settings.lease_ttl)
@@ -123,7 +124,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 worker_id=worker_id,
                 saga=self.saga,
             )
-            return scheduler_pb2.ClaimRunsResponse(runs=_claimed(rows), completed=_complete_results(outcomes))
+            completed = _complete_results(outcomes)
+            left = self._budget - budget.trim_results(completed, self._budget)
+            runs = await self._deliverable(rows, left, worker_id, principal.actor)
+            return scheduler_pb2.ClaimRunsResponse(runs=runs, completed=completed)
         wait = min(max(wait, 0.0), self.settings.max_claim_wait)
         remaining = context.time_remaining()
         if remaining is not None:  # answer (empty) before the caller's deadline, not DEADLINE_EXCEEDED
@@ -138,7 +142,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             actor=principal.actor,
             wait=wait,
         )
-        return scheduler_pb2.ClaimRunsResponse(runs=_claimed(rows))
+        return scheduler_pb2.ClaimRunsResponse(
+            runs=await self._deliverable(rows, self._budget, worker_id, principal.actor)
+        )
+
+    async def _deliverable(
+        self, rows: list[Any], room: int, worker_id: str, actor: str
+    ) -> list[scheduler_pb2.ClaimedRun]:
+        """The claimed runs that fit the answer; the others go back to the queue at once."""
+        claimed = _claimed(rows)
+        n = budget.fit_claimed(claimed, room)
+        if n < len(claimed):
+            back = await budget.hand_back(self.pool, rows[n:], worker_id, actor)
+            metrics.CLAIM_HANDED_BACK.inc(back)
+        return claimed[:n]
 
     async def Heartbeat(
         self, request: scheduler_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
@@ -203,7 +220,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         items = self._complete_items(v, "runs", request.runs, required=True)
         v.raise_if_any()
         outcomes = await batch_complete.complete_many(self.pool, current_principal(), items, saga=self.saga)
-        return scheduler_pb2.CompleteRunsResponse(results=_complete_results(outcomes))
+        results = _complete_results(outcomes)
+        budget.trim_results(results, self._budget)
+        return scheduler_pb2.CompleteRunsResponse(results=results)
 
     def _complete_items(
         self, v: Violations, field: str, runs: Sequence[scheduler_pb2.CompleteRunRequest], *, required: bool
@@ -363,7 +382,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 f"principal {principal.principal_id} has no role in project {project_id}", project_id=project_id
             )
         rows, next_token = await reads.list_runs(self.pool, project_id, sorted(set(statuses)) or None, page_size, after)
-        return scheduler_pb2.ListRunsResponse(runs=[run_to_pb(r) for r in rows], next_page_token=next_token)
+        runs = [run_to_pb(r) for r in rows]
+        n = budget.fit_runs(runs, self._budget)
+        if n < len(runs):  # the page ends at the last run that fits; the next one starts after it
+            runs, next_token = runs[:n], reads.encode_page_token(rows[n - 1]["created_at"], rows[n - 1]["run_id"])
+        return scheduler_pb2.ListRunsResponse(runs=runs, next_page_token=next_token)
 
     async def GetRunHistory(
         self, request: scheduler_pb2.GetRunHistoryRequest, context: grpc.aio.ServicerContext
