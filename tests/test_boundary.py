@@ -213,3 +213,41 @@ async def test_undecodable_requests_are_invalid_argument_malformed_request_count
         assert count(method) == before + 1
         logged = [r for r in caplog.records if getattr(r, "method", "") == method]
         assert logged and logged[-1].code == "INVALID_ARGUMENT"  # type: ignore[attr-defined]
+
+
+# --- blast radius of one -----------------------------------------------------------------------
+
+
+async def test_an_item_the_store_refuses_fails_only_its_own_caller_among_coalesced_neighbours(
+    start_services: Any, channels: Any, db: Any, make_key: Any
+) -> None:
+    """Validation catches what it knows; for anything else the store refuses (here a CHECK the
+    test adds), a coalesced statement that fails is settled caller by caller."""
+    await db.execute(
+        "ALTER TABLE awooop_run_state ADD CONSTRAINT test_no_poison CHECK (NOT (input ? 'poison')) NOT VALID"
+    )
+    rt = await start_services("ingest")
+    stub = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
+    md = await make_key("alice", {"p": ["ingest"]})
+
+    def tg(update_id: int, poison: bool = False) -> ingest_pb2.IngestEventRequest:
+        payload = struct_pb2.Struct()
+        payload.update({"update_id": update_id, **({"poison": True} if poison else {})})
+        return ingest_pb2.IngestEventRequest(
+            project_id="p", channel_type=common_pb2.CHANNEL_TYPE_TELEGRAM, payload=payload
+        )
+
+    async def send(req: ingest_pb2.IngestEventRequest) -> grpc.StatusCode:
+        try:
+            await stub.IngestEvent(req, metadata=md)
+        except grpc.aio.AioRpcError as err:
+            return err.code()
+        return grpc.StatusCode.OK
+
+    calls = [tg(i, poison=i % 60 == 0) for i in range(1, 306)]
+    codes = await asyncio.gather(*(send(r) for r in calls))
+    good = [c for r, c in zip(calls, codes, strict=True) if "poison" not in r.payload.fields]
+    bad = [c for r, c in zip(calls, codes, strict=True) if "poison" in r.payload.fields]
+    assert good == [grpc.StatusCode.OK] * 300
+    assert len(bad) == 5 and grpc.StatusCode.OK not in bad
+    assert await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE project_id = 'p'") == 300
