@@ -104,6 +104,7 @@ class Runtime:
         self.servers: dict[str, grpc.aio.Server] = {}
         self.health: dict[str, HealthServicer] = {}
         self.ctx: AppContext | None = None
+        self.authenticator: Authenticator | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
         self._service_names: dict[str, list[str]] = {}
@@ -140,7 +141,7 @@ class Runtime:
         pool = await create_pool(s)
         cache = Cache(s)
         self.ctx = AppContext(s, pool, cache)
-        authenticator = Authenticator(pool, s.auth_cache_seconds)
+        authenticator = self.authenticator = Authenticator(pool, s.auth_cache_seconds, s.auth_key_refresh_seconds)
         options = [
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
