@@ -80,7 +80,7 @@ class Settings:
 
     # --- auth ---
     auth_cache_seconds: float = 5.0  # how long a verified API key is trusted before re-reading it
-    internal_api_key: str = ""  # key the scheduler presents to the saga service
+    internal_api_key: str = ""  # service key the scheduler presents to the saga and the saga to the tool gateway
     # a key id this process does not know is looked up by refreshing its set of live key ids, at most
     # once per this many seconds however many requests miss (a flood of unknown keys costs no query each)
     auth_key_refresh_seconds: float = 1.0

@@ -10,8 +10,9 @@ Told to fail: a param "simulate_failure": "<message>" fails that call (FAILED_PR
 TOOL_FAILED); rows of awooop_refgw_fault fail every call of a tool (with their code) while they
 last. "simulate_delay_ms": N makes the call take N ms longer (at most 60000).
 
-The gateway is public (no API key; ServiceParts(public=True)); errors still go through the
-shared interceptor's mapping.
+Callers authenticate like at every service (an API key) and need a role in the project they
+act for (the saga presents AWOOOP_INTERNAL_API_KEY, a service key with a role in every project);
+the recorded keys and results are per project.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from prometheus_client import Counter
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common import errors
+from services.common.auth import current_principal
 from services.common.validate import MAX_ID, MAX_KEY, MAX_TEXT, Violations, to_struct
 from services.gateway.tools import TOOL_FAILED, TOOLS, tool_failed
 
@@ -99,6 +101,13 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
             delay = 0
         simulated = params.pop("simulate_failure", None)
         v.raise_if_any()
+        # a caller acts for projects it has a role in (a service key with a "*" role: all of them);
+        # records are per project, so nobody reads or pre-records another project's keys
+        principal = current_principal()
+        if not principal.roles_in(project_id):
+            raise errors.forbidden(
+                f"principal {principal.principal_id} has no role in project {project_id}", project_id=project_id
+            )
 
         request_id = await self.pool.fetchval(LOG_SQL, project_id, key, tool_id)
         try:
