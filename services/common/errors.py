@@ -28,6 +28,7 @@ INVALID_TRANSITION = "INVALID_TRANSITION"
 APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
 APPROVAL_INVALID = "APPROVAL_INVALID"
 STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+OVERLOADED = "OVERLOADED"
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 INTERNAL = "INTERNAL"
 UNIMPLEMENTED = "UNIMPLEMENTED"
@@ -148,6 +149,17 @@ def approval_invalid(run_id: str) -> ServiceError:
 def store_unavailable(detail: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE, f"store unavailable: {detail}", metadata={"retry": "true"}
+    )
+
+
+def overloaded(limit: int) -> ServiceError:
+    """More RPCs in flight on this server than AWOOOP_MAX_CONCURRENT_RPCS: refused before any
+    work, retryable (the SDK retries UNAVAILABLE with backoff)."""
+    return ServiceError(
+        grpc.StatusCode.UNAVAILABLE,
+        OVERLOADED,
+        f"server overloaded: {limit} RPCs in flight (AWOOOP_MAX_CONCURRENT_RPCS); retry with backoff",
+        metadata={"retry": "true", "limit": str(limit)},
     )
 
 

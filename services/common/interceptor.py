@@ -54,8 +54,19 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, authenticator: Authenticator, access_log: bool = True, *, authenticate: bool = True) -> None:
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        access_log: bool = True,
+        *,
+        authenticate: bool = True,
+        max_concurrent_rpcs: int = 0,
+    ) -> None:
         self.authenticator = authenticator
+        # past this many RPCs in flight a call is refused UNAVAILABLE / OVERLOADED before any work
+        # (0: no limit); counted and logged like every answer
+        self.max_concurrent_rpcs = max_concurrent_rpcs
+        self.in_flight = 0
         self.access_log = access_log
         # False for public services (the reference gateway): no key asked, the rest applies
         self.authenticate = authenticate
@@ -87,6 +98,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     def _wrap(self, method: str, inner: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Any:
         authenticator = self.authenticator if self.authenticate else None
         access_log = self.access_log
+        limit = self.max_concurrent_rpcs
 
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
@@ -96,7 +108,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             # Failures are answered after the metrics and the log are written (below the
             # try), so a caller that sees the status also sees it counted.
             failure: errors.ServiceError | None = None
+            self.in_flight += 1
             try:
+                if limit and self.in_flight > limit:
+                    raise errors.overloaded(limit)
                 if type(request) is Malformed:  # answered like any bad input: counted, logged, ErrorInfo
                     raise errors.malformed_request(method, request.detail)
                 if authenticator is not None:
@@ -123,6 +138,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                     log.exception("unhandled error in %s", method)
                     failure = errors.internal()
             finally:
+                self.in_flight -= 1
                 if failure is not None:
                     code = failure.code.name
                 if token is not None:

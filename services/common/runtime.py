@@ -95,6 +95,12 @@ async def periodic(name: str, interval: float, fn: Callable[[], Awaitable[Any]],
             await asyncio.wait_for(stopping.wait(), timeout=interval * random.uniform(0.9, 1.1))
 
 
+def pending_limit(max_concurrent_rpcs: int) -> int:
+    """gRPC core's queue of calls not yet picked up: far above what the interceptor admits, so
+    a burst meets the explicit OVERLOADED answer, not core's silent CANCELLED."""
+    return max(65536, 4 * max_concurrent_rpcs)
+
+
 class Runtime:
     def __init__(self, settings: Settings, services: list[str], *, port_zero: bool = False) -> None:
         self.settings = settings
@@ -146,10 +152,16 @@ class Runtime:
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
             ("grpc.so_reuseport", 0),  # a second server on a taken port fails instead of sharing it
+            # gRPC core cancels calls silently (CANCELLED, handler never run, nothing logged) once
+            # more than 1000 wait to be picked up; the interceptor's limit answers overload instead
+            ("grpc.server.max_pending_requests", pending_limit(s.max_concurrent_rpcs)),
+            ("grpc.server.max_pending_requests_hard_limit", pending_limit(s.max_concurrent_rpcs)),
         ]
         for name in self.services:
             parts = load_service(name)(self.ctx)
-            interceptor = ServiceInterceptor(authenticator, s.access_log, authenticate=not parts.public)
+            interceptor = ServiceInterceptor(
+                authenticator, s.access_log, authenticate=not parts.public, max_concurrent_rpcs=s.max_concurrent_rpcs
+            )
             server = grpc.aio.server(interceptors=[interceptor], options=options)
             for add, servicer in parts.servicers:
                 add(servicer, server)

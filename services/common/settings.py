@@ -74,6 +74,9 @@ class Settings:
     shutdown_delay: float = 0.0
     shutdown_grace: float = 10.0  # then seconds in-flight RPCs get to finish before they are cancelled
     max_message_bytes: int = 4 * 1024 * 1024  # largest gRPC message received or sent
+    # RPCs one server handles at once (long-polling claims included); past it a call answers
+    # UNAVAILABLE / OVERLOADED at once (retryable: the SDK retries with backoff); 0: no limit
+    max_concurrent_rpcs: int = 2000
     log_level: str = "INFO"  # DEBUG, INFO, WARNING or ERROR; logs are JSON lines on stderr
     access_log: bool = True  # one JSON line per RPC (method, code, ms, principal, peer)
     uvloop: bool = False  # run the event loop on uvloop (pip install awooop[uvloop])
