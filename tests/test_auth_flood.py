@@ -45,7 +45,7 @@ async def test_a_flood_of_unknown_keys_costs_a_bounded_number_of_store_queries(
     auth = rt.authenticator
     assert auth is not None
     counting = CountingPool(auth.pool)
-    auth.pool = auth.live.pool = counting  # type: ignore[assignment]
+    auth.pool = auth.live.pool = counting
     before = failures("unknown_key")
 
     async def call(key: str) -> grpc.StatusCode:

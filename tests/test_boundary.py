@@ -212,7 +212,7 @@ async def test_undecodable_requests_are_invalid_argument_malformed_request_count
         assert "not a valid" in err.details()
         assert count(method) == before + 1
         logged = [r for r in caplog.records if getattr(r, "method", "") == method]
-        assert logged and logged[-1].code == "INVALID_ARGUMENT"  # type: ignore[attr-defined]
+        assert logged and logged[-1].code == "INVALID_ARGUMENT"
 
 
 # --- blast radius of one -----------------------------------------------------------------------

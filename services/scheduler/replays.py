@@ -37,7 +37,7 @@ FAILED_BY_SQL = """SELECT EXISTS (
 
 def completed_by(cur: Mapping[str, Any], attempt: int) -> bool:
     """The locked row (cur_* columns) shows this lease's completion."""
-    return cur["cur_status"] == "COMPLETED" and cur["cur_attempt"] == attempt
+    return bool(cur["cur_status"] == "COMPLETED" and cur["cur_attempt"] == attempt)
 
 
 async def failed_by(pool: asyncpg.Pool, cur: Mapping[str, Any], run_id: str, attempt: int) -> bool:
