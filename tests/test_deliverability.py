@@ -112,3 +112,23 @@ async def test_inconsistent_payload_and_message_limits_stop_the_start(settings: 
         await rt.start()
     text = str(exc.value)
     assert "AWOOOP_MAX_MESSAGE_BYTES" in text and "AWOOOP_MAX_PAYLOAD_BYTES" in text
+
+
+async def test_a_history_larger_than_one_message_is_a_clear_resource_exhausted(
+    start_services: Any, channels: Any, db: Any, make_key: Any
+) -> None:
+    _, sched, md = await _services(start_services, channels, make_key)
+    run_id = await db.fetchval(
+        "INSERT INTO awooop_run_state (project_id, channel_type, input) VALUES ('p', 'api', '{}') RETURNING run_id"
+    )
+    await db.execute(
+        """INSERT INTO awooop_audit_log (project_id, run_id, actor, action, reason)
+           SELECT 'p', $1, 'test', 'NOTE', repeat('é', 4096) FROM generate_series(1, 1000)""",
+        run_id,
+    )
+    err = await expect_error(
+        sched.GetRunHistory(pb.GetRunHistoryRequest(run_id=str(run_id)), metadata=md),
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "HISTORY_TOO_LARGE",
+    )
+    assert "AWOOOP_MAX_MESSAGE_BYTES" in err.details()

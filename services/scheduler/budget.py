@@ -11,6 +11,7 @@ other fields. Many runs may not, so:
   after the claim committed, and the runs were reaped until their attempts ran out without
   ever having run.
 - ListRuns ends its page at the last run that fits (next_page_token continues after it).
+- GetRunHistory answers RESOURCE_EXHAUSTED / HISTORY_TOO_LARGE instead of failing in transport.
 - CompleteRuns (and ClaimRuns.complete) answer every item; past the budget a completed run is
   returned without its input and output (the caller has them; GetRun reads them), so a large
   batch never makes its own answer undeliverable after its writes committed.
@@ -25,6 +26,9 @@ import asyncpg
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from services.common.runs import RUN_READY_CHANNEL
+
+# GetRunHistory past the limit (it has no pages: a run's history is short unless its reasons are huge)
+HISTORY_TOO_LARGE = "HISTORY_TOO_LARGE"
 
 # room for the answer's other fields, framing and trailers
 HEADROOM = 16 * 1024

@@ -395,7 +395,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         run_id = v.uuid("run_id", request.run_id)
         v.raise_if_any()
         rows = await reads.history(self.pool, current_principal(), run_id)
-        return scheduler_pb2.GetRunHistoryResponse(
+        resp = scheduler_pb2.GetRunHistoryResponse(
             events=[
                 scheduler_pb2.RunEvent(
                     at=ts(r["created_at"]),
@@ -409,3 +409,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 for r in rows
             ]
         )
+        size = resp.ByteSize()
+        if size > self._budget:  # a clear answer, not a transport failure (as GetJournal's JOURNAL_TOO_LARGE)
+            raise errors.ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                budget.HISTORY_TOO_LARGE,
+                f"the history of run {run_id} is larger than AWOOOP_MAX_MESSAGE_BYTES; read awooop_audit_log directly",
+                metadata={"run_id": run_id, "bytes": str(size)},
+            )
+        return resp
