@@ -251,3 +251,27 @@ async def test_an_item_the_store_refuses_fails_only_its_own_caller_among_coalesc
     assert good == [grpc.StatusCode.OK] * 300
     assert len(bad) == 5 and grpc.StatusCode.OK not in bad
     assert await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE project_id = 'p'") == 300
+
+
+def test_the_encoded_size_never_exceeds_the_bound_the_check_relies_on() -> None:
+    """check_struct skips measuring the encoding when JSON x ENCODED_PER_JSON_BYTE is under the
+    limit; the worst shapes stay well within that bound."""
+    from services.common import jsonvalues
+
+    shapes: list[Any] = [
+        {"n": [1] * 1000},
+        {"n": [[1]] * 500},
+        {"a": [[[[[[[[1]]]]]]]]},
+        {str(i): 1 for i in range(500)},
+        {"e": [{}] * 500},
+        {"l": [[]] * 500},
+        {"s": [""] * 500},
+        {"b": [True, None] * 250},
+        {"x": {"y": {"z": {"w": 1}}}},
+        {"k": [{"a": 1}] * 300},
+    ]
+    for shape in shapes:
+        s = struct_pb2.Struct()
+        s.update(shape)
+        ratio = s.ByteSize() / jsonvalues.json_size(shape)
+        assert ratio < jsonvalues.ENCODED_PER_JSON_BYTE * 0.8, (shape, ratio)
