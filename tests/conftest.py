@@ -28,6 +28,7 @@ from services.common import embedded, migrate, principals
 from services.common.runtime import Runtime
 from services.common.settings import Settings
 from tests.harness.databases import admin_connection, with_database
+from tests.harness.helpers import WithKey
 
 
 @pytest.fixture(scope="session")
@@ -123,12 +124,27 @@ def settings(db_dsn: str, redis_url: str) -> Settings:
 StartServices = Callable[..., Awaitable[Runtime]]
 
 
+async def _internal_key(dsn: str) -> str:
+    """A service principal with a role in every project (what AWOOOP_INTERNAL_API_KEY names)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        name = f"internal-{uuid.uuid4().hex[:8]}"
+        await principals.create_principal(conn, name, "service")
+        await principals.grant_role(conn, name, principals.ALL_PROJECTS, "admin")
+        return (await principals.issue_key(conn, name)).key
+    finally:
+        await conn.close()
+
+
 @pytest_asyncio.fixture(loop_scope="session")
 async def start_services(settings: Settings) -> AsyncIterator[StartServices]:
     """start_services("ingest", "scheduler", **settings_overrides) -> Runtime on ephemeral ports."""
     started: list[Runtime] = []
 
     async def start(*names: str, **overrides: Any) -> Runtime:
+        if "saga" in names and "internal_api_key" not in overrides:
+            # the saga presents a service key to the tool gateway, as deployed
+            overrides["internal_api_key"] = await _internal_key(settings.database_url)
         rt = Runtime(settings.with_(**overrides), list(names), port_zero=True)
         await rt.start()
         started.append(rt)
@@ -140,12 +156,14 @@ async def start_services(settings: Settings) -> AsyncIterator[StartServices]:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def channels() -> AsyncIterator[Callable[[int], grpc.aio.Channel]]:
-    """channels(port) -> an insecure grpc.aio channel, closed after the test."""
+async def channels() -> AsyncIterator[Callable[..., grpc.aio.Channel]]:
+    """channels(port) -> an insecure grpc.aio channel, closed after the test; channels(port, md):
+    its calls carry metadata md (an API key) unless they name their own."""
     opened: list[grpc.aio.Channel] = []
 
-    def open_channel(port: int) -> grpc.aio.Channel:
-        ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    def open_channel(port: int, metadata: tuple[tuple[str, str], ...] | None = None) -> grpc.aio.Channel:
+        interceptors = [WithKey(metadata)] if metadata else None
+        ch = grpc.aio.insecure_channel(f"127.0.0.1:{port}", interceptors=interceptors)
         opened.append(ch)
         return ch
 

@@ -35,7 +35,8 @@ async def _suite(settings: Settings, make_key: Any, tmp_path: Path) -> tuple[lis
     gw = await spawn_services(["gateway"], env, tmp_path, "gateway")
     procs.append(gw)
     gateway = f"127.0.0.1:{gw.ports['gateway']}"
-    saga = await spawn_services(["saga"], env | {"AWOOOP_GATEWAY_ADDR": gateway}, tmp_path, "saga")
+    saga_env = env | {"AWOOOP_GATEWAY_ADDR": gateway, "AWOOOP_INTERNAL_API_KEY": internal}
+    saga = await spawn_services(["saga"], saga_env, tmp_path, "saga")
     procs.append(saga)
     saga_addr = f"127.0.0.1:{saga.ports['saga']}"
     core = await spawn_services(

@@ -4,6 +4,7 @@ failures not recorded, told to fail on demand. Real Postgres, real gRPC."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
 import asyncpg
@@ -12,7 +13,8 @@ from google.protobuf import json_format, struct_pb2
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common import errors
-from tests.harness.helpers import eventually, expect_error
+from services.common.validate import to_struct
+from tests.harness.helpers import eventually, expect_error, service_key
 
 PROJECT = "proj"
 
@@ -30,7 +32,7 @@ def result(resp: tools_pb2.ExecuteToolResponse) -> dict[str, Any]:
 
 async def gateway(start_services: Any, channels: Any) -> tools_pb2_grpc.ToolGatewayServiceStub:
     rt = await start_services("gateway")
-    return tools_pb2_grpc.ToolGatewayServiceStub(channels(rt.ports["gateway"]))
+    return tools_pb2_grpc.ToolGatewayServiceStub(channels(rt.ports["gateway"], await service_key(rt)))
 
 
 async def executions(db: asyncpg.Connection, key: str) -> int:
@@ -202,3 +204,38 @@ async def test_a_call_whose_caller_gave_up_still_finishes_once(start_services, c
     again = await gw.ExecuteTool(call("knowledge_write", "slow-1", params))
     assert again.replayed and result(again)["entry_id"] == "slow"
     assert await executions(db, "slow-1") == 1
+
+
+# --- authentication and per-project scoping -----------------------------------------------------
+
+
+async def test_the_gateway_authenticates_and_scopes_every_record_to_the_callers_project(
+    start_services: Any, channels: Any, make_key: Any, db: asyncpg.Connection
+) -> None:
+    rt = await start_services("gateway")
+    anonymous = tools_pb2_grpc.ToolGatewayServiceStub(channels(rt.ports["gateway"]))
+    a = tools_pb2_grpc.ToolGatewayServiceStub(channels(rt.ports["gateway"], await make_key("a", {"pa": ["worker"]})))
+    b = tools_pb2_grpc.ToolGatewayServiceStub(channels(rt.ports["gateway"], await make_key("b", {"pb": ["worker"]})))
+    run_id = str(uuid.uuid4())
+    key = f"{run_id}:scale:compensate"  # predictable: what the saga will use
+
+    def req(project: str) -> tools_pb2.ExecuteToolRequest:
+        return tools_pb2.ExecuteToolRequest(
+            tool_id="k8s_exec_pod",
+            params=to_struct({"pod": "p", "command": "true"}),
+            idempotency_key=key,
+            project_id=project,
+        )
+
+    await expect_error(anonymous.ExecuteTool(req("pb")), grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED")
+    # a caller of project pa cannot act for pb: neither pre-record its key nor read its results
+    err = await expect_error(a.ExecuteTool(req("pb")), grpc.StatusCode.PERMISSION_DENIED, "FORBIDDEN")
+    assert "pb" in err.details()
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_call WHERE project_id = 'pb'") == 0
+    # in its own project the same key is its own record, which pb never sees
+    first = await a.ExecuteTool(req("pa"), timeout=10)
+    assert not first.replayed
+    mine = await b.ExecuteTool(req("pb"), timeout=10)
+    assert not mine.replayed  # ran for pb: pa's record did not answer it
+    assert (await b.ExecuteTool(req("pb"), timeout=10)).replayed
+    await expect_error(b.ExecuteTool(req("pa")), grpc.StatusCode.PERMISSION_DENIED, "FORBIDDEN")

@@ -24,7 +24,7 @@ from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common.embedded import free_port
 from services.common.settings import Settings
-from tests.harness.helpers import eventually, expect_error, settings_env, spawn_services
+from tests.harness.helpers import eventually, expect_error, service_key, settings_env, spawn_services
 from tests.harness.saga import PROJECT, check_seed_format, claim, lease, new_run, struct
 from tests.harness.telegram_stub import TelegramStub
 
@@ -180,7 +180,7 @@ async def harness(start_services: Any, channels: Any, make_key: Any, db: asyncpg
     )
     return Harness(
         saga=saga_pb2_grpc.SagaServiceStub(channels(saga_rt.ports["saga"])),
-        gw=tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"])),
+        gw=tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"], await service_key(gw_rt))),
         worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
         admin=await make_key("operator", {PROJECT: ["admin"]}),
         db=db,
@@ -213,7 +213,7 @@ async def test_approval_reject_scales_the_deployment_back_to_its_original_replic
     )
     saga = saga_pb2_grpc.SagaServiceStub(channels(saga_rt.ports["saga"]))
     sched = scheduler_pb2_grpc.SchedulerServiceStub(channels(sched_rt.ports["scheduler"]))
-    gw = tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"]))
+    gw = tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"], await service_key(gw_rt)))
     worker = await make_key("worker", {PROJECT: ["worker"]}, "service")
     approver = await make_key("alice", {PROJECT: ["approver"]})
     await db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 1)", PROJECT)
@@ -624,9 +624,15 @@ async def test_killing_the_saga_mid_compensation_finishes_the_rest_without_repea
 ) -> None:
     gw_rt = await start_services("gateway")
     gw_addr = f"127.0.0.1:{gw_rt.ports['gateway']}"
-    gw = tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"]))
+    gw = tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"], await service_key(gw_rt)))
     env = settings_env(
-        settings.with_(gateway_addr=gw_addr, compensation_interval=0.2, compensation_lease=3.0, tool_timeout=2.5)
+        settings.with_(
+            gateway_addr=gw_addr,
+            compensation_interval=0.2,
+            compensation_lease=3.0,
+            tool_timeout=2.5,
+            internal_api_key=dict(await service_key(gw_rt))["authorization"].removeprefix("Bearer "),
+        )
     )
     first = await spawn_services(["saga"], env, tmp_path, name="saga-1")
     try:
@@ -706,7 +712,7 @@ async def test_an_unreachable_gateway_is_a_failed_compensation_not_a_stuck_one(
     )
     h = Harness(
         saga=saga_pb2_grpc.SagaServiceStub(channels(saga_rt.ports["saga"])),
-        gw=tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"])),
+        gw=tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"], await service_key(gw_rt))),
         worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
         admin=await make_key("operator", {PROJECT: ["admin"]}),
         db=db,

@@ -183,7 +183,10 @@ async def test_a_journal_too_large_to_read_whole_is_refused_and_the_sdk_asks_ste
     from awooop.worker.client import Client
     from awooop.worker.context import RunContext
 
-    rt = await start_services("saga", max_message_bytes=64 * 1024)
+    # the smallest message limit the payload limits allow (settings.deliverability_problem)
+    rt = await start_services(
+        "saga", max_message_bytes=160 * 1024, max_payload_bytes=32 * 1024, max_step_result_bytes=32 * 1024
+    )
     saga = saga_pb2_grpc.SagaServiceStub(channels(rt.ports["saga"]))
     md = await make_key("worker", {PROJECT: ["worker"]})
     run_id = await new_run(db)
@@ -193,7 +196,7 @@ async def test_a_journal_too_large_to_read_whole_is_refused_and_the_sdk_asks_ste
                                          completed_at)
            SELECT $1, 'big-' || g, $2, g, 'callback', 'completed', jsonb_build_object('blob', repeat('x', 20000)),
                   $3, now()
-             FROM generate_series(1, 5) g""",
+             FROM generate_series(1, 10) g""",
         run_id,
         PROJECT,
         first,
@@ -223,4 +226,4 @@ async def test_a_journal_too_large_to_read_whole_is_refused_and_the_sdk_asks_ste
         assert await ctx.step("new", step_fn) == {"ran": "new"} and ran == ["new"]
         assert ctx.actions == {"big-3": "skip", "new": "execute"}
     row = await db.fetchrow("SELECT status, seq FROM awooop_saga_step WHERE run_id = $1 AND step_id = 'new'", run_id)
-    assert (row["status"], row["seq"]) == ("completed", 6)
+    assert (row["status"], row["seq"]) == ("completed", 11)

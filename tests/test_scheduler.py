@@ -361,7 +361,6 @@ async def test_every_illegal_transition_is_refused_and_changes_nothing(s: Sched)
         ("WAITING_APPROVAL", s.stub.CompleteRun(pb.CompleteRunRequest(lease=al), metadata=w)),
         ("WAITING_APPROVAL", s.stub.FailRun(pb.FailRunRequest(lease=al), metadata=w)),
         ("WAITING_APPROVAL", s.stub.WaitTool(pb.WaitToolRequest(lease=al), metadata=w)),
-        ("COMPLETED", s.stub.CompleteRun(pb.CompleteRunRequest(lease=dl), metadata=w)),
         ("COMPLETED", s.stub.FailRun(pb.FailRunRequest(lease=dl), metadata=w)),
         ("COMPLETED", s.stub.ReleaseRun(pb.ReleaseRunRequest(lease=dl), metadata=w)),
         ("COMPLETED", s.stub.RequestApproval(pb.RequestApprovalRequest(lease=dl), metadata=w)),
@@ -831,9 +830,12 @@ async def test_grpcurl_claim_heartbeat_complete_and_read(s: Sched) -> None:
         "-plaintext", *auth, "-d", f'{{"lease":{lease_json},"output":{{"ok":true}}}}', addr, f"{svc}/CompleteRun"
     )
     assert code == 0 and json.loads(out)["run"]["status"] == "RUN_STATUS_COMPLETED", out
-    # a second completion with the same token: the rich error, as grpcurl prints it
+    # a second completion with the same token (its answer was lost): the same success
+    code, out = await _grpcurl("-plaintext", *auth, "-d", f'{{"lease":{lease_json}}}', addr, f"{svc}/CompleteRun")
+    assert code == 0 and json.loads(out)["run"]["output"] == {"ok": True}, out
+    # FailRun of the completed run: the rich error, as grpcurl prints it
     code, out = await _grpcurl(
-        "-plaintext", "-format-error", *auth, "-d", f'{{"lease":{lease_json}}}', addr, f"{svc}/CompleteRun"
+        "-plaintext", "-format-error", *auth, "-d", f'{{"lease":{lease_json}}}', addr, f"{svc}/FailRun"
     )
     err = json.loads(out)
     assert code != 0 and err["code"] == FP.value[0] and err["details"][0]["reason"] == "INVALID_TRANSITION", out

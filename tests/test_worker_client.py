@@ -14,6 +14,7 @@ from awooop.ingest.v1 import ingest_pb2
 from awooop.tools.v1 import tools_pb2
 from awooop.worker import AwooopError, Client, to_struct
 from awooop.worker.client import address
+from tests.harness.helpers import service_key
 
 CREATE_RUN = "/awooop.ingest.v1.IngestService/CreateRun"
 EXECUTE_TOOL = "/awooop.tools.v1.ToolGatewayService/ExecuteTool"
@@ -25,10 +26,10 @@ def served(method: str, code: str) -> float:
 
 async def test_unavailable_is_retried_and_other_codes_are_not(start_services: Any) -> None:
     # a store that is down: every authenticated call answers UNAVAILABLE (STORE_UNAVAILABLE)
-    rt = await start_services(
-        "ingest", "gateway", database_url="postgresql://nobody@127.0.0.1:1/none", db_connect_timeout=1
-    )
-    client = Client(key="awk_a_b", ingest=f"127.0.0.1:{rt.ports['ingest']}", gateway=f"127.0.0.1:{rt.ports['gateway']}")
+    rt = await start_services("ingest", database_url="postgresql://nobody@127.0.0.1:1/none", db_connect_timeout=1)
+    gw = await start_services("gateway")  # a live one: its refusals are not UNAVAILABLE
+    key = dict(await service_key(gw))["authorization"].removeprefix("Bearer ")
+    client = Client(key=key, ingest=f"127.0.0.1:{rt.ports['ingest']}", gateway=f"127.0.0.1:{gw.ports['gateway']}")
     try:
         before = served(CREATE_RUN, "UNAVAILABLE")
         with pytest.raises(AwooopError) as err:
@@ -52,7 +53,8 @@ async def test_unavailable_is_retried_and_other_codes_are_not(start_services: An
 
 async def test_every_call_has_a_deadline(start_services: Any) -> None:
     rt = await start_services("gateway")
-    client = Client(gateway=f"127.0.0.1:{rt.ports['gateway']}", timeout=0.3)
+    key = dict(await service_key(rt))["authorization"].removeprefix("Bearer ")
+    client = Client(key=key, gateway=f"127.0.0.1:{rt.ports['gateway']}", timeout=0.3)
     try:
         with pytest.raises(AwooopError) as err:
             await client.call(

@@ -257,7 +257,7 @@ async def test_explicit_fail_compensates_through_the_gateway_and_explicit_comple
         ),
     )
     failing, completing = await suite.create_runs(2, inputs=[{"fail": True}, {"fail": False}])
-    tools = ToolClient(f"127.0.0.1:{suite.rt.ports['gateway']}")
+    tools = ToolClient(f"127.0.0.1:{suite.rt.ports['gateway']}", key=suite.worker_key)
     after_end: list[str] = []
 
     def undo(result: dict[str, Any]) -> dict[str, Any]:

@@ -19,6 +19,8 @@ import asyncpg
 
 from services.common import errors
 from services.common.db import Conn
+from services.common.keyids import LiveKeyIds
+from services.common.observability import AUTH_FAILURES
 from services.common.principals import ALL_PROJECTS, hash_secret, parse_key
 
 # admin implies every role
@@ -66,33 +68,57 @@ def reset_principal(token: contextvars.Token[Principal | None]) -> None:
 
 
 class Authenticator:
-    def __init__(self, pool: asyncpg.Pool, cache_seconds: float) -> None:
+    """Resolves keys to principals. Per request it costs the store nothing when the key was
+    verified in the last cache_seconds; a key whose id is not live costs nothing either
+    (keyids.LiveKeyIds: one refresh per interval for all of them); an existing key id is read
+    at most once per cache_seconds whatever secrets are tried with it."""
+
+    def __init__(self, pool: asyncpg.Pool, cache_seconds: float, key_refresh_seconds: float = 1.0) -> None:
         self.pool = pool
         self.cache_seconds = cache_seconds
+        self.live = LiveKeyIds(pool, key_refresh_seconds)
         self._cache: dict[str, tuple[float, Principal]] = {}
+        # key id -> (expires, sha256 of its secret, principal); (expires, None, None): not live
+        self._by_id: dict[str, tuple[float, bytes | None, Principal | None]] = {}
 
     async def authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
-            raise errors.unauthenticated("missing authorization metadata: send 'authorization: Bearer <key>'")
+            raise _failed("missing", "missing authorization metadata: send 'authorization: Bearer <key>'")
         scheme, _, key = authorization.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
-            raise errors.unauthenticated("authorization must be 'Bearer <key>'")
+            raise _failed("malformed", "authorization must be 'Bearer <key>'")
         key = key.strip()
         now = time.monotonic()
         hit = self._cache.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
-        principal = await self._load(key)
+        principal = await self._verify(key, now)
         if len(self._cache) > 10000:
             self._cache.clear()
         self._cache[key] = (now + self.cache_seconds, principal)
         return principal
 
-    async def _load(self, key: str) -> Principal:
+    async def _verify(self, key: str, now: float) -> Principal:
         parsed = parse_key(key)
         if parsed is None:
-            raise errors.unauthenticated("malformed API key")
+            raise _failed("malformed", "malformed API key")
         key_id, secret = parsed
+        if not await self.live.contains(key_id):
+            hash_secret(secret)  # the same work as a wrong secret: timing does not reveal which ids exist
+            raise _failed("unknown_key", "unknown or revoked API key")
+        entry = self._by_id.get(key_id)
+        if entry is None or entry[0] <= now:
+            expected, principal = await self._load(key_id)
+            if len(self._by_id) > 10000:
+                self._by_id.clear()
+            entry = self._by_id[key_id] = (now + self.cache_seconds, expected, principal)
+        _, expected, principal = entry
+        # compare even when the key id is not live, so timing does not reveal which ids exist
+        if not hmac.compare_digest(expected or b"\x00" * 32, hash_secret(secret)) or principal is None:
+            raise _failed("unknown_key" if principal is None else "wrong_secret", "unknown or revoked API key")
+        return principal
+
+    async def _load(self, key_id: str) -> tuple[bytes | None, Principal | None]:
         rows = await self.pool.fetch(
             """SELECT k.secret_sha256, p.principal_id, p.principal_type, m.project_id, m.role
                  FROM awooop_api_key k
@@ -101,19 +127,23 @@ class Authenticator:
                 WHERE k.key_id = $1 AND k.revoked_at IS NULL""",
             key_id,
         )
-        # compare even when the key id is unknown, so timing does not reveal which ids exist
-        expected = rows[0]["secret_sha256"] if rows else b"\x00" * 32
-        if not hmac.compare_digest(expected, hash_secret(secret)) or not rows:
-            raise errors.unauthenticated("unknown or revoked API key")
+        if not rows:
+            return None, None
         roles: dict[str, set[str]] = {}
         for r in rows:
             if r["project_id"] is not None:
                 roles.setdefault(r["project_id"], set()).add(r["role"])
-        return Principal(
+        principal = Principal(
             rows[0]["principal_id"],
             rows[0]["principal_type"],
             {k: frozenset(v) for k, v in roles.items()},
         )
+        return bytes(rows[0]["secret_sha256"]), principal
+
+
+def _failed(reason: str, message: str) -> errors.ServiceError:
+    AUTH_FAILURES.labels(reason).inc()
+    return errors.unauthenticated(message)
 
 
 async def has_role_now(conn: Conn, principal: Principal, project_id: str, role: str) -> bool:

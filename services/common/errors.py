@@ -26,6 +26,7 @@ def reason(value: errors_pb2.ErrorReason.ValueType) -> str:
 
 # the reasons (declared in protos/awooop/common/v1/errors.proto; the README's error table lists them)
 FIELD_INVALID = reason(errors_pb2.ERROR_REASON_FIELD_INVALID)
+MALFORMED_REQUEST = reason(errors_pb2.ERROR_REASON_MALFORMED_REQUEST)
 UNAUTHENTICATED = reason(errors_pb2.ERROR_REASON_UNAUTHENTICATED)
 FORBIDDEN = reason(errors_pb2.ERROR_REASON_FORBIDDEN)
 NOT_FOUND = reason(errors_pb2.ERROR_REASON_NOT_FOUND)
@@ -35,11 +36,13 @@ INVALID_TRANSITION = reason(errors_pb2.ERROR_REASON_INVALID_TRANSITION)
 APPROVAL_EXPIRED = reason(errors_pb2.ERROR_REASON_APPROVAL_EXPIRED)
 APPROVAL_INVALID = reason(errors_pb2.ERROR_REASON_APPROVAL_INVALID)
 STORE_UNAVAILABLE = reason(errors_pb2.ERROR_REASON_STORE_UNAVAILABLE)
+OVERLOADED = reason(errors_pb2.ERROR_REASON_OVERLOADED)
 DEADLINE_EXCEEDED = reason(errors_pb2.ERROR_REASON_DEADLINE_EXCEEDED)
 INTERNAL = reason(errors_pb2.ERROR_REASON_INTERNAL)
 UNIMPLEMENTED = reason(errors_pb2.ERROR_REASON_UNIMPLEMENTED)
 TOOL_FAILED = reason(errors_pb2.ERROR_REASON_TOOL_FAILED)
 JOURNAL_TOO_LARGE = reason(errors_pb2.ERROR_REASON_JOURNAL_TOO_LARGE)
+HISTORY_TOO_LARGE = reason(errors_pb2.ERROR_REASON_HISTORY_TOO_LARGE)
 
 
 class ServiceError(Exception):
@@ -89,6 +92,17 @@ def _pack(msg: object) -> any_pb2.Any:
 def invalid(violations: list[tuple[str, str]], message: str | None = None) -> ServiceError:
     msg = message or "; ".join(f"{f}: {d}" for f, d in violations)
     return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, FIELD_INVALID, msg, violations=violations)
+
+
+def malformed_request(method: str, detail: str) -> ServiceError:
+    """The request bytes do not decode as the method's message (bad wire bytes, invalid UTF-8
+    in a string field, nesting past the decoder's limit)."""
+    return ServiceError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        MALFORMED_REQUEST,
+        f"request is not a valid {method.rsplit('/', 1)[-1]} message: {detail}",
+        metadata={"method": method},
+    )
 
 
 def unauthenticated(message: str = "missing or unknown API key") -> ServiceError:
@@ -146,6 +160,17 @@ def approval_invalid(run_id: str) -> ServiceError:
 def store_unavailable(detail: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE, f"store unavailable: {detail}", metadata={"retry": "true"}
+    )
+
+
+def overloaded(limit: int) -> ServiceError:
+    """More RPCs in flight on this server than AWOOOP_MAX_CONCURRENT_RPCS: refused before any
+    work, retryable (the SDK retries UNAVAILABLE with backoff)."""
+    return ServiceError(
+        grpc.StatusCode.UNAVAILABLE,
+        OVERLOADED,
+        f"server overloaded: {limit} RPCs in flight (AWOOOP_MAX_CONCURRENT_RPCS); retry with backoff",
+        metadata={"retry": "true", "limit": str(limit)},
     )
 
 

@@ -33,11 +33,43 @@ PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 if TYPE_CHECKING:  # grpc's classes are generic only in their stubs
     Handler = grpc.RpcMethodHandler[Any, Any]
     AioUnary = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+class Malformed:
+    """Stands in for a request whose bytes did not decode, so the handler answers it (grpc
+    itself would answer UNKNOWN "Unexpected DecodeError", unlogged and uncounted)."""
+
+    __slots__ = ("detail",)
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+
+
+def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def decode(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # DecodeError, and RecursionError-like limits of the decoder
+            return Malformed(str(exc)[:200] or type(exc).__name__)
+
+    return decode
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, authenticator: Authenticator, access_log: bool = True, *, authenticate: bool = True) -> None:
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        access_log: bool = True,
+        *,
+        authenticate: bool = True,
+        max_concurrent_rpcs: int = 0,
+    ) -> None:
         self.authenticator = authenticator
+        # past this many RPCs in flight a call is refused UNAVAILABLE / OVERLOADED before any work
+        # (0: no limit); counted and logged like every answer
+        self.max_concurrent_rpcs = max_concurrent_rpcs
+        self.in_flight = 0
         self.access_log = access_log
         # False for public services (the reference gateway): no key asked, the rest applies
         self.authenticate = authenticate
@@ -61,7 +93,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             handler = grpc.unary_unary_rpc_method_handler(
                 # on a grpc.aio server the handlers are coroutine functions taking an aio context
                 self._wrap(method, cast("AioUnary", handler.unary_unary)),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         self._handlers[method] = handler
@@ -70,6 +102,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     def _wrap(self, method: str, inner: AioUnary) -> Any:
         authenticator = self.authenticator if self.authenticate else None
         access_log = self.access_log
+        limit = self.max_concurrent_rpcs
 
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             started = time.perf_counter()
@@ -79,7 +112,12 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             # Failures are answered after the metrics and the log are written (below the
             # try), so a caller that sees the status also sees it counted.
             failure: errors.ServiceError | None = None
+            self.in_flight += 1
             try:
+                if limit and self.in_flight > limit:
+                    raise errors.overloaded(limit)
+                if type(request) is Malformed:  # answered like any bad input: counted, logged, ErrorInfo
+                    raise errors.malformed_request(method, request.detail)
                 if authenticator is not None:
                     md = {k: v for k, v in (context.invocation_metadata() or ())}
                     auth = md.get("authorization")  # text metadata (only "-bin" keys carry bytes)
@@ -105,6 +143,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                     log.exception("unhandled error in %s", method)
                     failure = errors.internal()
             finally:
+                self.in_flight -= 1
                 if failure is not None:
                     code = failure.code.name
                 if token is not None:

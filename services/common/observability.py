@@ -11,6 +11,12 @@ from typing import Any
 from prometheus_client import Counter, Histogram, start_http_server
 
 RPC_REQUESTS = Counter("awooop_rpc_requests_total", "RPCs handled", ["method", "code"])
+# reasons: missing (no authorization metadata), malformed (not 'Bearer awk_<id>_<secret>'),
+# unknown_key (no live key with that id), wrong_secret (the id exists, the secret does not match)
+AUTH_FAILURE_REASONS = ("missing", "malformed", "unknown_key", "wrong_secret")
+AUTH_FAILURES = Counter("awooop_auth_failures_total", "Requests refused UNAUTHENTICATED, by reason", ["reason"])
+for _reason in AUTH_FAILURE_REASONS:
+    AUTH_FAILURES.labels(_reason)  # every series exists at 0 from the start
 RPC_LATENCY = Histogram(
     "awooop_rpc_duration_seconds",
     "RPC latency",

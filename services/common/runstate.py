@@ -114,6 +114,11 @@ class Transition:
     fenced: bool
     # INVALID_TRANSITION's wording: "cannot <describe> run X in status S"
     describe: str
+    # A repeat by the same lease after its first call committed (its answer lost) answers that
+    # success again and writes nothing, from these statuses: for complete, COMPLETED by this
+    # attempt; for fail, where a FailRun leaves a run, when the audit log holds this attempt's
+    # FailRun (scheduler/replays.py)
+    replays_from: tuple[RunStatus, ...] = ()
 
     @property
     def to_states(self) -> tuple[RunStatus, ...]:
@@ -132,9 +137,14 @@ class Transition:
 
 
 def _t(
-    action: Action, allowed_from: Iterable[RunStatus], *outcomes: Outcome, fenced: bool, describe: str
+    action: Action,
+    allowed_from: Iterable[RunStatus],
+    *outcomes: Outcome,
+    fenced: bool,
+    describe: str,
+    replays_from: Iterable[RunStatus] = (),
 ) -> Transition:
-    return Transition(action, tuple(allowed_from), outcomes, fenced, describe)
+    return Transition(action, tuple(allowed_from), outcomes, fenced, describe, tuple(replays_from))
 
 
 TRANSITIONS: dict[Action, Transition] = {
@@ -153,6 +163,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.COMPLETED, Audit.COMPLETED, "always"),
             fenced=True,
             describe="complete",
+            replays_from=[S.COMPLETED],
         ),
         _t(
             Action.FAIL,
@@ -162,6 +173,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.FAILED, Audit.FAILED, "terminal, or attempts used up"),
             fenced=True,
             describe="fail",
+            replays_from=[S.PENDING, S.CANCELLED, S.FAILED],
         ),
         _t(
             Action.RELEASE,

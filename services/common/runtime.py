@@ -38,7 +38,7 @@ from services.common.db import create_pool, store_error
 from services.common.health import SERVING, HealthServicer
 from services.common.interceptor import ServiceInterceptor
 from services.common.observability import LOOP_RUNS, setup_logging, start_metrics
-from services.common.settings import Settings, SettingsError, problems, unknown_env
+from services.common.settings import Settings, SettingsError, deliverability_problem, problems, unknown_env
 
 log = logging.getLogger("awooop.runtime")
 
@@ -95,6 +95,12 @@ async def periodic(name: str, interval: float, fn: Callable[[], Awaitable[Any]],
             await asyncio.wait_for(stopping.wait(), timeout=interval * random.uniform(0.9, 1.1))
 
 
+def pending_limit(max_concurrent_rpcs: int) -> int:
+    """gRPC core's queue of calls not yet picked up: far above what the interceptor admits, so
+    a burst meets the explicit OVERLOADED answer, not core's silent CANCELLED."""
+    return max(65536, 4 * max_concurrent_rpcs)
+
+
 class Runtime:
     def __init__(self, settings: Settings, services: list[str], *, port_zero: bool = False) -> None:
         self.settings = settings
@@ -104,6 +110,7 @@ class Runtime:
         self.servers: dict[str, grpc.aio.Server] = {}
         self.health: dict[str, HealthServicer] = {}
         self.ctx: AppContext | None = None
+        self.authenticator: Authenticator | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._on_stop: list[Callable[[], Awaitable[None]]] = []
         self._service_names: dict[str, list[str]] = {}
@@ -129,6 +136,9 @@ class Runtime:
 
     async def _start(self) -> None:
         s = self.settings
+        problem = deliverability_problem(s)
+        if problem is not None:  # what is accepted must be returnable: refuse to start otherwise
+            raise SystemExit(f"configuration error: {problem}")
         credentials = self._server_credentials()  # fail before anything listens
         if s.migrate_on_start:
             await migrate.migrate(s.database_url)
@@ -137,15 +147,21 @@ class Runtime:
         pool = await create_pool(s)
         cache = Cache(s)
         self.ctx = AppContext(s, pool, cache)
-        authenticator = Authenticator(pool, s.auth_cache_seconds)
+        authenticator = self.authenticator = Authenticator(pool, s.auth_cache_seconds, s.auth_key_refresh_seconds)
         options = [
             ("grpc.max_receive_message_length", s.max_message_bytes),
             ("grpc.max_send_message_length", s.max_message_bytes),
             ("grpc.so_reuseport", 0),  # a second server on a taken port fails instead of sharing it
+            # gRPC core cancels calls silently (CANCELLED, handler never run, nothing logged) once
+            # more than 1000 wait to be picked up; the interceptor's limit answers overload instead
+            ("grpc.server.max_pending_requests", pending_limit(s.max_concurrent_rpcs)),
+            ("grpc.server.max_pending_requests_hard_limit", pending_limit(s.max_concurrent_rpcs)),
         ]
         for name in self.services:
             parts = load_service(name)(self.ctx)
-            interceptor = ServiceInterceptor(authenticator, s.access_log, authenticate=not parts.public)
+            interceptor = ServiceInterceptor(
+                authenticator, s.access_log, authenticate=not parts.public, max_concurrent_rpcs=s.max_concurrent_rpcs
+            )
             server = grpc.aio.server(interceptors=[interceptor], options=options)
             for add, servicer in parts.servicers:
                 add(servicer, server)

@@ -74,13 +74,19 @@ class Settings:
     shutdown_delay: float = 0.0
     shutdown_grace: float = 10.0  # then seconds in-flight RPCs get to finish before they are cancelled
     max_message_bytes: int = 4 * 1024 * 1024  # largest gRPC message received or sent
+    # RPCs one server handles at once (long-polling claims included); past it a call answers
+    # UNAVAILABLE / OVERLOADED at once (retryable: the SDK retries with backoff); 0: no limit
+    max_concurrent_rpcs: int = 2000
     log_level: str = "INFO"  # DEBUG, INFO, WARNING or ERROR; logs are JSON lines on stderr
     access_log: bool = True  # one JSON line per RPC (method, code, ms, principal, peer)
     uvloop: bool = False  # run the event loop on uvloop (pip install awooop[uvloop])
 
     # --- auth ---
     auth_cache_seconds: float = 5.0  # how long a verified API key is trusted before re-reading it
-    internal_api_key: str = ""  # key the scheduler presents to the saga service
+    internal_api_key: str = ""  # service key the scheduler presents to the saga and the saga to the tool gateway
+    # a key id this process does not know is looked up by refreshing its set of live key ids, at most
+    # once per this many seconds however many requests miss (a flood of unknown keys costs no query each)
+    auth_key_refresh_seconds: float = 1.0
 
     # --- ingest ---
     max_payload_bytes: int = 256 * 1024  # largest event payload / run input, as compact JSON
@@ -165,6 +171,29 @@ def unknown_env(environ: Mapping[str, str] | None = None) -> list[str]:
     known = set(env_names()) | CLIENT_VARIABLES
     env = os.environ if environ is None else environ
     return sorted(k for k in env if k.startswith("AWOOOP_") and k not in known)
+
+
+# A run's fields besides input and output at their limits (ids, reasons and summaries as UTF-8),
+# plus the framing of an answer that carries it: what the message limit must hold on top of them.
+RUN_FIELDS_BYTES = 64 * 1024
+
+
+def deliverability_problem(s: Settings) -> str | None:
+    """Why a value accepted under these limits could not be returned in one message, or None.
+    Checked at start-up (a configuration error): a run's input and output are each up to
+    max_payload_bytes, a journal step's parameters and result each up to max_step_result_bytes."""
+    for name, value in (
+        ("AWOOOP_MAX_PAYLOAD_BYTES", s.max_payload_bytes),
+        ("AWOOOP_MAX_STEP_RESULT_BYTES", s.max_step_result_bytes),
+    ):
+        need = 2 * value + RUN_FIELDS_BYTES
+        if s.max_message_bytes < need:
+            return (
+                f"AWOOOP_MAX_MESSAGE_BYTES ({s.max_message_bytes}) is too small for {name} ({value}): a run or step "
+                f"with two values of that size could not be delivered; set AWOOOP_MAX_MESSAGE_BYTES to at least "
+                f"2 x {name} + {RUN_FIELDS_BYTES} (= {need}) or lower {name}"
+            )
+    return None
 
 
 def problems(s: Settings) -> list[str]:

@@ -9,19 +9,23 @@ Usage:
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from typing import Any
 
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import struct_pb2
 from google.protobuf.duration_pb2 import Duration
 
-from services.common import errors
+from services.common import errors, jsonvalues
 
 PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # ids chosen by callers (worker ids, step ids, tool ids): printable, no whitespace
 TOKEN_RE = re.compile(r"^[\x21-\x7e]+$")
+
+# text limits of the boundary, one per kind of field (the README's error table names them)
+MAX_ID = 128  # caller-chosen ids: worker, step, tool ids (VARCHAR(128) columns)
+MAX_TEXT = 4096  # reasons, summaries, error texts
+MAX_KEY = 256  # idempotency keys (VARCHAR(256) columns)
 
 
 class Violations:
@@ -102,13 +106,18 @@ class Violations:
             return default
         return secs
 
+    def json(self, field: str, value: struct_pb2.Struct, *, max_bytes: int) -> tuple[dict[str, Any], str]:
+        """A Struct under the JSON value rules (jsonvalues): (plain data, compact JSON text);
+        a broken rule is a violation of field and the value is ({}, "{}")."""
+        try:
+            return jsonvalues.check_struct(value, max_bytes)
+        except jsonvalues.JsonValueError as exc:
+            self.add(field, str(exc))
+            return {}, "{}"
+
     def struct(self, field: str, value: struct_pb2.Struct, *, max_bytes: int) -> dict[str, Any]:
-        """A Struct as a dict, bounded by its JSON size."""
-        data = json_format.MessageToDict(value)
-        size = len(json.dumps(data, separators=(",", ":")).encode())
-        if size > max_bytes:
-            self.add(field, f"at most {max_bytes} bytes as JSON (got {size})")
-        return data
+        """A Struct as plain data under the JSON value rules."""
+        return self.json(field, value, max_bytes=max_bytes)[0]
 
 
 def to_struct(data: dict[str, Any] | None) -> struct_pb2.Struct:

@@ -1,4 +1,4 @@
-"""Wires the reference tool gateway into the runtime (public: no API key; it binds to
+"""Wires the reference tool gateway into the runtime (API keys as at every service; it binds to
 AWOOOP_HOST:AWOOOP_GATEWAY_PORT and keeps its state in the shared store's awooop_refgw_* tables)."""
 
 from __future__ import annotations
@@ -16,5 +16,4 @@ def build(ctx: AppContext) -> ServiceParts:
         servicers=[(tools_pb2_grpc.add_ToolGatewayServiceServicer_to_server, servicer)],
         service_names=[SERVICE_NAME],
         on_stop=[servicer.close],
-        public=True,
     )

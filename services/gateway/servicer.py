@@ -10,8 +10,9 @@ Told to fail: a param "simulate_failure": "<message>" fails that call (FAILED_PR
 TOOL_FAILED); rows of awooop_refgw_fault fail every call of a tool (with their code) while they
 last. "simulate_delay_ms": N makes the call take N ms longer (at most 60000).
 
-The gateway is public (no API key; ServiceParts(public=True)); errors still go through the
-shared interceptor's mapping.
+Callers authenticate like at every service (an API key) and need a role in the project they
+act for (the saga presents AWOOOP_INTERNAL_API_KEY, a service key with a role in every project);
+the recorded keys and results are per project.
 """
 
 from __future__ import annotations
@@ -22,19 +23,17 @@ from typing import Any
 
 import asyncpg
 import grpc
-from google.protobuf import json_format
 from prometheus_client import Counter
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common import errors
-from services.common.jsonvalues import has_nul, json_size, struct_dict
-from services.common.validate import Violations, to_struct
+from services.common.auth import current_principal
+from services.common.validate import MAX_ID, MAX_KEY, MAX_TEXT, Violations, to_struct
 from services.gateway.tools import TOOLS, tool_failed
 
 log = logging.getLogger("awooop.gateway")
 
 CALLS = Counter("awooop_gateway_calls_total", "Reference gateway calls by tool and outcome", ["tool_id", "outcome"])
-MAX_KEY = 256
 MAX_DELAY_MS = 60000
 
 LOG_SQL = """INSERT INTO awooop_refgw_request (project_id, idempotency_key, tool_id) VALUES ($1, $2, $3)
@@ -92,26 +91,25 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
         v = Violations()
         project_id = v.project_id("project_id", request.project_id)
         key = v.token("idempotency_key", request.idempotency_key, max_len=MAX_KEY)
-        tool_id = v.token("tool_id", request.tool_id, max_len=128)
+        tool_id = v.token("tool_id", request.tool_id, max_len=MAX_ID)
         if tool_id and tool_id not in TOOLS:
             v.add("tool_id", f"unknown tool; one of {', '.join(sorted(TOOLS))}")
         run_id = v.uuid("run_id", request.run_id) if request.run_id else None
-        reason = v.text("reason", request.reason, max_len=4096)
-        try:
-            params = struct_dict(request.params)
-        except (ValueError, json_format.Error) as exc:  # NaN / Infinity, a Value without a kind
-            v.add("params", f"must be representable as JSON: {exc}")
-            params = {}
-        if json_size(params) > self.max_params_bytes:
-            v.add("params", f"at most {self.max_params_bytes} bytes as JSON")
-        elif has_nul(params):
-            v.add("params", "must not contain NUL characters")
+        reason = v.text("reason", request.reason, max_len=MAX_TEXT)
+        params = v.struct("params", request.params, max_bytes=self.max_params_bytes)
         delay = params.pop("simulate_delay_ms", 0)
         if not isinstance(delay, int | float) or not 0 <= delay <= MAX_DELAY_MS:
             v.add("params.simulate_delay_ms", f"between 0 and {MAX_DELAY_MS}")
             delay = 0
         simulated = params.pop("simulate_failure", None)
         v.raise_if_any()
+        # a caller acts for projects it has a role in (a service key with a "*" role: all of them);
+        # records are per project, so nobody reads or pre-records another project's keys
+        principal = current_principal()
+        if not principal.roles_in(project_id):
+            raise errors.forbidden(
+                f"principal {principal.principal_id} has no role in project {project_id}", project_id=project_id
+            )
 
         request_id = await self.pool.fetchval(LOG_SQL, project_id, key, tool_id)
         try:

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.jsonvalues import SAFE_INTEGER
+
 MAX_PROVIDER_EVENT_ID = 256  # VARCHAR(256) of awooop_channel_event_dedupe.provider_event_id
 GITEA_DELIVERY_HEADER = "X-Gitea-Delivery"
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"  # also the gRPC metadata name for the API channel
@@ -97,14 +99,18 @@ def telegram(payload: Mapping[str, Any], headers: Mapping[str, str], idempotency
     if "update_id" not in payload:
         raise DerivationError([(field, "required for TELEGRAM when provider_event_id is empty")])
     value = payload["update_id"]
-    # JSON numbers arrive as int (integral) or float; bool is an int subclass and is refused
-    if type(value) is int:
-        return [Derived(str(value))]
-    if isinstance(value, float) and value.is_integer():
+    # JSON numbers arrive as int or float; only exactly representable integers are ids (1e300
+    # is none); bool is an int subclass and is refused
+    if (type(value) is int or (type(value) is float and value.is_integer())) and -SAFE_INTEGER < value < SAFE_INTEGER:
         return [Derived(str(int(value)))]
     if isinstance(value, str) and value.lstrip("-").isdigit() and value.isascii():
         return [Derived(_check_id(field, str(int(value))))]
-    raise DerivationError([(field, "must be an integer")])
+    raise DerivationError([(field, f"must be an integer between -2^53 and 2^53 (got {_short(value)})")])
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def alertmanager(payload: Mapping[str, Any], headers: Mapping[str, str], idempotency_key: str) -> list[Derived]:

@@ -9,7 +9,11 @@ so coalescing costs no latency when idle. A caller's items are never split acros
 so a batch RPC still costs one store round trip; a flush never takes more than `max_items`
 unless a single submission is that large.
 
-When a flush fails, every caller in it gets the error (each would have got it alone).
+Blast radius of one: when a flush of several callers' items fails, the failure may be one
+caller's item (a value the statement refuses that validation did not catch), so each caller's
+items are flushed again on their own and each caller gets its own result or error. Only a
+failure that every caller would have got alone (`shared(exc)`, e.g. the store is unavailable) is
+given to all of them at once, without the retries; without `shared`, every failure is.
 A caller that goes away (cancelled RPC) does not stop the flush its items are in.
 """
 
@@ -25,9 +29,15 @@ R = TypeVar("R")
 
 class Coalescer(Generic[T, R]):
     def __init__(
-        self, flush: Callable[[list[T]], Awaitable[Sequence[R]]], *, max_in_flight: int, max_items: int
+        self,
+        flush: Callable[[list[T]], Awaitable[Sequence[R]]],
+        *,
+        max_in_flight: int,
+        max_items: int,
+        shared: Callable[[Exception], bool] | None = None,
     ) -> None:
         self._flush = flush
+        self._shared = shared
         self.max_in_flight = max(1, max_in_flight)
         self.max_items = max(1, max_items)
         self._pending: list[tuple[Sequence[T], asyncio.Future[list[R]] | None]] = []
@@ -89,6 +99,9 @@ class Coalescer(Generic[T, R]):
                         fut.cancel()
                 raise
             except Exception as exc:
+                if len(batch) > 1 and self._shared is not None and not self._shared(exc):
+                    await self._one_by_one(batch)
+                    return
                 for _, fut in batch:
                     if fut is not None and not fut.done():
                         fut.set_exception(exc)
@@ -103,3 +116,15 @@ class Coalescer(Generic[T, R]):
             self._in_flight -= 1
             if self._pending:
                 self._schedule()
+
+    async def _one_by_one(self, batch: list[tuple[Sequence[T], asyncio.Future[list[R]] | None]]) -> None:
+        """Settles each submission of a failed flush with a flush of its own items."""
+        for items, fut in batch:
+            try:
+                results = await self._flush(list(items))
+            except Exception as exc:
+                if fut is not None and not fut.done():
+                    fut.set_exception(exc)
+                continue
+            if fut is not None and not fut.done():
+                fut.set_result(list(results))

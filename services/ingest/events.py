@@ -22,6 +22,7 @@ from typing import Any
 import asyncpg
 
 from services.common.cache import Cache
+from services.common.db import store_error
 from services.common.settings import Settings
 from services.ingest import dedupe_cache, metrics, store
 from services.ingest.coalesce import Coalescer
@@ -115,7 +116,10 @@ class EventIngestor:
             async def flush(events: list[NewEvent]) -> list[store.Stored]:
                 return await self._store(events, principal_id, actor)
 
-            writer = self._writers[actor] = Coalescer(flush, max_in_flight=STORE_IN_FLIGHT, max_items=self.max_flush)
+            # one caller's refused item must not fail its neighbours: only an outage is shared
+            writer = self._writers[actor] = Coalescer(
+                flush, max_in_flight=STORE_IN_FLIGHT, max_items=self.max_flush, shared=_store_outage
+            )
         return writer
 
     async def _store(self, events: list[NewEvent], principal_id: str, actor: str) -> list[store.Stored]:
@@ -149,3 +153,7 @@ class EventIngestor:
     async def _write_cache(self, entries: list[tuple[str, str, float]]) -> list[None]:
         await dedupe_cache.remember(self.cache, entries)
         return [None] * len(entries)
+
+
+def _store_outage(exc: Exception) -> bool:
+    return store_error(exc) is not None

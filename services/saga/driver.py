@@ -155,6 +155,9 @@ class CompensationDriver:
         self._kick = asyncio.Event()
         self._channel: grpc.aio.Channel | None = None
         self._stub: tools_pb2_grpc.ToolGatewayServiceAsyncStub | None = None
+        # the saga presents its service key to the gateway (which scopes calls per project)
+        key = self.settings.internal_api_key
+        self._gateway_metadata = (("authorization", f"Bearer {key}"),) if key else ()
         if self.settings.compensation_lease <= self.settings.tool_timeout:
             log.warning(
                 "AWOOOP_COMPENSATION_LEASE should exceed AWOOOP_TOOL_TIMEOUT: a replica may take over a "
@@ -376,7 +379,9 @@ class CompensationDriver:
                 await self._renew(claim)  # each try may take tool_timeout; keep the claim for it
             try:
                 with GATEWAY_LATENCY.time():
-                    resp = await self._gateway().ExecuteTool(req, timeout=self.settings.tool_timeout)
+                    resp = await self._gateway().ExecuteTool(
+                        req, timeout=self.settings.tool_timeout, metadata=self._gateway_metadata
+                    )
                 return Outcome(True, replayed=resp.replayed, result=struct_dict(resp.result))
             except grpc.aio.AioRpcError as exc:
                 error = f"{exc.code().name}: {exc.details()}"

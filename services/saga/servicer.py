@@ -7,23 +7,20 @@ import json
 from typing import Any
 
 import grpc
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import struct_pb2
 
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
 from services.common import errors
 from services.common.auth import current_principal
-from services.common.jsonvalues import has_nul, json_size, struct_dict
 from services.common.runs import saga_status_to_pb, ts
 from services.common.settings import Settings
-from services.common.validate import Violations
+from services.common.validate import MAX_ID, MAX_TEXT, Violations
 from services.saga import journal, operator_actions
 from services.saga.driver import CompensationDriver
 from services.saga.metrics import STEP_WRITES
 from services.saga.steps import IRREVERSIBLE_TOOLS, step_to_pb, step_type_from_pb
 
-MAX_ID = 128  # step_id / tool_id: VARCHAR(128)
-MAX_TEXT = 4096  # error text, reasons
 ACTIONS = {
     "execute": saga_pb2.STEP_ACTION_EXECUTE,
     "skip": saga_pb2.STEP_ACTION_SKIP,
@@ -55,18 +52,8 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         return journal.Lease(run_id, lease.attempt)
 
     def _struct(self, v: Violations, field: str, value: struct_pb2.Struct) -> dict[str, Any]:
-        try:
-            data = struct_dict(value)
-        except (ValueError, json_format.Error) as exc:  # NaN / Infinity, a Value without a kind
-            v.add(field, f"must be representable as JSON: {exc}")
-            return {}
-        size = json_size(data)
-        cap = self.settings.max_step_result_bytes
-        if size > cap:
-            v.add(field, f"at most {cap} bytes as JSON (got {size}; store large results elsewhere, keep a reference)")
-        elif has_nul(data):
-            v.add(field, "must not contain NUL characters")
-        return data
+        # large results belong elsewhere (keep a reference): the journal holds the cap
+        return v.struct(field, value, max_bytes=self.settings.max_step_result_bytes)
 
     # ---------------------------------------------------------------- journal
 

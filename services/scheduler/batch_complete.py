@@ -26,7 +26,7 @@ from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
 from services.common.db import Row
 from services.common.runstate import Audit, RunStatus
-from services.scheduler import metrics
+from services.scheduler import metrics, replays
 from services.scheduler.claiming import claim_ctes, projects_arg
 from services.scheduler.fragments import (
     CUR_COLUMNS,
@@ -121,7 +121,7 @@ async def complete_many(
     """Completes each item like CompleteRun; returns, in order, the change or the error
     CompleteRun would have raised for that item."""
     rows = await pool.fetch(COMPLETE_MANY_SQL, *_params(principal, items))
-    return _outcomes(principal, items, rows, saga)
+    return await _with_replays(pool, items, _outcomes(principal, items, rows, saga))
 
 
 async def complete_and_claim(
@@ -145,7 +145,7 @@ async def complete_and_claim(
     claimed = rows[n:]
     if claimed:
         metrics.CLAIMED.inc(len(claimed))
-    return _outcomes(principal, items, rows[:n], saga), claimed
+    return await _with_replays(pool, items, _outcomes(principal, items, rows[:n], saga)), claimed
 
 
 def _params(principal: Principal, items: list[Item]) -> tuple[Any, ...]:
@@ -172,6 +172,29 @@ def _outcomes(
     return out
 
 
+class _Replay(errors.ServiceError):
+    """An item refused only because this lease already completed the run (replays.completed_by):
+    answered with the run as it is, by _with_replays."""
+
+    def __init__(self, err: errors.ServiceError, run_id: str) -> None:
+        super().__init__(err.code, err.reason, err.message, metadata=err.metadata)
+        self.run_id = run_id
+
+
+async def _with_replays(
+    pool: asyncpg.Pool, items: list[Item], outcomes: list[Changed | errors.ServiceError]
+) -> list[Changed | errors.ServiceError]:
+    replayed = [o.run_id for o in outcomes if isinstance(o, _Replay)]
+    if not replayed:
+        return outcomes
+    rows = await replays.current_rows(pool, replayed)
+    out: list[Changed | errors.ServiceError] = []
+    for o in outcomes:
+        row = rows.get(o.run_id) if isinstance(o, _Replay) else None
+        out.append(Changed(row, None) if row is not None else o)
+    return out
+
+
 def _refusal(principal: Principal, it: Item, row: asyncpg.Record, winner: int | None) -> errors.ServiceError:
     if row["cur_run_id"] is None:
         return errors.not_found("run", it.run_id)
@@ -183,6 +206,8 @@ def _refusal(principal: Principal, it: Item, row: asyncpg.Record, winner: int | 
     if winner is not None and winner < row["item"]:  # an earlier item of this batch completed the run
         cur = {**dict(row), "cur_status": RunStatus.COMPLETED.value}
     refusal = fenced_refusal(cur, it.run_id, it.attempt, COMPLETE.describe(cur))
+    if replays.completed_by(cur, it.attempt):  # this lease completed it (earlier, or earlier in this batch)
+        return _Replay(refusal, it.run_id)
     if refusal.reason == errors.LEASE_LOST:
         metrics.LEASE_LOST.labels("CompleteRuns").inc()
     return refusal

@@ -10,6 +10,10 @@ REAPED = Counter(
     ["outcome"],
 )
 CLAIMED = Counter("awooop_scheduler_claimed_total", "Runs handed to workers")
+CLAIM_HANDED_BACK = Counter(
+    "awooop_scheduler_claim_handed_back_total",
+    "Claimed runs handed back at once because the ClaimRuns answer had no room for them (message limit)",
+)
 TRANSITIONS = Counter(
     "awooop_scheduler_transitions_total", "Run state changes made through the API, by action", ["action"]
 )

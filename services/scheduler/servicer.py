@@ -17,8 +17,8 @@ from services.common.access import projects_with, require_member, require_role
 from services.common.auth import current_principal
 from services.common.runs import run_to_pb, status_from_pb, status_to_pb, ts
 from services.common.runtime import AppContext
-from services.common.validate import Violations, to_struct
-from services.scheduler import approvals, batch_complete, claiming, leases, metrics, reads, transitions
+from services.common.validate import MAX_ID, MAX_TEXT, Violations, to_struct
+from services.scheduler import approvals, batch_complete, budget, claiming, leases, metrics, reads, transitions
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.wakeup import RunReadyListener
 
@@ -30,9 +30,7 @@ MAX_COMPLETE_RUNS = 1000
 MAX_LEASE_TTL = 3600.0  # seconds
 MAX_RETRY_AFTER = 86400.0
 MAX_APPROVAL_TTL = 7 * 86400.0
-MAX_TEXT = 4096  # reasons and summaries
 MAX_ERROR_CODE = 64  # awooop_run_state.error_code VARCHAR(64)
-MAX_ID = 128  # worker ids and tool ids (VARCHAR(128))
 MAX_APPROVAL_TOKEN = 256
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
@@ -87,6 +85,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.pool = ctx.pool
         self.listener = listener
         self.saga = saga
+        self._budget = budget.answer_budget(ctx.settings.max_message_bytes)
 
     def _lease_ttl(self, v: Violations, value: Duration) -> float:
         return v.duration("lease_ttl", value, max_seconds=MAX_LEASE_TTL, default=self.settings.lease_ttl)
@@ -125,7 +124,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 worker_id=worker_id,
                 saga=self.saga,
             )
-            return scheduler_pb2.ClaimRunsResponse(runs=_claimed(rows), completed=_complete_results(outcomes))
+            completed = _complete_results(outcomes)
+            left = self._budget - budget.trim_results(completed, self._budget)
+            runs = await self._deliverable(rows, left, worker_id, principal.actor)
+            return scheduler_pb2.ClaimRunsResponse(runs=runs, completed=completed)
         wait = min(max(wait, 0.0), self.settings.max_claim_wait)
         remaining = context.time_remaining()
         if remaining is not None:  # answer (empty) before the caller's deadline, not DEADLINE_EXCEEDED
@@ -140,7 +142,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             actor=principal.actor,
             wait=wait,
         )
-        return scheduler_pb2.ClaimRunsResponse(runs=_claimed(rows))
+        return scheduler_pb2.ClaimRunsResponse(
+            runs=await self._deliverable(rows, self._budget, worker_id, principal.actor)
+        )
+
+    async def _deliverable(
+        self, rows: list[Any], room: int, worker_id: str, actor: str
+    ) -> list[scheduler_pb2.ClaimedRun]:
+        """The claimed runs that fit the answer; the others go back to the queue at once."""
+        claimed = _claimed(rows)
+        n = budget.fit_claimed(claimed, room)
+        if n < len(claimed):
+            back = await budget.hand_back(self.pool, rows[n:], worker_id, actor)
+            metrics.CLAIM_HANDED_BACK.inc(back)
+        return claimed[:n]
 
     async def Heartbeat(
         self, request: scheduler_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -205,7 +220,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         items = self._complete_items(v, "runs", request.runs, required=True)
         v.raise_if_any()
         outcomes = await batch_complete.complete_many(self.pool, current_principal(), items, saga=self.saga)
-        return scheduler_pb2.CompleteRunsResponse(results=_complete_results(outcomes))
+        results = _complete_results(outcomes)
+        budget.trim_results(results, self._budget)
+        return scheduler_pb2.CompleteRunsResponse(results=results)
 
     def _complete_items(
         self, v: Violations, field: str, runs: Sequence[scheduler_pb2.CompleteRunRequest], *, required: bool
@@ -368,7 +385,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         principal = current_principal()
         require_member(principal, project_id)
         rows, next_token = await reads.list_runs(self.pool, project_id, sorted(set(statuses)) or None, page_size, after)
-        return scheduler_pb2.ListRunsResponse(runs=[run_to_pb(r) for r in rows], next_page_token=next_token)
+        runs = [run_to_pb(r) for r in rows]
+        n = budget.fit_runs(runs, self._budget)
+        if n < len(runs):  # the page ends at the last run that fits; the next one starts after it
+            runs, next_token = runs[:n], reads.encode_page_token(rows[n - 1]["created_at"], rows[n - 1]["run_id"])
+        return scheduler_pb2.ListRunsResponse(runs=runs, next_page_token=next_token)
 
     async def GetRunHistory(
         self, request: scheduler_pb2.GetRunHistoryRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -377,7 +398,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         run_id = v.uuid("run_id", request.run_id)
         v.raise_if_any()
         rows = await reads.history(self.pool, current_principal(), run_id)
-        return scheduler_pb2.GetRunHistoryResponse(
+        resp = scheduler_pb2.GetRunHistoryResponse(
             events=[
                 scheduler_pb2.RunEvent(
                     at=ts(r["created_at"]),
@@ -391,3 +412,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 for r in rows
             ]
         )
+        size = resp.ByteSize()
+        if size > self._budget:  # a clear answer, not a transport failure (as GetJournal's JOURNAL_TOO_LARGE)
+            raise errors.ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                budget.HISTORY_TOO_LARGE,
+                f"the history of run {run_id} is larger than AWOOOP_MAX_MESSAGE_BYTES; read awooop_audit_log directly",
+                metadata={"run_id": run_id, "bytes": str(size)},
+            )
+        return resp

@@ -38,7 +38,7 @@ from services.common.runstate import (
     attempts_left,
     sql_list,
 )
-from services.scheduler import metrics
+from services.scheduler import metrics, replays
 from services.scheduler.fragments import (
     CUR_COLUMNS,
     FENCED_AUDIT_DETAILS,
@@ -247,11 +247,28 @@ async def fenced_write(
         raise errors.not_found("run", run_id)
     if row["run_id"] is None:
         check_run_access(principal, row["cur_project"], WORKER_ROLE, run_id)
+        replay = await _replayed(pool, op, row, run_id, attempt)
+        if replay is not None:
+            return replay
         err = fenced_refusal(row, run_id, attempt, op.describe(row))
         if err.reason == errors.LEASE_LOST:
             metrics.LEASE_LOST.labels(op.method).inc()
         raise err
     return settled(row, saga)
+
+
+async def _replayed(pool: asyncpg.Pool, op: FencedOp, cur: asyncpg.Record, run_id: str, attempt: int) -> Changed | None:
+    """The same success again when this lease's earlier CompleteRun / FailRun committed."""
+    if op is COMPLETE:
+        done = replays.completed_by(cur, attempt)
+    elif op is FAIL:
+        done = await replays.failed_by(pool, cur, run_id, attempt)
+    else:
+        return None
+    if not done:
+        return None
+    row = (await replays.current_rows(pool, [run_id])).get(run_id)
+    return None if row is None else Changed(row, row["comp_trigger"])
 
 
 def settled(row: asyncpg.Record, saga: SagaNudger) -> Changed:

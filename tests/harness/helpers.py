@@ -119,3 +119,26 @@ def settings_env(settings: Any) -> dict[str, str]:
         v = getattr(settings, f.name)
         out[f"AWOOOP_{f.name.upper()}"] = ("true" if v else "false") if isinstance(v, bool) else str(v)
     return out
+
+
+class WithKey(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.metadata = metadata
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        if not details.metadata:
+            details = details._replace(metadata=grpc.aio.Metadata(*self.metadata))
+        return await continuation(details, request)
+
+
+async def service_key(rt: Any) -> tuple[tuple[str, str], ...]:
+    """Call metadata with a fresh key of a service principal holding a role in every project
+    (as the saga's AWOOOP_INTERNAL_API_KEY), made in rt's store."""
+    from services.common import principals
+
+    name = f"svc-{os.urandom(4).hex()}"
+    pool = rt.ctx.pool
+    await principals.create_principal(pool, name, "service")
+    await principals.grant_role(pool, name, principals.ALL_PROJECTS, "admin")
+    issued = await principals.issue_key(pool, name)
+    return (("authorization", f"Bearer {issued.key}"),)

@@ -43,7 +43,7 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_APPROVAL_INVALID: _ErrorReason.ValueType  # 9
     """The approval token is wrong or was already used."""
     ERROR_REASON_STORE_UNAVAILABLE: _ErrorReason.ValueType  # 10
-    """The store is unreachable or too slow; the only reason clients retry automatically."""
+    """The store is unreachable or too slow; clients retry it with backoff (as OVERLOADED and SHUTTING_DOWN)."""
     ERROR_REASON_DEADLINE_EXCEEDED: _ErrorReason.ValueType  # 11
     """A same-key request waited past its deadline."""
     ERROR_REASON_INTERNAL: _ErrorReason.ValueType  # 12
@@ -54,6 +54,14 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The reference gateway's tool failed (or was told to)."""
     ERROR_REASON_JOURNAL_TOO_LARGE: _ErrorReason.ValueType  # 15
     """A run's journal does not fit in one response."""
+    ERROR_REASON_MALFORMED_REQUEST: _ErrorReason.ValueType  # 16
+    """The request's bytes did not decode (bad wire format, invalid UTF-8 in a string field)."""
+    ERROR_REASON_OVERLOADED: _ErrorReason.ValueType  # 17
+    """The process is at AWOOOP_MAX_CONCURRENT_RPCS calls in flight (UNAVAILABLE); retry with backoff."""
+    ERROR_REASON_HISTORY_TOO_LARGE: _ErrorReason.ValueType  # 18
+    """A run's state history does not fit in one response."""
+    ERROR_REASON_SHUTTING_DOWN: _ErrorReason.ValueType  # 19
+    """The replica is draining (UNAVAILABLE); the call may be retried on another replica at once."""
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed. Every non-OK status carries a google.rpc.ErrorInfo with domain
@@ -83,7 +91,7 @@ ERROR_REASON_APPROVAL_EXPIRED: ErrorReason.ValueType  # 8
 ERROR_REASON_APPROVAL_INVALID: ErrorReason.ValueType  # 9
 """The approval token is wrong or was already used."""
 ERROR_REASON_STORE_UNAVAILABLE: ErrorReason.ValueType  # 10
-"""The store is unreachable or too slow; the only reason clients retry automatically."""
+"""The store is unreachable or too slow; clients retry it with backoff (as OVERLOADED and SHUTTING_DOWN)."""
 ERROR_REASON_DEADLINE_EXCEEDED: ErrorReason.ValueType  # 11
 """A same-key request waited past its deadline."""
 ERROR_REASON_INTERNAL: ErrorReason.ValueType  # 12
@@ -94,4 +102,12 @@ ERROR_REASON_TOOL_FAILED: ErrorReason.ValueType  # 14
 """The reference gateway's tool failed (or was told to)."""
 ERROR_REASON_JOURNAL_TOO_LARGE: ErrorReason.ValueType  # 15
 """A run's journal does not fit in one response."""
+ERROR_REASON_MALFORMED_REQUEST: ErrorReason.ValueType  # 16
+"""The request's bytes did not decode (bad wire format, invalid UTF-8 in a string field)."""
+ERROR_REASON_OVERLOADED: ErrorReason.ValueType  # 17
+"""The process is at AWOOOP_MAX_CONCURRENT_RPCS calls in flight (UNAVAILABLE); retry with backoff."""
+ERROR_REASON_HISTORY_TOO_LARGE: ErrorReason.ValueType  # 18
+"""A run's state history does not fit in one response."""
+ERROR_REASON_SHUTTING_DOWN: ErrorReason.ValueType  # 19
+"""The replica is draining (UNAVAILABLE); the call may be retried on another replica at once."""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

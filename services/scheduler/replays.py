@@ -1,0 +1,57 @@
+"""Retried worker writes: a CompleteRun / CompleteRuns item / ClaimRuns.complete item or FailRun
+whose first attempt committed (and whose answer was lost: a scheduler crash, a dropped
+connection, a client timeout) answers the same success when the same lease sends it again.
+
+The fencing token says who may have written: only the holder of attempt N can complete or
+fail the run during attempt N, and attempt_count changes with every new claim. So:
+
+- COMPLETED with attempt_count = N: the holder of N completed it (a run is never reaped or
+  cancelled into COMPLETED);
+- PENDING / FAILED / CANCELLED with attempt_count = N and a FailRun audit row of attempt N
+  (only FailRun writes `retryable` into its details): the holder of N failed it.
+
+These checks run only on the refusal path (the write changed nothing), so the ordinary path
+costs nothing more. The answer is the run as it is now; nothing is written again, counted again
+or nudged again."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from services.common.db import Row
+from services.common.runs import RUN_COLUMNS
+from services.common.runstate import TRANSITIONS, Action, RunStatus
+from services.scheduler.fragments import lease_was_reaped
+
+RUNS_SQL = f"""SELECT {RUN_COLUMNS},
+       (SELECT trigger FROM awooop_compensation_request c WHERE c.run_id = r.run_id) AS comp_trigger
+  FROM awooop_run_state r
+ WHERE run_id = ANY($1::uuid[])"""
+
+FAILED_BY_SQL = """SELECT EXISTS (
+    SELECT 1 FROM awooop_audit_log
+     WHERE run_id = $1 AND details ? 'retryable' AND (details->>'attempt')::int = $2
+       AND from_status IN ('RUNNING', 'WAITING_TOOL'))"""
+
+
+_COMPLETED_INTO = TRANSITIONS[Action.COMPLETE].replays_from
+_FAILED_INTO = TRANSITIONS[Action.FAIL].replays_from
+
+
+def completed_by(cur: Row, attempt: int) -> bool:
+    """The locked row (cur_* columns) shows this lease's completion."""
+    return bool(cur["cur_status"] in _COMPLETED_INTO and cur["cur_attempt"] == attempt)
+
+
+async def failed_by(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int) -> bool:
+    if cur["cur_attempt"] != attempt or cur["cur_status"] not in _FAILED_INTO:
+        return False
+    if cur["cur_status"] != RunStatus.PENDING and lease_was_reaped(cur):  # a reaped lease's FailRun never committed
+        return False
+    return bool(await pool.fetchval(FAILED_BY_SQL, run_id, attempt))
+
+
+async def current_rows(pool: asyncpg.Pool, run_ids: list[str]) -> dict[str, asyncpg.Record]:
+    """run id -> the run as it is now (RUN_COLUMNS and comp_trigger)."""
+    rows = await pool.fetch(RUNS_SQL, run_ids)
+    return {str(r["run_id"]): r for r in rows}
