@@ -131,7 +131,7 @@ class Runtime:
         s = self.settings
         credentials = self._server_credentials()  # fail before anything listens
         if s.migrate_on_start:
-            await migrate.migrate(s.database_url)
+            await migrate.migrate(s.direct_url)
         if not self.port_zero:
             start_metrics(s.host, s.metrics_port)
         pool = await create_pool(s)

@@ -53,6 +53,11 @@ def _env(name: str, default: Any, cast: type, environ: Mapping[str, str] | None 
 class Settings:
     # --- store and cache ---
     database_url: str = ""  # Postgres DSN; empty: `awooop up` starts an embedded Postgres, `serve` refuses to start
+    # session connection for LISTEN, migrations and `awooop admin` when AWOOOP_DATABASE_URL goes
+    # through a transaction-mode pooler (PgBouncer); empty: AWOOOP_DATABASE_URL
+    database_direct_url: str = ""
+    # asyncpg's prepared statement cache; false behind a transaction-mode pooler (PgBouncer before 1.21)
+    db_statement_cache: bool = True
     redis_url: str = ""  # empty: `awooop up` starts an embedded Redis; services run without Redis
     redis_prefix: str = "awooop:"  # every Redis key starts with this (lets tenants of one Redis coexist)
     db_pool_min: int = 2  # connections opened at start (when the store is up) and kept
@@ -135,6 +140,11 @@ class Settings:
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)
+
+    @property
+    def direct_url(self) -> str:
+        """The DSN for session work: LISTEN, migrations, `awooop admin`."""
+        return self.database_direct_url or self.database_url
 
     def port_of(self, service: str) -> int:
         return int(getattr(self, f"{service}_port"))
