@@ -138,8 +138,20 @@ class PgCluster:
         _run(
             [
                 str(bindir() / "pg_basebackup"),
-                "-h", "127.0.0.1", "-p", str(self.primary.port), "-U", "postgres",
-                "-D", str(data), "-R", "-X", "stream", "--no-sync", "-c", "fast",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.primary.port),
+                "-U",
+                "postgres",
+                "-D",
+                str(data),
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+                "-c",
+                "fast",
             ]
         )
         port = free_port()

@@ -175,5 +175,3 @@ def test_store_events_map_to_store_unavailable(exc: BaseException) -> None:
 def test_a_bug_is_still_not_a_store_failure() -> None:
     assert store.store_error(KeyError("x")) is None
     assert store.store_error(asyncpg.exceptions.UndefinedColumnError("column x does not exist")) is None
-
-
