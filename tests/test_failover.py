@@ -144,7 +144,7 @@ async def test_a_failover_under_load_loses_nothing_duplicates_nothing_and_recove
                 left = await conn.fetchval("SELECT count(*) FROM awooop_run_state WHERE status <> 'COMPLETED'")
             finally:
                 await conn.close()
-            return left == 0
+            return bool(left == 0)
 
         await eventually(drained, timeout=60, what="every run completed after the failover")
     finally:

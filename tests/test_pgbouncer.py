@@ -178,10 +178,11 @@ async def test_the_suite_works_through_pgbouncer_in_transaction_mode(
     tasks = [asyncio.create_task(w.run(install_signal_handlers=False)) for w in workers]
 
     async def all_done() -> bool:
-        return await db.fetchval(
-            "SELECT count(*) = 0 FROM awooop_run_state WHERE status NOT IN ('COMPLETED', 'FAILED')"
-        ) and await db.fetchval(
-            "SELECT saga_status = 'compensated' FROM awooop_run_state WHERE run_id = $1::uuid", failing
+        return bool(
+            await db.fetchval("SELECT count(*) = 0 FROM awooop_run_state WHERE status NOT IN ('COMPLETED', 'FAILED')")
+            and await db.fetchval(
+                "SELECT saga_status = 'compensated' FROM awooop_run_state WHERE run_id = $1::uuid", failing
+            )
         )
 
     try:

@@ -27,6 +27,7 @@ INVALID_TRANSITION = "INVALID_TRANSITION"
 APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
 APPROVAL_INVALID = "APPROVAL_INVALID"
 STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
+SHUTTING_DOWN = "SHUTTING_DOWN"
 DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
 INTERNAL = "INTERNAL"
 UNIMPLEMENTED = "UNIMPLEMENTED"
@@ -137,6 +138,11 @@ def store_unavailable(detail: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE, f"store unavailable: {detail}", metadata={"retry": "true"}
     )
+
+
+def shutting_down(message: str) -> ServiceError:
+    """This replica is draining: the client's retry policy sends the call to another one."""
+    return ServiceError(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN, message, metadata={"retry": "true"})
 
 
 def deadline_exceeded(message: str) -> ServiceError:
