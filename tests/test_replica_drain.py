@@ -127,3 +127,44 @@ async def test_a_scheduler_sigtermed_under_load_costs_no_client_error_and_no_cla
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_the_cli_takes_a_list_of_replicas_and_channel_options(start_services: Any, make_key: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from services.common.embedded import free_port
+    from tests.helpers import ROOT
+
+    rt = await start_services("scheduler")
+    admin = _key(await make_key("boss", {PROJECT: ["admin"]}))
+    dead = f"127.0.0.1:{free_port()}"  # a replica that is down: round_robin uses the live one
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
+    env["AWOOOP_API_KEY"] = admin
+    cmd = [
+        sys.executable,
+        "-m",
+        "awooop.cli",
+        "runs",
+        "list",
+        "--project",
+        PROJECT,
+        "--json",
+        "--scheduler",
+        f"{dead},127.0.0.1:{rt.ports['scheduler']}",
+        "--channel-option",
+        "grpc.keepalive_time_ms=30000",
+    ]
+    proc = await asyncio.to_thread(subprocess.run, cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    bad = await asyncio.to_thread(
+        subprocess.run,
+        [*cmd[:-2], "--channel-option", "novalue"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "NAME=VALUE" in bad.stderr
