@@ -59,6 +59,9 @@ class Settings:
     # asyncpg's prepared statement cache; false behind a transaction-mode pooler (PgBouncer before 1.21)
     db_statement_cache: bool = True
     redis_url: str = ""  # empty: `awooop up` starts an embedded Redis; services run without Redis
+    # AWOOOP_REDIS_URL names one node of a Redis Cluster: use the cluster client (keys carry a
+    # {project} hash tag, so each call's keys share a slot)
+    redis_cluster: bool = False
     redis_prefix: str = "awooop:"  # every Redis key starts with this (lets tenants of one Redis coexist)
     db_pool_min: int = 2  # connections opened at start (when the store is up) and kept
     db_pool_max: int = 10  # most connections one process holds; size Postgres max_connections for all replicas
