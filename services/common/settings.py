@@ -96,6 +96,9 @@ class Settings:
     dedupe_retention: float = 7 * 24 * 3600.0  # how long an event id is remembered (seed 000 D1: 7 days)
     idempotency_ttl: float = 24 * 3600.0  # how long an idempotency key replays its response (seed 003: 24 h)
     policy_version: str = "v1"  # sanitizer/policy version recorded with idempotency keys
+    # how long a finished run (COMPLETED, FAILED, CANCELLED) is kept with its journal, compensation and
+    # audit rows, counted from its last change; 0 keeps runs for ever
+    run_retention: float = 30 * 24 * 3600.0
     prune_interval: float = 300.0  # how often expired dedupe rows and idempotency keys are pruned
     prune_batch: int = 5000  # rows deleted per pruning statement (short transactions, no long locks)
     redis_dedupe_ttl: float = 24 * 3600.0  # how long Redis answers a repeated event id without Postgres
