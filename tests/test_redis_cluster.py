@@ -178,7 +178,7 @@ async def test_a_killed_primary_under_a_duplicate_storm_loses_nothing_and_duplic
 
     # the cache is in use on every primary, each key tagged with its project
     by_node = await eventually(lambda: _spread(cluster), timeout=10, what="cached keys on every primary")
-    assert all(b"{proj" in k for keys in by_node.values() for k in keys)
+    assert by_node is not None and all(b"{proj" in k for keys in by_node.values() for k in keys)
 
     tally, mismatched, not_dup = Tally(), [], []
     sem = asyncio.Semaphore(30)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import asyncpg
 import grpc
@@ -43,7 +44,9 @@ async def _stored(dsn: str) -> int:
         await conn.close()
 
 
-async def test_a_fast_restart_under_load_answers_unavailable_and_recovers(start_services, channels, cluster) -> None:
+async def test_a_fast_restart_under_load_answers_unavailable_and_recovers(
+    start_services: Any, channels: Any, cluster: PgCluster
+) -> None:
     dsn = await create_migrated_db(cluster.primary.dsn, "awooop")
     rt = await start_services("ingest", "scheduler", database_url=dsn, db_connect_timeout=1.0, db_pool_min=4)
     md = await key_on(dsn, "alice", {PROJECT: ["ingest", "worker"]})
@@ -99,7 +102,7 @@ async def _pool_pids(dsn: str) -> set[int]:
 
 
 async def test_a_read_only_server_answers_unavailable_and_its_connection_leaves_the_pool(
-    start_services, channels, cluster
+    start_services: Any, channels: Any, cluster: PgCluster
 ) -> None:
     dsn = await create_migrated_db(cluster.primary.dsn, "awooop")
     # one connection, so the one that saw the read-only error is the one that must go
