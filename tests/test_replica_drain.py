@@ -158,6 +158,13 @@ async def test_the_cli_takes_a_list_of_replicas_and_channel_options(start_servic
     ]
     proc = await asyncio.to_thread(subprocess.run, cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+    # a DNS name: every address it resolves to is a replica (localhost: 127.0.0.1, and ::1 where
+    # nothing listens)
+    by_name = [*cmd[: cmd.index("--scheduler") + 1], f"dns:///localhost:{rt.ports['scheduler']}"]
+    proc = await asyncio.to_thread(
+        subprocess.run, by_name, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
     bad = await asyncio.to_thread(
         subprocess.run,
         [*cmd[:-2], "--channel-option", "novalue"],
