@@ -36,6 +36,7 @@ GROUPS: dict[str, str] = {
     "reaper": "bench.reaper",
     "crash": "bench.crash",
     "pooler": "bench.pooler",
+    "retention": "bench.retention",
 }
 
 
