@@ -72,6 +72,7 @@ async def test_a_failover_under_load_loses_nothing_duplicates_nothing_and_recove
     acked: dict[int, str] = {}  # update_id -> run_id, once acknowledged
     completed: set[str] = set()  # run ids whose completion was acknowledged
     failures: list[float] = []  # when a call failed
+    successes: list[float] = []  # when an event was acknowledged
     promoted_at: list[float] = []
     stop_producing = asyncio.Event()
     total_events = 0
@@ -88,6 +89,7 @@ async def test_a_failover_under_load_loses_nothing_duplicates_nothing_and_recove
                     resp = await ingest.IngestEvent(tg_event(PROJECT, uid), metadata=md, timeout=10)
                     tally.ok()
                     acked[uid] = resp.outcomes[0].run_id
+                    successes.append(time.monotonic())
                     break
                 except grpc.aio.AioRpcError as err:
                     tally.failed(err)
@@ -175,8 +177,10 @@ async def test_a_failover_under_load_loses_nothing_duplicates_nothing_and_recove
     by_run = {r["run_id"]: r for r in rows}
     lost = [uid for uid, run_id in acked.items() if run_id not in by_run]
     lost_completions = [r for r in completed if r not in by_run or by_run[r]["status"] != "COMPLETED"]
+    # from the first failed call after the stop to the first acknowledged event after the last one
     outage = [t for t in failures if t >= stopped_at]
-    unavailable_s = (max(outage) - stopped_at) if outage else 0.0
+    back = [t for t in successes if outage and t > max(outage)]
+    unavailable_s = (min(back) - min(outage)) if outage and back else 0.0
     print(
         f"\nfailover: {len(acked)} events acknowledged of {total_events} sent, {len(completed)} completions "
         f"acknowledged; answers {dict(tally.codes)}; lost events {len(lost)}, lost completions "
