@@ -1,7 +1,19 @@
 # One image for every awooop service: `awooop serve ingest|scheduler|saga|gateway`,
 # `awooop migrate`, `awooop admin ...` and `awooop health` (the healthcheck).
 # docker-compose.yml runs it; ports and variables are in docs/configuration.md.
-FROM python:3.11-slim
+#
+# Behind a registry mirror and a private package index (docs/operations.md, Containers):
+#   docker build --build-arg BASE_IMAGE=mirror.example/library/python:3.11-slim \
+#     --build-arg PIP_INDEX_URL=https://pypi.example/simple --secret id=ca,src=corp-ca.pem .
+# Podman keeps the HEALTHCHECK only in Docker format: podman build --format docker ...
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
+
+# the package index pip installs from (empty: PyPI), hosts trusted without TLS verification
+# (empty: none); a CA bundle for the index comes as the build secret "ca" (never a layer)
+ARG PIP_INDEX_URL=""
+ARG PIP_EXTRA_INDEX_URL=""
+ARG PIP_TRUSTED_HOST=""
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -14,7 +26,13 @@ COPY pyproject.toml README.md ./
 COPY gen ./gen
 COPY sdk ./sdk
 COPY services ./services
-RUN pip install . \
+RUN --mount=type=secret,id=ca,required=false \
+    set -e; \
+    [ -n "$PIP_INDEX_URL" ] || unset PIP_INDEX_URL; \
+    [ -n "$PIP_EXTRA_INDEX_URL" ] || unset PIP_EXTRA_INDEX_URL; \
+    [ -n "$PIP_TRUSTED_HOST" ] || unset PIP_TRUSTED_HOST; \
+    if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
+    pip install . \
  && useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin awooop
 
 USER 10001
@@ -24,7 +42,8 @@ ENV AWOOOP_HOST=0.0.0.0
 # gRPC: ingest, scheduler, saga, reference tool gateway; then Prometheus /metrics
 EXPOSE 50051 50052 50053 50054 9464
 
-# matches the default command; docker-compose.yml sets one per service
+# matches the default command; docker-compose.yml sets one per service. OCI images (podman's
+# default format) have no HEALTHCHECK: build with `podman build --format docker` to keep it.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
     CMD ["awooop", "health", "127.0.0.1:50051", "--service", "ingest", "--quiet"]
 

@@ -35,6 +35,8 @@ GROUPS: dict[str, str] = {
     "journal": "bench.journal",
     "reaper": "bench.reaper",
     "crash": "bench.crash",
+    "pooler": "bench.pooler",
+    "retention": "bench.retention",
 }
 
 

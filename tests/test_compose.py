@@ -148,7 +148,13 @@ def test_dockerfile_runs_awooop_as_a_non_root_user() -> None:
     import json
 
     steps = dockerfile()
-    assert steps[0] == ("FROM", "python:3.11-slim")
+    # the base image is a build argument (a registry mirror) whose default is the official image
+    base_args = dict(rest.split("=", 1) for word, rest in steps if word == "ARG" and "=" in rest)
+    first_from = next(rest for word, rest in steps if word == "FROM")
+    assert first_from == "${BASE_IMAGE}" and base_args["BASE_IMAGE"] == "python:3.11-slim"
+    assert {"PIP_INDEX_URL", "PIP_TRUSTED_HOST"} <= set(base_args)
+    run = next(rest for word, rest in steps if word == "RUN")
+    assert "--mount=type=secret,id=ca,required=false" in run  # the index's CA, never in a layer
     user = [rest for word, rest in steps if word == "USER"]
     assert user and user[-1] not in ("root", "0")
     exposed = {int(p) for word, rest in steps if word == "EXPOSE" for p in rest.split()}

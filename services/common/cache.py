@@ -4,12 +4,17 @@ Every call degrades instead of failing: when Redis is down or slow, reads miss a
 writes are dropped, and the service falls back to Postgres. After a failure the client
 stays "down" for a short back-off so a dead Redis costs no timeout per request; it
 recovers by itself on the first call after the back-off.
+
+With AWOOOP_REDIS_CLUSTER the client is redis-py's RedisCluster. Keys that one command takes
+together carry the same hash tag (`{project}`), and callers split a multi-key command by
+tag (`by_tag`), so no command spans slots.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -26,8 +31,22 @@ class Cache:
     def __init__(self, settings: Settings, url: str | None = None) -> None:
         self.prefix = settings.redis_prefix
         self.url = url if url is not None else settings.redis_url
-        self._client: aioredis.Redis | None = None
-        if self.url:
+        self.cluster = settings.redis_cluster
+        self._client: Any = None  # aioredis.Redis, or RedisCluster with AWOOOP_REDIS_CLUSTER
+        if self.url and self.cluster:
+            from redis.asyncio.cluster import RedisCluster
+            from redis.asyncio.retry import Retry
+            from redis.backoff import NoBackoff
+
+            self._client = RedisCluster.from_url(
+                self.url,
+                socket_timeout=0.5,
+                socket_connect_timeout=0.5,
+                # a primary that is down costs its own slots, not the cluster's other keys
+                require_full_coverage=False,
+                retry=Retry(NoBackoff(), 1),  # one retry after a MOVED / dead node, then degrade
+            )
+        elif self.url:
             self._client = aioredis.from_url(
                 self.url,
                 socket_timeout=0.5,
@@ -42,11 +61,23 @@ class Cache:
         return self._client is not None
 
     @property
-    def client(self) -> aioredis.Redis | None:
+    def client(self) -> Any:
         return self._client
 
     def key(self, *parts: str) -> str:
         return self.prefix + ":".join(parts)
+
+    def by_tag(self, keys: Sequence[str]) -> list[list[int]]:
+        """Indices of keys grouped so each group may go in one command: all of them on one
+        Redis; one group per hash tag ({...}) on a Redis Cluster."""
+        if not self.cluster:
+            return [list(range(len(keys)))] if keys else []
+        groups: dict[str, list[int]] = {}
+        for i, k in enumerate(keys):
+            start = k.find("{")
+            end = k.find("}", start + 1) if start >= 0 else -1
+            groups.setdefault(k[start + 1 : end] if end > start + 1 else k, []).append(i)
+        return list(groups.values())
 
     def available(self) -> bool:
         return self._client is not None and time.monotonic() >= self._down_until

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeAlias
 
 import asyncpg
@@ -12,6 +14,8 @@ from asyncpg.pool import PoolConnectionProxy
 
 from services.common import errors
 from services.common.settings import Settings
+
+log = logging.getLogger("awooop.db")
 
 
 class Row(Protocol):
@@ -34,29 +38,135 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+# Errors after which a connection must not be handed out again: it points at a server that
+# can no longer take writes (a demoted primary, a standby reached through a proxy), or its
+# protocol state is broken (asyncpg's "cannot switch to state"), or a pooler moved it to a
+# server connection that lacks its prepared statements.
+_POISONING: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.ReadOnlySQLTransactionError,  # SQLSTATE 25006
+    asyncpg.exceptions.InvalidSQLStatementNameError,  # 26000: a pooler lost the prepared statement
+    asyncpg.exceptions.DuplicatePreparedStatementError,  # 42P05: a pooler mixed two clients' statements
+    asyncpg.exceptions.InternalClientError,  # protocol state, TargetServerAttributeNotMatched
+    asyncpg.exceptions.InterfaceError,
+)
+_POOLER_ERRORS = (asyncpg.exceptions.InvalidSQLStatementNameError, asyncpg.exceptions.DuplicatePreparedStatementError)
+_REFUSED_PARAMETER = "unsupported startup parameter"
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str, *args: object) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
+
+
+def _note_failure(exc: BaseException) -> None:
+    if isinstance(exc, _POOLER_ERRORS):
+        _warn_once(
+            "pooler",
+            "prepared statement error from the store (%s): a transaction-mode pooler (PgBouncer) is in "
+            "front of Postgres; set AWOOOP_DB_STATEMENT_CACHE=false, and AWOOOP_DATABASE_DIRECT_URL to a "
+            "direct or session-mode URL for LISTEN and migrations",
+            type(exc).__name__,
+        )
+
+
+class StoreConnection(asyncpg.Connection):
+    """A pool connection that remembers when a statement failed in a way that makes the
+    connection unusable; the pool's release hook (_keep_session) then closes it, so the
+    next acquire opens a fresh one (to the new primary after a failover)."""
+
+    broken: bool = False
+
+    def _mark(self, exc: BaseException) -> None:
+        if isinstance(exc, _POISONING):
+            self.broken = True
+            _note_failure(exc)
+
+    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
+        try:
+            return await super().execute(query, *args, timeout=timeout)
+        except Exception as exc:
+            self._mark(exc)
+            raise
+
+    async def _execute(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super()._execute(*args, **kwargs)  # type: ignore[misc]  # private: not in the stubs
+        except Exception as exc:
+            self._mark(exc)
+            raise
+
+    async def _executemany(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super()._executemany(*args, **kwargs)  # type: ignore[misc]  # private: not in the stubs
+        except Exception as exc:
+            self._mark(exc)
+            raise
+
+
 async def _keep_session(conn: asyncpg.Connection) -> None:
     """Pool release hook. asyncpg's default resets session state with one extra round trip
     per release; awooop never sets session state through the pool (advisory locks and
-    settings are transaction-scoped), and asyncpg still rolls back an open transaction."""
+    settings are transaction-scoped), and asyncpg still rolls back an open transaction.
+    A connection marked broken leaves the pool here."""
+    if getattr(conn, "broken", False):
+        conn.terminate()
+
+
+def _connector(settings: Settings) -> Callable[..., Awaitable[asyncpg.Connection]]:
+    """The pool's connect function. Statement timeouts go to the server as startup parameters
+    when it takes them; a pooler (PgBouncer) refuses unknown startup parameters, so after the
+    first refusal this process connects without them: asyncpg's command_timeout still cancels
+    a slow statement, and the server-side timeouts belong in role settings (docs/operations.md)."""
+    timeout_ms = int(settings.db_statement_timeout * 1000)
+    timeouts = {
+        "statement_timeout": str(timeout_ms),
+        "idle_in_transaction_session_timeout": str(max(timeout_ms * 3, 30000)),
+    }
+    # a transaction-mode pooler is what turning the statement cache off says: do not even try
+    state = {"send_timeouts": settings.db_statement_cache}
+
+    async def connect(*args: Any, **kwargs: Any) -> asyncpg.Connection:
+        base = {"application_name": "awooop"}
+        if state["send_timeouts"]:
+            try:
+                return await asyncpg.connect(*args, server_settings={**base, **timeouts}, **kwargs)
+            except asyncpg.exceptions.PostgresError as exc:
+                if _REFUSED_PARAMETER not in str(exc):
+                    raise
+                state["send_timeouts"] = False
+                _warn_once(
+                    "startup",
+                    "the store refused a startup parameter (%s): a pooler is in front of Postgres; "
+                    "connecting without them. Set the timeouts as role settings (ALTER ROLE ... SET "
+                    "statement_timeout = '%dms'), and for a transaction-mode pooler set "
+                    "AWOOOP_DB_STATEMENT_CACHE=false",
+                    exc,
+                    timeout_ms,
+                )
+        return await asyncpg.connect(*args, server_settings=base, **kwargs)
+
+    return connect
 
 
 async def create_pool(settings: Settings, dsn: str | None = None) -> asyncpg.Pool:
     """A pool that starts even when the store is down (min_size connections are
     opened lazily on failure) so the service can answer UNAVAILABLE instead of crashing."""
-    timeout_ms = int(settings.db_statement_timeout * 1000)
     kwargs: dict[str, Any] = dict(
         dsn=dsn or settings.database_url,
         min_size=0,
         max_size=settings.db_pool_max,
         init=_init_connection,
         reset=_keep_session,
+        connect=_connector(settings),
+        connection_class=StoreConnection,
         timeout=settings.db_connect_timeout,
         command_timeout=settings.db_statement_timeout + 1,
-        server_settings={
-            "statement_timeout": str(timeout_ms),
-            "application_name": "awooop",
-            "idle_in_transaction_session_timeout": str(max(timeout_ms * 3, 30000)),
-        },
+        # a transaction-mode pooler hands each transaction to any server connection, where
+        # named prepared statements of this client do not exist
+        statement_cache_size=100 if settings.db_statement_cache else 0,
     )
     pool = await asyncpg.create_pool(**kwargs)
     assert pool is not None
@@ -65,7 +175,7 @@ async def create_pool(settings: Settings, dsn: str | None = None) -> asyncpg.Poo
     try:
         for _ in range(min(settings.db_pool_min, settings.db_pool_max)):
             conns.append(await pool.acquire(timeout=settings.db_connect_timeout))
-    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError):
         pass
     finally:
         for c in conns:
@@ -83,6 +193,14 @@ STORE_EXCEPTIONS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.QueryCanceledError,  # statement_timeout
     asyncpg.exceptions.InterfaceError,  # connection closed under us
     asyncpg.exceptions.ConnectionDoesNotExistError,
+    # a failover or switchover: a connection still on the demoted primary, or a multi-host DSN
+    # that found no writable host yet (TargetServerAttributeNotMatched), or a protocol state
+    # asyncpg cannot continue from ("cannot switch to state")
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+    asyncpg.exceptions.InternalClientError,
+    # behind a transaction-mode pooler with the statement cache on (logged once, see _note_failure)
+    asyncpg.exceptions.InvalidSQLStatementNameError,
+    asyncpg.exceptions.DuplicatePreparedStatementError,
 )
 
 
@@ -92,6 +210,9 @@ def store_error(exc: BaseException) -> errors.ServiceError | None:
         return errors.store_unavailable("statement timed out")
     if isinstance(exc, asyncpg.exceptions.SerializationError | asyncpg.exceptions.DeadlockDetectedError):
         return errors.store_unavailable("transaction conflict, retry")
+    if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
+        return errors.store_unavailable("the server is read-only (a standby, or a failover in progress)")
     if isinstance(exc, STORE_EXCEPTIONS):
+        _note_failure(exc)
         return errors.store_unavailable(type(exc).__name__)
     return None

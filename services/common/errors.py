@@ -37,6 +37,7 @@ APPROVAL_EXPIRED = reason(errors_pb2.ERROR_REASON_APPROVAL_EXPIRED)
 APPROVAL_INVALID = reason(errors_pb2.ERROR_REASON_APPROVAL_INVALID)
 STORE_UNAVAILABLE = reason(errors_pb2.ERROR_REASON_STORE_UNAVAILABLE)
 OVERLOADED = reason(errors_pb2.ERROR_REASON_OVERLOADED)
+SHUTTING_DOWN = reason(errors_pb2.ERROR_REASON_SHUTTING_DOWN)
 DEADLINE_EXCEEDED = reason(errors_pb2.ERROR_REASON_DEADLINE_EXCEEDED)
 INTERNAL = reason(errors_pb2.ERROR_REASON_INTERNAL)
 UNIMPLEMENTED = reason(errors_pb2.ERROR_REASON_UNIMPLEMENTED)
@@ -172,6 +173,9 @@ def overloaded(limit: int) -> ServiceError:
         f"server overloaded: {limit} RPCs in flight (AWOOOP_MAX_CONCURRENT_RPCS); retry with backoff",
         metadata={"retry": "true", "limit": str(limit)},
     )
+def shutting_down(message: str) -> ServiceError:
+    """This replica is draining: the client's retry policy sends the call to another one."""
+    return ServiceError(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN, message, metadata={"retry": "true"})
 
 
 def deadline_exceeded(message: str) -> ServiceError:

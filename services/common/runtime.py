@@ -141,7 +141,7 @@ class Runtime:
             raise SystemExit(f"configuration error: {problem}")
         credentials = self._server_credentials()  # fail before anything listens
         if s.migrate_on_start:
-            await migrate.migrate(s.database_url)
+            await migrate.migrate(s.direct_url)
         if not self.port_zero:
             start_metrics(s.host, s.metrics_port)
         pool = await create_pool(s)

@@ -53,7 +53,15 @@ def _env(name: str, default: Any, cast: type, environ: Mapping[str, str] | None 
 class Settings:
     # --- store and cache ---
     database_url: str = ""  # Postgres DSN; empty: `awooop up` starts an embedded Postgres, `serve` refuses to start
+    # session connection for LISTEN, migrations and `awooop admin` when AWOOOP_DATABASE_URL goes
+    # through a transaction-mode pooler (PgBouncer); empty: AWOOOP_DATABASE_URL
+    database_direct_url: str = ""
+    # asyncpg's prepared statement cache; false behind a transaction-mode pooler (PgBouncer before 1.21)
+    db_statement_cache: bool = True
     redis_url: str = ""  # empty: `awooop up` starts an embedded Redis; services run without Redis
+    # AWOOOP_REDIS_URL names one node of a Redis Cluster: use the cluster client (keys carry a
+    # {project} hash tag, so each call's keys share a slot)
+    redis_cluster: bool = False
     redis_prefix: str = "awooop:"  # every Redis key starts with this (lets tenants of one Redis coexist)
     db_pool_min: int = 2  # connections opened at start (when the store is up) and kept
     db_pool_max: int = 10  # most connections one process holds; size Postgres max_connections for all replicas
@@ -94,6 +102,9 @@ class Settings:
     dedupe_retention: float = 7 * 24 * 3600.0  # how long an event id is remembered (seed 000 D1: 7 days)
     idempotency_ttl: float = 24 * 3600.0  # how long an idempotency key replays its response (seed 003: 24 h)
     policy_version: str = "v1"  # sanitizer/policy version recorded with idempotency keys
+    # how long a finished run (COMPLETED, FAILED, CANCELLED) is kept with its journal, compensation and
+    # audit rows, counted from its last change; 0 keeps runs for ever
+    run_retention: float = 30 * 24 * 3600.0
     prune_interval: float = 300.0  # how often expired dedupe rows and idempotency keys are pruned
     prune_batch: int = 5000  # rows deleted per pruning statement (short transactions, no long locks)
     redis_dedupe_ttl: float = 24 * 3600.0  # how long Redis answers a repeated event id without Postgres
@@ -141,6 +152,11 @@ class Settings:
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)
+
+    @property
+    def direct_url(self) -> str:
+        """The DSN for session work: LISTEN, migrations, `awooop admin`."""
+        return self.database_direct_url or self.database_url
 
     def port_of(self, service: str) -> int:
         return int(getattr(self, f"{service}_port"))

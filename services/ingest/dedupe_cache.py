@@ -1,4 +1,4 @@
-"""The Redis fast path for duplicates: `<prefix>dedupe:<project>:<channel>:<provider_event_id>` -> run_id.
+"""The Redis fast path for duplicates: `<prefix>dedupe:{<project>}:<channel>:<provider_event_id>` -> run_id.
 
 Redis only ever holds what Postgres committed (keys are written after the commit, or from a
 committed dedupe row), so a hit is a true duplicate and a miss just costs the Postgres path,
@@ -6,11 +6,15 @@ whose unique constraint stays the authority. A key never outlives its dedupe row
 at most the time the row has left before retention prunes it, and the pruner deletes the keys
 of the rows it removes. Every call degrades (services.common.cache): with Redis down or
 flushed, lookups miss and writes are dropped, and the next successful write refills it.
+The project is the key's hash tag: on a Redis Cluster one project's keys share a slot, and a
+batch spanning projects is sent as one command per project.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from services.common.cache import Cache
 from services.ingest import metrics
@@ -19,7 +23,7 @@ PART = "dedupe"
 
 
 def key(cache: Cache, project_id: str, channel: str, provider_event_id: str) -> str:
-    return f"{cache.prefix}{PART}:{project_id}:{channel}:{provider_event_id}"
+    return f"{cache.prefix}{PART}:{{{project_id}}}:{channel}:{provider_event_id}"
 
 
 # MGET with each hit's time to live, so what a hit teaches the process's own memory
@@ -34,7 +38,7 @@ async def lookup(cache: Cache, keys: Sequence[str]) -> list[tuple[str, float] | 
     """(run_id, seconds left) per key (None: not cached, or Redis unavailable); one round trip."""
     if not keys:
         return []
-    values = await cache.call("eval", GET_MANY, len(keys), *keys) if cache.enabled else None
+    values = await _get_many(cache, keys) if cache.enabled else None
     if values is None:
         metrics.REDIS_UNAVAILABLE.inc(len(keys))
         return [None] * len(keys)
@@ -49,10 +53,25 @@ async def lookup(cache: Cache, keys: Sequence[str]) -> list[tuple[str, float] | 
     return out
 
 
+async def _get_many(cache: Cache, keys: Sequence[str]) -> list[Any] | None:
+    """GET_MANY over keys, one command per hash tag group; None when any group failed."""
+    groups = cache.by_tag(keys)
+    if len(groups) == 1:
+        result = await cache.call("eval", GET_MANY, len(keys), *keys)
+        return list(result) if result is not None else None
+    parts = await asyncio.gather(*(cache.call("eval", GET_MANY, len(g), *(keys[i] for i in g)) for g in groups))
+    out: list[Any] = [None, -2] * len(keys)
+    for g, part in zip(groups, parts, strict=True):
+        if part is None:
+            return None
+        for j, i in enumerate(g):
+            out[2 * i], out[2 * i + 1] = part[2 * j], part[2 * j + 1]
+    return out
+
+
 # One command for a whole flush: a pipeline of SETs costs redis-py a parsed reply per key
-# (about 5x the CPU of this script at 500 keys). On Redis Cluster (the scale-out plan of
-# docs/scale-out.md) the keys of one call, like those of one MGET, must share a hash
-# slot: the key layout would then take a {project} hash tag.
+# (about 5x the CPU of this script at 500 keys). On a Redis Cluster one command per project:
+# the keys of one command must share a hash slot.
 SET_MANY = "for i, k in ipairs(KEYS) do redis.call('SET', k, ARGV[2 * i - 1], 'EX', ARGV[2 * i]) end return #KEYS"
 
 
@@ -65,12 +84,22 @@ async def remember(cache: Cache, entries: Iterable[tuple[str, str, float]]) -> N
             keys.append(k)
             args += (run_id, int(ttl))
     if keys and cache.enabled:
-        await cache.call("eval", SET_MANY, len(keys), *keys, *args)
+        groups = cache.by_tag(keys)
+        await asyncio.gather(
+            *(
+                cache.call(
+                    "eval", SET_MANY, len(g), *(keys[i] for i in g), *(a for i in g for a in args[2 * i : 2 * i + 2])
+                )
+                for g in groups
+            )
+        )
 
 
 async def forget(cache: Cache, keys: Sequence[str], chunk: int = 1000) -> None:
     """Deletes keys (after their dedupe rows were pruned)."""
     if not cache.enabled:
         return
-    for i in range(0, len(keys), chunk):
-        await cache.call("delete", *keys[i : i + chunk])
+    for group in cache.by_tag(keys):
+        same = [keys[i] for i in group]
+        for i in range(0, len(same), chunk):
+            await cache.call("delete", *same[i : i + chunk])

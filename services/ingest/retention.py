@@ -5,7 +5,15 @@ of AWOOOP_PRUNE_BATCH by a loop every AWOOOP_PRUNE_INTERVAL.
 Each batch is one short statement whose victims are chosen with FOR UPDATE SKIP LOCKED, so
 any number of ingest replicas can prune at once without waiting on each other or deleting a
 row twice. A pass stops at the first short batch, or after MAX_BATCHES_PER_PASS batches (the
-rest waits for the next pass). Runs are never pruned: only their dedupe rows and keys.
+rest waits for the next pass).
+
+Finished runs (COMPLETED, FAILED, CANCELLED) go after AWOOOP_RUN_RETENTION (30 days; 0 keeps
+them) with their journal, compensation request, alerts (ON DELETE CASCADE) and audit rows, in
+the same kind of batch. A run is kept while anything may still answer with it: its event's
+dedupe row (a provider retry replays the run), an unexpired idempotency key naming it (a
+CreateRun retry), a compensation that is not done, an alert not yet delivered, or a saga that
+is compensating or failed to compensate (an operator still has to act on it). So a replay
+never meets a pruned run; a GetRun of one answers NOT_FOUND.
 """
 
 from __future__ import annotations
@@ -40,10 +48,36 @@ DELETE FROM awooop_idempotency_key
 """
 
 
+PRUNE_RUNS_SQL = """
+WITH victims AS (
+    SELECT r.run_id
+      FROM awooop_run_state r
+     WHERE r.status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+       AND r.updated_at < now() - make_interval(secs => $1)
+       AND r.saga_status IN ('in_progress', 'compensated')
+       AND NOT EXISTS (SELECT 1 FROM awooop_channel_event_dedupe d
+                        WHERE d.project_id = r.project_id AND d.channel_type = r.channel_type
+                          AND d.provider_event_id = r.provider_event_id)
+       AND NOT EXISTS (SELECT 1 FROM awooop_idempotency_key k
+                        WHERE k.resource_id = r.run_id::text AND k.expires_at > now())
+       AND NOT EXISTS (SELECT 1 FROM awooop_compensation_request c
+                        WHERE c.run_id = r.run_id AND c.status <> 'done')
+       AND NOT EXISTS (SELECT 1 FROM awooop_saga_alert a WHERE a.run_id = r.run_id AND a.done_at IS NULL)
+     ORDER BY r.updated_at
+     LIMIT $2
+       FOR UPDATE OF r SKIP LOCKED
+), audit AS (
+    DELETE FROM awooop_audit_log l USING victims v WHERE l.run_id = v.run_id
+)
+DELETE FROM awooop_run_state r USING victims v WHERE r.run_id = v.run_id
+"""
+
+
 @dataclass(slots=True)
 class Pruned:
     dedupe: int = 0
     idempotency_keys: int = 0
+    runs: int = 0
 
 
 async def prune_dedupe(pool: asyncpg.Pool, cache: Cache, *, retention: float, batch: int) -> int:
@@ -74,9 +108,26 @@ async def prune_idempotency_keys(pool: asyncpg.Pool, *, batch: int) -> int:
     return total
 
 
+async def prune_runs(pool: asyncpg.Pool, *, retention: float, batch: int) -> int:
+    """Deletes finished runs older than retention (0: none) with their rows; returns how many."""
+    if retention <= 0:
+        return 0
+    total = 0
+    for _ in range(MAX_BATCHES_PER_PASS):
+        status = await pool.execute(PRUNE_RUNS_SQL, float(retention), batch)
+        n = int(status.split()[-1])
+        if n:
+            total += n
+            metrics.PRUNED.labels("awooop_run_state").inc(n)
+        if n < batch:
+            break
+    return total
+
+
 async def prune(pool: asyncpg.Pool, cache: Cache, settings: Settings) -> Pruned:
-    """One retention pass over both tables (what the background loop runs)."""
-    return Pruned(
-        dedupe=await prune_dedupe(pool, cache, retention=settings.dedupe_retention, batch=settings.prune_batch),
-        idempotency_keys=await prune_idempotency_keys(pool, batch=settings.prune_batch),
-    )
+    """One retention pass (what the background loop runs): dedupe rows and keys first, so the
+    runs they referenced can go in the same pass."""
+    dedupe = await prune_dedupe(pool, cache, retention=settings.dedupe_retention, batch=settings.prune_batch)
+    keys = await prune_idempotency_keys(pool, batch=settings.prune_batch)
+    runs = await prune_runs(pool, retention=settings.run_retention, batch=settings.prune_batch)
+    return Pruned(dedupe=dedupe, idempotency_keys=keys, runs=runs)

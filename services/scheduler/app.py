@@ -16,7 +16,7 @@ SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["SchedulerService"].ful
 
 def build(ctx: AppContext) -> ServiceParts:
     s = ctx.settings
-    listener = RunReadyListener(s.database_url, ctx.stopping, connect_timeout=s.db_connect_timeout)
+    listener = RunReadyListener(s.direct_url, ctx.stopping, connect_timeout=s.db_connect_timeout)
     saga = SagaNudger(s)
 
     async def listen() -> None:

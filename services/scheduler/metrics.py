@@ -30,4 +30,9 @@ SAGA_NUDGES = Counter(
 LISTENER_UP = Gauge(
     "awooop_scheduler_listener_connected", "1 while the LISTEN connection for run wake-ups is up (else claims poll)"
 )
+LISTEN_UNAVAILABLE = Gauge(
+    "awooop_scheduler_listen_unavailable",
+    "1 while LISTEN is accepted but delivers no notifications (a transaction-mode pooler: set "
+    "AWOOOP_DATABASE_DIRECT_URL); claims poll meanwhile",
+)
 CLAIMS_WAITING = Gauge("awooop_scheduler_claims_waiting", "Long-polling ClaimRuns calls currently waiting for work")

@@ -142,6 +142,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             actor=principal.actor,
             wait=wait,
         )
+        if not rows and wait > 0 and self.ctx.stopping.is_set():
+            # an empty answer now would bring the worker straight back here (a claim storm while
+            # this replica drains); UNAVAILABLE makes its channel retry on another replica
+            raise errors.shutting_down("this scheduler is shutting down; claim from another replica")
         return scheduler_pb2.ClaimRunsResponse(
             runs=await self._deliverable(rows, self._budget, worker_id, principal.actor)
         )

@@ -6,6 +6,12 @@ reaper, approve, retry, release), so a waiting claim retries at once instead of 
 If the connection drops, it reconnects in the background with back-off, and meanwhile
 waiters fall back to a short poll (`poll_interval`). After a reconnect every waiter is
 woken once, since notifications sent while it was down are lost.
+
+A LISTEN that succeeds may still never deliver: through a transaction-mode pooler the
+session that listens is not this client's once the statement ends. So after each connect
+the listener sends itself a probe notification from a second connection; when it does not
+arrive the scheduler says so once in its log (naming AWOOOP_DATABASE_DIRECT_URL) and in
+`awooop_scheduler_listen_unavailable`, and claims poll.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 import asyncpg
@@ -25,6 +32,13 @@ log = logging.getLogger("awooop.scheduler.wakeup")
 POLL_WHEN_DOWN = 0.5  # seconds between claim retries while the LISTEN connection is down
 PING_INTERVAL = 10.0  # seconds between liveness checks of an idle LISTEN connection
 MAX_BACKOFF = 5.0
+PROBE_CHANNEL = "awooop_listen_probe"
+PROBE_TIMEOUT = 3.0  # seconds a probe notification may take before LISTEN counts as not working
+RETRY_WHEN_UNDELIVERED = 60.0  # seconds before a LISTEN that did not deliver is tried again
+
+
+class ListenUndelivered(Exception):
+    """LISTEN was accepted but a notification sent to it never arrived."""
 
 
 def _setter(event: asyncio.Event) -> Callable[[object], None]:
@@ -39,6 +53,8 @@ class RunReadyListener:
         self.connected = asyncio.Event()
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._conn: asyncpg.Connection | None = None
+        self._probes: dict[str, asyncio.Event] = {}
+        self._warned_undelivered = False
 
     @property
     def poll_interval(self) -> float | None:
@@ -77,6 +93,28 @@ class RunReadyListener:
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
         self.wake(str(payload))
 
+    def _on_probe(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        event = self._probes.get(str(payload))
+        if event is not None:
+            event.set()
+
+    async def _probe(self) -> None:
+        """Raises ListenUndelivered when a notification from another session does not arrive."""
+        token = uuid.uuid4().hex
+        arrived = self._probes[token] = asyncio.Event()
+        try:
+            sender = await asyncpg.connect(self.dsn, timeout=self.connect_timeout, statement_cache_size=0)
+            try:
+                await sender.execute("SELECT pg_notify($1, $2)", PROBE_CHANNEL, token)
+            finally:
+                await sender.close()
+            try:
+                await asyncio.wait_for(arrived.wait(), timeout=PROBE_TIMEOUT)
+            except TimeoutError:
+                raise ListenUndelivered from None
+        finally:
+            self._probes.pop(token, None)
+
     async def run(self) -> None:
         """Background loop: keeps the LISTEN connection up until shutdown."""
         backoff = 0.1
@@ -91,6 +129,9 @@ class RunReadyListener:
                 self._conn = conn
                 conn.add_termination_listener(_setter(lost))
                 await conn.add_listener(RUN_READY_CHANNEL, self._on_notify)
+                await conn.add_listener(PROBE_CHANNEL, self._on_probe)
+                await self._probe()
+                metrics.LISTEN_UNAVAILABLE.set(0)
                 self.connected.set()
                 metrics.LISTENER_UP.set(1)
                 self.wake_all()  # anything sent while we were down is lost: look once
@@ -98,6 +139,17 @@ class RunReadyListener:
                 await self._watch(conn, lost)
             except asyncio.CancelledError:
                 raise
+            except ListenUndelivered:
+                metrics.LISTEN_UNAVAILABLE.set(1)
+                if not self._warned_undelivered:
+                    self._warned_undelivered = True
+                    log.warning(
+                        "LISTEN is accepted but delivers no notifications (a transaction-mode pooler in "
+                        "front of Postgres?): claims poll every %.1f s instead of waking at once; set "
+                        "AWOOOP_DATABASE_DIRECT_URL to a direct or session-mode connection",
+                        POLL_WHEN_DOWN,
+                    )
+                backoff = RETRY_WHEN_UNDELIVERED
             except Exception as exc:  # connect failures, a dropped connection, a failed ping
                 log.warning("LISTEN connection down; claims poll until it is back", extra={"error": repr(exc)})
             finally:
@@ -109,7 +161,7 @@ class RunReadyListener:
             self.wake_all()  # waiters switch to polling now
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), timeout=backoff)
-            backoff = min(backoff * 2, MAX_BACKOFF)
+            backoff = backoff if backoff >= RETRY_WHEN_UNDELIVERED else min(backoff * 2, MAX_BACKOFF)
         self.wake_all()
 
     async def _watch(self, conn: asyncpg.Connection, lost: asyncio.Event) -> None:

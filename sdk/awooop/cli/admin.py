@@ -86,7 +86,7 @@ def _run(fn: Any) -> Any:
         from services.common.settings import Settings, SettingsError
 
         try:
-            dsn = args.database_url or Settings.from_env().database_url
+            dsn = args.database_url or Settings.from_env().direct_url
         except SettingsError as exc:
             return _fail(str(exc), 2)
         if not dsn:

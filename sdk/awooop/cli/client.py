@@ -40,17 +40,33 @@ def add_connection_args(p: argparse.ArgumentParser) -> None:
         g.add_argument(
             f"--{service}",
             default=None,
-            metavar="HOST:PORT",
-            help=f"{service} address (default: AWOOOP_{service.upper()}_ADDR or {DEFAULT_ADDRESSES[service]})",
+            metavar="ADDR",
+            help=f"{service} address: HOST:PORT, a comma-separated list of replicas, or a gRPC target such as "
+            f"dns:///NAME:PORT (default: AWOOOP_{service.upper()}_ADDR or {DEFAULT_ADDRESSES[service]})",
         )
     g.add_argument("--timeout", type=float, default=10.0, help="deadline of each call in seconds (default 10)")
     g.add_argument("--tls", action="store_true", default=None, help="use TLS (default: AWOOOP_TLS)")
     g.add_argument("--ca-file", default=None, help="CA bundle for TLS (default: AWOOOP_TLS_CA_FILE)")
     g.add_argument(
+        "--channel-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        type=_channel_option,
+        help="a gRPC channel argument, e.g. grpc.keepalive_time_ms=30000 (repeatable)",
+    )
+    g.add_argument(
         "--data-dir",
         default=None,
         help="where `awooop up` keeps dev-admin.key (default: AWOOOP_DATA_DIR or .awooop)",
     )
+
+
+def _channel_option(text: str) -> tuple[str, str | int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE")
+    return name.strip(), int(value) if value.strip().lstrip("-").isdigit() else value
 
 
 def dev_key_file(data_dir: str | None = None) -> Path:
@@ -79,6 +95,7 @@ def make_client(args: argparse.Namespace) -> Client:
         timeout=args.timeout,
         tls=args.tls,
         ca_file=args.ca_file,
+        channel_options=getattr(args, "channel_option", None),
     )
 
 

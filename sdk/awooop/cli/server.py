@@ -71,7 +71,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_migrate(args: argparse.Namespace) -> int:
     from services.common import migrate
 
-    dsn = args.database_url or _settings().database_url
+    dsn = args.database_url or _settings().direct_url
     if not dsn:
         print("AWOOOP_DATABASE_URL is not set (or pass --database-url)", file=sys.stderr)
         return 2

@@ -5,15 +5,24 @@
   retried: every other code is an answer.
 - Deadlines: every call gets one (`timeout`, default 10 s) unless the caller passes its own.
 - Auth: `authorization: Bearer <key>` metadata on every call.
-- Addresses: argument, else AWOOOP_<SERVICE>_ADDR, else the `awooop up` default port.
+- Addresses: argument, else AWOOOP_<SERVICE>_ADDR, else the `awooop up` default port. One
+  address may name several replicas: a comma-separated list (`10.0.0.1:50052,10.0.0.2:50052`,
+  host names resolved once when the channel opens) or any gRPC target such as
+  `dns:///scheduler.internal:50052` (every A/AAAA record, re-resolved on reconnect).
+- Balancing: round_robin over the resolved addresses with client health checking
+  (grpc.health.v1 Watch): a replica that reports NOT_SERVING (draining) gets no new calls,
+  and a call it refuses is retried on another replica.
+- Channel options: `channel_options` are added to (and override) the defaults below.
 - TLS: off unless `tls=True`, a CA file is given, or AWOOOP_TLS / AWOOOP_TLS_CA_FILE is set.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -34,6 +43,10 @@ DEFAULT_TIMEOUT = 10.0
 
 SERVICE_CONFIG = json.dumps(
     {
+        # every replica behind one target gets calls; with one address this behaves as pick_first
+        "loadBalancingConfig": [{"round_robin": {}}],
+        # "" is the whole server's health: a draining process turns it NOT_SERVING first
+        "healthCheckConfig": {"serviceName": ""},
         "methodConfig": [
             {
                 "name": [{}],  # every method of every service
@@ -45,7 +58,7 @@ SERVICE_CONFIG = json.dumps(
                     "retryableStatusCodes": ["UNAVAILABLE"],
                 },
             }
-        ]
+        ],
     }
 )
 
@@ -79,18 +92,63 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def open_channel(target: str, *, tls: bool | None = None, ca_file: str | None = None) -> grpc.aio.Channel:
-    """A grpc.aio channel with the UNAVAILABLE-only retry policy."""
+def _split_host_port(item: str) -> tuple[str, str]:
+    host, sep, port = item.strip().rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"address {item!r}: expected host:port")
+    return host.strip("[]"), port
+
+
+def channel_target(addr: str) -> str:
+    """The gRPC target for an address: `host:port` and target URIs (`dns:///...`, `ipv4:...`,
+    `unix:...`) as given; a comma-separated list becomes one `ipv4:`/`ipv6:` target naming
+    every replica (host names in it are resolved now)."""
+    if "," not in addr:
+        return addr.strip()
+    v4: list[str] = []
+    v6: list[str] = []
+    for item in (a for a in addr.split(",") if a.strip()):
+        host, port = _split_host_port(item)
+        try:
+            ips = [ipaddress.ip_address(host)]
+        except ValueError:
+            infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+            ips = list(dict.fromkeys(ipaddress.ip_address(i[4][0]) for i in infos))
+        for ip in ips:
+            (v4 if ip.version == 4 else v6).append(f"{ip}:{port}" if ip.version == 4 else f"[{ip}]:{port}")
+    if v4 and v6:
+        return "ipv4:" + ",".join(v4)  # one scheme per target: prefer IPv4 when both resolve
+    return ("ipv4:" + ",".join(v4)) if v4 else ("ipv6:" + ",".join(v6))
+
+
+def channel_options(extra: Sequence[tuple[str, Any]] | None = None) -> list[tuple[str, Any]]:
+    """The default options with `extra` added; an extra option replaces a default of its name."""
+    given = list(extra or ())
+    names = {k for k, _ in given}
+    return [*(o for o in CHANNEL_OPTIONS if o[0] not in names), *given]
+
+
+def open_channel(
+    target: str,
+    *,
+    tls: bool | None = None,
+    ca_file: str | None = None,
+    options: Sequence[tuple[str, Any]] | None = None,
+) -> grpc.aio.Channel:
+    """A grpc.aio channel with round_robin, client health checking and the UNAVAILABLE-only
+    retry policy, to one address, a list of them, or a gRPC target URI."""
     ca_file = ca_file or os.environ.get("AWOOOP_TLS_CA_FILE") or None
     if tls is None:
         tls = bool(ca_file) or _env_flag("AWOOOP_TLS")
+    target = channel_target(target)
+    opts = channel_options(options)
     if not tls:
-        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(target, options=opts)
     root = None
     if ca_file:
         with open(ca_file, "rb") as f:
             root = f.read()
-    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root), options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root), options=opts)
 
 
 class Client:
@@ -111,6 +169,7 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT,
         tls: bool | None = None,
         ca_file: str | None = None,
+        channel_options: Sequence[tuple[str, Any]] | None = None,
     ) -> None:
         self.key = api_key(key)
         self.addresses = {
@@ -122,6 +181,7 @@ class Client:
         self.timeout = timeout
         self._tls = tls
         self._ca_file = ca_file
+        self._channel_options = list(channel_options or ())
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, Any] = {}
         # False once the saga service answered RecordStep with UNIMPLEMENTED (an older service):
@@ -134,7 +194,9 @@ class Client:
 
     def stub(self, service: str) -> Any:
         if service not in self._stubs:
-            ch = open_channel(self.addresses[service], tls=self._tls, ca_file=self._ca_file)
+            ch = open_channel(
+                self.addresses[service], tls=self._tls, ca_file=self._ca_file, options=self._channel_options
+            )
             self._channels[service] = ch
             self._stubs[service] = STUBS[service](ch)
         return self._stubs[service]

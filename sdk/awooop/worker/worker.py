@@ -26,11 +26,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import secrets
 import signal
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +88,9 @@ class WorkerStats:
     released: int = 0
     heartbeats_sent: int = 0  # Heartbeat calls
     leases_renewed: int = 0  # leases those calls renewed (one call renews every held lease)
+    claims_sent: int = 0  # ClaimRuns calls
+    claim_errors: int = 0  # ClaimRuns calls that failed after the channel's own retries
+    early_empty_claims: int = 0  # long-polls answered empty well before their wait (then backed off)
     by_outcome: dict[str, int] = field(default_factory=dict)
 
 
@@ -115,6 +119,7 @@ class Worker:
         tls: bool | None = None,
         ca_file: str | None = None,
         client: Client | None = None,
+        channel_options: Sequence[tuple[str, Any]] | None = None,
     ) -> None:
         self.handler = handler
         self.projects = list(projects)
@@ -134,7 +139,13 @@ class Worker:
         self.shutdown_grace = shutdown_grace
         self._own_client = client is None
         self.client = client or Client(
-            key=key, scheduler=scheduler, saga=saga, timeout=call_timeout, tls=tls, ca_file=ca_file
+            key=key,
+            scheduler=scheduler,
+            saga=saga,
+            timeout=call_timeout,
+            tls=tls,
+            ca_file=ca_file,
+            channel_options=channel_options,
         )
         self.completions = CompletionBatcher(self.client)
         self.stats = WorkerStats()
@@ -196,6 +207,7 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         backoff = 0.2
+        early = 0  # long-polls in a row answered empty well before their wait
         while not self._stopping.is_set():
             # runs whose completion waits for this claim are done: their slots are free
             free = self.concurrency - len(self._held) + self.completions.held
@@ -218,6 +230,8 @@ class Worker:
                 wait=_duration(self.claim_wait),
                 lease_ttl=_duration(self.lease_ttl),
             )
+            sent_at = time.monotonic()
+            self.stats.claims_sent += 1
             claim = asyncio.ensure_future(
                 self.client.call(self.client.scheduler.ClaimRuns, request, timeout=self.claim_wait + self.call_timeout)
             )
@@ -228,6 +242,7 @@ class Worker:
             except AwooopError as err:
                 if err.code in FATAL_CODES:
                     raise WorkerError(f"ClaimRuns: {err}") from None
+                self.stats.claim_errors += 1
                 log.warning("claim failed; retrying", extra={"error": str(err), "backoff_s": backoff})
                 await self._until_stopping(asyncio.sleep(backoff))
                 backoff = min(backoff * 2, 5.0)
@@ -235,6 +250,15 @@ class Worker:
             backoff = 0.2
             for claimed in response.runs:
                 self._start(claimed)
+            if response.runs or self.claim_wait <= 0 or time.monotonic() - sent_at >= self.claim_wait / 2:
+                early = 0
+                continue
+            # empty long before the wait was over: a scheduler ending its long-polls (an older
+            # one draining) or one that cannot wait; back off so this is no claim storm
+            early += 1
+            self.stats.early_empty_claims += 1
+            pause = min(0.05 * 2**early, 2.0, self.claim_wait) * random.uniform(0.5, 1.0)
+            await self._until_stopping(asyncio.sleep(pause))
 
     async def _claim_carrying(self, carried: list[Any], free: int) -> None:
         """One ClaimRuns that also completes the carried runs. It does not wait for work (a
@@ -247,9 +271,11 @@ class Worker:
             lease_ttl=_duration(self.lease_ttl),
             complete=[r for r, _ in carried],
         )
+        self.stats.claims_sent += 1
         try:
             response = await self.client.call(self.client.scheduler.ClaimRuns, request)
         except AwooopError as err:
+            self.stats.claim_errors += 1
             # bad input: the completions go again with CompleteRuns and the next claim, without
             # them, tells whether the claim itself was bad (then fatal, as always)
             self.completions.claim_failed(carried, err)
@@ -396,6 +422,7 @@ class Worker:
         for i in range(0, len(live), HEARTBEAT_BATCH):
             batch = live[i : i + HEARTBEAT_BATCH]
             sent_at = time.monotonic()
+            self.stats.claims_sent += 1
             self.stats.heartbeats_sent += 1
             request = scheduler_pb2.HeartbeatRequest(
                 worker_id=self.worker_id,

@@ -1,0 +1,131 @@
+"""The services through PgBouncer in transaction mode against the same services connected
+directly, in the same run: IngestEvent with unique ids (the insert path) and the claim cycle
+(bench/claims.py's drain). Through the pooler the services run as documented for it:
+AWOOOP_DB_STATEMENT_CACHE=false, LISTEN on AWOOOP_DATABASE_DIRECT_URL. PgBouncer gets as many
+server connections as one service process' pool (AWOOOP_DB_POOL_MAX, 10)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+
+from bench import claims, env, procs
+from bench.config import Config
+from bench.ingest import UniqueIngest, _load, _median
+from bench.loadgen import split
+from bench.report import Figure
+
+PROJECT = "bench"
+
+
+def declare(cfg: Config) -> list[Figure]:
+    return [
+        Figure(
+            "pgbouncer_ingest",
+            f"IngestEvent unique ids through PgBouncer (transaction mode), {cfg.table_concurrency} in flight",
+            "events/s",
+            "ratio_ge",
+            0.8,
+            "≥ 0.8 ×",
+            baseline_label="the same service connected to Postgres directly",
+            baseline_unit="events/s",
+        ),
+        Figure(
+            "pgbouncer_claims",
+            f"claim → heartbeat → complete cycles through PgBouncer, {cfg.claim_workers} workers",
+            "runs/s",
+            "ratio_ge",
+            0.8,
+            "≥ 0.8 ×",
+            baseline_label="the same scheduler connected to Postgres directly",
+            baseline_unit="runs/s",
+        ),
+    ]
+
+
+def _pooled_env(stores: env.Stores, dsn: str, bouncer: Any, **extra: object) -> dict[str, str]:
+    return procs.service_env(
+        bouncer.dsn_for(dsn),
+        stores.redis_url,
+        stores.redis_prefix,
+        database_direct_url=dsn,
+        db_statement_cache=False,
+        **extra,
+    )
+
+
+async def _ingest(stores: env.Stores, cfg: Config, fig: Figure, bouncer: Any) -> None:
+    dsn = await stores.create_database("pooler_ingest")
+    md = await env.bench_key(dsn, PROJECT, ("ingest",))
+    direct = await procs.spawn("ingest", procs.service_env(dsn, stores.redis_url, stores.redis_prefix), "direct")
+    pooled = await procs.spawn("ingest", _pooled_env(stores, dsn, bouncer), "pgbouncer")
+    try:
+        got: dict[str, list[Any]] = {"direct": [], "pgbouncer": []}
+        for r in range(max(2, cfg.table_rounds)):  # interleaved, so drift hits both alike
+            for name, svc in (("direct", direct), ("pgbouncer", pooled)):
+                params = {"address": svc.address, "metadata": [list(m) for m in md], "label": f"pool-{name}-{r}"}
+                got[name].append(await _load(UniqueIngest, params, cfg, cfg.table_concurrency, svc))
+    finally:
+        direct.stop()
+        pooled.stop()
+    d, p = _median(got["direct"]), _median(got["pgbouncer"])
+    fig.measured(p.units_per_s, d.units_per_s, pgbouncer=p.as_dict(), direct=d.as_dict())
+    if p.errors:
+        fig.note = f"errors through PgBouncer: {p.errors}"
+
+
+async def _drain(stores: env.Stores, cfg: Config, svc_env: Any, tag: str) -> dict[str, Any]:
+    dsn = await stores.create_database(f"pooler_claims_{tag}")
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(claims.SEED_RUNS_SQL, PROJECT, cfg.claim_jobs)
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+    md = await env.bench_key(dsn, PROJECT, ("worker",))
+    svc = await procs.spawn("scheduler", svc_env(dsn), tag)
+    try:
+        shares = split(cfg.claim_workers, cfg.processes)
+        return await asyncio.to_thread(
+            claims.drain,
+            "bench.claims:awooop_workers",
+            [
+                {
+                    "address": svc.address,
+                    "metadata": [list(m) for m in md],
+                    "proc_idx": i,
+                    "workers": w,
+                    "batch": cfg.claim_batch,
+                }
+                for i, w in enumerate(shares)
+            ],
+            dsn,
+            "SELECT count(*) FROM awooop_run_state WHERE status <> 'COMPLETED'",
+            cfg.claim_jobs,
+            svc.pid,
+        )
+    finally:
+        svc.stop()
+        await stores.drop_database(dsn)
+
+
+async def _claims(stores: env.Stores, cfg: Config, fig: Figure, bouncer: Any) -> None:
+    direct = await _drain(stores, cfg, lambda dsn: procs.service_env(dsn, stores.redis_url, stores.redis_prefix), "d")
+    pooled = await _drain(stores, cfg, lambda dsn: _pooled_env(stores, dsn, bouncer), "p")
+    fig.measured(pooled["per_s"], direct["per_s"], pgbouncer=pooled, direct=direct)
+    if pooled["errors"]:
+        fig.note = f"errors through PgBouncer: {pooled['errors']}"
+
+
+async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
+    from tests.harness.pgbouncer import start_pgbouncer  # the tests' starter: Debian's pgbouncer on a free port
+
+    ingest_fig, claims_fig = figures
+    bouncer = start_pgbouncer(stores.pg_dsn, pool_size=10)
+    try:
+        await _ingest(stores, cfg, ingest_fig, bouncer)
+        await _claims(stores, cfg, claims_fig, bouncer)
+    finally:
+        bouncer.stop()

@@ -1,0 +1,180 @@
+"""Store failures answer UNAVAILABLE / STORE_UNAVAILABLE (the status clients retry), never
+INTERNAL, and the connection that saw them leaves the pool: a Postgres fast restart under
+load, and a server that turns read-only under the pool's feet (what a demoted primary or a
+standby behind a proxy looks like). Each on its own throwaway Postgres (tests/pgcluster.py),
+since both change the server for everyone on it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import asyncpg
+import grpc
+import pytest
+
+from awooop.ingest.v1 import ingest_pb2_grpc
+from awooop.scheduler.v1 import scheduler_pb2 as spb
+from awooop.scheduler.v1 import scheduler_pb2_grpc
+from services.common import db as store
+from services.common import errors
+from tests.harness.helpers import eventually, expect_error
+from tests.harness.infra import Tally, key_on, tg_event
+from tests.harness.pgcluster import PgCluster, create_migrated_db
+
+PROJECT = "ops"
+
+
+@pytest.fixture
+def cluster() -> Iterator[PgCluster]:
+    c = PgCluster.create()
+    try:
+        yield c
+    finally:
+        c.destroy()
+
+
+async def _stored(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval("SELECT count(*) FROM awooop_run_state WHERE project_id = $1", PROJECT))
+    finally:
+        await conn.close()
+
+
+async def test_a_fast_restart_under_load_answers_unavailable_and_recovers(
+    start_services: Any, channels: Any, cluster: PgCluster
+) -> None:
+    dsn = await create_migrated_db(cluster.primary.dsn, "awooop")
+    rt = await start_services("ingest", "scheduler", database_url=dsn, db_connect_timeout=1.0, db_pool_min=4)
+    md = await key_on(dsn, "alice", {PROJECT: ["ingest", "worker"]})
+    ingest = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
+    sched = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+    tally, acked = Tally(), set()
+    restarted = asyncio.Event()
+    after_restart_ok = 0
+
+    async def sender(worker: int) -> None:
+        nonlocal after_restart_ok
+        n = 0
+        while after_restart_ok < 20:
+            n += 1
+            uid = worker * 1_000_000 + n
+            try:
+                await ingest.IngestEvent(tg_event(PROJECT, uid), metadata=md, timeout=10)
+                tally.ok()
+                acked.add(uid)
+                if restarted.is_set():
+                    after_restart_ok += 1
+            except grpc.aio.AioRpcError as err:
+                tally.failed(err)
+                await asyncio.sleep(0.05)
+
+    senders = [asyncio.create_task(sender(w)) for w in range(4)]
+    await eventually(lambda: _ok_at_least(tally, 20), timeout=30, what="load before the restart")
+    await asyncio.to_thread(cluster.primary.restart, "fast")
+    restarted.set()
+    await asyncio.wait_for(asyncio.gather(*senders), timeout=60)
+
+    assert tally.unexpected() == {}, f"answers other than OK and UNAVAILABLE/STORE_UNAVAILABLE: {tally.reasons}"
+    assert tally.codes["UNAVAILABLE"] >= 1, f"the restart was never seen; the test proves nothing: {tally.codes}"
+    assert await _stored(dsn) >= len(acked)  # every acknowledged event is a stored run
+    # the scheduler's pool recovered too, without a restart of the service
+    resp = await sched.ClaimRuns(spb.ClaimRunsRequest(worker_id="w", project_ids=[PROJECT], max_runs=5), metadata=md)
+    assert len(resp.runs) == 5
+
+
+async def _ok_at_least(tally: Tally, n: int) -> bool:
+    return tally.codes["OK"] >= n
+
+
+async def _pool_pids(dsn: str) -> set[int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'awooop' AND datname = current_database()"
+        )
+        return {r["pid"] for r in rows}
+    finally:
+        await conn.close()
+
+
+async def test_a_read_only_server_answers_unavailable_and_its_connection_leaves_the_pool(
+    start_services: Any, channels: Any, cluster: PgCluster
+) -> None:
+    dsn = await create_migrated_db(cluster.primary.dsn, "awooop")
+    # one connection, so the one that saw the read-only error is the one that must go
+    rt = await start_services("ingest", "scheduler", database_url=dsn, db_pool_min=1, db_pool_max=1)
+    md = await key_on(dsn, "alice", {PROJECT: ["ingest", "worker"]})
+    ingest = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
+    sched = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+    await ingest.IngestEvent(tg_event(PROJECT, 1), metadata=md)
+    before = await _pool_pids(dsn)
+    assert before
+
+    admin = await asyncpg.connect(cluster.primary.dsn)
+    try:
+        await admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        await admin.execute("SELECT pg_reload_conf()")
+        await eventually(lambda: _read_only(dsn), timeout=10, what="the reload")
+        await expect_error(
+            ingest.IngestEvent(tg_event(PROJECT, 2), metadata=md), grpc.StatusCode.UNAVAILABLE, errors.STORE_UNAVAILABLE
+        )
+        await expect_error(
+            sched.ClaimRuns(spb.ClaimRunsRequest(worker_id="w", project_ids=[PROJECT]), metadata=md),
+            grpc.StatusCode.UNAVAILABLE,
+            errors.STORE_UNAVAILABLE,
+        )
+
+        async def gone() -> bool:
+            return not (before & await _pool_pids(dsn))
+
+        await eventually(gone, timeout=10, what="the read-only connections to leave the pools")
+        await admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
+        await admin.execute("SELECT pg_reload_conf()")
+    finally:
+        await admin.close()
+
+    async def writes_again() -> bool:
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await ingest.IngestEvent(tg_event(PROJECT, 3), metadata=md)
+            return True
+        return False
+
+    await eventually(writes_again, timeout=10, what="writes after the server is writable again")
+    resp = await sched.ClaimRuns(spb.ClaimRunsRequest(worker_id="w", project_ids=[PROJECT], max_runs=5), metadata=md)
+    assert len(resp.runs) == 2
+
+
+async def _read_only(dsn: str) -> bool:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return bool(await conn.fetchval("SELECT current_setting('default_transaction_read_only') = 'on'"))
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        asyncpg.exceptions.InternalClientError("cannot switch to state 12; another operation (2) is in progress"),
+        asyncpg.exceptions.TargetServerAttributeNotMatched('None of the hosts match the target attribute "read-write"'),
+        asyncpg.exceptions.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only transaction"),
+        asyncpg.exceptions.InvalidSQLStatementNameError('prepared statement "__asyncpg_stmt_1__" does not exist'),
+        asyncpg.exceptions.DuplicatePreparedStatementError('prepared statement "__asyncpg_stmt_1__" already exists'),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_store_events_map_to_store_unavailable(exc: BaseException) -> None:
+    # the classes asyncpg raises for a restart, failover, standby and pooler; the end-to-end
+    # proofs are the tests above, test_failover.py and test_pgbouncer.py
+    mapped = store.store_error(exc)
+    assert mapped is not None
+    assert (mapped.code, mapped.reason) == (grpc.StatusCode.UNAVAILABLE, errors.STORE_UNAVAILABLE)
+
+
+def test_a_bug_is_still_not_a_store_failure() -> None:
+    assert store.store_error(KeyError("x")) is None
+    assert store.store_error(asyncpg.exceptions.UndefinedColumnError("column x does not exist")) is None
