@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,8 +150,49 @@ def parse_event(
         input_json = to_json(v, prefix + "input", struct_to_dict(req.input), max_payload_bytes)
     if not channel or len(v.items) > start:
         return []
+    return delivery_events(
+        v,
+        prefix=prefix,
+        project_id=project_id,
+        channel=channel,
+        payload=payload,
+        payload_json=payload_json,
+        headers=headers,
+        provider_event_id=pid,
+        input_json=input_json,
+        max_attempts=attempts,
+        max_payload_bytes=max_payload_bytes,
+        metadata_key=metadata_key,
+        endpoint=req.endpoint,
+    )
+
+
+def delivery_events(
+    v: Violations,
+    *,
+    prefix: str,
+    project_id: str,
+    channel: str,
+    payload: dict[str, Any],
+    payload_json: str,
+    headers: Mapping[str, str],
+    provider_event_id: str,
+    input_json: str | None,
+    max_attempts: int,
+    max_payload_bytes: int,
+    metadata_key: str = "",
+    endpoint: str = "",
+) -> list[NewEvent]:
+    """The events of one validated delivery, whichever transport brought it (gRPC or HTTP)."""
     try:
-        derived = channels.derive(channel, payload, headers, provider_event_id=pid, idempotency_key=metadata_key)
+        derived = channels.derive(
+            channel,
+            payload,
+            headers,
+            provider_event_id=provider_event_id,
+            idempotency_key=metadata_key,
+            endpoint=endpoint,
+        )
     except channels.DerivationError as exc:
         for field, description in exc.violations:
             v.add(prefix + field, description)
@@ -163,7 +205,7 @@ def parse_event(
             text = to_json(v, prefix + "payload.events", d.event, max_payload_bytes)
         else:
             text = payload_json
-        out.append(NewEvent(project_id, channel, d.provider_event_id, text, attempts))
+        out.append(NewEvent(project_id, channel, d.provider_event_id, text, max_attempts))
     return out
 
 
