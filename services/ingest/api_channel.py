@@ -46,7 +46,7 @@ SELECT run_id FROM run"""
 
 # A key stored by the channel dedupe table before per-principal keys, still within retention.
 LEGACY_SQL = """
-SELECT r.run_id, r.input, r.max_attempts
+SELECT r.run_id, r.input::text AS input, r.max_attempts
   FROM awooop_channel_event_dedupe d
   JOIN awooop_run_state r USING (run_id)
  WHERE d.project_id = $1 AND d.channel_type = 'api' AND d.provider_event_id = $2
