@@ -44,7 +44,7 @@ def api_event(payload: dict[str, Any]) -> ingest_pb2.IngestEventRequest:
 
 
 async def test_http_events_seed_003_rules(start_services, channels, make_key, db) -> None:
-    rt, stub, alice, bob, url = await setup(start_services, channels, make_key)
+    _rt, _stub, alice, bob, url = await setup(start_services, channels, make_key)
     status, _, first = await send(url, alice, "order-42", {"ask": "refund", "order": 42})
     assert status == 200
     run = first["outcomes"][0]
@@ -78,7 +78,7 @@ async def test_http_events_seed_003_rules(start_services, channels, make_key, db
 
 
 async def test_grpc_api_channel_same_rules(start_services, channels, make_key, db) -> None:
-    rt, stub, alice, bob, url = await setup(start_services, channels, make_key)
+    _rt, stub, alice, bob, url = await setup(start_services, channels, make_key)
     key = (("idempotency-key", "job-1"),)
     first = (await stub.IngestEvent(api_event({"n": 1}), metadata=(*alice, *key))).outcomes[0]
     again = (await stub.IngestEvent(api_event({"n": 1}), metadata=(*alice, *key))).outcomes[0]
@@ -100,7 +100,7 @@ async def test_grpc_api_channel_same_rules(start_services, channels, make_key, d
 
 
 async def test_ten_parallel_requests_one_key_one_run(start_services, channels, make_key, db) -> None:
-    rt, stub, alice, bob, url = await setup(start_services, channels, make_key)
+    _rt, _stub, alice, _bob, url = await setup(start_services, channels, make_key)
     answers = await asyncio.gather(*(send(url, alice, "burst", {"x": 1}) for _ in range(10)))
     assert [a[0] for a in answers] == [200] * 10
     outcomes = [a[2]["outcomes"][0] for a in answers]
@@ -110,7 +110,7 @@ async def test_ten_parallel_requests_one_key_one_run(start_services, channels, m
 
 
 async def test_keys_stored_by_the_old_channel_dedupe_rule_keep_working(start_services, channels, make_key, db) -> None:
-    rt, stub, alice, bob, url = await setup(start_services, channels, make_key)
+    _rt, stub, alice, bob, _url = await setup(start_services, channels, make_key)
     # what the previous release wrote for alice's API event with key "legacy-1"
     run_id = await db.fetchval(
         """WITH r AS (INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, input, max_attempts,
