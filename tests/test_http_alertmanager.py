@@ -12,21 +12,23 @@ firing again (a new incident, new startsAt) = a new run, whose repeats are dupli
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 from aiohttp import web
 
-from awooop.common.v1 import common_pb2 as CH
-from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
+from services.common import principals
 from tests.helpers import eventually
 
 PROJECT = "oncall"
@@ -49,7 +51,7 @@ class LossyLink:
     """Forwards each delivery to the endpoint and records the endpoint's answer; the first
     `fail_first` deliveries are answered 503 to Alertmanager whatever the endpoint said."""
 
-    def __init__(self, target: str, fail_first: int) -> None:
+    def __init__(self, target: str, fail_first: int) -> None:  # target: the endpoint's base URL
         self.target = target
         self.fail_first = fail_first
         self.deliveries: list[tuple[dict[str, Any], int, dict[str, Any]]] = []
@@ -58,7 +60,8 @@ class LossyLink:
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
-        async with aiohttp.ClientSession() as http, http.post(self.target, data=body, headers=headers) as r:
+        url = self.target + request.path
+        async with aiohttp.ClientSession() as http, http.post(url, data=body, headers=headers) as r:
             answer = await r.json(content_type=None)
             status = r.status
         self.deliveries.append((json.loads(body), status, answer))
@@ -68,7 +71,7 @@ class LossyLink:
 
     async def start(self) -> int:
         app = web.Application()
-        app.router.add_post("/hook", self.handle)
+        app.router.add_post("/{path:.*}", self.handle)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -80,25 +83,12 @@ class LossyLink:
             await self.runner.cleanup()
 
 
-def am_config(url: str, secret: str) -> str:
-    # what docs/channels.md prints for a user, with test-short intervals
-    return f"""
-route:
-  receiver: awooop
-  group_by: ['alertname']
-  group_wait: 1s
-  group_interval: 1s
-  repeat_interval: 2s
-receivers:
-  - name: awooop
-    webhook_configs:
-      - url: {url}
-        send_resolved: true
-        http_config:
-          authorization:
-            type: Bearer
-            credentials: {secret}
-"""
+def am_config(printed: str) -> str:
+    """The receiver config `awooop channels add` printed, as a user pastes it, with the route's
+    intervals shortened for the test."""
+    config = yaml.safe_load(printed)
+    config["route"].update(group_by=["alertname"], group_wait="1s", group_interval="1s", repeat_interval="2s")
+    return str(yaml.safe_dump(config))
 
 
 def iso(t: dt.datetime) -> str:
@@ -118,22 +108,44 @@ async def post_alert(am: str, starts_at: dt.datetime, ends_at: dt.datetime | Non
 
 
 async def test_real_alertmanager_incident_repeats_retries_resolution_and_refire(
-    start_services, channels, make_key, db, tmp_path: Path
+    start_services, db, tmp_path: Path
 ) -> None:
     rt = await start_services("ingest")
-    stub = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
-    admin = await make_key("ops", {PROJECT: ["admin"]})
-    created = await stub.CreateEndpoint(
-        ingest_pb2.CreateEndpointRequest(project_id=PROJECT, channel_type=CH.CHANNEL_TYPE_ALERTMANAGER, name="prod"),
-        metadata=admin,
-    )
-    endpoint = f"http://127.0.0.1:{rt.http_ports['ingest']}{created.endpoint.path}"
-    link = LossyLink(endpoint, fail_first=2)
+    await principals.create_principal(db, "ops")
+    await principals.grant_role(db, "ops", PROJECT, "admin")
+    admin = (await principals.issue_key(db, "ops")).key
+    link = LossyLink(f"http://127.0.0.1:{rt.http_ports['ingest']}", fail_first=2)
     link_port = await link.start()
+    # one command, as docs/channels.md says; Alertmanager reaches the endpoint through the link
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {"AWOOOP_API_KEY": admin}
+    added = await asyncio.to_thread(  # the server shares this event loop
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "awooop.cli",
+            "channels",
+            "add",
+            "alertmanager",
+            "prod",
+            "--project",
+            PROJECT,
+            "--ingest",
+            f"127.0.0.1:{rt.ports['ingest']}",
+            "--url",
+            f"http://127.0.0.1:{link_port}",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
 
     port = free_port()
     config = tmp_path / "alertmanager.yml"
-    config.write_text(am_config(f"http://127.0.0.1:{link_port}/hook", created.secret))
+    config.write_text(am_config(json.loads(added.stdout)["setup"]))
     log = (tmp_path / "alertmanager.log").open("w")
     proc = subprocess.Popen(
         [
