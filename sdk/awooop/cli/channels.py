@@ -117,7 +117,7 @@ def setup_text(channel: str, url: str, secret: str) -> str:
 
 
 def _url(base: str, endpoint: ingest_pb2.Endpoint) -> str:
-    return base.rstrip("/") + endpoint.path
+    return base.rstrip("/") + str(endpoint.path)
 
 
 def _show_secret(args: argparse.Namespace, endpoint: ingest_pb2.Endpoint, secret: str, verb: str) -> None:
