@@ -62,7 +62,12 @@ _TITLES = {
 
 
 def problem(
-    status: int, detail: str, *, reason: str = "", violations: list[tuple[str, str]] | None = None
+    status: int,
+    detail: str,
+    *,
+    reason: str = "",
+    violations: list[tuple[str, str]] | None = None,
+    extra: dict[str, str] | None = None,
 ) -> web.Response:
     """An RFC 9457 problem document; `reason` is the gRPC ErrorInfo reason of the same failure."""
     body: dict[str, Any] = {
@@ -73,6 +78,8 @@ def problem(
     }
     if reason:
         body["reason"] = reason
+    for k, v in (extra or {}).items():  # ErrorInfo metadata (e.g. first_seen_at), as extension members
+        body.setdefault(k, v)
     if violations:
         body["invalid_params"] = [{"name": f, "reason": d} for f, d in violations]
     headers = {"Retry-After": RETRY_AFTER_SECONDS} if status == 503 else None
@@ -80,7 +87,9 @@ def problem(
 
 
 def from_service_error(exc: errors.ServiceError) -> web.Response:
-    return problem(_STATUS.get(exc.code, 503), exc.message, reason=exc.reason, violations=exc.violations)
+    return problem(
+        _STATUS.get(exc.code, 503), exc.message, reason=exc.reason, violations=exc.violations, extra=exc.metadata
+    )
 
 
 def _reject_constant(name: str) -> Any:
@@ -134,7 +143,8 @@ class HttpIngest:
     @web.middleware
     async def _answers(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         response = await self._answer(request, handler)
-        route = "webhooks" if request.path.startswith("/v1/webhooks/") else "events"
+        path = request.path
+        route = "webhooks" if path.startswith("/v1/webhooks/") else "events" if path.endswith("/events") else "other"
         metrics.HTTP_REQUESTS.labels(route, str(response.status)).inc()
         return response
 
