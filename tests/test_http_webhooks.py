@@ -443,3 +443,13 @@ async def test_http_answers_never_500(start_services, channels, make_key, db) ->
     alert["alerts"][0]["fingerprint"] = "f2"
     status, hdrs, doc = await post(base, path, json.dumps(alert).encode(), basic)
     assert status == 503 and int(hdrs["Retry-After"]) > 0 and doc["reason"] == "STORE_UNAVAILABLE"
+
+
+async def test_grpc_endpoint_field_is_validated(start_services, channels, make_key) -> None:
+    _rt, stub, _admin, _base = await setup(start_services, channels, make_key)
+    md = await make_key("relay", {PROJECT: ["ingest"]})
+    req = ingest_pb2.IngestEventRequest(
+        project_id=PROJECT, channel_type=CH.CHANNEL_TYPE_TELEGRAM, payload=struct({"update_id": 1}), endpoint="a b"
+    )
+    err = await expect_error(stub.IngestEvent(req, metadata=md), grpc.StatusCode.INVALID_ARGUMENT, "FIELD_INVALID")
+    assert "endpoint" in err.details()

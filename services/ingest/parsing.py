@@ -18,7 +18,7 @@ from google.protobuf import struct_pb2
 
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
-from services.common.validate import Violations
+from services.common.validate import PROJECT_RE, Violations
 from services.ingest import channels
 
 MAX_HEADERS = 100
@@ -134,6 +134,11 @@ def parse_event(
     channel = channel_name(v, prefix + "channel_type", req.channel_type)
     pid = v.text(prefix + "provider_event_id", req.provider_event_id, max_len=channels.MAX_PROVIDER_EVENT_ID)
     attempts = max_attempts(v, prefix + "max_attempts", req.max_attempts, default_max_attempts)
+    if req.endpoint and not PROJECT_RE.match(req.endpoint):
+        v.add(
+            prefix + "endpoint",
+            "an endpoint name: 1-64 letters, digits, '.', '_', '-', starting with a letter or digit",
+        )
     headers = req.headers
     if headers:
         if len(headers) > MAX_HEADERS:
