@@ -190,7 +190,7 @@ class HttpIngest:
             if not signatures.verify(channel, headers, body, found.valid_now()):
                 metrics.SIGNATURE_FAILURES.labels(project_id, channel, name).inc()
                 raise errors.unauthenticated(
-                    f"the delivery's {_PROOF[channel]} does not match endpoint {name}'s secret"
+                    f"the delivery's {_PROOF[channel]} does not match the secret of endpoint {name}"
                 )
         payload = parse_body(body, "body")
         s = self.settings
