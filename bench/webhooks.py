@@ -26,7 +26,11 @@ from services.common.embedded import free_port
 
 PROJECT = "bench"
 ENDPOINT = "bench-repo"
-BODY: dict[str, Any] = {"ref": "refs/heads/main", "after": "bffeb74224043ba2feb48d137756c8a9331c449a", "pusher": {"login": "gitea"}}
+BODY: dict[str, Any] = {
+    "ref": "refs/heads/main",
+    "after": "bffeb74224043ba2feb48d137756c8a9331c449a",
+    "pusher": {"login": "gitea"},
+}
 
 
 class GrpcGitea:

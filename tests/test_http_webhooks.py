@@ -232,7 +232,7 @@ async def test_endpoint_rpcs_secret_shown_once_admin_only_rotation_grace(
     for call in (
         stub.ListEndpoints(ingest_pb2.ListEndpointsRequest(project_id=PROJECT), metadata=ingest_only),
         stub.CreateEndpoint(
-            ingest_pb2.CreateEndpointRequest(project_id=PROJECT, channel_type=CH.CHANNEL_TYPE_LINE, name="l"),
+            ingest_pb2.CreateEndpointRequest(project_id=PROJECT, channel_type=CH.CHANNEL_TYPE_GITEA, name="g"),
             metadata=ingest_only,
         ),
     ):
@@ -342,7 +342,16 @@ async def test_line_sdk_fixture_docs_event_verification_request_and_forgery(
     start_services, channels, make_key, db
 ) -> None:
     _rt, stub, admin, base = await setup(start_services, channels, make_key)
-    # LINE issues the channel secret: the endpoint is created with it
+    # LINE issues the channel secret: the endpoint is created with it, and cannot be without
+    err = await expect_error(
+        stub.CreateEndpoint(
+            ingest_pb2.CreateEndpointRequest(project_id=PROJECT, channel_type=CH.CHANNEL_TYPE_LINE, name="shop"),
+            metadata=admin,
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "FIELD_INVALID",
+    )
+    assert "secret" in err.details()
     assert await create(stub, admin, CH.CHANNEL_TYPE_LINE, "shop", secret=LINE_SDK_SECRET) == LINE_SDK_SECRET
     path = f"/v1/webhooks/{PROJECT}/line/shop"
 
@@ -424,6 +433,8 @@ async def test_http_answers_never_500(start_services, channels, make_key, db) ->
         (path, b"[1, 2]", bearer, 400),
         (path, b'{"groupKey": "g", "alerts": []}', bearer, 400),
         (path, b"\xff\xfe", bearer, 400),
+        (path, b"[" * 3000, bearer, 400),  # nesting deeper than the JSON parser's recursion
+        (path, b'{"groupKey": "g", "alerts": [{"fingerprint": "f", "status": 1e400}]}', bearer, 400),
         (path, b'{"a": "' + b"x" * 5000 + b'"}', bearer, 413),
     ]
     for url, body, headers, expected in cases:

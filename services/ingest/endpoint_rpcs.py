@@ -46,10 +46,12 @@ def _ident(v: Violations, project_id: str, channel_type: int, name: str) -> tupl
     return project_id, channel, name
 
 
-def _secret(v: Violations, value: str) -> str:
+def _secret(v: Violations, channel: str, value: str) -> str:
     if value:
         v.token("secret", value, max_len=endpoints.MAX_SECRET)
         return value
+    if channel == "line":  # LINE signs with the channel secret it issued; a generated one never matches
+        v.add("secret", "required for LINE: the channel secret from the LINE Developers console")
     return endpoints.new_secret()
 
 
@@ -62,7 +64,7 @@ class EndpointAdmin:
     async def create(self, request: ingest_pb2.CreateEndpointRequest) -> ingest_pb2.CreateEndpointResponse:
         v = Violations()
         project_id, channel, name = _ident(v, request.project_id, request.channel_type, request.name)
-        secret = _secret(v, request.secret)
+        secret = _secret(v, channel, request.secret)
         v.raise_if_any()
         principal = current_principal()
         principal.require(project_id, ROLE)
@@ -89,7 +91,7 @@ class EndpointAdmin:
     async def rotate(self, request: ingest_pb2.RotateEndpointSecretRequest) -> ingest_pb2.RotateEndpointSecretResponse:
         v = Violations()
         project_id, channel, name = _ident(v, request.project_id, request.channel_type, request.name)
-        secret = _secret(v, request.secret)
+        secret = _secret(v, channel, request.secret)
         grace = request.grace_seconds or self.settings.endpoint_rotation_grace
         if not math.isfinite(grace) or grace < 0 or grace > endpoints.MAX_GRACE_SECONDS:
             v.add("grace_seconds", f"between 0 and {endpoints.MAX_GRACE_SECONDS:.0f} seconds")
