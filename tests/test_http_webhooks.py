@@ -5,6 +5,7 @@ Real ingest server, real Postgres and Redis, real HTTP over a socket (aiohttp cl
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -464,3 +465,37 @@ async def test_grpc_endpoint_field_is_validated(start_services, channels, make_k
     )
     err = await expect_error(stub.IngestEvent(req, metadata=md), grpc.StatusCode.INVALID_ARGUMENT, "FIELD_INVALID")
     assert "endpoint" in err.details()
+
+
+async def test_two_replicas_parallel_redeliveries_one_run_and_rotation_seen_at_once(
+    start_services, channels, make_key, db
+) -> None:
+    """50 copies of one update, posted at once to two ingest servers: one run. Then a rotation
+    made through server A is honoured by server B at once, although B cached the old secret."""
+    _rt_a, stub, admin, base_a = await setup(start_services, channels, make_key, endpoint_cache_seconds=300)
+    rt_b = await start_services("ingest", endpoint_cache_seconds=300)
+    base_b = f"http://127.0.0.1:{rt_b.http_ports['ingest']}"
+    secret = await create(stub, admin, CH.CHANNEL_TYPE_TELEGRAM, "bot")
+    path = f"/v1/webhooks/{PROJECT}/telegram/bot"
+    headers = {signatures.TELEGRAM_HEADER: secret}
+    answers = await asyncio.gather(
+        *(post(base_a if i % 2 else base_b, path, TELEGRAM_UPDATE, headers) for i in range(50))
+    )
+    assert [a[0] for a in answers] == [200] * 50
+    outcomes = [a[2]["outcomes"][0] for a in answers]
+    assert len({o["run_id"] for o in outcomes}) == 1 and sum(not o["duplicate"] for o in outcomes) == 1
+    assert await runs(db) == 1
+
+    rotated = await stub.RotateEndpointSecret(
+        ingest_pb2.RotateEndpointSecretRequest(
+            project_id=PROJECT, channel_type=CH.CHANNEL_TYPE_TELEGRAM, name="bot", grace_seconds=3600
+        ),
+        metadata=admin,
+    )
+    update = TELEGRAM_UPDATE.replace(b"10000", b"10001")
+    status, _, body = await post(base_b, path, update, {signatures.TELEGRAM_HEADER: rotated.secret})
+    assert status == 200 and not body["outcomes"][0]["duplicate"]
+    # and the previous secret still verifies on both during the grace period
+    for base in (base_a, base_b):
+        status, _, body = await post(base, path, update, headers)
+        assert status == 200 and body["outcomes"][0]["duplicate"]
