@@ -191,12 +191,21 @@ class Runtime:
         await runner.setup()
         self._http_runners.append(runner)
         port = 0 if self.port_zero else self.settings.http_port
+        s = self.settings
+        ssl_context = None
+        if s.tls_cert_file and s.tls_key_file:  # the gRPC ports' certificate: HTTPS only, like them
+            import ssl
+
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.load_cert_chain(s.tls_cert_file, s.tls_key_file)
         try:
-            await web.TCPSite(runner, self.settings.host, port, reuse_port=False).start()
+            await web.TCPSite(runner, s.host, port, ssl_context=ssl_context, reuse_port=False).start()
         except OSError as exc:
-            raise SystemExit(f"{name}: cannot listen for HTTP on {self.settings.host}:{port} (in use?): {exc}") from exc
+            raise SystemExit(f"{name}: cannot listen for HTTP on {s.host}:{port} (in use?): {exc}") from exc
         bound = int(runner.addresses[0][1])
-        log.info("serving http", extra={"service": name, "address": f"{self.settings.host}:{bound}"})
+        log.info(
+            "serving http", extra={"service": name, "address": f"{s.host}:{bound}", "tls": ssl_context is not None}
+        )
         return bound
 
     async def stop(self, grace: float | None = None) -> None:
