@@ -69,7 +69,7 @@ class Settings:
     gateway_port: int = 50054  # gRPC port of the reference tool gateway
     http_port: int = 8080  # HTTP port of the ingest service (webhooks, API events: docs/channels.md); 0 disables
     metrics_port: int = 9464  # Prometheus /metrics (one per process); 0 disables the endpoint
-    tls_cert_file: str = ""  # PEM certificate chain; with tls_key_file set, every gRPC port serves TLS only
+    tls_cert_file: str = ""  # PEM certificate chain; with tls_key_file set, every gRPC and HTTP port serves TLS only
     tls_key_file: str = ""  # PEM private key of tls_cert_file
     # on SIGTERM: seconds health stays NOT_SERVING while still serving, so load balancers move away first
     shutdown_delay: float = 0.0
