@@ -35,7 +35,9 @@ def _event(pb: Any, project_id: str, event_id: str) -> Any:
     payload.update(PAYLOAD)
     return pb.IngestEventRequest(
         project_id=project_id,
-        channel_type=common_pb2.CHANNEL_TYPE_API,
+        # a channel-dedupe channel: API-channel events take seed 003's per-principal key engine
+        # (one transaction each, docs/channels.md), which is not the path these figures measure
+        channel_type=common_pb2.CHANNEL_TYPE_TELEGRAM,
         provider_event_id=event_id,
         payload=payload,
     )
@@ -134,7 +136,7 @@ class SqlBatch:
         events = [
             self.new_event(
                 project_id=self.project_id,
-                channel="api",
+                channel="telegram",
                 provider_event_id=f"{prefix}-{i}",
                 input_json=self.input_json,
                 max_attempts=3,
@@ -223,7 +225,7 @@ def _duplicates(
     hits = metrics.get(
         "awooop_ingest_memory_hits_total" if via == "memory" else 'awooop_ingest_redis_lookups_total{result="hit"}', 0.0
     )
-    dups = metrics.get('awooop_ingest_events_total{channel="api",outcome="duplicate"}', 0.0)
+    dups = metrics.get('awooop_ingest_events_total{channel="telegram",outcome="duplicate"}', 0.0)
     fig.measured(
         d.units_per_s,
         ceiling.calls_per_s,

@@ -87,6 +87,7 @@ async def spawn(name: str, env: dict[str, str], tag: str = "") -> Service:
     port, metrics_port = free_port(), free_port()
     full_env = {
         **os.environ,
+        "AWOOOP_HTTP_PORT": str(free_port()),  # the ingest HTTP port, unless env names one
         **env,
         f"AWOOOP_{name.upper()}_PORT": str(port),
         "AWOOOP_METRICS_PORT": str(metrics_port),

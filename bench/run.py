@@ -31,6 +31,7 @@ from bench.report import Figure  # noqa: E402
 # group name -> module with declare(cfg) -> [Figure] and run(stores, cfg, figures); run in this order
 GROUPS: dict[str, str] = {
     "ingest": "bench.ingest",
+    "webhooks": "bench.webhooks",
     "claims": "bench.claims",
     "journal": "bench.journal",
     "reaper": "bench.reaper",

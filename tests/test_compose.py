@@ -159,7 +159,7 @@ def test_dockerfile_runs_awooop_as_a_non_root_user() -> None:
     assert user and user[-1] not in ("root", "0")
     exposed = {int(p) for word, rest in steps if word == "EXPOSE" for p in rest.split()}
     defaults = Settings()
-    assert exposed == {*(defaults.port_of(s) for s in SERVED), defaults.metrics_port}
+    assert exposed == {*(defaults.port_of(s) for s in SERVED), defaults.metrics_port, defaults.http_port}
     cmd = json.loads(next(rest for word, rest in steps if word == "CMD"))
     assert parses(cmd).func.__name__ == "cmd_serve"
     health = next(rest for word, rest in steps if word == "HEALTHCHECK")

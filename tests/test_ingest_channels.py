@@ -255,3 +255,23 @@ async def test_coalescer_gives_every_caller_of_a_failed_flush_the_error() -> Non
     c: Coalescer[int, int] = Coalescer(flush, max_in_flight=1, max_items=100)
     results = await asyncio.gather(*(c.submit([n]) for n in range(3)), return_exceptions=True)
     assert all(isinstance(r, RuntimeError) for r in results)
+
+
+# --- Alertmanager: which notification becomes which run (docs/channels.md) ----------------------
+
+
+def _am(status: str, starts_at: str, *fps: str, group: str = '{}:{alertname="Disk"}') -> str:
+    alerts = [{"fingerprint": fp, "status": status, "startsAt": starts_at} for fp in fps]
+    return derive("alertmanager", {"groupKey": group, "alerts": alerts}, {})[0].provider_event_id
+
+
+def test_alertmanager_incidents_repeats_resolution_refire_and_group_changes() -> None:
+    t1, t2 = "2026-12-01T07:00:00Z", "2026-12-01T08:00:00Z"
+    first = _am("firing", t1, "a1")
+    assert _am("firing", t1, "a1") == first  # repeat_interval re-send or retry: duplicate
+    resolved = _am("resolved", t1, "a1")
+    assert resolved != first  # the resolution is its own event
+    refire = _am("firing", t2, "a1")
+    assert refire not in (first, resolved)  # a new incident of the same alert: a new run
+    assert _am("firing", t1, "a1", "a2") != first  # an alert joined the group
+    assert _am("firing", t1, "a1", group='{}:{alertname="Other"}') != first  # another group

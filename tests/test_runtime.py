@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import grpc
 import pytest
@@ -354,6 +356,16 @@ async def test_tls_serves_only_secure_channels(start_services, make_key, tmp_pat
         return subprocess.run(
             [sys.executable, "-m", "awooop.cli", "health", *args], capture_output=True, text=True, timeout=60
         )
+
+    # the HTTP port serves TLS with the same certificate, and nothing in plaintext
+    url = f"https://localhost:{rt.http_ports['ingest']}/v1/webhooks/p/telegram/none"
+    trusted = ssl.create_default_context(cafile=str(cert))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, data=b"{}", ssl=trusted) as r:
+            assert r.status == 404  # answered over TLS: no such endpoint
+        with pytest.raises(aiohttp.ClientError):
+            async with http.post(url.replace("https:", "http:"), data=b"{}") as r:
+                await r.read()
 
     ok = await asyncio.to_thread(cli, f"127.0.0.1:{port}", "--tls", "--ca-file", str(cert), "--service", "ingest")
     assert ok.returncode == 0 and "SERVING" in ok.stdout, ok.stderr

@@ -77,6 +77,7 @@ async def start_up(data_dir: Path, tmp_path: Path, **env: str) -> Up:
     ports = {name: free_port() for name in SERVICES}
     full = child_env(**{f"AWOOOP_{n.upper()}_PORT": str(p) for n, p in ports.items()}, **env)
     full.setdefault("AWOOOP_METRICS_PORT", str(free_port()))
+    full.setdefault("AWOOOP_HTTP_PORT", str(free_port()))
     n = len(list(tmp_path.glob("up-*.out")))
     out_path, err_path = tmp_path / f"up-{n}.out", tmp_path / f"up-{n}.err"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:

@@ -67,6 +67,8 @@ class ServiceParts:
     on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     # gateway-style services that need no API key (errors, metrics and access log still apply)
     public: bool = False
+    # an aiohttp web.Application served on AWOOOP_HTTP_PORT (the ingest service's webhooks)
+    http_app: Any = None
 
 
 def load_service(name: str) -> Callable[[AppContext], ServiceParts]:
@@ -107,6 +109,8 @@ class Runtime:
         self.services = list(services)
         self.port_zero = port_zero  # tests: bind ephemeral ports, no metrics endpoint
         self.ports: dict[str, int] = {}
+        self.http_ports: dict[str, int] = {}
+        self._http_runners: list[Any] = []
         self.servers: dict[str, grpc.aio.Server] = {}
         self.health: dict[str, HealthServicer] = {}
         self.ctx: AppContext | None = None
@@ -187,12 +191,38 @@ class Runtime:
             for svc in [*parts.service_names, ""]:
                 await hs.set(svc, SERVING)
             self.ports[name] = bound
+            if parts.http_app is not None and s.http_port:
+                self.http_ports[name] = await self._serve_http(name, parts.http_app)
             for loop in parts.background:
                 self._tasks.append(asyncio.create_task(loop(), name=f"{name}:{loop.__name__}"))
             log.info(
                 "serving",
                 extra={"service": name, "address": f"{s.host}:{bound}", "tls": credentials is not None},
             )
+
+    async def _serve_http(self, name: str, app: Any) -> int:
+        from aiohttp import web  # only services with an HTTP side need it loaded
+
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.settings.shutdown_grace)
+        await runner.setup()
+        self._http_runners.append(runner)
+        port = 0 if self.port_zero else self.settings.http_port
+        s = self.settings
+        ssl_context = None
+        if s.tls_cert_file and s.tls_key_file:  # the gRPC ports' certificate: HTTPS only, like them
+            import ssl
+
+            ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ssl_context.load_cert_chain(s.tls_cert_file, s.tls_key_file)
+        try:
+            await web.TCPSite(runner, s.host, port, ssl_context=ssl_context, reuse_port=False).start()
+        except OSError as exc:
+            raise SystemExit(f"{name}: cannot listen for HTTP on {s.host}:{port} (in use?): {exc}") from exc
+        bound = int(runner.addresses[0][1])
+        log.info(
+            "serving http", extra={"service": name, "address": f"{s.host}:{bound}", "tls": ssl_context is not None}
+        )
+        return bound
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown in the order of the module docstring; safe to call twice."""
@@ -211,7 +241,9 @@ class Runtime:
         await asyncio.gather(*(hs.watchers_done(min(grace, 2.0)) for hs in self.health.values()))
         if self.settings.shutdown_delay > 0 and grace > 0 and self.servers:
             await asyncio.sleep(self.settings.shutdown_delay)
-        await asyncio.gather(*(srv.stop(grace) for srv in self.servers.values()))
+        await asyncio.gather(
+            *(srv.stop(grace) for srv in self.servers.values()), *(r.cleanup() for r in self._http_runners)
+        )
         # loops saw ctx.stopping and end after their current pass; cancel the ones that do not
         if self._tasks:
             _, pending = await asyncio.wait(self._tasks, timeout=max(grace, 1.0))

@@ -75,8 +75,9 @@ class Settings:
     scheduler_port: int = 50052  # gRPC port of the scheduler service
     saga_port: int = 50053  # gRPC port of the saga service
     gateway_port: int = 50054  # gRPC port of the reference tool gateway
+    http_port: int = 8080  # HTTP port of the ingest service (webhooks, API events: docs/channels.md); 0 disables
     metrics_port: int = 9464  # Prometheus /metrics (one per process); 0 disables the endpoint
-    tls_cert_file: str = ""  # PEM certificate chain; with tls_key_file set, every gRPC port serves TLS only
+    tls_cert_file: str = ""  # PEM certificate chain; with tls_key_file set, every gRPC and HTTP port serves TLS only
     tls_key_file: str = ""  # PEM private key of tls_cert_file
     # on SIGTERM: seconds health stays NOT_SERVING while still serving, so load balancers move away first
     shutdown_delay: float = 0.0
@@ -110,6 +111,8 @@ class Settings:
     redis_dedupe_ttl: float = 24 * 3600.0  # how long Redis answers a repeated event id without Postgres
     # recent event ids each ingest process answers from its own memory, without Redis (0: off; ~0.4 KB each)
     dedupe_memory_keys: int = 50_000
+    endpoint_cache_seconds: float = 5.0  # how long webhook endpoint secrets are trusted before re-reading them
+    endpoint_rotation_grace: float = 24 * 3600.0  # how long a rotated endpoint's previous secret still verifies
 
     # --- scheduler ---
     lease_ttl: float = 300.0  # lease a claim grants unless the claim asks for its own (seed 000: 5 min)

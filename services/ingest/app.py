@@ -4,8 +4,10 @@ retention loop."""
 from __future__ import annotations
 
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
+from services.common.auth import Authenticator
 from services.common.runtime import AppContext, ServiceParts, periodic
 from services.ingest import retention
+from services.ingest.http import HttpIngest
 from services.ingest.servicer import IngestServicer
 from services.ingest.wakeup import Notifier
 
@@ -26,9 +28,13 @@ def build(ctx: AppContext) -> ServiceParts:
 
         await periodic("ingest-retention", s.prune_interval, one_pass, ctx.stopping)
 
+    # the HTTP side calls the same logic objects as the gRPC servicer
+    http = HttpIngest(s, servicer.events, servicer.directory, Authenticator(ctx.pool, s.auth_cache_seconds))
+
     return ServiceParts(
         servicers=[(ingest_pb2_grpc.add_IngestServiceServicer_to_server, servicer)],
         service_names=[SERVICE_NAME],
         background=[wakeup_loop, retention_loop],
         on_stop=[servicer.events.drain],
+        http_app=http.app() if s.http_port else None,
     )

@@ -3,17 +3,24 @@ of seed ADR-114 D1, derived from the channel's own delivery when the caller does
 
 | channel      | provider_event_id                                                                 |
 |--------------|-----------------------------------------------------------------------------------|
-| telegram     | payload.update_id (an integer)                                                    |
+| telegram     | payload.update_id (an integer); "<endpoint>:<update_id>" when the endpoint is known |
 | alertmanager | payload.groupKey + ":" + sha256 of the sorted alert fingerprints (see below)      |
 | gitea        | the X-Gitea-Delivery header (names match case-insensitively)                      |
 | line         | payload.events[i].webhookEventId, one event (and one run) per element             |
 | api          | the idempotency-key header, else the request's `idempotency-key` metadata         |
 
-Alertmanager: each alert contributes "<fingerprint>" or, when it has a status, "<fingerprint>=<status>";
-the distinct items are sorted and joined with newlines before hashing. A retried or re-sent (repeat
-interval) notification is therefore a duplicate, while the "resolved" notification of the same group
-is a new event (hashing fingerprints alone would swallow it as a duplicate of the "firing" one). A
-groupKey too long to fit 256 characters is replaced by "sha256:<hex of the groupKey>".
+Alertmanager: each alert contributes "<fingerprint>=<status>@<startsAt>" (the parts it has); the
+distinct items are sorted and joined with newlines before hashing. A retried or re-sent (repeat
+interval) notification carries the same alerts with the same statuses and startsAt, so it is a
+duplicate; the "resolved" notification of the same group is a new event (its statuses differ); the
+same alert firing again as a new incident has a new startsAt (Alertmanager starts a new alert once
+the old one resolved), so it is a new run; an alert joining or leaving the group changes the set,
+so it is a new event too. A groupKey too long to fit 256 characters is replaced by
+"sha256:<hex of the groupKey>".
+
+Telegram: update_id counts per bot, so two bots of one project would collide on it. A delivery
+that names its endpoint (every HTTP delivery, and gRPC requests that set `endpoint`) gets
+"<endpoint>:<update_id>"; without one the id stays the update_id (seed ADR-114 D1).
 
 Everything here is a pure function over plain Python values (the payload as a dict), so each
 channel is unit-tested without a server. Problems are reported as (field, description) pairs with
@@ -70,18 +77,22 @@ def derive(
     *,
     provider_event_id: str = "",
     idempotency_key: str = "",
+    endpoint: str = "",
 ) -> list[Derived]:
     """The events of one delivery with their provider event ids.
 
     A non-empty provider_event_id is used as given (one event). idempotency_key is the
-    API channel's fallback (the request metadata). Raises DerivationError when the delivery
-    lacks what the channel needs."""
+    API channel's fallback (the request metadata). endpoint scopes Telegram update ids to
+    one bot. Raises DerivationError when the delivery lacks what the channel needs."""
     if provider_event_id:
         return [Derived(provider_event_id)]
     fn = _DERIVERS.get(channel)
     if fn is None:
         raise DerivationError([("channel_type", f"unknown channel {channel!r}")])
-    return fn(payload, headers, idempotency_key)
+    derived = fn(payload, headers, idempotency_key)
+    if endpoint and channel == "telegram":
+        return [Derived(_check_id("endpoint", f"{endpoint}:{d.provider_event_id}"), d.event) for d in derived]
+    return derived
 
 
 def _check_id(field: str, value: str) -> str:
@@ -128,8 +139,14 @@ def alertmanager(payload: Mapping[str, Any], headers: Mapping[str, str], idempot
             if not isinstance(fp, str) or not fp:
                 problems.append((f"payload.alerts[{i}].fingerprint", "required (a non-empty string)"))
                 continue
+            item = fp
             status = alert.get("status")
-            items.add(f"{fp}={status}" if isinstance(status, str) and status else fp)
+            if isinstance(status, str) and status:
+                item += f"={status}"
+            starts_at = alert.get("startsAt")
+            if isinstance(starts_at, str) and starts_at:
+                item += f"@{starts_at}"
+            items.add(item)
     if problems:
         raise DerivationError(problems)
     assert isinstance(group_key, str)

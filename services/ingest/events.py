@@ -21,10 +21,13 @@ from typing import Any
 
 import asyncpg
 
+from services.common import errors
+from services.common.auth import Principal
 from services.common.cache import Cache
 from services.common.db import store_error
 from services.common.settings import Settings
 from services.ingest import dedupe_cache, metrics, store
+from services.ingest.api_channel import ApiEvents
 from services.ingest.coalesce import Coalescer
 from services.ingest.parsing import NewEvent
 from services.ingest.recent import RecentKeys
@@ -62,11 +65,17 @@ class EventIngestor:
             self._write_cache, max_in_flight=REDIS_IN_FLIGHT, max_items=max(1000, settings.max_batch)
         )
         self._writers: dict[str, Coalescer[NewEvent, store.Stored]] = {}
+        self.api = ApiEvents(pool, settings)
 
-    async def ingest(self, events: Sequence[NewEvent], *, principal_id: str, actor: str) -> list[Outcome]:
-        """outcome[i] answers events[i]."""
+    async def ingest(
+        self, events: Sequence[NewEvent], *, principal_id: str, actor: str, principal: Principal | None = None
+    ) -> list[Outcome]:
+        """outcome[i] answers events[i]. API-channel events follow seed 003 (api_channel.py) and
+        need the calling principal; the other channels take the channel dedupe path below."""
         if not events:  # e.g. LINE's webhook verification: a delivery without events
             return []
+        if any(e.channel == "api" for e in events):
+            return await self._with_api(events, principal_id, actor, principal)
         keys = [dedupe_cache.key(self.cache, e.project_id, e.channel, e.provider_event_id) for e in events]
         recent = self.recent
         run_ids = [recent.get(k) for k in keys]
@@ -102,6 +111,32 @@ class EventIngestor:
             (metrics.DUPLICATE if duplicate[i] else metrics.CREATED)[e.channel].inc()
             out.append(Outcome(run_ids[i] or "", e.provider_event_id, duplicate[i]))
         return out
+
+    async def _with_api(
+        self, events: Sequence[NewEvent], principal_id: str, actor: str, principal: Principal | None
+    ) -> list[Outcome]:
+        if principal is None:
+            raise errors.internal("API-channel events need the calling principal")
+        out: list[Outcome | None] = [None] * len(events)
+        others = [i for i, e in enumerate(events) if e.channel != "api"]
+        if others:
+            for i, o in zip(
+                others,
+                await self.ingest([events[i] for i in others], principal_id=principal_id, actor=actor),
+                strict=True,
+            ):
+                out[i] = o
+        ready: set[str] = set()
+        for i, e in enumerate(events):
+            if e.channel != "api":
+                continue
+            run_id, duplicate = await self.api.ingest(e, principal)
+            if not duplicate:
+                ready.add(e.project_id)
+            (metrics.DUPLICATE if duplicate else metrics.CREATED)[e.channel].inc()
+            out[i] = Outcome(run_id, e.provider_event_id, duplicate)
+        self.notifier.ready(ready)
+        return out  # type: ignore[return-value]
 
     async def drain(self) -> None:
         """Finishes queued flushes (cache writes included) before the store and Redis close."""

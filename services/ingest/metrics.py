@@ -27,3 +27,12 @@ REDIS_MISSES = REDIS_LOOKUPS.labels("miss")
 REDIS_UNAVAILABLE = REDIS_LOOKUPS.labels("unavailable")
 WAKEUPS = Counter("awooop_ingest_wakeups_total", "Run-ready notifications sent (one per project per flush)")
 WAKEUP_FAILURES = Counter("awooop_ingest_wakeup_failures_total", "Run-ready NOTIFY statements that failed")
+# per endpoint: only endpoints that exist get a series (unknown ones are 404 and not counted)
+SIGNATURE_FAILURES = Counter(
+    "awooop_webhook_signature_failures_total",
+    "Webhook deliveries refused (401) for a missing or wrong signature, by endpoint",
+    ["project_id", "channel", "endpoint"],
+)
+HTTP_REQUESTS = Counter(
+    "awooop_http_requests_total", "HTTP requests of the ingest service, by route and status", ["route", "status"]
+)

@@ -9,13 +9,14 @@ what the store receives (cast to jsonb in SQL), so no request is encoded twice.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from services.common import jsonvalues
-from services.common.validate import MAX_KEY, Violations
+from services.common.validate import MAX_KEY, PROJECT_RE, Violations
 from services.ingest import channels
 
 MAX_HEADERS = 100
@@ -102,6 +103,11 @@ def parse_event(
     channel = channel_name(v, prefix + "channel_type", req.channel_type)
     pid = v.text(prefix + "provider_event_id", req.provider_event_id, max_len=channels.MAX_PROVIDER_EVENT_ID)
     attempts = max_attempts(v, prefix + "max_attempts", req.max_attempts, default_max_attempts)
+    if req.endpoint and not PROJECT_RE.match(req.endpoint):
+        v.add(
+            prefix + "endpoint",
+            "an endpoint name: 1-64 letters, digits, '.', '_', '-', starting with a letter or digit",
+        )
     headers = req.headers
     if headers:
         if len(headers) > MAX_HEADERS:
@@ -117,8 +123,49 @@ def parse_event(
         input_json = v.json(prefix + "input", req.input, max_bytes=max_payload_bytes)[1]
     if not channel or len(v.items) > start:
         return []
+    return delivery_events(
+        v,
+        prefix=prefix,
+        project_id=project_id,
+        channel=channel,
+        payload=payload,
+        payload_json=payload_json,
+        headers=headers,
+        provider_event_id=pid,
+        input_json=input_json,
+        max_attempts=attempts,
+        max_payload_bytes=max_payload_bytes,
+        metadata_key=metadata_key,
+        endpoint=req.endpoint,
+    )
+
+
+def delivery_events(
+    v: Violations,
+    *,
+    prefix: str,
+    project_id: str,
+    channel: str,
+    payload: dict[str, Any],
+    payload_json: str,
+    headers: Mapping[str, str],
+    provider_event_id: str,
+    input_json: str | None,
+    max_attempts: int,
+    max_payload_bytes: int,
+    metadata_key: str = "",
+    endpoint: str = "",
+) -> list[NewEvent]:
+    """The events of one validated delivery, whichever transport brought it (gRPC or HTTP)."""
     try:
-        derived = channels.derive(channel, payload, headers, provider_event_id=pid, idempotency_key=metadata_key)
+        derived = channels.derive(
+            channel,
+            payload,
+            headers,
+            provider_event_id=provider_event_id,
+            idempotency_key=metadata_key,
+            endpoint=endpoint,
+        )
     except channels.DerivationError as exc:
         for field, description in exc.violations:
             v.add(prefix + field, description)
@@ -131,7 +178,7 @@ def parse_event(
             text = to_json(v, prefix + "payload.events", d.event, max_payload_bytes)
         else:
             text = payload_json
-        out.append(NewEvent(project_id, channel, d.provider_event_id, text, attempts))
+        out.append(NewEvent(project_id, channel, d.provider_event_id, text, max_attempts))
     return out
 
 

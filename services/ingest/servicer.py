@@ -20,9 +20,10 @@ from services.common.access import require_role
 from services.common.auth import current_principal
 from services.common.runtime import AppContext
 from services.common.validate import Violations
-from services.ingest import parsing
+from services.ingest import endpoints, parsing
 from services.ingest.channels import IDEMPOTENCY_KEY_HEADER
 from services.ingest.create_run import ROLE, RunCreator
+from services.ingest.endpoint_rpcs import EndpointAdmin
 from services.ingest.events import DUPLICATE_CODE, EventIngestor, Outcome
 from services.ingest.wakeup import Notifier
 
@@ -38,6 +39,8 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
         self.max_batch = s.max_batch
         self.events = EventIngestor(ctx.pool, ctx.cache, s, notifier)
         self.runs = RunCreator(ctx.pool, s, notifier)
+        self.directory = endpoints.Directory(ctx.pool, s.endpoint_cache_seconds)
+        self.endpoints = EndpointAdmin(ctx.pool, s, self.directory)
 
     async def IngestEvent(
         self, request: ingest_pb2.IngestEventRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -58,7 +61,9 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
         _raise_if_invalid(v)
         principal = current_principal()
         require_role(principal, request.project_id, ROLE)
-        outcomes = await self.events.ingest(events, principal_id=principal.principal_id, actor=principal.actor)
+        outcomes = await self.events.ingest(
+            events, principal_id=principal.principal_id, actor=principal.actor, principal=principal
+        )
         response = ingest_pb2.IngestEventResponse()
         _add_outcomes(response, outcomes)
         return response
@@ -103,7 +108,9 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
                     role=ROLE,
                     event_index=str(i),
                 )
-        outcomes = await self.events.ingest(events, principal_id=principal.principal_id, actor=principal.actor)
+        outcomes = await self.events.ingest(
+            events, principal_id=principal.principal_id, actor=principal.actor, principal=principal
+        )
         response = ingest_pb2.IngestEventsResponse()
         for a, b in bounds:
             _add_outcomes(response.results.add(), outcomes[a:b])
@@ -131,6 +138,26 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
         return await self.runs.create(run, principal, deadline=deadline)
+
+    async def CreateEndpoint(
+        self, request: ingest_pb2.CreateEndpointRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ingest_pb2.CreateEndpointResponse:
+        return await self.endpoints.create(request)
+
+    async def ListEndpoints(
+        self, request: ingest_pb2.ListEndpointsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ingest_pb2.ListEndpointsResponse:
+        return await self.endpoints.list(request)
+
+    async def RotateEndpointSecret(
+        self, request: ingest_pb2.RotateEndpointSecretRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ingest_pb2.RotateEndpointSecretResponse:
+        return await self.endpoints.rotate(request)
+
+    async def RemoveEndpoint(
+        self, request: ingest_pb2.RemoveEndpointRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> ingest_pb2.RemoveEndpointResponse:
+        return await self.endpoints.remove(request)
 
 
 def _add_outcomes(response: ingest_pb2.IngestEventResponse, outcomes: list[Outcome]) -> None:

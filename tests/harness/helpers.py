@@ -86,7 +86,9 @@ async def wait_healthy(port: int, timeout: float = 20.0) -> None:
 async def spawn_services(services: list[str], env: dict[str, str], tmp_path: Path, name: str = "svc") -> ServiceProcess:
     """Starts `python -m awooop.cli serve <services>` with AWOOOP_* env; waits until healthy."""
     ports = {s: free_port() for s in services}
-    full_env = {**os.environ, **env, "AWOOOP_METRICS_PORT": "0", "AWOOOP_ACCESS_LOG": "false"}
+    # the ingest HTTP port defaults to 8080: a child gets a free one unless env names one
+    full_env = {**os.environ, "AWOOOP_HTTP_PORT": str(free_port()), **env}
+    full_env.update({"AWOOOP_METRICS_PORT": "0", "AWOOOP_ACCESS_LOG": "false"})
     for s, p in ports.items():
         full_env[f"AWOOOP_{s.upper()}_PORT"] = str(p)
     log_path = tmp_path / f"{name}.log"
@@ -118,6 +120,8 @@ def settings_env(settings: Any) -> dict[str, str]:
             continue
         v = getattr(settings, f.name)
         out[f"AWOOOP_{f.name.upper()}"] = ("true" if v else "false") if isinstance(v, bool) else str(v)
+    if settings.http_port:  # never the fixed default in a child: tests run in parallel
+        out["AWOOOP_HTTP_PORT"] = str(free_port())
     return out
 
 

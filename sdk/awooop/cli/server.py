@@ -232,6 +232,8 @@ def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[st
     ]
     if settings.metrics_port:
         lines.append(f"  {'metrics':<10} http://{h}:{settings.metrics_port}/metrics")
+    if settings.http_port:
+        lines.append(f"  {'webhooks':<10} http://{h}:{settings.http_port}/v1/webhooks/... (awooop channels add)")
     lines += [
         "",
         f"  postgres   {store} ({'migrated: ' + ', '.join(migrated) if migrated else 'schema up to date'})",

@@ -56,6 +56,7 @@ class IngestEventRequest(_message.Message):
     HEADERS_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant (1-64 chars: letters, digits, '-', '_', '.')."""
     channel_type: _common_pb2.ChannelType.ValueType
@@ -67,6 +68,11 @@ class IngestEventRequest(_message.Message):
     """
     max_attempts: _builtins.int
     """Claims allowed before the run fails; 0 means the default (3). At most 100."""
+    endpoint: _builtins.str
+    """The webhook endpoint (its name) the delivery came through, when a relay knows it. Telegram
+    update ids are per bot, so with an endpoint the derived id is "<endpoint>:<update_id>";
+    without one it stays the update_id. Ignored for other channels.
+    """
     @_builtins.property
     def payload(self) -> _struct_pb2.Struct:
         """The provider's webhook body as JSON."""
@@ -89,10 +95,11 @@ class IngestEventRequest(_message.Message):
         headers: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         input: _struct_pb2.Struct | None = ...,
         max_attempts: _builtins.int = ...,
+        endpoint: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "payload", b"payload"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "headers", b"headers", "input", b"input", "max_attempts", b"max_attempts", "payload", b"payload", "project_id", b"project_id", "provider_event_id", b"provider_event_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "endpoint", b"endpoint", "headers", b"headers", "input", b"input", "max_attempts", b"max_attempts", "payload", b"payload", "project_id", b"project_id", "provider_event_id", b"provider_event_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -279,3 +286,282 @@ class CreateRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CreateRunResponse: _TypeAlias = CreateRunResponse  # noqa: Y015
+
+@_typing.final
+class Endpoint(_message.Message):
+    """A webhook endpoint: where one provider account (a bot, an Alertmanager, a repository's hooks)
+    delivers, with the secret that proves a delivery came from it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_TYPE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    CREATE_TIME_FIELD_NUMBER: _builtins.int
+    ROTATE_TIME_FIELD_NUMBER: _builtins.int
+    PREVIOUS_SECRET_EXPIRE_TIME_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant the endpoint's runs belong to."""
+    channel_type: _common_pb2.ChannelType.ValueType
+    """TELEGRAM, ALERTMANAGER, GITEA or LINE."""
+    name: _builtins.str
+    """Name (1-64 chars: letters, digits, '-', '_', '.'), unique per project and channel."""
+    path: _builtins.str
+    """The URL path providers post to: /v1/webhooks/{project_id}/{channel}/{name}."""
+    @_builtins.property
+    def create_time(self) -> _timestamp_pb2.Timestamp:
+        """When the endpoint was created."""
+
+    @_builtins.property
+    def rotate_time(self) -> _timestamp_pb2.Timestamp:
+        """When its secret was last rotated; unset if never."""
+
+    @_builtins.property
+    def previous_secret_expire_time(self) -> _timestamp_pb2.Timestamp:
+        """Until when the secret before the last rotation is still accepted; unset when it no longer is."""
+
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        channel_type: _common_pb2.ChannelType.ValueType = ...,
+        name: _builtins.str = ...,
+        path: _builtins.str = ...,
+        create_time: _timestamp_pb2.Timestamp | None = ...,
+        rotate_time: _timestamp_pb2.Timestamp | None = ...,
+        previous_secret_expire_time: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["create_time", b"create_time", "previous_secret_expire_time", b"previous_secret_expire_time", "rotate_time", b"rotate_time"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "create_time", b"create_time", "name", b"name", "path", b"path", "previous_secret_expire_time", b"previous_secret_expire_time", "project_id", b"project_id", "rotate_time", b"rotate_time"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Endpoint: _TypeAlias = Endpoint  # noqa: Y015
+
+@_typing.final
+class CreateEndpointRequest(_message.Message):
+    """A new endpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_TYPE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    channel_type: _common_pb2.ChannelType.ValueType
+    """TELEGRAM, ALERTMANAGER, GITEA or LINE."""
+    name: _builtins.str
+    """Endpoint name (1-64 chars: letters, digits, '-', '_', '.')."""
+    secret: _builtins.str
+    """The provider secret when the provider issues it (LINE's channel secret); empty: one is
+    generated (Telegram secret_token, Gitea webhook secret, Alertmanager bearer credentials).
+    """
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        channel_type: _common_pb2.ChannelType.ValueType = ...,
+        name: _builtins.str = ...,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "name", b"name", "project_id", b"project_id", "secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateEndpointRequest: _TypeAlias = CreateEndpointRequest  # noqa: Y015
+
+@_typing.final
+class CreateEndpointResponse(_message.Message):
+    """The created endpoint and its secret."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    secret: _builtins.str
+    """The secret, shown this once; no read returns it again."""
+    @_builtins.property
+    def endpoint(self) -> Global___Endpoint:
+        """The endpoint."""
+
+    def __init__(
+        self,
+        *,
+        endpoint: Global___Endpoint | None = ...,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateEndpointResponse: _TypeAlias = CreateEndpointResponse  # noqa: Y015
+
+@_typing.final
+class ListEndpointsRequest(_message.Message):
+    """Which project's endpoints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEndpointsRequest: _TypeAlias = ListEndpointsRequest  # noqa: Y015
+
+@_typing.final
+class ListEndpointsResponse(_message.Message):
+    """A project's endpoints, by channel and name."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def endpoints(self) -> _containers.RepeatedCompositeFieldContainer[Global___Endpoint]:
+        """The endpoints, without secrets."""
+
+    def __init__(
+        self,
+        *,
+        endpoints: _abc.Iterable[Global___Endpoint] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoints", b"endpoints"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEndpointsResponse: _TypeAlias = ListEndpointsResponse  # noqa: Y015
+
+@_typing.final
+class RotateEndpointSecretRequest(_message.Message):
+    """A secret rotation."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_TYPE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    channel_type: _common_pb2.ChannelType.ValueType
+    """The endpoint's channel."""
+    name: _builtins.str
+    """The endpoint's name."""
+    secret: _builtins.str
+    """The new secret when the provider issues it (LINE); empty: one is generated."""
+    grace_seconds: _builtins.float
+    """Seconds the current secret stays valid after the rotation; 0 means the default
+    (AWOOOP_ENDPOINT_ROTATION_GRACE), at most 30 days.
+    """
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        channel_type: _common_pb2.ChannelType.ValueType = ...,
+        name: _builtins.str = ...,
+        secret: _builtins.str = ...,
+        grace_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "grace_seconds", b"grace_seconds", "name", b"name", "project_id", b"project_id", "secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RotateEndpointSecretRequest: _TypeAlias = RotateEndpointSecretRequest  # noqa: Y015
+
+@_typing.final
+class RotateEndpointSecretResponse(_message.Message):
+    """The rotated endpoint and its new secret."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    SECRET_FIELD_NUMBER: _builtins.int
+    secret: _builtins.str
+    """The new secret, shown this once."""
+    @_builtins.property
+    def endpoint(self) -> Global___Endpoint:
+        """The endpoint."""
+
+    def __init__(
+        self,
+        *,
+        endpoint: Global___Endpoint | None = ...,
+        secret: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["endpoint", b"endpoint", "secret", b"secret"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RotateEndpointSecretResponse: _TypeAlias = RotateEndpointSecretResponse  # noqa: Y015
+
+@_typing.final
+class RemoveEndpointRequest(_message.Message):
+    """An endpoint to remove."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_TYPE_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    channel_type: _common_pb2.ChannelType.ValueType
+    """The endpoint's channel."""
+    name: _builtins.str
+    """The endpoint's name."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        channel_type: _common_pb2.ChannelType.ValueType = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "name", b"name", "project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveEndpointRequest: _TypeAlias = RemoveEndpointRequest  # noqa: Y015
+
+@_typing.final
+class RemoveEndpointResponse(_message.Message):
+    """Answer to RemoveEndpoint."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveEndpointResponse: _TypeAlias = RemoveEndpointResponse  # noqa: Y015

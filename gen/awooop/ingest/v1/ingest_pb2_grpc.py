@@ -50,6 +50,26 @@ class IngestServiceStub:
                 request_serializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.CreateRunRequest.SerializeToString,
                 response_deserializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.CreateRunResponse.FromString,
                 _registered_method=True)
+        self.CreateEndpoint = channel.unary_unary(
+                '/awooop.ingest.v1.IngestService/CreateEndpoint',
+                request_serializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.CreateEndpointRequest.SerializeToString,
+                response_deserializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.CreateEndpointResponse.FromString,
+                _registered_method=True)
+        self.ListEndpoints = channel.unary_unary(
+                '/awooop.ingest.v1.IngestService/ListEndpoints',
+                request_serializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.ListEndpointsRequest.SerializeToString,
+                response_deserializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.ListEndpointsResponse.FromString,
+                _registered_method=True)
+        self.RotateEndpointSecret = channel.unary_unary(
+                '/awooop.ingest.v1.IngestService/RotateEndpointSecret',
+                request_serializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.RotateEndpointSecretRequest.SerializeToString,
+                response_deserializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.RotateEndpointSecretResponse.FromString,
+                _registered_method=True)
+        self.RemoveEndpoint = channel.unary_unary(
+                '/awooop.ingest.v1.IngestService/RemoveEndpoint',
+                request_serializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.RemoveEndpointRequest.SerializeToString,
+                response_deserializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.RemoveEndpointResponse.FromString,
+                _registered_method=True)
 
 
 class IngestServiceServicer:
@@ -80,6 +100,36 @@ class IngestServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateEndpoint(self, request, context):
+        """Creates a webhook endpoint (POST /v1/webhooks/{project_id}/{channel}/{name} on the HTTP port).
+        The answer carries the provider secret, the only time it is shown. Needs the admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEndpoints(self, request, context):
+        """Lists a project's webhook endpoints, never their secrets. Needs the admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RotateEndpointSecret(self, request, context):
+        """Replaces an endpoint's secret; the previous one stays valid for the grace period.
+        The answer carries the new secret, the only time it is shown. Needs the admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveEndpoint(self, request, context):
+        """Removes an endpoint: its deliveries are answered 404 from then on. Needs the admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_IngestServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +147,26 @@ def add_IngestServiceServicer_to_server(servicer, server):
                     servicer.CreateRun,
                     request_deserializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.CreateRunRequest.FromString,
                     response_serializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.CreateRunResponse.SerializeToString,
+            ),
+            'CreateEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateEndpoint,
+                    request_deserializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.CreateEndpointRequest.FromString,
+                    response_serializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.CreateEndpointResponse.SerializeToString,
+            ),
+            'ListEndpoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEndpoints,
+                    request_deserializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.ListEndpointsRequest.FromString,
+                    response_serializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.ListEndpointsResponse.SerializeToString,
+            ),
+            'RotateEndpointSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateEndpointSecret,
+                    request_deserializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.RotateEndpointSecretRequest.FromString,
+                    response_serializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.RotateEndpointSecretResponse.SerializeToString,
+            ),
+            'RemoveEndpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveEndpoint,
+                    request_deserializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.RemoveEndpointRequest.FromString,
+                    response_serializer=awooop_dot_ingest_dot_v1_dot_ingest__pb2.RemoveEndpointResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +251,114 @@ class IngestService:
             '/awooop.ingest.v1.IngestService/CreateRun',
             awooop_dot_ingest_dot_v1_dot_ingest__pb2.CreateRunRequest.SerializeToString,
             awooop_dot_ingest_dot_v1_dot_ingest__pb2.CreateRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.ingest.v1.IngestService/CreateEndpoint',
+            awooop_dot_ingest_dot_v1_dot_ingest__pb2.CreateEndpointRequest.SerializeToString,
+            awooop_dot_ingest_dot_v1_dot_ingest__pb2.CreateEndpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEndpoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.ingest.v1.IngestService/ListEndpoints',
+            awooop_dot_ingest_dot_v1_dot_ingest__pb2.ListEndpointsRequest.SerializeToString,
+            awooop_dot_ingest_dot_v1_dot_ingest__pb2.ListEndpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateEndpointSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.ingest.v1.IngestService/RotateEndpointSecret',
+            awooop_dot_ingest_dot_v1_dot_ingest__pb2.RotateEndpointSecretRequest.SerializeToString,
+            awooop_dot_ingest_dot_v1_dot_ingest__pb2.RotateEndpointSecretResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveEndpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.ingest.v1.IngestService/RemoveEndpoint',
+            awooop_dot_ingest_dot_v1_dot_ingest__pb2.RemoveEndpointRequest.SerializeToString,
+            awooop_dot_ingest_dot_v1_dot_ingest__pb2.RemoveEndpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

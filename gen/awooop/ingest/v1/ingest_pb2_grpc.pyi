@@ -46,6 +46,18 @@ class IngestServiceStub:
     """Creates a run through the idempotent-mutation engine: a same-key retry by the same
     principal replays the first answer (replayed = true); another payload is IDEMPOTENCY_CONFLICT.
     """
+    CreateEndpoint: _grpc.UnaryUnaryMultiCallable[_ingest_pb2.CreateEndpointRequest, _ingest_pb2.CreateEndpointResponse]
+    """Creates a webhook endpoint (POST /v1/webhooks/{project_id}/{channel}/{name} on the HTTP port).
+    The answer carries the provider secret, the only time it is shown. Needs the admin role.
+    """
+    ListEndpoints: _grpc.UnaryUnaryMultiCallable[_ingest_pb2.ListEndpointsRequest, _ingest_pb2.ListEndpointsResponse]
+    """Lists a project's webhook endpoints, never their secrets. Needs the admin role."""
+    RotateEndpointSecret: _grpc.UnaryUnaryMultiCallable[_ingest_pb2.RotateEndpointSecretRequest, _ingest_pb2.RotateEndpointSecretResponse]
+    """Replaces an endpoint's secret; the previous one stays valid for the grace period.
+    The answer carries the new secret, the only time it is shown. Needs the admin role.
+    """
+    RemoveEndpoint: _grpc.UnaryUnaryMultiCallable[_ingest_pb2.RemoveEndpointRequest, _ingest_pb2.RemoveEndpointResponse]
+    """Removes an endpoint: its deliveries are answered 404 from then on. Needs the admin role."""
 
 @_typing.type_check_only
 class IngestServiceAsyncStub(IngestServiceStub):
@@ -63,6 +75,18 @@ class IngestServiceAsyncStub(IngestServiceStub):
     """Creates a run through the idempotent-mutation engine: a same-key retry by the same
     principal replays the first answer (replayed = true); another payload is IDEMPOTENCY_CONFLICT.
     """
+    CreateEndpoint: _aio.UnaryUnaryMultiCallable[_ingest_pb2.CreateEndpointRequest, _ingest_pb2.CreateEndpointResponse]  # type: ignore[assignment]
+    """Creates a webhook endpoint (POST /v1/webhooks/{project_id}/{channel}/{name} on the HTTP port).
+    The answer carries the provider secret, the only time it is shown. Needs the admin role.
+    """
+    ListEndpoints: _aio.UnaryUnaryMultiCallable[_ingest_pb2.ListEndpointsRequest, _ingest_pb2.ListEndpointsResponse]  # type: ignore[assignment]
+    """Lists a project's webhook endpoints, never their secrets. Needs the admin role."""
+    RotateEndpointSecret: _aio.UnaryUnaryMultiCallable[_ingest_pb2.RotateEndpointSecretRequest, _ingest_pb2.RotateEndpointSecretResponse]  # type: ignore[assignment]
+    """Replaces an endpoint's secret; the previous one stays valid for the grace period.
+    The answer carries the new secret, the only time it is shown. Needs the admin role.
+    """
+    RemoveEndpoint: _aio.UnaryUnaryMultiCallable[_ingest_pb2.RemoveEndpointRequest, _ingest_pb2.RemoveEndpointResponse]  # type: ignore[assignment]
+    """Removes an endpoint: its deliveries are answered 404 from then on. Needs the admin role."""
 
 class IngestServiceServicer(metaclass=_abc_1.ABCMeta):
     """IngestService deduplicates channel events and creates runs idempotently."""
@@ -95,5 +119,41 @@ class IngestServiceServicer(metaclass=_abc_1.ABCMeta):
         """Creates a run through the idempotent-mutation engine: a same-key retry by the same
         principal replays the first answer (replayed = true); another payload is IDEMPOTENCY_CONFLICT.
         """
+
+    @_abc_1.abstractmethod
+    def CreateEndpoint(
+        self,
+        request: _ingest_pb2.CreateEndpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ingest_pb2.CreateEndpointResponse, _abc.Awaitable[_ingest_pb2.CreateEndpointResponse]]:
+        """Creates a webhook endpoint (POST /v1/webhooks/{project_id}/{channel}/{name} on the HTTP port).
+        The answer carries the provider secret, the only time it is shown. Needs the admin role.
+        """
+
+    @_abc_1.abstractmethod
+    def ListEndpoints(
+        self,
+        request: _ingest_pb2.ListEndpointsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ingest_pb2.ListEndpointsResponse, _abc.Awaitable[_ingest_pb2.ListEndpointsResponse]]:
+        """Lists a project's webhook endpoints, never their secrets. Needs the admin role."""
+
+    @_abc_1.abstractmethod
+    def RotateEndpointSecret(
+        self,
+        request: _ingest_pb2.RotateEndpointSecretRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ingest_pb2.RotateEndpointSecretResponse, _abc.Awaitable[_ingest_pb2.RotateEndpointSecretResponse]]:
+        """Replaces an endpoint's secret; the previous one stays valid for the grace period.
+        The answer carries the new secret, the only time it is shown. Needs the admin role.
+        """
+
+    @_abc_1.abstractmethod
+    def RemoveEndpoint(
+        self,
+        request: _ingest_pb2.RemoveEndpointRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_ingest_pb2.RemoveEndpointResponse, _abc.Awaitable[_ingest_pb2.RemoveEndpointResponse]]:
+        """Removes an endpoint: its deliveries are answered 404 from then on. Needs the admin role."""
 
 def add_IngestServiceServicer_to_server(servicer: IngestServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
