@@ -4,7 +4,7 @@
 A service package provides `app.build(ctx) -> ServiceParts`: its servicers, the full
 names of its gRPC services, and its background loops. Runtime adds the rest: one
 grpc.aio server per service with the interceptor, grpc.health.v1 (per-service status),
-server reflection, optional TLS, Prometheus metrics, and graceful shutdown:
+server reflection (v1 and v1alpha, with proto comments), optional TLS, Prometheus metrics, and graceful shutdown:
 
   1. ctx.stopping is set: background loops finish their current pass, long-polls return;
   2. health turns NOT_SERVING (Watch streams get it and end);
@@ -29,9 +29,8 @@ from typing import Any
 import asyncpg
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from services.common import migrate
+from services.common import migrate, reflection
 from services.common.auth import Authenticator
 from services.common.cache import Cache
 from services.common.db import create_pool, store_error
@@ -151,9 +150,7 @@ class Runtime:
                 add(servicer, server)
             hs = HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-            reflection.enable_server_reflection(
-                [*parts.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
-            )
+            reflection.enable([*parts.service_names, health.SERVICE_NAME], server)
             port = 0 if self.port_zero else s.port_of(name)
             address = f"{s.host}:{port}"
             try:
