@@ -325,7 +325,7 @@ async def complete_step(
             return row
         why = await _why(pool, principal, lease, step_id)
         if not why["has_step"]:
-            raise errors.not_found("step", step_id)
+            raise errors.not_found("step", step_id, run_id=lease.run_id)
         status = why["status"]
         if status == "completed" and why["attempt"] == lease.attempt:
             return why  # a repeated CompleteStep: the first recorded result stands
@@ -360,7 +360,7 @@ async def fail_step(pool: asyncpg.Pool, principal: Principal, lease: Lease, step
             return row
         why = await _why(pool, principal, lease, step_id)
         if not why["has_step"]:
-            raise errors.not_found("step", step_id)
+            raise errors.not_found("step", step_id, run_id=lease.run_id)
         status = why["status"]
         if status == "failed" and why["attempt"] == lease.attempt:
             return why  # a repeated FailStep
