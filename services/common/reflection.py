@@ -46,6 +46,21 @@ def _v1_file(alpha: descriptor_pb2.FileDescriptorProto) -> descriptor_pb2.FileDe
     return v1
 
 
+def _drop_json_names(fdp: descriptor_pb2.FileDescriptorProto) -> None:
+    """protoc fills in json_name (runId) for every field; the library servicer served none, and
+    grpcurl then prints the .proto names (run_id) as every doc and the CLI's --json do. None of our
+    fields sets json_name on purpose, so dropping them changes nothing but grpcurl's output."""
+
+    def message(m: descriptor_pb2.DescriptorProto) -> None:
+        for f in m.field:
+            f.ClearField("json_name")
+        for nested in m.nested_type:
+            message(nested)
+
+    for m in fdp.message_type:
+        message(m)
+
+
 class Descriptors:
     """Every file a service may be asked about, by name, and a pool to find which file holds a symbol."""
 
@@ -61,6 +76,7 @@ class Descriptors:
         self.pool = descriptor_pool.DescriptorPool()
         self.protos: dict[str, descriptor_pb2.FileDescriptorProto] = {}
         for fdp in protos:  # the set is in dependency order (protoc --include_imports)
+            _drop_json_names(fdp)
             if fdp.name not in self.protos:
                 self.pool.Add(fdp)
                 self.protos[fdp.name] = fdp

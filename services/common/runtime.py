@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import importlib
 import logging
 import random
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +96,34 @@ async def periodic(name: str, interval: float, fn: Callable[[], Awaitable[Any]],
             await asyncio.wait_for(stopping.wait(), timeout=interval * random.uniform(0.9, 1.1))
 
 
+def listeners(settings: Settings, services: list[str]) -> list[tuple[int, str]]:
+    """(port, the setting that chose it) of every socket these services will listen on."""
+    out = [(settings.port_of(name), f"AWOOOP_{name.upper()}_PORT") for name in services]
+    if settings.metrics_port:
+        out.append((settings.metrics_port, "AWOOOP_METRICS_PORT"))
+    return out
+
+
+def port_clash(settings: Settings, services: list[str]) -> str | None:
+    """A one-line message for the first port that is taken (or configured twice), else None.
+    Checked before anything starts, so a clash costs no store start-up and leaves no half-started
+    process; the binds themselves still fail cleanly if a port is taken in between."""
+    seen: dict[int, str] = {}
+    for port, setting in listeners(settings, services):
+        if port in seen:
+            return f"port {port} is configured twice ({seen[port]} and {setting}): change one of them"
+        seen[port] = setting
+        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "taken"
+            try:
+                probe.bind((settings.host, port))
+            except OSError as exc:
+                why = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+                return f"port {port} on {settings.host or '*'} is {why}: set {setting} to a free port"
+    return None
+
+
 class Runtime:
     def __init__(self, settings: Settings, services: list[str], *, port_zero: bool = False) -> None:
         self.settings = settings
@@ -129,10 +159,16 @@ class Runtime:
     async def _start(self) -> None:
         s = self.settings
         credentials = self._server_credentials()  # fail before anything listens
+        clash = None if self.port_zero else port_clash(s, self.services)
+        if clash:
+            raise SystemExit(clash)
         if s.migrate_on_start:
             await migrate.migrate(s.database_url)
         if not self.port_zero:
-            start_metrics(s.host, s.metrics_port)
+            try:
+                start_metrics(s.host, s.metrics_port)
+            except OSError as exc:
+                raise SystemExit(f"port {s.metrics_port} on {s.host}: {exc.strerror}: set AWOOOP_METRICS_PORT") from exc
         pool = await create_pool(s)
         cache = Cache(s)
         self.ctx = AppContext(s, pool, cache)
@@ -159,7 +195,8 @@ class Runtime:
                 else:
                     bound = server.add_insecure_port(address)
             except RuntimeError as exc:  # grpc's "Failed to bind to address"
-                raise SystemExit(f"{name}: cannot listen on {address} (in use?): {exc}") from exc
+                setting = f"AWOOOP_{name.upper()}_PORT"
+                raise SystemExit(f"{name}: cannot listen on {address} (in use?): set {setting}: {exc}") from exc
             self.servers[name] = server
             self.health[name] = hs
             self._service_names[name] = parts.service_names

@@ -18,6 +18,7 @@ import grpc
 
 from services.common import errors
 from services.common.auth import Principal
+from services.common.principals import ROLES
 from services.saga import access
 from services.saga.steps import IRREVERSIBLE_TOOLS, LEASED_STATUSES, STEP_COLUMNS
 
@@ -374,10 +375,11 @@ async def fail_step(pool: asyncpg.Pool, principal: Principal, lease: Lease, step
 
 
 async def get_journal(pool: asyncpg.Pool, principal: Principal, run_id: str) -> Journal:
-    """The journal in order, read in one snapshot. Workers and approvers (and admins) may read it."""
+    """The journal in order, read in one snapshot. Any role in the run's project may read it, as
+    GetRun and GetRunHistory (`awooop runs show` reads all three)."""
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         run = await conn.fetchrow(RUN_SQL, run_id)
-        access.check(principal, run["project_id"] if run else None, run_id, "worker", "approver")
+        access.check(principal, run["project_id"] if run else None, run_id, *ROLES)
         steps = await conn.fetch(STEPS_SQL, run_id)
         seed = await conn.fetchval(SEED_JSON_SQL, run_id)
     return Journal(run, list(steps), seed or [])
