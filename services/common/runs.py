@@ -23,7 +23,7 @@ RUN_READY_CHANNEL = "awooop_run_ready"
 STATUSES = ("PENDING", "RUNNING", "WAITING_TOOL", "WAITING_APPROVAL", "RESUMED", "COMPLETED", "FAILED", "CANCELLED")
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 CHANNELS = ("telegram", "alertmanager", "gitea", "line", "api")
-SAGA_STATUSES = ("in_progress", "compensating", "compensated", "compensation_failed")
+SAGA_STATUSES = ("in_progress", "not_needed", "compensating", "compensated", "compensation_failed")
 
 
 # enum values by store string, read once: the Run builder is on every claim's hot path
