@@ -21,18 +21,15 @@ from services.common.embedded import free_port
 PROJECT = "clifix"
 
 
-async def awooop(
-    *args: str, timeout: float = 60, cwd: Path | None = None, **env: str
-) -> subprocess.CompletedProcess[str]:
+async def awooop(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | env
     return await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "awooop.cli", *args],
         env=full,
-        cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=60,
     )
 
 

@@ -15,7 +15,9 @@ from tests.helpers import expect_error
 from tests.test_saga import PROJECT, claim, lease, new_run, saga_stub
 
 
-async def test_not_found_and_lease_lost_name_the_run_run_id(start_services, channels, make_key, db) -> None:
+async def test_not_found_and_lease_lost_name_the_run_run_id(
+    start_services: Any, channels: Any, make_key: Any, db: Any
+) -> None:
     md = await make_key("vocab", {PROJECT: ["worker", "admin"]})
     rt = await start_services("scheduler")
     scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pb2
@@ -52,11 +53,11 @@ async def _v1_call(port: int, req: alpha_pb2.ServerReflectionRequest) -> alpha_p
         )
         stream = call(iter([req]))
         async for resp in stream:
-            return resp  # type: ignore[no-any-return]
+            return resp
     raise AssertionError("no reflection answer")
 
 
-async def test_reflection_v1_lists_services_and_serves_comments(start_services) -> None:
+async def test_reflection_v1_lists_services_and_serves_comments(start_services: Any) -> None:
     rt = await start_services("ingest", "scheduler", "saga", "gateway")
     for name, service in SERVICES.items():
         listed = await _v1_call(rt.ports[name], alpha_pb2.ServerReflectionRequest(list_services=""))
@@ -86,7 +87,7 @@ async def _grpcurl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_grpcurl_describe_prints_the_proto_comments_on_every_service(start_services) -> None:
+async def test_grpcurl_describe_prints_the_proto_comments_on_every_service(start_services: Any) -> None:
     rt = await start_services("ingest", "scheduler", "saga", "gateway")
     for name, service in SERVICES.items():
         out = await _grpcurl(f"127.0.0.1:{rt.ports[name]}", "describe", service)
@@ -102,7 +103,7 @@ async def test_grpcurl_describe_prints_the_proto_comments_on_every_service(start
         assert out.returncode == 0 and "ServerReflectionInfo" in out.stdout, out.stderr
 
 
-async def test_buf_curl_with_reflection_v1_lists_and_calls(start_services) -> None:
+async def test_buf_curl_with_reflection_v1_lists_and_calls(start_services: Any) -> None:
     """`buf curl --reflect-protocol grpc-v1` (no fallback to v1alpha): lists the services and
     calls an RPC, with the request built from the served descriptors."""
     rt = await start_services("ingest")

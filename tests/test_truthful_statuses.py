@@ -29,7 +29,9 @@ async def _setup(start_services: Any, channels: Any, db: Any, make_key: Any) -> 
     return s, saga_pb2_grpc.SagaServiceStub(channels(rt.ports["saga"]))
 
 
-async def test_a_run_that_ended_with_nothing_to_undo_says_not_needed(start_services, channels, db, make_key) -> None:
+async def test_a_run_that_ended_with_nothing_to_undo_says_not_needed(
+    start_services: Any, channels: Any, db: Any, make_key: Any
+) -> None:
     s, saga = await _setup(start_services, channels, db, make_key)
     await insert_runs(s.db, "p", 3)
 
@@ -69,7 +71,7 @@ async def test_a_run_that_ended_with_nothing_to_undo_says_not_needed(start_servi
 
 
 async def test_a_failed_run_with_something_to_undo_stays_in_progress_until_compensated(
-    start_services, channels, db, make_key
+    start_services: Any, channels: Any, db: Any, make_key: Any
 ) -> None:
     s, saga = await _setup(start_services, channels, db, make_key)
     await insert_runs(s.db, "p", 1)
@@ -117,7 +119,7 @@ async def _approval_step(s: Sched, run_id: str) -> Any:
 
 
 async def test_a_rejected_approval_step_ends_failed_with_the_decision_and_who(
-    start_services, channels, db, make_key
+    start_services: Any, channels: Any, db: Any, make_key: Any
 ) -> None:
     s, saga = await _setup(start_services, channels, db, make_key)
     run_id, token = await _waiting_with_approval_step(s, saga)
@@ -143,7 +145,7 @@ async def test_a_rejected_approval_step_ends_failed_with_the_decision_and_who(
 
 
 async def test_an_expired_approval_step_ends_failed_by_the_sweep_and_by_a_late_decision(
-    start_services, channels, db, make_key
+    start_services: Any, channels: Any, db: Any, make_key: Any
 ) -> None:
     s, saga = await _setup(start_services, channels, db, make_key)
     swept, _ = await _waiting_with_approval_step(s, saga, ttl=0.2)
