@@ -38,7 +38,7 @@ from services.common.cache import Cache
 from services.common.db import create_pool, store_error
 from services.common.health import SERVING, HealthServicer
 from services.common.interceptor import ServiceInterceptor
-from services.common.observability import LOOP_RUNS, setup_logging, start_metrics
+from services.common.observability import LOOP_RUNS, metrics_serving, setup_logging, start_metrics
 from services.common.settings import Settings, SettingsError, problems, unknown_env
 
 log = logging.getLogger("awooop.runtime")
@@ -99,7 +99,7 @@ async def periodic(name: str, interval: float, fn: Callable[[], Awaitable[Any]],
 def listeners(settings: Settings, services: list[str]) -> list[tuple[int, str]]:
     """(port, the setting that chose it) of every socket these services will listen on."""
     out = [(settings.port_of(name), f"AWOOOP_{name.upper()}_PORT") for name in services]
-    if settings.metrics_port:
+    if settings.metrics_port and not metrics_serving(settings.metrics_port):
         out.append((settings.metrics_port, "AWOOOP_METRICS_PORT"))
     return out
 

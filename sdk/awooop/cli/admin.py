@@ -36,8 +36,6 @@ def register(sub: Any) -> None:
     admin = sub.add_parser("admin", help="manage principals, API keys and project roles")
     admin.add_argument("--database-url", default=None, help="default: AWOOOP_DATABASE_URL")
     a = admin.add_subparsers(dest="admin_command", metavar="ACTION", required=True)
-    # each action takes --database-url too (`admin list --database-url X` = `admin --database-url X list`);
-    # SUPPRESS: an action without it leaves the value given before the action alone
 
     p = a.add_parser("create-principal", help="create (or rename) a principal")
     p.add_argument("principal_id", type=_principal_id)
@@ -75,6 +73,8 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run(_list_keys))
 
+    # each action takes --database-url too (`admin list --database-url X` = `admin --database-url X list`);
+    # SUPPRESS: an action without it leaves the value given before the action alone
     for action in a.choices.values():
         action.add_argument("--database-url", default=argparse.SUPPRESS, help="default: AWOOOP_DATABASE_URL")
 
