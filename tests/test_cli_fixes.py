@@ -55,6 +55,25 @@ async def test_up_with_the_metrics_port_taken_is_one_line_before_anything_starts
     assert not (tmp_path / "data" / "postgres").exists() and not (tmp_path / "data" / "redis").exists()
 
 
+async def test_up_with_one_port_set_twice_names_both_settings(tmp_path: Path) -> None:
+    port = str(free_port())
+    out = await awooop(
+        "up",
+        "--data-dir",
+        str(tmp_path / "data"),
+        AWOOOP_INGEST_PORT=str(free_port()),
+        AWOOOP_SCHEDULER_PORT=port,
+        AWOOOP_SAGA_PORT=port,
+        AWOOOP_GATEWAY_PORT=str(free_port()),
+        AWOOOP_METRICS_PORT="0",
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        f"error: port {port} is configured twice (AWOOOP_SCHEDULER_PORT and AWOOOP_SAGA_PORT): change one of them"
+    )
+    assert not (tmp_path / "data" / "postgres").exists()
+
+
 async def test_serve_with_a_grpc_port_taken_names_its_setting(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
