@@ -323,7 +323,7 @@ async def test_errors_are_one_clear_line_never_a_traceback(env: Env, make_key: A
 
     out = await env.cli("show", run_id, key=None)
     assert out.returncode == 1
-    assert out.stderr.splitlines()[0].startswith("error: UNAUTHENTICATED UNAUTHENTICATED: ")
+    assert out.stderr.splitlines()[0].startswith("error: UNAUTHENTICATED: ")
     assert "hint: pass --key or set AWOOOP_API_KEY" in out.stderr
 
     out = await env.cli("show", "not-a-uuid")
@@ -332,12 +332,12 @@ async def test_errors_are_one_clear_line_never_a_traceback(env: Env, make_key: A
     assert "run_id: must be a UUID" in out.stderr  # the BadRequest field violation
 
     out = await env.cli("show", "00000000-0000-0000-0000-000000000000")
-    assert out.returncode == 1 and out.stderr.startswith("error: NOT_FOUND NOT_FOUND: ")
+    assert out.returncode == 1 and out.stderr.startswith("error: NOT_FOUND: ")
 
     # another tenant's key learns nothing about the run (NOT_FOUND, as for a missing one)
     stranger = _key(await make_key("stranger", {"elsewhere": ["admin"]}))
     out = await env.cli("show", run_id, key=stranger)
-    assert out.returncode == 1 and out.stderr.startswith("error: NOT_FOUND NOT_FOUND: ")
+    assert out.returncode == 1 and out.stderr.startswith("error: NOT_FOUND: ")
     out = await env.cli("list", "--project", PROJECT, key=stranger)
     assert out.returncode == 1 and out.stderr.startswith("error: PERMISSION_DENIED FORBIDDEN: ")
 

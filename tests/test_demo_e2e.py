@@ -117,7 +117,7 @@ async def test_demo_story_with_real_processes_and_a_sigkilled_worker(
     assert [(s["step_id"], s["step_type"], s["status"], s["attempt"]) for s in steps] == [
         ("diagnose", "llm_call", "completed", 1),
         ("scale", "tool_call", "compensated", 1),
-        ("approval", "approval_request", "pending", 2),  # asked by attempt 2, rejected, never granted
+        ("approval", "approval_request", "failed", 2),  # asked by attempt 2, ended by the rejection
     ]
     actions = await db.fetch(
         "SELECT action, actor, details->>'worker_id' AS worker FROM awooop_audit_log "

@@ -288,9 +288,11 @@ async def test_port_in_use_is_a_clear_error_and_nothing_stays_up(settings: Setti
         taken = busy.getsockname()[1]
         free = free_port()
         rt = Runtime(settings.with_(ingest_port=free, scheduler_port=taken), ["ingest", "scheduler"])
-        with pytest.raises(SystemExit, match=f"scheduler: cannot listen on 127.0.0.1:{taken}"):
+        # found before anything listens, with the setting to change
+        expected = f"port {taken} on 127.0.0.1 is in use: set AWOOOP_SCHEDULER_PORT to a free port"
+        with pytest.raises(SystemExit, match=expected):
             await rt.start()
-    # the ingest server that had started was stopped again
+    # the ingest server never stayed up
     async with grpc.aio.insecure_channel(f"127.0.0.1:{free}") as ch:
         await expect_error(
             health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2),

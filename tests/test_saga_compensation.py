@@ -290,7 +290,9 @@ async def test_approval_reject_scales_the_deployment_back_to_its_original_replic
     by_id = {s.step_id: s for s in journal.steps}
     assert by_id["scale-api"].status == common_pb2.STEP_STATUS_COMPENSATED
     assert by_id["scale-api"].HasField("compensated_at")
-    assert by_id["approval"].status == common_pb2.STEP_STATUS_PENDING  # not a tool call: nothing to undo
+    # not a tool call, nothing to undo; the rejection ended it, with who decided
+    assert by_id["approval"].status == common_pb2.STEP_STATUS_FAILED
+    assert by_id["approval"].error == "rejected by alice: not during the freeze"
     seed = {s["step_id"]: s for s in check_seed_format(journal.saga_steps_json)}
     assert seed["scale-api"]["status"] == "compensated"
     trigger = await db.fetchval("SELECT trigger FROM awooop_compensation_request WHERE run_id = $1", run_id)
@@ -563,16 +565,17 @@ async def test_compensate_rpc_is_idempotent_and_only_for_ended_runs(start_servic
     assert again.saga_status == common_pb2.SAGA_STATUS_COMPENSATED
     assert [s.status for s in again.steps] == [common_pb2.STEP_STATUS_COMPENSATED]
 
-    # seed D6: a cancelled run with nothing compensatable just ends; only the audit log records it
+    # seed D6: a cancelled run with nothing compensatable just ends; the audit log records it and the
+    # saga says not_needed (set when the run was cancelled; a manual request changes nothing)
     cancelled = await h.run_with_steps([Step("think"), Step("exec", "k8s_exec_pod", {"pod": "p", "command": "ls"})])
     await db.execute("UPDATE awooop_run_state SET status = 'CANCELLED' WHERE run_id = $1", cancelled)
     resp = await h.saga.Compensate(
         saga_pb2.CompensateRequest(run_id=cancelled, trigger=saga_pb2.COMPENSATION_TRIGGER_CANCELLED),
         metadata=h.admin,
     )
-    assert list(resp.steps) == [] and resp.saga_status == common_pb2.SAGA_STATUS_IN_PROGRESS
+    assert list(resp.steps) == [] and resp.saga_status == common_pb2.SAGA_STATUS_NOT_NEEDED
     await eventually(lambda: h.request_done(cancelled), what="the skip to be recorded")
-    assert await h.saga_status(cancelled) == "in_progress"
+    assert await h.saga_status(cancelled) == "not_needed"
     run = await db.fetchrow("SELECT compensation_started_at FROM awooop_run_state WHERE run_id = $1", cancelled)
     assert run["compensation_started_at"] is None
     assert await audit_actions(db, cancelled) == ["SAGA_COMPENSATION_REQUESTED", "SAGA_COMPENSATION_SKIPPED"]

@@ -114,8 +114,11 @@ def forbidden(message: str, **metadata: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.PERMISSION_DENIED, FORBIDDEN, message, metadata=metadata)
 
 
-def not_found(what: str, ident: str) -> ServiceError:
-    return ServiceError(grpc.StatusCode.NOT_FOUND, NOT_FOUND, f"{what} {ident} not found", metadata={what: ident})
+def not_found(what: str, ident: str, **context: str) -> ServiceError:
+    # one metadata vocabulary for every reason: the id of a thing is `<thing>_id` (run_id, step_id)
+    return ServiceError(
+        grpc.StatusCode.NOT_FOUND, NOT_FOUND, f"{what} {ident} not found", metadata={f"{what}_id": ident, **context}
+    )
 
 
 def idempotency_conflict(message: str, **metadata: str) -> ServiceError:

@@ -58,6 +58,11 @@ def setup_logging(level: str = "INFO") -> None:
 _metrics_started: set[int] = set()
 
 
+def metrics_serving(port: int) -> bool:
+    """This process already serves /metrics on port (start_metrics runs once per port)."""
+    return port in _metrics_started
+
+
 def start_metrics(host: str, port: int) -> None:
     """Serves /metrics on port (once per process; 0 disables)."""
     if port and port not in _metrics_started:

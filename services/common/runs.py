@@ -23,7 +23,7 @@ from services.common.validate import to_struct
 RUN_READY_CHANNEL = "awooop_run_ready"
 
 CHANNELS = ("telegram", "alertmanager", "gitea", "line", "api")
-SAGA_STATUSES = ("in_progress", "compensating", "compensated", "compensation_failed")
+SAGA_STATUSES = ("in_progress", "not_needed", "compensating", "compensated", "compensation_failed")
 
 
 # enum values by store string, read once: the Run builder is on every claim's hot path

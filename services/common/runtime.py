@@ -4,7 +4,7 @@
 A service package provides `app.build(ctx) -> ServiceParts`: its servicers, the full
 names of its gRPC services, and its background loops. Runtime adds the rest: one
 grpc.aio server per service with the interceptor, grpc.health.v1 (per-service status),
-server reflection, optional TLS, Prometheus metrics, and graceful shutdown:
+server reflection (v1 and v1alpha, with proto comments), optional TLS, Prometheus metrics, and graceful shutdown:
 
   1. ctx.stopping is set: background loops finish their current pass, long-polls return;
   2. health turns NOT_SERVING (Watch streams get it and end);
@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import importlib
 import logging
 import random
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,15 +31,14 @@ from typing import Any
 import asyncpg
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
-from services.common import migrate
+from services.common import migrate, reflection
 from services.common.auth import Authenticator
 from services.common.cache import Cache
 from services.common.db import create_pool, store_error
 from services.common.health import SERVING, HealthServicer
 from services.common.interceptor import ServiceInterceptor
-from services.common.observability import LOOP_RUNS, setup_logging, start_metrics
+from services.common.observability import LOOP_RUNS, metrics_serving, setup_logging, start_metrics
 from services.common.settings import Settings, SettingsError, deliverability_problem, problems, unknown_env
 
 log = logging.getLogger("awooop.runtime")
@@ -103,6 +104,34 @@ def pending_limit(max_concurrent_rpcs: int) -> int:
     return max(65536, 4 * max_concurrent_rpcs)
 
 
+def listeners(settings: Settings, services: list[str]) -> list[tuple[int, str]]:
+    """(port, the setting that chose it) of every socket these services will listen on."""
+    out = [(settings.port_of(name), f"AWOOOP_{name.upper()}_PORT") for name in services]
+    if settings.metrics_port and not metrics_serving(settings.metrics_port):
+        out.append((settings.metrics_port, "AWOOOP_METRICS_PORT"))
+    return out
+
+
+def port_clash(settings: Settings, services: list[str]) -> str | None:
+    """A one-line message for the first port that is taken (or configured twice), else None.
+    Checked before anything starts, so a clash costs no store start-up and leaves no half-started
+    process; the binds themselves still fail cleanly if a port is taken in between."""
+    seen: dict[int, str] = {}
+    for port, setting in listeners(settings, services):
+        if port in seen:
+            return f"port {port} is configured twice ({seen[port]} and {setting}): change one of them"
+        seen[port] = setting
+        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "taken"
+            try:
+                probe.bind((settings.host, port))
+            except OSError as exc:
+                why = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+                return f"port {port} on {settings.host or '*'} is {why}: set {setting} to a free port"
+    return None
+
+
 class Runtime:
     def __init__(self, settings: Settings, services: list[str], *, port_zero: bool = False) -> None:
         self.settings = settings
@@ -144,10 +173,16 @@ class Runtime:
         if problem is not None:  # what is accepted must be returnable: refuse to start otherwise
             raise SystemExit(f"configuration error: {problem}")
         credentials = self._server_credentials()  # fail before anything listens
+        clash = None if self.port_zero else port_clash(s, self.services)
+        if clash:
+            raise SystemExit(clash)
         if s.migrate_on_start:
             await migrate.migrate(s.direct_url)
         if not self.port_zero:
-            start_metrics(s.host, s.metrics_port)
+            try:
+                start_metrics(s.host, s.metrics_port)
+            except OSError as exc:
+                raise SystemExit(f"port {s.metrics_port} on {s.host}: {exc.strerror}: set AWOOOP_METRICS_PORT") from exc
         pool = await create_pool(s)
         cache = Cache(s)
         self.ctx = AppContext(s, pool, cache)
@@ -171,9 +206,7 @@ class Runtime:
                 add(servicer, server)
             hs = HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-            reflection.enable_server_reflection(
-                [*parts.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
-            )
+            reflection.enable([*parts.service_names, health.SERVICE_NAME], server)
             port = 0 if self.port_zero else s.port_of(name)
             address = f"{s.host}:{port}"
             try:
@@ -182,7 +215,8 @@ class Runtime:
                 else:
                     bound = server.add_insecure_port(address)
             except RuntimeError as exc:  # grpc's "Failed to bind to address"
-                raise SystemExit(f"{name}: cannot listen on {address} (in use?): {exc}") from exc
+                setting = f"AWOOOP_{name.upper()}_PORT"
+                raise SystemExit(f"{name}: cannot listen on {address} (in use?): set {setting}: {exc}") from exc
             self.servers[name] = server
             self.health[name] = hs
             self._service_names[name] = parts.service_names

@@ -100,6 +100,7 @@ UPDATE awooop_run_state
  WHERE run_id = $1
 RETURNING saga_status
 """
+NOT_NEEDED_SQL = "UPDATE awooop_run_state SET saga_status = 'not_needed', updated_at = now() WHERE run_id = $1"
 MARK_SQL = f"""
 UPDATE awooop_saga_step SET status = 'compensating'
  WHERE run_id = $1 AND step_id = $2 AND {ELIGIBLE}
@@ -276,17 +277,18 @@ class CompensationDriver:
                     details={"trigger": claim.trigger},
                 )
                 COMPENSATION_RUNS.labels(final).inc()
-            elif run.saga_status == "in_progress":
+            elif run.saga_status in ("in_progress", "not_needed"):
                 # seed ADR-119 D6: nothing compensatable (for example a CANCELLED run with only
-                # llm_call steps) just ends; only the audit log records it. saga_status stays.
+                # llm_call steps, or only irreversible tools) just ends; the saga says not_needed.
+                await conn.execute(NOT_NEEDED_SQL, claim.run_id)
                 await audit(
                     conn,
                     project_id=claim.project_id,
                     run_id=claim.run_id,
                     actor=ACTOR,
                     action="SAGA_COMPENSATION_SKIPPED",
-                    from_status="in_progress",
-                    to_status="in_progress",
+                    from_status=run.saga_status,
+                    to_status="not_needed",
                     reason="no compensatable steps (seed ADR-119 D6)",
                     details={"trigger": claim.trigger, "not_compensated": await self._not_compensated(conn, claim)},
                 )

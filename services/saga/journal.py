@@ -19,6 +19,7 @@ import grpc
 from services.common import errors
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
+from services.common.principals import ROLES
 from services.common.runstate import LEASED
 from services.saga.steps import IRREVERSIBLE_TOOLS, STEP_COLUMNS
 
@@ -328,7 +329,7 @@ async def complete_step(
             return row
         why = await _why(pool, principal, lease, step_id)
         if not why["has_step"]:
-            raise errors.not_found("step", step_id)
+            raise errors.not_found("step", step_id, run_id=lease.run_id)
         status = why["status"]
         if status == "completed" and why["attempt"] == lease.attempt:
             return why  # a repeated CompleteStep: the first recorded result stands
@@ -363,7 +364,7 @@ async def fail_step(pool: asyncpg.Pool, principal: Principal, lease: Lease, step
             return row
         why = await _why(pool, principal, lease, step_id)
         if not why["has_step"]:
-            raise errors.not_found("step", step_id)
+            raise errors.not_found("step", step_id, run_id=lease.run_id)
         status = why["status"]
         if status == "failed" and why["attempt"] == lease.attempt:
             return why  # a repeated FailStep
@@ -377,10 +378,11 @@ async def fail_step(pool: asyncpg.Pool, principal: Principal, lease: Lease, step
 
 
 async def get_journal(pool: asyncpg.Pool, principal: Principal, run_id: str) -> Journal:
-    """The journal in order, read in one snapshot. Workers and approvers (and admins) may read it."""
+    """The journal in order, read in one snapshot. Any role in the run's project may read it, as
+    GetRun and GetRunHistory (`awooop runs show` reads all three)."""
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         run = await conn.fetchrow(RUN_SQL, run_id)
-        check_run_access(principal, run["project_id"] if run else None, ("worker", "approver"), run_id)
+        check_run_access(principal, run["project_id"] if run else None, ROLES, run_id)
         assert run is not None  # check_run_access raised NOT_FOUND for a missing run
         steps = await conn.fetch(STEPS_SQL, run_id)
         seed = await conn.fetchval(SEED_JSON_SQL, run_id)

@@ -128,7 +128,7 @@ async def retry(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id: 
         if not reopened:
             status = await conn.fetchval(STEP_STATUS_SQL, run_id, step_id) if step_id else None
             if step_id and status is None:
-                raise errors.not_found("step", step_id)
+                raise errors.not_found("step", step_id, run_id=run_id)
             if step_id:
                 raise step_transition(run_id, step_id, str(status), "retry the compensation of")
             raise errors.invalid_transition(run_id, run.saga_status, "retry compensation (no failed step)")
@@ -159,7 +159,7 @@ async def resolve(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id
         if step is None:
             status = await conn.fetchval(STEP_STATUS_SQL, run_id, step_id)
             if status is None:
-                raise errors.not_found("step", step_id)
+                raise errors.not_found("step", step_id, run_id=run_id)
             raise step_transition(run_id, step_id, status, "resolve the compensation of")
         saga_status = run.saga_status
         if req_status in (None, "done") and not await conn.fetchval(OPEN_LEFT_SQL, run_id):

@@ -3,7 +3,8 @@ the lease and issues a token (random, returned once, stored as sha256 only, sing
 15 min by default). Approve: RESUMED (claimable again, new fencing token). Reject: FAILED
 with E-APPROVAL-REJECTED. Expiry: FAILED with E-APPROVAL-002, by the sweep or by the
 DecideApproval call that finds it expired, whichever comes first. Rejection and expiry
-record a compensation request when the journal has something to undo.
+record a compensation request when the journal has something to undo, and end the journal's
+pending approval step `failed` with the decision and who made it.
 """
 
 from __future__ import annotations
@@ -79,6 +80,29 @@ async def request(
     return changed, token
 
 
+def approval_step_cte(expired_sql: str, decided_by_sql: str, reason_sql: str) -> str:
+    """CTE `approval_step`: the journal's pending approval_request step of each run of `upd` that
+    the decision failed ends `failed`, with the decision and who made it, so the journal does not
+    show an approval still pending on a run that is over. The SQL arguments are evaluated per row
+    of `upd` aliased `u` (expired_sql: true for an expiry, false for a rejection). An approval is
+    completed by the worker that resumes (the SDK does it), since only it runs on."""
+    return f""",
+approval_step AS (
+    UPDATE awooop_saga_step s
+       SET status = 'failed', completed_at = now(),
+           error = CASE WHEN {expired_sql} THEN 'approval expired ({EXPIRED_CODE})'
+                        ELSE 'rejected by ' || {decided_by_sql} || COALESCE(': ' || NULLIF({reason_sql}, ''), '') END,
+           result = jsonb_build_object(
+               'approved', false,
+               'decision', CASE WHEN {expired_sql} THEN 'expired' ELSE 'rejected' END,
+               'decided_by', CASE WHEN {expired_sql} THEN NULL ELSE {decided_by_sql} END,
+               'reason', CASE WHEN {expired_sql} THEN '{EXPIRED_REASON}' ELSE NULLIF({reason_sql}, '') END)
+      FROM upd u
+     WHERE s.run_id = u.run_id AND u.status = 'FAILED'
+       AND s.step_type = 'approval_request' AND s.status = 'pending'
+)"""
+
+
 # One statement decides or, when the token expired, fails the run with E-APPROVAL-002 (so the
 # caller's answer and the stored state agree even before the sweep runs). Setting the hash
 # to NULL makes the token single use. $1 run_id, $2 projects where the caller is approver,
@@ -109,7 +133,9 @@ upd AS (
        AND (cur.expired OR r.approval_token_hash = $4)
        AND ($2::text[] IS NULL OR r.project_id = ANY($2::text[]))
  RETURNING {RUN_COLUMNS_R}, cur.expired
-){compensation_cte("CASE WHEN u.expired THEN 'approval_expired' ELSE 'approval_rejected' END")},
+){compensation_cte("CASE WHEN u.expired THEN 'approval_expired' ELSE 'approval_rejected' END")}{
+    approval_step_cte("u.expired", "$7::text", "$6::text")
+},
 aud AS (
     {AUDIT_INSERT}
     SELECT project_id, run_id, $3,
@@ -184,7 +210,7 @@ upd AS (
       FROM due
      WHERE r.run_id = due.run_id AND r.status = 'WAITING_APPROVAL' AND r.approval_expires_at <= now()
  RETURNING r.run_id, r.project_id, r.status, r.failure_reason, r.attempt_count, r.approval_expires_at
-){compensation_cte("'approval_expired'")},
+){compensation_cte("'approval_expired'")}{approval_step_cte("true", "NULL::text", "NULL::text")},
 aud AS (
     {AUDIT_INSERT}
     SELECT project_id, run_id, $2, '{Audit.APPROVAL_EXPIRED}', '{RunStatus.WAITING_APPROVAL}', '{RunStatus.FAILED}',

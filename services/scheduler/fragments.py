@@ -40,9 +40,12 @@ def fence_where(attempt_sql: str, statuses_sql: str, projects_sql: str) -> str:
 
 
 def complete_set(output_sql: str) -> str:
-    """SET list of CompleteRun / CompleteRuns: RUNNING -> COMPLETED with the output, lease dropped."""
+    """SET list of CompleteRun / CompleteRuns: RUNNING -> COMPLETED with the output, lease dropped.
+    A completed run is never compensated (Compensate takes FAILED and CANCELLED runs only), so its
+    saga ends here: not_needed. (Failed and cancelled runs with nothing to undo get not_needed from
+    the trigger of migration 0080.)"""
     return f"""status = 'COMPLETED', output = {output_sql}, {DROP_LEASE},
-           failure_reason = NULL, error_code = NULL, not_before = NULL"""
+           failure_reason = NULL, error_code = NULL, not_before = NULL, saga_status = 'not_needed'"""
 
 
 # Audit row of a fenced write, per changed row of `upd` (which carries from_status and prev_worker).

@@ -73,6 +73,11 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run(_list_keys))
 
+    # each action takes --database-url too (`admin list --database-url X` = `admin --database-url X list`);
+    # SUPPRESS: an action without it leaves the value given before the action alone
+    for action in a.choices.values():
+        action.add_argument("--database-url", default=argparse.SUPPRESS, help="default: AWOOOP_DATABASE_URL")
+
 
 def _fail(message: str, code: int = 1) -> int:
     print(f"error: {message}", file=sys.stderr)

@@ -7,6 +7,7 @@ Connection options come from flags, else AWOOOP_* variables, else the `awooop up
   --scheduler  AWOOOP_SCHEDULER_ADDR  (127.0.0.1:50052)
   --saga       AWOOOP_SAGA_ADDR       (127.0.0.1:50053)
   --gateway    AWOOOP_GATEWAY_ADDR    (127.0.0.1:50054)
+  (without an *_ADDR, AWOOOP_<SERVICE>_PORT on AWOOOP_HOST: the port the service was configured with)
   --tls / --ca-file   AWOOOP_TLS / AWOOOP_TLS_CA_FILE
 """
 
@@ -33,31 +34,42 @@ EXIT_RPC_ERROR = 1
 EXIT_USAGE = 2
 
 
-def add_connection_args(p: argparse.ArgumentParser) -> None:
+def add_connection_args(p: argparse.ArgumentParser, *, inherited: bool = False) -> None:
+    """The connection flags. A parser whose parent has them too takes them with inherited=True:
+    unset there, they leave the parent's value alone, so `runs --scheduler X list` and
+    `runs list --scheduler X` mean the same."""
+    unset: Any = argparse.SUPPRESS if inherited else None
     g = p.add_argument_group("connection")
-    g.add_argument("--key", default=None, help="API key (default: AWOOOP_API_KEY, else the `awooop up` dev key)")
+    g.add_argument("--key", default=unset, help="API key (default: AWOOOP_API_KEY, else the `awooop up` dev key)")
     for service in ("ingest", "scheduler", "saga", "gateway"):
+        name = service.upper()
         g.add_argument(
             f"--{service}",
-            default=None,
+            default=unset,
             metavar="ADDR",
             help=f"{service} address: HOST:PORT, a comma-separated list of replicas, or a gRPC target such as "
-            f"dns:///NAME:PORT (default: AWOOOP_{service.upper()}_ADDR or {DEFAULT_ADDRESSES[service]})",
+            f"dns:///NAME:PORT (default: AWOOOP_{name}_ADDR, else AWOOOP_{name}_PORT on AWOOOP_HOST, "
+            f"else {DEFAULT_ADDRESSES[service]})",
         )
-    g.add_argument("--timeout", type=float, default=10.0, help="deadline of each call in seconds (default 10)")
-    g.add_argument("--tls", action="store_true", default=None, help="use TLS (default: AWOOOP_TLS)")
-    g.add_argument("--ca-file", default=None, help="CA bundle for TLS (default: AWOOOP_TLS_CA_FILE)")
+    g.add_argument(
+        "--timeout",
+        type=float,
+        default=argparse.SUPPRESS if inherited else 10.0,
+        help="deadline of each call in seconds (default 10)",
+    )
+    g.add_argument("--tls", action="store_true", default=unset, help="use TLS (default: AWOOOP_TLS)")
+    g.add_argument("--ca-file", default=unset, help="CA bundle for TLS (default: AWOOOP_TLS_CA_FILE)")
     g.add_argument(
         "--channel-option",
         action="append",
-        default=[],
+        default=argparse.SUPPRESS if inherited else [],
         metavar="NAME=VALUE",
         type=_channel_option,
         help="a gRPC channel argument, e.g. grpc.keepalive_time_ms=30000 (repeatable)",
     )
     g.add_argument(
         "--data-dir",
-        default=None,
+        default=unset,
         help="where `awooop up` keeps dev-admin.key (default: AWOOOP_DATA_DIR or .awooop)",
     )
 
@@ -104,14 +116,54 @@ def render_error(err: AwooopError) -> str:
     return "error: " + err.details.render()
 
 
+def service_of(method: str) -> str:
+    """The service a method path belongs to: /awooop.scheduler.v1.SchedulerService/GetRun -> scheduler."""
+    parts = method.lstrip("/").split(".")
+    area = parts[1] if len(parts) > 2 and parts[0] == "awooop" else ""
+    return "gateway" if area == "tools" else area
+
+
+def explain_unavailable(err: AwooopError, client: Client) -> str | None:
+    """For a call that never reached the service: one line saying what to change. A served
+    UNAVAILABLE (STORE_UNAVAILABLE) carries a reason and is left as the server said it."""
+    service = service_of(err.method)
+    if err.reason or service not in client.sources:
+        return None
+    addr, source = client.sources[service]
+    flag, var = f"--{service}", f"AWOOOP_{service.upper()}_ADDR"
+    origin = {"argument": flag, "default": "the default"}.get(source, source)
+    text = err.details.message.lower()
+    if "handshake" in text and ("wrong_version_number" in text or "tsi_protocol_failure" in text):
+        return (
+            f"error: UNAVAILABLE: the {service} at {addr} does not speak TLS (the TLS handshake failed):"
+            " drop --tls / AWOOOP_TLS, or point at a TLS port"
+        )
+    if "handshake" in text or "certificate" in text:
+        return (
+            f"error: UNAVAILABLE: TLS with the {service} at {addr} failed ({_last_error(err.details.message)}):"
+            " check --ca-file / AWOOOP_TLS_CA_FILE"
+        )
+    return (
+        f"error: UNAVAILABLE: cannot reach the {service} at {addr} ({_last_error(err.details.message)}); "
+        f"that address is from {origin}: set it with {flag} or {var}"
+    )
+
+
+def _last_error(message: str) -> str:
+    """The useful tail of grpc's connect failure (`...: Connection refused`), without its `: OK`."""
+    tail = message.removesuffix(": OK").rsplit(": ", 1)[-1]
+    return tail or message
+
+
 def run_command(
     fn: Callable[[argparse.Namespace, Client], Awaitable[int | None]],
 ) -> Callable[[argparse.Namespace], int]:
     """Wraps an async command: opens the client, maps RPC errors to a message and exit code 1."""
 
     def command(args: argparse.Namespace) -> int:
+        client = make_client(args)
+
         async def go() -> int:
-            client = make_client(args)
             try:
                 return int(await fn(args, client) or 0)
             finally:
@@ -120,7 +172,8 @@ def run_command(
         try:
             return asyncio.run(go())
         except AwooopError as err:
-            print(render_error(err), file=sys.stderr)
+            unreachable = explain_unavailable(err, client) if err.code.name == "UNAVAILABLE" else None
+            print(unreachable or render_error(err), file=sys.stderr)
             if err.reason == UNAUTHENTICATED and not resolve_key(args):
                 print("hint: pass --key or set AWOOOP_API_KEY (`awooop up` prints one)", file=sys.stderr)
             return EXIT_RPC_ERROR
@@ -131,6 +184,17 @@ def run_command(
             return 0
 
     return command
+
+
+def positive_int(value: str) -> int:
+    """argparse type: a whole number of at least 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 # --- output ---

@@ -8,8 +8,8 @@
     awooop runs compensation retry RUN_ID [--step S]
     awooop runs compensation resolve RUN_ID --step S --reason R
 
-Every command takes --json. An RPC error prints `error: <CODE> <REASON>: message` (plus the
-field violations) on stderr and exits 1; bad arguments exit 2.
+Every command takes --json; the connection flags go before or after the action. An RPC error
+prints `error: <CODE> <REASON>: message` (plus the field violations) on stderr and exits 1; bad arguments exit 2.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from awooop.cli.client import (
     EXIT_RPC_ERROR,
     add_connection_args,
     enum_name,
+    positive_int,
     print_json,
     print_table,
     render_error,
@@ -46,6 +47,7 @@ STATUSES = [n.removeprefix("RUN_STATUS_") for n in common_pb2.RunStatus.keys() i
 
 def register(sub: Any) -> None:
     runs = sub.add_parser("runs", help="list, inspect, approve, cancel runs and repair compensations")
+    add_connection_args(runs)  # before or after the action: `runs --scheduler X list` = `runs list --scheduler X`
     r = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
 
     p = _leaf(r, "list", "list a project's runs, newest first")
@@ -58,7 +60,7 @@ def register(sub: Any) -> None:
         metavar="STATUS",
         help=f"only these statuses (repeat or comma-separate): {', '.join(STATUSES)}",
     )
-    p.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
+    p.add_argument("--limit", type=positive_int, default=50, help="at most this many runs (1 or more; default 50)")
     p.set_defaults(func=run_command(cmd_list))
 
     p = _leaf(r, "show", "one run: fields, state history and journal as a timeline")
@@ -78,6 +80,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run_command(cmd_cancel))
 
     comp = r.add_parser("compensation", help="retry or resolve a failed compensation (admin role)")
+    add_connection_args(comp, inherited=True)
     c = comp.add_subparsers(dest="compensation_command", metavar="ACTION", required=True)
     p = _leaf(c, "retry", "run the failed compensations of a run again")
     p.add_argument("run_id")
@@ -93,7 +96,7 @@ def register(sub: Any) -> None:
 def _leaf(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    add_connection_args(p)
+    add_connection_args(p, inherited=True)
     return p
 
 

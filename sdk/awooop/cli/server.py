@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from awooop.worker.client import client_host
+
 SERVICE_CHOICES = ("ingest", "scheduler", "saga", "gateway")
 UP_SERVICES = ["ingest", "scheduler", "saga", "gateway"]
 SERVICE_NAMES = {
@@ -118,11 +120,6 @@ async def _dev_key(dsn: str, key_file: Path) -> str:
         await conn.close()
 
 
-def client_host(host: str) -> str:
-    """The address a local client dials for a listener bound to host."""
-    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-
-
 def _terminate_on_sigterm(signum: int, frame: Any) -> None:
     # before the event loop owns the signals: unwind through `finally` so the embedded
     # Postgres and Redis are stopped, not orphaned
@@ -132,9 +129,13 @@ def _terminate_on_sigterm(signum: int, frame: Any) -> None:
 def cmd_up(args: argparse.Namespace) -> int:
     from services.common import embedded, migrate
     from services.common.observability import setup_logging
-    from services.common.runtime import Runtime
+    from services.common.runtime import Runtime, port_clash
 
     settings = _dev_defaults(_settings())
+    clash = port_clash(settings, UP_SERVICES)
+    if clash:  # before the embedded stores start: one line, nothing to clean up
+        print(f"error: {clash}", file=sys.stderr)
+        return 1
     setup_logging(settings.log_level)
     logging.getLogger("pgserver").setLevel(logging.WARNING)
     signal.signal(signal.SIGTERM, _terminate_on_sigterm)

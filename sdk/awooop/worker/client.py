@@ -5,10 +5,10 @@
   retried: every other code is an answer.
 - Deadlines: every call gets one (`timeout`, default 10 s) unless the caller passes its own.
 - Auth: `authorization: Bearer <key>` metadata on every call.
-- Addresses: argument, else AWOOOP_<SERVICE>_ADDR, else the `awooop up` default port. One
-  address may name several replicas: a comma-separated list (`10.0.0.1:50052,10.0.0.2:50052`,
-  host names resolved once when the channel opens) or any gRPC target such as
-  `dns:///scheduler.internal:50052` (every A/AAAA record, re-resolved on reconnect).
+- Addresses: argument, else AWOOOP_<SERVICE>_ADDR, else AWOOOP_<SERVICE>_PORT (on AWOOOP_HOST), else
+  the `awooop up` default port. One address may name several replicas: a comma-separated list
+  (`10.0.0.1:50052,10.0.0.2:50052`, host names resolved once when the channel opens) or any gRPC
+  target such as `dns:///scheduler.internal:50052` (every A/AAAA record, re-resolved on reconnect).
 - Balancing: round_robin over the resolved addresses with client health checking
   (grpc.health.v1 Watch): a replica that reports NOT_SERVING (draining) gets no new calls,
   and a call it refuses is retried on another replica.
@@ -79,9 +79,30 @@ Req = TypeVar("Req")
 R = TypeVar("R")
 
 
+def client_host(host: str) -> str:
+    """The address a local client dials for a listener bound to host."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+
+
+def resolve_address(service: str, given: str | None = None) -> tuple[str, str]:
+    """(address, where it came from): the given address ("argument"), else AWOOOP_<SERVICE>_ADDR,
+    else AWOOOP_<SERVICE>_PORT on AWOOOP_HOST (the port the service was configured to listen on),
+    else the `awooop up` default ("default")."""
+    if given:
+        return given, "argument"
+    name = service.upper()
+    if os.environ.get(f"AWOOOP_{name}_ADDR"):
+        return os.environ[f"AWOOOP_{name}_ADDR"], f"AWOOOP_{name}_ADDR"
+    port = os.environ.get(f"AWOOOP_{name}_PORT", "").strip()
+    if port.isdigit():
+        host = client_host(os.environ.get("AWOOOP_HOST", "127.0.0.1").strip())
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}", f"AWOOOP_{name}_PORT"
+    return DEFAULT_ADDRESSES[service], "default"
+
+
 def address(service: str, given: str | None = None) -> str:
-    """Where a service is: the given address, else AWOOOP_<SERVICE>_ADDR, else the default port."""
-    return given or os.environ.get(f"AWOOOP_{service.upper()}_ADDR") or DEFAULT_ADDRESSES[service]
+    """Where a service is (see resolve_address)."""
+    return resolve_address(service, given)[0]
 
 
 def api_key(given: str | None = None) -> str:
@@ -172,12 +193,10 @@ class Client:
         channel_options: Sequence[tuple[str, Any]] | None = None,
     ) -> None:
         self.key = api_key(key)
-        self.addresses = {
-            "ingest": address("ingest", ingest),
-            "scheduler": address("scheduler", scheduler),
-            "saga": address("saga", saga),
-            "gateway": address("gateway", gateway),
-        }
+        given = {"ingest": ingest, "scheduler": scheduler, "saga": saga, "gateway": gateway}
+        # (address, where it came from) per service: error messages name the setting to change
+        self.sources = {service: resolve_address(service, g) for service, g in given.items()}
+        self.addresses = {service: a for service, (a, _) in self.sources.items()}
         self.timeout = timeout
         self._tls = tls
         self._ca_file = ca_file

@@ -41,7 +41,9 @@ class ErrorDetails:
 
     def render(self) -> str:
         """`<CODE> <REASON>: message` plus one indented line per field violation."""
-        head = f"{self.code.name} {self.reason}: {self.message}" if self.reason else f"{self.code.name}: {self.message}"
+        # a reason that repeats the code (NOT_FOUND, UNAUTHENTICATED, ...) is said once
+        said = self.code.name if self.reason in ("", self.code.name) else f"{self.code.name} {self.reason}"
+        head = f"{said}: {self.message}"
         # the server's message usually lists the violations already; repeat only what it left out
         extra = [f"  {f}: {d}" for f, d in self.violations if f"{f}: {d}" not in self.message]
         return "\n".join([head, *extra])

@@ -114,13 +114,19 @@ class _SagaStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SagaStatus
     SAGA_STATUS_UNSPECIFIED: _SagaStatus.ValueType  # 0
     """Not set."""
     SAGA_STATUS_IN_PROGRESS: _SagaStatus.ValueType  # 1
-    """Steps are being journaled; nothing to undo yet or the run is still going."""
+    """The run is still going (steps are being journaled), or it failed or was cancelled and its
+    compensation is requested but not started yet.
+    """
     SAGA_STATUS_COMPENSATING: _SagaStatus.ValueType  # 2
     """Compensation commands are being executed in reverse order."""
     SAGA_STATUS_COMPENSATED: _SagaStatus.ValueType  # 3
     """Every compensatable step was compensated (or resolved by an operator)."""
     SAGA_STATUS_COMPENSATION_FAILED: _SagaStatus.ValueType  # 4
     """At least one compensation command failed and awaits an operator."""
+    SAGA_STATUS_NOT_NEEDED: _SagaStatus.ValueType  # 5
+    """The run ended with nothing to undo: it completed, or it failed or was cancelled with no
+    completed step that carries a compensation command (for example only llm_call steps).
+    """
 
 class SagaStatus(_SagaStatus, metaclass=_SagaStatusEnumTypeWrapper):
     """Saga status of a run (seed ADR-119 D5)."""
@@ -128,13 +134,19 @@ class SagaStatus(_SagaStatus, metaclass=_SagaStatusEnumTypeWrapper):
 SAGA_STATUS_UNSPECIFIED: SagaStatus.ValueType  # 0
 """Not set."""
 SAGA_STATUS_IN_PROGRESS: SagaStatus.ValueType  # 1
-"""Steps are being journaled; nothing to undo yet or the run is still going."""
+"""The run is still going (steps are being journaled), or it failed or was cancelled and its
+compensation is requested but not started yet.
+"""
 SAGA_STATUS_COMPENSATING: SagaStatus.ValueType  # 2
 """Compensation commands are being executed in reverse order."""
 SAGA_STATUS_COMPENSATED: SagaStatus.ValueType  # 3
 """Every compensatable step was compensated (or resolved by an operator)."""
 SAGA_STATUS_COMPENSATION_FAILED: SagaStatus.ValueType  # 4
 """At least one compensation command failed and awaits an operator."""
+SAGA_STATUS_NOT_NEEDED: SagaStatus.ValueType  # 5
+"""The run ended with nothing to undo: it completed, or it failed or was cancelled with no
+completed step that carries a compensation command (for example only llm_call steps).
+"""
 Global___SagaStatus: _TypeAlias = SagaStatus  # noqa: Y015
 
 class _StepType:

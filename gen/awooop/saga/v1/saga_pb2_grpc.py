@@ -112,7 +112,8 @@ class SagaServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetJournal(self, request, context):
-        """Returns a run's journal in order, in the seed's saga_steps format too.
+        """Returns a run's journal in order, in the seed's saga_steps format too. Any role in the
+        run's project.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -47,7 +47,9 @@ class SagaServiceStub:
     FailStep: _grpc.UnaryUnaryMultiCallable[_saga_pb2.FailStepRequest, _saga_pb2.FailStepResponse]
     """Records a step's failure."""
     GetJournal: _grpc.UnaryUnaryMultiCallable[_saga_pb2.GetJournalRequest, _saga_pb2.GetJournalResponse]
-    """Returns a run's journal in order, in the seed's saga_steps format too."""
+    """Returns a run's journal in order, in the seed's saga_steps format too. Any role in the
+    run's project.
+    """
     Compensate: _grpc.UnaryUnaryMultiCallable[_saga_pb2.CompensateRequest, _saga_pb2.CompensateResponse]
     """Requests compensation of a run that has ended (FAILED or CANCELLED); idempotent. Admin role,
     or the scheduler's service principal.
@@ -74,7 +76,9 @@ class SagaServiceAsyncStub(SagaServiceStub):
     FailStep: _aio.UnaryUnaryMultiCallable[_saga_pb2.FailStepRequest, _saga_pb2.FailStepResponse]  # type: ignore[assignment]
     """Records a step's failure."""
     GetJournal: _aio.UnaryUnaryMultiCallable[_saga_pb2.GetJournalRequest, _saga_pb2.GetJournalResponse]  # type: ignore[assignment]
-    """Returns a run's journal in order, in the seed's saga_steps format too."""
+    """Returns a run's journal in order, in the seed's saga_steps format too. Any role in the
+    run's project.
+    """
     Compensate: _aio.UnaryUnaryMultiCallable[_saga_pb2.CompensateRequest, _saga_pb2.CompensateResponse]  # type: ignore[assignment]
     """Requests compensation of a run that has ended (FAILED or CANCELLED); idempotent. Admin role,
     or the scheduler's service principal.
@@ -128,7 +132,9 @@ class SagaServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _saga_pb2.GetJournalRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_saga_pb2.GetJournalResponse, _abc.Awaitable[_saga_pb2.GetJournalResponse]]:
-        """Returns a run's journal in order, in the seed's saga_steps format too."""
+        """Returns a run's journal in order, in the seed's saga_steps format too. Any role in the
+        run's project.
+        """
 
     @_abc_1.abstractmethod
     def Compensate(

@@ -128,6 +128,9 @@ class SchedulerServiceServicer:
 
     def Heartbeat(self, request, context):
         """Renews many leases in one call; per lease: renewed, or LEASE_LOST; reports cancel requests.
+        A lost lease is an outcome in the body (LEASE_OUTCOME_LEASE_LOST), not an error, so one lost
+        lease does not fail the renewal of the others; every other fenced call (CompleteRun, FailRun,
+        BeginStep, ...) answers a stale token with FAILED_PRECONDITION and ErrorInfo reason LEASE_LOST.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -42,7 +42,11 @@ class SchedulerServiceStub:
     per item like CompleteRuns).
     """
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.HeartbeatRequest, _scheduler_pb2.HeartbeatResponse]
-    """Renews many leases in one call; per lease: renewed, or LEASE_LOST; reports cancel requests."""
+    """Renews many leases in one call; per lease: renewed, or LEASE_LOST; reports cancel requests.
+    A lost lease is an outcome in the body (LEASE_OUTCOME_LEASE_LOST), not an error, so one lost
+    lease does not fail the renewal of the others; every other fenced call (CompleteRun, FailRun,
+    BeginStep, ...) answers a stale token with FAILED_PRECONDITION and ErrorInfo reason LEASE_LOST.
+    """
     CompleteRun: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteRunRequest, _scheduler_pb2.CompleteRunResponse]
     """RUNNING -> COMPLETED, with the fencing token."""
     CompleteRuns: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteRunsRequest, _scheduler_pb2.CompleteRunsResponse]
@@ -84,7 +88,11 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     per item like CompleteRuns).
     """
     Heartbeat: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.HeartbeatRequest, _scheduler_pb2.HeartbeatResponse]  # type: ignore[assignment]
-    """Renews many leases in one call; per lease: renewed, or LEASE_LOST; reports cancel requests."""
+    """Renews many leases in one call; per lease: renewed, or LEASE_LOST; reports cancel requests.
+    A lost lease is an outcome in the body (LEASE_OUTCOME_LEASE_LOST), not an error, so one lost
+    lease does not fail the renewal of the others; every other fenced call (CompleteRun, FailRun,
+    BeginStep, ...) answers a stale token with FAILED_PRECONDITION and ErrorInfo reason LEASE_LOST.
+    """
     CompleteRun: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteRunRequest, _scheduler_pb2.CompleteRunResponse]  # type: ignore[assignment]
     """RUNNING -> COMPLETED, with the fencing token."""
     CompleteRuns: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteRunsRequest, _scheduler_pb2.CompleteRunsResponse]  # type: ignore[assignment]
@@ -135,7 +143,11 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_pb2.HeartbeatRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.HeartbeatResponse, _abc.Awaitable[_scheduler_pb2.HeartbeatResponse]]:
-        """Renews many leases in one call; per lease: renewed, or LEASE_LOST; reports cancel requests."""
+        """Renews many leases in one call; per lease: renewed, or LEASE_LOST; reports cancel requests.
+        A lost lease is an outcome in the body (LEASE_OUTCOME_LEASE_LOST), not an error, so one lost
+        lease does not fail the renewal of the others; every other fenced call (CompleteRun, FailRun,
+        BeginStep, ...) answers a stale token with FAILED_PRECONDITION and ErrorInfo reason LEASE_LOST.
+        """
 
     @_abc_1.abstractmethod
     def CompleteRun(
