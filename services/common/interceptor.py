@@ -23,7 +23,7 @@ import grpc
 from services.common import errors
 from services.common.auth import Authenticator, reset_principal, set_principal
 from services.common.db import store_error
-from services.common.observability import RPC_LATENCY, RPC_REQUESTS
+from services.common.observability import RpcMetrics
 
 log = logging.getLogger("awooop.rpc")
 
@@ -64,9 +64,11 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     def _wrap(self, method: str, inner: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]) -> Any:
         authenticator = self.authenticator if self.authenticate else None
         access_log = self.access_log
+        rpc = RpcMetrics(method)  # grpc_server_* children of this method, bound once
 
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
+            rpc.started.inc()
             code = "OK"
             principal_id = ""
             token = None
@@ -103,8 +105,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 if token is not None:
                     reset_principal(token)
                 elapsed = time.perf_counter() - started
-                RPC_REQUESTS.labels(method, code).inc()
-                RPC_LATENCY.labels(method).observe(elapsed)
+                rpc.handled(grpc.StatusCode[code], elapsed)
                 if access_log:
                     log.info(
                         "rpc",

@@ -1,4 +1,14 @@
-"""Structured JSON logs and Prometheus metrics shared by every service."""
+"""Structured JSON logs and Prometheus metrics shared by every service.
+
+Metric rules (docs/operations.md lists every metric and the alert that uses it):
+- no `_created` series (disable_created_metrics below: they double the series count and no
+  rule uses them);
+- a labelled metric has each of its known label values present at 0 from start-up
+  (`preset`), so `increase(x[10m]) > 0` fires on the first increment;
+- gRPC server metrics use the standard names and labels of go-grpc-prometheus /
+  py-grpc-prometheus (grpc_server_started_total, grpc_server_handled_total,
+  grpc_server_handling_seconds), so stock gRPC dashboards and alerts work unchanged.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +16,88 @@ import json
 import logging
 import sys
 import time
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
-from prometheus_client import Counter, Histogram, start_http_server
+import grpc
+from google.protobuf import descriptor_pool
+from prometheus_client import Counter, Histogram, disable_created_metrics, start_http_server
 
-RPC_REQUESTS = Counter("awooop_rpc_requests_total", "RPCs handled", ["method", "code"])
-RPC_LATENCY = Histogram(
-    "awooop_rpc_duration_seconds",
-    "RPC latency",
-    ["method"],
+disable_created_metrics()
+
+# grpc_type of every awooop RPC (all unary); health Watch and reflection are not counted
+UNARY = "unary"
+
+# go-grpc-prometheus' grpc_code values: codes.Code.String() (CamelCase), e.g. "InvalidArgument"
+GRPC_CODE_NAMES: dict[grpc.StatusCode, str] = {
+    c: "OK" if c is grpc.StatusCode.OK else "".join(w.capitalize() for w in c.name.split("_"))
+    for c in grpc.StatusCode
+}
+
+GRPC_STARTED = Counter(
+    "grpc_server_started_total",
+    "Total number of RPCs started on the server.",
+    ["grpc_type", "grpc_service", "grpc_method"],
+)
+GRPC_HANDLED = Counter(
+    "grpc_server_handled_total",
+    "Total number of RPCs completed on the server, regardless of success or failure.",
+    ["grpc_type", "grpc_service", "grpc_method", "grpc_code"],
+)
+GRPC_HANDLING = Histogram(
+    "grpc_server_handling_seconds",
+    "Histogram of response latency (seconds) of gRPC that had been application-level handled by the server.",
+    ["grpc_type", "grpc_service", "grpc_method"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 LOOP_RUNS = Counter("awooop_background_runs_total", "Background loop passes", ["loop", "outcome"])
+
+
+class _Labelled(Protocol):
+    def labels(self, *values: str) -> Any: ...
+
+
+def preset(metric: _Labelled, *label_sets: Iterable[str]) -> None:
+    """Creates the children of every combination of the given label values (the cartesian
+    product, in label order), so each series is exported at 0 before its first increment."""
+    combos: list[tuple[str, ...]] = [()]
+    for values in label_sets:
+        combos = [(*c, v) for c in combos for v in values]
+    for c in combos:
+        metric.labels(*c)
+
+
+def split_method(full: str) -> tuple[str, str]:
+    """'/pkg.Service/Method' -> ('pkg.Service', 'Method')."""
+    service, _, method = full.lstrip("/").partition("/")
+    return service, method
+
+
+class RpcMetrics:
+    """The standard gRPC server metrics of one method, children bound once (the hot path
+    only increments)."""
+
+    def __init__(self, full_method: str) -> None:
+        service, method = split_method(full_method)
+        self.started = GRPC_STARTED.labels(UNARY, service, method)
+        self.handling = GRPC_HANDLING.labels(UNARY, service, method)
+        self._handled = {
+            name: GRPC_HANDLED.labels(UNARY, service, method, name) for name in GRPC_CODE_NAMES.values()
+        }
+
+    def handled(self, code: grpc.StatusCode, seconds: float) -> None:
+        self._handled[GRPC_CODE_NAMES[code]].inc()
+        self.handling.observe(seconds)
+
+
+def preset_grpc_metrics(service_names: Iterable[str]) -> None:
+    """Exports every method of these services (from the generated descriptors) at 0 for every
+    code, as go-grpc-prometheus' InitializeMetrics does."""
+    pool = descriptor_pool.Default()
+    for name in service_names:
+        for m in pool.FindServiceByName(name).methods:
+            RpcMetrics(f"/{name}/{m.name}")
+
 
 _STD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -49,11 +129,14 @@ def setup_logging(level: str = "INFO") -> None:
     root.setLevel(level.upper())
 
 
-_metrics_started: set[int] = set()
+_metrics_started: dict[int, int] = {}
 
 
-def start_metrics(host: str, port: int) -> None:
-    """Serves /metrics on port (once per process; 0 disables)."""
-    if port and port not in _metrics_started:
-        start_http_server(port, addr=host)
-        _metrics_started.add(port)
+def start_metrics(host: str, port: int) -> int:
+    """Serves /metrics on port (once per process; 0 disables). Returns the bound port (0: off)."""
+    if not port:
+        return 0
+    if port not in _metrics_started:
+        server, _ = start_http_server(port, addr=host)
+        _metrics_started[port] = server.server_port
+    return _metrics_started[port]

@@ -37,7 +37,7 @@ from services.common.cache import Cache
 from services.common.db import create_pool, store_error
 from services.common.health import SERVING, HealthServicer
 from services.common.interceptor import ServiceInterceptor
-from services.common.observability import LOOP_RUNS, setup_logging, start_metrics
+from services.common.observability import LOOP_RUNS, preset, preset_grpc_metrics, setup_logging, start_metrics
 from services.common.settings import Settings, SettingsError, problems, unknown_env
 
 log = logging.getLogger("awooop.runtime")
@@ -79,6 +79,7 @@ def load_service(name: str) -> Callable[[AppContext], ServiceParts]:
 async def periodic(name: str, interval: float, fn: Callable[[], Awaitable[Any]], stopping: asyncio.Event) -> None:
     """Runs fn every interval (with 10 % jitter so replicas spread out) until stopping.
     A failed pass is logged and counted, never fatal."""
+    preset(LOOP_RUNS, (name,), ("ok", "error"))
     while not stopping.is_set():
         try:
             await fn()
@@ -149,6 +150,7 @@ class Runtime:
             server = grpc.aio.server(interceptors=[interceptor], options=options)
             for add, servicer in parts.servicers:
                 add(servicer, server)
+            preset_grpc_metrics(parts.service_names)
             hs = HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(hs, server)
             reflection.enable_server_reflection(

@@ -105,6 +105,8 @@ class Settings:
     approval_ttl: float = 900.0  # life of an approval token (15 min); then E-APPROVAL-002
     approval_sweep_interval: float = 30.0  # how often expired approvals are failed
     max_claim_wait: float = 60.0  # longest a ClaimRuns long-poll may wait for work
+    queue_metrics_interval: float = 15.0  # how often runs by project and status are counted for /metrics (0: off)
+    metrics_max_projects: int = 100  # projects with their own metrics label; later ones share project="_other"
 
     # --- saga ---
     saga_addr: str = ""  # scheduler -> saga nudges; empty: the saga's recovery loop picks requests up

@@ -28,12 +28,14 @@ from prometheus_client import Counter
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common import errors
 from services.common.jsonvalues import has_nul, json_size, struct_dict
+from services.common.observability import preset
 from services.common.validate import Violations, to_struct
 from services.gateway.tools import TOOL_FAILED, TOOLS, tool_failed
 
 log = logging.getLogger("awooop.gateway")
 
 CALLS = Counter("awooop_gateway_calls_total", "Reference gateway calls by tool and outcome", ["tool_id", "outcome"])
+preset(CALLS, (*TOOLS, "unknown"), ("executed", "replayed", "error"))
 MAX_KEY = 256
 MAX_DELAY_MS = 60000
 

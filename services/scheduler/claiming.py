@@ -32,7 +32,7 @@ async def claim_runs(
         with listener.subscribe(projects) as woken:
             rows = await leases.claim(pool, projects, max_runs, lease_ttl, worker_id, actor)
             if rows:
-                metrics.CLAIMED.inc(len(rows))
+                metrics.count_claims(rows)
                 return rows
             left = deadline - time.monotonic()
             if left <= 0 or listener.stopping.is_set():

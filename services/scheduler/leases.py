@@ -23,6 +23,14 @@ import asyncpg
 
 from services.scheduler.fragments import RUN_COLUMNS_R
 
+# claimable: queued, past any retry backoff, attempts left (the claim and the queue gauges)
+CLAIMABLE = """status IN ('PENDING', 'RESUMED')
+       AND (not_before IS NULL OR not_before <= now())
+       AND attempt_count - released_count < max_attempts"""
+# when a claimable run became claimable: its last state change (queued, re-queued, resumed) or
+# the end of its retry backoff (GREATEST ignores a NULL not_before)
+READY_SINCE = "GREATEST(updated_at, not_before)"
+
 
 def claim_ctes(
     projects: str, max_runs: int, lease_secs: str, worker_id: str, actor: str, *, single: bool, after: str = ""
@@ -49,13 +57,10 @@ def claim_ctes(
     holds a picked row while it waits for a lock."""
     n = int(max_runs)
     gate = f"\n       AND {after}" if after else ""
-    # claimable: queued, past any retry backoff, attempts left
-    ready = f"""status IN ('PENDING', 'RESUMED')
-       AND (not_before IS NULL OR not_before <= now())
-       AND attempt_count - released_count < max_attempts{gate}"""
+    ready = f"{CLAIMABLE}{gate}"
     if single:
         picked = f"""picked AS (
-    SELECT run_id, status AS from_status
+    SELECT run_id, status AS from_status, {READY_SINCE} AS ready_since
       FROM awooop_run_state
      WHERE project_id = {projects}::text
        AND {ready}
@@ -65,10 +70,10 @@ def claim_ctes(
 )"""
     else:
         picked = f"""picked AS (
-    SELECT c.run_id, c.from_status
+    SELECT c.run_id, c.from_status, c.ready_since
       FROM unnest({projects}::text[]) AS p(project_id)
      CROSS JOIN LATERAL (
-            SELECT run_id, status AS from_status, created_at
+            SELECT run_id, status AS from_status, created_at, {READY_SINCE} AS ready_since
               FROM awooop_run_state
              WHERE project_id = p.project_id
                AND {ready}
@@ -91,7 +96,8 @@ claimed AS (
            updated_at = now()
       FROM picked p
      WHERE r.run_id = p.run_id
- RETURNING {RUN_COLUMNS_R}, p.from_status
+ RETURNING {RUN_COLUMNS_R}, p.from_status,
+           EXTRACT(EPOCH FROM clock_timestamp() - p.ready_since)::float8 AS claim_wait
 ),
 claim_aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, details)

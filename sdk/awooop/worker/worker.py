@@ -116,6 +116,7 @@ class Worker:
         ca_file: str | None = None,
         client: Client | None = None,
     ) -> None:
+        metrics.register()  # a process with a Worker exports the awooop_worker_* metrics
         self.handler = handler
         self.projects = list(projects)
         if not self.projects:
