@@ -29,8 +29,8 @@ from services.common import errors, migrate
 from services.common.auth import Authenticator, current_principal
 from services.common.db import create_pool
 from services.common.embedded import free_port
-from services.common.observability import GRPC_CODE_NAMES
 from services.common.interceptor import ServiceInterceptor
+from services.common.observability import GRPC_CODE_NAMES
 from services.common.runtime import Runtime
 from services.common.settings import Settings
 from tests.helpers import ROOT, eventually, expect_error, reason_of, served, settings_env, wait_healthy

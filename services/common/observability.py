@@ -23,7 +23,7 @@ import grpc
 from google.protobuf import descriptor_pool
 from prometheus_client import Counter, Histogram, disable_created_metrics, start_http_server
 
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 # grpc_type of every awooop RPC (all unary); health Watch and reflection are not counted
 UNARY = "unary"
