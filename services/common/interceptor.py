@@ -23,7 +23,7 @@ import grpc
 from services.common import errors
 from services.common.auth import Authenticator, reset_principal, set_principal
 from services.common.db import store_error
-from services.common.observability import RpcMetrics
+from services.common.observability import RUN_ID, RpcMetrics, run_id_of
 
 log = logging.getLogger("awooop.rpc")
 
@@ -75,6 +75,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             # Failures are answered after the metrics and the log are written (below the
             # try), so a caller that sees the status also sees it counted.
             failure: errors.ServiceError | None = None
+            run_token = RUN_ID.set(run_id_of(request))  # log lines of this RPC carry the run it is about
             try:
                 if authenticator is not None:
                     md = {k: v for k, v in (context.invocation_metadata() or ())}
@@ -117,6 +118,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                             "peer": context.peer(),
                         },
                     )
+                RUN_ID.reset(run_token)
             assert failure is not None  # the try either returned, raised, or set it
             await context.abort_with_status(failure.to_status())
 

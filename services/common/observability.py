@@ -17,11 +17,14 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 import grpc
 from google.protobuf import descriptor_pool
 from prometheus_client import Counter, Histogram, disable_created_metrics, start_http_server
+
+from services.common import tracing
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -99,6 +102,18 @@ def preset_grpc_metrics(service_names: Iterable[str]) -> None:
             RpcMetrics(f"/{name}/{m.name}")
 
 
+# the run an RPC or a background task is about: every log line written meanwhile carries it
+RUN_ID: ContextVar[str] = ContextVar("awooop_run_id", default="")
+
+def run_id_of(request: Any) -> str:
+    """The run a request names: its run_id, or its lease's (empty for the others)."""
+    run_id = getattr(request, "run_id", None)
+    if isinstance(run_id, str):
+        return run_id
+    lease = getattr(request, "lease", None)
+    return str(getattr(lease, "run_id", "")) if lease is not None else ""
+
+
 _STD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
@@ -110,6 +125,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        run_id = RUN_ID.get()
+        if run_id:
+            out["run_id"] = run_id
+        out.update(tracing.log_fields())  # trace_id, span_id while tracing is on
         for k, v in record.__dict__.items():
             if k not in _STD_ATTRS and not k.startswith("_"):
                 out[k] = v

@@ -31,7 +31,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.common import migrate
+from services.common import migrate, tracing
 from services.common.auth import Authenticator
 from services.common.cache import Cache
 from services.common.db import create_pool, store_error
@@ -135,6 +135,8 @@ class Runtime:
             await migrate.migrate(s.database_url)
         if not self.port_zero:
             start_metrics(s.host, s.metrics_port)
+        # OTEL_* variables (or a provider a test configured); off: no interceptor, no cost
+        tracing.configure_from_env("awooop" if len(self.services) > 1 else f"awooop-{self.services[0]}")
         pool = await create_pool(s)
         cache = Cache(s)
         self.ctx = AppContext(s, pool, cache)
@@ -147,7 +149,7 @@ class Runtime:
         for name in self.services:
             parts = load_service(name)(self.ctx)
             interceptor = ServiceInterceptor(authenticator, s.access_log, authenticate=not parts.public)
-            server = grpc.aio.server(interceptors=[interceptor], options=options)
+            server = grpc.aio.server(interceptors=[*tracing.server_interceptors(), interceptor], options=options)
             for add, servicer in parts.servicers:
                 add(servicer, server)
             preset_grpc_metrics(parts.service_names)
@@ -209,6 +211,7 @@ class Runtime:
                 await closer()
             except Exception:
                 log.exception("on_stop closer failed")
+        tracing.shutdown()  # flushes spans still batched (only a provider configured from OTEL_*)
         if self.ctx is not None:
             await self.ctx.cache.close()
             try:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from services.common import tracing
 from services.common.cache import Cache
 from services.common.settings import Settings
 from services.ingest import dedupe_cache, metrics, store
@@ -65,6 +66,10 @@ class EventIngestor:
         """outcome[i] answers events[i]."""
         if not events:  # e.g. LINE's webhook verification: a delivery without events
             return []
+        traceparent = tracing.current_traceparent()
+        if traceparent is not None:  # the run's trace continues the span that received the event
+            for e in events:
+                e.traceparent = traceparent
         keys = [dedupe_cache.key(self.cache, e.project_id, e.channel, e.provider_event_id) for e in events]
         recent = self.recent
         run_ids = [recent.get(k) for k in keys]

@@ -4,6 +4,7 @@ approvals, reaper, reads); errors are raised as ServiceError and mapped by the i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +13,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common import errors
+from services.common import errors, tracing
 from services.common.auth import current_principal
 from services.common.runs import run_to_pb, status_from_pb, status_to_pb, ts
 from services.common.runtime import AppContext
@@ -55,9 +56,30 @@ def _claimed(rows: list[Any]) -> list[scheduler_pb2.ClaimedRun]:
                 lease=common_pb2.LeaseToken(run_id=run.run_id, attempt=r["attempt_count"]),
                 lease_until=run.lease_until,  # converted once, in the Run
                 resumed=r["attempt_count"] > 1,
+                traceparent=_claim_span(r) or r["traceparent"] or "",
             )
         )
     return out
+
+
+def _claim_span(r: Any) -> str | None:
+    """The claim as a span of the run's trace, from the moment the run became claimable (so it
+    shows the wait) to now; its context goes to the worker. None while tracing is off."""
+    if tracing.tracer is None:
+        return None
+    waited = max(0.0, r["claim_wait"] or 0.0)
+    attributes = {
+        "awooop.run_id": str(r["run_id"]),
+        "awooop.project_id": r["project_id"],
+        "awooop.attempt": r["attempt_count"],
+        "awooop.worker_id": r["worker_id"] or "",
+        "awooop.claim_wait_seconds": waited,
+    }
+    start = time.time_ns() - int(waited * 1e9)
+    with tracing.span(
+        "awooop.run.claim", parent=r["traceparent"], attributes=attributes, link_current=True, start_time=start
+    ) as claim:
+        return tracing.traceparent_of(claim)
 
 
 def _complete_results(
@@ -317,6 +339,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             reason,
             saga=self.saga,
         )
+        if tracing.tracer is not None:  # the decision in the run's trace (linked to the approver's call)
+            with tracing.span(
+                "awooop.run.approval_decided",
+                parent=changed.row["traceparent"],
+                attributes={
+                    "awooop.run_id": run_id,
+                    "awooop.approved": request.decision == scheduler_pb2.DECISION_APPROVE,
+                    "awooop.compensation_requested": changed.compensation_requested,
+                },
+                link_current=True,
+            ):
+                pass
         return scheduler_pb2.DecideApprovalResponse(
             run=run_to_pb(changed.row), compensation_requested=changed.compensation_requested
         )

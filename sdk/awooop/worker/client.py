@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -22,6 +22,7 @@ from awooop.ingest.v1 import ingest_pb2_grpc
 from awooop.saga.v1 import saga_pb2_grpc
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from awooop.tools.v1 import tools_pb2_grpc
+from awooop.worker import tracing
 from awooop.worker.errors import AwooopError
 
 DEFAULT_ADDRESSES = {
@@ -78,18 +79,23 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def open_channel(target: str, *, tls: bool | None = None, ca_file: str | None = None) -> grpc.aio.Channel:
-    """A grpc.aio channel with the UNAVAILABLE-only retry policy."""
+def open_channel(
+    target: str, *, tls: bool | None = None, ca_file: str | None = None, interceptors: Sequence[Any] = ()
+) -> grpc.aio.Channel:
+    """A grpc.aio channel with the UNAVAILABLE-only retry policy (interceptors: tracing's)."""
     ca_file = ca_file or os.environ.get("AWOOOP_TLS_CA_FILE") or None
     if tls is None:
         tls = bool(ca_file) or _env_flag("AWOOOP_TLS")
+    extra = list(interceptors) or None
     if not tls:
-        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS, interceptors=extra)
     root = None
     if ca_file:
         with open(ca_file, "rb") as f:
             root = f.read()
-    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root), options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(
+        target, grpc.ssl_channel_credentials(root), options=CHANNEL_OPTIONS, interceptors=extra
+    )
 
 
 class Client:
@@ -110,8 +116,11 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT,
         tls: bool | None = None,
         ca_file: str | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         self.key = api_key(key)
+        # OpenTelemetry: given, or the application's global provider; None: calls are not traced
+        self.tracer_provider = tracing.resolve(tracer_provider)
         self.addresses = {
             "ingest": address("ingest", ingest),
             "scheduler": address("scheduler", scheduler),
@@ -133,7 +142,12 @@ class Client:
 
     def stub(self, service: str) -> Any:
         if service not in self._stubs:
-            ch = open_channel(self.addresses[service], tls=self._tls, ca_file=self._ca_file)
+            ch = open_channel(
+                self.addresses[service],
+                tls=self._tls,
+                ca_file=self._ca_file,
+                interceptors=tracing.client_interceptors(self.tracer_provider),
+            )
             self._channels[service] = ch
             self._stubs[service] = STUBS[service](ch)
         return self._stubs[service]

@@ -140,8 +140,13 @@ class ClaimedRun(_message.Message):
     LEASE_FIELD_NUMBER: _builtins.int
     LEASE_UNTIL_FIELD_NUMBER: _builtins.int
     RESUMED_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
     resumed: _builtins.bool
     """True when an earlier attempt already ran (journal may hold completed steps)."""
+    traceparent: _builtins.str
+    """W3C traceparent of the claim's span in the run's trace (empty when tracing is off and the
+    run was created without one): a worker's spans for this run continue it.
+    """
     @_builtins.property
     def run(self) -> _common_pb2.Run:
         """The run, now RUNNING."""
@@ -161,10 +166,11 @@ class ClaimedRun(_message.Message):
         lease: _common_pb2.LeaseToken | None = ...,
         lease_until: _timestamp_pb2.Timestamp | None = ...,
         resumed: _builtins.bool = ...,
+        traceparent: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "lease_until", b"lease_until", "run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "lease_until", b"lease_until", "resumed", b"resumed", "run", b"run"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "lease_until", b"lease_until", "resumed", b"resumed", "run", b"run", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
