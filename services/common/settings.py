@@ -256,7 +256,28 @@ def markdown() -> str:
             out += ["", f"## {sec or 'other'}", "", "| variable | default | meaning |", "|---|---|---|"]
         meaning = text.replace("|", "\\|")
         out.append(f"| `AWOOOP_{f.name.upper()}` | {_default_text(f.default)} | {meaning} |")
+    out += ["", *OTEL_DOC]
     return "\n".join(out) + "\n"
+
+
+# The standard OpenTelemetry variables the services read (services/common/tracing.py)
+OTEL_DOC = [
+    "## tracing (standard OpenTelemetry variables)",
+    "",
+    "Tracing is off unless one of these turns it on; docs/operations.md says what a trace holds.",
+    "",
+    "| variable | default | meaning |",
+    "|---|---|---|",
+    "| `OTEL_TRACES_EXPORTER` | (empty) | `otlp` or `console` turns tracing on; `none` keeps it off |",
+    "| `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` | (empty) | "
+    "the collector's OTLP/gRPC address (e.g. `http://otel-collector:4317`); setting one turns tracing on |",
+    "| `OTEL_EXPORTER_OTLP_INSECURE`, `_HEADERS`, `_CERTIFICATE`, `_TIMEOUT` | | the OTLP exporter's own settings |",
+    "| `OTEL_SERVICE_NAME` | `awooop-<service>` (`awooop` for several in one process) | the resource's service.name |",
+    "| `OTEL_RESOURCE_ATTRIBUTES` | (empty) | more resource attributes, `key=value,...` |",
+    "| `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` | `parentbased_always_on` | "
+    "sampling, e.g. `parentbased_traceidratio` with `0.1` |",
+    "| `OTEL_SDK_DISABLED` | `false` | `true` turns tracing off whatever else is set |",
+]
 
 
 if __name__ == "__main__":
