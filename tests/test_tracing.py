@@ -265,3 +265,46 @@ def test_tracing_is_on_only_when_the_otel_variables_say_so() -> None:
     assert tracing.env_enabled({"OTEL_TRACES_EXPORTER": "otlp"})
     assert not tracing.env_enabled({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"})
     assert not tracing.env_enabled({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"})
+
+
+async def test_the_otel_variables_turn_tracing_on_in_a_served_process_and_spans_reach_the_otlp_endpoint(
+    settings: Any, tmp_path: Any
+) -> None:
+    """`awooop serve ingest` with OTEL_EXPORTER_OTLP_ENDPOINT: its spans are exported over
+    OTLP/gRPC (a receiver built on the OTLP protos) and flushed at SIGTERM."""
+    import os
+    import subprocess
+    import sys
+
+    from bench.otlp_sink import Sink
+    from services.common.embedded import free_port
+    from tests.helpers import ROOT, settings_env, wait_healthy
+
+    sink = Sink(keep=True).start()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWOOOP_", "OTEL_"))}
+    env.update(settings_env(settings.with_(ingest_port=port, metrics_port=0)))
+    env.update(
+        {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+            "OTEL_SERVICE_NAME": "ingest-under-test",
+        }
+    )
+    log = tmp_path / "ingest.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "awooop.cli", "serve", "ingest"], env=env, cwd=ROOT, stderr=out)
+    try:
+        await wait_healthy(port)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            with pytest.raises(grpc.aio.AioRpcError):  # no key: UNAUTHENTICATED, traced all the same
+                await ingest_pb2_grpc.IngestServiceStub(ch).CreateRun(ingest_pb2.CreateRunRequest(project_id="p"))
+        proc.terminate()
+        assert await asyncio.to_thread(proc.wait, 30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sink.stop()
+    kept = sink.counter.kept
+    assert ({"service.name": "ingest-under-test"}.items() <= kept[0][0].items()) if kept else False, log.read_text()
+    assert "/awooop.ingest.v1.IngestService/CreateRun" in [name for _, name in kept]

@@ -106,7 +106,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 if token is not None:
                     reset_principal(token)
                 elapsed = time.perf_counter() - started
-                rpc.handled(grpc.StatusCode[code], elapsed)
+                rpc.handled(code, elapsed)
                 if access_log:
                     log.info(
                         "rpc",

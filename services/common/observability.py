@@ -84,12 +84,13 @@ class RpcMetrics:
         service, method = split_method(full_method)
         self.started = GRPC_STARTED.labels(UNARY, service, method)
         self.handling = GRPC_HANDLING.labels(UNARY, service, method)
-        self._handled = {
-            name: GRPC_HANDLED.labels(UNARY, service, method, name) for name in GRPC_CODE_NAMES.values()
-        }
+        # by the status' Python name ("INVALID_ARGUMENT"), as the interceptor knows it
+        self._handled = {c.name: GRPC_HANDLED.labels(UNARY, service, method, go) for c, go in GRPC_CODE_NAMES.items()}
+        self._unknown = self._handled["UNKNOWN"]
 
-    def handled(self, code: grpc.StatusCode, seconds: float) -> None:
-        self._handled[GRPC_CODE_NAMES[code]].inc()
+    def handled(self, code: str, seconds: float) -> None:
+        """One answer with status `code` (a grpc.StatusCode name) after `seconds`."""
+        self._handled.get(code, self._unknown).inc()
         self.handling.observe(seconds)
 
 

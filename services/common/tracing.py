@@ -96,7 +96,7 @@ def server_interceptors() -> list[Any]:
     from opentelemetry.instrumentation.grpc import aio_server_interceptor, filters
 
     quiet = filters.any_of(filters.health_check(), filters.service_prefix("grpc.reflection"))
-    return [aio_server_interceptor(tracer_provider=provider, filter_=filters.negate(quiet))]
+    return [aio_server_interceptor(tracer_provider=provider, filter_=filters.negate(quiet))]  # type: ignore[no-untyped-call]
 
 
 def client_interceptors() -> list[Any]:
@@ -105,7 +105,7 @@ def client_interceptors() -> list[Any]:
         return []
     from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
-    return list(aio_client_interceptors(tracer_provider=provider))
+    return list(aio_client_interceptors(tracer_provider=provider))  # type: ignore[no-untyped-call]
 
 
 def current_traceparent() -> str | None:

@@ -32,7 +32,7 @@ def client_interceptors(tracer_provider: Any) -> list[Any]:
         return []
     from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
-    return list(aio_client_interceptors(tracer_provider=tracer_provider))
+    return list(aio_client_interceptors(tracer_provider=tracer_provider))  # type: ignore[no-untyped-call]
 
 
 @contextlib.contextmanager
