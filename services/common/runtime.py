@@ -136,7 +136,8 @@ class Runtime:
         if not self.port_zero:
             start_metrics(s.host, s.metrics_port)
         # OTEL_* variables (or a provider a test configured); off: no interceptor, no cost
-        tracing.configure_from_env("awooop" if len(self.services) > 1 else f"awooop-{self.services[0]}")
+        if tracing.configure_from_env("awooop" if len(self.services) > 1 else f"awooop-{self.services[0]}"):
+            log.info("tracing on", extra={"exporter": tracing.exporter_name()})
         pool = await create_pool(s)
         cache = Cache(s)
         self.ctx = AppContext(s, pool, cache)

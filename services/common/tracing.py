@@ -73,12 +73,26 @@ def configure_from_env(default_service_name: str) -> bool:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter()
-    # Resource.create lets OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES override the default
-    tp = TracerProvider(resource=Resource.create({"service.name": default_service_name}))
+    # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES (read by Resource.create) name the service;
+    # without them the SDK says unknown_service, and the default here names it instead
+    resource = Resource.create()
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": default_service_name}))
+    tp = TracerProvider(resource=resource)
     tp.add_span_processor(BatchSpanProcessor(exporter))
     configure(tp)
     _owned = True
     return True
+
+
+def exporter_name() -> str:
+    """What the spans go to, for the start-up log line."""
+    if not _owned:
+        return "configured by the application"
+    if os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "console":
+        return "console"
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return f"otlp {endpoint or 'localhost:4317'}"
 
 
 def shutdown() -> None:
