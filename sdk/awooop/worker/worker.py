@@ -311,7 +311,10 @@ class Worker:
             traceparent=ctx.traceparent,
             attributes=attributes,
             kind=trace.SpanKind.CONSUMER,
-        ):
+        ) as span:
+            if span is not None:  # the run's log lines name its trace
+                trace_id = format(span.get_span_context().trace_id, "032x")
+                ctx.log.extra = {**(ctx.log.extra or {}), "trace_id": trace_id}
             await self._execute_traced(h)
 
     async def _execute_traced(self, h: _Held) -> None:
