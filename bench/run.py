@@ -35,6 +35,7 @@ GROUPS: dict[str, str] = {
     "journal": "bench.journal",
     "reaper": "bench.reaper",
     "crash": "bench.crash",
+    "tracing": "bench.tracing",
 }
 
 

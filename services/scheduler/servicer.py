@@ -64,8 +64,9 @@ def _claimed(rows: list[Any]) -> list[scheduler_pb2.ClaimedRun]:
 
 def _claim_span(r: Any) -> str | None:
     """The claim as a span of the run's trace, from the moment the run became claimable (so it
-    shows the wait) to now; its context goes to the worker. None while tracing is off."""
-    if tracing.tracer is None:
+    shows the wait) to now; its context goes to the worker. None while tracing is off, and for
+    a run created without a trace (no span per such run: the worker's spans start its trace)."""
+    if tracing.tracer is None or not r["traceparent"]:
         return None
     waited = max(0.0, r["claim_wait"] or 0.0)
     attributes = {
