@@ -312,4 +312,6 @@ async def test_the_otel_variables_turn_tracing_on_in_a_served_process_and_spans_
     kept = sink.counter.kept
     assert kept, log.read_text()
     assert {resource.get("service.name") for resource, _ in kept} == {"ingest-under-test"}
-    assert "/awooop.ingest.v1.IngestService/CreateRun" in [name for _, name in kept]
+    names = [name for _, name in kept]
+    assert "/awooop.ingest.v1.IngestService/CreateRun" in names
+    assert not [n for n in names if n.startswith("/grpc.health")]  # wait_healthy's checks are not traced

@@ -23,7 +23,7 @@ import grpc
 from services.common import errors
 from services.common.auth import Authenticator, reset_principal, set_principal
 from services.common.db import store_error
-from services.common.observability import RUN_ID, RpcMetrics, run_id_of
+from services.common.observability import RUN_ID, RpcMetrics, run_id_getter
 
 log = logging.getLogger("awooop.rpc")
 
@@ -65,6 +65,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         authenticator = self.authenticator if self.authenticate else None
         access_log = self.access_log
         rpc = RpcMetrics(method)  # grpc_server_* children of this method, bound once
+        run_of = run_id_getter(method)  # log lines of its RPCs carry the run the request names
 
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
             started = time.perf_counter()
@@ -75,7 +76,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             # Failures are answered after the metrics and the log are written (below the
             # try), so a caller that sees the status also sees it counted.
             failure: errors.ServiceError | None = None
-            run_token = RUN_ID.set(run_id_of(request))  # log lines of this RPC carry the run it is about
+            run_token = RUN_ID.set(run_of(request)) if run_of is not None else None
             try:
                 if authenticator is not None:
                     md = {k: v for k, v in (context.invocation_metadata() or ())}
@@ -118,7 +119,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                             "peer": context.peer(),
                         },
                     )
-                RUN_ID.reset(run_token)
+                if run_token is not None:
+                    RUN_ID.reset(run_token)
             assert failure is not None  # the try either returned, raised, or set it
             await context.abort_with_status(failure.to_status())
 

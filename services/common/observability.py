@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import Any, Protocol
 
@@ -106,13 +106,19 @@ def preset_grpc_metrics(service_names: Iterable[str]) -> None:
 # the run an RPC or a background task is about: every log line written meanwhile carries it
 RUN_ID: ContextVar[str] = ContextVar("awooop_run_id", default="")
 
-def run_id_of(request: Any) -> str:
-    """The run a request names: its run_id, or its lease's (empty for the others)."""
-    run_id = getattr(request, "run_id", None)
-    if isinstance(run_id, str):
-        return run_id
-    lease = getattr(request, "lease", None)
-    return str(getattr(lease, "run_id", "")) if lease is not None else ""
+def run_id_getter(full_method: str) -> Callable[[Any], str] | None:
+    """How to read the run a method's request names (its run_id, or its lease's), decided once
+    per method from the generated descriptors; None when the request names no run."""
+    service, method = split_method(full_method)
+    try:
+        fields = descriptor_pool.Default().FindServiceByName(service).methods_by_name[method].input_type.fields_by_name
+    except KeyError:
+        return None
+    if "run_id" in fields and fields["run_id"].type == fields["run_id"].TYPE_STRING:
+        return lambda request: str(request.run_id)
+    if "lease" in fields:
+        return lambda request: str(request.lease.run_id)
+    return None
 
 
 _STD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
