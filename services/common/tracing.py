@@ -11,9 +11,9 @@ test of `tracer` (module global, None while off).
 
 The run's trace: the span that created the run (IngestEvent / CreateRun server span, a
 child of the caller's W3C `traceparent` metadata, or a new trace) is stored with the run
-(awooop_run_state.traceparent); the claim is a span of that trace whose context is handed to
-the worker (ClaimedRun.traceparent), so the worker SDK's run and step spans, and the saga
-RPCs they make, continue it; the saga's compensation and its gateway calls are spans of the
+(awooop_run_state.traceparent) and handed to the worker with its claim
+(ClaimedRun.traceparent, claimable_since), so the worker SDK's claim, run and step spans, and
+the saga RPCs they make, continue it; the saga's compensation and its gateway calls are spans of the
 same trace, read back from the run.
 """
 
@@ -166,15 +166,6 @@ def span(
         start_time=start_time,
     ) as s:
         yield s
-
-
-def traceparent_of(s: trace.Span | None) -> str | None:
-    """The W3C traceparent naming span s (None while off)."""
-    if s is None:
-        return None
-    carrier: dict[str, str] = {}
-    PROPAGATOR.inject(carrier, context=trace.set_span_in_context(s))
-    return carrier.get("traceparent")
 
 
 def log_fields() -> dict[str, str]:

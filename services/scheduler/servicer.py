@@ -4,7 +4,7 @@ approvals, reaper, reads); errors are raised as ServiceError and mapped by the i
 
 from __future__ import annotations
 
-import time
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +15,7 @@ from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors, tracing
 from services.common.auth import current_principal
-from services.common.runs import run_to_pb, status_from_pb, status_to_pb, ts
+from services.common.runs import run_to_pb, set_time, status_from_pb, status_to_pb, ts
 from services.common.runtime import AppContext
 from services.common.validate import Violations, to_struct
 from services.scheduler import approvals, batch_complete, claiming, leases, metrics, reads, transitions
@@ -50,37 +50,20 @@ def _claimed(rows: list[Any]) -> list[scheduler_pb2.ClaimedRun]:
     out = []
     for r in rows:
         run = run_to_pb(r)
-        out.append(
-            scheduler_pb2.ClaimedRun(
-                run=run,
-                lease=common_pb2.LeaseToken(run_id=run.run_id, attempt=r["attempt_count"]),
-                lease_until=run.lease_until,  # converted once, in the Run
-                resumed=r["attempt_count"] > 1,
-                traceparent=_claim_span(r) or r["traceparent"] or "",
-            )
+        claimed = scheduler_pb2.ClaimedRun(
+            run=run,
+            lease=common_pb2.LeaseToken(run_id=run.run_id, attempt=r["attempt_count"]),
+            lease_until=run.lease_until,  # converted once, in the Run
+            resumed=r["attempt_count"] > 1,
         )
+        if r["traceparent"]:
+            # the run's trace goes to the worker, which records the claim's span: no span per
+            # claimed run here (recording and exporting one is a visible share of a busy
+            # scheduler's CPU). The claim is the run's last change (updated_at, store clock).
+            claimed.traceparent = r["traceparent"]
+            set_time(claimed.claimable_since, r["updated_at"] - dt.timedelta(seconds=max(0.0, r["claim_wait"] or 0.0)))
+        out.append(claimed)
     return out
-
-
-def _claim_span(r: Any) -> str | None:
-    """The claim as a span of the run's trace, from the moment the run became claimable (so it
-    shows the wait) to now; its context goes to the worker. None while tracing is off, and for
-    a run created without a trace (no span per such run: the worker's spans start its trace)."""
-    if tracing.tracer is None or not r["traceparent"]:
-        return None
-    waited = max(0.0, r["claim_wait"] or 0.0)
-    attributes = {
-        "awooop.run_id": str(r["run_id"]),
-        "awooop.project_id": r["project_id"],
-        "awooop.attempt": r["attempt_count"],
-        "awooop.worker_id": r["worker_id"] or "",
-        "awooop.claim_wait_seconds": waited,
-    }
-    start = time.time_ns() - int(waited * 1e9)
-    with tracing.span(
-        "awooop.run.claim", parent=r["traceparent"], attributes=attributes, link_current=True, start_time=start
-    ) as claim:
-        return tracing.traceparent_of(claim)
 
 
 def _complete_results(

@@ -119,6 +119,9 @@ class RunContext:
         self.tracer = tracer  # OpenTelemetry tracer (None: off); each step is a span
         # W3C traceparent of the run's trace, from the claim (empty: the scheduler traced nothing)
         self.traceparent: str = claimed.traceparent
+        # when the run became claimable (ns since the epoch; 0: not sent), for the claim's span
+        since = claimed.claimable_since
+        self.claimable_since_ns: int = since.ToNanoseconds() if claimed.HasField("claimable_since") else 0
         # the Worker's batcher (completions share CompleteRuns calls); None: one CompleteRun each
         self.completions = completions
         # set when the worker is shutting down: finish within its grace period or be released

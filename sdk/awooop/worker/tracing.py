@@ -1,6 +1,7 @@
 """OpenTelemetry in the worker SDK: a claimed run's handler runs in a span of the run's trace
-(ClaimedRun.traceparent, from the scheduler), each journaled step is a child span, and the
-SDK's calls carry the current span as W3C `traceparent` metadata, so the saga's spans join too.
+(ClaimedRun.traceparent, from the scheduler), after a span of the claim covering the queue wait
+(from ClaimedRun.claimable_since); each journaled step is a child span, and the SDK's calls
+carry the current span as W3C `traceparent` metadata, so the saga's spans join too.
 
 Off unless the application gives a TracerProvider (Worker(tracer_provider=...)) or installed
 one globally (opentelemetry.trace.set_tracer_provider); off, nothing is added to a call.
@@ -43,12 +44,18 @@ def span(
     traceparent: str = "",
     attributes: Mapping[str, Any] | None = None,
     kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    claimed_since_ns: int = 0,
 ) -> Iterator[trace.Span | None]:
     """A span current inside the block: a child of traceparent when given, else of the current
-    span. Yields None when tracing is off."""
+    span. claimed_since_ns: first record the claim as a span of that trace from then (the run
+    became claimable) to now, and make the new span its child. Yields None when tracing is off."""
     if tracer is None:
         yield None
         return
     parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
+    if parent is not None and claimed_since_ns:
+        claim = tracer.start_span("awooop.run.claim", context=parent, start_time=claimed_since_ns)
+        claim.end()
+        parent = trace.set_span_in_context(claim)
     with tracer.start_as_current_span(name, context=parent, kind=kind, attributes=dict(attributes or {})) as s:
         yield s

@@ -311,6 +311,7 @@ class Worker:
             traceparent=ctx.traceparent,
             attributes=attributes,
             kind=trace.SpanKind.CONSUMER,
+            claimed_since_ns=ctx.claimable_since_ns,
         ) as span:
             if span is not None:  # the run's log lines name its trace
                 trace_id = format(span.get_span_context().trace_id, "032x")
