@@ -68,8 +68,8 @@ def _traced(sink: Sink) -> dict[str, str]:
     }
 
 
-# the drained runs carry a (sampled) trace context, as runs ingested with tracing on do, so
-# the traced scheduler records each claim as a span of the run's trace
+# the drained runs carry a (sampled) trace context, as runs ingested with tracing on do, so the
+# traced scheduler hands each one's context (and claimable_since) to the worker
 TRACEPARENTS_SQL = """
 UPDATE awooop_run_state
    SET traceparent = '00-' || md5(run_id::text) || '-' || left(md5(run_id::text || 's'), 16) || '-01'
