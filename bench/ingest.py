@@ -222,9 +222,7 @@ def _duplicates(
     fig: Figure, d: LoadResult, ceiling: LoadResult, rounds: dict[str, list[float]], metrics: dict[str, float], via: str
 ) -> None:
     """Fills a duplicate figure; notes when the fast path it names did not answer (nearly) all."""
-    hits = metrics.get(
-        "awooop_ingest_memory_hits_total" if via == "memory" else 'awooop_ingest_redis_lookups_total{result="hit"}', 0.0
-    )
+    hits = metrics.get(f'awooop_ingest_dedupe_answers_total{{channel="telegram",path="{via}",answer="duplicate"}}', 0.0)
     dups = metrics.get('awooop_ingest_events_total{channel="telegram",outcome="duplicate"}', 0.0)
     fig.measured(
         d.units_per_s,

@@ -21,6 +21,8 @@ LOG_DIR = Path(tempfile.mkdtemp(prefix="awooop-bench-logs-"))
 PROFILE_DIR: Path | None = None
 # set by `run.py --uvloop / --set NAME=VALUE`: settings every service process gets
 EXTRA_SETTINGS: dict[str, str] = {}
+# set by `run.py --tracing`: OTEL_* variables every service process gets
+EXTRA_ENV: dict[str, str] = {}
 
 
 @dataclass
@@ -89,6 +91,7 @@ async def spawn(name: str, env: dict[str, str], tag: str = "") -> Service:
         **os.environ,
         "AWOOOP_HTTP_PORT": str(free_port()),  # the ingest HTTP port, unless env names one
         **env,
+        **EXTRA_ENV,
         f"AWOOOP_{name.upper()}_PORT": str(port),
         "AWOOOP_METRICS_PORT": str(metrics_port),
     }

@@ -38,6 +38,7 @@ GROUPS: dict[str, str] = {
     "crash": "bench.crash",
     "pooler": "bench.pooler",
     "retention": "bench.retention",
+    "tracing": "bench.tracing",
 }
 
 
@@ -64,6 +65,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=[],
         metavar="NAME=VALUE",
         help="a setting for every service process, e.g. --set db_pool_max=20 (AWOOOP_DB_POOL_MAX)",
+    )
+    p.add_argument(
+        "--tracing",
+        action="store_true",
+        help="OpenTelemetry on in every service process (every RPC sampled, OTLP export to a local sink)",
     )
     p.add_argument("--note", action="append", default=[], help="a line for the results' notes (repeatable)")
     p.add_argument(
@@ -110,6 +116,20 @@ async def main(args: argparse.Namespace) -> int:
             return 2
         procs.EXTRA_SETTINGS[name.strip().lower().removeprefix("awooop_")] = value
     cfg.service_settings = dict(procs.EXTRA_SETTINGS)
+    sink = None
+    if args.tracing:
+        from bench.otlp_sink import Sink
+
+        sink = Sink().start()
+        procs.EXTRA_ENV.update(
+            {
+                "OTEL_TRACES_EXPORTER": "otlp",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
+                "OTEL_EXPORTER_OTLP_INSECURE": "true",
+                "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+            }
+        )
+        cfg.service_settings["tracing"] = "on (OTLP to a local sink)"
     if args.profile:
         procs.PROFILE_DIR = Path(args.profile).resolve()
     only = [g for item in args.only for g in item.split(",") if g]
@@ -154,6 +174,8 @@ async def main(args: argparse.Namespace) -> int:
         figures.append(rss.figure())  # from the services the groups above ran
     finally:
         await stores.cleanup()
+        if sink is not None:
+            args.note.append(f"tracing on: {sink.stop()} spans exported by the service processes")
     elapsed = time.monotonic() - started
     meta = {
         "started_at": started_at,

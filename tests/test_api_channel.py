@@ -16,7 +16,7 @@ from awooop.common.v1 import common_pb2 as CH
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from services.common import principals
 from tests.harness.helpers import expect_error
-from tests.test_ingest import struct
+from tests.harness.saga import struct
 
 PROJECT = "apich"
 

@@ -18,7 +18,7 @@ from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from services.common import errors
 from services.common.jsonvalues import MAX_DEPTH
-from tests.harness.helpers import expect_error
+from tests.harness.helpers import expect_error, served
 from tests.harness.scheduler import insert_runs, lease, make_sched, run_row
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -185,7 +185,6 @@ def _raw(channel: grpc.aio.Channel, method: str) -> Any:
 async def test_undecodable_requests_are_invalid_argument_malformed_request_counted_and_logged(
     start_services: Any, channels: Any, make_key: Any, caplog: Any
 ) -> None:
-    from prometheus_client import REGISTRY
 
     rt = await start_services("ingest", "scheduler", "saga", "gateway", access_log=True)
     md = await make_key("alice", {"p": ["ingest", "worker"]})
@@ -201,8 +200,7 @@ async def test_undecodable_requests_are_invalid_argument_malformed_request_count
     ]
 
     def count(method: str) -> float:
-        labels = {"method": method, "code": "INVALID_ARGUMENT"}
-        return REGISTRY.get_sample_value("awooop_rpc_requests_total", labels) or 0.0
+        return served(method, "INVALID_ARGUMENT")
 
     caplog.set_level("INFO", logger="awooop.rpc")
     for service, method, data in cases:

@@ -12,7 +12,7 @@ from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
 from tests.harness.helpers import expect_error
-from tests.test_saga import PROJECT, claim, lease, new_run, saga_stub
+from tests.harness.saga import PROJECT, claim, lease, new_run, saga_stub
 
 
 async def test_not_found_and_lease_lost_name_the_run_run_id(

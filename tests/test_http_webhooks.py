@@ -20,7 +20,7 @@ from awooop.common.v1 import common_pb2 as CH
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from services.ingest import signatures
 from tests.harness.helpers import eventually, expect_error
-from tests.test_ingest import struct
+from tests.harness.saga import struct
 
 PROJECT = "webhooks"
 

@@ -24,6 +24,8 @@ from services.ingest import dedupe_cache, metrics, retention, store
 from services.ingest.parsing import NewEvent
 from tests.harness.helpers import eventually, expect_error
 
+MEMORY_TG = metrics.DEDUPE_ANSWERS["telegram", "memory", True]
+
 # --- helpers shared by the tests of this module ---------------------------------------------
 
 PROJECT = "proj"
@@ -349,10 +351,10 @@ async def test_the_process_memory_answers_duplicates_without_redis_or_postgres(
     rt, stub, md = await serve(start_services, channels, make_key, redis_url="", auth_cache_seconds=60)
     first = (await stub.IngestEvent(tg(1), metadata=md)).outcomes[0]
     await rt.ctx.pool.close()  # no Redis configured, and now no Postgres either
-    hits = counter(metrics.MEMORY_HITS)
+    hits = counter(MEMORY_TG)
     again = await asyncio.gather(*(stub.IngestEvent(tg(1), metadata=md) for _ in range(10)))
     assert {(a.outcomes[0].run_id, a.outcomes[0].duplicate) for a in again} == {(first.run_id, True)}
-    assert counter(metrics.MEMORY_HITS) == hits + 10
+    assert counter(MEMORY_TG) == hits + 10
     await expect_error(stub.IngestEvent(tg(2), metadata=md), grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE")
 
     # off: the same duplicate needs the store
@@ -385,17 +387,23 @@ async def test_what_redis_and_postgres_answer_is_remembered_no_longer_than_their
     await b.cache.call("delete", key2)  # only Postgres knows 2 now
     ev = [NewEvent(PROJECT, "telegram", pid, "{}", 3) for pid in ("1", "2")]
     hits, misses = counter(metrics.REDIS_HITS), counter(metrics.REDIS_MISSES)
+    by_path = [counter(metrics.DEDUPE_ANSWERS["telegram", p, True]) for p in ("redis", "postgres")]
     out = await b.ingest(ev, principal_id="p", actor="t")
     assert [(o.run_id, o.duplicate) for o in out] == [(r.outcomes[0].run_id, True) for r in created.results]
     assert (counter(metrics.REDIS_HITS), counter(metrics.REDIS_MISSES)) == (hits + 1, misses + 1)
+    # 1 answered by Redis, 2 by Postgres, each counted by its path
+    assert [counter(metrics.DEDUPE_ANSWERS["telegram", p, True]) for p in ("redis", "postgres")] == [
+        by_path[0] + 1,
+        by_path[1] + 1,
+    ]
     for pid in ("1", "2"):
         entry = b.recent._entries[dedupe_cache.key(b.cache, PROJECT, "telegram", pid)]
         left = entry[1] - time.monotonic()
         assert 100 < left <= 120  # retention, not the 3600 s Redis TTL setting
     # the second time neither store is asked
-    memory = counter(metrics.MEMORY_HITS)
+    memory = counter(MEMORY_TG)
     assert all(o.duplicate for o in await b.ingest(ev, principal_id="p", actor="t"))
-    assert counter(metrics.MEMORY_HITS) == memory + 2
+    assert counter(MEMORY_TG) == memory + 2
     assert (counter(metrics.REDIS_HITS), counter(metrics.REDIS_MISSES)) == (hits + 1, misses + 1)
     await b.drain()
     await b.cache.close()

@@ -13,20 +13,19 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import duration_pb2
-from prometheus_client import REGISTRY
 
 from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from awooop.worker import AwooopError, Client
 from services.common import errors
-from tests.harness.helpers import eventually
+from tests.harness.helpers import eventually, served
 from tests.harness.scheduler import claims_waiting, insert_runs
 
 GET_RUN = "/awooop.scheduler.v1.SchedulerService/GetRun"
 
 
-def served(code: str) -> float:
-    return REGISTRY.get_sample_value("awooop_rpc_requests_total", {"method": GET_RUN, "code": code}) or 0.0
+def served_get_run(code: str) -> float:
+    return served(GET_RUN, code)
 
 
 async def _burst(stub: Any, md: Any, n: int) -> collections.Counter[str]:
@@ -71,24 +70,24 @@ async def test_overload_is_an_explicit_retryable_unavailable_and_the_sdk_retries
         for i in range(20)
     ]
     await eventually(lambda: claims_waiting(20), what="20 waiting claims")
-    before = served("UNAVAILABLE")
+    before = served_get_run("UNAVAILABLE")
     codes = await _burst(stub, md, 200)
     assert codes == {"UNAVAILABLE/OVERLOADED": 200}, codes
-    assert served("UNAVAILABLE") - before == 200  # counted, not silent
+    assert served_get_run("UNAVAILABLE") - before == 200  # counted, not silent
 
     # the SDK retries it with backoff (its retry policy: UNAVAILABLE, 4 attempts)
     client = Client(
         key=dict(md)["authorization"].removeprefix("Bearer "), scheduler=f"127.0.0.1:{rt.ports['scheduler']}"
     )
     try:
-        before = served("UNAVAILABLE")
+        before = served_get_run("UNAVAILABLE")
         try:
             await client.call(client.scheduler.GetRun, pb.GetRunRequest(run_id=str(uuid.uuid4())), timeout=30)
         except AwooopError as err:
             assert err.reason == errors.OVERLOADED and err.code == grpc.StatusCode.UNAVAILABLE
         else:
             raise AssertionError("admitted past the limit")
-        assert served("UNAVAILABLE") - before == 4
+        assert served_get_run("UNAVAILABLE") - before == 4
         # work arrives, the claims answer and free their slots: calls are admitted again
         await insert_runs(db, "p", 20)
         claimed = await asyncio.gather(*polls)

@@ -32,9 +32,10 @@ from services.common.auth import Authenticator, current_principal
 from services.common.db import create_pool
 from services.common.embedded import free_port
 from services.common.interceptor import ServiceInterceptor
+from services.common.observability import GRPC_CODE_NAMES
 from services.common.runtime import Runtime
 from services.common.settings import Settings
-from tests.harness.helpers import ROOT, eventually, expect_error, reason_of, settings_env, wait_healthy
+from tests.harness.helpers import ROOT, eventually, expect_error, reason_of, served, settings_env, wait_healthy
 
 INGEST = "awooop.ingest.v1.IngestService"
 CREATE_RUN = f"/{INGEST}/CreateRun"
@@ -212,15 +213,17 @@ async def test_python_m_service_exposes_metrics_and_writes_json_access_log(
         lambda: urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
     )
     counts = {
-        (s.labels["method"], s.labels["code"]): s.value
+        (f"/{s.labels['grpc_service']}/{s.labels['grpc_method']}", s.labels["grpc_code"]): s.value
         for fam in text_string_to_metric_families(body)
-        if fam.name == "awooop_rpc_requests"
+        if fam.name == "grpc_server_handled"
         for s in fam.samples
-        if s.name == "awooop_rpc_requests_total"
+        if s.name == "grpc_server_handled_total"
     }
-    assert counts[(CREATE_RUN, "UNAUTHENTICATED")] == 3
-    assert counts[(CREATE_RUN, authed_code)] == 1
-    assert "awooop_rpc_duration_seconds_bucket" in body
+    assert counts[(CREATE_RUN, "Unauthenticated")] == 3
+    assert counts[(CREATE_RUN, GRPC_CODE_NAMES[grpc.StatusCode[authed_code]])] == 1
+    assert counts[(CREATE_RUN, "Internal")] == 0  # every code of every method exported from the start
+    assert "grpc_server_handling_seconds_bucket" in body
+    assert "_created" not in body and "awooop_worker_" not in body
 
     proc.popen.send_signal(signal.SIGTERM)
     assert await proc.wait() == 0, proc.stderr()
@@ -421,9 +424,7 @@ async def probe(settings: Settings) -> AsyncIterator[tuple[grpc.aio.Channel, int
 
 
 def _counter(method: str, code: str) -> float:
-    from prometheus_client import REGISTRY
-
-    return REGISTRY.get_sample_value("awooop_rpc_requests_total", {"method": method, "code": code}) or 0.0
+    return served(method, code)
 
 
 async def test_unimplemented_method_answers_unimplemented_with_error_info(probe, make_key) -> None:

@@ -15,8 +15,8 @@ from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
 from awooop.scheduler.v1 import scheduler_pb2 as pb
 from services.common import errors
 from tests.harness.helpers import eventually, expect_error
-from tests.test_saga import struct
-from tests.test_scheduler import Sched, _approval_expired, dur, insert_runs, make_sched
+from tests.harness.saga import struct
+from tests.harness.scheduler import Sched, _approval_expired, dur, insert_runs, make_sched
 
 
 async def _saga_status(s: Sched, run_id: str) -> str:

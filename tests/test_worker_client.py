@@ -1,6 +1,6 @@
 """The SDK's channels: UNAVAILABLE (and only UNAVAILABLE) is retried by the channel's service
 config, every call has a deadline, and rich errors are decoded. Counted on the server side
-(awooop_rpc_requests_total of the in-process servers)."""
+(grpc_server_handled_total of the in-process servers)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,15 @@ from typing import Any
 
 import grpc
 import pytest
-from prometheus_client import REGISTRY
 
 from awooop.ingest.v1 import ingest_pb2
 from awooop.tools.v1 import tools_pb2
 from awooop.worker import AwooopError, Client, to_struct
 from awooop.worker.client import address
-from tests.harness.helpers import service_key
+from tests.harness.helpers import served, service_key
 
 CREATE_RUN = "/awooop.ingest.v1.IngestService/CreateRun"
 EXECUTE_TOOL = "/awooop.tools.v1.ToolGatewayService/ExecuteTool"
-
-
-def served(method: str, code: str) -> float:
-    return REGISTRY.get_sample_value("awooop_rpc_requests_total", {"method": method, "code": code}) or 0.0
 
 
 async def test_unavailable_is_retried_and_other_codes_are_not(start_services: Any) -> None:

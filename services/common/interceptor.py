@@ -23,7 +23,7 @@ import grpc
 from services.common import errors
 from services.common.auth import Authenticator, reset_principal, set_principal
 from services.common.db import store_error
-from services.common.observability import RPC_LATENCY, RPC_REQUESTS
+from services.common.observability import RUN_ID, RpcMetrics, run_id_getter
 
 log = logging.getLogger("awooop.rpc")
 
@@ -103,9 +103,12 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         authenticator = self.authenticator if self.authenticate else None
         access_log = self.access_log
         limit = self.max_concurrent_rpcs
+        rpc = RpcMetrics(method)  # grpc_server_* children of this method, bound once
+        run_of = run_id_getter(method)  # log lines of its RPCs carry the run the request names
 
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             started = time.perf_counter()
+            rpc.started.inc()
             code = "OK"
             principal_id = ""
             token = None
@@ -113,6 +116,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             # try), so a caller that sees the status also sees it counted.
             failure: errors.ServiceError | None = None
             self.in_flight += 1
+            named = run_of is not None and type(request) is not Malformed  # a Malformed request names nothing
+            run_token = RUN_ID.set(run_of(request)) if named else None  # type: ignore[misc]
             try:
                 if limit and self.in_flight > limit:
                     raise errors.overloaded(limit)
@@ -149,8 +154,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 if token is not None:
                     reset_principal(token)
                 elapsed = time.perf_counter() - started
-                RPC_REQUESTS.labels(method, code).inc()
-                RPC_LATENCY.labels(method).observe(elapsed)
+                rpc.handled(code, elapsed)
                 if access_log:
                     log.info(
                         "rpc",
@@ -162,6 +166,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                             "peer": context.peer(),
                         },
                     )
+                if run_token is not None:
+                    RUN_ID.reset(run_token)
             assert failure is not None  # the try either returned, raised, or set it
             await context.abort_with_status(failure.to_status())
 

@@ -84,7 +84,7 @@ def ts(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
 RUN_COLUMNS = """run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
     attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
     cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
-    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before"""
+    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent"""
 
 
 def run_to_pb(row: Row) -> common_pb2.Run:

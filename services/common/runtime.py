@@ -32,13 +32,20 @@ import asyncpg
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
-from services.common import migrate, reflection
+from services.common import migrate, reflection, tracing
 from services.common.auth import Authenticator
 from services.common.cache import Cache
 from services.common.db import create_pool, store_error
 from services.common.health import SERVING, HealthServicer
 from services.common.interceptor import ServiceInterceptor
-from services.common.observability import LOOP_RUNS, metrics_serving, setup_logging, start_metrics
+from services.common.observability import (
+    LOOP_RUNS,
+    metrics_serving,
+    preset,
+    preset_grpc_metrics,
+    setup_logging,
+    start_metrics,
+)
 from services.common.settings import Settings, SettingsError, deliverability_problem, problems, unknown_env
 
 log = logging.getLogger("awooop.runtime")
@@ -82,6 +89,7 @@ def load_service(name: str) -> Callable[[AppContext], ServiceParts]:
 async def periodic(name: str, interval: float, fn: Callable[[], Awaitable[Any]], stopping: asyncio.Event) -> None:
     """Runs fn every interval (with 10 % jitter so replicas spread out) until stopping.
     A failed pass is logged and counted, never fatal."""
+    preset(LOOP_RUNS, (name,), ("ok", "error"))
     while not stopping.is_set():
         try:
             await fn()
@@ -183,6 +191,9 @@ class Runtime:
                 start_metrics(s.host, s.metrics_port)
             except OSError as exc:
                 raise SystemExit(f"port {s.metrics_port} on {s.host}: {exc.strerror}: set AWOOOP_METRICS_PORT") from exc
+        # OTEL_* variables (or a provider a test configured); off: no interceptor, no cost
+        if tracing.configure_from_env("awooop" if len(self.services) > 1 else f"awooop-{self.services[0]}"):
+            log.info("tracing on", extra={"exporter": tracing.exporter_name()})
         pool = await create_pool(s)
         cache = Cache(s)
         self.ctx = AppContext(s, pool, cache)
@@ -201,9 +212,10 @@ class Runtime:
             interceptor = ServiceInterceptor(
                 authenticator, s.access_log, authenticate=not parts.public, max_concurrent_rpcs=s.max_concurrent_rpcs
             )
-            server = grpc.aio.server(interceptors=[interceptor], options=options)
+            server = grpc.aio.server(interceptors=[*tracing.server_interceptors(), interceptor], options=options)
             for add, servicer in parts.servicers:
                 add(servicer, server)
+            preset_grpc_metrics(parts.service_names)
             hs = HealthServicer()
             health_pb2_grpc.add_HealthServicer_to_server(hs, server)
             reflection.enable([*parts.service_names, health.SERVICE_NAME], server)
@@ -289,6 +301,7 @@ class Runtime:
                 await closer()
             except Exception:
                 log.exception("on_stop closer failed")
+        tracing.shutdown()  # flushes spans still batched (only a provider configured from OTEL_*)
         if self.ctx is not None:
             await self.ctx.cache.close()
             try:

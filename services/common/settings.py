@@ -125,6 +125,8 @@ class Settings:
     approval_ttl: float = 900.0  # life of an approval token (15 min); then E-APPROVAL-002
     approval_sweep_interval: float = 30.0  # how often expired approvals are failed
     max_claim_wait: float = 60.0  # longest a ClaimRuns long-poll may wait for work
+    queue_metrics_interval: float = 15.0  # how often runs by project and status are counted for /metrics (0: off)
+    metrics_max_projects: int = 100  # projects with their own metrics label; later ones share project="_other"
 
     # --- saga ---
     saga_addr: str = ""  # scheduler -> saga nudges; empty: the saga's recovery loop picks requests up
@@ -302,7 +304,28 @@ def markdown() -> str:
             out += ["", f"## {sec or 'other'}", "", "| variable | default | meaning |", "|---|---|---|"]
         meaning = text.replace("|", "\\|")
         out.append(f"| `AWOOOP_{f.name.upper()}` | {_default_text(f.default)} | {meaning} |")
+    out += ["", *OTEL_DOC]
     return "\n".join(out) + "\n"
+
+
+# The standard OpenTelemetry variables the services read (services/common/tracing.py)
+OTEL_DOC = [
+    "## tracing (standard OpenTelemetry variables)",
+    "",
+    "Tracing is off unless one of these turns it on; docs/operations.md says what a trace holds.",
+    "",
+    "| variable | default | meaning |",
+    "|---|---|---|",
+    "| `OTEL_TRACES_EXPORTER` | (empty) | `otlp` or `console` turns tracing on; `none` keeps it off |",
+    "| `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` | (empty) | "
+    "the collector's OTLP/gRPC address (e.g. `http://otel-collector:4317`); setting one turns tracing on |",
+    "| `OTEL_EXPORTER_OTLP_INSECURE`, `_HEADERS`, `_CERTIFICATE`, `_TIMEOUT` | | the OTLP exporter's own settings |",
+    "| `OTEL_SERVICE_NAME` | `awooop-<service>` (`awooop` for several in one process) | the resource's service.name |",
+    "| `OTEL_RESOURCE_ATTRIBUTES` | (empty) | more resource attributes, `key=value,...` |",
+    "| `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` | `parentbased_always_on` | "
+    "sampling, e.g. `parentbased_traceidratio` with `0.1` |",
+    "| `OTEL_SDK_DISABLED` | `false` | `true` turns tracing off whatever else is set |",
+]
 
 
 if __name__ == "__main__":

@@ -28,12 +28,14 @@ from prometheus_client import Counter
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common import errors
 from services.common.auth import current_principal
+from services.common.observability import preset
 from services.common.validate import MAX_ID, MAX_KEY, MAX_TEXT, Violations, to_struct
 from services.gateway.tools import TOOLS, tool_failed
 
 log = logging.getLogger("awooop.gateway")
 
 CALLS = Counter("awooop_gateway_calls_total", "Reference gateway calls by tool and outcome", ["tool_id", "outcome"])
+preset(CALLS, (*TOOLS, "unknown"), ("executed", "replayed", "error"))
 MAX_DELAY_MS = 60000
 
 LOG_SQL = """INSERT INTO awooop_refgw_request (project_id, idempotency_key, tool_id) VALUES ($1, $2, $3)

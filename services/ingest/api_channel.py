@@ -26,24 +26,11 @@ from services.common import errors, idempotency
 from services.common.auth import Principal, has_role_now
 from services.common.db import Conn
 from services.common.settings import Settings
+from services.ingest import store
 from services.ingest.parsing import NewEvent
 
 OPERATION = "ingest.IngestEvent"
 ROLE = "ingest"
-
-INSERT_RUN_SQL = """
-WITH run AS (
-    INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, input, max_attempts, created_by)
-    VALUES ($1, 'api', $2, $3::text::jsonb, $4, $5)
-    RETURNING run_id, project_id
-),
-audited AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, to_status, details)
-    SELECT project_id, run_id, $6, 'RUN_CREATED', 'PENDING',
-           jsonb_build_object('channel_type', 'api', 'provider_event_id', $2::text)
-      FROM run
-)
-SELECT run_id FROM run"""
 
 # A key stored by the channel dedupe table before per-principal keys, still within retention.
 LEGACY_SQL = """
@@ -97,13 +84,14 @@ class ApiEvents:
                 return idempotency.Executed(_snapshot(run_id, legacy=True), run_id)
             run_id = str(
                 await conn.fetchval(
-                    INSERT_RUN_SQL,
+                    store.API_EVENT_RUN_SQL,
                     event.project_id,
                     event.provider_event_id,
                     event.input_json,
                     event.max_attempts,
                     principal.principal_id,
                     principal.actor,
+                    event.traceparent,
                 )
             )
             return idempotency.Executed(_snapshot(run_id, legacy=False), run_id)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncpg
 
 from awooop.ingest.v1 import ingest_pb2
-from services.common import errors, idempotency
+from services.common import errors, idempotency, tracing
 from services.common.auth import Principal, has_role_now
 from services.common.db import Conn
 from services.common.runs import run_to_pb, ts
@@ -39,11 +39,15 @@ class RunCreator:
     async def create(
         self, run: NewRun, principal: Principal, *, deadline: float | None
     ) -> ingest_pb2.CreateRunResponse:
+        traceparent = tracing.current_traceparent()  # the run's trace continues this RPC's span
+
         async def recheck(conn: Conn) -> bool:
             return await has_role_now(conn, principal, run.project_id, ROLE)
 
         async def execute(conn: Conn, window: idempotency.KeyWindow) -> idempotency.Executed:
-            row = await store.create_run(conn, run, principal_id=principal.principal_id, actor=principal.actor)
+            row = await store.create_run(
+                conn, run, principal_id=principal.principal_id, actor=principal.actor, traceparent=traceparent
+            )
             response = ingest_pb2.CreateRunResponse(
                 run=run_to_pb(row),
                 replayed=False,

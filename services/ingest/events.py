@@ -21,7 +21,7 @@ from typing import Any
 
 import asyncpg
 
-from services.common import errors
+from services.common import errors, tracing
 from services.common.auth import Principal
 from services.common.cache import Cache
 from services.common.db import store_error
@@ -74,19 +74,24 @@ class EventIngestor:
         need the calling principal; the other channels take the channel dedupe path below."""
         if not events:  # e.g. LINE's webhook verification: a delivery without events
             return []
+        traceparent = tracing.current_traceparent()
+        if traceparent is not None:  # the run's trace continues the span that received the event
+            for e in events:
+                e.traceparent = traceparent
         if any(e.channel == "api" for e in events):
             return await self._with_api(events, principal_id, actor, principal)
         keys = [dedupe_cache.key(self.cache, e.project_id, e.channel, e.provider_event_id) for e in events]
         recent = self.recent
         run_ids = [recent.get(k) for k in keys]
         duplicate = [True] * len(events)
+        # which path answered each event (the dedupe metric's label): memory unless below
+        path = ["memory"] * len(events)
         unknown = [i for i, run_id in enumerate(run_ids) if run_id is None]
-        if len(unknown) < len(keys):
-            metrics.MEMORY_HITS.inc(len(keys) - len(unknown))
         if unknown and self.cache.enabled:
             cached = await self._lookups.submit([keys[i] for i in unknown])
             for i, hit in zip(unknown, cached, strict=True):
                 if hit is not None:
+                    path[i] = "redis"
                     run_ids[i] = hit[0]
                     recent.put(keys[i], *hit)
         misses = [i for i in unknown if run_ids[i] is None]
@@ -95,6 +100,7 @@ class EventIngestor:
             remember = []
             ready: set[str] = set()
             for i, s in zip(misses, stored, strict=True):
+                path[i] = "postgres"
                 run_ids[i] = s.run_id
                 duplicate[i] = not s.created
                 if s.created:
@@ -109,6 +115,7 @@ class EventIngestor:
         out = []
         for i, e in enumerate(events):
             (metrics.DUPLICATE if duplicate[i] else metrics.CREATED)[e.channel].inc()
+            metrics.DEDUPE_ANSWERS[e.channel, path[i], duplicate[i]].inc()
             out.append(Outcome(run_ids[i] or "", e.provider_event_id, duplicate[i]))
         return out
 

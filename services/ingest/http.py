@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 from aiohttp import web
 
-from services.common import errors
+from services.common import errors, tracing
 from services.common.access import require_role
 from services.common.auth import Authenticator, Principal
 from services.common.db import store_error
@@ -143,9 +143,12 @@ class HttpIngest:
 
     @web.middleware
     async def _answers(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        response = await self._answer(request, handler)
         path = request.path
         route = "webhooks" if path.startswith("/v1/webhooks/") else "events" if path.endswith("/events") else "other"
+        # a W3C traceparent header continues the sender's trace (else a new one); the runs the
+        # request creates store this span's context, as over gRPC (nothing while tracing is off)
+        with tracing.span(f"POST /v1/{route}", parent=request.headers.get("traceparent")):
+            response = await self._answer(request, handler)
         metrics.HTTP_REQUESTS.labels(route, str(response.status)).inc()
         return response
 

@@ -1,17 +1,21 @@
-"""Prometheus metrics of the ingest service (children bound once: the hot path only increments)."""
+"""Prometheus metrics of the ingest service (children bound once: the hot path only increments;
+every known label value exported at 0 from start-up)."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter
 
+from services.common.observability import preset
 from services.common.runs import CHANNELS
 
 EVENTS = Counter("awooop_ingest_events_total", "Channel events ingested, by outcome", ["channel", "outcome"])
+DEDUPE = Counter(
+    "awooop_ingest_dedupe_answers_total",
+    "Channel events by the path that answered them (memory, redis, postgres) and the answer (new, duplicate)",
+    ["channel", "path", "answer"],
+)
 REDIS_LOOKUPS = Counter(
     "awooop_ingest_redis_lookups_total", "Dedupe lookups in Redis: hit, miss, or unavailable", ["result"]
-)
-MEMORY_HITS = Counter(
-    "awooop_ingest_memory_hits_total", "Duplicates answered from the process's memory of recent event ids"
 )
 PRUNED = Counter("awooop_ingest_pruned_rows_total", "Rows removed by the retention loop", ["table"])
 CREATE_RUN = Counter(
@@ -19,14 +23,20 @@ CREATE_RUN = Counter(
     "CreateRun outcomes: created, replayed, conflict, forbidden, deadline",
     ["outcome"],
 )
+WAKEUPS = Counter("awooop_ingest_wakeups_total", "Run-ready notifications sent (one per project per flush)")
+WAKEUP_FAILURES = Counter("awooop_ingest_wakeup_failures_total", "Run-ready NOTIFY statements that failed")
 
 CREATED = {c: EVENTS.labels(c, "created") for c in CHANNELS}
 DUPLICATE = {c: EVENTS.labels(c, "duplicate") for c in CHANNELS}
+# (channel, path, duplicate?) -> child; only Postgres creates, memory and Redis only know duplicates
+DEDUPE_ANSWERS = {
+    (c, path, dup): DEDUPE.labels(c, path, "duplicate" if dup else "new")
+    for c in CHANNELS
+    for path, dup in (("memory", True), ("redis", True), ("postgres", True), ("postgres", False))
+}
 REDIS_HITS = REDIS_LOOKUPS.labels("hit")
 REDIS_MISSES = REDIS_LOOKUPS.labels("miss")
 REDIS_UNAVAILABLE = REDIS_LOOKUPS.labels("unavailable")
-WAKEUPS = Counter("awooop_ingest_wakeups_total", "Run-ready notifications sent (one per project per flush)")
-WAKEUP_FAILURES = Counter("awooop_ingest_wakeup_failures_total", "Run-ready NOTIFY statements that failed")
 # per endpoint: only endpoints that exist get a series (unknown ones are 404 and not counted)
 SIGNATURE_FAILURES = Counter(
     "awooop_webhook_signature_failures_total",
@@ -36,3 +46,5 @@ SIGNATURE_FAILURES = Counter(
 HTTP_REQUESTS = Counter(
     "awooop_http_requests_total", "HTTP requests of the ingest service, by route and status", ["route", "status"]
 )
+preset(PRUNED, ("awooop_channel_event_dedupe", "awooop_idempotency_key"))
+preset(CREATE_RUN, ("created", "replayed", "conflict", "forbidden", "deadline"))

@@ -43,6 +43,7 @@ class NewEvent:
     provider_event_id: str
     input_json: str
     max_attempts: int
+    traceparent: str | None = None  # the span that received it (tracing on), stored with the run
 
 
 @dataclass(slots=True)

@@ -41,8 +41,10 @@ Executor = asyncpg.Pool | Conn
 # read by FIND_SQL in a follow-up statement.
 INGEST_SQL = f"""
 WITH ev AS (
-    SELECT * FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[], $5::uuid[], $6::text[], $7::int[])
-        AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts)
+    -- $11 (traceparents) is NULL while tracing is off: unnest pads it with NULLs
+    SELECT * FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[], $5::uuid[], $6::text[], $7::int[],
+                         $11::varchar[])
+        AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts, traceparent)
 ),
 ins AS (
     INSERT INTO awooop_channel_event_dedupe (project_id, channel_type, provider_event_id, run_id)
@@ -53,9 +55,9 @@ ins AS (
 ),
 new_runs AS (
     INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, input, max_attempts, created_by,
-                                  created_at, updated_at)
+                                  created_at, updated_at, traceparent)
     SELECT ev.run_id, ev.project_id, ev.channel_type, ev.provider_event_id, ev.input::jsonb, ev.max_attempts, $8,
-           now() + ev.ord * interval '1 microsecond', now() + ev.ord * interval '1 microsecond'
+           now() + ev.ord * interval '1 microsecond', now() + ev.ord * interval '1 microsecond', ev.traceparent
       FROM ev JOIN ins USING (run_id)
     RETURNING run_id, project_id, channel_type, provider_event_id
 ),
@@ -86,8 +88,8 @@ SELECT t.ord, d.run_id, extract(epoch FROM d.created_at + make_interval(secs => 
 
 CREATE_RUN_SQL = f"""
 WITH run AS (
-    INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by)
-    VALUES ($1, 'api', $2::text::jsonb, $3, $4)
+    INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by, traceparent)
+    VALUES ($1, 'api', $2::text::jsonb, $3, $4, $7)
     RETURNING {RUN_COLUMNS}
 ),
 audited AS (
@@ -98,6 +100,22 @@ audited AS (
 )
 SELECT * FROM run
 """
+
+# The run of an API-channel event (seed 003 rules, services/ingest/api_channel.py), with its audit row.
+API_EVENT_RUN_SQL = f"""
+WITH run AS (
+    INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, input, max_attempts, created_by,
+                                  traceparent)
+    VALUES ($1, 'api', $2, $3::text::jsonb, $4, $5, $7)
+    RETURNING run_id, project_id
+),
+audited AS (
+    {AUDIT_INSERT}
+    SELECT project_id, run_id, $6, '{Audit.RUN_CREATED}', NULL, '{RunStatus.PENDING}', NULL,
+           jsonb_build_object('channel_type', 'api', 'provider_event_id', $2::text)
+      FROM run
+)
+SELECT run_id FROM run"""
 
 # Attempts at an event whose dedupe row vanished between the insert and the follow-up read
 # (only retention pruning can do that); in practice the second attempt always settles it.
@@ -143,6 +161,7 @@ async def ingest(
             principal_id,
             actor,
             float(retention),
+            [e.traceparent for e in ev] if any(e.traceparent for e in ev) else None,
         )
         missing: list[int] = []
         for r in rows:
@@ -181,10 +200,12 @@ async def _fetch_retrying(db: Executor, sql: str, *args: Any) -> list[asyncpg.Re
     raise AssertionError("unreachable")
 
 
-async def create_run(conn: Conn, run: NewRun, *, principal_id: str, actor: str) -> asyncpg.Record:
-    """Inserts a PENDING API run with its audit row; returns the run row."""
+async def create_run(
+    conn: Conn, run: NewRun, *, principal_id: str, actor: str, traceparent: str | None = None
+) -> asyncpg.Record:
+    """Inserts a PENDING API run with its audit row (traceparent: the creating span's); returns the run row."""
     row = await conn.fetchrow(
-        CREATE_RUN_SQL, run.project_id, run.input_json, run.max_attempts, principal_id, actor, run.key
+        CREATE_RUN_SQL, run.project_id, run.input_json, run.max_attempts, principal_id, actor, run.key, traceparent
     )
     assert row is not None
     return row

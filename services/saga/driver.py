@@ -25,13 +25,15 @@ from typing import Any
 
 import asyncpg
 import grpc
+from opentelemetry.trace import Status, StatusCode
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
+from services.common import tracing
 from services.common.audit import audit
 from services.common.compensatable import compensatable_step
 from services.common.db import Conn, store_error
 from services.common.jsonvalues import struct_dict
-from services.common.observability import LOOP_RUNS
+from services.common.observability import LOOP_RUNS, RUN_ID
 from services.common.runstate import COMPENSATABLE, sql_list
 from services.common.runtime import AppContext
 from services.common.validate import to_struct
@@ -91,6 +93,7 @@ SELECT step_id, step_type, tool_id, status,
  WHERE run_id = $1 AND status IN ('completed', 'pending') AND NOT ({ELIGIBLE})
  ORDER BY seq DESC LIMIT {NOT_COMPENSATED_LISTED}
 """
+TRACEPARENT_SQL = "SELECT traceparent FROM awooop_run_state WHERE run_id = $1"
 FINISH_SQL = """
 UPDATE awooop_run_state
    SET saga_status = CASE WHEN EXISTS (SELECT 1 FROM awooop_saga_step
@@ -206,8 +209,9 @@ class CompensationDriver:
         return len(claims)
 
     async def _drive_logged(self, claim: Claim) -> None:
+        token = RUN_ID.set(str(claim.run_id))  # log lines of this compensation carry its run_id
         try:
-            await self.drive(claim)
+            await self._drive_traced(claim)
         except LostClaim:
             log.warning("compensation claim lost to another replica", extra={"run_id": str(claim.run_id)})
         except asyncio.CancelledError:
@@ -218,6 +222,18 @@ class CompensationDriver:
                 log.exception("compensation of run %s failed; retried after its lease", claim.run_id)
             else:
                 log.warning("compensation: store unavailable", extra={"run_id": str(claim.run_id)})
+        finally:
+            RUN_ID.reset(token)
+
+    async def _drive_traced(self, claim: Claim) -> None:
+        """drive, as a span of the run's trace (read back from the run) while tracing is on."""
+        if tracing.tracer is None:
+            await self.drive(claim)
+            return
+        parent = await self.pool.fetchval(TRACEPARENT_SQL, claim.run_id)
+        attributes = {"awooop.run_id": str(claim.run_id), "awooop.trigger": claim.trigger}
+        with tracing.span("awooop.saga.compensate", parent=parent, attributes=attributes):
+            await self.drive(claim)
 
     # ---------------------------------------------------------------- one request
 
@@ -314,7 +330,13 @@ class CompensationDriver:
         if marked is None:
             return  # resolved or changed meanwhile
         cmd = marked["compensation_cmd"]
-        outcome = await self._call_gateway(claim, marked["step_id"], cmd)
+        attributes = {"awooop.step_id": marked["step_id"], "awooop.tool_id": cmd.get("tool_id") or ""}
+        with tracing.span("awooop.saga.compensate_step", attributes=attributes) as span:
+            outcome = await self._call_gateway(claim, marked["step_id"], cmd)
+            if span is not None:
+                span.set_attribute("awooop.outcome", "compensated" if outcome.ok else "failed")
+                if not outcome.ok:
+                    span.set_status(Status(StatusCode.ERROR, outcome.error[:256]))
         alert = False
         async with self.pool.acquire() as conn, conn.transaction():
             await self._fence(conn, claim)
@@ -362,7 +384,10 @@ class CompensationDriver:
 
     def _gateway(self) -> tools_pb2_grpc.ToolGatewayServiceAsyncStub:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.settings.gateway_addr)
+            # the gateway call is a span of the run's trace (traceparent sent while tracing is on)
+            self._channel = grpc.aio.insecure_channel(
+                self.settings.gateway_addr, interceptors=tracing.client_interceptors() or None
+            )
             self._stub = tools_pb2_grpc.ToolGatewayServiceStub(self._channel)
         return self._stub
 

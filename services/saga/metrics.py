@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from services.common.observability import preset
+
 STEP_WRITES = Counter("awooop_saga_step_writes_total", "Journal writes by operation and outcome", ["op", "outcome"])
 COMPENSATIONS = Counter("awooop_saga_compensation_steps_total", "Compensation commands run, by outcome", ["outcome"])
 COMPENSATION_RUNS = Counter(
@@ -15,3 +17,15 @@ GATEWAY_LATENCY = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 ALERTS = Counter("awooop_saga_alerts_total", "Escalation deliveries by channel and outcome", ["channel", "outcome"])
+
+# every known label value at 0 from start-up (an alert on increase() fires on the first failure)
+for _op, _outcomes in (
+    ("begin", ("execute", "skip", "retry")),
+    ("complete", ("ok",)),
+    ("record", ("ok", "already_completed")),
+    ("fail", ("ok",)),
+):
+    preset(STEP_WRITES, (_op,), _outcomes)
+preset(COMPENSATIONS, ("compensated", "replayed", "failed"))
+preset(COMPENSATION_RUNS, ("compensated", "compensation_failed", "skipped"))
+preset(ALERTS, ("redis", "telegram"), ("ok", "error"))

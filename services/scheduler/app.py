@@ -1,12 +1,13 @@
 """Wires the scheduler service into the runtime: the servicer, the LISTEN connection for
-claim wake-ups, and two background loops (the stale-lease reaper and the approval expiry
-sweep), each safe to run in several replicas at once."""
+claim wake-ups, and three background loops (the stale-lease reaper, the approval expiry
+sweep and the queue gauges' sampler), each safe to run in several replicas at once."""
 
 from __future__ import annotations
 
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.runtime import AppContext, ServiceParts, periodic
-from services.scheduler import approvals, reaper
+from services.scheduler import approvals, metrics, reaper
+from services.scheduler.queue import QueueSampler
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.servicer import SchedulerServicer
 from services.scheduler.wakeup import RunReadyListener
@@ -18,6 +19,8 @@ def build(ctx: AppContext) -> ServiceParts:
     s = ctx.settings
     listener = RunReadyListener(s.direct_url, ctx.stopping, connect_timeout=s.db_connect_timeout)
     saga = SagaNudger(s)
+    metrics.PROJECTS.limit = s.metrics_max_projects
+    sampler = QueueSampler(ctx.pool)
 
     async def listen() -> None:
         await listener.run()
@@ -33,9 +36,13 @@ def build(ctx: AppContext) -> ServiceParts:
             ctx.stopping,
         )
 
+    async def queue_metrics_loop() -> None:
+        if s.queue_metrics_interval > 0:
+            await periodic("scheduler.queue_metrics", s.queue_metrics_interval, sampler.sample, ctx.stopping)
+
     return ServiceParts(
         servicers=[(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(ctx, listener, saga))],
         service_names=[SERVICE_NAME],
-        background=[listen, reap_loop, approval_sweep_loop],
+        background=[listen, reap_loop, approval_sweep_loop, queue_metrics_loop],
         on_stop=[listener.close, saga.close],
     )

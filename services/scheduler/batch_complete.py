@@ -25,6 +25,7 @@ from services.common.access import check_run_access, projects_with
 from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
 from services.common.db import Row
+from services.common.runs import RUN_COLUMNS
 from services.common.runstate import Audit, RunStatus
 from services.scheduler import metrics, replays
 from services.scheduler.claiming import claim_ctes, projects_arg
@@ -75,7 +76,7 @@ aud AS (
 
 # One row per item, in order: the locked row's state (cur_*; NULL when the run does not exist)
 # and, when this item completed the run, the changed row (run_id not NULL).
-COMPLETE_ITEMS_SELECT = """SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger
+COMPLETE_ITEMS_SELECT = """SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger, NULL::float8 AS claim_wait
   FROM items it
   LEFT JOIN cur ON cur.cur_run_id = it.run_id
   LEFT JOIN upd ON upd.upd_item = it.item"""
@@ -85,6 +86,10 @@ WITH {COMPLETE_CTES}
 {COMPLETE_ITEMS_SELECT}
  ORDER BY it.item
 """
+
+
+# claimed's columns but claim_wait, which goes last (under the first branch's claim_wait)
+CLAIMED_COLUMNS = ", ".join(f"claimed.{c.strip()}" for c in RUN_COLUMNS.split(","))
 
 
 @functools.lru_cache(maxsize=512)
@@ -102,7 +107,8 @@ WITH {COMPLETE_CTES},
 {claim_ctes("$7", max_runs, "$8", "$9", "$6", single=single, after="(SELECT count(*) FROM cur) >= 0")}
 {COMPLETE_ITEMS_SELECT}
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, claimed.*, NULL, NULL, NULL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {CLAIMED_COLUMNS}, claimed.from_status,
+       NULL, NULL, NULL, claimed.claim_wait
   FROM claimed
  ORDER BY item, created_at
 """
@@ -143,8 +149,7 @@ async def complete_and_claim(
     )
     n = len(items)
     claimed = rows[n:]
-    if claimed:
-        metrics.CLAIMED.inc(len(claimed))
+    metrics.count_claims(claimed)
     return await _with_replays(pool, items, _outcomes(principal, items, rows[:n], saga)), claimed
 
 

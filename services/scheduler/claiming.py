@@ -17,11 +17,20 @@ from services.scheduler import metrics
 from services.scheduler.fragments import RUN_COLUMNS_R
 from services.scheduler.wakeup import RunReadyListener
 
+# claimable now: queued, past any retry backoff, attempts left (the claim and the queue gauges)
+CLAIMABLE_NOW = f"""status IN ({sql_list(TRANSITIONS[Action.CLAIM].allowed_from)})
+       AND (not_before IS NULL OR not_before <= now())
+       AND {attempts_left()}"""
+# when a claimable run became claimable: its last state change (queued, re-queued, resumed) or
+# the end of its retry backoff (GREATEST ignores a NULL not_before)
+READY_SINCE = "GREATEST(updated_at, not_before)"
+
 
 def claim_ctes(
     projects: str, max_runs: int, lease_secs: str, worker_id: str, actor: str, *, single: bool, after: str = ""
 ) -> str:
-    """CTEs `picked`, `claimed` (the claimed rows, RUN_COLUMNS and from_status) and
+    """CTEs `picked`, `claimed` (the claimed rows, RUN_COLUMNS, from_status and claim_wait: seconds
+    since the run became claimable) and
     `claim_aud` (their CLAIMED audit rows), with the given SQL for each parameter.
 
     An ordered scan of awooop_run_claim_idx per project that stops after max_runs unlocked
@@ -43,13 +52,10 @@ def claim_ctes(
     holds a picked row while it waits for a lock."""
     n = int(max_runs)
     gate = f"\n       AND {after}" if after else ""
-    # claimable: queued, past any retry backoff, attempts left
-    ready = f"""status IN ({sql_list(TRANSITIONS[Action.CLAIM].allowed_from)})
-       AND (not_before IS NULL OR not_before <= now())
-       AND {attempts_left()}{gate}"""
+    ready = f"{CLAIMABLE_NOW}{gate}"
     if single:
         picked = f"""picked AS (
-    SELECT run_id, status AS from_status
+    SELECT run_id, status AS from_status, {READY_SINCE} AS ready_since
       FROM awooop_run_state
      WHERE project_id = {projects}::text
        AND {ready}
@@ -59,10 +65,10 @@ def claim_ctes(
 )"""
     else:
         picked = f"""picked AS (
-    SELECT c.run_id, c.from_status
+    SELECT c.run_id, c.from_status, c.ready_since
       FROM unnest({projects}::text[]) AS p(project_id)
      CROSS JOIN LATERAL (
-            SELECT run_id, status AS from_status, created_at
+            SELECT run_id, status AS from_status, created_at, {READY_SINCE} AS ready_since
               FROM awooop_run_state
              WHERE project_id = p.project_id
                AND {ready}
@@ -85,7 +91,8 @@ claimed AS (
            updated_at = now()
       FROM picked p
      WHERE r.run_id = p.run_id
- RETURNING {RUN_COLUMNS_R}, p.from_status
+ RETURNING {RUN_COLUMNS_R}, p.from_status,
+           EXTRACT(EPOCH FROM clock_timestamp() - p.ready_since)::float8 AS claim_wait
 ),
 claim_aud AS (
     {AUDIT_INSERT}
@@ -149,7 +156,7 @@ async def claim_runs(
         with listener.subscribe(projects) as woken:
             rows = await claim(pool, projects, max_runs, lease_ttl, worker_id, actor)
             if rows:
-                metrics.CLAIMED.inc(len(rows))
+                metrics.count_claims(rows)
                 return rows
             left = deadline - time.monotonic()
             if left <= 0 or listener.stopping.is_set():

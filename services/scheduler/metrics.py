@@ -1,8 +1,16 @@
-"""Prometheus metrics of the scheduler (served by the runtime's /metrics endpoint)."""
+"""Prometheus metrics of the scheduler (served by the runtime's /metrics endpoint). Every known
+label value is exported at 0 from start-up; projects appear as the queue sampler (queue.py)
+or a claim first sees them, bounded by AWOOOP_METRICS_MAX_PROJECTS."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from collections.abc import Sequence
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.common.db import Row
+from services.common.observability import preset
+from services.common.runstate import RunStatus
 
 REAPED = Counter(
     "awooop_scheduler_reaped_total",
@@ -36,3 +44,79 @@ LISTEN_UNAVAILABLE = Gauge(
     "AWOOOP_DATABASE_DIRECT_URL); claims poll meanwhile",
 )
 CLAIMS_WAITING = Gauge("awooop_scheduler_claims_waiting", "Long-polling ClaimRuns calls currently waiting for work")
+
+# --- the queue (sampled by queue.py every AWOOOP_QUEUE_METRICS_INTERVAL seconds)
+RUNS = Gauge("awooop_scheduler_runs", "Unfinished runs by project and status (sampled)", ["project", "status"])
+CLAIMABLE = Gauge(
+    "awooop_scheduler_runs_claimable",
+    "Runs a claim could take now (PENDING/RESUMED, past any retry backoff, attempts left), by project (sampled)",
+    ["project"],
+)
+OLDEST_CLAIMABLE = Gauge(
+    "awooop_scheduler_oldest_claimable_age_seconds",
+    "How long the oldest claimable run of the project has been claimable (0: none; sampled)",
+    ["project"],
+)
+SAMPLE_AGE = Gauge(
+    "awooop_scheduler_queue_sampled_timestamp_seconds", "Unix time of the last successful queue sample"
+)
+# time from claimable (queued, re-queued or backoff over) to claimed: the wait a run sees,
+# without the long-poll wait of a ClaimRuns call that grpc_server_handling_seconds includes
+CLAIM_WAIT = Histogram(
+    "awooop_scheduler_claim_wait_seconds",
+    "Time from a run becoming claimable to its claim, by project",
+    ["project"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+)
+
+# the statuses the queue gauges count (finished runs are counted by transitions, not sampled)
+UNFINISHED = ("PENDING", "RESUMED", "RUNNING", "WAITING_TOOL", "WAITING_APPROVAL")
+OTHER_PROJECTS = "_other"  # the label of every project past the limit
+
+preset(REAPED, ("requeued", "failed", "cancelled"))
+preset(TRANSITIONS, [s.value for s in RunStatus])
+preset(
+    LEASE_LOST,
+    (
+        "Heartbeat",
+        "CompleteRun",
+        "CompleteRuns",
+        "FailRun",
+        "ReleaseRun",
+        "WaitTool",
+        "ResumeTool",
+        "AcknowledgeCancel",
+        "RequestApproval",
+    ),
+)
+preset(COMPENSATIONS, ("step_failed", "cancelled", "approval_rejected", "approval_expired", "manual"))
+preset(SAGA_NUDGES, ("ok", "error"))
+
+
+class ProjectLabels:
+    """Bounded project label values: the first `limit` projects seen keep their own label, later
+    ones share OTHER_PROJECTS (a label per project would let tenants grow the series count)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.known: set[str] = set()
+
+    def __call__(self, project: str) -> str:
+        if project in self.known:
+            return project
+        if len(self.known) < self.limit:
+            self.known.add(project)
+            return project
+        return OTHER_PROJECTS
+
+
+PROJECTS = ProjectLabels(100)  # the runtime sets the limit from settings before serving
+
+
+def count_claims(rows: Sequence[Row]) -> None:
+    """Counts claimed rows (with their claim_wait column, seconds) in CLAIMED and CLAIM_WAIT."""
+    if not rows:
+        return
+    CLAIMED.inc(len(rows))
+    for r in rows:
+        CLAIM_WAIT.labels(PROJECTS(r["project_id"])).observe(max(0.0, r["claim_wait"] or 0.0))

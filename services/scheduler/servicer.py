@@ -4,6 +4,7 @@ approvals, reaper, reads); errors are raised as ServiceError and mapped by the i
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,10 +13,10 @@ from google.protobuf.duration_pb2 import Duration
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common import errors
+from services.common import errors, tracing
 from services.common.access import projects_with, require_member, require_role
 from services.common.auth import current_principal
-from services.common.runs import run_to_pb, status_from_pb, status_to_pb, ts
+from services.common.runs import run_to_pb, set_time, status_from_pb, status_to_pb, ts
 from services.common.runtime import AppContext
 from services.common.validate import MAX_ID, MAX_TEXT, Violations, to_struct
 from services.scheduler import approvals, batch_complete, budget, claiming, leases, metrics, reads, transitions
@@ -47,14 +48,19 @@ def _claimed(rows: list[Any]) -> list[scheduler_pb2.ClaimedRun]:
     out = []
     for r in rows:
         run = run_to_pb(r)
-        out.append(
-            scheduler_pb2.ClaimedRun(
-                run=run,
-                lease=common_pb2.LeaseToken(run_id=run.run_id, attempt=r["attempt_count"]),
-                lease_until=run.lease_until,  # converted once, in the Run
-                resumed=r["attempt_count"] > 1,
-            )
+        claimed = scheduler_pb2.ClaimedRun(
+            run=run,
+            lease=common_pb2.LeaseToken(run_id=run.run_id, attempt=r["attempt_count"]),
+            lease_until=run.lease_until,  # converted once, in the Run
+            resumed=r["attempt_count"] > 1,
         )
+        if r["traceparent"]:
+            # the run's trace goes to the worker, which records the claim's span: no span per
+            # claimed run here (recording and exporting one is a visible share of a busy
+            # scheduler's CPU). The claim is the run's last change (updated_at, store clock).
+            claimed.traceparent = r["traceparent"]
+            set_time(claimed.claimable_since, r["updated_at"] - dt.timedelta(seconds=max(0.0, r["claim_wait"] or 0.0)))
+        out.append(claimed)
     return out
 
 
@@ -344,6 +350,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             reason,
             saga=self.saga,
         )
+        if tracing.tracer is not None:  # the decision in the run's trace (linked to the approver's call)
+            with tracing.span(
+                "awooop.run.approval_decided",
+                parent=changed.row["traceparent"],
+                attributes={
+                    "awooop.run_id": run_id,
+                    "awooop.approved": request.decision == scheduler_pb2.DECISION_APPROVE,
+                    "awooop.compensation_requested": changed.compensation_requested,
+                },
+                link_current=True,
+            ):
+                pass
         return scheduler_pb2.DecideApprovalResponse(
             run=run_to_pb(changed.row), compensation_requested=changed.compensation_requested
         )

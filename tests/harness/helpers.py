@@ -146,3 +146,18 @@ async def service_key(rt: Any) -> tuple[tuple[str, str], ...]:
     await principals.grant_role(pool, name, principals.ALL_PROJECTS, "admin")
     issued = await principals.issue_key(pool, name)
     return (("authorization", f"Bearer {issued.key}"),)
+def served(method: str, code: str) -> float:
+    """grpc_server_handled_total of the in-process servers for '/pkg.Svc/Method' and a status name
+    ('UNAVAILABLE')."""
+    from prometheus_client import REGISTRY
+
+    from services.common.observability import GRPC_CODE_NAMES, UNARY, split_method
+
+    service, name = split_method(method)
+    labels = {
+        "grpc_type": UNARY,
+        "grpc_service": service,
+        "grpc_method": name,
+        "grpc_code": GRPC_CODE_NAMES[grpc.StatusCode[code]],
+    }
+    return REGISTRY.get_sample_value("grpc_server_handled_total", labels) or 0.0

@@ -31,6 +31,7 @@ from awooop.ingest.v1 import ingest_pb2_grpc
 from awooop.saga.v1 import saga_pb2_grpc
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from awooop.tools.v1 import tools_pb2_grpc
+from awooop.worker import tracing
 from awooop.worker.errors import AwooopError
 
 DEFAULT_ADDRESSES = {
@@ -155,21 +156,23 @@ def open_channel(
     tls: bool | None = None,
     ca_file: str | None = None,
     options: Sequence[tuple[str, Any]] | None = None,
+    interceptors: Sequence[Any] = (),
 ) -> grpc.aio.Channel:
     """A grpc.aio channel with round_robin, client health checking and the UNAVAILABLE-only
-    retry policy, to one address, a list of them, or a gRPC target URI."""
+    retry policy, to one address, a list of them, or a gRPC target URI (interceptors: tracing's)."""
     ca_file = ca_file or os.environ.get("AWOOOP_TLS_CA_FILE") or None
     if tls is None:
         tls = bool(ca_file) or _env_flag("AWOOOP_TLS")
     target = channel_target(target)
     opts = channel_options(options)
+    extra = list(interceptors) or None
     if not tls:
-        return grpc.aio.insecure_channel(target, options=opts)
+        return grpc.aio.insecure_channel(target, options=opts, interceptors=extra)
     root = None
     if ca_file:
         with open(ca_file, "rb") as f:
             root = f.read()
-    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root), options=opts)
+    return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root), options=opts, interceptors=extra)
 
 
 class Client:
@@ -191,8 +194,11 @@ class Client:
         tls: bool | None = None,
         ca_file: str | None = None,
         channel_options: Sequence[tuple[str, Any]] | None = None,
+        tracer_provider: Any = None,
     ) -> None:
         self.key = api_key(key)
+        # OpenTelemetry: given, or the application's global provider; None: calls are not traced
+        self.tracer_provider = tracing.resolve(tracer_provider)
         given = {"ingest": ingest, "scheduler": scheduler, "saga": saga, "gateway": gateway}
         # (address, where it came from) per service: error messages name the setting to change
         self.sources = {service: resolve_address(service, g) for service, g in given.items()}
@@ -214,7 +220,11 @@ class Client:
     def stub(self, service: str) -> Any:
         if service not in self._stubs:
             ch = open_channel(
-                self.addresses[service], tls=self._tls, ca_file=self._ca_file, options=self._channel_options
+                self.addresses[service],
+                tls=self._tls,
+                ca_file=self._ca_file,
+                options=self._channel_options,
+                interceptors=tracing.client_interceptors(self.tracer_provider),
             )
             self._channels[service] = ch
             self._stubs[service] = STUBS[service](ch)

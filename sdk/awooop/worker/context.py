@@ -30,7 +30,7 @@ from google.protobuf import duration_pb2
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import metrics
+from awooop.worker import metrics, tracing
 from awooop.worker.client import Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.errors import JOURNAL_TOO_LARGE, AwooopError, LeaseLost, RunFinished
@@ -111,8 +111,16 @@ class RunContext:
         worker_id: str,
         stopping: asyncio.Event | None = None,
         completions: CompletionBatcher | None = None,
+        *,
+        tracer: Any = None,
     ) -> None:
         self.client = client
+        self.tracer = tracer  # OpenTelemetry tracer (None: off); each step is a span
+        # W3C traceparent of the run's trace, from the claim (empty: the scheduler traced nothing)
+        self.traceparent: str = claimed.traceparent
+        # when the run became claimable (ns since the epoch; 0: not sent), for the claim's span
+        since = claimed.claimable_since
+        self.claimable_since_ns: int = since.ToNanoseconds() if claimed.HasField("claimable_since") else 0
         # the Worker's batcher (completions share CompleteRuns calls); None: one CompleteRun each
         self.completions = completions
         # set when the worker is shutting down: finish within its grace period or be released
@@ -171,6 +179,26 @@ class RunContext:
         fails, is rejected or cancelled: a dict {"tool_id", "params", "reason"} or a function of
         the result returning one. If fn raises, the step is journaled failed and the error re-raised.
         """
+        attributes = {"awooop.step_id": step_id, "awooop.step_type": step_type or "", "awooop.tool_id": tool_id or ""}
+        with tracing.span(self.tracer, "awooop.worker.step", attributes=attributes) as span:
+            result = await self._step(
+                step_id, fn, step_type=step_type, tool_id=tool_id, params=params, compensation=compensation
+            )
+            if span is not None:
+                span.set_attribute("awooop.action", self.actions.get(step_id, ""))
+            return result
+
+    async def _step(
+        self,
+        step_id: str,
+        fn: Callable[[StepCall], Any],
+        *,
+        step_type: str | None = None,
+        tool_id: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        compensation: Compensation = None,
+    ) -> Json:
+        """step without its span."""
         self._live(f"step {step_id}")
         kind = step_type or ("tool_call" if tool_id else "callback")
         if kind not in STEP_TYPES:
@@ -291,7 +319,7 @@ class RunContext:
         base.result.CopyFrom(to_struct(result))
         resp = await self._record(base)
         if resp is None:  # an older saga service: journal it the two-call way
-            return await self.step(step_id, lambda _: result, step_type=kind, params=args)
+            return await self._step(step_id, lambda _: result, step_type=kind, params=args)
         return result if resp.recorded else from_struct(resp.step.result)  # the first recorded result stands
 
     async def _record(self, request: saga_pb2.RecordStepRequest) -> saga_pb2.RecordStepResponse | None:
@@ -315,6 +343,14 @@ class RunContext:
         waits in WAITING_APPROVAL, and the returned token must reach the approver. Reject or expiry
         fails the run and compensates it; approval resumes it and the handler runs again from the
         top, skipping completed steps, and this call then returns granted=True."""
+        with tracing.span(self.tracer, "awooop.worker.approval", attributes={"awooop.step_id": step_id}) as span:
+            approval = await self._request_approval(summary, step_id=step_id, ttl=ttl)
+            if span is not None:
+                span.set_attribute("awooop.approved", approval.granted)
+            return approval
+
+    async def _request_approval(self, summary: str, *, step_id: str = "approval", ttl: float | None = None) -> Approval:
+        """request_approval without its span."""
         self._live("request_approval")
         begin = await self.client.call(
             self.client.saga.BeginStep,

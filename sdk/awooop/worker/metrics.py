@@ -1,11 +1,41 @@
-"""Prometheus metrics of a worker process (exposed only if the application serves the registry)."""
+"""Prometheus metrics of a worker process.
+
+They are created outside any registry and registered in the default one by the first Worker
+constructed (`register`): a process that only imports the SDK (the `awooop` command line, a
+server process) exports none of them. Expose them with `prometheus_client.start_http_server`.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+import threading
 
-RUNS = Counter("awooop_worker_runs_total", "Runs handled by this worker, by outcome", ["outcome"])
-STEPS = Counter("awooop_worker_steps_total", "Journaled steps, by BeginStep action", ["action"])
-HEARTBEATS = Counter("awooop_worker_heartbeats_total", "Heartbeat calls, by result", ["result"])
-LEASES_LOST = Counter("awooop_worker_leases_lost_total", "Handlers stopped because their lease was lost")
-HELD = Gauge("awooop_worker_leases_held", "Leases this worker holds now")
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+RUNS = Counter("awooop_worker_runs_total", "Runs handled by this worker, by outcome", ["outcome"], registry=None)
+STEPS = Counter("awooop_worker_steps_total", "Journaled steps, by BeginStep action", ["action"], registry=None)
+HEARTBEATS = Counter("awooop_worker_heartbeats_total", "Heartbeat calls, by result", ["result"], registry=None)
+LEASES_LOST = Counter(
+    "awooop_worker_leases_lost_total", "Handlers stopped because their lease was lost", registry=None
+)
+HELD = Gauge("awooop_worker_leases_held", "Leases this worker holds now", registry=None)
+
+# every known label value at 0 from the start, so increase() alerts see the first increment
+for _o in ("completed", "failed", "waiting_approval", "cancelled", "released", "lost", "error"):
+    RUNS.labels(_o)
+for _a in ("execute", "skip", "retry"):
+    STEPS.labels(_a)
+for _r in ("ok", "error"):
+    HEARTBEATS.labels(_r)
+
+_registered: set[int] = set()
+_lock = threading.Lock()
+
+
+def register(registry: CollectorRegistry = REGISTRY) -> None:
+    """Registers the worker metrics in registry (once per registry; Worker() calls it)."""
+    with _lock:
+        if id(registry) in _registered:
+            return
+        for m in (RUNS, STEPS, HEARTBEATS, LEASES_LOST, HELD):
+            registry.register(m)
+        _registered.add(id(registry))

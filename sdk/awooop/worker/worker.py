@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from opentelemetry import trace
 
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import metrics
+from awooop.worker import metrics, tracing
 from awooop.worker.client import DEFAULT_TIMEOUT, Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.context import Handler, RunContext, _duration
@@ -120,7 +121,9 @@ class Worker:
         ca_file: str | None = None,
         client: Client | None = None,
         channel_options: Sequence[tuple[str, Any]] | None = None,
+        tracer_provider: Any = None,
     ) -> None:
+        metrics.register()  # a process with a Worker exports the awooop_worker_* metrics
         self.handler = handler
         self.projects = list(projects)
         if not self.projects:
@@ -146,7 +149,11 @@ class Worker:
             tls=tls,
             ca_file=ca_file,
             channel_options=channel_options,
+            tracer_provider=tracer_provider,
         )
+        # OpenTelemetry (None: off): each run a span of its trace, each step a child span
+        provider = tracing.resolve(tracer_provider) or self.client.tracer_provider
+        self.tracer = provider.get_tracer(tracing.SCOPE) if provider is not None else None
         self.completions = CompletionBatcher(self.client)
         self.stats = WorkerStats()
         self._held: dict[tuple[str, int], _Held] = {}
@@ -305,7 +312,7 @@ class Worker:
         return False
 
     def _start(self, claimed: scheduler_pb2.ClaimedRun) -> None:
-        ctx = RunContext(self.client, claimed, self.worker_id, self._stopping, self.completions)
+        ctx = RunContext(self.client, claimed, self.worker_id, self._stopping, self.completions, tracer=self.tracer)
         ttl = self.lease_ttl or _granted_ttl(claimed) or 300.0
         h = _Held(ctx=ctx, ttl=ttl, renewed_until=time.monotonic() + ttl)
         self._held[h.key] = h
@@ -317,6 +324,22 @@ class Worker:
     # --- one run ---
 
     async def _execute(self, h: _Held) -> None:
+        ctx = h.ctx
+        attributes = {"awooop.run_id": ctx.run_id, "awooop.attempt": ctx.attempt, "awooop.worker_id": self.worker_id}
+        with tracing.span(
+            self.tracer,
+            "awooop.worker.run",
+            traceparent=ctx.traceparent,
+            attributes=attributes,
+            kind=trace.SpanKind.CONSUMER,
+            claimed_since_ns=ctx.claimable_since_ns,
+        ) as span:
+            if span is not None:  # the run's log lines name its trace
+                trace_id = format(span.get_span_context().trace_id, "032x")
+                ctx.log.extra = {**(ctx.log.extra or {}), "trace_id": trace_id}
+            await self._execute_traced(h)
+
+    async def _execute_traced(self, h: _Held) -> None:
         ctx = h.ctx
         try:
             try:

@@ -140,8 +140,14 @@ class ClaimedRun(_message.Message):
     LEASE_FIELD_NUMBER: _builtins.int
     LEASE_UNTIL_FIELD_NUMBER: _builtins.int
     RESUMED_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    CLAIMABLE_SINCE_FIELD_NUMBER: _builtins.int
     resumed: _builtins.bool
     """True when an earlier attempt already ran (journal may hold completed steps)."""
+    traceparent: _builtins.str
+    """W3C traceparent of the run's trace, stored when the run was created with tracing on (empty
+    otherwise): a worker's spans for this run continue it.
+    """
     @_builtins.property
     def run(self) -> _common_pb2.Run:
         """The run, now RUNNING."""
@@ -154,6 +160,12 @@ class ClaimedRun(_message.Message):
     def lease_until(self) -> _timestamp_pb2.Timestamp:
         """Lease deadline; renew with Heartbeat before it."""
 
+    @_builtins.property
+    def claimable_since(self) -> _timestamp_pb2.Timestamp:
+        """When the run became claimable (queued, re-queued, resumed, or its backoff ended), set with
+        traceparent: the worker records the queue wait as the claim's span of the run's trace.
+        """
+
     def __init__(
         self,
         *,
@@ -161,10 +173,12 @@ class ClaimedRun(_message.Message):
         lease: _common_pb2.LeaseToken | None = ...,
         lease_until: _timestamp_pb2.Timestamp | None = ...,
         resumed: _builtins.bool = ...,
+        traceparent: _builtins.str = ...,
+        claimable_since: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "lease_until", b"lease_until", "run", b"run"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["claimable_since", b"claimable_since", "lease", b"lease", "lease_until", b"lease_until", "run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "lease_until", b"lease_until", "resumed", b"resumed", "run", b"run"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimable_since", b"claimable_since", "lease", b"lease", "lease_until", b"lease_until", "resumed", b"resumed", "run", b"run", "traceparent", b"traceparent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

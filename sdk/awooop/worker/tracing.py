@@ -1,0 +1,61 @@
+"""OpenTelemetry in the worker SDK: a claimed run's handler runs in a span of the run's trace
+(ClaimedRun.traceparent, from the scheduler), after a span of the claim covering the queue wait
+(from ClaimedRun.claimable_since); each journaled step is a child span, and the SDK's calls
+carry the current span as W3C `traceparent` metadata, so the saga's spans join too.
+
+Off unless the application gives a TracerProvider (Worker(tracer_provider=...)) or installed
+one globally (opentelemetry.trace.set_tracer_provider); off, nothing is added to a call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+SCOPE = "awooop.worker"
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def resolve(tracer_provider: Any) -> Any:
+    """tracer_provider, else the global one when the application set one, else None (off)."""
+    if tracer_provider is not None:
+        return tracer_provider
+    current = trace.get_tracer_provider()
+    return None if isinstance(current, trace.ProxyTracerProvider | trace.NoOpTracerProvider) else current
+
+
+def client_interceptors(tracer_provider: Any) -> list[Any]:
+    if tracer_provider is None:
+        return []
+    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+
+    return list(aio_client_interceptors(tracer_provider=tracer_provider))  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def span(
+    tracer: trace.Tracer | None,
+    name: str,
+    *,
+    traceparent: str = "",
+    attributes: Mapping[str, Any] | None = None,
+    kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+    claimed_since_ns: int = 0,
+) -> Iterator[trace.Span | None]:
+    """A span current inside the block: a child of traceparent when given, else of the current
+    span. claimed_since_ns: first record the claim as a span of that trace from then (the run
+    became claimable) to now, and make the new span its child. Yields None when tracing is off."""
+    if tracer is None:
+        yield None
+        return
+    parent = _PROPAGATOR.extract({"traceparent": traceparent}) if traceparent else None
+    if parent is not None and claimed_since_ns:
+        claim = tracer.start_span("awooop.run.claim", context=parent, start_time=claimed_since_ns)
+        claim.end()
+        parent = trace.set_span_in_context(claim)
+    with tracer.start_as_current_span(name, context=parent, kind=kind, attributes=dict(attributes or {})) as s:
+        yield s
