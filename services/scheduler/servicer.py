@@ -4,6 +4,7 @@ approvals, reaper, reads); errors are raised as ServiceError and mapped by the i
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,10 +15,10 @@ from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors
 from services.common.auth import current_principal
-from services.common.runs import run_to_pb, status_from_pb, status_to_pb, ts
+from services.common.runs import STATUSES, channel_from_pb, run_to_pb, status_from_pb, status_to_pb, ts
 from services.common.runtime import AppContext
 from services.common.validate import Violations, to_struct
-from services.scheduler import approvals, batch_complete, claiming, leases, metrics, reads, transitions
+from services.scheduler import approvals, batch_complete, claiming, leases, metrics, overview, reads, transitions
 from services.scheduler.access import projects_with
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.wakeup import RunReadyListener
@@ -35,6 +36,7 @@ MAX_ERROR_CODE = 64  # awooop_run_state.error_code VARCHAR(64)
 MAX_ID = 128  # worker ids and tool ids (VARCHAR(128))
 MAX_APPROVAL_TOKEN = 256
 MAX_PAGE_SIZE = 500
+MAX_PROVIDER_EVENT_ID = 256  # awooop_run_state.provider_event_id VARCHAR(256)
 DEFAULT_PAGE_SIZE = 50
 INT32_MAX = 2**31 - 1
 
@@ -354,18 +356,64 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             if v.check(s in common_pb2.RunStatus.values() and s != 0, f"statuses[{i}]", "unknown or UNSPECIFIED"):
                 statuses.append(status_from_pb(s))
         page_size = v.int_range("page_size", request.page_size, 1, MAX_PAGE_SIZE, default=DEFAULT_PAGE_SIZE)
+        channels = []
+        for i, c in enumerate(request.channel_types):
+            known = c in common_pb2.ChannelType.values() and c != 0
+            if v.check(known, f"channel_types[{i}]", "unknown or UNSPECIFIED"):
+                channels.append(channel_from_pb(c))
+        event_id = v.text("provider_event_id", request.provider_event_id, max_len=MAX_PROVIDER_EVENT_ID)
         after = None
         if request.page_token:
             after = reads.decode_page_token(request.page_token)
             v.check(after is not None, "page_token", "not a token returned by ListRuns")
         v.raise_if_any()
+        self._require_member(project_id)
+        where = reads.RunFilter(
+            statuses=sorted(set(statuses)) or None,
+            channels=sorted(set(channels)) or None,
+            created_after=request.created_after.ToDatetime(dt.UTC) if request.HasField("created_after") else None,
+            created_before=request.created_before.ToDatetime(dt.UTC) if request.HasField("created_before") else None,
+            provider_event_id=event_id or None,
+        )
+        rows, next_token = await reads.list_runs(self.pool, project_id, where, page_size, after)
+        return scheduler_pb2.ListRunsResponse(runs=[run_to_pb(r) for r in rows], next_page_token=next_token)
+
+    def _require_member(self, project_id: str) -> None:
+        """Calls that name a project: PERMISSION_DENIED naming it when the caller has no role there."""
         principal = current_principal()
         if not principal.roles_in(project_id):
             raise errors.forbidden(
                 f"principal {principal.principal_id} has no role in project {project_id}", project_id=project_id
             )
-        rows, next_token = await reads.list_runs(self.pool, project_id, sorted(set(statuses)) or None, page_size, after)
-        return scheduler_pb2.ListRunsResponse(runs=[run_to_pb(r) for r in rows], next_page_token=next_token)
+
+    async def CountRuns(
+        self, request: scheduler_pb2.CountRunsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.CountRunsResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        v.raise_if_any()
+        self._require_member(project_id)
+        counts = await overview.count_runs(self.pool, project_id)
+        resp = scheduler_pb2.CountRunsResponse(
+            counts=[
+                scheduler_pb2.StatusCount(
+                    status=status_to_pb(s),  # type: ignore[arg-type]
+                    count=counts.by_status.get(s, 0),
+                )
+                for s in STATUSES
+            ],
+            total=sum(counts.by_status.values()),
+        )
+        if counts.oldest_claimable is not None:
+            resp.oldest_claimable_created_at.CopyFrom(ts(counts.oldest_claimable))
+            resp.oldest_claimable_age.FromTimedelta(max(counts.db_now - counts.oldest_claimable, dt.timedelta(0)))
+        return resp
+
+    async def ListProjects(
+        self, request: scheduler_pb2.ListProjectsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ListProjectsResponse:
+        projects, everything = await overview.list_projects(self.pool, current_principal())
+        return scheduler_pb2.ListProjectsResponse(project_ids=projects, all_projects=everything)
 
     async def GetRunHistory(
         self, request: scheduler_pb2.GetRunHistoryRequest, context: grpc.aio.ServicerContext
