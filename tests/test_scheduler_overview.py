@@ -57,7 +57,9 @@ async def test_count_runs_per_status_and_the_oldest_claimable_age(s: Sched) -> N
     )
 
 
-async def test_list_projects_names_the_callers_projects(start_services: Any, channels: Any, db: Any, make_key: Any) -> None:
+async def test_list_projects_names_the_callers_projects(
+    start_services: Any, channels: Any, db: Any, make_key: Any
+) -> None:
     sched = await make_sched(start_services, channels, db, make_key)
     await insert_runs(db, "p", 1)
     await insert_runs(db, "q", 1)
