@@ -106,3 +106,20 @@ async def test_list_runs_filters_by_channel_time_and_provider_event(s: Sched) ->
         errors.FIELD_INVALID,
     )
     assert errors.bad_request(err).field_violations[0].field == "channel_types[0]"  # type: ignore[union-attr]
+
+
+async def test_list_runs_filters_by_saga_status(s: Sched) -> None:  # noqa: F811
+    ids = await insert_runs(s.db, "p", 3)
+    await s.db.execute(
+        "UPDATE awooop_run_state SET status = 'FAILED', saga_status = 'compensation_failed' WHERE run_id = $1", ids[1]
+    )
+    resp = await s.stub.ListRuns(
+        pb.ListRunsRequest(project_id="p", saga_statuses=[common_pb2.SAGA_STATUS_COMPENSATION_FAILED]),
+        metadata=s.approver,
+    )
+    assert [r.run_id for r in resp.runs] == [ids[1]]
+    await expect_error(
+        s.stub.ListRuns(pb.ListRunsRequest(project_id="p", saga_statuses=[99]), metadata=s.approver),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        errors.FIELD_INVALID,
+    )

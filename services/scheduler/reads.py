@@ -24,11 +24,13 @@ GET_SQL = f"SELECT {RUN_COLUMNS} FROM awooop_run_state WHERE run_id = $1"
 
 # Newest first, keyset-paginated on (created_at DESC, run_id) to follow awooop_run_list_idx.
 # $1 project, $2 statuses (NULL: all), $3 limit, $4 channels (NULL: all), $5 created at or after,
-# $6 created before, $7 provider event id (NULL: any); next pages: $8 created_at, $9 run_id of the last row.
+# $6 created before, $7 provider event id (NULL: any), $8 saga statuses (NULL: all); next pages:
+# $9 created_at, $10 run_id of the last row.
 LIST_FILTER = """project_id = $1 AND ($2::text[] IS NULL OR status = ANY($2::text[]))
    AND ($4::text[] IS NULL OR channel_type = ANY($4::text[]))
    AND ($5::timestamptz IS NULL OR created_at >= $5) AND ($6::timestamptz IS NULL OR created_at < $6)
-   AND ($7::text IS NULL OR provider_event_id = $7)"""
+   AND ($7::text IS NULL OR provider_event_id = $7)
+   AND ($8::text[] IS NULL OR saga_status = ANY($8::text[]))"""
 
 LIST_FIRST_SQL = f"""
 SELECT {RUN_COLUMNS} FROM awooop_run_state
@@ -39,7 +41,7 @@ SELECT {RUN_COLUMNS} FROM awooop_run_state
 LIST_AFTER_SQL = f"""
 SELECT {RUN_COLUMNS} FROM awooop_run_state
  WHERE {LIST_FILTER}
-   AND created_at <= $8 AND (created_at < $8 OR run_id > $9)
+   AND created_at <= $9 AND (created_at < $9 OR run_id > $10)
  ORDER BY created_at DESC, run_id
  LIMIT $3"""
 
@@ -53,9 +55,10 @@ class RunFilter:
     created_after: dt.datetime | None = None
     created_before: dt.datetime | None = None
     provider_event_id: str | None = None
+    saga_statuses: list[str] | None = None
 
     def args(self) -> tuple[object, ...]:
-        return (self.channels, self.created_after, self.created_before, self.provider_event_id)
+        return (self.channels, self.created_after, self.created_before, self.provider_event_id, self.saga_statuses)
 
 
 # The run's project comes with the events, so one round trip answers and authorizes.

@@ -361,6 +361,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             known = c in common_pb2.ChannelType.values() and c != 0
             if v.check(known, f"channel_types[{i}]", "unknown or UNSPECIFIED"):
                 channels.append(channel_from_pb(c))
+        sagas = []
+        for i, g in enumerate(request.saga_statuses):
+            if v.check(g in common_pb2.SagaStatus.values() and g != 0, f"saga_statuses[{i}]", "unknown or UNSPECIFIED"):
+                sagas.append(common_pb2.SagaStatus.Name(g).removeprefix("SAGA_STATUS_").lower())
         event_id = v.text("provider_event_id", request.provider_event_id, max_len=MAX_PROVIDER_EVENT_ID)
         after = None
         if request.page_token:
@@ -374,6 +378,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             created_after=request.created_after.ToDatetime(dt.UTC) if request.HasField("created_after") else None,
             created_before=request.created_before.ToDatetime(dt.UTC) if request.HasField("created_before") else None,
             provider_event_id=event_id or None,
+            saga_statuses=sorted(set(sagas)) or None,
         )
         rows, next_token = await reads.list_runs(self.pool, project_id, where, page_size, after)
         return scheduler_pb2.ListRunsResponse(runs=[run_to_pb(r) for r in rows], next_page_token=next_token)

@@ -964,6 +964,7 @@ class ListRunsRequest(_message.Message):
     CREATED_AFTER_FIELD_NUMBER: _builtins.int
     CREATED_BEFORE_FIELD_NUMBER: _builtins.int
     PROVIDER_EVENT_ID_FIELD_NUMBER: _builtins.int
+    SAGA_STATUSES_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     page_size: _builtins.int
@@ -988,6 +989,10 @@ class ListRunsRequest(_message.Message):
     def created_before(self) -> _timestamp_pb2.Timestamp:
         """Only runs created before this time."""
 
+    @_builtins.property
+    def saga_statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.SagaStatus.ValueType]:
+        """Only runs whose saga has one of these statuses (e.g. COMPENSATION_FAILED); empty means all."""
+
     def __init__(
         self,
         *,
@@ -999,10 +1004,11 @@ class ListRunsRequest(_message.Message):
         created_after: _timestamp_pb2.Timestamp | None = ...,
         created_before: _timestamp_pb2.Timestamp | None = ...,
         provider_event_id: _builtins.str = ...,
+        saga_statuses: _abc.Iterable[_common_pb2.SagaStatus.ValueType] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_types", b"channel_types", "created_after", b"created_after", "created_before", b"created_before", "page_size", b"page_size", "page_token", b"page_token", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_types", b"channel_types", "created_after", b"created_after", "created_before", b"created_before", "page_size", b"page_size", "page_token", b"page_token", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "saga_statuses", b"saga_statuses", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
