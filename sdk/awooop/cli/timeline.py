@@ -23,23 +23,23 @@ HIDDEN_DETAILS = ("lease_until", "expires_at")
 
 
 def status_name(value: int) -> str:
-    return enum_name(common_pb2.RunStatus, value, "RUN_STATUS_")
+    return str(enum_name(common_pb2.RunStatus, value, "RUN_STATUS_"))
 
 
 def saga_name(value: int) -> str:
-    return enum_name(common_pb2.SagaStatus, value, "SAGA_STATUS_").lower()
+    return str(enum_name(common_pb2.SagaStatus, value, "SAGA_STATUS_")).lower()
 
 
 def channel_name(value: int) -> str:
-    return enum_name(common_pb2.ChannelType, value, "CHANNEL_TYPE_").lower()
+    return str(enum_name(common_pb2.ChannelType, value, "CHANNEL_TYPE_")).lower()
 
 
 def step_status(value: int) -> str:
-    return enum_name(common_pb2.StepStatus, value, "STEP_STATUS_").lower()
+    return str(enum_name(common_pb2.StepStatus, value, "STEP_STATUS_")).lower()
 
 
 def step_type(value: int) -> str:
-    return enum_name(common_pb2.StepType, value, "STEP_TYPE_").lower()
+    return str(enum_name(common_pb2.StepType, value, "STEP_TYPE_")).lower()
 
 
 def dumps(value: Any) -> str:
