@@ -27,7 +27,7 @@ from services.common.settings import Settings, SettingsError
 from services.console import security
 from services.console.backend import Backend
 from services.console.sessions import SessionStore
-from services.console.views import Console
+from services.console.views import SESSION, TOKEN, Console
 
 log = logging.getLogger("awooop.console")
 HERE = Path(__file__).resolve().parent
@@ -93,8 +93,10 @@ async def _healthz(request: web.Request) -> web.Response:
 async def _session(request: web.Request, handler: security.Handler) -> web.StreamResponse:
     console = request.app[CONSOLE_KEY]
     token = request.cookies.get(security.SESSION_COOKIE, "")
-    request["token"] = token
-    request["session"] = await console.sessions.get(token) if token else None
+    request[TOKEN] = token
+    session = await console.sessions.get(token) if token else None
+    if session is not None:
+        request[SESSION] = session
     return await handler(request)
 
 
@@ -109,7 +111,7 @@ async def _csrf(request: web.Request, handler: security.Handler) -> web.StreamRe
     if request.path == "/signin":
         expected = request.cookies.get(security.SIGNIN_COOKIE, "")
     else:
-        session = request.get("session")
+        session = request.get(SESSION)
         if session is None:
             raise web.HTTPSeeOther("/signin?msg=expired")
         expected = session.csrf
@@ -125,7 +127,7 @@ async def _service_errors(request: web.Request, handler: security.Handler) -> we
     except AwooopError as err:
         console = request.app[CONSOLE_KEY]
         if err.code.name == "UNAUTHENTICATED":  # the key was revoked since sign-in: end the session
-            await console.sessions.revoke(request.get("token", ""))
+            await console.sessions.revoke(request.get(TOKEN, ""))
             response = web.HTTPSeeOther("/signin?msg=expired")
             response.del_cookie(security.SESSION_COOKIE, path="/")
             raise response from None

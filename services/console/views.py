@@ -21,6 +21,10 @@ from services.console import pages, security
 from services.console.backend import Backend
 from services.console.sessions import Session, SessionStore
 
+# what the session middleware (app.py) resolved from the cookie
+SESSION = web.RequestKey("session", Session)
+TOKEN = web.RequestKey("token", str)
+
 RUNS_PAGE = 50
 APPROVALS_PAGE = 20
 MAX_REASON = 4096
@@ -51,7 +55,7 @@ class Console:
     # --- helpers -----------------------------------------------------------------------------
 
     def render(self, request: web.Request, name: str, status: int = 200, **ctx: Any) -> web.Response:
-        session: Session | None = request.get("session")
+        session = request.get(SESSION)
         msg = MESSAGES.get(request.query.get("msg", ""), "")
         html = self.templates.get_template(name).render(
             session=session, csrf=session.csrf if session else "", path=request.path_qs, message=msg, **ctx
@@ -59,7 +63,7 @@ class Console:
         return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
 
     def need(self, request: web.Request) -> Session:
-        session: Session | None = request.get("session")
+        session = request.get(SESSION)
         if session is None:
             raise web.HTTPSeeOther("/signin?" + urlencode({"next": request.path_qs}))
         return session
@@ -105,13 +109,13 @@ class Console:
             max_age=int(self.sessions.ttl),
         )
         response.del_cookie(security.SIGNIN_COOKIE, path="/signin")
-        return response
+        raise response
 
     async def signout(self, request: web.Request) -> web.StreamResponse:
-        await self.sessions.revoke(request.get("token", ""))
+        await self.sessions.revoke(request.get(TOKEN, ""))
         response = web.HTTPSeeOther("/signin?msg=signedout")
         response.del_cookie(security.SESSION_COOKIE, path="/")
-        return response
+        raise response
 
     # --- projects and runs ---------------------------------------------------------------------
 
@@ -253,7 +257,14 @@ class Console:
         if not _is_uuid(run_id):
             raise web.HTTPNotFound(text="no such approval")
         run = (await self.call(request, self.backend.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id))).run
-        journal = await self.call(request, self.backend.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=run_id))
+        steps, problem = [], ""
+        try:  # the journal is worker/approver reading: a key without either still sees the question
+            journal = await self.call(request, self.backend.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=run_id))
+            steps = [pages.step_view(s) for s in journal.steps]
+        except AwooopError as err:
+            if err.code.name not in ("PERMISSION_DENIED", "NOT_FOUND"):
+                raise
+            problem = f"journal: {err.details.render()}"
         state, sentence = pages.approval_state(run, time.time())
         return self.render(
             request,
@@ -262,10 +273,10 @@ class Console:
             run=pages.run_row(run),
             question=run.approval_summary,
             expires=_when_expires(run),
-            steps=[pages.step_view(s) for s in journal.steps],
+            steps=steps,
             state=state,
             sentence=sentence,
-            error="",
+            error=problem,
         )
 
     async def approval_link_post(self, request: web.Request) -> web.StreamResponse:
