@@ -94,7 +94,7 @@ async def test_every_answer_has_the_strict_headers(env: ConsoleEnv, browser: Bro
         _, _, r = await browser.get(path, allow_redirects=False)
         assert r.headers["Content-Security-Policy"] == CSP, path
         assert "script-src" not in CSP and "'unsafe-inline'" not in CSP
-        assert r.headers["X-Content-Type-Options"] == "nosniff" and r.headers["Referrer-Policy"] == "no-referrer"
+        assert r.headers["X-Content-Type-Options"] == "nosniff" and r.headers["Referrer-Policy"] == "same-origin"
         assert r.headers["X-Frame-Options"] == "DENY"
 
 

@@ -117,9 +117,20 @@ class StepView:
     resolved_by: str
     resolution_reason: str
     compensation_failed: bool
+    skipped_later: bool  # finished by an earlier attempt than the run's latest: later attempts skip it
 
 
-def step_view(s: common_pb2.SagaStep) -> StepView:
+# a step in one of these was finished, so a later attempt's BeginStep answers SKIP for it
+FINISHED = {
+    common_pb2.STEP_STATUS_COMPLETED,
+    common_pb2.STEP_STATUS_COMPENSATING,
+    common_pb2.STEP_STATUS_COMPENSATED,
+    common_pb2.STEP_STATUS_COMPENSATION_FAILED,
+    common_pb2.STEP_STATUS_RESOLVED,
+}
+
+
+def step_view(s: common_pb2.SagaStep, run_attempt: int = 0) -> StepView:
     return StepView(
         seq=s.seq,
         step_id=s.step_id,
@@ -138,6 +149,7 @@ def step_view(s: common_pb2.SagaStep) -> StepView:
         resolved_by=s.resolved_by,
         resolution_reason=s.resolution_reason,
         compensation_failed=s.status == common_pb2.STEP_STATUS_COMPENSATION_FAILED,
+        skipped_later=s.status in FINISHED and 0 < s.attempt < run_attempt,
     )
 
 
@@ -187,7 +199,7 @@ def run_page(
     problems: list[str],
 ) -> RunPage:
     entries = timeline.build(history, journal)
-    steps = [step_view(s) for s in (journal.steps if journal is not None else [])]
+    steps = [step_view(s, run.attempt_count) for s in (journal.steps if journal is not None else [])]
     f: list[tuple[str, str]] = [
         ("project", run.project_id),
         ("channel", timeline.channel_name(run.channel_type)),

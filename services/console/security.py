@@ -23,8 +23,9 @@ HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
     "X-Frame-Options": "DENY",
-    # approval links carry a token in the path: never leak it to another site
-    "Referrer-Policy": "no-referrer",
+    # approval links carry a token in the path: never send it to another site (same-origin, not
+    # no-referrer: under no-referrer browsers post forms with `Origin: null`, which same_origin refuses)
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
     "Cross-Origin-Opener-Policy": "same-origin",
 }
