@@ -26,16 +26,16 @@ async def env(start_services: Any, make_key: Any, db: Any) -> AsyncIterator[Cons
 class Browser:
     """A cookie-keeping HTTP client that follows the console's forms like a browser would."""
 
-    def __init__(self, env: ConsoleEnv) -> None:
-        self.env = env
+    def __init__(self, url: str) -> None:
+        self.url = url
         self.http = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))  # cookies of 127.0.0.1
 
     async def get(self, path: str, **kw: Any) -> tuple[int, str, aiohttp.ClientResponse]:
-        async with self.http.get(self.env.url + path, **kw) as r:
+        async with self.http.get(self.url + path, **kw) as r:
             return r.status, await r.text(), r
 
     async def post(self, path: str, data: dict[str, str], **kw: Any) -> tuple[int, str, aiohttp.ClientResponse]:
-        async with self.http.post(self.env.url + path, data=data, **kw) as r:
+        async with self.http.post(self.url + path, data=data, **kw) as r:
             return r.status, await r.text(), r
 
     async def csrf(self, path: str) -> str:
@@ -60,7 +60,7 @@ class Browser:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def browser(env: ConsoleEnv) -> AsyncIterator[Browser]:
-    b = Browser(env)
+    b = Browser(env.url)
     yield b
     await b.close()
 
@@ -163,7 +163,7 @@ async def test_sessions_end_at_sign_out_at_expiry_and_when_the_key_is_revoked(
     assert status == 303 and r.headers["Location"].startswith("/signin")
 
     # a key revoked in the services ends its console session at the next page
-    b2 = Browser(env)
+    b2 = Browser(env.url)
     try:
         await b2.signin(env.viewer_key)
         status, _, _ = await b2.get("/projects/ops/runs")
@@ -286,3 +286,54 @@ async def test_a_run_of_many_steps_is_paginated(env: ConsoleEnv, browser: Browse
     status, html, _ = await browser.get(f"/runs/{run_id}?st=2")
     assert html.count('<tr id="step-') == 30 and "step-129" in html
     assert "leased by worker console-test-worker" in html  # why it is not moving
+
+
+async def test_awooop_serve_console_is_a_real_process(env: ConsoleEnv, settings: Any, tmp_path: Any) -> None:
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from services.common.embedded import free_port
+    from tests.helpers import ROOT, eventually, settings_env
+
+    port = free_port()
+    child = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | settings_env(settings)
+    child |= {
+        "AWOOOP_CONSOLE_PORT": str(port),
+        "AWOOOP_CONSOLE_SCHEDULER_ADDR": env.addr("scheduler"),
+        "AWOOOP_CONSOLE_SAGA_ADDR": env.addr("saga"),
+        "AWOOOP_METRICS_PORT": "0",
+    }
+    log = open(tmp_path / "console.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awooop.cli", "serve", "console"], env=child, cwd=ROOT, stdout=log, stderr=log
+    )
+    try:
+
+        async def up() -> bool:
+            assert proc.poll() is None, (tmp_path / "console.log").read_text()
+            try:
+                with await asyncio.to_thread(urllib.request.urlopen, f"http://127.0.0.1:{port}/healthz", timeout=2):
+                    return True
+            except OSError:
+                return False
+
+        await eventually(up, timeout=30, what="awooop serve console")
+        other = Browser(f"http://127.0.0.1:{port}")
+        try:
+            status, _, _ = await other.signin(env.admin_key)
+            assert status == 303
+            status, html, _ = await other.get("/projects/ops/runs")
+            assert status == 200 and "Runs of ops" in html
+        finally:
+            await other.close()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
