@@ -199,7 +199,15 @@ def run_page(
     problems: list[str],
 ) -> RunPage:
     entries = timeline.build(history, journal)
-    steps = [step_view(s, run.attempt_count) for s in (journal.steps if journal is not None else [])]
+    raw_steps = list(journal.steps) if journal is not None else []
+    # views (pretty JSON of params and results) only for the page shown: a run may have 1,000 steps
+    steps_page_raw = paginate(raw_steps, steps_page, STEPS_PAGE)
+    steps = Page(
+        [step_view(s, run.attempt_count) for s in steps_page_raw.items],
+        steps_page_raw.number,
+        steps_page_raw.pages,
+        steps_page_raw.total,
+    )
     f: list[tuple[str, str]] = [
         ("project", run.project_id),
         ("channel", timeline.channel_name(run.channel_type)),
@@ -224,7 +232,9 @@ def run_page(
     f.append(("created", when(run.created_at)))
     f.append(("updated", when(run.updated_at)))
     terminal = run.status in TERMINAL
-    undo_pending = any(s.status == "completed" and s.compensation for s in steps)
+    undo_pending = any(
+        s.status == common_pb2.STEP_STATUS_COMPLETED and s.HasField("compensation_cmd") for s in raw_steps
+    )
     refresh = run.saga_status == common_pb2.SAGA_STATUS_COMPENSATING or (
         run.status in (common_pb2.RUN_STATUS_FAILED, common_pb2.RUN_STATUS_CANCELLED)
         and run.saga_status == common_pb2.SAGA_STATUS_IN_PROGRESS
@@ -237,9 +247,11 @@ def run_page(
         input=struct_text(run, "input"),
         output=struct_text(run, "output"),
         timeline=paginate(entries, timeline_page, TIMELINE_PAGE),
-        steps=paginate(steps, steps_page, STEPS_PAGE),
+        steps=steps,
         saga=timeline.saga_name(run.saga_status),
-        failed_steps=[s for s in steps if s.compensation_failed],
+        failed_steps=[
+            step_view(s, run.attempt_count) for s in raw_steps if s.status == common_pb2.STEP_STATUS_COMPENSATION_FAILED
+        ],
         waiting_approval=run.status == common_pb2.RUN_STATUS_WAITING_APPROVAL,
         terminal=terminal,
         refresh=refresh,

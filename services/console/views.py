@@ -55,7 +55,7 @@ class Console:
     # --- helpers -----------------------------------------------------------------------------
 
     def render(self, request: web.Request, name: str, status: int = 200, **ctx: Any) -> web.Response:
-        session = request.get(SESSION)
+        session: Session | None = request.get(SESSION)
         msg = MESSAGES.get(request.query.get("msg", ""), "")
         html = self.templates.get_template(name).render(
             session=session, csrf=session.csrf if session else "", path=request.path_qs, message=msg, **ctx
@@ -63,7 +63,7 @@ class Console:
         return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
 
     def need(self, request: web.Request) -> Session:
-        session = request.get(SESSION)
+        session: Session | None = request.get(SESSION)
         if session is None:
             raise web.HTTPSeeOther("/signin?" + urlencode({"next": request.path_qs}))
         return session
