@@ -5,11 +5,14 @@ the CSRF checks every POST passes. Templates escape every value (Jinja2 autoesca
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web
+
+log = logging.getLogger("awooop.console")
 
 SESSION_COOKIE = "awooop_console"
 # sign-in form's double-submit token: there is no session yet to bind a CSRF token to
@@ -45,6 +48,9 @@ async def security_headers(request: web.Request, handler: Handler) -> web.Stream
         for k, v in HEADERS.items():
             exc.headers.setdefault(k, v)
         raise
+    except Exception:  # a bug: answer 500 ourselves, so even this page has the headers
+        log.exception("console: request failed", extra={"path": request.path})
+        return web.Response(status=500, text="internal error (logged)", headers=HEADERS)
     for k, v in HEADERS.items():
         response.headers.setdefault(k, v)
     if request.secure:
