@@ -283,8 +283,10 @@ async def test_a_run_of_many_steps_is_paginated(env: ConsoleEnv, browser: Browse
     await browser.signin(env.admin_key)
     status, html, _ = await browser.get(f"/runs/{run_id}")
     assert status == 200 and html.count('<tr id="step-') == 100 and "page 1 of 2 (130 entries)" in html
-    status, html, _ = await browser.get(f"/runs/{run_id}?st=2")
+    assert 'href="?st=2" rel="next"' in html
+    status, html, _ = await browser.get(f"/runs/{run_id}?tl=1&st=2")
     assert html.count('<tr id="step-') == 30 and "step-129" in html
+    assert 'href="?tl=1&amp;st=1"' in html  # the pager keeps the timeline's page
     assert "leased by worker console-test-worker" in html  # why it is not moving
 
 
@@ -337,3 +339,26 @@ async def test_awooop_serve_console_is_a_real_process(env: ConsoleEnv, settings:
             proc.kill()
             proc.wait(10)
         log.close()
+
+
+async def test_run_page_says_why_it_waits_and_links_the_trace(start_services: Any, make_key: Any, db: Any) -> None:
+    env = await start_console_env(
+        start_services, make_key, db, console_trace_url="https://traces.example/search?run={run_id}"
+    )
+    b = Browser(env.url)
+    try:
+        run_id, _ = await env.waiting_for_approval(summary="Drain node-7?")
+        await b.signin(env.admin_key)
+        status, html, _ = await b.get(f"/runs/{run_id}")
+        assert status == 200
+        assert f'href="https://traces.example/search?run={run_id}"' in html
+        assert "waiting for a human decision on: Drain node-7? (token expires in" in html
+        queued = await env.create()
+        await env.db.execute(
+            "UPDATE awooop_run_state SET not_before = now() + interval '90 seconds' WHERE run_id = $1", queued
+        )
+        _, html, _ = await b.get(f"/runs/{queued}")
+        assert "in retry backoff: claimable in" in html
+    finally:
+        await b.close()
+        await stop_console_env(env)

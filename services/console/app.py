@@ -13,8 +13,10 @@ import contextlib
 import logging
 import signal
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode
 
 import asyncpg
 import jinja2
@@ -57,7 +59,13 @@ def templates() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.globals["when"] = when
+    env.globals["with_param"] = with_param
     return env
+
+
+def with_param(query: Mapping[str, str], name: str, value: object) -> str:
+    """This page's query string with one parameter changed (pagers keep the other page's place)."""
+    return "?" + urlencode([*((k, v) for k, v in query.items() if k not in (name, "msg")), (name, str(value))])
 
 
 def make_app(console: Console) -> web.Application:

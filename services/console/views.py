@@ -208,7 +208,9 @@ class Console:
             trace_url=self.trace_url,
             problems=view.problems,
         )
-        return self.render(request, "run.html", page=page, run=view.run, project=view.run.project_id)
+        return self.render(
+            request, "run.html", page=page, run=view.run, project=view.run.project_id, query=request.query
+        )
 
     # --- approvals ---------------------------------------------------------------------------
 
