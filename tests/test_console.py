@@ -362,3 +362,44 @@ async def test_run_page_says_why_it_waits_and_links_the_trace(start_services: An
     finally:
         await b.close()
         await stop_console_env(env)
+
+
+async def test_decide_from_the_approvals_page_and_resolve_a_failed_compensation_by_hand(
+    env: ConsoleEnv, browser: Browser
+) -> None:
+    failed_id = await env.failed_compensation()  # first: an approved run (RESUMED) is claimable again
+    await env.db.execute("DELETE FROM awooop_refgw_fault")
+    run_id, token = await env.waiting_for_approval(summary="Restart the payment workers?")
+    await browser.signin(env.admin_key)
+    status, html, _ = await browser.get("/projects/ops/approvals")
+    assert status == 200 and f'id="approval-{run_id}"' in html and "Restart the payment workers?" in html
+    assert token not in html  # the token is never shown; the approver pastes it
+    csrf = await browser.csrf("/projects/ops/approvals")
+    status, _, r = await browser.post(
+        f"/runs/{run_id}/decide",
+        {"csrf": csrf, "approval_token": token, "decision": "approve", "reason": "load confirmed"},
+        allow_redirects=False,
+    )
+    assert status == 303 and r.headers["Location"] == f"/runs/{run_id}?msg=approved"
+    _, html, _ = await browser.get(f"/runs/{run_id}?msg=approved")
+    assert "Approved: the run is RESUMED" in html and "APPROVED" in html and "load confirmed" in html
+
+    status, html, _ = await browser.get("/projects/ops/compensations")
+    assert f'id="comp-{failed_id}"' in html and "api down: 503 from the cluster" in html
+    # the saga requires a reason: its INVALID_ARGUMENT comes back as a page, nothing changes
+    status, html, _ = await browser.post(
+        f"/runs/{failed_id}/compensation/resolve", {"csrf": csrf, "step_id": "scale", "reason": ""}
+    )
+    assert status == 400 and "reason" in html
+    assert await env.saga_status(failed_id) == "compensation_failed"
+    status, _, r = await browser.post(
+        f"/runs/{failed_id}/compensation/resolve",
+        {"csrf": csrf, "step_id": "scale", "reason": "scaled back by hand with kubectl"},
+        allow_redirects=False,
+    )
+    assert status == 303 and r.headers["Location"] == f"/runs/{failed_id}?msg=resolved"
+    assert await env.saga_status(failed_id) == "compensated"
+    _, html, _ = await browser.get(f"/runs/{failed_id}")
+    assert "SAGA_COMPENSATION_RESOLVED" in html and "resolved by oncall-lead: scaled back by hand with kubectl" in html
+    _, html, _ = await browser.get("/projects/ops/compensations")
+    assert f'id="comp-{failed_id}"' not in html
