@@ -36,8 +36,9 @@ async def page() -> AsyncIterator[Any]:
         if os.environ.get("CI") == "true":
             pytest.fail("chromium is not installed: .ci/install-chromium must run before the tests")
         pytest.skip("chromium is not installed (apt-get install chromium, or .ci/install-chromium)")
-    from playwright.async_api import async_playwright
+    from playwright.async_api import async_playwright, expect
 
+    expect.set_options(timeout=WAIT_MS)  # a slow CI machine waits longer; a failing test still stops
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM)
         context = await browser.new_context(viewport={"width": 1440, "height": 900})
