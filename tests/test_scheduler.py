@@ -25,6 +25,7 @@ from tests.harness.scheduler import (
     Metadata,
     Sched,
     add_compensatable_step,
+    approval_expired,
     audit_actions,
     claims_waiting,
     comp_request,
@@ -508,7 +509,7 @@ async def test_reject_fails_the_run_and_requests_compensation(s: Sched) -> None:
 async def test_expired_approval_is_failed_by_the_sweep_with_e_approval_002(s: Sched) -> None:
     r, token = await _waiting_approval(s, ttl=0.2, steps=True)
     (fresh, _) = await _waiting_approval(s)  # 15 min: untouched
-    await eventually(lambda: _approval_expired(s, r.run.run_id), what="the approval to expire")
+    await eventually(lambda: approval_expired(s, r.run.run_id), what="the approval to expire")
     assert await s.expire_approvals() == 1
     row = await run_row(s.db, r.run.run_id)
     assert row["status"] == "FAILED" and row["error_code"] == "E-APPROVAL-002"
@@ -526,17 +527,12 @@ async def test_expired_approval_is_failed_by_the_sweep_with_e_approval_002(s: Sc
 
 async def test_deciding_an_expired_approval_before_the_sweep_fails_the_run(s: Sched) -> None:
     r, token = await _waiting_approval(s, ttl=0.2)
-    await eventually(lambda: _approval_expired(s, r.run.run_id), what="the approval to expire")
+    await eventually(lambda: approval_expired(s, r.run.run_id), what="the approval to expire")
     await expect_error(_decide(s, r.run.run_id, token, pb.DECISION_APPROVE), FP, errors.APPROVAL_EXPIRED)
     row = await run_row(s.db, r.run.run_id)
     assert row["status"] == "FAILED" and row["error_code"] == "E-APPROVAL-002"
     assert await s.expire_approvals() == 0
     assert (await audit_actions(s.db, r.run.run_id)).count("APPROVAL_EXPIRED") == 1
-
-
-async def _approval_expired(s: Sched, run_id: str) -> bool:
-    sql = "SELECT approval_expires_at <= now() FROM awooop_run_state WHERE run_id = $1"
-    return bool(await s.db.fetchval(sql, uuid.UUID(run_id)))
 
 
 async def test_the_approval_sweep_loop_runs_by_itself(start_services, channels, db, make_key) -> None:

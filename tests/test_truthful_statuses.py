@@ -16,7 +16,7 @@ from awooop.scheduler.v1 import scheduler_pb2 as pb
 from services.common import errors
 from tests.harness.helpers import eventually, expect_error
 from tests.harness.saga import struct
-from tests.harness.scheduler import Sched, _approval_expired, dur, insert_runs, make_sched
+from tests.harness.scheduler import Sched, approval_expired, dur, insert_runs, make_sched
 
 
 async def _saga_status(s: Sched, run_id: str) -> str:
@@ -150,8 +150,8 @@ async def test_an_expired_approval_step_ends_failed_by_the_sweep_and_by_a_late_d
     s, saga = await _setup(start_services, channels, db, make_key)
     swept, _ = await _waiting_with_approval_step(s, saga, ttl=0.2)
     late, late_token = await _waiting_with_approval_step(s, saga, ttl=0.2)
-    await eventually(lambda: _approval_expired(s, swept), what="the first approval to expire")
-    await eventually(lambda: _approval_expired(s, late), what="the second approval to expire")
+    await eventually(lambda: approval_expired(s, swept), what="the first approval to expire")
+    await eventually(lambda: approval_expired(s, late), what="the second approval to expire")
 
     # a decision that comes too late: the DecideApproval statement itself fails the run
     await expect_error(

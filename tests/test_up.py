@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +79,7 @@ async def start_up(data_dir: Path, tmp_path: Path, **env: str) -> Up:
     full = child_env(**{f"AWOOOP_{n.upper()}_PORT": str(p) for n, p in ports.items()}, **env)
     full.setdefault("AWOOOP_METRICS_PORT", str(free_port()))
     full.setdefault("AWOOOP_HTTP_PORT", str(free_port()))
+    full.setdefault("AWOOOP_CONSOLE_PORT", str(free_port()))
     n = len(list(tmp_path.glob("up-*.out")))
     out_path, err_path = tmp_path / f"up-{n}.out", tmp_path / f"up-{n}.err"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -148,6 +150,10 @@ async def test_up_on_an_embedded_store_then_again_on_the_same_data_dir(tmp_path:
         assert (data_dir / "dev-admin.key").read_text().strip() == key
         assert oct((data_dir / "dev-admin.key").stat().st_mode & 0o777) == "0o600"
         await check_printed_commands(first)
+        # the console is part of the suite: its URL is in the banner and it answers
+        console = first.banner_value(r"^  console    (http://127\.0\.0\.1:\d+) ")
+        with await asyncio.to_thread(urllib.request.urlopen, f"{console}/signin", timeout=10) as resp:
+            assert resp.status == 200 and "Sign in" in resp.read().decode()
         # something to find again: a principal made with the admin CLI on the printed store address
         out = await bash(f"awooop admin --database-url '{first.dsn}' create-principal kept-across-restarts")
         assert out.returncode == 0, out.stderr

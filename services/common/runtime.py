@@ -115,6 +115,8 @@ def pending_limit(max_concurrent_rpcs: int) -> int:
 def listeners(settings: Settings, services: list[str]) -> list[tuple[int, str]]:
     """(port, the setting that chose it) of every socket these services will listen on."""
     out = [(settings.port_of(name), f"AWOOOP_{name.upper()}_PORT") for name in services]
+    if "ingest" in services and settings.http_port:  # the ingest service's webhook port
+        out.append((settings.http_port, "AWOOOP_HTTP_PORT"))
     if settings.metrics_port and not metrics_serving(settings.metrics_port):
         out.append((settings.metrics_port, "AWOOOP_METRICS_PORT"))
     return out

@@ -140,6 +140,16 @@ class Settings:
     telegram_chat_id: str = ""  # chat that receives compensation_failed escalations
     alert_stream: str = "alerts"  # Redis stream (under redis_prefix) that receives escalations
 
+    # --- console ---
+    console_port: int = 8081  # HTTP port of the operator console (`awooop serve console`, part of `awooop up`)
+    console_scheduler_addr: str = "127.0.0.1:50052"  # scheduler the console calls with the operator's key
+    console_saga_addr: str = "127.0.0.1:50053"  # saga service the console calls with the operator's key
+    console_session_ttl: float = 8 * 3600.0  # a console sign-in lasts this long (then sign in again)
+    # serve the session cookie with Secure even without TLS here (TLS ends at a proxy in front)
+    console_secure_cookie: bool = False
+    # link from a run page to its trace, with {run_id} replaced; empty: no trace links
+    console_trace_url: str = ""
+
     extra: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod

@@ -8,6 +8,7 @@ import binascii
 import datetime as dt
 import json
 import uuid
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -22,19 +23,43 @@ HISTORY_LIMIT = 1000  # events returned by GetRunHistory (a run's history is sho
 GET_SQL = f"SELECT {RUN_COLUMNS} FROM awooop_run_state WHERE run_id = $1"
 
 # Newest first, keyset-paginated on (created_at DESC, run_id) to follow awooop_run_list_idx.
-# $1 project, $2 statuses (NULL: all), $3 limit; next pages: $4 created_at, $5 run_id of the last row.
+# $1 project, $2 statuses (NULL: all), $3 limit, $4 channels (NULL: all), $5 created at or after,
+# $6 created before, $7 provider event id (NULL: any), $8 saga statuses (NULL: all); next pages:
+# $9 created_at, $10 run_id of the last row.
+LIST_FILTER = """project_id = $1 AND ($2::text[] IS NULL OR status = ANY($2::text[]))
+   AND ($4::text[] IS NULL OR channel_type = ANY($4::text[]))
+   AND ($5::timestamptz IS NULL OR created_at >= $5) AND ($6::timestamptz IS NULL OR created_at < $6)
+   AND ($7::text IS NULL OR provider_event_id = $7)
+   AND ($8::text[] IS NULL OR saga_status = ANY($8::text[]))"""
+
 LIST_FIRST_SQL = f"""
 SELECT {RUN_COLUMNS} FROM awooop_run_state
- WHERE project_id = $1 AND ($2::text[] IS NULL OR status = ANY($2::text[]))
+ WHERE {LIST_FILTER}
  ORDER BY created_at DESC, run_id
  LIMIT $3"""
 
 LIST_AFTER_SQL = f"""
 SELECT {RUN_COLUMNS} FROM awooop_run_state
- WHERE project_id = $1 AND ($2::text[] IS NULL OR status = ANY($2::text[]))
-   AND created_at <= $4 AND (created_at < $4 OR run_id > $5)
+ WHERE {LIST_FILTER}
+   AND created_at <= $9 AND (created_at < $9 OR run_id > $10)
  ORDER BY created_at DESC, run_id
  LIMIT $3"""
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """ListRuns' filters; None means no filter on that column."""
+
+    statuses: list[str] | None = None
+    channels: list[str] | None = None
+    created_after: dt.datetime | None = None
+    created_before: dt.datetime | None = None
+    provider_event_id: str | None = None
+    saga_statuses: list[str] | None = None
+
+    def args(self) -> tuple[object, ...]:
+        return (self.channels, self.created_after, self.created_before, self.provider_event_id, self.saga_statuses)
+
 
 # The run's project comes with the events, so one round trip answers and authorizes.
 HISTORY_SQL = """
@@ -82,15 +107,17 @@ def decode_page_token(token: str) -> tuple[dt.datetime, uuid.UUID] | None:
 async def list_runs(
     pool: asyncpg.Pool,
     project_id: str,
-    statuses: list[str] | None,
+    where: RunFilter,
     page_size: int,
     after: tuple[dt.datetime, uuid.UUID] | None,
 ) -> tuple[list[asyncpg.Record], str]:
     """A page of runs and the next page's token ('' on the last page)."""
     if after is None:
-        rows = await pool.fetch(LIST_FIRST_SQL, project_id, statuses, page_size + 1)
+        rows = await pool.fetch(LIST_FIRST_SQL, project_id, where.statuses, page_size + 1, *where.args())
     else:
-        rows = await pool.fetch(LIST_AFTER_SQL, project_id, statuses, page_size + 1, after[0], after[1])
+        rows = await pool.fetch(
+            LIST_AFTER_SQL, project_id, where.statuses, page_size + 1, *where.args(), after[0], after[1]
+        )
     if len(rows) <= page_size:
         return list(rows), ""
     page = list(rows[:page_size])

@@ -16,10 +16,21 @@ from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors, tracing
 from services.common.access import projects_with, require_member, require_role
 from services.common.auth import current_principal
-from services.common.runs import run_to_pb, set_time, status_from_pb, status_to_pb, ts
+from services.common.runs import channel_from_pb, run_to_pb, set_time, status_from_pb, status_to_pb, ts
+from services.common.runstate import RunStatus
 from services.common.runtime import AppContext
 from services.common.validate import MAX_ID, MAX_TEXT, Violations, to_struct
-from services.scheduler import approvals, batch_complete, budget, claiming, leases, metrics, reads, transitions
+from services.scheduler import (
+    approvals,
+    batch_complete,
+    budget,
+    claiming,
+    leases,
+    metrics,
+    overview,
+    reads,
+    transitions,
+)
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.wakeup import RunReadyListener
 
@@ -34,6 +45,7 @@ MAX_APPROVAL_TTL = 7 * 86400.0
 MAX_ERROR_CODE = 64  # awooop_run_state.error_code VARCHAR(64)
 MAX_APPROVAL_TOKEN = 256
 MAX_PAGE_SIZE = 500
+MAX_PROVIDER_EVENT_ID = 256  # awooop_run_state.provider_event_id VARCHAR(256)
 DEFAULT_PAGE_SIZE = 50
 INT32_MAX = 2**31 - 1
 
@@ -399,19 +411,64 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             if v.check(s in common_pb2.RunStatus.values() and s != 0, f"statuses[{i}]", "unknown or UNSPECIFIED"):
                 statuses.append(status_from_pb(s))
         page_size = v.int_range("page_size", request.page_size, 1, MAX_PAGE_SIZE, default=DEFAULT_PAGE_SIZE)
+        channels = []
+        for i, c in enumerate(request.channel_types):
+            known = c in common_pb2.ChannelType.values() and c != 0
+            if v.check(known, f"channel_types[{i}]", "unknown or UNSPECIFIED"):
+                channels.append(channel_from_pb(c))
+        sagas = []
+        for i, g in enumerate(request.saga_statuses):
+            if v.check(g in common_pb2.SagaStatus.values() and g != 0, f"saga_statuses[{i}]", "unknown or UNSPECIFIED"):
+                sagas.append(common_pb2.SagaStatus.Name(g).removeprefix("SAGA_STATUS_").lower())
+        event_id = v.text("provider_event_id", request.provider_event_id, max_len=MAX_PROVIDER_EVENT_ID)
         after = None
         if request.page_token:
             after = reads.decode_page_token(request.page_token)
             v.check(after is not None, "page_token", "not a token returned by ListRuns")
         v.raise_if_any()
-        principal = current_principal()
-        require_member(principal, project_id)
-        rows, next_token = await reads.list_runs(self.pool, project_id, sorted(set(statuses)) or None, page_size, after)
+        require_member(current_principal(), project_id)
+        where = reads.RunFilter(
+            statuses=sorted(set(statuses)) or None,
+            channels=sorted(set(channels)) or None,
+            created_after=request.created_after.ToDatetime(dt.UTC) if request.HasField("created_after") else None,
+            created_before=request.created_before.ToDatetime(dt.UTC) if request.HasField("created_before") else None,
+            provider_event_id=event_id or None,
+            saga_statuses=sorted(set(sagas)) or None,
+        )
+        rows, next_token = await reads.list_runs(self.pool, project_id, where, page_size, after)
         runs = [run_to_pb(r) for r in rows]
         n = budget.fit_runs(runs, self._budget)
         if n < len(runs):  # the page ends at the last run that fits; the next one starts after it
             runs, next_token = runs[:n], reads.encode_page_token(rows[n - 1]["created_at"], rows[n - 1]["run_id"])
         return scheduler_pb2.ListRunsResponse(runs=runs, next_page_token=next_token)
+    async def CountRuns(
+        self, request: scheduler_pb2.CountRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.CountRunsResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        v.raise_if_any()
+        require_member(current_principal(), project_id)
+        counts = await overview.count_runs(self.pool, project_id)
+        resp = scheduler_pb2.CountRunsResponse(
+            counts=[
+                scheduler_pb2.StatusCount(
+                    status=status_to_pb(s.value),  # type: ignore[arg-type]  # the enum value as an int
+                    count=counts.by_status.get(s.value, 0),
+                )
+                for s in RunStatus
+            ],
+            total=sum(counts.by_status.values()),
+        )
+        if counts.oldest_claimable is not None:
+            set_time(resp.oldest_claimable_created_at, counts.oldest_claimable)
+            resp.oldest_claimable_age.FromTimedelta(max(counts.db_now - counts.oldest_claimable, dt.timedelta(0)))
+        return resp
+
+    async def ListProjects(
+        self, request: scheduler_pb2.ListProjectsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.ListProjectsResponse:
+        projects, everything = await overview.list_projects(self.pool, current_principal())
+        return scheduler_pb2.ListProjectsResponse(project_ids=projects, all_projects=everything)
 
     async def GetRunHistory(
         self, request: scheduler_pb2.GetRunHistoryRequest, context: grpc.aio.ServicerContext[Any, Any]

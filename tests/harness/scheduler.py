@@ -164,3 +164,9 @@ async def snapshot(s: Sched, run_id: str) -> tuple[dict[str, Any], int]:
     row = dict(await run_row(s.db, run_id))
     n = await s.db.fetchval("SELECT count(*) FROM awooop_audit_log WHERE run_id = $1", uuid.UUID(run_id))
     return row, n
+
+
+async def approval_expired(s: Sched, run_id: str) -> bool:
+    """The run's approval token has expired (the sweep may not have failed it yet)."""
+    sql = "SELECT approval_expires_at <= now() FROM awooop_run_state WHERE run_id = $1"
+    return bool(await s.db.fetchval(sql, uuid.UUID(run_id)))

@@ -19,12 +19,10 @@ import json
 import sys
 from typing import Any
 
-from google.protobuf import timestamp_pb2
-
+from awooop.cli import timeline
 from awooop.cli.client import (
     EXIT_RPC_ERROR,
     add_connection_args,
-    enum_name,
     positive_int,
     print_json,
     print_table,
@@ -33,6 +31,7 @@ from awooop.cli.client import (
     to_json,
     when,
 )
+from awooop.cli.timeline import channel_name, compensation_text, saga_name, status_name, step_status, step_type
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
@@ -40,8 +39,8 @@ from awooop.worker.client import Client
 from awooop.worker.errors import AwooopError
 from awooop.worker.structs import from_struct
 
-# audit details that repeat what the timeline line already says
-HIDDEN_DETAILS = ("lease_until", "expires_at")
+# re-exported: older callers import these names from here
+__all__ = ["channel_name", "register", "saga_name", "status_name", "step_status", "step_type"]
 STATUSES = [n.removeprefix("RUN_STATUS_") for n in common_pb2.RunStatus.keys() if n != "RUN_STATUS_UNSPECIFIED"]
 
 
@@ -108,26 +107,6 @@ def _status(value: str) -> list[common_pb2.RunStatus.ValueType]:
             raise argparse.ArgumentTypeError(f"unknown status {part!r}; one of {', '.join(STATUSES)}")
         out.append(common_pb2.RunStatus.Value(f"RUN_STATUS_{name}"))
     return out
-
-
-def status_name(value: int) -> str:
-    return enum_name(common_pb2.RunStatus, value, "RUN_STATUS_")
-
-
-def saga_name(value: int) -> str:
-    return enum_name(common_pb2.SagaStatus, value, "SAGA_STATUS_").lower()
-
-
-def channel_name(value: int) -> str:
-    return enum_name(common_pb2.ChannelType, value, "CHANNEL_TYPE_").lower()
-
-
-def step_status(value: int) -> str:
-    return enum_name(common_pb2.StepStatus, value, "STEP_STATUS_").lower()
-
-
-def step_type(value: int) -> str:
-    return enum_name(common_pb2.StepType, value, "STEP_TYPE_").lower()
 
 
 # --- list ---
@@ -253,48 +232,7 @@ def _print_run(run: common_pb2.Run) -> None:
 
 
 def _print_timeline(history: list[scheduler_pb2.RunEvent], journal: saga_pb2.GetJournalResponse | None) -> None:
-    entries: list[tuple[int, int, str]] = []  # (nanoseconds, order, text)
-    for i, e in enumerate(history):
-        move = ""
-        if e.from_status or e.to_status:
-            a = status_name(e.from_status) if e.from_status else ""
-            move = f"{a} -> {status_name(e.to_status)}" if e.to_status else a
-        details = from_struct(e.details)
-        extra = " ".join(
-            f"{k}={v if isinstance(v, str | int | float) else _j(v)}"
-            for k, v in details.items()
-            if v not in (None, "", [], {}) and k not in HIDDEN_DETAILS
-        )
-        text = f"run   {e.action:<26} {move:<28} by {e.actor or '-'}"
-        if e.reason:
-            text += f"  {_short(e.reason, 80)}"
-        if extra:
-            text += f"  [{_short(extra, 100)}]"
-        entries.append((e.at.ToNanoseconds(), i, text))
-    if journal is not None:
-        for s in journal.steps:
-            label = f"#{s.seq} {s.step_id} ({step_type(s.step_type)}{', ' + s.tool_id if s.tool_id else ''})"
-            if s.HasField("started_at"):
-                entries.append((s.started_at.ToNanoseconds(), 10_000 + s.seq, f"step  {label} begun"))
-            if s.HasField("completed_at"):
-                end = "failed" if s.status == common_pb2.STEP_STATUS_FAILED else "completed"
-                text = f"step  {label} {end}"
-                if s.status == common_pb2.STEP_STATUS_FAILED and s.error:
-                    text += f": {_short(s.error, 80)}"
-                entries.append((s.completed_at.ToNanoseconds(), 20_000 + s.seq, text))
-            if s.HasField("compensated_at"):
-                what = step_status(s.status)
-                text = f"step  {label} compensation -> {what}"
-                if s.HasField("compensation_cmd"):
-                    text += f"  ({s.compensation_cmd.tool_id} {_j(from_struct(s.compensation_cmd.params))})"
-                if s.error and s.status == common_pb2.STEP_STATUS_COMPENSATION_FAILED:
-                    text += f": {_short(s.error, 80)}"
-                entries.append((s.compensated_at.ToNanoseconds(), 30_000 + s.seq, text))
-    stamps = []
-    for ns, _, text in sorted(entries):
-        t = timestamp_pb2.Timestamp()
-        t.FromNanoseconds(ns)
-        stamps.append((when(t), text))
+    stamps = [(when(e.at), e.text()) for e in timeline.build(history, journal)]
     days = {w[:10] for w, _ in stamps}
     print()
     print(f"timeline (UTC{', ' + days.pop() if len(days) == 1 else ''})")
@@ -312,9 +250,7 @@ def _print_journal(journal: saga_pb2.GetJournalResponse) -> None:
         return
     rows: list[list[Any]] = []
     for s in journal.steps:
-        comp = ""
-        if s.HasField("compensation_cmd") and s.compensation_cmd.tool_id:
-            comp = f"{s.compensation_cmd.tool_id} {_j(from_struct(s.compensation_cmd.params))}"
+        comp = compensation_text(s)
         rows.append(
             [
                 s.seq,
@@ -403,10 +339,5 @@ async def cmd_resolve(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def _j(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
-
-
-def _short(text: str, n: int) -> str:
-    text = text.replace("\n", " ")
-    return text if len(text) <= n else text[: n - 1] + "…"
+_j = timeline.dumps
+_short = timeline.short

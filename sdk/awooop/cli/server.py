@@ -14,7 +14,7 @@ from typing import Any
 
 from awooop.worker.client import client_host
 
-SERVICE_CHOICES = ("ingest", "scheduler", "saga", "gateway")
+SERVICE_CHOICES = ("ingest", "scheduler", "saga", "gateway", "console")
 UP_SERVICES = ["ingest", "scheduler", "saga", "gateway"]
 SERVICE_NAMES = {
     "ingest": "awooop.ingest.v1.IngestService",
@@ -66,7 +66,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings()
     if args.migrate:
         settings = settings.with_(migrate_on_start=True)
-    serve(list(dict.fromkeys(args.services)), settings)
+    services = list(dict.fromkeys(args.services))
+    if "console" in services:  # HTTP, not a gRPC service: served beside the others named with it
+        from services.console.app import serve as serve_console
+
+        serve_console([s for s in services if s != "console"], settings)
+        return 0
+    serve(services, settings)
     return 0
 
 
@@ -130,9 +136,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     from services.common import embedded, migrate
     from services.common.observability import setup_logging
     from services.common.runtime import Runtime, port_clash
+    from services.console.app import ConsoleServer
 
     settings = _dev_defaults(_settings())
-    clash = port_clash(settings, UP_SERVICES)
+    clash = port_clash(settings, [*UP_SERVICES, "console"])
     if clash:  # before the embedded stores start: one line, nothing to clean up
         print(f"error: {clash}", file=sys.stderr)
         return 1
@@ -168,6 +175,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             gateway_addr=f"{local}:{settings.gateway_port}",
         )
         runtime = Runtime(settings, UP_SERVICES)
+        console = ConsoleServer(settings, f"{local}:{settings.scheduler_port}", f"{local}:{settings.saga_port}")
 
         async def main() -> None:
             loop = asyncio.get_running_loop()
@@ -175,9 +183,15 @@ def cmd_up(args: argparse.Namespace) -> int:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
             await runtime.start()
-            print(banner(settings, key, store=store, redis=redis, migrated=applied), flush=True)
+            try:
+                await console.start()
+            except BaseException:
+                await runtime.stop()
+                raise
+            print(banner(settings, key, store=store, redis=redis, migrated=applied, console=console.url), flush=True)
             await stop.wait()
             logging.getLogger("awooop.up").info("shutting down")
+            await console.stop()
             await runtime.stop()
 
         asyncio.run(main())
@@ -220,7 +234,7 @@ def _dev_defaults(settings: Any) -> Any:
     return settings.with_(**unset)
 
 
-def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[str]) -> str:
+def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[str], console: str = "") -> str:
     """What `awooop up` prints once every service is SERVING; the grpcurl lines work when pasted."""
     h = client_host(settings.host)
     flags = grpcurl_target(settings)
@@ -231,6 +245,8 @@ def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[st
         "awooop is up.",
         *rows,
     ]
+    if console:
+        lines.append(f"  {'console':<10} {console}  (sign in with the dev admin key below; AWOOOP_CONSOLE_PORT)")
     if settings.metrics_port:
         lines.append(f"  {'metrics':<10} http://{h}:{settings.metrics_port}/metrics")
     if settings.http_port:

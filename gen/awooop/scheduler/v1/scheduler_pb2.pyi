@@ -974,15 +974,38 @@ class ListRunsRequest(_message.Message):
     STATUSES_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    CHANNEL_TYPES_FIELD_NUMBER: _builtins.int
+    CREATED_AFTER_FIELD_NUMBER: _builtins.int
+    CREATED_BEFORE_FIELD_NUMBER: _builtins.int
+    PROVIDER_EVENT_ID_FIELD_NUMBER: _builtins.int
+    SAGA_STATUSES_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     page_size: _builtins.int
     """Page size (1-500; 0 means 50)."""
     page_token: _builtins.str
-    """Opaque token from a previous response."""
+    """Opaque token from a previous response (send the same filters with it)."""
+    provider_event_id: _builtins.str
+    """Only runs deduplicated on this provider event id (exact match, at most 256 chars)."""
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus.ValueType]:
         """Only these statuses; empty means all."""
+
+    @_builtins.property
+    def channel_types(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.ChannelType.ValueType]:
+        """Only these channels; empty means all."""
+
+    @_builtins.property
+    def created_after(self) -> _timestamp_pb2.Timestamp:
+        """Only runs created at or after this time."""
+
+    @_builtins.property
+    def created_before(self) -> _timestamp_pb2.Timestamp:
+        """Only runs created before this time."""
+
+    @_builtins.property
+    def saga_statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.SagaStatus.ValueType]:
+        """Only runs whose saga has one of these statuses (e.g. COMPENSATION_FAILED); empty means all."""
 
     def __init__(
         self,
@@ -991,10 +1014,15 @@ class ListRunsRequest(_message.Message):
         statuses: _abc.Iterable[_common_pb2.RunStatus.ValueType] | None = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        channel_types: _abc.Iterable[_common_pb2.ChannelType.ValueType] | None = ...,
+        created_after: _timestamp_pb2.Timestamp | None = ...,
+        created_before: _timestamp_pb2.Timestamp | None = ...,
+        provider_event_id: _builtins.str = ...,
+        saga_statuses: _abc.Iterable[_common_pb2.SagaStatus.ValueType] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "project_id", b"project_id", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_types", b"channel_types", "created_after", b"created_after", "created_before", b"created_before", "page_size", b"page_size", "page_token", b"page_token", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "saga_statuses", b"saga_statuses", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1123,3 +1151,138 @@ class GetRunHistoryResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRunHistoryResponse: _TypeAlias = GetRunHistoryResponse  # noqa: Y015
+
+@_typing.final
+class CountRunsRequest(_message.Message):
+    """Counts a project's runs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant; the caller needs a role in it."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CountRunsRequest: _TypeAlias = CountRunsRequest  # noqa: Y015
+
+@_typing.final
+class StatusCount(_message.Message):
+    """Runs of one status."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    status: _common_pb2.RunStatus.ValueType
+    """The status."""
+    count: _builtins.int
+    """How many runs of the project have it."""
+    def __init__(
+        self,
+        *,
+        status: _common_pb2.RunStatus.ValueType = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatusCount: _TypeAlias = StatusCount  # noqa: Y015
+
+@_typing.final
+class CountRunsResponse(_message.Message):
+    """The counts."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNTS_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    OLDEST_CLAIMABLE_CREATED_AT_FIELD_NUMBER: _builtins.int
+    OLDEST_CLAIMABLE_AGE_FIELD_NUMBER: _builtins.int
+    total: _builtins.int
+    """Every run of the project."""
+    @_builtins.property
+    def counts(self) -> _containers.RepeatedCompositeFieldContainer[Global___StatusCount]:
+        """One entry per status, in state-machine order (zero counts included)."""
+
+    @_builtins.property
+    def oldest_claimable_created_at(self) -> _timestamp_pb2.Timestamp:
+        """Creation time of the oldest run a worker could claim now (PENDING or RESUMED, backoff over);
+        unset when none is claimable.
+        """
+
+    @_builtins.property
+    def oldest_claimable_age(self) -> _duration_pb2.Duration:
+        """How long that run has existed (database clock); zero when none is claimable."""
+
+    def __init__(
+        self,
+        *,
+        counts: _abc.Iterable[Global___StatusCount] | None = ...,
+        total: _builtins.int = ...,
+        oldest_claimable_created_at: _timestamp_pb2.Timestamp | None = ...,
+        oldest_claimable_age: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_claimable_age", b"oldest_claimable_age", "oldest_claimable_created_at", b"oldest_claimable_created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "oldest_claimable_age", b"oldest_claimable_age", "oldest_claimable_created_at", b"oldest_claimable_created_at", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CountRunsResponse: _TypeAlias = CountRunsResponse  # noqa: Y015
+
+@_typing.final
+class ListProjectsRequest(_message.Message):
+    """Lists the caller's projects."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProjectsRequest: _TypeAlias = ListProjectsRequest  # noqa: Y015
+
+@_typing.final
+class ListProjectsResponse(_message.Message):
+    """The caller's projects."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_IDS_FIELD_NUMBER: _builtins.int
+    ALL_PROJECTS_FIELD_NUMBER: _builtins.int
+    all_projects: _builtins.bool
+    """True when the caller holds a role in every project ('*')."""
+    @_builtins.property
+    def project_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Project ids, sorted (at most 1000)."""
+
+    def __init__(
+        self,
+        *,
+        project_ids: _abc.Iterable[_builtins.str] | None = ...,
+        all_projects: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["all_projects", b"all_projects", "project_ids", b"project_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListProjectsResponse: _TypeAlias = ListProjectsResponse  # noqa: Y015

@@ -110,6 +110,16 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunHistoryRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunHistoryResponse.FromString,
                 _registered_method=True)
+        self.CountRuns = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/CountRuns',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CountRunsRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CountRunsResponse.FromString,
+                _registered_method=True)
+        self.ListProjects = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ListProjects',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListProjectsRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListProjectsResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -228,6 +238,20 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CountRuns(self, request, context):
+        """Counts a project's runs per status and reports its oldest claimable run. Any role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListProjects(self, request, context):
+        """Projects the caller holds a role in (for a '*' grant: every project that has runs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -305,6 +329,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.GetRunHistory,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunHistoryRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunHistoryResponse.SerializeToString,
+            ),
+            'CountRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.CountRuns,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CountRunsRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CountRunsResponse.SerializeToString,
+            ),
+            'ListProjects': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProjects,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListProjectsRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListProjectsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -713,6 +747,60 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/GetRunHistory',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunHistoryRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CountRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/CountRuns',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CountRunsRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CountRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProjects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ListProjects',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListProjectsRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListProjectsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -75,6 +75,10 @@ class SchedulerServiceStub:
     """Lists a project's runs, newest first, filtered by status, paginated."""
     GetRunHistory: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetRunHistoryRequest, _scheduler_pb2.GetRunHistoryResponse]
     """State history of a run from the audit log, oldest first."""
+    CountRuns: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CountRunsRequest, _scheduler_pb2.CountRunsResponse]
+    """Counts a project's runs per status and reports its oldest claimable run. Any role."""
+    ListProjects: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListProjectsRequest, _scheduler_pb2.ListProjectsResponse]
+    """Projects the caller holds a role in (for a '*' grant: every project that has runs)."""
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -121,6 +125,10 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Lists a project's runs, newest first, filtered by status, paginated."""
     GetRunHistory: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetRunHistoryRequest, _scheduler_pb2.GetRunHistoryResponse]  # type: ignore[assignment]
     """State history of a run from the audit log, oldest first."""
+    CountRuns: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CountRunsRequest, _scheduler_pb2.CountRunsResponse]  # type: ignore[assignment]
+    """Counts a project's runs per status and reports its oldest claimable run. Any role."""
+    ListProjects: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListProjectsRequest, _scheduler_pb2.ListProjectsResponse]  # type: ignore[assignment]
+    """Projects the caller holds a role in (for a '*' grant: every project that has runs)."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """SchedulerService owns the run state machine."""
@@ -254,5 +262,21 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.GetRunHistoryResponse, _abc.Awaitable[_scheduler_pb2.GetRunHistoryResponse]]:
         """State history of a run from the audit log, oldest first."""
+
+    @_abc_1.abstractmethod
+    def CountRuns(
+        self,
+        request: _scheduler_pb2.CountRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.CountRunsResponse, _abc.Awaitable[_scheduler_pb2.CountRunsResponse]]:
+        """Counts a project's runs per status and reports its oldest claimable run. Any role."""
+
+    @_abc_1.abstractmethod
+    def ListProjects(
+        self,
+        request: _scheduler_pb2.ListProjectsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListProjectsResponse, _abc.Awaitable[_scheduler_pb2.ListProjectsResponse]]:
+        """Projects the caller holds a role in (for a '*' grant: every project that has runs)."""
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

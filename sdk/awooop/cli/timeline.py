@@ -1,0 +1,201 @@
+"""A run's state history (GetRunHistory) and journal (GetJournal) as one timeline, oldest first.
+
+Both `awooop runs show` (text) and the operator console (HTML) render these entries, so what a
+timeline contains is defined here once; each renderer only decides how it looks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import timestamp_pb2
+
+from awooop.cli.client import enum_name
+from awooop.common.v1 import common_pb2
+from awooop.saga.v1 import saga_pb2
+from awooop.scheduler.v1 import scheduler_pb2
+from awooop.worker.structs import from_struct
+
+# audit details that repeat what the timeline line already says
+HIDDEN_DETAILS = ("lease_until", "expires_at")
+
+
+def status_name(value: int) -> str:
+    return str(enum_name(common_pb2.RunStatus, value, "RUN_STATUS_"))
+
+
+def saga_name(value: int) -> str:
+    return str(enum_name(common_pb2.SagaStatus, value, "SAGA_STATUS_")).lower()
+
+
+def channel_name(value: int) -> str:
+    return str(enum_name(common_pb2.ChannelType, value, "CHANNEL_TYPE_")).lower()
+
+
+def step_status(value: int) -> str:
+    return str(enum_name(common_pb2.StepStatus, value, "STEP_STATUS_")).lower()
+
+
+def step_type(value: int) -> str:
+    return str(enum_name(common_pb2.StepType, value, "STEP_TYPE_")).lower()
+
+
+def dumps(value: Any) -> str:
+    """Compact, key-sorted JSON: how payloads, params and results are shown."""
+    return json.dumps(value, sort_keys=True)
+
+
+def short(text: str, n: int) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One line of the timeline. kind is "run" (a state change from the audit log) or "step"
+    (a journal event: begun, completed, failed, compensation)."""
+
+    at: timestamp_pb2.Timestamp
+    order: int  # ties on the same instant: history first, then step begin, end, compensation
+    kind: str
+    what: str  # the audit action, or the step label "#seq step_id (type, tool)"
+    event: str = ""  # step entries: begun / completed / failed / compensation -> <status>
+    move: str = ""  # run entries: "FROM -> TO"
+    actor: str = ""
+    reason: str = ""  # run entries' reason; step entries' error text
+    details: str = ""  # run entries: key=value extras; compensation entries: the command run
+    seq: int = 0  # step entries: the journal position (the console links to the step)
+
+    @property
+    def nanos(self) -> int:
+        return int(self.at.ToNanoseconds())
+
+    def text(self) -> str:
+        """The entry as `awooop runs show` prints it."""
+        if self.kind == "run":
+            line = f"run   {self.what:<26} {self.move:<28} by {self.actor or '-'}"
+            if self.reason:
+                line += f"  {short(self.reason, 80)}"
+            if self.details:
+                line += f"  [{short(self.details, 100)}]"
+            return line
+        line = f"step  {self.what} {self.event}"
+        if self.details:
+            line += f"  ({self.details})"
+        if self.reason:
+            line += f": {short(self.reason, 80)}"
+        return line
+
+
+def step_label(s: common_pb2.SagaStep) -> str:
+    return f"#{s.seq} {s.step_id} ({step_type(s.step_type)}{', ' + s.tool_id if s.tool_id else ''})"
+
+
+def compensation_text(s: common_pb2.SagaStep) -> str:
+    """The undo command of a step, e.g. `k8s_scale_deployment {"replicas": 1}`; '' when none."""
+    if s.HasField("compensation_cmd") and s.compensation_cmd.tool_id:
+        return f"{s.compensation_cmd.tool_id} {dumps(from_struct(s.compensation_cmd.params))}"
+    return ""
+
+
+def history_entries(history: list[scheduler_pb2.RunEvent]) -> list[Entry]:
+    out = []
+    for i, e in enumerate(history):
+        move = ""
+        if e.from_status or e.to_status:
+            a = status_name(e.from_status) if e.from_status else ""
+            move = f"{a} -> {status_name(e.to_status)}" if e.to_status else a
+        details = from_struct(e.details)
+        extra = " ".join(
+            f"{k}={v if isinstance(v, str | int | float) else dumps(v)}"
+            for k, v in details.items()
+            if v not in (None, "", [], {}) and k not in HIDDEN_DETAILS
+        )
+        out.append(Entry(e.at, i, "run", e.action, move=move, actor=e.actor, reason=e.reason, details=extra))
+    return out
+
+
+def journal_entries(journal: saga_pb2.GetJournalResponse | None) -> list[Entry]:
+    out: list[Entry] = []
+    for s in journal.steps if journal is not None else []:
+        label = step_label(s)
+        if s.HasField("started_at"):
+            out.append(Entry(s.started_at, 10_000_000 + s.seq, "step", label, event="begun", seq=s.seq))
+        if s.HasField("completed_at"):
+            failed = s.status == common_pb2.STEP_STATUS_FAILED
+            out.append(
+                Entry(
+                    s.completed_at,
+                    20_000_000 + s.seq,
+                    "step",
+                    label,
+                    event="failed" if failed else "completed",
+                    reason=s.error if failed else "",
+                    seq=s.seq,
+                )
+            )
+        if s.HasField("compensated_at"):
+            comp_failed = s.status == common_pb2.STEP_STATUS_COMPENSATION_FAILED
+            out.append(
+                Entry(
+                    s.compensated_at,
+                    30_000_000 + s.seq,
+                    "step",
+                    label,
+                    event=f"compensation -> {step_status(s.status)}",
+                    details=compensation_text(s),
+                    reason=s.error if comp_failed else "",
+                    actor=s.resolved_by,
+                    seq=s.seq,
+                )
+            )
+    return out
+
+
+def build(history: list[scheduler_pb2.RunEvent], journal: saga_pb2.GetJournalResponse | None) -> list[Entry]:
+    """History and journal merged, oldest first."""
+    return sorted([*history_entries(history), *journal_entries(journal)], key=lambda e: (e.nanos, e.order))
+
+
+def waiting_reason(run: common_pb2.Run, now: float) -> str:
+    """Why a run is not moving right now, in one sentence; '' for a finished or running run
+    that needs nothing. now is the caller's clock in Unix seconds."""
+    status = run.status
+    if status == common_pb2.RUN_STATUS_WAITING_APPROVAL:
+        left = run.approval_expires_at.seconds - now if run.HasField("approval_expires_at") else 0
+        text = "waiting for a human decision"
+        if run.approval_summary:
+            text += f" on: {run.approval_summary}"
+        return text + (f" (token expires in {_span(left)})" if left > 0 else " (token expired; the sweep fails it)")
+    if status == common_pb2.RUN_STATUS_WAITING_TOOL:
+        return f"waiting on a tool call; worker {run.worker_id or '?'} holds the lease" + _lease_left(run, now)
+    if status == common_pb2.RUN_STATUS_RUNNING:
+        text = f"leased by worker {run.worker_id or '?'}" + _lease_left(run, now)
+        return text + ("; cancel requested, stops at the next heartbeat" if run.cancel_requested else "")
+    if status in (common_pb2.RUN_STATUS_PENDING, common_pb2.RUN_STATUS_RESUMED):
+        if run.HasField("not_before") and run.not_before.seconds > now:
+            return f"in retry backoff: claimable in {_span(run.not_before.seconds - now)}"
+        return f"claimable: waiting for a worker of project {run.project_id} to claim it"
+    if run.saga_status == common_pb2.SAGA_STATUS_COMPENSATING:
+        return "compensating: undo commands are running newest first"
+    if run.saga_status == common_pb2.SAGA_STATUS_COMPENSATION_FAILED:
+        return "a compensation failed: retry it or resolve it by hand"
+    return ""
+
+
+def _lease_left(run: common_pb2.Run, now: float) -> str:
+    if not run.HasField("lease_until"):
+        return ""
+    left = run.lease_until.seconds - now
+    return f", lease ends in {_span(left)}" if left > 0 else ", lease expired: the reaper takes it back"
+
+
+def _span(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"

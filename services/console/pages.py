@@ -1,0 +1,284 @@
+"""What each page shows, built from gRPC answers into plain values for the templates
+(transport-free: the handlers in views.py fetch, these functions shape)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from awooop.cli import timeline
+from awooop.cli.client import when
+from awooop.common.v1 import common_pb2
+from awooop.saga.v1 import saga_pb2
+from awooop.scheduler.v1 import scheduler_pb2
+from awooop.worker.structs import from_struct
+
+TIMELINE_PAGE = 200  # timeline entries per page of a run
+STEPS_PAGE = 100  # journal steps per page of a run
+MAX_JSON_CHARS = 20_000  # a payload longer than this is shown cut, with a note
+
+STATUSES = [n.removeprefix("RUN_STATUS_") for n in common_pb2.RunStatus.keys() if n != "RUN_STATUS_UNSPECIFIED"]
+CHANNELS = [
+    n.removeprefix("CHANNEL_TYPE_").lower() for n in common_pb2.ChannelType.keys() if n != "CHANNEL_TYPE_UNSPECIFIED"
+]
+TERMINAL = {common_pb2.RUN_STATUS_COMPLETED, common_pb2.RUN_STATUS_FAILED, common_pb2.RUN_STATUS_CANCELLED}
+
+
+def pretty(value: Any) -> str:
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    if len(text) > MAX_JSON_CHARS:
+        return text[:MAX_JSON_CHARS] + f"\n… ({len(text) - MAX_JSON_CHARS} more characters not shown)"
+    return text
+
+
+def struct_text(msg: Any, name: str) -> str:
+    return pretty(from_struct(getattr(msg, name))) if msg.HasField(name) else ""
+
+
+def age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    if s < 172800:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} days"
+
+
+@dataclass
+class RunRow:
+    run_id: str
+    status: str
+    channel: str
+    event: str
+    attempts: str
+    saga: str
+    worker: str
+    created: str
+    updated: str
+    reason: str
+    cancel_requested: bool
+
+
+def run_row(r: common_pb2.Run) -> RunRow:
+    return RunRow(
+        run_id=r.run_id,
+        status=timeline.status_name(r.status),
+        channel=timeline.channel_name(r.channel_type),
+        event=r.provider_event_id,
+        attempts=f"{r.attempt_count}/{r.max_attempts}",
+        saga=timeline.saga_name(r.saga_status),
+        worker=r.worker_id,
+        created=when(r.created_at),
+        updated=when(r.updated_at),
+        reason=timeline.short(" ".join(x for x in (r.error_code, r.failure_reason) if x), 80),
+        cancel_requested=r.cancel_requested,
+    )
+
+
+@dataclass
+class Overview:
+    counts: list[tuple[str, int]]
+    total: int
+    oldest_claimable_age: str  # '' when none is claimable
+    oldest_claimable_at: str
+
+
+def overview(resp: scheduler_pb2.CountRunsResponse) -> Overview:
+    counts = [(timeline.status_name(c.status), int(c.count)) for c in resp.counts]
+    has_oldest = resp.HasField("oldest_claimable_created_at")
+    return Overview(
+        counts=counts,
+        total=int(resp.total),
+        oldest_claimable_age=age(resp.oldest_claimable_age.ToTimedelta().total_seconds()) if has_oldest else "",
+        oldest_claimable_at=when(resp.oldest_claimable_created_at) if has_oldest else "",
+    )
+
+
+@dataclass
+class StepView:
+    seq: int
+    step_id: str
+    type: str
+    status: str
+    attempt: int
+    tool: str
+    params: str
+    result: str
+    compensation: str
+    compensation_reason: str
+    error: str
+    started: str
+    completed: str
+    compensated: str
+    resolved_by: str
+    resolution_reason: str
+    compensation_failed: bool
+    skipped_later: bool  # finished by an earlier attempt than the run's latest: later attempts skip it
+
+
+# a step in one of these was finished, so a later attempt's BeginStep answers SKIP for it
+FINISHED = {
+    common_pb2.STEP_STATUS_COMPLETED,
+    common_pb2.STEP_STATUS_COMPENSATING,
+    common_pb2.STEP_STATUS_COMPENSATED,
+    common_pb2.STEP_STATUS_COMPENSATION_FAILED,
+    common_pb2.STEP_STATUS_RESOLVED,
+}
+
+
+def step_view(s: common_pb2.SagaStep, run_attempt: int = 0) -> StepView:
+    return StepView(
+        seq=s.seq,
+        step_id=s.step_id,
+        type=timeline.step_type(s.step_type),
+        status=timeline.step_status(s.status),
+        attempt=s.attempt,
+        tool=s.tool_id,
+        params=struct_text(s, "tool_params"),
+        result=struct_text(s, "result"),
+        compensation=timeline.compensation_text(s),
+        compensation_reason=s.compensation_cmd.reason if s.HasField("compensation_cmd") else "",
+        error=s.error,
+        started=when(s.started_at),
+        completed=when(s.completed_at),
+        compensated=when(s.compensated_at),
+        resolved_by=s.resolved_by,
+        resolution_reason=s.resolution_reason,
+        compensation_failed=s.status == common_pb2.STEP_STATUS_COMPENSATION_FAILED,
+        skipped_later=s.status in FINISHED and 0 < s.attempt < run_attempt,
+    )
+
+
+@dataclass
+class Page:
+    """One page of a long list: items, 1-based number, count of pages."""
+
+    items: list[Any]
+    number: int
+    pages: int
+    total: int
+
+
+def paginate(items: list[Any], number: int, size: int) -> Page:
+    pages = max(1, -(-len(items) // size))
+    number = min(max(1, number), pages)
+    return Page(items[(number - 1) * size : number * size], number, pages, len(items))
+
+
+@dataclass
+class RunPage:
+    run: common_pb2.Run
+    fields: list[tuple[str, str]]
+    waiting: str
+    input: str
+    output: str
+    timeline: Page
+    steps: Page
+    saga: str
+    failed_steps: list[StepView]
+    waiting_approval: bool
+    terminal: bool
+    refresh: bool  # compensation under way: the page reloads itself (a meta refresh; no script)
+    trace_url: str
+    problems: list[str] = field(default_factory=list)
+
+
+def run_page(
+    run: common_pb2.Run,
+    history: list[scheduler_pb2.RunEvent],
+    journal: saga_pb2.GetJournalResponse | None,
+    *,
+    now: float,
+    timeline_page: int,
+    steps_page: int,
+    trace_url: str,
+    problems: list[str],
+) -> RunPage:
+    entries = timeline.build(history, journal)
+    raw_steps = list(journal.steps) if journal is not None else []
+    # views (pretty JSON of params and results) only for the page shown: a run may have 1,000 steps
+    steps_page_raw = paginate(raw_steps, steps_page, STEPS_PAGE)
+    steps = Page(
+        [step_view(s, run.attempt_count) for s in steps_page_raw.items],
+        steps_page_raw.number,
+        steps_page_raw.pages,
+        steps_page_raw.total,
+    )
+    f: list[tuple[str, str]] = [
+        ("project", run.project_id),
+        ("channel", timeline.channel_name(run.channel_type)),
+        ("provider event", run.provider_event_id or "-"),
+        ("status", timeline.status_name(run.status) + (" (cancel requested)" if run.cancel_requested else "")),
+        ("attempts", f"{run.attempt_count} of {run.max_attempts}"),
+    ]
+    if run.worker_id:
+        f.append(("worker", f"{run.worker_id}, lease until {when(run.lease_until)}"))
+    if run.failure_reason or run.error_code:
+        f.append(("failure", " ".join(x for x in (run.error_code, run.failure_reason) if x)))
+    if run.approval_summary:
+        f.append(("approval question", run.approval_summary))
+    if run.HasField("approval_expires_at"):
+        f.append(("approval expires", when(run.approval_expires_at)))
+    if run.approval_decided_by:
+        f.append(("decided by", run.approval_decided_by))
+    saga = timeline.saga_name(run.saga_status)
+    if run.HasField("compensation_started_at"):
+        saga += f" (compensation {when(run.compensation_started_at)} .. {when(run.compensation_completed_at) or '?'})"
+    f.append(("saga", saga))
+    f.append(("created", when(run.created_at)))
+    f.append(("updated", when(run.updated_at)))
+    terminal = run.status in TERMINAL
+    undo_pending = any(
+        s.status == common_pb2.STEP_STATUS_COMPLETED and s.HasField("compensation_cmd") for s in raw_steps
+    )
+    refresh = run.saga_status == common_pb2.SAGA_STATUS_COMPENSATING or (
+        run.status in (common_pb2.RUN_STATUS_FAILED, common_pb2.RUN_STATUS_CANCELLED)
+        and run.saga_status == common_pb2.SAGA_STATUS_IN_PROGRESS
+        and undo_pending
+    )
+    return RunPage(
+        run=run,
+        fields=f,
+        waiting=timeline.waiting_reason(run, now),
+        input=struct_text(run, "input"),
+        output=struct_text(run, "output"),
+        timeline=paginate(entries, timeline_page, TIMELINE_PAGE),
+        steps=steps,
+        saga=timeline.saga_name(run.saga_status),
+        failed_steps=[
+            step_view(s, run.attempt_count) for s in raw_steps if s.status == common_pb2.STEP_STATUS_COMPENSATION_FAILED
+        ],
+        waiting_approval=run.status == common_pb2.RUN_STATUS_WAITING_APPROVAL,
+        terminal=terminal,
+        refresh=refresh,
+        trace_url=trace_url.replace("{run_id}", run.run_id) if trace_url else "",
+        problems=problems,
+    )
+
+
+def approval_state(run: common_pb2.Run, now: float) -> tuple[str, str]:
+    """(state, sentence) of an approval link's run: "open" (decide it), "expired", "decided"
+    or "gone" (the run moved on some other way)."""
+    if run.status == common_pb2.RUN_STATUS_WAITING_APPROVAL:
+        if run.HasField("approval_expires_at") and run.approval_expires_at.seconds <= now:
+            return "expired", f"This approval link expired at {when(run.approval_expires_at)}."
+        return "open", ""
+    if run.error_code == "E-APPROVAL-002":
+        return "expired", "This approval link expired: nobody decided in time, so the run failed (E-APPROVAL-002)."
+    if run.approval_decided_by:
+        verb = "rejected" if run.error_code == "E-APPROVAL-REJECTED" else "approved"
+        return "decided", f"This approval link was already used: {run.approval_decided_by} {verb} the run."
+    return "gone", f"This run is not waiting for approval any more (it is {timeline.status_name(run.status)})."
+
+
+def parse_time(value: str) -> dt.datetime | None:
+    """A form's date or date-time (UTC; `2026-12-01`, `2026-12-01T07:00`, ISO 8601); None if empty."""
+    value = value.strip()
+    if not value:
+        return None
+    parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))  # ValueError: the caller says so
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)

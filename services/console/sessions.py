@@ -1,0 +1,118 @@
+"""Console sessions, kept in Postgres (awooop_console_session, migration 0100).
+
+Sign-in exchanges an API key for a session: the browser gets a random token in an HttpOnly
+cookie; the store keeps sha256(token) and the API key encrypted with AES-GCM under a key
+derived from the token (HKDF-SHA256). The API key therefore exists in clear only in the
+request that presents the cookie, never in the table or in a page. A session ends at
+expires_at, at sign-out (revoked_at), or when the key stops working in the services.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import os
+import secrets
+from dataclasses import dataclass
+
+import asyncpg
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+TOKEN_BYTES = 32
+MAX_TOKEN_CHARS = 64  # token_urlsafe(32) is 43 characters; longer cookies are not ours
+PRUNE_BATCH = 1000
+
+INSERT_SQL = """
+INSERT INTO awooop_console_session (session_hash, key_ciphertext, key_nonce, key_label, expires_at)
+VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
+RETURNING expires_at"""
+
+# A live session, touched in the same statement that reads it.
+GET_SQL = """
+UPDATE awooop_console_session SET last_seen_at = now()
+ WHERE session_hash = $1 AND revoked_at IS NULL AND expires_at > now()
+RETURNING key_ciphertext, key_nonce, key_label, expires_at"""
+
+REVOKE_SQL = """
+UPDATE awooop_console_session SET revoked_at = now() WHERE session_hash = $1 AND revoked_at IS NULL"""
+
+PRUNE_SQL = """
+DELETE FROM awooop_console_session WHERE session_hash IN (
+    SELECT session_hash FROM awooop_console_session
+     WHERE expires_at < now() - interval '1 day' OR revoked_at < now() - interval '1 day'
+     LIMIT $1)"""
+
+
+@dataclass(frozen=True)
+class Session:
+    api_key: str
+    label: str  # public id of the key, e.g. "awk_3f2a…"
+    expires_at: dt.datetime
+    csrf: str  # the token every form of this session carries
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def _aead(token: str) -> AESGCM:
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"awooop-console-session").derive(token.encode())
+    return AESGCM(key)
+
+
+def csrf_for(token: str) -> str:
+    """The session's CSRF token: bound to the session, useless without its cookie, and never
+    the cookie itself (a page can show it, the cookie is HttpOnly)."""
+    return hmac.new(token.encode(), b"awooop-console-csrf", hashlib.sha256).hexdigest()
+
+
+def key_label(api_key: str) -> str:
+    """The non-secret part of a key (awk_<key_id>_<secret> -> awk_<key_id>_…)."""
+    parts = api_key.split("_")
+    if len(parts) == 3 and parts[0] == "awk" and parts[1]:
+        return f"awk_{parts[1][:40]}_…"
+    return "an API key"
+
+
+class SessionStore:
+    def __init__(self, pool: asyncpg.Pool, ttl: float) -> None:
+        self.pool = pool
+        self.ttl = ttl
+
+    async def create(self, api_key: str) -> tuple[str, Session]:
+        """A new session for api_key (already verified by the caller); returns (cookie token, session)."""
+        token = secrets.token_urlsafe(TOKEN_BYTES)
+        nonce = os.urandom(12)
+        ciphertext = _aead(token).encrypt(nonce, api_key.encode(), _digest(token))
+        label = key_label(api_key)
+        expires = await self.pool.fetchval(INSERT_SQL, _digest(token), ciphertext, nonce, label, self.ttl)
+        return token, Session(api_key, label, expires, csrf_for(token))
+
+    async def get(self, token: str) -> Session | None:
+        if not token or len(token) > MAX_TOKEN_CHARS:
+            return None
+        row = await self.pool.fetchrow(GET_SQL, _digest(token))
+        if row is None:
+            return None
+        try:
+            api_key = _aead(token).decrypt(row["key_nonce"], row["key_ciphertext"], _digest(token)).decode()
+        except Exception:  # cryptography's InvalidTag: not a session this token opened
+            return None
+        return Session(api_key, row["key_label"], row["expires_at"], csrf_for(token))
+
+    async def revoke(self, token: str) -> None:
+        if token and len(token) <= MAX_TOKEN_CHARS:
+            await self.pool.execute(REVOKE_SQL, _digest(token))
+
+    async def prune(self) -> int:
+        """Deletes sessions that ended more than a day ago; returns how many."""
+        total = 0
+        while True:
+            status = await self.pool.execute(PRUNE_SQL, PRUNE_BATCH)
+            n = int(status.split()[-1])
+            total += n
+            if n < PRUNE_BATCH:
+                return total

@@ -1,0 +1,424 @@
+"""The console's HTTP handlers: read the request, call the services with the operator's key
+(backend.py), shape the answer (pages.py), render a template. Every POST has passed the CSRF
+check (app.py) before it gets here and answers with a redirect, so a reload never repeats it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from aiohttp import web
+
+from awooop.common.v1 import common_pb2
+from awooop.saga.v1 import saga_pb2
+from awooop.scheduler.v1 import scheduler_pb2
+from awooop.worker.errors import AwooopError
+from services.console import pages, security
+from services.console.backend import Backend
+from services.console.sessions import Session, SessionStore
+
+# what the session middleware (app.py) resolved from the cookie
+SESSION = web.RequestKey("session", Session)
+TOKEN = web.RequestKey("token", str)
+
+RUNS_PAGE = 50
+APPROVALS_PAGE = 20
+MAX_REASON = 4096
+MAX_QUERY = 256
+
+# outcomes of actions, shown after the redirect (a fixed set: nothing from the URL is echoed)
+MESSAGES = {
+    "approved": "Approved: the run is RESUMED and will be claimed again.",
+    "rejected": "Rejected: the run FAILED and its completed steps are being compensated.",
+    "retried": "Compensation retry scheduled.",
+    "resolved": "Compensation resolved by hand; the reason is in the audit log.",
+    "cancelled": "Cancel requested.",
+    "signedout": "Signed out.",
+    "expired": "Your session ended; sign in again.",
+}
+
+
+class Console:
+    def __init__(
+        self, templates: jinja2.Environment, sessions: SessionStore, backend: Backend, *, trace_url: str, secure: bool
+    ) -> None:
+        self.templates = templates
+        self.sessions = sessions
+        self.backend = backend
+        self.trace_url = trace_url
+        self.secure = secure
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def render(self, request: web.Request, name: str, status: int = 200, **ctx: Any) -> web.Response:
+        session: Session | None = request.get(SESSION)
+        msg = MESSAGES.get(request.query.get("msg", ""), "")
+        html = self.templates.get_template(name).render(
+            session=session, csrf=session.csrf if session else "", path=request.path_qs, message=msg, **ctx
+        )
+        return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
+
+    def need(self, request: web.Request) -> Session:
+        session: Session | None = request.get(SESSION)
+        if session is None:
+            raise web.HTTPSeeOther("/signin?" + urlencode({"next": request.path_qs}))
+        return session
+
+    async def call(self, request: web.Request, method: Any, message: Any) -> Any:
+        return await self.backend.call(method, message, self.need(request).api_key)
+
+    # --- sign-in -----------------------------------------------------------------------------
+
+    async def signin_form(self, request: web.Request, error: str = "", status: int = 200) -> web.Response:
+        token = security.new_signin_token()
+        response = self.render(
+            request,
+            "signin.html",
+            status=status,
+            signin_token=token,
+            next=security.safe_next(request.query.get("next", "/")),
+            error=error,
+        )
+        secure = security.secure_request(request, self.secure)
+        security.set_cookie(response, security.SIGNIN_COOKIE, token, secure=secure, path="/signin")
+        return response
+
+    async def signin(self, request: web.Request) -> web.StreamResponse:
+        form = await request.post()
+        key = str(form.get("api_key", "")).strip()
+        target = security.safe_next(str(form.get("next", "/")))
+        if not key:
+            return await self.signin_form(request, "Paste an API key.", 400)
+        try:  # the services decide whether the key is good: ListProjects needs a valid one
+            await self.backend.call(self.backend.scheduler.ListProjects, scheduler_pb2.ListProjectsRequest(), key)
+        except AwooopError as err:
+            if err.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT"):
+                return await self.signin_form(request, "That key was not accepted (unknown, revoked or mistyped).", 401)
+            raise
+        token, _ = await self.sessions.create(key)
+        response = web.HTTPSeeOther(target)
+        security.set_cookie(
+            response,
+            security.SESSION_COOKIE,
+            token,
+            secure=security.secure_request(request, self.secure),
+            max_age=int(self.sessions.ttl),
+        )
+        response.del_cookie(security.SIGNIN_COOKIE, path="/signin")
+        raise response
+
+    async def signout(self, request: web.Request) -> web.StreamResponse:
+        await self.sessions.revoke(request.get(TOKEN, ""))
+        response = web.HTTPSeeOther("/signin?msg=signedout")
+        response.del_cookie(security.SESSION_COOKIE, path="/")
+        raise response
+
+    # --- projects and runs ---------------------------------------------------------------------
+
+    async def home(self, request: web.Request) -> web.StreamResponse:
+        self.need(request)
+        resp = await self.call(request, self.backend.scheduler.ListProjects, scheduler_pb2.ListProjectsRequest())
+        projects = list(resp.project_ids)
+        if len(projects) == 1:
+            raise web.HTTPSeeOther(f"/projects/{projects[0]}/runs")
+        return self.render(request, "projects.html", projects=projects, all_projects=resp.all_projects)
+
+    async def runs(self, request: web.Request) -> web.StreamResponse:
+        self.need(request)
+        project = request.match_info["project"]
+        q = request.query
+        statuses = [s for s in q.getall("status", []) if s in pages.STATUSES]
+        channels = [c for c in q.getall("channel", []) if c in pages.CHANNELS]
+        search = q.get("q", "").strip()[:MAX_QUERY]
+        errors: list[str] = []
+        since = until = None
+        try:
+            since = pages.parse_time(q.get("since", ""))
+        except ValueError:
+            errors.append("'from' is not a date or time (use 2026-12-01 or 2026-12-01T07:30)")
+        try:
+            until = pages.parse_time(q.get("until", ""))
+        except ValueError:
+            errors.append("'to' is not a date or time (use 2026-12-01 or 2026-12-01T07:30)")
+        if search and _is_uuid(search):  # a run id: straight to its page when it is one of ours
+            try:
+                got = await self.call(
+                    request, self.backend.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=search)
+                )
+                raise web.HTTPSeeOther(f"/runs/{got.run.run_id}")
+            except AwooopError as err:
+                if err.code.name != "NOT_FOUND":
+                    raise
+        req = scheduler_pb2.ListRunsRequest(
+            project_id=project,
+            statuses=[common_pb2.RunStatus.Value(f"RUN_STATUS_{s}") for s in statuses],
+            channel_types=[common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{c.upper()}") for c in channels],
+            page_size=RUNS_PAGE,
+            page_token=q.get("page_token", "")[:MAX_QUERY],
+            provider_event_id=search if search and not _is_uuid(search) else "",
+        )
+        if since:
+            req.created_after.FromDatetime(since)
+        if until:
+            req.created_before.FromDatetime(until)
+        listed, counted = await asyncio.gather(
+            self.call(request, self.backend.scheduler.ListRuns, req),
+            self.call(request, self.backend.scheduler.CountRuns, scheduler_pb2.CountRunsRequest(project_id=project)),
+        )
+        rows = [] if search and _is_uuid(search) else [pages.run_row(r) for r in listed.runs]
+        keep = [(k, v) for k, v in q.items() if k != "page_token" and v]
+        return self.render(
+            request,
+            "runs.html",
+            project=project,
+            rows=rows,
+            overview=pages.overview(counted),
+            statuses=pages.STATUSES,
+            channels=pages.CHANNELS,
+            chosen_statuses=statuses,
+            chosen_channels=channels,
+            since=q.get("since", ""),
+            until=q.get("until", ""),
+            search=search,
+            errors=errors,
+            next_url=("?" + urlencode([*keep, ("page_token", listed.next_page_token)]))
+            if listed.next_page_token
+            else "",
+            first_url=("?" + urlencode(keep)) if q.get("page_token") else "",
+            filtered=bool(statuses or channels or since or until or search),
+        )
+
+    async def run(self, request: web.Request) -> web.StreamResponse:
+        session = self.need(request)
+        run_id = request.match_info["run_id"]
+        if not _is_uuid(run_id):
+            raise web.HTTPNotFound(text="no such run")
+        view = await self.backend.run_view(session.api_key, run_id)
+        page = pages.run_page(
+            view.run,
+            view.history,
+            view.journal,
+            now=time.time(),
+            timeline_page=_int(request.query.get("tl", "1")),
+            steps_page=_int(request.query.get("st", "1")),
+            trace_url=self.trace_url,
+            problems=view.problems,
+        )
+        return self.render(
+            request, "run.html", page=page, run=view.run, project=view.run.project_id, query=request.query
+        )
+
+    # --- approvals ---------------------------------------------------------------------------
+
+    async def approvals(self, request: web.Request) -> web.StreamResponse:
+        self.need(request)
+        project = request.match_info["project"]
+        listed = await self.call(
+            request,
+            self.backend.scheduler.ListRuns,
+            scheduler_pb2.ListRunsRequest(
+                project_id=project,
+                statuses=[common_pb2.RUN_STATUS_WAITING_APPROVAL],
+                page_size=APPROVALS_PAGE,
+                page_token=request.query.get("page_token", "")[:MAX_QUERY],
+            ),
+        )
+        journals = await asyncio.gather(
+            *(
+                self.call(request, self.backend.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=r.run_id))
+                for r in listed.runs
+            )
+        )
+        items = [
+            (pages.run_row(r), r.approval_summary, _when_expires(r), [pages.step_view(s) for s in j.steps])
+            for r, j in zip(listed.runs, journals, strict=True)
+        ]
+        return self.render(
+            request,
+            "approvals.html",
+            project=project,
+            items=items,
+            next_url="?" + urlencode({"page_token": listed.next_page_token}) if listed.next_page_token else "",
+        )
+
+    async def decide(self, request: web.Request) -> web.StreamResponse:
+        """The approvals page's form: the approver pastes the token they were sent."""
+        self.need(request)
+        run_id = request.match_info["run_id"]
+        form = await request.post()
+        return await self._decide(request, run_id, str(form.get("approval_token", "")).strip(), form)
+
+    async def approval_link(self, request: web.Request) -> web.StreamResponse:
+        """/approvals/<run_id>/<token>: the link a worker or a bot sends a person."""
+        self.need(request)
+        run_id = request.match_info["run_id"]
+        if not _is_uuid(run_id):
+            raise web.HTTPNotFound(text="no such approval")
+        run = (await self.call(request, self.backend.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id))).run
+        steps, problem = [], ""
+        try:  # the journal is worker/approver reading: a key without either still sees the question
+            journal = await self.call(request, self.backend.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=run_id))
+            steps = [pages.step_view(s) for s in journal.steps]
+        except AwooopError as err:
+            if err.code.name not in ("PERMISSION_DENIED", "NOT_FOUND"):
+                raise
+            problem = f"journal: {err.details.render()}"
+        state, sentence = pages.approval_state(run, time.time())
+        return self.render(
+            request,
+            "approval.html",
+            status=200 if state == "open" else 410,
+            run=pages.run_row(run),
+            question=run.approval_summary,
+            expires=_when_expires(run),
+            steps=steps,
+            state=state,
+            sentence=sentence,
+            error=problem,
+        )
+
+    async def approval_link_post(self, request: web.Request) -> web.StreamResponse:
+        self.need(request)
+        run_id, token = request.match_info["run_id"], request.match_info["token"]
+        if not _is_uuid(run_id):
+            raise web.HTTPNotFound(text="no such approval")
+        return await self._decide(request, run_id, token, await request.post())
+
+    async def _decide(self, request: web.Request, run_id: str, token: str, form: Any) -> web.StreamResponse:
+        decision = str(form.get("decision", ""))
+        if decision not in ("approve", "reject") or not token:
+            raise web.HTTPBadRequest(text="choose approve or reject, with the approval token")
+        reason = str(form.get("reason", "")).strip()[:MAX_REASON]
+        try:
+            await self.call(
+                request,
+                self.backend.scheduler.DecideApproval,
+                scheduler_pb2.DecideApprovalRequest(
+                    run_id=run_id,
+                    approval_token=token,
+                    decision=scheduler_pb2.DECISION_APPROVE if decision == "approve" else scheduler_pb2.DECISION_REJECT,
+                    reason=reason,
+                ),
+            )
+        except AwooopError as err:
+            plain = {
+                "APPROVAL_INVALID": "This approval token is not valid: it was already used, mistyped, or the run "
+                "asked again with a new one.",
+                "APPROVAL_EXPIRED": "This approval token expired; the run has failed (E-APPROVAL-002) and is being "
+                "compensated.",
+                "FORBIDDEN": "Your key has no approver role in this run's project, so it cannot decide.",
+                "INVALID_TRANSITION": "This run is not waiting for approval any more.",
+            }.get(err.reason)
+            if plain is None:
+                raise
+            return self.render(
+                request,
+                "message.html",
+                status=409 if err.reason != "FORBIDDEN" else 403,
+                title="Not decided",
+                text=plain,
+                run_id=run_id,
+            )
+        raise web.HTTPSeeOther(f"/runs/{run_id}?msg={'approved' if decision == 'approve' else 'rejected'}")
+
+    # --- compensation ------------------------------------------------------------------------
+
+    async def compensations(self, request: web.Request) -> web.StreamResponse:
+        self.need(request)
+        project = request.match_info["project"]
+        listed = await self.call(
+            request,
+            self.backend.scheduler.ListRuns,
+            scheduler_pb2.ListRunsRequest(
+                project_id=project,
+                saga_statuses=[common_pb2.SAGA_STATUS_COMPENSATION_FAILED],
+                page_size=APPROVALS_PAGE,
+                page_token=request.query.get("page_token", "")[:MAX_QUERY],
+            ),
+        )
+        journals = await asyncio.gather(
+            *(
+                self.call(request, self.backend.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=r.run_id))
+                for r in listed.runs
+            )
+        )
+        items = [
+            (pages.run_row(r), [v for v in map(pages.step_view, j.steps) if v.compensation_failed])
+            for r, j in zip(listed.runs, journals, strict=True)
+        ]
+        return self.render(
+            request,
+            "compensations.html",
+            project=project,
+            items=items,
+            next_url="?" + urlencode({"page_token": listed.next_page_token}) if listed.next_page_token else "",
+        )
+
+    async def retry(self, request: web.Request) -> web.StreamResponse:
+        self.need(request)
+        run_id = _run_id(request)
+        form = await request.post()
+        await self.call(
+            request,
+            self.backend.saga.RetryCompensation,
+            saga_pb2.RetryCompensationRequest(run_id=run_id, step_id=str(form.get("step_id", ""))[:MAX_QUERY]),
+        )
+        raise web.HTTPSeeOther(f"/runs/{run_id}?msg=retried")
+
+    async def resolve(self, request: web.Request) -> web.StreamResponse:
+        self.need(request)
+        run_id = _run_id(request)
+        form = await request.post()
+        await self.call(
+            request,
+            self.backend.saga.ResolveCompensation,
+            saga_pb2.ResolveCompensationRequest(
+                run_id=run_id,
+                step_id=str(form.get("step_id", ""))[:MAX_QUERY],
+                reason=str(form.get("reason", "")).strip()[:MAX_REASON],
+            ),
+        )
+        raise web.HTTPSeeOther(f"/runs/{run_id}?msg=resolved")
+
+    async def cancel(self, request: web.Request) -> web.StreamResponse:
+        self.need(request)
+        run_id = _run_id(request)
+        form = await request.post()
+        await self.call(
+            request,
+            self.backend.scheduler.CancelRun,
+            scheduler_pb2.CancelRunRequest(run_id=run_id, reason=str(form.get("reason", "")).strip()[:MAX_REASON]),
+        )
+        raise web.HTTPSeeOther(f"/runs/{run_id}?msg=cancelled")
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _run_id(request: web.Request) -> str:
+    run_id = request.match_info["run_id"]
+    if not _is_uuid(run_id):
+        raise web.HTTPNotFound(text="no such run")
+    return run_id
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 1
+
+
+def _when_expires(run: common_pb2.Run) -> str:
+    from awooop.cli.client import when
+
+    return when(run.approval_expires_at) if run.HasField("approval_expires_at") else ""

@@ -1,0 +1,405 @@
+"""The operator console over HTTP (a real aiohttp client, real services, real Postgres): sign-in
+and sessions, CSRF, headers, escaping, the approval link's states, authorization staying in the
+services, runs filters and pagination. The browser flows are in test_console_browser.py."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import aiohttp
+import pytest_asyncio
+
+from services.console.security import CSP
+from tests.harness.console import ConsoleEnv, start_console_env, stop_console_env
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def env(start_services: Any, make_key: Any, db: Any) -> AsyncIterator[ConsoleEnv]:
+    e = await start_console_env(start_services, make_key, db)
+    yield e
+    await stop_console_env(e)
+
+
+class Browser:
+    """A cookie-keeping HTTP client that follows the console's forms like a browser would."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.http = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))  # cookies of 127.0.0.1
+
+    async def get(self, path: str, **kw: Any) -> tuple[int, str, aiohttp.ClientResponse]:
+        async with self.http.get(self.url + path, **kw) as r:
+            return r.status, await r.text(), r
+
+    async def post(self, path: str, data: dict[str, str], **kw: Any) -> tuple[int, str, aiohttp.ClientResponse]:
+        async with self.http.post(self.url + path, data=data, **kw) as r:
+            return r.status, await r.text(), r
+
+    async def csrf(self, path: str) -> str:
+        _, html, _ = await self.get(path)
+        m = re.search(r'name="csrf" value="([^"]+)"', html)
+        assert m, html
+        return m.group(1)
+
+    async def signin(self, key: str) -> tuple[int, str, aiohttp.ClientResponse]:
+        token = await self.csrf("/signin")
+        return await self.post("/signin", {"csrf": token, "api_key": key, "next": "/"}, allow_redirects=False)
+
+    def session_cookie(self) -> str:
+        for c in self.http.cookie_jar:
+            if c.key == "awooop_console":
+                return c.value
+        return ""
+
+    async def close(self) -> None:
+        await self.http.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def browser(env: ConsoleEnv) -> AsyncIterator[Browser]:
+    b = Browser(env.url)
+    yield b
+    await b.close()
+
+
+async def test_sign_in_exchanges_the_key_for_a_strict_httponly_session_cookie(
+    env: ConsoleEnv, browser: Browser
+) -> None:
+    status, _, r = await browser.get("/projects/ops/runs", allow_redirects=False)
+    assert status == 303 and r.headers["Location"].startswith("/signin?next=")
+    status, html, _ = await browser.signin("awk_nope_nope")
+    assert status == 401 and "not accepted" in html and not browser.session_cookie()
+
+    status, _, r = await browser.signin(env.admin_key)
+    assert status == 303
+    cookie = r.headers.getall("Set-Cookie")
+    session = next(c for c in cookie if c.startswith("awooop_console="))
+    assert "HttpOnly" in session and "SameSite=Strict" in session and "Secure" not in session  # plain HTTP here
+    token = browser.session_cookie()
+    # the store keeps neither the cookie nor the key in clear
+    row = await env.db.fetchrow("SELECT * FROM awooop_console_session")
+    assert row["session_hash"] != token.encode() and env.admin_key.encode() not in row["key_ciphertext"]
+    assert row["key_label"].startswith("awk_") and env.admin_key.split("_")[2] not in row["key_label"]
+
+    status, html, _ = await browser.get("/projects/ops/runs")
+    assert status == 200 and "Runs of ops" in html
+    assert env.admin_key not in html and token not in html  # no secret in a page
+
+
+async def test_every_answer_has_the_strict_headers(env: ConsoleEnv, browser: Browser) -> None:
+    for path in ("/signin", "/nowhere", "/projects/ops/runs", "/static/console.css"):
+        _, _, r = await browser.get(path, allow_redirects=False)
+        assert r.headers["Content-Security-Policy"] == CSP, path
+        assert "script-src" not in CSP and "'unsafe-inline'" not in CSP
+        assert r.headers["X-Content-Type-Options"] == "nosniff" and r.headers["Referrer-Policy"] == "same-origin"
+        assert r.headers["X-Frame-Options"] == "DENY"
+
+
+async def test_secure_cookie_when_configured(start_services: Any, make_key: Any, db: Any) -> None:
+    env = await start_console_env(start_services, make_key, db, console_secure_cookie=True)
+    # a Secure cookie is not kept over plain HTTP: carry the sign-in form's cookie by hand, as a
+    # browser behind the TLS-terminating proxy this setting is for would
+    http = aiohttp.ClientSession()
+    try:
+        async with http.get(env.url + "/signin") as r:
+            form_cookie = r.cookies["awooop_console_signin"]
+            assert form_cookie["secure"] and form_cookie["httponly"] and form_cookie["samesite"] == "Strict"
+            csrf = re.search(r'name="csrf" value="([^"]+)"', await r.text()).group(1)  # type: ignore[union-attr]
+        async with http.post(
+            env.url + "/signin",
+            data={"csrf": csrf, "api_key": env.admin_key},
+            headers={"Cookie": f"awooop_console_signin={form_cookie.value}"},
+            allow_redirects=False,
+        ) as r:
+            assert r.status == 303
+            session = r.cookies["awooop_console"]
+            assert session["secure"] and session["httponly"] and session["samesite"] == "Strict"
+    finally:
+        await http.close()
+        await stop_console_env(env)
+
+
+async def test_every_post_needs_the_sessions_csrf_token_and_our_origin(env: ConsoleEnv, browser: Browser) -> None:
+    run_id = await env.create()
+    await browser.signin(env.admin_key)
+    path = f"/runs/{run_id}/cancel"
+    status, _, _ = await browser.post(path, {"reason": "no token"}, allow_redirects=False)
+    assert status == 403
+    status, _, _ = await browser.post(path, {"reason": "wrong", "csrf": "0" * 64}, allow_redirects=False)
+    assert status == 403
+    token = await browser.csrf(f"/runs/{run_id}")
+    status, _, _ = await browser.post(
+        path, {"reason": "forged", "csrf": token}, headers={"Origin": "https://evil.example"}, allow_redirects=False
+    )
+    assert status == 403
+    assert await env.db.fetchval("SELECT status FROM awooop_run_state WHERE run_id = $1", run_id) == "PENDING"
+    status, _, r = await browser.post(path, {"reason": "operator", "csrf": token}, allow_redirects=False)
+    assert status == 303 and r.headers["Location"] == f"/runs/{run_id}?msg=cancelled"
+    assert await env.db.fetchval("SELECT status FROM awooop_run_state WHERE run_id = $1", run_id) == "CANCELLED"
+    # a sign-in form posted without its own double-submit token is refused too
+    status, _, _ = await browser.post("/signin", {"api_key": env.admin_key, "csrf": "x"}, allow_redirects=False)
+    assert status == 403
+
+
+async def test_sessions_end_at_sign_out_at_expiry_and_when_the_key_is_revoked(
+    env: ConsoleEnv, browser: Browser
+) -> None:
+    await browser.signin(env.admin_key)
+    token = await browser.csrf("/projects/ops/runs")
+    cookie = browser.session_cookie()
+    status, _, r = await browser.post("/signout", {"csrf": token}, allow_redirects=False)
+    assert status == 303 and r.headers["Location"] == "/signin?msg=signedout"
+    assert await env.db.fetchval("SELECT revoked_at IS NOT NULL FROM awooop_console_session")
+    # the old cookie, replayed, is worth nothing
+    status, _, r = await browser.get("/projects/ops/runs", cookies={"awooop_console": cookie}, allow_redirects=False)
+    assert status == 303 and r.headers["Location"].startswith("/signin")
+
+    await browser.signin(env.admin_key)
+    await env.db.execute("UPDATE awooop_console_session SET expires_at = now() - interval '1 second'")
+    status, _, r = await browser.get("/projects/ops/runs", allow_redirects=False)
+    assert status == 303 and r.headers["Location"].startswith("/signin")
+
+    # a key revoked in the services ends its console session at the next page
+    b2 = Browser(env.url)
+    try:
+        await b2.signin(env.viewer_key)
+        status, _, _ = await b2.get("/projects/ops/runs")
+        assert status == 200
+        key_id = env.viewer_key.split("_")[1]
+        await env.db.execute("UPDATE awooop_api_key SET revoked_at = now() WHERE key_id = $1", key_id)
+        status, _, r = await b2.get("/projects/ops/runs", allow_redirects=False)
+        assert status == 303 and r.headers["Location"] == "/signin?msg=expired"
+    finally:
+        await b2.close()
+
+
+async def test_authorization_stays_in_the_services(env: ConsoleEnv, browser: Browser) -> None:
+    run_id, token = await env.waiting_for_approval()
+    await browser.signin(env.viewer_key)  # may read the project, may not decide
+    status, html, _ = await browser.get(f"/approvals/{run_id}/{token}")
+    assert status == 200 and "Keep api at 3 replicas?" in html
+    csrf = await browser.csrf(f"/approvals/{run_id}/{token}")
+    status, html, _ = await browser.post(f"/approvals/{run_id}/{token}", {"csrf": csrf, "decision": "approve"})
+    assert status == 403 and "no approver role" in html
+    assert await env.db.fetchval("SELECT status FROM awooop_run_state WHERE run_id = $1", run_id) == "WAITING_APPROVAL"
+    # another project's run does not exist for this key
+    other = await env.create(project="elsewhere")
+    status, _, _ = await browser.get(f"/runs/{other}")
+    assert status == 404
+    status, _, _ = await browser.get("/projects/elsewhere/runs")
+    assert status == 403
+
+
+async def test_approval_link_decides_once_and_says_plainly_when_used_or_expired(
+    env: ConsoleEnv, browser: Browser
+) -> None:
+    run_id, token = await env.waiting_for_approval()
+    expired_id, expired_token = await env.waiting_for_approval()  # before the approval: a RESUMED run is claimable
+    await browser.signin(env.approver_key)
+    link = f"/approvals/{run_id}/{token}"
+    # a wrong token for a waiting run: refused, nothing changes
+    csrf = await browser.csrf(link)
+    status, html, _ = await browser.post(f"/approvals/{run_id}/{'x' * 43}", {"csrf": csrf, "decision": "approve"})
+    assert status == 409 and "not valid" in html
+    status, _, r = await browser.post(
+        link, {"csrf": csrf, "decision": "approve", "reason": "ok"}, allow_redirects=False
+    )
+    assert status == 303 and r.headers["Location"] == f"/runs/{run_id}?msg=approved"
+    assert await env.db.fetchval("SELECT status FROM awooop_run_state WHERE run_id = $1", run_id) == "RESUMED"
+    status, html, _ = await browser.get(link)
+    assert (
+        status == 410
+        and "already used: approver-amy approved the run" in html
+        and "<form" not in html.split("<main>")[1].split("Journal so far")[0]
+    )
+    status, html, _ = await browser.post(link, {"csrf": csrf, "decision": "reject"})
+    assert status == 409 and "not waiting for approval" in html
+
+    await env.db.execute(
+        "UPDATE awooop_run_state SET approval_expires_at = now() - interval '1 minute' WHERE run_id = $1", expired_id
+    )
+    status, html, _ = await browser.get(f"/approvals/{expired_id}/{expired_token}")
+    assert status == 410 and "expired" in html
+    status, html, _ = await browser.post(
+        f"/approvals/{expired_id}/{expired_token}", {"csrf": csrf, "decision": "approve"}
+    )
+    assert status == 409 and "expired" in html
+    # not signed in: the link survives the sign-in
+    anon = aiohttp.ClientSession()
+    try:
+        async with anon.get(env.url + link, allow_redirects=False) as r:
+            where = urlsplit(r.headers["Location"])
+            assert r.status == 303 and where.path == "/signin" and parse_qs(where.query)["next"] == [link]
+    finally:
+        await anon.close()
+
+
+async def test_payloads_are_escaped(env: ConsoleEnv, browser: Browser) -> None:
+    attack = '<script>alert(1)</script><img src=x onerror="alert(2)">'
+    run_id, _ = await env.waiting_for_approval(summary=attack, payload={"text": attack})
+    await browser.signin(env.admin_key)
+    for path in (f"/runs/{run_id}", "/projects/ops/approvals"):
+        status, html, _ = await browser.get(path)
+        assert status == 200
+        assert "<script>alert" not in html and "<img src=x" not in html
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+async def test_runs_page_counts_filters_searches_and_pages(env: ConsoleEnv, browser: Browser) -> None:
+    ids = [await env.create() for _ in range(3)]
+    await env.db.execute(
+        """INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, created_at)
+           SELECT 'ops', 'telegram', 'tg-' || g, now() - make_interval(mins => g) FROM generate_series(1, 60) g"""
+    )
+    await browser.signin(env.admin_key)
+    status, html, _ = await browser.get("/projects/ops/runs")
+    assert status == 200 and "<b>63</b>" in html and "oldest claimable run" in html
+    assert html.count('href="/runs/') == 50 and "next page" in html
+    next_url = re.search(r'href="(\?[^"]*page_token=[^"]+)" rel="next"', html).group(1)  # type: ignore[union-attr]
+    status, html, _ = await browser.get("/projects/ops/runs" + next_url.replace("&amp;", "&"))
+    assert html.count('href="/runs/') == 13 and "first page" in html
+    status, html, _ = await browser.get("/projects/ops/runs?channel=api")
+    assert html.count('href="/runs/') == 3 and all(i in html for i in ids)
+    status, html, _ = await browser.get("/projects/ops/runs?q=tg-7")
+    assert html.count('href="/runs/') == 1 and "tg-7" in html
+    status, _, r = await browser.get(f"/projects/ops/runs?q={ids[0]}", allow_redirects=False)
+    assert status == 303 and r.headers["Location"] == f"/runs/{ids[0]}"
+    status, html, _ = await browser.get("/projects/ops/runs?status=COMPLETED")
+    assert "No runs match these filters" in html
+    status, html, _ = await browser.get("/projects/ops/runs?since=yesterday")
+    assert status == 200 and "is not a date" in html
+    status, html, _ = await browser.get("/projects/ops/runs?since=2000-01-01&until=2000-01-02")
+    assert "No runs match" in html
+
+
+async def test_a_run_of_many_steps_is_paginated(env: ConsoleEnv, browser: Browser) -> None:
+    run_id = await env.create()
+    lease = await env.claim(run_id)
+    for i in range(130):
+        await env.scale_step(lease, f"step-{i:03d}")
+    await browser.signin(env.admin_key)
+    status, html, _ = await browser.get(f"/runs/{run_id}")
+    assert status == 200 and html.count('<tr id="step-') == 100 and "page 1 of 2 (130 entries)" in html
+    assert 'href="?st=2" rel="next"' in html
+    status, html, _ = await browser.get(f"/runs/{run_id}?tl=1&st=2")
+    assert html.count('<tr id="step-') == 30 and "step-129" in html
+    assert 'href="?tl=1&amp;st=1"' in html  # the pager keeps the timeline's page
+    assert "leased by worker console-test-worker" in html  # why it is not moving
+
+
+async def test_awooop_serve_console_is_a_real_process(env: ConsoleEnv, settings: Any, tmp_path: Any) -> None:
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from services.common.embedded import free_port
+    from tests.harness.helpers import ROOT, eventually, settings_env
+
+    port = free_port()
+    child = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | settings_env(settings)
+    child |= {
+        "AWOOOP_CONSOLE_PORT": str(port),
+        "AWOOOP_CONSOLE_SCHEDULER_ADDR": env.addr("scheduler"),
+        "AWOOOP_CONSOLE_SAGA_ADDR": env.addr("saga"),
+        "AWOOOP_METRICS_PORT": "0",
+    }
+    log = open(tmp_path / "console.log", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "awooop.cli", "serve", "console"], env=child, cwd=ROOT, stdout=log, stderr=log
+    )
+    try:
+
+        async def up() -> bool:
+            assert proc.poll() is None, (tmp_path / "console.log").read_text()
+            try:
+                with await asyncio.to_thread(urllib.request.urlopen, f"http://127.0.0.1:{port}/healthz", timeout=2):
+                    return True
+            except OSError:
+                return False
+
+        await eventually(up, timeout=30, what="awooop serve console")
+        other = Browser(f"http://127.0.0.1:{port}")
+        try:
+            status, _, _ = await other.signin(env.admin_key)
+            assert status == 303
+            status, html, _ = await other.get("/projects/ops/runs")
+            assert status == 200 and "Runs of ops" in html
+        finally:
+            await other.close()
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+
+
+async def test_run_page_says_why_it_waits_and_links_the_trace(start_services: Any, make_key: Any, db: Any) -> None:
+    env = await start_console_env(
+        start_services, make_key, db, console_trace_url="https://traces.example/search?run={run_id}"
+    )
+    b = Browser(env.url)
+    try:
+        run_id, _ = await env.waiting_for_approval(summary="Drain node-7?")
+        await b.signin(env.admin_key)
+        status, html, _ = await b.get(f"/runs/{run_id}")
+        assert status == 200
+        assert f'href="https://traces.example/search?run={run_id}"' in html
+        assert "waiting for a human decision on: Drain node-7? (token expires in" in html
+        queued = await env.create()
+        await env.db.execute(
+            "UPDATE awooop_run_state SET not_before = now() + interval '90 seconds' WHERE run_id = $1", queued
+        )
+        _, html, _ = await b.get(f"/runs/{queued}")
+        assert "in retry backoff: claimable in" in html
+    finally:
+        await b.close()
+        await stop_console_env(env)
+
+
+async def test_decide_from_the_approvals_page_and_resolve_a_failed_compensation_by_hand(
+    env: ConsoleEnv, browser: Browser
+) -> None:
+    failed_id = await env.failed_compensation()  # first: an approved run (RESUMED) is claimable again
+    await env.db.execute("DELETE FROM awooop_refgw_fault")
+    run_id, token = await env.waiting_for_approval(summary="Restart the payment workers?")
+    await browser.signin(env.admin_key)
+    status, html, _ = await browser.get("/projects/ops/approvals")
+    assert status == 200 and f'id="approval-{run_id}"' in html and "Restart the payment workers?" in html
+    assert token not in html  # the token is never shown; the approver pastes it
+    csrf = await browser.csrf("/projects/ops/approvals")
+    status, _, r = await browser.post(
+        f"/runs/{run_id}/decide",
+        {"csrf": csrf, "approval_token": token, "decision": "approve", "reason": "load confirmed"},
+        allow_redirects=False,
+    )
+    assert status == 303 and r.headers["Location"] == f"/runs/{run_id}?msg=approved"
+    _, html, _ = await browser.get(f"/runs/{run_id}?msg=approved")
+    assert "Approved: the run is RESUMED" in html and "APPROVED" in html and "load confirmed" in html
+
+    status, html, _ = await browser.get("/projects/ops/compensations")
+    assert f'id="comp-{failed_id}"' in html and "api down: 503 from the cluster" in html
+    # the saga requires a reason: its INVALID_ARGUMENT comes back as a page, nothing changes
+    status, html, _ = await browser.post(
+        f"/runs/{failed_id}/compensation/resolve", {"csrf": csrf, "step_id": "scale", "reason": ""}
+    )
+    assert status == 400 and "reason" in html
+    assert await env.saga_status(failed_id) == "compensation_failed"
+    status, _, r = await browser.post(
+        f"/runs/{failed_id}/compensation/resolve",
+        {"csrf": csrf, "step_id": "scale", "reason": "scaled back by hand with kubectl"},
+        allow_redirects=False,
+    )
+    assert status == 303 and r.headers["Location"] == f"/runs/{failed_id}?msg=resolved"
+    assert await env.saga_status(failed_id) == "compensated"
+    _, html, _ = await browser.get(f"/runs/{failed_id}")
+    assert "SAGA_COMPENSATION_RESOLVED" in html and "resolved by oncall-lead: scaled back by hand with kubectl" in html
+    _, html, _ = await browser.get("/projects/ops/compensations")
+    assert f'id="comp-{failed_id}"' not in html
