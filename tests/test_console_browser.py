@@ -34,8 +34,8 @@ async def env(start_services: Any, make_key: Any, db: Any) -> AsyncIterator[Cons
 async def page() -> AsyncIterator[Any]:
     if not CHROMIUM:
         if os.environ.get("CI") == "true":
-            pytest.fail("chromium is not installed: .ci/install-chromium must run before the tests")
-        pytest.skip("chromium is not installed (apt-get install chromium, or .ci/install-chromium)")
+            pytest.fail("chromium is not installed: .ci/install-debian must run before the tests")
+        pytest.skip("chromium is not installed (apt-get install chromium, or .ci/install-debian)")
     from playwright.async_api import async_playwright, expect
 
     expect.set_options(timeout=WAIT_MS)  # a slow CI machine waits longer; a failing test still stops

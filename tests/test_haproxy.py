@@ -1,4 +1,4 @@
-"""The haproxy recipe of docs/operations.md, run: Debian's haproxy (.ci/install-haproxy) in front
+"""The haproxy recipe of docs/operations.md, run: Debian's haproxy (.ci/install-debian) in front
 of two scheduler replicas over h2c, checking each replica's grpc.health.v1 status with a raw
 tcp-check (haproxy has no gRPC health check: the check sends one HTTP/2 Health/Check request
 for the whole server, "", and expects the SERVING answer). A replica that drains (health

@@ -36,8 +36,8 @@ BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 if BINARY is None:
     if os.environ.get("CI") == "true":
-        raise RuntimeError("prometheus-alertmanager is missing; .ci/install-alertmanager installs it")
-    pytest.skip("prometheus-alertmanager not installed (.ci/install-alertmanager)", allow_module_level=True)
+        raise RuntimeError("prometheus-alertmanager is missing; .ci/install-debian installs it")
+    pytest.skip("prometheus-alertmanager not installed (.ci/install-debian)", allow_module_level=True)
 
 
 def free_port() -> int:

@@ -40,12 +40,12 @@ ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 
 
 def need(program: str) -> str:
-    """The program's path; in CI a missing program fails the test (.ci/install-prometheus)."""
+    """The program's path; in CI a missing program fails the test (.ci/install-debian)."""
     path = shutil.which(program)
     if path is None:
         if os.environ.get("CI") == "true":
-            pytest.fail(f"{program} is not installed (.ci/install-prometheus installs it)")
-        pytest.skip(f"{program} not installed (bash .ci/install-prometheus)")
+            pytest.fail(f"{program} is not installed (.ci/install-debian installs it)")
+        pytest.skip(f"{program} not installed (.ci/install-debian)")
     return path
 
 

@@ -24,7 +24,7 @@ EXAMPLE = ROOT / "examples" / "node-worker"
 def _need(program: str) -> str:
     found = shutil.which(program)
     if found is None:
-        if os.environ.get("CI") == "true":  # CI installs Node (.ci/install-node); missing is a failure there
+        if os.environ.get("CI") == "true":  # CI installs Node (.ci/install-debian); missing is a failure there
             pytest.fail(f"{program} is not installed")
         pytest.skip(f"{program} is not installed")
     return found

@@ -1,4 +1,4 @@
-"""A real PgBouncer (Debian's package; .ci/install-pgbouncer) started by a test on a free port,
+"""A real PgBouncer (Debian's package; .ci/install-debian) started by a test on a free port,
 in transaction mode unless told otherwise, in front of the test's Postgres. PgBouncer refuses
 to run as root, so as root it runs as the same system user as tests/pgcluster.py."""
 
