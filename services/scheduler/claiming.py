@@ -153,6 +153,30 @@ def _cancel_requested() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+async def _give_back(pool: asyncpg.Pool, rows: Sequence[asyncpg.Record], worker_id: str, actor: str) -> None:
+    try:
+        back = await budget.hand_back(pool, rows, worker_id, actor, budget.CALLER_GONE)
+    except Exception:
+        log.warning("could not hand back %d runs claimed for a gone caller; the reaper takes them", len(rows))
+        return
+    metrics.CLAIM_UNDELIVERED.inc(back)
+
+
+async def _settle(aw: Awaitable[None]) -> None:
+    """Awaits aw, which goes on to its end even if the caller is cancelled (again) meanwhile."""
+    settle = asyncio.ensure_future(aw)
+    _settling.add(settle)
+    settle.add_done_callback(_settling.discard)
+    with contextlib.suppress(asyncio.CancelledError):  # cancelled again: it finishes on its own
+        await asyncio.shield(settle)
+
+
+async def hand_back_undelivered(pool: asyncpg.Pool, rows: Sequence[asyncpg.Record], worker_id: str, actor: str) -> None:
+    """Hands back claimed rows whose call ended before they were answered (cancellation-proof)."""
+    if rows:
+        await _settle(_give_back(pool, rows, worker_id, actor))
+
+
 async def _hand_back_when_done(
     pool: asyncpg.Pool,
     task: asyncio.Future[T],
@@ -166,14 +190,8 @@ async def _hand_back_when_done(
     except Exception:  # the statement failed: it claimed nothing
         return
     rows = claimed(result)
-    if not rows:
-        return
-    try:
-        back = await budget.hand_back(pool, rows, worker_id, actor, budget.CALLER_GONE)
-    except Exception:
-        log.warning("could not hand back %d runs claimed for a gone caller; the reaper takes them", len(rows))
-        return
-    metrics.CLAIM_UNDELIVERED.inc(back)
+    if rows:
+        await _give_back(pool, rows, worker_id, actor)
 
 
 async def to_the_end(
@@ -194,11 +212,7 @@ async def to_the_end(
         return await asyncio.shield(task)
     except asyncio.CancelledError:
         metrics.CLAIMS_ABANDONED.inc()
-        settle = asyncio.ensure_future(_hand_back_when_done(pool, task, claimed, worker_id, actor))
-        _settling.add(settle)
-        settle.add_done_callback(_settling.discard)
-        with contextlib.suppress(asyncio.CancelledError):  # cancelled again: it finishes on its own
-            await asyncio.shield(settle)
+        await _settle(_hand_back_when_done(pool, task, claimed, worker_id, actor))
         raise
 
 

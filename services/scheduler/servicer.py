@@ -4,6 +4,7 @@ approvals, reaper, reads); errors are raised as ServiceError and mapped by the i
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -174,16 +175,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, rows: list[Any], room: int, worker_id: str, actor: str, gone: Callable[[], bool]
     ) -> list[scheduler_pb2.ClaimedRun]:
         """The claimed runs that fit the answer; the others go back to the queue at once, and
-        all of them when the caller's deadline passed while they were claimed (a cancelled
-        call never gets here: claiming.to_the_end hands its runs back)."""
+        all of them when the caller's deadline passed while they were claimed or the call is
+        cancelled while the others go back (a call cancelled while claiming never gets here:
+        claiming.to_the_end hands its runs back)."""
         if rows and gone():
-            back = await budget.hand_back(self.pool, rows, worker_id, actor, budget.CALLER_GONE)
-            metrics.CLAIM_UNDELIVERED.inc(back)
+            await claiming.hand_back_undelivered(self.pool, rows, worker_id, actor)
             return []
         claimed = _claimed(rows)
         n = budget.fit_claimed(claimed, room)
         if n < len(claimed):
-            back = await budget.hand_back(self.pool, rows[n:], worker_id, actor)
+            overflow = asyncio.ensure_future(budget.hand_back(self.pool, rows[n:], worker_id, actor))
+            try:
+                back = await asyncio.shield(overflow)  # one statement, never cancelled half-way
+            except asyncio.CancelledError:  # the call ended meanwhile: the runs that fit go back too
+                await claiming.hand_back_undelivered(self.pool, rows[:n], worker_id, actor)
+                raise
             metrics.CLAIM_HANDED_BACK.inc(back)
         return claimed[:n]
 
