@@ -7,13 +7,19 @@ import datetime as dt
 from typing import Any
 
 import grpc
+import pytest_asyncio
 from google.protobuf import timestamp_pb2
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2 as pb
 from services.common import errors
 from tests.harness.helpers import expect_error
-from tests.test_scheduler import Sched, insert_runs, make_sched, s  # noqa: F401  (fixture)
+from tests.harness.scheduler import Sched, insert_runs, make_sched
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def s(start_services: Any, channels: Any, db: Any, make_key: Any) -> Sched:
+    return await make_sched(start_services, channels, db, make_key)
 
 
 def stamp(value: dt.datetime) -> timestamp_pb2.Timestamp:
@@ -22,7 +28,7 @@ def stamp(value: dt.datetime) -> timestamp_pb2.Timestamp:
     return t
 
 
-async def test_count_runs_per_status_and_the_oldest_claimable_age(s: Sched) -> None:  # noqa: F811
+async def test_count_runs_per_status_and_the_oldest_claimable_age(s: Sched) -> None:
     empty = await s.stub.CountRuns(pb.CountRunsRequest(project_id="p"), metadata=s.approver)
     assert empty.total == 0 and not empty.HasField("oldest_claimable_created_at")
     assert [c.status for c in empty.counts] == list(range(1, 9)) and all(c.count == 0 for c in empty.counts)
@@ -71,7 +77,7 @@ async def test_list_projects_names_the_callers_projects(
     assert list(resp.project_ids) == ["p", "q", "zeta"] and resp.all_projects
 
 
-async def test_list_runs_filters_by_channel_time_and_provider_event(s: Sched) -> None:  # noqa: F811
+async def test_list_runs_filters_by_channel_time_and_provider_event(s: Sched) -> None:
     ids = await insert_runs(s.db, "p", 4)
     await s.db.execute(
         "UPDATE awooop_run_state SET channel_type = 'telegram', provider_event_id = '1001' WHERE run_id = $1", ids[0]
@@ -108,7 +114,7 @@ async def test_list_runs_filters_by_channel_time_and_provider_event(s: Sched) ->
     assert errors.bad_request(err).field_violations[0].field == "channel_types[0]"  # type: ignore[union-attr]
 
 
-async def test_list_runs_filters_by_saga_status(s: Sched) -> None:  # noqa: F811
+async def test_list_runs_filters_by_saga_status(s: Sched) -> None:
     ids = await insert_runs(s.db, "p", 3)
     await s.db.execute(
         "UPDATE awooop_run_state SET status = 'FAILED', saga_status = 'compensation_failed' WHERE run_id = $1", ids[1]

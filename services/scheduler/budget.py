@@ -75,10 +75,15 @@ def trim_results(results: Sequence[scheduler_pb2.CompleteRunResult], budget: int
     return used
 
 
-# Runs claimed but left out of the answer, handed back in one statement: as a ReleaseRun would
-# (released_count + 1: the attempt does not count), to the status they were claimed from. $1 run
-# ids, $2 attempts, $3 their statuses before the claim, $4 worker id, $5 actor. A run whose
-# cancel was requested in between is left to the reaper (which ends it as cancelled).
+# Why claimed runs were not delivered (the audit reason of their hand-back)
+NO_ROOM = "not delivered: the claim's answer had no room left (AWOOOP_MAX_MESSAGE_BYTES)"
+CALLER_GONE = "not delivered: the claiming call ended first (cancelled, deadline passed or connection closed)"
+
+# Runs claimed but not delivered (left out of the answer, or their caller is gone), handed back in
+# one statement: as a ReleaseRun would (released_count + 1: the attempt does not count), to the
+# status they were claimed from. $1 run ids, $2 attempts, $3 their statuses before the claim,
+# $4 worker id, $5 actor, $6 the reason. A run whose cancel was requested in between is left to
+# the reaper (which ends it as cancelled).
 HAND_BACK_SQL = f"""
 WITH t AS (
     SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[]) AS t(run_id, attempt, from_status)
@@ -94,8 +99,7 @@ upd AS (
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, $5, 'RELEASED', 'RUNNING', status,
-           'not delivered: the claim''s answer had no room left (AWOOOP_MAX_MESSAGE_BYTES)',
+    SELECT project_id, run_id, $5, 'RELEASED', 'RUNNING', status, $6::text,
            jsonb_build_object('attempt', attempt_count, 'worker_id', $4::text)
       FROM upd
 ),
@@ -106,8 +110,10 @@ SELECT (SELECT count(*) FROM upd) AS handed_back, (SELECT n FROM notified) AS no
 """
 
 
-async def hand_back(pool: asyncpg.Pool, rows: Sequence[asyncpg.Record], worker_id: str, actor: str) -> int:
-    """Returns claimed rows that did not fit to the queue; the number handed back."""
+async def hand_back(
+    pool: asyncpg.Pool, rows: Sequence[asyncpg.Record], worker_id: str, actor: str, reason: str = NO_ROOM
+) -> int:
+    """Returns claimed rows that were not delivered to the queue; the number handed back."""
     if not rows:
         return 0
     got = await pool.fetchrow(
@@ -117,5 +123,6 @@ async def hand_back(pool: asyncpg.Pool, rows: Sequence[asyncpg.Record], worker_i
         [r["from_status"] for r in rows],
         worker_id,
         actor,
+        reason,
     )
     return int(got["handed_back"]) if got is not None else 0

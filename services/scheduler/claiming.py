@@ -1,19 +1,30 @@
 """ClaimRuns with long-poll: try to claim; when nothing is claimable, wait for a wake-up
 (a NOTIFY for one of the projects), the end of the earliest retry backoff, or the end of
-the wait, and try again. The wait never holds a store connection."""
+the wait, and try again. The wait never holds a store connection.
+
+A claim is never interrupted half-way. When the call ends (the client cancels, its deadline
+passes or its connection closes) gRPC cancels the handler; cancelling the claim's statement then
+would have asyncpg send Postgres a cancel request that mostly arrives after the claim committed,
+and the runs would stay RUNNING for a worker that never hears of them until their lease expires
+(an attempt and the lease TTL lost). So the statement runs to its end, and what it claimed for a
+caller that is gone is handed back at once (budget.hand_back: the attempt does not count). A
+wait ends with the call, and no claim starts for a call that is already over."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import functools
+import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import asyncpg
 
 from services.common.audit import AUDIT_INSERT
 from services.common.runstate import CLAIMABLE, TRANSITIONS, Action, Audit, RunStatus, attempts_left, sql_list
-from services.scheduler import metrics
+from services.scheduler import budget, metrics
 from services.scheduler.fragments import RUN_COLUMNS_R
 from services.scheduler.wakeup import RunReadyListener
 
@@ -24,6 +35,10 @@ CLAIMABLE_NOW = f"""status IN ({sql_list(TRANSITIONS[Action.CLAIM].allowed_from)
 # when a claimable run became claimable: its last state change (queued, re-queued, resumed) or
 # the end of its retry backoff (GREATEST ignores a NULL not_before)
 READY_SINCE = "GREATEST(updated_at, not_before)"
+log = logging.getLogger("awooop.scheduler")
+T = TypeVar("T")
+# hand-backs still running after their handler was cancelled a second time (kept from the GC)
+_settling: set[asyncio.Future[None]] = set()
 
 
 def claim_ctes(
@@ -138,6 +153,79 @@ async def seconds_until_ready(pool: asyncpg.Pool, projects: list[str]) -> float 
     return None if value is None else max(0.0, float(value))
 
 
+def _cancel_requested() -> bool:
+    """The running task (the RPC's handler) was asked to stop: its call is over."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+async def _give_back(pool: asyncpg.Pool, rows: Sequence[asyncpg.Record], worker_id: str, actor: str) -> None:
+    try:
+        back = await budget.hand_back(pool, rows, worker_id, actor, budget.CALLER_GONE)
+    except Exception:
+        log.warning("could not hand back %d runs claimed for a gone caller; the reaper takes them", len(rows))
+        return
+    metrics.CLAIM_UNDELIVERED.inc(back)
+
+
+async def _settle(aw: Awaitable[None]) -> None:
+    """Awaits aw, which goes on to its end even if the caller is cancelled (again) meanwhile."""
+    settle = asyncio.ensure_future(aw)
+    _settling.add(settle)
+    settle.add_done_callback(_settling.discard)
+    with contextlib.suppress(asyncio.CancelledError):  # cancelled again: it finishes on its own
+        await asyncio.shield(settle)
+
+
+async def hand_back_undelivered(pool: asyncpg.Pool, rows: Sequence[asyncpg.Record], worker_id: str, actor: str) -> None:
+    """Hands back claimed rows whose call ended before they were answered (cancellation-proof)."""
+    if rows:
+        await _settle(_give_back(pool, rows, worker_id, actor))
+
+
+async def _hand_back_when_done(
+    pool: asyncpg.Pool,
+    task: asyncio.Future[T],
+    claimed: Callable[[T], Sequence[asyncpg.Record]],
+    worker_id: str,
+    actor: str,
+) -> None:
+    """Waits for the claim of a call that ended, then hands back what it claimed."""
+    try:
+        result = await task
+    except Exception:  # the statement failed: it claimed nothing
+        return
+    rows = claimed(result)
+    if rows:
+        await _give_back(pool, rows, worker_id, actor)
+
+
+async def to_the_end(
+    pool: asyncpg.Pool,
+    work: Callable[[], Awaitable[T]],
+    claimed: Callable[[T], Sequence[asyncpg.Record]],
+    worker_id: str,
+    actor: str,
+) -> T:
+    """Runs work() (a statement that claims; claimed(result) are its claimed rows) unless the
+    call is already over, and to its end even when the call ends meanwhile: then its runs are
+    handed back and the cancellation goes on (see the module's docstring)."""
+    if _cancel_requested():
+        metrics.CLAIMS_ABANDONED.inc()
+        raise asyncio.CancelledError
+    task = asyncio.ensure_future(work())
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        metrics.CLAIMS_ABANDONED.inc()
+        await _settle(_hand_back_when_done(pool, task, claimed, worker_id, actor))
+        raise
+
+
+def _rows(rows: list[asyncpg.Record]) -> list[asyncpg.Record]:
+    return rows
+
+
 async def claim_runs(
     pool: asyncpg.Pool,
     listener: RunReadyListener,
@@ -148,13 +236,23 @@ async def claim_runs(
     worker_id: str,
     actor: str,
     wait: float,
+    gone: Callable[[], bool] = lambda: False,
 ) -> list[asyncpg.Record]:
     """Claims up to max_runs; waits up to `wait` seconds for work. Returns [] when the wait
-    ends empty (or the service is stopping)."""
+    ends empty (or the service is stopping, or gone() says the call is over: its deadline
+    passed). Cancelled (the call ended), it stops waiting at once and claims nothing."""
     deadline = time.monotonic() + wait
     while True:
         with listener.subscribe(projects) as woken:
-            rows = await claim(pool, projects, max_runs, lease_ttl, worker_id, actor)
+            if gone():
+                return []
+            rows = await to_the_end(
+                pool,
+                lambda: claim(pool, projects, max_runs, lease_ttl, worker_id, actor),
+                _rows,
+                worker_id,
+                actor,
+            )
             if rows:
                 metrics.count_claims(rows)
                 return rows
@@ -172,5 +270,8 @@ async def claim_runs(
             try:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(woken.wait(), timeout=timeout)
+            except asyncio.CancelledError:  # the call ended while it waited
+                metrics.CLAIMS_ABANDONED.inc()
+                raise
             finally:
                 metrics.CLAIMS_WAITING.dec()

@@ -22,6 +22,14 @@ CLAIM_HANDED_BACK = Counter(
     "awooop_scheduler_claim_handed_back_total",
     "Claimed runs handed back at once because the ClaimRuns answer had no room for them (message limit)",
 )
+CLAIMS_ABANDONED = Counter(
+    "awooop_scheduler_claims_abandoned_total",
+    "ClaimRuns calls that ended (client cancel, deadline, closed connection) while waiting or claiming",
+)
+CLAIM_UNDELIVERED = Counter(
+    "awooop_scheduler_claim_undelivered_total",
+    "Claimed runs handed back at once because their ClaimRuns call ended before the answer",
+)
 TRANSITIONS = Counter(
     "awooop_scheduler_transitions_total", "Run state changes made through the API, by action", ["action"]
 )

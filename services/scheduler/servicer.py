@@ -4,8 +4,9 @@ approvals, reaper, reads); errors are raised as ServiceError and mapped by the i
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -89,6 +90,18 @@ def _complete_results(
     return results
 
 
+def _deadline_passed(context: grpc.aio.ServicerContext[Any, Any]) -> Callable[[], bool]:
+    """Whether the call's deadline has passed (an answer now would not arrive). A call that the
+    client cancels or whose connection closes is seen as the handler's cancellation instead:
+    grpc.aio's context.cancelled() and done() only reflect what the server itself answered."""
+
+    def passed() -> bool:
+        remaining = context.time_remaining()
+        return remaining is not None and remaining <= 0
+
+    return passed
+
+
 def _status_of(value: str | None) -> int:
     try:
         return status_to_pb(value)
@@ -131,20 +144,27 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         principal = current_principal()
         for p in projects:
             require_role(principal, p, "worker")
+        gone = _deadline_passed(context)
         if items:  # complete, then claim, in one statement; never waits (see the proto)
-            outcomes, rows = await batch_complete.complete_and_claim(
+            outcomes, rows = await claiming.to_the_end(
                 self.pool,
-                principal,
-                items,
-                projects=projects,
-                max_runs=max_runs,
-                lease_ttl=lease_ttl,
-                worker_id=worker_id,
-                saga=self.saga,
+                lambda: batch_complete.complete_and_claim(
+                    self.pool,
+                    principal,
+                    items,
+                    projects=projects,
+                    max_runs=max_runs,
+                    lease_ttl=lease_ttl,
+                    worker_id=worker_id,
+                    saga=self.saga,
+                ),
+                lambda done: done[1],
+                worker_id,
+                principal.actor,
             )
             completed = _complete_results(outcomes)
             left = self._budget - budget.trim_results(completed, self._budget)
-            runs = await self._deliverable(rows, left, worker_id, principal.actor)
+            runs = await self._deliverable(rows, left, worker_id, principal.actor, gone)
             return scheduler_pb2.ClaimRunsResponse(runs=runs, completed=completed)
         wait = min(max(wait, 0.0), self.settings.max_claim_wait)
         remaining = context.time_remaining()
@@ -159,23 +179,35 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             worker_id=worker_id,
             actor=principal.actor,
             wait=wait,
+            gone=gone,
         )
         if not rows and wait > 0 and self.ctx.stopping.is_set():
             # an empty answer now would bring the worker straight back here (a claim storm while
             # this replica drains); UNAVAILABLE makes its channel retry on another replica
             raise errors.shutting_down("this scheduler is shutting down; claim from another replica")
         return scheduler_pb2.ClaimRunsResponse(
-            runs=await self._deliverable(rows, self._budget, worker_id, principal.actor)
+            runs=await self._deliverable(rows, self._budget, worker_id, principal.actor, gone)
         )
 
     async def _deliverable(
-        self, rows: list[Any], room: int, worker_id: str, actor: str
+        self, rows: list[Any], room: int, worker_id: str, actor: str, gone: Callable[[], bool]
     ) -> list[scheduler_pb2.ClaimedRun]:
-        """The claimed runs that fit the answer; the others go back to the queue at once."""
+        """The claimed runs that fit the answer; the others go back to the queue at once, and
+        all of them when the caller's deadline passed while they were claimed or the call is
+        cancelled while the others go back (a call cancelled while claiming never gets here:
+        claiming.to_the_end hands its runs back)."""
+        if rows and gone():
+            await claiming.hand_back_undelivered(self.pool, rows, worker_id, actor)
+            return []
         claimed = _claimed(rows)
         n = budget.fit_claimed(claimed, room)
         if n < len(claimed):
-            back = await budget.hand_back(self.pool, rows[n:], worker_id, actor)
+            overflow = asyncio.ensure_future(budget.hand_back(self.pool, rows[n:], worker_id, actor))
+            try:
+                back = await asyncio.shield(overflow)  # one statement, never cancelled half-way
+            except asyncio.CancelledError:  # the call ended meanwhile: the runs that fit go back too
+                await claiming.hand_back_undelivered(self.pool, rows[:n], worker_id, actor)
+                raise
             metrics.CLAIM_HANDED_BACK.inc(back)
         return claimed[:n]
 
