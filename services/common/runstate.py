@@ -38,7 +38,8 @@ class RunStatus(StrEnum):
 S = RunStatus
 STATUSES: tuple[RunStatus, ...] = tuple(RunStatus)
 
-# Queued: a claim may take them (once past any retry backoff, with attempts left).
+# Queued: a claim may take them (once past not_before: a retry backoff or a requested delay; with
+# attempts left; higher priority first, then the earliest due; services/scheduler/claiming.py).
 CLAIMABLE: tuple[RunStatus, ...] = (S.PENDING, S.RESUMED)
 # Held by a worker under a lease (renewed by Heartbeat, taken back by the reaper); the saga
 # journal accepts writes only in these.
@@ -153,7 +154,7 @@ TRANSITIONS: dict[Action, Transition] = {
         _t(
             Action.CLAIM,
             CLAIMABLE,
-            Outcome(S.RUNNING, Audit.CLAIMED, "past any retry backoff, attempts left; a new lease and token"),
+            Outcome(S.RUNNING, Audit.CLAIMED, "past not_before (backoff, delay), attempts left; a new lease and token"),
             fenced=False,
             describe="claim",
         ),
@@ -168,9 +169,14 @@ TRANSITIONS: dict[Action, Transition] = {
         _t(
             Action.FAIL,
             LEASED,
-            Outcome(S.PENDING, Audit.RETRY_SCHEDULED, "retryable, no cancel pending, attempts left; after a backoff"),
+            Outcome(
+                S.PENDING,
+                Audit.RETRY_SCHEDULED,
+                "retryable, error code not non-retryable in the retry policy, no cancel pending, attempts left;"
+                " not_before = now + the policy's backoff (wait_reason backoff)",
+            ),
             Outcome(S.CANCELLED, Audit.CANCELLED, "retryable while a cancel is pending"),
-            Outcome(S.FAILED, Audit.FAILED, "terminal, or attempts used up"),
+            Outcome(S.FAILED, Audit.FAILED, "terminal, a non-retryable error code of the policy, or attempts used up"),
             fenced=True,
             describe="fail",
             replays_from=[S.PENDING, S.CANCELLED, S.FAILED],
@@ -243,7 +249,7 @@ TRANSITIONS: dict[Action, Transition] = {
         _t(
             Action.REAP,
             LEASED,
-            Outcome(S.PENDING, Audit.REAPED, "the lease expired, attempts left"),
+            Outcome(S.PENDING, Audit.REAPED, "the lease expired, attempts left; after the policy's backoff"),
             Outcome(S.CANCELLED, Audit.REAPED_CANCELLED, "the lease expired after a cancel request"),
             Outcome(S.FAILED, Audit.REAPED_FAILED, "the lease expired, attempts used up"),
             fenced=False,

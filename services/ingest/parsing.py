@@ -14,7 +14,8 @@ from typing import Any
 
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
-from services.common import jsonvalues
+from services.common import jsonvalues, run_options
+from services.common.run_options import NO_OPTIONS, RunOptions
 from services.common.validate import MAX_KEY, Violations
 from services.ingest import channels
 
@@ -41,7 +42,8 @@ class NewEvent:
     channel: str
     provider_event_id: str
     input_json: str
-    max_attempts: int
+    max_attempts: int  # 0: the run's retry policy decides
+    options: RunOptions = NO_OPTIONS
 
 
 @dataclass(slots=True)
@@ -52,7 +54,8 @@ class NewRun:
     key: str
     input: dict[str, Any]
     input_json: str
-    max_attempts: int
+    max_attempts: int  # 0: the run's retry policy decides
+    options: RunOptions = NO_OPTIONS
 
 
 # ------------------------------------------------------------------ Struct <-> JSON
@@ -102,6 +105,13 @@ def parse_event(
     channel = channel_name(v, prefix + "channel_type", req.channel_type)
     pid = v.text(prefix + "provider_event_id", req.provider_event_id, max_len=channels.MAX_PROVIDER_EVENT_ID)
     attempts = max_attempts(v, prefix + "max_attempts", req.max_attempts, default_max_attempts)
+    options = run_options.parse(
+        v,
+        prefix,
+        not_before=req.not_before if req.HasField("not_before") else None,
+        priority=req.priority,
+        policy=req.retry_policy if req.HasField("retry_policy") else None,
+    )
     headers = req.headers
     if headers:
         if len(headers) > MAX_HEADERS:
@@ -131,7 +141,7 @@ def parse_event(
             text = to_json(v, prefix + "payload.events", d.event, max_payload_bytes)
         else:
             text = payload_json
-        out.append(NewEvent(project_id, channel, d.provider_event_id, text, attempts))
+        out.append(NewEvent(project_id, channel, d.provider_event_id, text, attempts, options))
     return out
 
 
@@ -153,5 +163,12 @@ def parse_create_run(
     else:
         v.text("idempotency_key", key, max_len=MAX_IDEMPOTENCY_KEY)
     attempts = max_attempts(v, "max_attempts", req.max_attempts, default_max_attempts)
+    options = run_options.parse(
+        v,
+        "",
+        not_before=req.not_before if req.HasField("not_before") else None,
+        priority=req.priority,
+        policy=req.retry_policy if req.HasField("retry_policy") else None,
+    )
     data, text = v.json("input", req.input, max_bytes=max_payload_bytes)
-    return NewRun(project_id, key, data, text, attempts)
+    return NewRun(project_id, key, data, text, attempts, options)

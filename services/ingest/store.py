@@ -23,6 +23,8 @@ from asyncpg.pgproto.pgproto import UUID
 from services.common import errors
 from services.common.audit import AUDIT_INSERT
 from services.common.db import Conn
+from services.common.retry_policy import DEFAULTS_JSON, effective_sql, max_attempts_sql
+from services.common.run_options import WAIT_DELAYED
 from services.common.runs import RUN_COLUMNS
 from services.common.runstate import Audit, RunStatus
 from services.ingest.parsing import NewEvent, NewRun
@@ -41,8 +43,10 @@ Executor = asyncpg.Pool | Conn
 # read by FIND_SQL in a follow-up statement.
 INGEST_SQL = f"""
 WITH ev AS (
-    SELECT * FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[], $5::uuid[], $6::text[], $7::int[])
-        AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts)
+    SELECT * FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[], $5::uuid[], $6::text[], $7::int[],
+                         $11::timestamptz[], $12::int[], $13::text[])
+        AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts, not_before, priority,
+             retry_policy)
 ),
 ins AS (
     INSERT INTO awooop_channel_event_dedupe (project_id, channel_type, provider_event_id, run_id)
@@ -53,9 +57,12 @@ ins AS (
 ),
 new_runs AS (
     INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, input, max_attempts, created_by,
-                                  created_at, updated_at)
-    SELECT ev.run_id, ev.project_id, ev.channel_type, ev.provider_event_id, ev.input::jsonb, ev.max_attempts, $8,
-           now() + ev.ord * interval '1 microsecond', now() + ev.ord * interval '1 microsecond'
+                                  created_at, updated_at, not_before, wait_reason, priority, retry_policy)
+    SELECT ev.run_id, ev.project_id, ev.channel_type, ev.provider_event_id, ev.input::jsonb,
+           {max_attempts_sql("ev.max_attempts", effective_sql("ev.project_id", "ev.retry_policy::jsonb", "$14"))}, $8,
+           now() + ev.ord * interval '1 microsecond', now() + ev.ord * interval '1 microsecond',
+           ev.not_before, CASE WHEN ev.not_before IS NOT NULL THEN '{WAIT_DELAYED}' END, ev.priority,
+           ev.retry_policy::jsonb
       FROM ev JOIN ins USING (run_id)
     RETURNING run_id, project_id, channel_type, provider_event_id
 ),
@@ -86,8 +93,11 @@ SELECT t.ord, d.run_id, extract(epoch FROM d.created_at + make_interval(secs => 
 
 CREATE_RUN_SQL = f"""
 WITH run AS (
-    INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by)
-    VALUES ($1, 'api', $2::text::jsonb, $3, $4)
+    INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by, not_before, wait_reason,
+                                  priority, retry_policy)
+    VALUES ($1::text, 'api', $2::text::jsonb,
+            {max_attempts_sql("$3::int", effective_sql("$1::text", "$9::text::jsonb", "$10"))}, $4,
+            $7, CASE WHEN $7::timestamptz IS NOT NULL THEN '{WAIT_DELAYED}' END, $8, $9::text::jsonb)
     RETURNING {RUN_COLUMNS}
 ),
 audited AS (
@@ -123,7 +133,8 @@ class Stored:
 
 
 async def ingest(
-    db: Executor, events: Sequence[NewEvent], *, principal_id: str, actor: str, retention: float
+    db: Executor, events: Sequence[NewEvent], *, principal_id: str, actor: str, retention: float,
+    defaults_json: str = DEFAULTS_JSON,
 ) -> list[Stored]:
     """Stores events whose keys are distinct; result[i] answers events[i]."""
     out: list[Stored | None] = [None] * len(events)
@@ -143,6 +154,10 @@ async def ingest(
             principal_id,
             actor,
             float(retention),
+            [e.options.not_before for e in ev],
+            [e.options.priority for e in ev],
+            [e.options.retry_policy_json for e in ev],
+            defaults_json,
         )
         missing: list[int] = []
         for r in rows:
@@ -181,10 +196,23 @@ async def _fetch_retrying(db: Executor, sql: str, *args: Any) -> list[asyncpg.Re
     raise AssertionError("unreachable")
 
 
-async def create_run(conn: Conn, run: NewRun, *, principal_id: str, actor: str) -> asyncpg.Record:
+async def create_run(
+    conn: Conn, run: NewRun, *, principal_id: str, actor: str, defaults_json: str = DEFAULTS_JSON
+) -> asyncpg.Record:
     """Inserts a PENDING API run with its audit row; returns the run row."""
+    o = run.options
     row = await conn.fetchrow(
-        CREATE_RUN_SQL, run.project_id, run.input_json, run.max_attempts, principal_id, actor, run.key
+        CREATE_RUN_SQL,
+        run.project_id,
+        run.input_json,
+        run.max_attempts,
+        principal_id,
+        actor,
+        run.key,
+        o.not_before,
+        o.priority,
+        o.retry_policy_json,
+        defaults_json,
     )
     assert row is not None
     return row

@@ -4,7 +4,10 @@ sweep), each safe to run in several replicas at once."""
 
 from __future__ import annotations
 
+import json
+
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common import retry_policy
 from services.common.runtime import AppContext, ServiceParts, periodic
 from services.scheduler import approvals, reaper
 from services.scheduler.saga_client import SagaNudger
@@ -22,8 +25,15 @@ def build(ctx: AppContext) -> ServiceParts:
     async def listen() -> None:
         await listener.run()
 
+    policy = json.dumps(retry_policy.defaults(s))
+
     async def reap_loop() -> None:
-        await periodic("scheduler.reaper", s.reaper_interval, lambda: reaper.reap(ctx.pool, saga), ctx.stopping)
+        await periodic(
+            "scheduler.reaper",
+            s.reaper_interval,
+            lambda: reaper.reap(ctx.pool, saga, policy_defaults=policy),
+            ctx.stopping,
+        )
 
     async def approval_sweep_loop() -> None:
         await periodic(

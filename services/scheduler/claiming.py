@@ -17,6 +17,13 @@ from services.scheduler import metrics
 from services.scheduler.fragments import RUN_COLUMNS_R
 from services.scheduler.wakeup import RunReadyListener
 
+# When a queued run became claimable: its not_before (a backoff or a requested delay), else its
+# creation. The claim takes higher priority first, then the earliest due; awooop_run_claim_idx
+# is (project_id, priority DESC, DUE), so the scan reads the runs in that order and stops after
+# max_runs ready ones (runs due later sort after the ready ones of their priority).
+DUE = "COALESCE(not_before, created_at)"
+CLAIM_ORDER = f"priority DESC, {DUE}"
+
 
 def claim_ctes(
     projects: str, max_runs: int, lease_secs: str, worker_id: str, actor: str, *, single: bool, after: str = ""
@@ -28,9 +35,9 @@ def claim_ctes(
     rows (equality on project_id keeps the index order, so the cost does not grow with the
     backlog; `project_id = ANY(...)` would sort every pending run of the projects on each
     claim). single: projects is one project (text), the scan's rows are the claim; else
-    projects is text[], one lateral scan per project, then the oldest max_runs of those (rows
-    locked by the lateral scans but not kept are released when the statement's transaction
-    ends).
+    projects is text[], one lateral scan per project, then max_runs of those interleaved by
+    the projects' weights (rows locked by the lateral scans but not kept are released when the
+    statement's transaction ends).
 
     max_runs is written into the text, not passed as a parameter: with it and a single
     project, the plan Postgres builds without the parameters' values is the one it builds with
@@ -43,7 +50,7 @@ def claim_ctes(
     holds a picked row while it waits for a lock."""
     n = int(max_runs)
     gate = f"\n       AND {after}" if after else ""
-    # claimable: queued, past any retry backoff, attempts left
+    # claimable: queued, past any retry backoff or requested delay, attempts left
     ready = f"""status IN ({sql_list(TRANSITIONS[Action.CLAIM].allowed_from)})
        AND (not_before IS NULL OR not_before <= now())
        AND {attempts_left()}{gate}"""
@@ -53,24 +60,32 @@ def claim_ctes(
       FROM awooop_run_state
      WHERE project_id = {projects}::text
        AND {ready}
-     ORDER BY created_at
+     ORDER BY {CLAIM_ORDER}
      LIMIT {n}
        FOR UPDATE SKIP LOCKED
 )"""
     else:
+        # Fairness: the k-th run of a project sorts at (k - 1 + e) / weight, e drawn per project
+        # and claim from Exp(1): the first run goes to a project with probability weight / total
+        # weight, and a claim of several runs interleaves the projects by weight, so a backlog in
+        # one project never holds back another's runs.
         picked = f"""picked AS (
-    SELECT c.run_id, c.from_status
-      FROM unnest({projects}::text[]) AS p(project_id)
-     CROSS JOIN LATERAL (
-            SELECT run_id, status AS from_status, created_at
-              FROM awooop_run_state
-             WHERE project_id = p.project_id
-               AND {ready}
-             ORDER BY created_at
-             LIMIT {n}
-               FOR UPDATE SKIP LOCKED
-           ) c
-     ORDER BY c.created_at
+    SELECT run_id, from_status
+      FROM (SELECT c.run_id, c.from_status, p.e, p.w,
+                   row_number() OVER (PARTITION BY p.project_id ORDER BY c.priority DESC, c.due) AS k
+              FROM (SELECT u.project_id, -ln(1.0 - random()) AS e, COALESCE(f.weight, 1) AS w
+                      FROM unnest({projects}::text[]) AS u(project_id)
+                      LEFT JOIN awooop_project_flow f ON f.project_id = u.project_id) p
+             CROSS JOIN LATERAL (
+                    SELECT run_id, status AS from_status, priority, {DUE} AS due
+                      FROM awooop_run_state
+                     WHERE project_id = p.project_id
+                       AND {ready}
+                     ORDER BY {CLAIM_ORDER}
+                     LIMIT {n}
+                       FOR UPDATE SKIP LOCKED
+                   ) c) t
+     ORDER BY (t.k - 1 + t.e) / t.w
      LIMIT {n}
 )"""
     return f"""{picked},
@@ -82,6 +97,7 @@ claimed AS (
            attempt_count = r.attempt_count + 1,
            worker_id = {worker_id},
            not_before = NULL,
+           wait_reason = NULL,
            updated_at = now()
       FROM picked p
      WHERE r.run_id = p.run_id
@@ -100,7 +116,7 @@ def claim_sql(single: bool, max_runs: int) -> str:
     """$1 project (single) or projects, $2 lease seconds, $3 worker id, $4 actor."""
     return f"""
 WITH {claim_ctes("$1", max_runs, "$2", "$3", "$4", single=single)}
-SELECT * FROM claimed ORDER BY created_at
+SELECT * FROM claimed ORDER BY priority DESC, created_at
 """
 
 

@@ -4,6 +4,7 @@ approvals, reaper, reads); errors are raised as ServiceError and mapped by the i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,13 +13,23 @@ from google.protobuf.duration_pb2 import Duration
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common import errors
+from services.common import errors, retry_policy
 from services.common.access import projects_with, require_member, require_role
 from services.common.auth import current_principal
 from services.common.runs import run_to_pb, status_from_pb, status_to_pb, ts
 from services.common.runtime import AppContext
 from services.common.validate import MAX_ID, MAX_TEXT, Violations, to_struct
-from services.scheduler import approvals, batch_complete, budget, claiming, leases, metrics, reads, transitions
+from services.scheduler import (
+    approvals,
+    batch_complete,
+    budget,
+    claiming,
+    leases,
+    metrics,
+    project_flow,
+    reads,
+    transitions,
+)
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.wakeup import RunReadyListener
 
@@ -86,6 +97,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.listener = listener
         self.saga = saga
         self._budget = budget.answer_budget(ctx.settings.max_message_bytes)
+        self._policy_defaults = json.dumps(retry_policy.defaults(ctx.settings))
 
     def _lease_ttl(self, v: Violations, value: Duration) -> float:
         return v.duration("lease_ttl", value, max_seconds=MAX_LEASE_TTL, default=self.settings.lease_ttl)
@@ -250,9 +262,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         run_id, attempt = _lease(v, "lease", request.lease)
         reason = v.text("reason", request.reason, max_len=MAX_TEXT)
         error_code = v.token("error_code", request.error_code, max_len=MAX_ERROR_CODE, required=False)
-        backoff = v.duration(
-            "retry_after", request.retry_after, max_seconds=MAX_RETRY_AFTER, default=self.settings.retry_backoff
-        )
+        # 0: the run's retry policy chooses the delay
+        retry_after = v.duration("retry_after", request.retry_after, max_seconds=MAX_RETRY_AFTER, default=0.0)
         v.raise_if_any()
         changed = await self._fenced(
             transitions.FAIL,
@@ -261,7 +272,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             reason=reason or "failed",
             error_code=error_code,
             retryable=request.retryable,
-            backoff=backoff,
+            retry_after=retry_after,
+            policy=self._policy_defaults,
         )
         return scheduler_pb2.FailRunResponse(
             run=run_to_pb(changed.row), compensation_requested=changed.compensation_requested
@@ -425,3 +437,39 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 metadata={"run_id": run_id, "bytes": str(size)},
             )
         return resp
+
+    # --- project flow settings ------------------------------------------------------------------
+
+    def _flow_pb(self, flow: project_flow.ProjectFlow) -> scheduler_pb2.ProjectFlow:
+        effective = {**retry_policy.defaults(self.settings), **flow.retry_policy}
+        return scheduler_pb2.ProjectFlow(
+            project_id=flow.project_id,
+            retry_policy=retry_policy.to_pb(flow.retry_policy),
+            weight=flow.weight,
+            effective_retry_policy=retry_policy.to_pb(effective),
+        )
+
+    async def GetProjectFlow(
+        self, request: scheduler_pb2.GetProjectFlowRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.GetProjectFlowResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        v.raise_if_any()
+        require_member(current_principal(), project_id)
+        flow = await project_flow.get(self.pool, project_id)
+        return scheduler_pb2.GetProjectFlowResponse(flow=self._flow_pb(flow))
+
+    async def SetProjectFlow(
+        self, request: scheduler_pb2.SetProjectFlowRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.SetProjectFlowResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        policy = retry_policy.from_pb(v, "retry_policy", request.retry_policy)
+        weight = v.int_range(
+            "weight", request.weight, 1, project_flow.MAX_WEIGHT, default=project_flow.DEFAULT_WEIGHT
+        )
+        v.raise_if_any()
+        principal = current_principal()
+        require_role(principal, project_id, "admin")
+        flow = await project_flow.set_flow(self.pool, project_id, policy, weight, principal.actor)
+        return scheduler_pb2.SetProjectFlowResponse(flow=self._flow_pb(flow))

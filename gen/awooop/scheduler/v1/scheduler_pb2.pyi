@@ -462,14 +462,16 @@ class FailRunRequest(_message.Message):
     error_code: _builtins.str
     """Machine-readable code (at most 64 chars)."""
     retryable: _builtins.bool
-    """True: return to PENDING while attempts are left. False: FAILED now."""
+    """True: return to PENDING while attempts are left, unless error_code is one of the retry
+    policy's non_retryable_error_codes. False: FAILED now.
+    """
     @_builtins.property
     def lease(self) -> _common_pb2.LeaseToken:
         """Fencing token."""
 
     @_builtins.property
     def retry_after(self) -> _duration_pb2.Duration:
-        """Delay before the run may be claimed again; 0 means the configured backoff."""
+        """Delay before the run may be claimed again; 0 means the run's retry policy decides."""
 
     def __init__(
         self,
@@ -1109,3 +1111,143 @@ class GetRunHistoryResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetRunHistoryResponse: _TypeAlias = GetRunHistoryResponse  # noqa: Y015
+
+@_typing.final
+class ProjectFlow(_message.Message):
+    """A project's flow settings (docs/flow-control.md)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    RETRY_POLICY_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    EFFECTIVE_RETRY_POLICY_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    weight: _builtins.int
+    """Share of a claim made for several projects (1-1000, default 1)."""
+    @_builtins.property
+    def retry_policy(self) -> _common_pb2.RetryPolicy:
+        """The project's retry policy: the fields it sets (zero: the service's AWOOOP_RETRY_* value)."""
+
+    @_builtins.property
+    def effective_retry_policy(self) -> _common_pb2.RetryPolicy:
+        """The service's policy merged with the project's: what a run without its own policy gets."""
+
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        retry_policy: _common_pb2.RetryPolicy | None = ...,
+        weight: _builtins.int = ...,
+        effective_retry_policy: _common_pb2.RetryPolicy | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "retry_policy", b"retry_policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "project_id", b"project_id", "retry_policy", b"retry_policy", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProjectFlow: _TypeAlias = ProjectFlow  # noqa: Y015
+
+@_typing.final
+class GetProjectFlowRequest(_message.Message):
+    """Reads a project's flow settings."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProjectFlowRequest: _TypeAlias = GetProjectFlowRequest  # noqa: Y015
+
+@_typing.final
+class GetProjectFlowResponse(_message.Message):
+    """The project's flow settings."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def flow(self) -> Global___ProjectFlow:
+        """Settings (defaults when never set)."""
+
+    def __init__(
+        self,
+        *,
+        flow: Global___ProjectFlow | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProjectFlowResponse: _TypeAlias = GetProjectFlowResponse  # noqa: Y015
+
+@_typing.final
+class SetProjectFlowRequest(_message.Message):
+    """Sets a project's flow settings; the given message replaces the stored one."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    RETRY_POLICY_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    weight: _builtins.int
+    """Claim weight (1-1000); 0 means 1."""
+    @_builtins.property
+    def retry_policy(self) -> _common_pb2.RetryPolicy:
+        """The project's retry policy; unset fields take the service's values."""
+
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        retry_policy: _common_pb2.RetryPolicy | None = ...,
+        weight: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retry_policy", b"retry_policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id", "retry_policy", b"retry_policy", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetProjectFlowRequest: _TypeAlias = SetProjectFlowRequest  # noqa: Y015
+
+@_typing.final
+class SetProjectFlowResponse(_message.Message):
+    """The stored settings."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def flow(self) -> Global___ProjectFlow:
+        """Settings as stored."""
+
+    def __init__(
+        self,
+        *,
+        flow: Global___ProjectFlow | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetProjectFlowResponse: _TypeAlias = SetProjectFlowResponse  # noqa: Y015

@@ -110,6 +110,16 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunHistoryRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunHistoryResponse.FromString,
                 _registered_method=True)
+        self.GetProjectFlow = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/GetProjectFlow',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetProjectFlowRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetProjectFlowResponse.FromString,
+                _registered_method=True)
+        self.SetProjectFlow = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/SetProjectFlow',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -225,6 +235,20 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetProjectFlow(self, request, context):
+        """Reads a project's flow settings (retry policy, claim weight); admin or worker role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetProjectFlow(self, request, context):
+        """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -302,6 +326,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.GetRunHistory,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunHistoryRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunHistoryResponse.SerializeToString,
+            ),
+            'GetProjectFlow': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProjectFlow,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetProjectFlowRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetProjectFlowResponse.SerializeToString,
+            ),
+            'SetProjectFlow': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetProjectFlow,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -710,6 +744,60 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/GetRunHistory',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunHistoryRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunHistoryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetProjectFlow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/GetProjectFlow',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetProjectFlowRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetProjectFlowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetProjectFlow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/SetProjectFlow',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowResponse.FromString,
             options,
             channel_credentials,
             insecure,

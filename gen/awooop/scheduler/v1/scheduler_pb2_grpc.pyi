@@ -71,6 +71,10 @@ class SchedulerServiceStub:
     """Lists a project's runs, newest first, filtered by status, paginated."""
     GetRunHistory: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetRunHistoryRequest, _scheduler_pb2.GetRunHistoryResponse]
     """State history of a run from the audit log, oldest first."""
+    GetProjectFlow: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetProjectFlowRequest, _scheduler_pb2.GetProjectFlowResponse]
+    """Reads a project's flow settings (retry policy, claim weight); admin or worker role."""
+    SetProjectFlow: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetProjectFlowRequest, _scheduler_pb2.SetProjectFlowResponse]
+    """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET."""
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -113,6 +117,10 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Lists a project's runs, newest first, filtered by status, paginated."""
     GetRunHistory: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetRunHistoryRequest, _scheduler_pb2.GetRunHistoryResponse]  # type: ignore[assignment]
     """State history of a run from the audit log, oldest first."""
+    GetProjectFlow: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetProjectFlowRequest, _scheduler_pb2.GetProjectFlowResponse]  # type: ignore[assignment]
+    """Reads a project's flow settings (retry policy, claim weight); admin or worker role."""
+    SetProjectFlow: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetProjectFlowRequest, _scheduler_pb2.SetProjectFlowResponse]  # type: ignore[assignment]
+    """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """SchedulerService owns the run state machine."""
@@ -242,5 +250,21 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.GetRunHistoryResponse, _abc.Awaitable[_scheduler_pb2.GetRunHistoryResponse]]:
         """State history of a run from the audit log, oldest first."""
+
+    @_abc_1.abstractmethod
+    def GetProjectFlow(
+        self,
+        request: _scheduler_pb2.GetProjectFlowRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.GetProjectFlowResponse, _abc.Awaitable[_scheduler_pb2.GetProjectFlowResponse]]:
+        """Reads a project's flow settings (retry policy, claim weight); admin or worker role."""
+
+    @_abc_1.abstractmethod
+    def SetProjectFlow(
+        self,
+        request: _scheduler_pb2.SetProjectFlowRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SetProjectFlowResponse, _abc.Awaitable[_scheduler_pb2.SetProjectFlowResponse]]:
+        """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET."""
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

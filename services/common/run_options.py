@@ -1,0 +1,64 @@
+"""The flow-control fields a new run may carry (CreateRun, IngestEvent): when it may first be
+claimed (not_before), its priority and its own retry policy (docs/flow-control.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from awooop.common.v1 import common_pb2
+from services.common import retry_policy
+from services.common.validate import Violations
+
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000  # CHECK of awooop_run_state.priority
+MAX_DELAY = dt.timedelta(days=366)  # a not_before further out is a mistake, not a schedule
+
+# awooop_run_state.wait_reason
+WAIT_BACKOFF = "backoff"
+WAIT_DELAYED = "delayed"
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    not_before: dt.datetime | None = None
+    priority: int = 0
+    # the run's own retry policy as JSON (None: none)
+    retry_policy_json: str | None = None
+
+    @property
+    def wait_reason(self) -> str | None:
+        return WAIT_DELAYED if self.not_before is not None else None
+
+
+NO_OPTIONS = RunOptions()
+
+
+def parse(
+    v: Violations,
+    prefix: str,
+    *,
+    not_before: Timestamp | None,
+    priority: int,
+    policy: common_pb2.RetryPolicy | None,
+) -> RunOptions:
+    """Validated options; problems go to v under `prefix` (e.g. "events[3].")."""
+    when = None
+    if not_before is not None:
+        when = not_before.ToDatetime(tzinfo=dt.UTC)
+        v.check(
+            when <= dt.datetime.now(dt.UTC) + MAX_DELAY,
+            prefix + "not_before",
+            "must be within a year from now",
+        )
+    v.check(
+        MIN_PRIORITY <= priority <= MAX_PRIORITY, prefix + "priority", f"must be {MIN_PRIORITY} to {MAX_PRIORITY}"
+    )
+    policy_json = None
+    if policy is not None:
+        fields = retry_policy.from_pb(v, prefix + "retry_policy", policy)
+        if fields:
+            policy_json = json.dumps(fields, sort_keys=True)
+    return RunOptions(when, priority, policy_json)
