@@ -23,7 +23,7 @@ from services.common import retry_policy
 from services.common.runtime import Runtime
 from services.scheduler import reaper
 from services.scheduler.saga_client import SagaNudger
-from tests.harness.helpers import expect_error
+from tests.harness.helpers import eventually, expect_error, settings_env, spawn_services
 from tests.harness.scheduler import dur, expire_lease, run_row
 
 Metadata = tuple[tuple[str, str], ...]
@@ -326,3 +326,115 @@ async def test_weights_share_a_batch_claim(start_services, channels, db, make_ke
     # q's share is 3/4 of 100 (interleaved by weight; only each batch's head is random)
     assert total["p"] + total["q"] == 100
     assert 62 <= total["q"] <= 92, total
+
+
+# --- concurrency keys ------------------------------------------------------------------------------
+
+
+async def test_a_full_key_parks_runs_and_a_freed_slot_wakes_a_waiting_worker(
+    start_services, channels, db, make_key
+) -> None:
+    f = await serve(start_services, channels, db, make_key)
+    set_limit = pb.SetConcurrencyLimitRequest(project_id="p", key="k8s:deployment/api", max_running=1)
+    await expect_error(f.sched.SetConcurrencyLimit(set_limit, metadata=f.outsider), grpc.StatusCode.PERMISSION_DENIED)
+    limit = (await f.sched.SetConcurrencyLimit(set_limit, metadata=f.admin)).limit
+    assert (limit.max_running, limit.running) == (1, 0)
+    first = await f.create("one", concurrency_key="k8s:deployment/api")
+    second = await f.create("two", concurrency_key="k8s:deployment/api")
+    free = await f.create("free")
+    got = await f.claim(max_runs=3)
+    assert {c.run.run_id for c in got} == {first.run_id, free.run_id}  # mutual exclusion on the key
+    parked = (await f.sched.GetRun(pb.GetRunRequest(run_id=second.run_id), metadata=f.worker)).run
+    assert parked.status == common_pb2.RUN_STATUS_PENDING and parked.wait_reason == "key_busy"
+    listed = (await f.sched.ListConcurrencyLimits(pb.ListConcurrencyLimitsRequest(project_id="p"), metadata=f.worker))
+    assert [(x.key, x.running, x.waiting) for x in listed.limits] == [("k8s:deployment/api", 1, 1)]
+
+    waiting = asyncio.ensure_future(f.claim(wait=dur(20)))
+    holder = next(c for c in got if c.run.run_id == first.run_id)
+    await f.sched.CompleteRun(pb.CompleteRunRequest(lease=holder.lease), metadata=f.worker)
+    (c,) = await asyncio.wait_for(waiting, 30)  # woken by the freed slot, not by a poll
+    assert c.run.run_id == second.run_id and c.run.wait_reason == ""
+    # removing the limit makes the key unlimited
+    third = await f.create("three", concurrency_key="k8s:deployment/api")
+    assert await f.claim() == []
+    await f.sched.SetConcurrencyLimit(
+        pb.SetConcurrencyLimitRequest(project_id="p", key="k8s:deployment/api", max_running=0), metadata=f.admin
+    )
+    (c,) = await f.claim()
+    assert c.run.run_id == third.run_id
+
+
+async def test_ten_claimers_on_two_scheduler_processes_never_exceed_a_keys_limit(
+    settings, tmp_path, channels, db, db_dsn, make_key
+) -> None:
+    limits = {"llm:provider-x": 2, "k8s:deployment/api": 1}
+    procs = [
+        await spawn_services(["scheduler"], {**settings_env(settings), "AWOOOP_RETRY_JITTER": "0"}, tmp_path, f"s{i}")
+        for i in range(2)
+    ]
+    try:
+        worker = await make_key("worker", {"p": ["worker"]}, "service")
+        admin = await make_key("root", {"p": ["admin"]})
+        stubs = [scheduler_pb2_grpc.SchedulerServiceStub(channels(sp.ports["scheduler"])) for sp in procs]
+        for key, n in limits.items():
+            await stubs[0].SetConcurrencyLimit(
+                pb.SetConcurrencyLimitRequest(project_id="p", key=key, max_running=n), metadata=admin
+            )
+        await db.execute(
+            """INSERT INTO awooop_run_state (project_id, channel_type, input, concurrency_key, created_at)
+               SELECT 'p', 'api', '{}', CASE WHEN g % 5 < 3 THEN 'llm:provider-x'
+                                             WHEN g % 5 = 3 THEN 'k8s:deployment/api' END,
+                      clock_timestamp()
+                 FROM generate_series(1, 60) g"""
+        )
+        await db.execute("SELECT pg_notify('awooop_run_ready', 'p')")
+        leased_sql = """SELECT concurrency_key, count(*) AS n FROM awooop_run_state
+                         WHERE status IN ('RUNNING', 'WAITING_TOOL') AND concurrency_key IS NOT NULL
+                         GROUP BY concurrency_key"""
+        worst: Counter[str] = Counter()
+        done = asyncio.Event()
+
+        watcher = await asyncpg.connect(db_dsn)
+
+        async def watch() -> None:  # snapshots of the store, as often as it can read one
+            try:
+                while not done.is_set():
+                    for r in await watcher.fetch(leased_sql):
+                        worst[r["concurrency_key"]] = max(worst[r["concurrency_key"]], r["n"])
+                    await asyncio.sleep(0)
+            finally:
+                await watcher.close()
+
+        async def claimer(i: int) -> None:
+            stub = stubs[i % 2]
+            while not done.is_set():
+                resp = await stub.ClaimRuns(
+                    pb.ClaimRunsRequest(worker_id=f"w{i}", project_ids=["p"], max_runs=2, wait=dur(1)),
+                    metadata=worker,
+                )
+                for c in resp.runs:
+                    await asyncio.sleep(0.01)  # the handler's work, so leases overlap
+                    await stub.CompleteRun(pb.CompleteRunRequest(lease=c.lease), metadata=worker)
+
+        async def all_completed() -> bool:
+            return not await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE status <> 'COMPLETED'")
+
+        async def all_done() -> None:
+            await eventually(all_completed, timeout=90, what="every run to complete")
+            done.set()
+
+        tasks = [asyncio.ensure_future(claimer(i)) for i in range(10)] + [asyncio.ensure_future(watch())]
+        try:
+            await asyncio.wait_for(all_done(), 90)  # every parked run was woken as keys freed
+        finally:
+            done.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for t in tasks:
+            assert t.exception() is None, t.exception()
+        assert all(worst[k] <= n for k, n in limits.items()), worst
+        assert worst["llm:provider-x"] == 2, worst  # the limit was reached, so the test could fail
+        rows = await db.fetch("SELECT key, running FROM awooop_concurrency_limit")
+        assert {r["key"]: r["running"] for r in rows} == {k: 0 for k in limits}
+    finally:
+        for sp in procs:
+            sp.terminate()

@@ -14,11 +14,13 @@ from services.common import retry_policy
 from services.common.validate import Violations
 
 MIN_PRIORITY, MAX_PRIORITY = -1000, 1000  # CHECK of awooop_run_state.priority
-MAX_DELAY = dt.timedelta(days=366)  # a not_before further out is a mistake, not a schedule
+MAX_DELAY = dt.timedelta(days=366)
+MAX_KEY = 128  # awooop_run_state.concurrency_key VARCHAR(128)  # a not_before further out is a mistake, not a schedule
 
 # awooop_run_state.wait_reason
 WAIT_BACKOFF = "backoff"
 WAIT_DELAYED = "delayed"
+WAIT_KEY_BUSY = "key_busy"  # parked behind a full concurrency key (not_before 'infinity')
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,7 @@ class RunOptions:
     priority: int = 0
     # the run's own retry policy as JSON (None: none)
     retry_policy_json: str | None = None
+    concurrency_key: str | None = None
 
     @property
     def wait_reason(self) -> str | None:
@@ -43,6 +46,7 @@ def parse(
     not_before: Timestamp | None,
     priority: int,
     policy: common_pb2.RetryPolicy | None,
+    concurrency_key: str = "",
 ) -> RunOptions:
     """Validated options; problems go to v under `prefix` (e.g. "events[3].")."""
     when = None
@@ -61,4 +65,5 @@ def parse(
         fields = retry_policy.from_pb(v, prefix + "retry_policy", policy)
         if fields:
             policy_json = json.dumps(fields, sort_keys=True)
-    return RunOptions(when, priority, policy_json)
+    key = v.token(prefix + "concurrency_key", concurrency_key, max_len=MAX_KEY, required=False) or None
+    return RunOptions(when, priority, policy_json, key)

@@ -33,7 +33,8 @@ def request_fingerprint(run: NewRun) -> str:
     o = run.options
     fields = {"project_id": run.project_id, "input": run.input, "max_attempts": run.max_attempts}
     if o != RunOptions():  # runs without flow options keep the fingerprint they always had
-        fields["flow"] = [o.not_before.isoformat() if o.not_before else None, o.priority, o.retry_policy_json]
+        when = o.not_before.isoformat() if o.not_before else None
+        fields["flow"] = [when, o.priority, o.retry_policy_json, o.concurrency_key]
     return idempotency.fingerprint(fields)
 
 

@@ -111,6 +111,7 @@ def parse_event(
         not_before=req.not_before if req.HasField("not_before") else None,
         priority=req.priority,
         policy=req.retry_policy if req.HasField("retry_policy") else None,
+        concurrency_key=req.concurrency_key,
     )
     headers = req.headers
     if headers:
@@ -169,6 +170,7 @@ def parse_create_run(
         not_before=req.not_before if req.HasField("not_before") else None,
         priority=req.priority,
         policy=req.retry_policy if req.HasField("retry_policy") else None,
+        concurrency_key=req.concurrency_key,
     )
     data, text = v.json("input", req.input, max_bytes=max_payload_bytes)
     return NewRun(project_id, key, data, text, attempts, options)

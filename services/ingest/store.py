@@ -44,9 +44,9 @@ Executor = asyncpg.Pool | Conn
 INGEST_SQL = f"""
 WITH ev AS (
     SELECT * FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[], $5::uuid[], $6::text[], $7::int[],
-                         $11::timestamptz[], $12::int[], $13::text[])
+                         $11::timestamptz[], $12::int[], $13::text[], $15::text[])
         AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts, not_before, priority,
-             retry_policy)
+             retry_policy, concurrency_key)
 ),
 ins AS (
     INSERT INTO awooop_channel_event_dedupe (project_id, channel_type, provider_event_id, run_id)
@@ -57,12 +57,13 @@ ins AS (
 ),
 new_runs AS (
     INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, input, max_attempts, created_by,
-                                  created_at, updated_at, not_before, wait_reason, priority, retry_policy)
+                                  created_at, updated_at, not_before, wait_reason, priority, retry_policy,
+                                  concurrency_key)
     SELECT ev.run_id, ev.project_id, ev.channel_type, ev.provider_event_id, ev.input::jsonb,
            {max_attempts_sql("ev.max_attempts", effective_sql("ev.project_id", "ev.retry_policy::jsonb", "$14"))}, $8,
            now() + ev.ord * interval '1 microsecond', now() + ev.ord * interval '1 microsecond',
            ev.not_before, CASE WHEN ev.not_before IS NOT NULL THEN '{WAIT_DELAYED}' END, ev.priority,
-           ev.retry_policy::jsonb
+           ev.retry_policy::jsonb, ev.concurrency_key
       FROM ev JOIN ins USING (run_id)
     RETURNING run_id, project_id, channel_type, provider_event_id
 ),
@@ -94,10 +95,10 @@ SELECT t.ord, d.run_id, extract(epoch FROM d.created_at + make_interval(secs => 
 CREATE_RUN_SQL = f"""
 WITH run AS (
     INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by, not_before, wait_reason,
-                                  priority, retry_policy)
+                                  priority, retry_policy, concurrency_key)
     VALUES ($1::text, 'api', $2::text::jsonb,
             {max_attempts_sql("$3::int", effective_sql("$1::text", "$9::text::jsonb", "$10"))}, $4,
-            $7, CASE WHEN $7::timestamptz IS NOT NULL THEN '{WAIT_DELAYED}' END, $8, $9::text::jsonb)
+            $7, CASE WHEN $7::timestamptz IS NOT NULL THEN '{WAIT_DELAYED}' END, $8, $9::text::jsonb, $11)
     RETURNING {RUN_COLUMNS}
 ),
 audited AS (
@@ -158,6 +159,7 @@ async def ingest(
             [e.options.priority for e in ev],
             [e.options.retry_policy_json for e in ev],
             defaults_json,
+            [e.options.concurrency_key for e in ev],
         )
         missing: list[int] = []
         for r in rows:
@@ -213,6 +215,7 @@ async def create_run(
         o.priority,
         o.retry_policy_json,
         defaults_json,
+        o.concurrency_key,
     )
     assert row is not None
     return row

@@ -12,6 +12,7 @@ import time
 import asyncpg
 
 from services.common.audit import AUDIT_INSERT
+from services.common.run_options import WAIT_KEY_BUSY
 from services.common.runstate import CLAIMABLE, TRANSITIONS, Action, Audit, RunStatus, attempts_left, sql_list
 from services.scheduler import metrics
 from services.scheduler.fragments import RUN_COLUMNS_R
@@ -23,6 +24,40 @@ from services.scheduler.wakeup import RunReadyListener
 # max_runs ready ones (runs due later sort after the ready ones of their priority).
 DUE = "COALESCE(not_before, created_at)"
 CLAIM_ORDER = f"priority DESC, {DUE}"
+
+
+# Concurrency keys: the picked runs that carry a limited key get at most the key's free slots
+# (`slots` adds what it grants to the key's running count; it always updates the key row, so its
+# lock orders claims and releases of one key, see migration 0111); the rest are parked
+# (not_before 'infinity', wait_reason key_busy: after every ready run in the claim index, so
+# later claims never scan them) until the trigger of migration 0111 wakes them when a slot frees.
+KEY_SLOTS = f"""
+keyed AS (
+    SELECT project_id, ckey, count(*) AS n FROM picked WHERE ckey IS NOT NULL GROUP BY project_id, ckey
+),
+slots AS (
+    UPDATE awooop_concurrency_limit k
+       SET granted = greatest(0, least(c.n, k.max_running - k.running)),
+           running = k.running + greatest(0, least(c.n, k.max_running - k.running))
+      FROM keyed c
+     WHERE k.project_id = c.project_id AND k.key = c.ckey
+ RETURNING k.project_id, k.key, k.granted
+),
+ranked AS (
+    SELECT p.run_id, p.from_status, s.granted,
+           row_number() OVER (PARTITION BY p.project_id, p.ckey ORDER BY p.priority DESC, p.due) AS kr
+      FROM picked p LEFT JOIN slots s ON s.project_id = p.project_id AND s.key = p.ckey
+),
+parked AS (
+    UPDATE awooop_run_state r
+       SET not_before = 'infinity', wait_reason = '{WAIT_KEY_BUSY}'
+      FROM ranked x
+     WHERE r.run_id = x.run_id AND x.kr > x.granted
+ RETURNING r.run_id
+),
+go AS (
+    SELECT run_id, from_status FROM ranked WHERE granted IS NULL OR kr <= granted
+),"""
 
 
 def claim_ctes(
@@ -56,7 +91,7 @@ def claim_ctes(
        AND {attempts_left()}{gate}"""
     if single:
         picked = f"""picked AS (
-    SELECT run_id, status AS from_status
+    SELECT run_id, status AS from_status, project_id, concurrency_key AS ckey, priority, {DUE} AS due
       FROM awooop_run_state
      WHERE project_id = {projects}::text
        AND {ready}
@@ -70,14 +105,14 @@ def claim_ctes(
         # weight, and a claim of several runs interleaves the projects by weight, so a backlog in
         # one project never holds back another's runs.
         picked = f"""picked AS (
-    SELECT run_id, from_status
-      FROM (SELECT c.run_id, c.from_status, p.e, p.w,
+    SELECT run_id, from_status, project_id, ckey, priority, due
+      FROM (SELECT c.run_id, c.from_status, p.project_id, c.ckey, c.priority, c.due, p.e, p.w,
                    row_number() OVER (PARTITION BY p.project_id ORDER BY c.priority DESC, c.due) AS k
               FROM (SELECT u.project_id, -ln(1.0 - random()) AS e, COALESCE(f.weight, 1) AS w
                       FROM unnest({projects}::text[]) AS u(project_id)
                       LEFT JOIN awooop_project_flow f ON f.project_id = u.project_id) p
              CROSS JOIN LATERAL (
-                    SELECT run_id, status AS from_status, priority, {DUE} AS due
+                    SELECT run_id, status AS from_status, concurrency_key AS ckey, priority, {DUE} AS due
                       FROM awooop_run_state
                      WHERE project_id = p.project_id
                        AND {ready}
@@ -88,7 +123,7 @@ def claim_ctes(
      ORDER BY (t.k - 1 + t.e) / t.w
      LIMIT {n}
 )"""
-    return f"""{picked},
+    return f"""{picked},{KEY_SLOTS}
 claimed AS (
     UPDATE awooop_run_state r
        SET status = '{RunStatus.RUNNING}',
@@ -99,7 +134,7 @@ claimed AS (
            not_before = NULL,
            wait_reason = NULL,
            updated_at = now()
-      FROM picked p
+      FROM go p
      WHERE r.run_id = p.run_id
  RETURNING {RUN_COLUMNS_R}, p.from_status
 ),
@@ -116,7 +151,10 @@ def claim_sql(single: bool, max_runs: int) -> str:
     """$1 project (single) or projects, $2 lease seconds, $3 worker id, $4 actor."""
     return f"""
 WITH {claim_ctes("$1", max_runs, "$2", "$3", "$4", single=single)}
-SELECT * FROM claimed ORDER BY priority DESC, created_at
+SELECT claimed.*, x.parked
+  FROM (SELECT count(*) AS parked FROM parked) x
+  LEFT JOIN claimed ON true
+ ORDER BY claimed.priority DESC, claimed.created_at
 """
 
 
@@ -131,14 +169,29 @@ NEXT_READY_SQL = f"""
 SELECT EXTRACT(EPOCH FROM min(not_before) - now())::float8
   FROM awooop_run_state
  WHERE status IN ({sql_list(CLAIMABLE)}) AND project_id = ANY($1::text[]) AND not_before > now()
+   AND not_before < 'infinity'
 """
+
+
+# claim statements in a row that may park runs behind full keys before one claims or finds none
+MAX_PARKING_ROUNDS = 5
 
 
 async def claim(
     pool: asyncpg.Pool, projects: list[str], max_runs: int, lease_ttl: float, worker_id: str, actor: str
 ) -> list[asyncpg.Record]:
     single, arg = projects_arg(projects)
-    return await pool.fetch(claim_sql(single, max_runs), arg, lease_ttl, worker_id, actor)
+    sql = claim_sql(single, max_runs)
+    for _ in range(MAX_PARKING_ROUNDS):
+        try:
+            rows = await pool.fetch(sql, arg, lease_ttl, worker_id, actor)
+        except asyncpg.exceptions.DeadlockDetectedError:
+            continue  # two claims locking several keys in opposite orders; nothing was changed
+        claimed = [r for r in rows if r["run_id"] is not None]
+        if claimed or not rows or not rows[0]["parked"]:
+            return claimed
+        # everything picked was parked behind full keys: the runs after them may be claimable
+    return []
 
 
 async def seconds_until_ready(pool: asyncpg.Pool, projects: list[str]) -> float | None:

@@ -24,6 +24,7 @@ from services.scheduler import (
     batch_complete,
     budget,
     claiming,
+    concurrency,
     leases,
     metrics,
     project_flow,
@@ -43,6 +44,7 @@ MAX_RETRY_AFTER = 86400.0
 MAX_APPROVAL_TTL = 7 * 86400.0
 MAX_ERROR_CODE = 64  # awooop_run_state.error_code VARCHAR(64)
 MAX_APPROVAL_TOKEN = 256
+MAX_KEY = 128  # awooop_run_state.concurrency_key VARCHAR(128)
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
 INT32_MAX = 2**31 - 1
@@ -473,3 +475,38 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         require_role(principal, project_id, "admin")
         flow = await project_flow.set_flow(self.pool, project_id, policy, weight, principal.actor)
         return scheduler_pb2.SetProjectFlowResponse(flow=self._flow_pb(flow))
+
+    # --- concurrency limits ---------------------------------------------------------------------
+
+    @staticmethod
+    def _limit_pb(limit: concurrency.Limit) -> scheduler_pb2.ConcurrencyLimit:
+        return scheduler_pb2.ConcurrencyLimit(
+            project_id=limit.project_id,
+            key=limit.key,
+            max_running=limit.max_running,
+            running=limit.running,
+            waiting=limit.waiting,
+        )
+
+    async def SetConcurrencyLimit(
+        self, request: scheduler_pb2.SetConcurrencyLimitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.SetConcurrencyLimitResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        key = v.token("key", request.key, max_len=MAX_KEY)
+        v.check(0 <= request.max_running <= concurrency.MAX_LIMIT, "max_running", "must be 0 (remove) to 100000")
+        v.raise_if_any()
+        principal = current_principal()
+        require_role(principal, project_id, "admin")
+        limit = await concurrency.set_limit(self.pool, project_id, key, request.max_running, principal.actor)
+        return scheduler_pb2.SetConcurrencyLimitResponse(limit=self._limit_pb(limit))
+
+    async def ListConcurrencyLimits(
+        self, request: scheduler_pb2.ListConcurrencyLimitsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.ListConcurrencyLimitsResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        v.raise_if_any()
+        require_member(current_principal(), project_id)
+        limits = await concurrency.list_limits(self.pool, project_id)
+        return scheduler_pb2.ListConcurrencyLimitsResponse(limits=[self._limit_pb(x) for x in limits])

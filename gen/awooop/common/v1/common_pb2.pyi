@@ -281,6 +281,7 @@ class Run(_message.Message):
     APPROVAL_SUMMARY_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     WAIT_REASON_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id (UUID)."""
     project_id: _builtins.str
@@ -315,8 +316,12 @@ class Run(_message.Message):
     """Claim order within the project: higher first (-1000..1000, default 0), then the earliest due."""
     wait_reason: _builtins.str
     """Why a queued run is not claimable before not_before: "backoff" (after a retryable failure or a
-    reaped lease) or "delayed" (the not_before it was created with); empty when nothing holds it back.
+    reaped lease), "delayed" (the not_before it was created with) or "key_busy" (parked until a run
+    with its concurrency key frees a slot; not_before is then the largest timestamp); empty when
+    nothing holds it back.
     """
+    concurrency_key: _builtins.str
+    """Concurrency key (for example k8s:deployment/api); its project's limit caps the leased runs with it."""
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Input given at creation (the channel payload unless the caller set one)."""
@@ -391,10 +396,11 @@ class Run(_message.Message):
         approval_summary: _builtins.str = ...,
         priority: _builtins.int = ...,
         wait_reason: _builtins.str = ...,
+        concurrency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval_expires_at", b"approval_expires_at", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "created_at", b"created_at", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "not_before", b"not_before", "output", b"output", "reaped_at", b"reaped_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided_by", b"approval_decided_by", "approval_expires_at", b"approval_expires_at", "approval_summary", b"approval_summary", "attempt_count", b"attempt_count", "cancel_requested", b"cancel_requested", "channel_type", b"channel_type", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "created_at", b"created_at", "error_code", b"error_code", "failure_reason", b"failure_reason", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "max_attempts", b"max_attempts", "not_before", b"not_before", "output", b"output", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "reaped_at", b"reaped_at", "run_id", b"run_id", "saga_status", b"saga_status", "status", b"status", "updated_at", b"updated_at", "wait_reason", b"wait_reason", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided_by", b"approval_decided_by", "approval_expires_at", b"approval_expires_at", "approval_summary", b"approval_summary", "attempt_count", b"attempt_count", "cancel_requested", b"cancel_requested", "channel_type", b"channel_type", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "concurrency_key", b"concurrency_key", "created_at", b"created_at", "error_code", b"error_code", "failure_reason", b"failure_reason", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "max_attempts", b"max_attempts", "not_before", b"not_before", "output", b"output", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "reaped_at", b"reaped_at", "run_id", b"run_id", "saga_status", b"saga_status", "status", b"status", "updated_at", b"updated_at", "wait_reason", b"wait_reason", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

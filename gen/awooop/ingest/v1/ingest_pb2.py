@@ -27,7 +27,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61wooop/ingest/v1/ingest.proto\x12\x10\x61wooop.ingest.v1\x1a\x1d\x61wooop/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcb\x03\n\x12IngestEventRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x33\n\x0c\x63hannel_type\x18\x02 \x01(\x0e\x32\x1d.awooop.common.v1.ChannelType\x12\x19\n\x11provider_event_id\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x42\n\x07headers\x18\x05 \x03(\x0b\x32\x31.awooop.ingest.v1.IngestEventRequest.HeadersEntry\x12&\n\x05input\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\x05\x12.\n\nnot_before\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x33\n\x0cretry_policy\x18\n \x01(\x0b\x32\x1d.awooop.common.v1.RetryPolicy\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Z\n\x0c\x45ventOutcome\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x19\n\x11provider_event_id\x18\x02 \x01(\t\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\"G\n\x13IngestEventResponse\x12\x30\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1e.awooop.ingest.v1.EventOutcome\"K\n\x13IngestEventsRequest\x12\x34\n\x06\x65vents\x18\x01 \x03(\x0b\x32$.awooop.ingest.v1.IngestEventRequest\"N\n\x14IngestEventsResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.awooop.ingest.v1.IngestEventResponse\"\xf4\x01\n\x10\x43reateRunRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0cmax_attempts\x18\x04 \x01(\x05\x12.\n\nnot_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x33\n\x0cretry_policy\x18\x07 \x01(\x0b\x32\x1d.awooop.common.v1.RetryPolicy\"\xb1\x01\n\x11\x43reateRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.awooop.common.v1.Run\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x32\n\x0ekey_created_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0ekey_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\xa0\x02\n\rIngestService\x12Z\n\x0bIngestEvent\x12$.awooop.ingest.v1.IngestEventRequest\x1a%.awooop.ingest.v1.IngestEventResponse\x12]\n\x0cIngestEvents\x12%.awooop.ingest.v1.IngestEventsRequest\x1a&.awooop.ingest.v1.IngestEventsResponse\x12T\n\tCreateRun\x12\".awooop.ingest.v1.CreateRunRequest\x1a#.awooop.ingest.v1.CreateRunResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61wooop/ingest/v1/ingest.proto\x12\x10\x61wooop.ingest.v1\x1a\x1d\x61wooop/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe4\x03\n\x12IngestEventRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x33\n\x0c\x63hannel_type\x18\x02 \x01(\x0e\x32\x1d.awooop.common.v1.ChannelType\x12\x19\n\x11provider_event_id\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x42\n\x07headers\x18\x05 \x03(\x0b\x32\x31.awooop.ingest.v1.IngestEventRequest.HeadersEntry\x12&\n\x05input\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\x05\x12.\n\nnot_before\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\t \x01(\x05\x12\x33\n\x0cretry_policy\x18\n \x01(\x0b\x32\x1d.awooop.common.v1.RetryPolicy\x12\x17\n\x0f\x63oncurrency_key\x18\x0b \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Z\n\x0c\x45ventOutcome\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x19\n\x11provider_event_id\x18\x02 \x01(\t\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\"G\n\x13IngestEventResponse\x12\x30\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1e.awooop.ingest.v1.EventOutcome\"K\n\x13IngestEventsRequest\x12\x34\n\x06\x65vents\x18\x01 \x03(\x0b\x32$.awooop.ingest.v1.IngestEventRequest\"N\n\x14IngestEventsResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.awooop.ingest.v1.IngestEventResponse\"\x8d\x02\n\x10\x43reateRunRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0cmax_attempts\x18\x04 \x01(\x05\x12.\n\nnot_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x33\n\x0cretry_policy\x18\x07 \x01(\x0b\x32\x1d.awooop.common.v1.RetryPolicy\x12\x17\n\x0f\x63oncurrency_key\x18\x08 \x01(\t\"\xb1\x01\n\x11\x43reateRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.awooop.common.v1.Run\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x32\n\x0ekey_created_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0ekey_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp2\xa0\x02\n\rIngestService\x12Z\n\x0bIngestEvent\x12$.awooop.ingest.v1.IngestEventRequest\x1a%.awooop.ingest.v1.IngestEventResponse\x12]\n\x0cIngestEvents\x12%.awooop.ingest.v1.IngestEventsRequest\x1a&.awooop.ingest.v1.IngestEventsResponse\x12T\n\tCreateRun\x12\".awooop.ingest.v1.CreateRunRequest\x1a#.awooop.ingest.v1.CreateRunResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,21 +37,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INGESTEVENTREQUEST_HEADERSENTRY']._loaded_options = None
   _globals['_INGESTEVENTREQUEST_HEADERSENTRY']._serialized_options = b'8\001'
   _globals['_INGESTEVENTREQUEST']._serialized_start=146
-  _globals['_INGESTEVENTREQUEST']._serialized_end=605
-  _globals['_INGESTEVENTREQUEST_HEADERSENTRY']._serialized_start=559
-  _globals['_INGESTEVENTREQUEST_HEADERSENTRY']._serialized_end=605
-  _globals['_EVENTOUTCOME']._serialized_start=607
-  _globals['_EVENTOUTCOME']._serialized_end=697
-  _globals['_INGESTEVENTRESPONSE']._serialized_start=699
-  _globals['_INGESTEVENTRESPONSE']._serialized_end=770
-  _globals['_INGESTEVENTSREQUEST']._serialized_start=772
-  _globals['_INGESTEVENTSREQUEST']._serialized_end=847
-  _globals['_INGESTEVENTSRESPONSE']._serialized_start=849
-  _globals['_INGESTEVENTSRESPONSE']._serialized_end=927
-  _globals['_CREATERUNREQUEST']._serialized_start=930
-  _globals['_CREATERUNREQUEST']._serialized_end=1174
-  _globals['_CREATERUNRESPONSE']._serialized_start=1177
-  _globals['_CREATERUNRESPONSE']._serialized_end=1354
-  _globals['_INGESTSERVICE']._serialized_start=1357
-  _globals['_INGESTSERVICE']._serialized_end=1645
+  _globals['_INGESTEVENTREQUEST']._serialized_end=630
+  _globals['_INGESTEVENTREQUEST_HEADERSENTRY']._serialized_start=584
+  _globals['_INGESTEVENTREQUEST_HEADERSENTRY']._serialized_end=630
+  _globals['_EVENTOUTCOME']._serialized_start=632
+  _globals['_EVENTOUTCOME']._serialized_end=722
+  _globals['_INGESTEVENTRESPONSE']._serialized_start=724
+  _globals['_INGESTEVENTRESPONSE']._serialized_end=795
+  _globals['_INGESTEVENTSREQUEST']._serialized_start=797
+  _globals['_INGESTEVENTSREQUEST']._serialized_end=872
+  _globals['_INGESTEVENTSRESPONSE']._serialized_start=874
+  _globals['_INGESTEVENTSRESPONSE']._serialized_end=952
+  _globals['_CREATERUNREQUEST']._serialized_start=955
+  _globals['_CREATERUNREQUEST']._serialized_end=1224
+  _globals['_CREATERUNRESPONSE']._serialized_start=1227
+  _globals['_CREATERUNRESPONSE']._serialized_end=1404
+  _globals['_INGESTSERVICE']._serialized_start=1407
+  _globals['_INGESTSERVICE']._serialized_end=1695
 # @@protoc_insertion_point(module_scope)

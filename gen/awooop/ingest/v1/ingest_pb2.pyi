@@ -59,6 +59,7 @@ class IngestEventRequest(_message.Message):
     NOT_BEFORE_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     RETRY_POLICY_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant (1-64 chars: letters, digits, '-', '_', '.')."""
     channel_type: _common_pb2.ChannelType.ValueType
@@ -72,6 +73,8 @@ class IngestEventRequest(_message.Message):
     """Claims allowed before the run fails; 0 means the project's retry policy (default 3). At most 100."""
     priority: _builtins.int
     """Claim order within the project: higher first (-1000..1000, default 0)."""
+    concurrency_key: _builtins.str
+    """Concurrency key (1-128 printable chars, for example llm:provider-x); empty: none."""
     @_builtins.property
     def payload(self) -> _struct_pb2.Struct:
         """The provider's webhook body as JSON."""
@@ -105,10 +108,11 @@ class IngestEventRequest(_message.Message):
         not_before: _timestamp_pb2.Timestamp | None = ...,
         priority: _builtins.int = ...,
         retry_policy: _common_pb2.RetryPolicy | None = ...,
+        concurrency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "not_before", b"not_before", "payload", b"payload", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "headers", b"headers", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "payload", b"payload", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "retry_policy", b"retry_policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "concurrency_key", b"concurrency_key", "headers", b"headers", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "payload", b"payload", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "retry_policy", b"retry_policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -233,6 +237,7 @@ class CreateRunRequest(_message.Message):
     NOT_BEFORE_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     RETRY_POLICY_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     idempotency_key: _builtins.str
@@ -241,6 +246,8 @@ class CreateRunRequest(_message.Message):
     """Claims allowed before the run fails; 0 means the project's retry policy (default 3). At most 100."""
     priority: _builtins.int
     """Claim order within the project: higher first (-1000..1000, default 0)."""
+    concurrency_key: _builtins.str
+    """Concurrency key (1-128 printable chars, for example k8s:deployment/api); empty: none."""
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Run input."""
@@ -263,10 +270,11 @@ class CreateRunRequest(_message.Message):
         not_before: _timestamp_pb2.Timestamp | None = ...,
         priority: _builtins.int = ...,
         retry_policy: _common_pb2.RetryPolicy | None = ...,
+        concurrency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "not_before", b"not_before", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "priority", b"priority", "project_id", b"project_id", "retry_policy", b"retry_policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency_key", b"concurrency_key", "idempotency_key", b"idempotency_key", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "priority", b"priority", "project_id", b"project_id", "retry_policy", b"retry_policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

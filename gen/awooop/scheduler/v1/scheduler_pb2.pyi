@@ -1251,3 +1251,141 @@ class SetProjectFlowResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SetProjectFlowResponse: _TypeAlias = SetProjectFlowResponse  # noqa: Y015
+
+@_typing.final
+class ConcurrencyLimit(_message.Message):
+    """A concurrency key's limit in a project."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    MAX_RUNNING_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    key: _builtins.str
+    """The key runs carry (Run.concurrency_key)."""
+    max_running: _builtins.int
+    """Most leased runs with the key at once (1 = mutual exclusion)."""
+    running: _builtins.int
+    """Leased runs with the key now."""
+    waiting: _builtins.int
+    """Runs parked until a slot frees."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        key: _builtins.str = ...,
+        max_running: _builtins.int = ...,
+        running: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "max_running", b"max_running", "project_id", b"project_id", "running", b"running", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConcurrencyLimit: _TypeAlias = ConcurrencyLimit  # noqa: Y015
+
+@_typing.final
+class SetConcurrencyLimitRequest(_message.Message):
+    """Sets a key's limit."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    MAX_RUNNING_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    key: _builtins.str
+    """Key (1-128 printable chars)."""
+    max_running: _builtins.int
+    """Limit (1-100000); 0 removes it (the key becomes unlimited, its parked runs claimable)."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        key: _builtins.str = ...,
+        max_running: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "max_running", b"max_running", "project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetConcurrencyLimitRequest: _TypeAlias = SetConcurrencyLimitRequest  # noqa: Y015
+
+@_typing.final
+class SetConcurrencyLimitResponse(_message.Message):
+    """The limit as stored (max_running 0 when removed)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def limit(self) -> Global___ConcurrencyLimit:
+        """The limit."""
+
+    def __init__(
+        self,
+        *,
+        limit: Global___ConcurrencyLimit | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetConcurrencyLimitResponse: _TypeAlias = SetConcurrencyLimitResponse  # noqa: Y015
+
+@_typing.final
+class ListConcurrencyLimitsRequest(_message.Message):
+    """Lists a project's limits."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListConcurrencyLimitsRequest: _TypeAlias = ListConcurrencyLimitsRequest  # noqa: Y015
+
+@_typing.final
+class ListConcurrencyLimitsResponse(_message.Message):
+    """The project's limits, by key."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def limits(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConcurrencyLimit]:
+        """Limits."""
+
+    def __init__(
+        self,
+        *,
+        limits: _abc.Iterable[Global___ConcurrencyLimit] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListConcurrencyLimitsResponse: _TypeAlias = ListConcurrencyLimitsResponse  # noqa: Y015

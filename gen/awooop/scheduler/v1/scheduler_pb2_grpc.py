@@ -120,6 +120,16 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowResponse.FromString,
                 _registered_method=True)
+        self.SetConcurrencyLimit = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/SetConcurrencyLimit',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetConcurrencyLimitRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetConcurrencyLimitResponse.FromString,
+                _registered_method=True)
+        self.ListConcurrencyLimits = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ListConcurrencyLimits',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -249,6 +259,20 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetConcurrencyLimit(self, request, context):
+        """Sets (or, with max_running 0, removes) a concurrency key's limit in a project (admin role).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConcurrencyLimits(self, request, context):
+        """Lists a project's concurrency limits with their running counts (any role in the project).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -336,6 +360,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.SetProjectFlow,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowResponse.SerializeToString,
+            ),
+            'SetConcurrencyLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetConcurrencyLimit,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetConcurrencyLimitRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetConcurrencyLimitResponse.SerializeToString,
+            ),
+            'ListConcurrencyLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConcurrencyLimits,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -798,6 +832,60 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/SetProjectFlow',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetConcurrencyLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/SetConcurrencyLimit',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetConcurrencyLimitRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetConcurrencyLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConcurrencyLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ListConcurrencyLimits',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -75,6 +75,10 @@ class SchedulerServiceStub:
     """Reads a project's flow settings (retry policy, claim weight); admin or worker role."""
     SetProjectFlow: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetProjectFlowRequest, _scheduler_pb2.SetProjectFlowResponse]
     """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET."""
+    SetConcurrencyLimit: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetConcurrencyLimitRequest, _scheduler_pb2.SetConcurrencyLimitResponse]
+    """Sets (or, with max_running 0, removes) a concurrency key's limit in a project (admin role)."""
+    ListConcurrencyLimits: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListConcurrencyLimitsRequest, _scheduler_pb2.ListConcurrencyLimitsResponse]
+    """Lists a project's concurrency limits with their running counts (any role in the project)."""
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -121,6 +125,10 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Reads a project's flow settings (retry policy, claim weight); admin or worker role."""
     SetProjectFlow: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetProjectFlowRequest, _scheduler_pb2.SetProjectFlowResponse]  # type: ignore[assignment]
     """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET."""
+    SetConcurrencyLimit: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetConcurrencyLimitRequest, _scheduler_pb2.SetConcurrencyLimitResponse]  # type: ignore[assignment]
+    """Sets (or, with max_running 0, removes) a concurrency key's limit in a project (admin role)."""
+    ListConcurrencyLimits: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListConcurrencyLimitsRequest, _scheduler_pb2.ListConcurrencyLimitsResponse]  # type: ignore[assignment]
+    """Lists a project's concurrency limits with their running counts (any role in the project)."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """SchedulerService owns the run state machine."""
@@ -266,5 +274,21 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.SetProjectFlowResponse, _abc.Awaitable[_scheduler_pb2.SetProjectFlowResponse]]:
         """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET."""
+
+    @_abc_1.abstractmethod
+    def SetConcurrencyLimit(
+        self,
+        request: _scheduler_pb2.SetConcurrencyLimitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SetConcurrencyLimitResponse, _abc.Awaitable[_scheduler_pb2.SetConcurrencyLimitResponse]]:
+        """Sets (or, with max_running 0, removes) a concurrency key's limit in a project (admin role)."""
+
+    @_abc_1.abstractmethod
+    def ListConcurrencyLimits(
+        self,
+        request: _scheduler_pb2.ListConcurrencyLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListConcurrencyLimitsResponse, _abc.Awaitable[_scheduler_pb2.ListConcurrencyLimitsResponse]]:
+        """Lists a project's concurrency limits with their running counts (any role in the project)."""
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
