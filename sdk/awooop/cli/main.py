@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from awooop.cli import admin, demo, health, runs, server
+from awooop.cli import admin, demo, flow, health, runs, server
 
 # each module contributes subcommands: register(subparsers) sets args.func
 MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
@@ -15,6 +15,7 @@ MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[
     admin.register,
     health.register,
     runs.register,
+    flow.register,
     demo.register,
 ]
 
