@@ -121,8 +121,8 @@ async def cmd_set(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         print_json(to_json(flow))
     else:
-        policy = _policy_text(flow.effective_retry_policy)
-        print(f"project {flow.project_id}: weight {flow.weight}, retry policy {policy}")
+        text = _policy_text(flow.effective_retry_policy)
+        print(f"project {flow.project_id}: weight {flow.weight}, retry policy {text}")
     return 0
 
 
