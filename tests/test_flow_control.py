@@ -438,3 +438,80 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_a_keys_limit
     finally:
         for sp in procs:
             sp.terminate()
+
+
+# --- pause, resume, redrive ----------------------------------------------------------------------------
+
+
+async def test_a_paused_project_is_skipped_its_leases_finish_and_resume_wakes_waiting_workers(
+    start_services, channels, db, make_key
+) -> None:
+    f = await serve(start_services, channels, db, make_key)
+    running = await f.create("running")
+    (held,) = await f.claim()
+    await expect_error(
+        f.sched.PauseProject(pb.PauseProjectRequest(project_id="p"), metadata=f.outsider),
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
+    paused = await f.sched.PauseProject(pb.PauseProjectRequest(project_id="p", reason="bad deploy"), metadata=f.admin)
+    assert paused.flow.paused
+    queued = await f.create("queued")
+    other = await f.create("other", project="q")
+    assert await f.claim() == []  # skipped, alone ...
+    (c,) = await f.claim(["p", "q"], max_runs=5)  # ... or beside another project
+    assert c.run.run_id == other.run_id
+    # the run leased before the pause finishes normally
+    done = await f.sched.CompleteRun(pb.CompleteRunRequest(lease=held.lease), metadata=f.worker)
+    assert done.run.run_id == running.run_id and done.run.status == common_pb2.RUN_STATUS_COMPLETED
+
+    waiting = asyncio.ensure_future(f.claim(wait=dur(20)))
+    resumed = await f.sched.ResumeProject(pb.ResumeProjectRequest(project_id="p"), metadata=f.admin)
+    assert not resumed.flow.paused
+    (c,) = await asyncio.wait_for(waiting, 30)  # nothing lost, and woken by the resume
+    assert c.run.run_id == queued.run_id
+    actions = [r["action"] for r in await db.fetch(
+        "SELECT action FROM awooop_audit_log WHERE run_id IS NULL AND project_id = 'p' ORDER BY audit_id"
+    )]
+    assert actions == ["PROJECT_PAUSED", "PROJECT_RESUMED"]
+
+
+async def test_redrive_requeues_the_failed_runs_a_filter_matches_with_fresh_attempts(
+    start_services, channels, db, make_key
+) -> None:
+    f = await serve(start_services, channels, db, make_key)
+    ids = {}
+    for name, code in (("quota-1", "E-QUOTA"), ("quota-2", "E-QUOTA"), ("bug", "E-BUG")):
+        run = await f.create(name, max_attempts=1)
+        (c,) = await f.claim()
+        await f.fail(c, error_code=code, retryable=False)
+        ids[run.run_id] = name
+    cutoff = at(0)
+    late = await f.create("quota-late", max_attempts=1)
+    (c,) = await f.claim()
+    await f.fail(c, error_code="E-QUOTA", retryable=False)
+    ok = await f.create("fine")
+    (c,) = await f.claim()
+    await f.sched.CompleteRun(pb.CompleteRunRequest(lease=c.lease), metadata=f.worker)
+
+    await expect_error(
+        f.sched.RedriveRuns(pb.RedriveRunsRequest(project_id="p"), metadata=f.outsider),
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
+    resp = await f.sched.RedriveRuns(
+        pb.RedriveRunsRequest(project_id="p", error_code="E-QUOTA", failed_before=cutoff, reason="quota raised"),
+        metadata=f.admin,
+    )
+    assert sorted(ids[r] for r in resp.run_ids) == ["quota-1", "quota-2"] and resp.redriven == 2
+    for run_id in resp.run_ids:
+        row = await run_row(db, run_id)
+        assert row["status"] == "PENDING" and row["error_code"] is None
+    for run_id in (late.run_id, ok.run_id):  # outside the time range; not FAILED
+        assert (await run_row(db, run_id))["status"] in ("FAILED", "COMPLETED")
+    # fresh attempts: a max_attempts=1 run is claimable again, with a new fencing token
+    got = await f.claim(max_runs=5)
+    assert {c.run.run_id for c in got} == set(resp.run_ids) and all(c.lease.attempt == 2 for c in got)
+    action = await db.fetchrow("SELECT actor, reason, details FROM awooop_audit_log WHERE action = 'RUNS_REDRIVEN'")
+    assert action is not None and action["reason"] == "quota raised"
+    assert json.loads(action["details"])["count"] == 2 and json.loads(action["details"])["error_code"] == "E-QUOTA"
+    per_run = await db.fetchval("SELECT count(*) FROM awooop_audit_log WHERE action = 'REDRIVEN'")
+    assert per_run == 2

@@ -49,7 +49,7 @@ CLAIMABLE: tuple[RunStatus, ...] = (S.PENDING, S.RESUMED)
 LEASED: tuple[RunStatus, ...] = (S.RUNNING, S.WAITING_TOOL)
 # Waiting for something outside the worker: a tool's answer (leased) or a person (not leased).
 WAITING: tuple[RunStatus, ...] = (S.WAITING_TOOL, S.WAITING_APPROVAL)
-# Ended: no transition leaves them.
+# Ended: no transition leaves them, except an operator's RedriveRuns requeuing FAILED runs.
 TERMINAL: tuple[RunStatus, ...] = (S.COMPLETED, S.FAILED, S.CANCELLED)
 # CancelRun applies: every status that is not terminal.
 CANCELLABLE: tuple[RunStatus, ...] = tuple(s for s in STATUSES if s not in TERMINAL)
@@ -73,6 +73,7 @@ class Action(StrEnum):
     EXPIRE_APPROVAL = "expire_approval"  # the approval sweep, or a DecideApproval that finds it expired
     CANCEL = "cancel"  # CancelRun
     REAP = "reap"  # the reaper, on an expired lease
+    REDRIVE = "redrive"  # RedriveRuns (an operator's bulk requeue of failed runs)
 
 
 class Audit(StrEnum):
@@ -95,6 +96,7 @@ class Audit(StrEnum):
     REAPED = "REAPED"
     REAPED_FAILED = "REAPED_FAILED"
     REAPED_CANCELLED = "REAPED_CANCELLED"
+    REDRIVEN = "REDRIVEN"
     # not a status change: written beside one that ended FAILED/CANCELLED with steps to undo
     COMPENSATION_REQUESTED = "COMPENSATION_REQUESTED"
 
@@ -257,6 +259,13 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.FAILED, Audit.REAPED_FAILED, "the lease expired, attempts used up"),
             fenced=False,
             describe="reap",
+        ),
+        _t(
+            Action.REDRIVE,
+            [S.FAILED],
+            Outcome(S.PENDING, Audit.REDRIVEN, "matches the operator's filter, nothing to compensate; fresh attempts"),
+            fenced=False,
+            describe="redrive",
         ),
     )
 }

@@ -95,6 +95,7 @@ def claim_ctes(
       FROM awooop_run_state
      WHERE project_id = {projects}::text
        AND {ready}
+       AND NOT EXISTS (SELECT 1 FROM awooop_project_flow f WHERE f.project_id = {projects}::text AND f.paused)
      ORDER BY {CLAIM_ORDER}
      LIMIT {n}
        FOR UPDATE SKIP LOCKED
@@ -110,7 +111,8 @@ def claim_ctes(
                    row_number() OVER (PARTITION BY p.project_id ORDER BY c.priority DESC, c.due) AS k
               FROM (SELECT u.project_id, -ln(1.0 - random()) AS e, COALESCE(f.weight, 1) AS w
                       FROM unnest({projects}::text[]) AS u(project_id)
-                      LEFT JOIN awooop_project_flow f ON f.project_id = u.project_id) p
+                      LEFT JOIN awooop_project_flow f ON f.project_id = u.project_id
+                     WHERE f.paused IS NOT TRUE) p
              CROSS JOIN LATERAL (
                     SELECT run_id, status AS from_status, concurrency_key AS ckey, priority, {DUE} AS due
                       FROM awooop_run_state

@@ -4,6 +4,7 @@ approvals, reaper, reads); errors are raised as ServiceError and mapped by the i
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from services.scheduler import (
     metrics,
     project_flow,
     reads,
+    redrive,
     transitions,
 )
 from services.scheduler.saga_client import SagaNudger
@@ -449,6 +451,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             retry_policy=retry_policy.to_pb(flow.retry_policy),
             weight=flow.weight,
             effective_retry_policy=retry_policy.to_pb(effective),
+            paused=flow.paused,
         )
 
     async def GetProjectFlow(
@@ -510,3 +513,52 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         require_member(current_principal(), project_id)
         limits = await concurrency.list_limits(self.pool, project_id)
         return scheduler_pb2.ListConcurrencyLimitsResponse(limits=[self._limit_pb(x) for x in limits])
+
+    # --- pause, resume, redrive -----------------------------------------------------------------
+
+    async def _pause(self, project: str, reason: str, paused: bool) -> scheduler_pb2.ProjectFlow:
+        v = Violations()
+        project_id = v.project_id("project_id", project)
+        text = v.text("reason", reason, max_len=MAX_TEXT)
+        v.raise_if_any()
+        principal = current_principal()
+        require_role(principal, project_id, "admin")
+        flow = await project_flow.set_paused(self.pool, project_id, paused, principal.actor, text)
+        return self._flow_pb(flow)
+
+    async def PauseProject(
+        self, request: scheduler_pb2.PauseProjectRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.PauseProjectResponse:
+        return scheduler_pb2.PauseProjectResponse(flow=await self._pause(request.project_id, request.reason, True))
+
+    async def ResumeProject(
+        self, request: scheduler_pb2.ResumeProjectRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.ResumeProjectResponse:
+        return scheduler_pb2.ResumeProjectResponse(flow=await self._pause(request.project_id, request.reason, False))
+
+    async def RedriveRuns(
+        self, request: scheduler_pb2.RedriveRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.RedriveRunsResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        error_code = v.token("error_code", request.error_code, max_len=MAX_ERROR_CODE, required=False)
+        reason = v.text("reason", request.reason, max_len=MAX_TEXT)
+        limit = v.int_range("limit", request.limit, 1, redrive.MAX_LIMIT, default=redrive.DEFAULT_LIMIT)
+        after = request.failed_after.ToDatetime(dt.UTC) if request.HasField("failed_after") else None
+        before = request.failed_before.ToDatetime(dt.UTC) if request.HasField("failed_before") else None
+        if after and before:
+            v.check(after < before, "failed_before", "must be later than failed_after")
+        v.raise_if_any()
+        principal = current_principal()
+        require_role(principal, project_id, "admin")
+        run_ids = await redrive.redrive(
+            self.pool,
+            project_id,
+            error_code=error_code or None,
+            failed_after=after,
+            failed_before=before,
+            limit=limit,
+            actor=principal.actor,
+            reason=reason,
+        )
+        return scheduler_pb2.RedriveRunsResponse(redriven=len(run_ids), run_ids=run_ids)

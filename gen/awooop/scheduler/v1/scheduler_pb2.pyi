@@ -1122,10 +1122,13 @@ class ProjectFlow(_message.Message):
     RETRY_POLICY_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
     EFFECTIVE_RETRY_POLICY_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     weight: _builtins.int
     """Share of a claim made for several projects (1-1000, default 1)."""
+    paused: _builtins.bool
+    """Claims skip the project's runs (PauseProject)."""
     @_builtins.property
     def retry_policy(self) -> _common_pb2.RetryPolicy:
         """The project's retry policy: the fields it sets (zero: the service's AWOOOP_RETRY_* value)."""
@@ -1141,10 +1144,11 @@ class ProjectFlow(_message.Message):
         retry_policy: _common_pb2.RetryPolicy | None = ...,
         weight: _builtins.int = ...,
         effective_retry_policy: _common_pb2.RetryPolicy | None = ...,
+        paused: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "project_id", b"project_id", "retry_policy", b"retry_policy", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "paused", b"paused", "project_id", b"project_id", "retry_policy", b"retry_policy", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1389,3 +1393,177 @@ class ListConcurrencyLimitsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListConcurrencyLimitsResponse: _TypeAlias = ListConcurrencyLimitsResponse  # noqa: Y015
+
+@_typing.final
+class PauseProjectRequest(_message.Message):
+    """Pauses a project."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    reason: _builtins.str
+    """Why (audit log, at most 4096 chars)."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseProjectRequest: _TypeAlias = PauseProjectRequest  # noqa: Y015
+
+@_typing.final
+class PauseProjectResponse(_message.Message):
+    """The project's flow settings, paused."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def flow(self) -> Global___ProjectFlow:
+        """Settings."""
+
+    def __init__(
+        self,
+        *,
+        flow: Global___ProjectFlow | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseProjectResponse: _TypeAlias = PauseProjectResponse  # noqa: Y015
+
+@_typing.final
+class ResumeProjectRequest(_message.Message):
+    """Resumes a project."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    reason: _builtins.str
+    """Why (audit log, at most 4096 chars)."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeProjectRequest: _TypeAlias = ResumeProjectRequest  # noqa: Y015
+
+@_typing.final
+class ResumeProjectResponse(_message.Message):
+    """The project's flow settings, not paused."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def flow(self) -> Global___ProjectFlow:
+        """Settings."""
+
+    def __init__(
+        self,
+        *,
+        flow: Global___ProjectFlow | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeProjectResponse: _TypeAlias = ResumeProjectResponse  # noqa: Y015
+
+@_typing.final
+class RedriveRunsRequest(_message.Message):
+    """Which FAILED runs to requeue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    FAILED_AFTER_FIELD_NUMBER: _builtins.int
+    FAILED_BEFORE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    error_code: _builtins.str
+    """Only runs failed with this error code; empty: any."""
+    limit: _builtins.int
+    """At most this many runs, oldest failure first (1-10000; 0 means 1000)."""
+    reason: _builtins.str
+    """Why (audit log, at most 4096 chars)."""
+    @_builtins.property
+    def failed_after(self) -> _timestamp_pb2.Timestamp:
+        """Only runs that failed at or after this time; unset: no bound."""
+
+    @_builtins.property
+    def failed_before(self) -> _timestamp_pb2.Timestamp:
+        """Only runs that failed before this time; unset: no bound."""
+
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        failed_after: _timestamp_pb2.Timestamp | None = ...,
+        failed_before: _timestamp_pb2.Timestamp | None = ...,
+        limit: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failed_after", b"failed_after", "failed_before", b"failed_before"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "failed_after", b"failed_after", "failed_before", b"failed_before", "limit", b"limit", "project_id", b"project_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RedriveRunsRequest: _TypeAlias = RedriveRunsRequest  # noqa: Y015
+
+@_typing.final
+class RedriveRunsResponse(_message.Message):
+    """The requeued runs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REDRIVEN_FIELD_NUMBER: _builtins.int
+    RUN_IDS_FIELD_NUMBER: _builtins.int
+    redriven: _builtins.int
+    """How many runs were requeued."""
+    @_builtins.property
+    def run_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Their ids."""
+
+    def __init__(
+        self,
+        *,
+        redriven: _builtins.int = ...,
+        run_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["redriven", b"redriven", "run_ids", b"run_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RedriveRunsResponse: _TypeAlias = RedriveRunsResponse  # noqa: Y015

@@ -130,6 +130,21 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsResponse.FromString,
                 _registered_method=True)
+        self.PauseProject = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/PauseProject',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseProjectRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseProjectResponse.FromString,
+                _registered_method=True)
+        self.ResumeProject = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ResumeProject',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeProjectRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeProjectResponse.FromString,
+                _registered_method=True)
+        self.RedriveRuns = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/RedriveRuns',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -273,6 +288,29 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseProject(self, request, context):
+        """Pauses a project: claims skip its runs (nothing is lost; leased runs finish). Admin role;
+        audited as PROJECT_PAUSED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeProject(self, request, context):
+        """Resumes a paused project and wakes waiting claims. Admin role; audited as PROJECT_RESUMED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RedriveRuns(self, request, context):
+        """Requeues a project's FAILED runs matching a filter, each with fresh attempts, as one audited
+        operator action (RUNS_REDRIVEN, plus REDRIVEN per run). Admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -370,6 +408,21 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListConcurrencyLimits,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsResponse.SerializeToString,
+            ),
+            'PauseProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseProject,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseProjectRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseProjectResponse.SerializeToString,
+            ),
+            'ResumeProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeProject,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeProjectRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeProjectResponse.SerializeToString,
+            ),
+            'RedriveRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.RedriveRuns,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -886,6 +939,87 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/ListConcurrencyLimits',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/PauseProject',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseProjectRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseProjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ResumeProject',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeProjectRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeProjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RedriveRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/RedriveRuns',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,6 +79,16 @@ class SchedulerServiceStub:
     """Sets (or, with max_running 0, removes) a concurrency key's limit in a project (admin role)."""
     ListConcurrencyLimits: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListConcurrencyLimitsRequest, _scheduler_pb2.ListConcurrencyLimitsResponse]
     """Lists a project's concurrency limits with their running counts (any role in the project)."""
+    PauseProject: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.PauseProjectRequest, _scheduler_pb2.PauseProjectResponse]
+    """Pauses a project: claims skip its runs (nothing is lost; leased runs finish). Admin role;
+    audited as PROJECT_PAUSED.
+    """
+    ResumeProject: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeProjectRequest, _scheduler_pb2.ResumeProjectResponse]
+    """Resumes a paused project and wakes waiting claims. Admin role; audited as PROJECT_RESUMED."""
+    RedriveRuns: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.RedriveRunsRequest, _scheduler_pb2.RedriveRunsResponse]
+    """Requeues a project's FAILED runs matching a filter, each with fresh attempts, as one audited
+    operator action (RUNS_REDRIVEN, plus REDRIVEN per run). Admin role.
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -129,6 +139,16 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Sets (or, with max_running 0, removes) a concurrency key's limit in a project (admin role)."""
     ListConcurrencyLimits: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListConcurrencyLimitsRequest, _scheduler_pb2.ListConcurrencyLimitsResponse]  # type: ignore[assignment]
     """Lists a project's concurrency limits with their running counts (any role in the project)."""
+    PauseProject: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.PauseProjectRequest, _scheduler_pb2.PauseProjectResponse]  # type: ignore[assignment]
+    """Pauses a project: claims skip its runs (nothing is lost; leased runs finish). Admin role;
+    audited as PROJECT_PAUSED.
+    """
+    ResumeProject: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeProjectRequest, _scheduler_pb2.ResumeProjectResponse]  # type: ignore[assignment]
+    """Resumes a paused project and wakes waiting claims. Admin role; audited as PROJECT_RESUMED."""
+    RedriveRuns: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.RedriveRunsRequest, _scheduler_pb2.RedriveRunsResponse]  # type: ignore[assignment]
+    """Requeues a project's FAILED runs matching a filter, each with fresh attempts, as one audited
+    operator action (RUNS_REDRIVEN, plus REDRIVEN per run). Admin role.
+    """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """SchedulerService owns the run state machine."""
@@ -290,5 +310,33 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.ListConcurrencyLimitsResponse, _abc.Awaitable[_scheduler_pb2.ListConcurrencyLimitsResponse]]:
         """Lists a project's concurrency limits with their running counts (any role in the project)."""
+
+    @_abc_1.abstractmethod
+    def PauseProject(
+        self,
+        request: _scheduler_pb2.PauseProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.PauseProjectResponse, _abc.Awaitable[_scheduler_pb2.PauseProjectResponse]]:
+        """Pauses a project: claims skip its runs (nothing is lost; leased runs finish). Admin role;
+        audited as PROJECT_PAUSED.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeProject(
+        self,
+        request: _scheduler_pb2.ResumeProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ResumeProjectResponse, _abc.Awaitable[_scheduler_pb2.ResumeProjectResponse]]:
+        """Resumes a paused project and wakes waiting claims. Admin role; audited as PROJECT_RESUMED."""
+
+    @_abc_1.abstractmethod
+    def RedriveRuns(
+        self,
+        request: _scheduler_pb2.RedriveRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.RedriveRunsResponse, _abc.Awaitable[_scheduler_pb2.RedriveRunsResponse]]:
+        """Requeues a project's FAILED runs matching a filter, each with fresh attempts, as one audited
+        operator action (RUNS_REDRIVEN, plus REDRIVEN per run). Admin role.
+        """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
