@@ -37,6 +37,7 @@ GROUPS: dict[str, str] = {
     "crash": "bench.crash",
     "pooler": "bench.pooler",
     "retention": "bench.retention",
+    "flow": "bench.flow",
 }
 
 

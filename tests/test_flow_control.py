@@ -229,6 +229,8 @@ async def test_bad_flow_fields_are_invalid_argument(start_services, channels, db
         ({"not_before": at(400 * 86400)}, "not_before"),
         ({"retry_policy": policy(jitter=2.0)}, "retry_policy.jitter"),
         ({"retry_policy": policy(max_attempts=101)}, "retry_policy.max_attempts"),
+        ({"not_before": Timestamp(seconds=1, nanos=-404)}, "not_before"),
+        ({"concurrency_key": "has space"}, "concurrency_key"),
     ):
         err = await expect_error(f.create(f"bad-{name}", **fields), grpc.StatusCode.INVALID_ARGUMENT)
         assert name in (err.details() or ""), (name, err.details())

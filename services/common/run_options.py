@@ -39,6 +39,16 @@ class RunOptions:
 NO_OPTIONS = RunOptions()
 
 
+def timestamp(v: Violations, field: str, value: Timestamp) -> dt.datetime | None:
+    """A Timestamp as an aware datetime; an invalid one (nanos out of range, beyond year 9999)
+    is a violation of field and None."""
+    try:
+        return value.ToDatetime(tzinfo=dt.UTC)
+    except (ValueError, OverflowError):
+        v.add(field, "not a valid timestamp")
+        return None
+
+
 def parse(
     v: Violations,
     prefix: str,
@@ -51,7 +61,8 @@ def parse(
     """Validated options; problems go to v under `prefix` (e.g. "events[3].")."""
     when = None
     if not_before is not None:
-        when = not_before.ToDatetime(tzinfo=dt.UTC)
+        when = timestamp(v, prefix + "not_before", not_before)
+    if when is not None:
         v.check(
             when <= dt.datetime.now(dt.UTC) + MAX_DELAY,
             prefix + "not_before",

@@ -4,7 +4,6 @@ approvals, reaper, reads); errors are raised as ServiceError and mapped by the i
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -14,7 +13,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common import errors, retry_policy
+from services.common import errors, retry_policy, run_options
 from services.common.access import projects_with, require_member, require_role
 from services.common.auth import current_principal
 from services.common.runs import run_to_pb, status_from_pb, status_to_pb, ts
@@ -544,8 +543,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         error_code = v.token("error_code", request.error_code, max_len=MAX_ERROR_CODE, required=False)
         reason = v.text("reason", request.reason, max_len=MAX_TEXT)
         limit = v.int_range("limit", request.limit, 1, redrive.MAX_LIMIT, default=redrive.DEFAULT_LIMIT)
-        after = request.failed_after.ToDatetime(dt.UTC) if request.HasField("failed_after") else None
-        before = request.failed_before.ToDatetime(dt.UTC) if request.HasField("failed_before") else None
+        after = before = None
+        if request.HasField("failed_after"):
+            after = run_options.timestamp(v, "failed_after", request.failed_after)
+        if request.HasField("failed_before"):
+            before = run_options.timestamp(v, "failed_before", request.failed_before)
         if after and before:
             v.check(after < before, "failed_before", "must be later than failed_after")
         v.raise_if_any()
