@@ -44,6 +44,15 @@ async def test_flow_set_show_limit_and_runs_show_says_why_a_run_waits(
         out = await _cli(rt, admin_key, tmp_path, "flow", "show", "--project", PROJECT, "--json")
         shown = json.loads(out.stdout)
         assert shown["flow"]["weight"] == 3 and shown["limits"][0]["key"] == "llm:provider-x"
+        out = await _cli(
+            rt, admin_key, tmp_path, "flow", "schedule", "--project", PROJECT, "daily", "0 6 * * *",
+            "--tz", "Europe/Berlin", "--input", '{"report": "daily"}',
+        )
+        assert out.returncode == 0 and "next tick" in out.stdout, out
+        out = await _cli(rt, admin_key, tmp_path, "flow", "schedules", "--project", PROJECT)
+        assert "daily" in out.stdout and "Europe/Berlin" in out.stdout, out
+        out = await _cli(rt, admin_key, tmp_path, "flow", "unschedule", "--project", PROJECT, "daily")
+        assert "deleted" in out.stdout, out
         bad = await _cli(rt, admin_key, tmp_path, "flow", "set", "--project", PROJECT, "--jitter", "3")
         assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "jitter" in bad.stderr
 

@@ -10,6 +10,7 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import asyncpg
 import grpc
@@ -517,3 +518,67 @@ async def test_redrive_requeues_the_failed_runs_a_filter_matches_with_fresh_atte
     assert json.loads(action["details"])["count"] == 2 and json.loads(action["details"])["error_code"] == "E-QUOTA"
     per_run = await db.fetchval("SELECT count(*) FROM awooop_audit_log WHERE action = 'REDRIVEN'")
     assert per_run == 2
+
+
+# --- schedules ------------------------------------------------------------------------------------------
+
+
+async def test_a_schedule_creates_one_run_per_tick_across_two_replicas_and_catches_up_once(
+    start_services, channels, db, make_key
+) -> None:
+    f = await serve(start_services, channels, db, make_key, schedule_interval=0.1)
+    second = await start_services("scheduler", schedule_interval=0.1, reaper_interval=3600)  # another replica
+    assert second.ports["scheduler"] != f.rt.ports["scheduler"]
+    bad = pb.SetScheduleRequest(schedule=pb.Schedule(project_id="p", name="daily", cron="61 * * * *"))
+    err = await expect_error(f.sched.SetSchedule(bad, metadata=f.admin), grpc.StatusCode.INVALID_ARGUMENT)
+    assert "schedule.cron" in (err.details() or "")
+    bad_tz = pb.SetScheduleRequest(schedule=pb.Schedule(project_id="p", name="d", cron="0 6 * * *", time_zone="Mars/X"))
+    await expect_error(f.sched.SetSchedule(bad_tz, metadata=f.admin), grpc.StatusCode.INVALID_ARGUMENT)
+    await expect_error(
+        f.sched.SetSchedule(pb.SetScheduleRequest(schedule=pb.Schedule(project_id="p", name="x", cron="* * * * *")),
+                            metadata=f.outsider),
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
+
+    daily = pb.SetScheduleRequest(
+        schedule=pb.Schedule(project_id="p", name="daily-report", cron="0 6 * * *", time_zone="Europe/Berlin")
+    )
+    stored = (await f.sched.SetSchedule(daily, metadata=f.admin)).schedule
+    local = stored.next_tick.ToDatetime(tzinfo=dt.UTC).astimezone(ZoneInfo("Europe/Berlin"))
+    assert (local.hour, local.minute) == (6, 0)  # 06:00 in the schedule's zone
+
+    every_second = pb.SetScheduleRequest(schedule=pb.Schedule(project_id="p", name="tick", cron="* * * * * *"))
+    await f.sched.SetSchedule(every_second, metadata=f.admin)
+
+    async def three_ticks() -> bool:
+        n = await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE provider_event_id LIKE 'schedule:tick:%'")
+        return int(n) >= 3
+
+    await eventually(three_ticks, timeout=30, what="three ticks")
+    await f.sched.DeleteSchedule(pb.DeleteScheduleRequest(project_id="p", name="tick"), metadata=f.admin)
+    rows = await db.fetch(
+        "SELECT provider_event_id, count(*) AS n FROM awooop_run_state"
+        " WHERE provider_event_id LIKE 'schedule:tick:%' GROUP BY 1"
+    )
+    assert rows and all(r["n"] == 1 for r in rows)  # one run per tick, however many replicas fired
+    dedupe = await db.fetchval(
+        "SELECT count(*) FROM awooop_channel_event_dedupe WHERE provider_event_id LIKE 'schedule:tick:%'"
+    )
+    assert dedupe == len(rows)
+
+    # downtime: the daily schedule missed a week of ticks; only the latest fires
+    await db.execute(
+        "UPDATE awooop_schedule SET next_tick = now() - interval '7 days' WHERE name = 'daily-report'"
+    )
+
+    async def caught_up() -> int:
+        return int(await db.fetchval(
+            "SELECT count(*) FROM awooop_run_state WHERE provider_event_id LIKE 'schedule:daily-report:%'"
+        ))
+
+    await eventually(caught_up, timeout=30, what="the catch-up tick")
+    nxt = await db.fetchval("SELECT next_tick FROM awooop_schedule WHERE name = 'daily-report'")
+    assert nxt > dt.datetime.now(dt.UTC)
+    assert await caught_up() == 1
+    listed = (await f.sched.ListSchedules(pb.ListSchedulesRequest(project_id="p"), metadata=f.worker)).schedules
+    assert [s.name for s in listed] == ["daily-report"]

@@ -125,6 +125,7 @@ class Settings:
     approval_ttl: float = 900.0  # life of an approval token (15 min); then E-APPROVAL-002
     approval_sweep_interval: float = 30.0  # how often expired approvals are failed
     max_claim_wait: float = 60.0  # longest a ClaimRuns long-poll may wait for work
+    schedule_interval: float = 1.0  # how often each scheduler fires the cron schedules that are due
 
     # --- saga ---
     saga_addr: str = ""  # scheduler -> saga nudges; empty: the saga's recovery loop picks requests up

@@ -9,7 +9,7 @@ import json
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import retry_policy
 from services.common.runtime import AppContext, ServiceParts, periodic
-from services.scheduler import approvals, reaper
+from services.scheduler import approvals, reaper, schedules
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.servicer import SchedulerServicer
 from services.scheduler.wakeup import RunReadyListener
@@ -35,6 +35,14 @@ def build(ctx: AppContext) -> ServiceParts:
             ctx.stopping,
         )
 
+    async def schedule_loop() -> None:
+        await periodic(
+            "scheduler.schedules",
+            s.schedule_interval,
+            lambda: schedules.tick(ctx.pool, policy_defaults=policy),
+            ctx.stopping,
+        )
+
     async def approval_sweep_loop() -> None:
         await periodic(
             "scheduler.approval_sweep",
@@ -46,6 +54,6 @@ def build(ctx: AppContext) -> ServiceParts:
     return ServiceParts(
         servicers=[(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(ctx, listener, saga))],
         service_names=[SERVICE_NAME],
-        background=[listen, reap_loop, approval_sweep_loop],
+        background=[listen, reap_loop, approval_sweep_loop, schedule_loop],
         on_stop=[listener.close, saga.close],
     )

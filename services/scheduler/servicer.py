@@ -30,6 +30,7 @@ from services.scheduler import (
     project_flow,
     reads,
     redrive,
+    schedules,
     transitions,
 )
 from services.scheduler.saga_client import SagaNudger
@@ -564,3 +565,65 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             reason=reason,
         )
         return scheduler_pb2.RedriveRunsResponse(redriven=len(run_ids), run_ids=run_ids)
+
+    # --- schedules ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _schedule_pb(s: schedules.Schedule) -> scheduler_pb2.Schedule:
+        return scheduler_pb2.Schedule(
+            project_id=s.project_id,
+            name=s.name,
+            cron=s.cron,
+            time_zone=s.time_zone,
+            input=to_struct(s.input),
+            next_tick=ts(s.next_tick),
+        )
+
+    async def SetSchedule(
+        self, request: scheduler_pb2.SetScheduleRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.SetScheduleResponse:
+        v = Violations()
+        sched = request.schedule
+        project_id = v.project_id("schedule.project_id", sched.project_id)
+        name = v.token("schedule.name", sched.name, max_len=MAX_KEY)
+        cron = v.text("schedule.cron", sched.cron, max_len=256, required=True)
+        time_zone = sched.time_zone or "UTC"
+        try:
+            schedules.zone(time_zone)
+        except schedules.ScheduleError as exc:
+            v.add("schedule.time_zone", str(exc))
+        if cron:
+            try:
+                schedules.check_cron(cron)
+            except schedules.ScheduleError as exc:
+                v.add("schedule.cron", str(exc))
+        _, input_json = v.json("schedule.input", sched.input, max_bytes=self.settings.max_payload_bytes)
+        v.raise_if_any()
+        principal = current_principal()
+        require_role(principal, project_id, "admin")
+        stored = await schedules.set_schedule(
+            self.pool, project_id, name, cron, time_zone, input_json, principal.actor
+        )
+        return scheduler_pb2.SetScheduleResponse(schedule=self._schedule_pb(stored))
+
+    async def ListSchedules(
+        self, request: scheduler_pb2.ListSchedulesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.ListSchedulesResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        v.raise_if_any()
+        require_member(current_principal(), project_id)
+        found = await schedules.list_schedules(self.pool, project_id)
+        return scheduler_pb2.ListSchedulesResponse(schedules=[self._schedule_pb(s) for s in found])
+
+    async def DeleteSchedule(
+        self, request: scheduler_pb2.DeleteScheduleRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.DeleteScheduleResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        name = v.token("name", request.name, max_len=MAX_KEY)
+        v.raise_if_any()
+        principal = current_principal()
+        require_role(principal, project_id, "admin")
+        deleted = await schedules.delete_schedule(self.pool, project_id, name, principal.actor)
+        return scheduler_pb2.DeleteScheduleResponse(deleted=deleted)

@@ -4,6 +4,9 @@
     awooop flow set --project P [--initial-backoff S] [--multiplier M] [--max-backoff S] [--jitter J]
                     [--max-attempts N] [--non-retryable CODE ...] [--weight W]   (admin; replaces the settings)
     awooop flow limit --project P KEY N               concurrency limit of a key (0 removes it; admin)
+    awooop flow schedule --project P NAME CRON [--tz ZONE] [--input JSON]   one run per tick (admin)
+    awooop flow schedules --project P                 list schedules
+    awooop flow unschedule --project P NAME           delete a schedule (admin)
 
 Every command takes --json; errors as `awooop runs`.
 """
@@ -11,11 +14,13 @@ Every command takes --json; errors as `awooop runs`.
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.struct_pb2 import Struct
 
-from awooop.cli.client import add_connection_args, print_json, print_table, run_command, to_json
+from awooop.cli.client import add_connection_args, print_json, print_table, run_command, to_json, when
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker.client import Client
@@ -45,6 +50,23 @@ def register(sub: Any) -> None:
     p.add_argument("limit_key", metavar="KEY", help="the concurrency key, e.g. llm:provider-x")
     p.add_argument("max_running", type=int, metavar="N")
     p.set_defaults(func=run_command(cmd_limit))
+
+    p = _leaf(f, "schedule", "create or replace a cron schedule: one run per tick (admin role)")
+    p.add_argument("--project", required=True)
+    p.add_argument("name")
+    p.add_argument("cron", help="5 fields (or 6 with seconds first), e.g. '0 6 * * *'")
+    p.add_argument("--tz", default="UTC", help="IANA time zone the expression is read in (default UTC)")
+    p.add_argument("--input", default="{}", help="the runs' input as a JSON object")
+    p.set_defaults(func=run_command(cmd_schedule))
+
+    p = _leaf(f, "schedules", "list a project's schedules")
+    p.add_argument("--project", required=True)
+    p.set_defaults(func=run_command(cmd_schedules))
+
+    p = _leaf(f, "unschedule", "delete a schedule (admin role)")
+    p.add_argument("--project", required=True)
+    p.add_argument("name")
+    p.set_defaults(func=run_command(cmd_unschedule))
 
 
 def _leaf(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
@@ -137,4 +159,50 @@ async def cmd_limit(args: argparse.Namespace, client: Client) -> int:
         print(f"{limit.key}: at most {limit.max_running} running ({limit.running} now)")
     else:
         print(f"{limit.key}: no limit")
+    return 0
+
+
+def _input(text: str) -> Struct:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SystemExit(f"--input: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise SystemExit("--input: must be a JSON object")
+    st = Struct()
+    st.update(data)
+    return st
+
+
+async def cmd_schedule(args: argparse.Namespace, client: Client) -> int:
+    sched = scheduler_pb2.Schedule(
+        project_id=args.project, name=args.name, cron=args.cron, time_zone=args.tz, input=_input(args.input)
+    )
+    req = scheduler_pb2.SetScheduleRequest(schedule=sched)
+    stored = (await client.call(client.scheduler.SetSchedule, req)).schedule
+    if args.json:
+        print_json(to_json(stored))
+    else:
+        print(f"schedule {stored.name}: '{stored.cron}' ({stored.time_zone}), next tick {when(stored.next_tick)}")
+    return 0
+
+
+async def cmd_schedules(args: argparse.Namespace, client: Client) -> int:
+    req = scheduler_pb2.ListSchedulesRequest(project_id=args.project)
+    found = (await client.call(client.scheduler.ListSchedules, req)).schedules
+    if args.json:
+        print_json([to_json(s) for s in found])
+    else:
+        rows = [(s.name, s.cron, s.time_zone, when(s.next_tick)) for s in found]
+        print_table(("name", "cron", "time zone", "next tick"), rows)
+    return 0
+
+
+async def cmd_unschedule(args: argparse.Namespace, client: Client) -> int:
+    req = scheduler_pb2.DeleteScheduleRequest(project_id=args.project, name=args.name)
+    deleted = (await client.call(client.scheduler.DeleteSchedule, req)).deleted
+    if args.json:
+        print_json({"deleted": deleted})
+    else:
+        print(f"schedule {args.name}: {'deleted' if deleted else 'not found'}")
     return 0

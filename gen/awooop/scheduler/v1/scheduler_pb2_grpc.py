@@ -145,6 +145,21 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsResponse.FromString,
                 _registered_method=True)
+        self.SetSchedule = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/SetSchedule',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetScheduleRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ListSchedules',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/DeleteSchedule',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -311,6 +326,27 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetSchedule(self, request, context):
+        """Creates or replaces a cron schedule that creates one run per tick (admin role; SCHEDULE_SET).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """Lists a project's schedules (any role in the project).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """Deletes a schedule (admin role; SCHEDULE_DELETED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -423,6 +459,21 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.RedriveRuns,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsResponse.SerializeToString,
+            ),
+            'SetSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSchedule,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetScheduleRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetScheduleResponse.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1020,6 +1071,87 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/RedriveRuns',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/SetSchedule',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetScheduleRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ListSchedules',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListSchedulesRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/DeleteSchedule',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -89,6 +89,12 @@ class SchedulerServiceStub:
     """Requeues a project's FAILED runs matching a filter, each with fresh attempts, as one audited
     operator action (RUNS_REDRIVEN, plus REDRIVEN per run). Admin role.
     """
+    SetSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetScheduleRequest, _scheduler_pb2.SetScheduleResponse]
+    """Creates or replaces a cron schedule that creates one run per tick (admin role; SCHEDULE_SET)."""
+    ListSchedules: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListSchedulesRequest, _scheduler_pb2.ListSchedulesResponse]
+    """Lists a project's schedules (any role in the project)."""
+    DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.DeleteScheduleRequest, _scheduler_pb2.DeleteScheduleResponse]
+    """Deletes a schedule (admin role; SCHEDULE_DELETED)."""
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -149,6 +155,12 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Requeues a project's FAILED runs matching a filter, each with fresh attempts, as one audited
     operator action (RUNS_REDRIVEN, plus REDRIVEN per run). Admin role.
     """
+    SetSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetScheduleRequest, _scheduler_pb2.SetScheduleResponse]  # type: ignore[assignment]
+    """Creates or replaces a cron schedule that creates one run per tick (admin role; SCHEDULE_SET)."""
+    ListSchedules: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListSchedulesRequest, _scheduler_pb2.ListSchedulesResponse]  # type: ignore[assignment]
+    """Lists a project's schedules (any role in the project)."""
+    DeleteSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.DeleteScheduleRequest, _scheduler_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
+    """Deletes a schedule (admin role; SCHEDULE_DELETED)."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """SchedulerService owns the run state machine."""
@@ -338,5 +350,29 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         """Requeues a project's FAILED runs matching a filter, each with fresh attempts, as one audited
         operator action (RUNS_REDRIVEN, plus REDRIVEN per run). Admin role.
         """
+
+    @_abc_1.abstractmethod
+    def SetSchedule(
+        self,
+        request: _scheduler_pb2.SetScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SetScheduleResponse, _abc.Awaitable[_scheduler_pb2.SetScheduleResponse]]:
+        """Creates or replaces a cron schedule that creates one run per tick (admin role; SCHEDULE_SET)."""
+
+    @_abc_1.abstractmethod
+    def ListSchedules(
+        self,
+        request: _scheduler_pb2.ListSchedulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListSchedulesResponse, _abc.Awaitable[_scheduler_pb2.ListSchedulesResponse]]:
+        """Lists a project's schedules (any role in the project)."""
+
+    @_abc_1.abstractmethod
+    def DeleteSchedule(
+        self,
+        request: _scheduler_pb2.DeleteScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.DeleteScheduleResponse, _abc.Awaitable[_scheduler_pb2.DeleteScheduleResponse]]:
+        """Deletes a schedule (admin role; SCHEDULE_DELETED)."""
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
