@@ -383,12 +383,17 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_a_keys_limit
             await stubs[0].SetConcurrencyLimit(
                 pb.SetConcurrencyLimitRequest(project_id="p", key=key, max_running=n), metadata=admin
             )
+        # a rate key: at most 4 starts per second
+        await stubs[1].SetConcurrencyLimit(
+            pb.SetConcurrencyLimitRequest(project_id="p", key="llm:rated", max_starts=4, per=dur(1.0)), metadata=admin
+        )
         await db.execute(
             """INSERT INTO awooop_run_state (project_id, channel_type, input, concurrency_key, created_at)
-               SELECT 'p', 'api', '{}', CASE WHEN g % 5 < 3 THEN 'llm:provider-x'
-                                             WHEN g % 5 = 3 THEN 'k8s:deployment/api' END,
+               SELECT 'p', 'api', '{}', CASE WHEN g % 6 < 3 THEN 'llm:provider-x'
+                                             WHEN g % 6 = 3 THEN 'k8s:deployment/api'
+                                             WHEN g % 6 = 4 THEN 'llm:rated' END,
                       clock_timestamp()
-                 FROM generate_series(1, 60) g"""
+                 FROM generate_series(1, 72) g"""
         )
         await db.execute("SELECT pg_notify('awooop_run_ready', 'p')")
         leased_sql = """SELECT concurrency_key, count(*) AS n FROM awooop_run_state
@@ -437,7 +442,14 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_a_keys_limit
         assert all(worst[k] <= n for k, n in limits.items()), worst
         assert worst["llm:provider-x"] == 2, worst  # the limit was reached, so the test could fail
         rows = await db.fetch("SELECT key, running FROM awooop_concurrency_limit")
-        assert {r["key"]: r["running"] for r in rows} == {k: 0 for k in limits}
+        assert {r["key"]: r["running"] for r in rows} == {**{k: 0 for k in limits}, "llm:rated": 0}
+        starts = [r["created_at"] for r in await db.fetch(
+            """SELECT a.created_at FROM awooop_audit_log a JOIN awooop_run_state r USING (run_id)
+                WHERE a.action = 'CLAIMED' AND r.concurrency_key = 'llm:rated' ORDER BY a.created_at"""
+        )]
+        # 12 starts at 4 per window need 3 fixed windows, each opened at least a second after the
+        # one before (CLAIMED rows carry their transaction's start, up to a lock wait earlier)
+        assert len(starts) == 12 and (starts[-1] - starts[0]).total_seconds() >= 1.9, starts
     finally:
         for sp in procs:
             sp.terminate()
@@ -582,3 +594,32 @@ async def test_a_schedule_creates_one_run_per_tick_across_two_replicas_and_catch
     assert await caught_up() == 1
     listed = (await f.sched.ListSchedules(pb.ListSchedulesRequest(project_id="p"), metadata=f.worker)).schedules
     assert [s.name for s in listed] == ["daily-report"]
+
+
+async def test_a_rate_key_starts_at_most_its_rate_per_window_and_wakes_a_waiting_worker_at_its_end(
+    start_services, channels, db, make_key
+) -> None:
+    f = await serve(start_services, channels, db, make_key)
+    rate = pb.SetConcurrencyLimitRequest(project_id="p", key="llm:provider-x", max_starts=3, per=dur(1.0))
+    limit = (await f.sched.SetConcurrencyLimit(rate, metadata=f.admin)).limit
+    assert (limit.max_starts, limit.max_running, limit.per.seconds) == (3, 0, 1)
+    for i in range(7):
+        await f.create(f"r{i}", concurrency_key="llm:provider-x")
+    got = await f.claim(max_runs=10)
+    assert len(got) == 3  # the window's starts
+    row = await db.fetchrow(
+        "SELECT wait_reason, not_before FROM awooop_run_state"
+        " WHERE status = 'PENDING' AND wait_reason IS NOT NULL LIMIT 1"
+    )
+    assert row["wait_reason"] == "rate_limited"
+    assert row["not_before"] < dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)  # the window's end
+    for c in got:  # finishing them frees no rate: only the window's end does
+        await f.sched.CompleteRun(pb.CompleteRunRequest(lease=c.lease), metadata=f.worker)
+    assert await f.claim(max_runs=10) == []
+    claimed = [c for _ in range(4) for c in await f.claim(max_runs=10, wait=dur(10)) if c][:4]
+    assert len(claimed) == 4
+    times = [r["created_at"] for r in await db.fetch(
+        "SELECT created_at FROM awooop_audit_log WHERE action = 'CLAIMED' ORDER BY created_at"
+    )]
+    # 3 + 3 + 1 starts: three fixed windows, each opened at least a period after the one before
+    assert len(times) == 7 and (times[-1] - times[0]).total_seconds() >= 1.9, times

@@ -21,6 +21,7 @@ MAX_KEY = 128  # awooop_run_state.concurrency_key VARCHAR(128)  # a not_before f
 WAIT_BACKOFF = "backoff"
 WAIT_DELAYED = "delayed"
 WAIT_KEY_BUSY = "key_busy"  # parked behind a full concurrency key (not_before 'infinity')
+WAIT_RATE_LIMITED = "rate_limited"  # its key started its rate's worth in this window (not_before = its end)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import time
 import asyncpg
 
 from services.common.audit import AUDIT_INSERT
-from services.common.run_options import WAIT_KEY_BUSY
+from services.common.run_options import WAIT_KEY_BUSY, WAIT_RATE_LIMITED
 from services.common.runstate import CLAIMABLE, TRANSITIONS, Action, Audit, RunStatus, attempts_left, sql_list
 from services.scheduler import metrics
 from services.scheduler.fragments import RUN_COLUMNS_R
@@ -31,26 +31,40 @@ CLAIM_ORDER = f"priority DESC, {DUE}"
 # lock orders claims and releases of one key, see migration 0111); the rest are parked
 # (not_before 'infinity', wait_reason key_busy: after every ready run in the claim index, so
 # later claims never scan them) until the trigger of migration 0111 wakes them when a slot frees.
+# A key's rate window has ended: the claim opens a new one (starts counted from 0). Windows are
+# fixed and timed by clock_timestamp() when the claim holds the key row, not by the transaction's
+# start: a claim that waited for the lock must not count itself into a window that already ended.
+_FRESH = """(k.rate_period IS NOT NULL
+           AND (k.window_start IS NULL OR clock_timestamp() >= k.window_start + k.rate_period))"""
+_USED = f"(CASE WHEN {_FRESH} THEN 0 ELSE k.window_starts END)"
+# what the key can grant now: its free slots, and the starts left in its window (NULL: no limit)
+_GRANT = f"""greatest(0, least(c.n, k.max_running - k.running, k.max_starts - {_USED}))"""
+
 KEY_SLOTS = f"""
 keyed AS (
     SELECT project_id, ckey, count(*) AS n FROM picked WHERE ckey IS NOT NULL GROUP BY project_id, ckey
 ),
 slots AS (
     UPDATE awooop_concurrency_limit k
-       SET granted = greatest(0, least(c.n, k.max_running - k.running)),
-           running = k.running + greatest(0, least(c.n, k.max_running - k.running))
+       SET granted = {_GRANT},
+           running = k.running + {_GRANT},
+           window_start = CASE WHEN {_FRESH} THEN clock_timestamp() ELSE k.window_start END,
+           window_starts = {_USED} + {_GRANT}
       FROM keyed c
      WHERE k.project_id = c.project_id AND k.key = c.ckey
- RETURNING k.project_id, k.key, k.granted
+ RETURNING k.project_id, k.key, k.granted,
+           -- out of starts: parked until the window ends (a long-poll's timer wakes then)
+           CASE WHEN k.window_starts >= k.max_starts THEN k.window_start + k.rate_period END AS window_end
 ),
 ranked AS (
-    SELECT p.run_id, p.from_status, s.granted,
+    SELECT p.run_id, p.from_status, s.granted, s.window_end,
            row_number() OVER (PARTITION BY p.project_id, p.ckey ORDER BY p.priority DESC, p.due) AS kr
       FROM picked p LEFT JOIN slots s ON s.project_id = p.project_id AND s.key = p.ckey
 ),
 parked AS (
     UPDATE awooop_run_state r
-       SET not_before = 'infinity', wait_reason = '{WAIT_KEY_BUSY}'
+       SET not_before = COALESCE(x.window_end, 'infinity'),
+           wait_reason = CASE WHEN x.window_end IS NULL THEN '{WAIT_KEY_BUSY}' ELSE '{WAIT_RATE_LIMITED}' END
       FROM ranked x
      WHERE r.run_id = x.run_id AND x.kr > x.granted
  RETURNING r.run_id

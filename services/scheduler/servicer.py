@@ -489,6 +489,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             max_running=limit.max_running,
             running=limit.running,
             waiting=limit.waiting,
+            max_starts=limit.max_starts,
+            per=Duration(seconds=int(limit.per), nanos=round((limit.per - int(limit.per)) * 1e9)),
         )
 
     async def SetConcurrencyLimit(
@@ -497,11 +499,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         v = Violations()
         project_id = v.project_id("project_id", request.project_id)
         key = v.token("key", request.key, max_len=MAX_KEY)
-        v.check(0 <= request.max_running <= concurrency.MAX_LIMIT, "max_running", "must be 0 (remove) to 100000")
+        v.check(0 <= request.max_running <= concurrency.MAX_LIMIT, "max_running", "must be 0 (none) to 100000")
+        v.check(0 <= request.max_starts <= 1_000_000, "max_starts", "must be 0 (none) to 1000000")
+        per = request.per.seconds + request.per.nanos / 1e9
+        if request.max_starts:
+            v.check(0.001 <= per <= 86400, "per", "the rate's period: 1 ms to 1 day")
         v.raise_if_any()
         principal = current_principal()
         require_role(principal, project_id, "admin")
-        limit = await concurrency.set_limit(self.pool, project_id, key, request.max_running, principal.actor)
+        limit = await concurrency.set_limit(
+            self.pool, project_id, key, request.max_running, principal.actor, max_starts=request.max_starts, per=per
+        )
         return scheduler_pb2.SetConcurrencyLimitResponse(limit=self._limit_pb(limit))
 
     async def ListConcurrencyLimits(

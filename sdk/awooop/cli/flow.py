@@ -3,7 +3,7 @@
     awooop flow show --project P                     retry policy (own and effective), weight, limits
     awooop flow set --project P [--initial-backoff S] [--multiplier M] [--max-backoff S] [--jitter J]
                     [--max-attempts N] [--non-retryable CODE ...] [--weight W]   (admin; replaces the settings)
-    awooop flow limit --project P KEY N               concurrency limit of a key (0 removes it; admin)
+    awooop flow limit --project P KEY N [--starts M --per S]   key limits: N running, M starts per S s (admin)
     awooop flow schedule --project P NAME CRON [--tz ZONE] [--input JSON]   one run per tick (admin)
     awooop flow schedules --project P                 list schedules
     awooop flow unschedule --project P NAME           delete a schedule (admin)
@@ -48,7 +48,9 @@ def register(sub: Any) -> None:
     p = _leaf(f, "limit", "set a concurrency key's limit in a project (0 removes it; admin role)")
     p.add_argument("--project", required=True)
     p.add_argument("limit_key", metavar="KEY", help="the concurrency key, e.g. llm:provider-x")
-    p.add_argument("max_running", type=int, metavar="N")
+    p.add_argument("max_running", type=int, metavar="N", help="most running at once (0: no concurrency limit)")
+    p.add_argument("--starts", type=int, default=0, help="rate: at most this many starts per --per")
+    p.add_argument("--per", type=float, default=0.0, metavar="SECONDS", help="the rate's period")
     p.set_defaults(func=run_command(cmd_limit))
 
     p = _leaf(f, "schedule", "create or replace a cron schedule: one run per tick (admin role)")
@@ -88,6 +90,10 @@ def _secs(d: Duration) -> str:
     return f"{d.seconds + d.nanos / 1e9:g}s"
 
 
+def _rate(limit: scheduler_pb2.ConcurrencyLimit) -> str:
+    return f"{limit.max_starts}/{_secs(limit.per)}" if limit.max_starts else "-"
+
+
 def _policy_text(p: common_pb2.RetryPolicy) -> str:
     parts = []
     if p.HasField("initial_backoff"):
@@ -124,8 +130,11 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
     print(f"effective        {_policy_text(flow.effective_retry_policy)}")
     if limits:
         print()
-        rows = [(x.key, x.max_running, x.running, x.waiting) for x in limits]
-        print_table(("key", "limit", "running", "waiting"), rows)
+        rows = [
+            (x.key, x.max_running or "-", _rate(x), x.running, x.waiting)
+            for x in limits
+        ]
+        print_table(("key", "limit", "rate", "running", "waiting"), rows)
     return 0
 
 
@@ -150,15 +159,22 @@ async def cmd_set(args: argparse.Namespace, client: Client) -> int:
 
 async def cmd_limit(args: argparse.Namespace, client: Client) -> int:
     req = scheduler_pb2.SetConcurrencyLimitRequest(
-        project_id=args.project, key=args.limit_key, max_running=args.max_running
+        project_id=args.project,
+        key=args.limit_key,
+        max_running=args.max_running,
+        max_starts=args.starts,
+        per=_duration(args.per),
     )
     limit = (await client.call(client.scheduler.SetConcurrencyLimit, req)).limit
     if args.json:
         print_json(to_json(limit))
-    elif limit.max_running:
-        print(f"{limit.key}: at most {limit.max_running} running ({limit.running} now)")
     else:
-        print(f"{limit.key}: no limit")
+        parts = []
+        if limit.max_running:
+            parts.append(f"at most {limit.max_running} running ({limit.running} now)")
+        if limit.max_starts:
+            parts.append(f"at most {limit.max_starts} starts per {_secs(limit.per)}")
+        print(f"{limit.key}: {', '.join(parts) or 'no limit'}")
     return 0
 
 

@@ -221,6 +221,7 @@ WAIT_REASONS = {
     "backoff": "retry backoff until {t} (after a retryable failure or a reaped lease)",
     "delayed": "delayed: not claimable before {t} (not_before)",
     "key_busy": "concurrency key {key} is at its limit; claimable when a run with it finishes",
+    "rate_limited": "key {key} started its rate's worth in this window; claimable from {t}",
 }
 
 

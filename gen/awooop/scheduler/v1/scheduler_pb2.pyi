@@ -1267,16 +1267,24 @@ class ConcurrencyLimit(_message.Message):
     MAX_RUNNING_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
     WAITING_FIELD_NUMBER: _builtins.int
+    MAX_STARTS_FIELD_NUMBER: _builtins.int
+    PER_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     key: _builtins.str
     """The key runs carry (Run.concurrency_key)."""
     max_running: _builtins.int
-    """Most leased runs with the key at once (1 = mutual exclusion)."""
+    """Most leased runs with the key at once (1 = mutual exclusion); 0: no concurrency limit."""
     running: _builtins.int
     """Leased runs with the key now."""
     waiting: _builtins.int
-    """Runs parked until a slot frees."""
+    """Runs parked until a slot frees or the rate window ends."""
+    max_starts: _builtins.int
+    """Most runs with the key started per `per` (a rate); 0: no rate limit."""
+    @_builtins.property
+    def per(self) -> _duration_pb2.Duration:
+        """The rate's period."""
+
     def __init__(
         self,
         *,
@@ -1285,10 +1293,12 @@ class ConcurrencyLimit(_message.Message):
         max_running: _builtins.int = ...,
         running: _builtins.int = ...,
         waiting: _builtins.int = ...,
+        max_starts: _builtins.int = ...,
+        per: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["per", b"per"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "max_running", b"max_running", "project_id", b"project_id", "running", b"running", "waiting", b"waiting"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "max_running", b"max_running", "max_starts", b"max_starts", "per", b"per", "project_id", b"project_id", "running", b"running", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1303,22 +1313,34 @@ class SetConcurrencyLimitRequest(_message.Message):
     PROJECT_ID_FIELD_NUMBER: _builtins.int
     KEY_FIELD_NUMBER: _builtins.int
     MAX_RUNNING_FIELD_NUMBER: _builtins.int
+    MAX_STARTS_FIELD_NUMBER: _builtins.int
+    PER_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     key: _builtins.str
     """Key (1-128 printable chars)."""
     max_running: _builtins.int
-    """Limit (1-100000); 0 removes it (the key becomes unlimited, its parked runs claimable)."""
+    """Concurrency limit (1-100000); 0: none. With max_starts also 0 the key's limit is removed
+    (its parked runs become claimable).
+    """
+    max_starts: _builtins.int
+    """Rate: at most this many starts (1-1000000) per `per`; 0: no rate limit."""
+    @_builtins.property
+    def per(self) -> _duration_pb2.Duration:
+        """The rate's period (1 ms to 1 day); required with max_starts."""
+
     def __init__(
         self,
         *,
         project_id: _builtins.str = ...,
         key: _builtins.str = ...,
         max_running: _builtins.int = ...,
+        max_starts: _builtins.int = ...,
+        per: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["per", b"per"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "max_running", b"max_running", "project_id", b"project_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "max_running", b"max_running", "max_starts", b"max_starts", "per", b"per", "project_id", b"project_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -290,7 +290,8 @@ class SchedulerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetConcurrencyLimit(self, request, context):
-        """Sets (or, with max_running 0, removes) a concurrency key's limit in a project (admin role).
+        """Sets a concurrency key's limits in a project: concurrency and/or rate (starts per period);
+        with both 0, removes them (admin role).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

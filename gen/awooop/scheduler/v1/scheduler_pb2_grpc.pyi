@@ -76,7 +76,9 @@ class SchedulerServiceStub:
     SetProjectFlow: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetProjectFlowRequest, _scheduler_pb2.SetProjectFlowResponse]
     """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET."""
     SetConcurrencyLimit: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetConcurrencyLimitRequest, _scheduler_pb2.SetConcurrencyLimitResponse]
-    """Sets (or, with max_running 0, removes) a concurrency key's limit in a project (admin role)."""
+    """Sets a concurrency key's limits in a project: concurrency and/or rate (starts per period);
+    with both 0, removes them (admin role).
+    """
     ListConcurrencyLimits: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListConcurrencyLimitsRequest, _scheduler_pb2.ListConcurrencyLimitsResponse]
     """Lists a project's concurrency limits with their running counts (any role in the project)."""
     PauseProject: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.PauseProjectRequest, _scheduler_pb2.PauseProjectResponse]
@@ -142,7 +144,9 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     SetProjectFlow: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetProjectFlowRequest, _scheduler_pb2.SetProjectFlowResponse]  # type: ignore[assignment]
     """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET."""
     SetConcurrencyLimit: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetConcurrencyLimitRequest, _scheduler_pb2.SetConcurrencyLimitResponse]  # type: ignore[assignment]
-    """Sets (or, with max_running 0, removes) a concurrency key's limit in a project (admin role)."""
+    """Sets a concurrency key's limits in a project: concurrency and/or rate (starts per period);
+    with both 0, removes them (admin role).
+    """
     ListConcurrencyLimits: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListConcurrencyLimitsRequest, _scheduler_pb2.ListConcurrencyLimitsResponse]  # type: ignore[assignment]
     """Lists a project's concurrency limits with their running counts (any role in the project)."""
     PauseProject: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.PauseProjectRequest, _scheduler_pb2.PauseProjectResponse]  # type: ignore[assignment]
@@ -313,7 +317,9 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _scheduler_pb2.SetConcurrencyLimitRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.SetConcurrencyLimitResponse, _abc.Awaitable[_scheduler_pb2.SetConcurrencyLimitResponse]]:
-        """Sets (or, with max_running 0, removes) a concurrency key's limit in a project (admin role)."""
+        """Sets a concurrency key's limits in a project: concurrency and/or rate (starts per period);
+        with both 0, removes them (admin role).
+        """
 
     @_abc_1.abstractmethod
     def ListConcurrencyLimits(
