@@ -39,6 +39,7 @@ GROUPS: dict[str, str] = {
     "pooler": "bench.pooler",
     "retention": "bench.retention",
     "tracing": "bench.tracing",
+    "flow": "bench.flow",
 }
 
 

@@ -6,7 +6,9 @@ requests with one key -> one run, and keys stored by the old channel-dedupe rule
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
+import uuid
 from typing import Any
 
 import aiohttp
@@ -132,3 +134,28 @@ async def test_keys_stored_by_the_old_channel_dedupe_rule_keep_working(start_ser
     # not bob's run
     theirs = (await stub.IngestEvent(api_event({"n": 1}), metadata=(*bob, *key))).outcomes[0]
     assert not theirs.duplicate and theirs.run_id != str(run_id)
+
+
+async def test_http_events_take_not_before_priority_and_a_key_from_the_query(
+    start_services, channels, make_key, db
+) -> None:
+    _, _, alice, _, url = await setup(start_services, channels, make_key)
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).replace(microsecond=0)
+    query = f"?not_before={later.isoformat().replace('+00:00', 'Z')}&priority=7&concurrency_key=k8s:deployment/api"
+    status, _, doc = await send(url + query, alice, "delayed-1", {"ask": "scale"})
+    assert status == 200, doc
+    row = await db.fetchrow(
+        "SELECT not_before, priority, wait_reason, concurrency_key FROM awooop_run_state WHERE run_id = $1",
+        uuid.UUID(doc["outcomes"][0]["run_id"]),
+    )
+    assert (row["not_before"], row["priority"], row["wait_reason"], row["concurrency_key"]) == (
+        later,
+        7,
+        "delayed",
+        "k8s:deployment/api",
+    )
+    before = await db.fetchval("SELECT count(*) FROM awooop_run_state")
+    for bad, field in (("?not_before=tomorrow", "query.not_before"), ("?priority=5000", "query.priority")):
+        status, _, doc = await send(url + bad, alice, f"bad-{field}", {"ask": "scale"})
+        assert status == 400 and doc["invalid_params"][0]["name"] == field, doc
+    assert await db.fetchval("SELECT count(*) FROM awooop_run_state") == before  # refused: nothing stored

@@ -105,6 +105,9 @@ async def _act(s: Sched, action: Action, run_id: str) -> Any:
     if action is Action.EXPIRE_APPROVAL:
         await s.expire_approvals()
         return None
+    if action is Action.REDRIVE:  # a bulk operator action: refused statuses are simply not picked
+        await s.stub.RedriveRuns(pb.RedriveRunsRequest(project_id="p"), metadata=s.admin)
+        return None
     try:
         await calls[action]()
     except grpc.aio.AioRpcError as err:
@@ -139,7 +142,7 @@ async def test_every_status_and_action_pair_does_what_the_table_says(
         assert err is None, err.details()
         return
     # (a fail is replayed only when the audit log holds that attempt's FailRun; none was written here)
-    if action in (Action.CLAIM, Action.REAP, Action.EXPIRE_APPROVAL):
+    if action in (Action.CLAIM, Action.REAP, Action.EXPIRE_APPROVAL, Action.REDRIVE):
         return  # a background pass simply does not pick the run
     assert err is not None, (status, action)
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
@@ -178,6 +181,9 @@ def test_the_named_sets_partition_as_declared() -> None:
     assert set(CLAIMABLE) | set(LEASED) | {RunStatus.WAITING_APPROVAL} | set(TERMINAL) == set(STATUSES)
     assert set(CANCELLABLE) == set(STATUSES) - set(TERMINAL)
     for t in TRANSITIONS.values():
+        if t.action is Action.REDRIVE:  # the one way out of an end: an operator's requeue of FAILED runs
+            assert t.allowed_from == (RunStatus.FAILED,)
+            continue
         assert not set(t.allowed_from) & set(TERMINAL), f"{t.action} leaves a terminal status"
         assert t.outcomes and len({o.audit for o in t.outcomes}) == len(t.outcomes), t.action
 

@@ -10,6 +10,8 @@ import signal
 import sys
 import uuid
 
+from google.protobuf.duration_pb2 import Duration
+
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2 as pb
 from tests.harness.helpers import ROOT, eventually
@@ -21,7 +23,9 @@ CI_SLACK = 5.0  # a slow, shared CI machine; the condition, not the sleep, is th
 
 
 async def test_a_sigkilled_worker_process_has_its_run_back_in_pending(start_services, channels, db, make_key) -> None:
-    s = await make_sched(start_services, channels, db, make_key, lease_ttl=LEASE_TTL, reaper_interval=REAPER_INTERVAL)
+    s = await make_sched(
+        start_services, channels, db, make_key, lease_ttl=LEASE_TTL, reaper_interval=REAPER_INTERVAL, retry_backoff=0.5
+    )
     (run_id,) = await insert_runs(db, "p", 1)
     key = s.worker[0][1].removeprefix("Bearer ")
     proc = await asyncio.create_subprocess_exec(
@@ -71,9 +75,11 @@ async def test_a_sigkilled_worker_process_has_its_run_back_in_pending(start_serv
         "SELECT actor, details FROM awooop_audit_log WHERE run_id = $1 AND action = 'REAPED'", uuid.UUID(run_id)
     )
     assert reap["actor"] == "system:reaper" and json.loads(reap["details"])["worker_id"] == "doomed-worker"
+    # a reaped lease backs off like a retryable failure (the retry policy's first delay)
+    assert row["wait_reason"] == "backoff" and row["not_before"] > row["reaped_at"]
 
-    # another worker picks it up with the next fencing token
-    successor = await s.claim_one("successor")
+    # another worker picks it up with the next fencing token, once the backoff is over
+    successor = await s.claim_one("successor", wait=Duration(seconds=10))
     assert successor.run.run_id == run_id and successor.lease.attempt == 2 and successor.resumed
     (o,) = await s.heartbeat("doomed-worker", common_pb2.LeaseToken(run_id=run_id, attempt=1))
     assert o.outcome == pb.LEASE_OUTCOME_LEASE_LOST

@@ -84,7 +84,8 @@ def ts(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
 RUN_COLUMNS = """run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
     attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
     cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
-    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent"""
+    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
+    wait_reason, concurrency_key"""
 
 
 def run_to_pb(row: Row) -> common_pb2.Run:
@@ -103,6 +104,10 @@ def run_to_pb(row: Row) -> common_pb2.Run:
         approval_decided_by=row["approval_decided_by"] or "",
         approval_summary=row["approval_summary"] or "",
         saga_status=saga_status_to_pb(row["saga_status"]),  # type: ignore[arg-type]
+        priority=row["priority"],
+        concurrency_key=row["concurrency_key"] or "",
+        # the reason only means something while not_before holds the run back
+        wait_reason=(row["wait_reason"] or "") if row["not_before"] is not None else "",
     )
     run.input.CopyFrom(to_struct(_obj(row["input"])))
     if row["output"] is not None:

@@ -38,14 +38,18 @@ class RunStatus(StrEnum):
 S = RunStatus
 STATUSES: tuple[RunStatus, ...] = tuple(RunStatus)
 
-# Queued: a claim may take them (once past any retry backoff, with attempts left).
+# Queued: a claim may take them (once past not_before: a retry backoff or a requested delay; with
+# attempts left; higher priority first, then the earliest due; services/scheduler/claiming.py).
+# A queued run the claim finds behind a full concurrency key stays in its status, parked
+# (not_before 'infinity', wait_reason key_busy), until a run with the key leaves its lease
+# (migration 0111's trigger): no status of its own, so every rule about queued runs holds for it.
 CLAIMABLE: tuple[RunStatus, ...] = (S.PENDING, S.RESUMED)
 # Held by a worker under a lease (renewed by Heartbeat, taken back by the reaper); the saga
 # journal accepts writes only in these.
 LEASED: tuple[RunStatus, ...] = (S.RUNNING, S.WAITING_TOOL)
 # Waiting for something outside the worker: a tool's answer (leased) or a person (not leased).
 WAITING: tuple[RunStatus, ...] = (S.WAITING_TOOL, S.WAITING_APPROVAL)
-# Ended: no transition leaves them.
+# Ended: no transition leaves them, except an operator's RedriveRuns requeuing FAILED runs.
 TERMINAL: tuple[RunStatus, ...] = (S.COMPLETED, S.FAILED, S.CANCELLED)
 # CancelRun applies: every status that is not terminal.
 CANCELLABLE: tuple[RunStatus, ...] = tuple(s for s in STATUSES if s not in TERMINAL)
@@ -69,6 +73,7 @@ class Action(StrEnum):
     EXPIRE_APPROVAL = "expire_approval"  # the approval sweep, or a DecideApproval that finds it expired
     CANCEL = "cancel"  # CancelRun
     REAP = "reap"  # the reaper, on an expired lease
+    REDRIVE = "redrive"  # RedriveRuns (an operator's bulk requeue of failed runs)
 
 
 class Audit(StrEnum):
@@ -91,6 +96,7 @@ class Audit(StrEnum):
     REAPED = "REAPED"
     REAPED_FAILED = "REAPED_FAILED"
     REAPED_CANCELLED = "REAPED_CANCELLED"
+    REDRIVEN = "REDRIVEN"
     # not a status change: written beside one that ended FAILED/CANCELLED with steps to undo
     COMPENSATION_REQUESTED = "COMPENSATION_REQUESTED"
 
@@ -153,7 +159,7 @@ TRANSITIONS: dict[Action, Transition] = {
         _t(
             Action.CLAIM,
             CLAIMABLE,
-            Outcome(S.RUNNING, Audit.CLAIMED, "past any retry backoff, attempts left; a new lease and token"),
+            Outcome(S.RUNNING, Audit.CLAIMED, "past not_before (backoff, delay), attempts left; a new lease and token"),
             fenced=False,
             describe="claim",
         ),
@@ -168,9 +174,14 @@ TRANSITIONS: dict[Action, Transition] = {
         _t(
             Action.FAIL,
             LEASED,
-            Outcome(S.PENDING, Audit.RETRY_SCHEDULED, "retryable, no cancel pending, attempts left; after a backoff"),
+            Outcome(
+                S.PENDING,
+                Audit.RETRY_SCHEDULED,
+                "retryable, error code not non-retryable in the retry policy, no cancel pending, attempts left;"
+                " not_before = now + the policy's backoff (wait_reason backoff)",
+            ),
             Outcome(S.CANCELLED, Audit.CANCELLED, "retryable while a cancel is pending"),
-            Outcome(S.FAILED, Audit.FAILED, "terminal, or attempts used up"),
+            Outcome(S.FAILED, Audit.FAILED, "terminal, a non-retryable error code of the policy, or attempts used up"),
             fenced=True,
             describe="fail",
             replays_from=[S.PENDING, S.CANCELLED, S.FAILED],
@@ -243,11 +254,18 @@ TRANSITIONS: dict[Action, Transition] = {
         _t(
             Action.REAP,
             LEASED,
-            Outcome(S.PENDING, Audit.REAPED, "the lease expired, attempts left"),
+            Outcome(S.PENDING, Audit.REAPED, "the lease expired, attempts left; after the policy's backoff"),
             Outcome(S.CANCELLED, Audit.REAPED_CANCELLED, "the lease expired after a cancel request"),
             Outcome(S.FAILED, Audit.REAPED_FAILED, "the lease expired, attempts used up"),
             fenced=False,
             describe="reap",
+        ),
+        _t(
+            Action.REDRIVE,
+            [S.FAILED],
+            Outcome(S.PENDING, Audit.REDRIVEN, "matches the operator's filter, nothing to compensate; fresh attempts"),
+            fenced=False,
+            describe="redrive",
         ),
     )
 }

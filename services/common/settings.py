@@ -121,12 +121,16 @@ class Settings:
     heartbeat_interval: float = 30.0
     reaper_interval: float = 60.0  # how often expired leases are reaped (seed 000: 60 s)
     max_attempts: int = 3  # attempts a run gets unless its request says otherwise (seed 000: 3)
-    retry_backoff: float = 5.0  # delay before a run that failed retryably can be claimed again
+    retry_backoff: float = 5.0  # retry policy: delay after a run's first retryable failure or reaped lease
+    retry_multiplier: float = 2.0  # retry policy: growth of the delay per further failure (1-10)
+    retry_max_backoff: float = 300.0  # retry policy: longest delay between attempts
+    retry_jitter: float = 0.2  # retry policy: fraction of a delay taken off at random (0-1)
     approval_ttl: float = 900.0  # life of an approval token (15 min); then E-APPROVAL-002
     approval_sweep_interval: float = 30.0  # how often expired approvals are failed
     max_claim_wait: float = 60.0  # longest a ClaimRuns long-poll may wait for work
     queue_metrics_interval: float = 15.0  # how often runs by project and status are counted for /metrics (0: off)
     metrics_max_projects: int = 100  # projects with their own metrics label; later ones share project="_other"
+    schedule_interval: float = 1.0  # how often each scheduler fires the cron schedules that are due
 
     # --- saga ---
     saga_addr: str = ""  # scheduler -> saga nudges; empty: the saga's recovery loop picks requests up

@@ -22,7 +22,7 @@ import json
 
 import asyncpg
 
-from services.common import errors, idempotency
+from services.common import errors, idempotency, retry_policy
 from services.common.auth import Principal, has_role_now
 from services.common.db import Conn
 from services.common.settings import Settings
@@ -49,6 +49,7 @@ class ApiEvents:
     def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
         self.pool = pool
         self.settings = settings
+        self.defaults_json = json.dumps(retry_policy.defaults(settings))  # the service's retry policy
 
     async def ingest(self, event: NewEvent, principal: Principal) -> tuple[str, bool]:
         """(run_id, duplicate) for one API event; raises IDEMPOTENCY_CONFLICT or FORBIDDEN."""
@@ -73,7 +74,11 @@ class ApiEvents:
                         project_id=event.project_id,
                         operation=OPERATION,
                     )
-                if fingerprint(event.project_id, json.loads(legacy["input"]), legacy["max_attempts"]) != fp:
+                # the run stored its effective max_attempts; a request that leaves it unset (0)
+                # asked for whatever the policy gave, so only a different explicit value differs
+                asked = event.max_attempts or legacy["max_attempts"]
+                legacy_fp = fingerprint(event.project_id, json.loads(legacy["input"]), legacy["max_attempts"])
+                if fingerprint(event.project_id, json.loads(event.input_json), asked) != legacy_fp:
                     raise errors.idempotency_conflict(
                         "idempotency key was first used with a different payload; use a new key for a "
                         "different request",
@@ -92,6 +97,11 @@ class ApiEvents:
                     principal.principal_id,
                     principal.actor,
                     event.traceparent,
+                    event.options.not_before,
+                    event.options.priority,
+                    event.options.retry_policy_json,
+                    self.defaults_json,
+                    event.options.concurrency_key,
                 )
             )
             return idempotency.Executed(_snapshot(run_id, legacy=False), run_id)

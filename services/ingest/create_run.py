@@ -9,12 +9,15 @@ CreateRunResponse of the first call; a replay returns it with replayed = true.
 
 from __future__ import annotations
 
+import json
+
 import asyncpg
 
 from awooop.ingest.v1 import ingest_pb2
-from services.common import errors, idempotency, tracing
+from services.common import errors, idempotency, retry_policy, tracing
 from services.common.auth import Principal, has_role_now
 from services.common.db import Conn
+from services.common.run_options import RunOptions
 from services.common.runs import run_to_pb, ts
 from services.common.settings import Settings
 from services.ingest import metrics, store
@@ -27,7 +30,12 @@ ROLE = "ingest"
 
 def request_fingerprint(run: NewRun) -> str:
     """SHA-256 of the canonical fields that define the mutation (never the key itself)."""
-    return idempotency.fingerprint({"project_id": run.project_id, "input": run.input, "max_attempts": run.max_attempts})
+    o = run.options
+    fields = {"project_id": run.project_id, "input": run.input, "max_attempts": run.max_attempts}
+    if o != RunOptions():  # runs without flow options keep the fingerprint they always had
+        when = o.not_before.isoformat() if o.not_before else None
+        fields["flow"] = [when, o.priority, o.retry_policy_json, o.concurrency_key]
+    return idempotency.fingerprint(fields)
 
 
 class RunCreator:
@@ -46,7 +54,12 @@ class RunCreator:
 
         async def execute(conn: Conn, window: idempotency.KeyWindow) -> idempotency.Executed:
             row = await store.create_run(
-                conn, run, principal_id=principal.principal_id, actor=principal.actor, traceparent=traceparent
+                conn,
+                run,
+                principal_id=principal.principal_id,
+                actor=principal.actor,
+                defaults_json=json.dumps(retry_policy.defaults(self.settings)),
+                traceparent=traceparent,
             )
             response = ingest_pb2.CreateRunResponse(
                 run=run_to_pb(row),

@@ -15,13 +15,14 @@ the run and the others are its duplicates.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from services.common import errors, tracing
+from services.common import errors, retry_policy, tracing
 from services.common.auth import Principal
 from services.common.cache import Cache
 from services.common.db import store_error
@@ -54,6 +55,7 @@ class EventIngestor:
         self.cache = cache
         self.notifier = notifier
         self.retention = settings.dedupe_retention
+        self.policy_defaults = json.dumps(retry_policy.defaults(settings))
         # a Redis key must never claim a duplicate for a row retention already removed
         self.redis_ttl = min(settings.redis_dedupe_ttl, settings.dedupe_retention)
         self.max_flush = settings.max_batch
@@ -179,7 +181,14 @@ class EventIngestor:
             else:
                 repeated.add(len(slot))
             slot.append(j)
-        stored = await store.ingest(self.pool, unique, principal_id=principal_id, actor=actor, retention=self.retention)
+        stored = await store.ingest(
+            self.pool,
+            unique,
+            principal_id=principal_id,
+            actor=actor,
+            retention=self.retention,
+            defaults_json=self.policy_defaults,
+        )
         out = []
         for n, j in enumerate(slot):
             s = stored[j]

@@ -19,16 +19,18 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
 from aiohttp import web
+from google.protobuf.timestamp_pb2 import Timestamp
 
-from services.common import errors, tracing
+from services.common import errors, run_options, tracing
 from services.common.access import require_role
 from services.common.auth import Authenticator, Principal
 from services.common.db import store_error
+from services.common.run_options import RunOptions
 from services.common.settings import Settings
 from services.common.validate import PROJECT_RE, Violations
 from services.ingest import channels, endpoints, metrics, parsing, signatures
@@ -107,6 +109,36 @@ def parse_body(body: bytes, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise errors.invalid([(field, "must be a JSON object")])
     return value
+
+
+def run_options_from_query(v: Violations, query: Mapping[str, str]) -> RunOptions:
+    """The API event's run options from its query string (`?not_before=2026-12-01T09:00:00Z&priority=5
+    &concurrency_key=k8s:deployment/api`), validated as IngestEvent's fields (run_options.parse)."""
+    unknown = sorted(set(query) - {"not_before", "priority", "concurrency_key"})
+    if unknown:
+        v.add("query", f"unknown parameters {unknown}: not_before, priority and concurrency_key are known")
+    not_before = None
+    if "not_before" in query:
+        not_before = Timestamp()
+        try:
+            not_before.FromJsonString(query["not_before"])
+        except ValueError:
+            v.add("query.not_before", "an RFC 3339 time, e.g. 2026-12-01T09:00:00Z")
+            not_before = None
+    priority = 0
+    if "priority" in query:
+        try:
+            priority = int(query["priority"])
+        except ValueError:
+            v.add("query.priority", "an integer")
+    return run_options.parse(
+        v,
+        "query.",
+        not_before=not_before,
+        priority=priority,
+        policy=None,
+        concurrency_key=query.get("concurrency_key", ""),
+    )
 
 
 def outcomes_json(outcomes: list[Outcome]) -> web.Response:
@@ -211,7 +243,7 @@ class HttpIngest:
             headers=headers,
             provider_event_id="",
             input_json=None,
-            max_attempts=s.max_attempts,
+            max_attempts=0,  # the project's retry policy decides
             max_payload_bytes=s.max_payload_bytes,
             endpoint=name,
         )
@@ -241,8 +273,10 @@ class HttpIngest:
         s = self.settings
         payload = parse_body(await request.read(), "body")
         input_json = parsing.to_json(v, "body", payload, s.max_payload_bytes)
+        options = run_options_from_query(v, request.query)
         v.raise_if_any()
-        event = parsing.NewEvent(project_id, "api", key, input_json, s.max_attempts)
+        # max_attempts 0: the run's retry policy decides, as for IngestEvent without the field
+        event = parsing.NewEvent(project_id, "api", key, input_json, 0, options)
         outcomes = await self.events.ingest(
             [event], principal_id=principal.principal_id, actor=principal.actor, principal=principal
         )

@@ -15,7 +15,8 @@ from typing import Any
 
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
-from services.common import jsonvalues
+from services.common import jsonvalues, run_options
+from services.common.run_options import NO_OPTIONS, RunOptions
 from services.common.validate import MAX_KEY, PROJECT_RE, Violations
 from services.ingest import channels
 
@@ -42,7 +43,8 @@ class NewEvent:
     channel: str
     provider_event_id: str
     input_json: str
-    max_attempts: int
+    max_attempts: int  # 0: the run's retry policy decides
+    options: RunOptions = NO_OPTIONS
     traceparent: str | None = None  # the span that received it (tracing on), stored with the run
 
 
@@ -54,7 +56,8 @@ class NewRun:
     key: str
     input: dict[str, Any]
     input_json: str
-    max_attempts: int
+    max_attempts: int  # 0: the run's retry policy decides
+    options: RunOptions = NO_OPTIONS
 
 
 # ------------------------------------------------------------------ Struct <-> JSON
@@ -109,6 +112,14 @@ def parse_event(
             prefix + "endpoint",
             "an endpoint name: 1-64 letters, digits, '.', '_', '-', starting with a letter or digit",
         )
+    options = run_options.parse(
+        v,
+        prefix,
+        not_before=req.not_before if req.HasField("not_before") else None,
+        priority=req.priority,
+        policy=req.retry_policy if req.HasField("retry_policy") else None,
+        concurrency_key=req.concurrency_key,
+    )
     headers = req.headers
     if headers:
         if len(headers) > MAX_HEADERS:
@@ -138,6 +149,7 @@ def parse_event(
         max_payload_bytes=max_payload_bytes,
         metadata_key=metadata_key,
         endpoint=req.endpoint,
+        options=options,
     )
 
 
@@ -156,6 +168,7 @@ def delivery_events(
     max_payload_bytes: int,
     metadata_key: str = "",
     endpoint: str = "",
+    options: RunOptions = NO_OPTIONS,
 ) -> list[NewEvent]:
     """The events of one validated delivery, whichever transport brought it (gRPC or HTTP)."""
     try:
@@ -179,7 +192,7 @@ def delivery_events(
             text = to_json(v, prefix + "payload.events", d.event, max_payload_bytes)
         else:
             text = payload_json
-        out.append(NewEvent(project_id, channel, d.provider_event_id, text, max_attempts))
+        out.append(NewEvent(project_id, channel, d.provider_event_id, text, max_attempts, options))
     return out
 
 
@@ -201,5 +214,13 @@ def parse_create_run(
     else:
         v.text("idempotency_key", key, max_len=MAX_IDEMPOTENCY_KEY)
     attempts = max_attempts(v, "max_attempts", req.max_attempts, default_max_attempts)
+    options = run_options.parse(
+        v,
+        "",
+        not_before=req.not_before if req.HasField("not_before") else None,
+        priority=req.priority,
+        policy=req.retry_policy if req.HasField("retry_policy") else None,
+        concurrency_key=req.concurrency_key,
+    )
     data, text = v.json("input", req.input, max_bytes=max_payload_bytes)
-    return NewRun(project_id, key, data, text, attempts)
+    return NewRun(project_id, key, data, text, attempts, options)

@@ -35,7 +35,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
     def __init__(self, ctx: AppContext, notifier: Notifier) -> None:
         s = ctx.settings
         self.max_payload_bytes = s.max_payload_bytes
-        self.default_max_attempts = s.max_attempts
+        self.default_max_attempts = 0  # unset: the store takes the run's retry policy's
         self.max_batch = s.max_batch
         self.events = EventIngestor(ctx.pool, ctx.cache, s, notifier)
         self.runs = RunCreator(ctx.pool, s, notifier)

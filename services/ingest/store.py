@@ -23,6 +23,8 @@ from asyncpg.pgproto.pgproto import UUID
 from services.common import errors
 from services.common.audit import AUDIT_INSERT
 from services.common.db import Conn
+from services.common.retry_policy import DEFAULTS_JSON, effective_sql, max_attempts_sql
+from services.common.run_options import WAIT_DELAYED
 from services.common.runs import RUN_COLUMNS
 from services.common.runstate import Audit, RunStatus
 from services.ingest.parsing import NewEvent, NewRun
@@ -41,10 +43,11 @@ Executor = asyncpg.Pool | Conn
 # read by FIND_SQL in a follow-up statement.
 INGEST_SQL = f"""
 WITH ev AS (
-    -- $11 (traceparents) is NULL while tracing is off: unnest pads it with NULLs
+    -- $16 (traceparents) is NULL while tracing is off: unnest pads it with NULLs
     SELECT * FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[], $5::uuid[], $6::text[], $7::int[],
-                         $11::varchar[])
-        AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts, traceparent)
+                         $11::timestamptz[], $12::int[], $13::text[], $15::text[], $16::varchar[])
+        AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts, not_before, priority,
+             retry_policy, concurrency_key, traceparent)
 ),
 ins AS (
     INSERT INTO awooop_channel_event_dedupe (project_id, channel_type, provider_event_id, run_id)
@@ -55,9 +58,13 @@ ins AS (
 ),
 new_runs AS (
     INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, input, max_attempts, created_by,
-                                  created_at, updated_at, traceparent)
-    SELECT ev.run_id, ev.project_id, ev.channel_type, ev.provider_event_id, ev.input::jsonb, ev.max_attempts, $8,
-           now() + ev.ord * interval '1 microsecond', now() + ev.ord * interval '1 microsecond', ev.traceparent
+                                  created_at, updated_at, not_before, wait_reason, priority, retry_policy,
+                                  concurrency_key, traceparent)
+    SELECT ev.run_id, ev.project_id, ev.channel_type, ev.provider_event_id, ev.input::jsonb,
+           {max_attempts_sql("ev.max_attempts", effective_sql("ev.project_id", "ev.retry_policy::jsonb", "$14"))}, $8,
+           now() + ev.ord * interval '1 microsecond', now() + ev.ord * interval '1 microsecond',
+           ev.not_before, CASE WHEN ev.not_before IS NOT NULL THEN '{WAIT_DELAYED}' END, ev.priority,
+           ev.retry_policy::jsonb, ev.concurrency_key, ev.traceparent
       FROM ev JOIN ins USING (run_id)
     RETURNING run_id, project_id, channel_type, provider_event_id
 ),
@@ -88,8 +95,11 @@ SELECT t.ord, d.run_id, extract(epoch FROM d.created_at + make_interval(secs => 
 
 CREATE_RUN_SQL = f"""
 WITH run AS (
-    INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by, traceparent)
-    VALUES ($1, 'api', $2::text::jsonb, $3, $4, $7)
+    INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by, not_before, wait_reason,
+                                  priority, retry_policy, concurrency_key, traceparent)
+    VALUES ($1::text, 'api', $2::text::jsonb,
+            {max_attempts_sql("$3::int", effective_sql("$1::text", "$9::text::jsonb", "$10"))}, $4,
+            $7, CASE WHEN $7::timestamptz IS NOT NULL THEN '{WAIT_DELAYED}' END, $8, $9::text::jsonb, $11, $12)
     RETURNING {RUN_COLUMNS}
 ),
 audited AS (
@@ -101,12 +111,15 @@ audited AS (
 SELECT * FROM run
 """
 
-# The run of an API-channel event (seed 003 rules, services/ingest/api_channel.py), with its audit row.
+# The run of an API-channel event (seed 003 rules, services/ingest/api_channel.py), with its audit row;
+# its flow options as CREATE_RUN_SQL's ($8 not_before, $9 priority, $10 retry policy, $11 defaults, $12 key).
 API_EVENT_RUN_SQL = f"""
 WITH run AS (
     INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, input, max_attempts, created_by,
-                                  traceparent)
-    VALUES ($1, 'api', $2, $3::text::jsonb, $4, $5, $7)
+                                  traceparent, not_before, wait_reason, priority, retry_policy, concurrency_key)
+    VALUES ($1::text, 'api', $2, $3::text::jsonb,
+            {max_attempts_sql("$4::int", effective_sql("$1::text", "$10::text::jsonb", "$11"))}, $5, $7,
+            $8, CASE WHEN $8::timestamptz IS NOT NULL THEN '{WAIT_DELAYED}' END, $9, $10::text::jsonb, $12)
     RETURNING run_id, project_id
 ),
 audited AS (
@@ -141,7 +154,8 @@ class Stored:
 
 
 async def ingest(
-    db: Executor, events: Sequence[NewEvent], *, principal_id: str, actor: str, retention: float
+    db: Executor, events: Sequence[NewEvent], *, principal_id: str, actor: str, retention: float,
+    defaults_json: str = DEFAULTS_JSON,
 ) -> list[Stored]:
     """Stores events whose keys are distinct; result[i] answers events[i]."""
     out: list[Stored | None] = [None] * len(events)
@@ -161,6 +175,11 @@ async def ingest(
             principal_id,
             actor,
             float(retention),
+            [e.options.not_before for e in ev],
+            [e.options.priority for e in ev],
+            [e.options.retry_policy_json for e in ev],
+            defaults_json,
+            [e.options.concurrency_key for e in ev],
             [e.traceparent for e in ev] if any(e.traceparent for e in ev) else None,
         )
         missing: list[int] = []
@@ -201,11 +220,30 @@ async def _fetch_retrying(db: Executor, sql: str, *args: Any) -> list[asyncpg.Re
 
 
 async def create_run(
-    conn: Conn, run: NewRun, *, principal_id: str, actor: str, traceparent: str | None = None
+    conn: Conn,
+    run: NewRun,
+    *,
+    principal_id: str,
+    actor: str,
+    defaults_json: str = DEFAULTS_JSON,
+    traceparent: str | None = None,
 ) -> asyncpg.Record:
     """Inserts a PENDING API run with its audit row (traceparent: the creating span's); returns the run row."""
+    o = run.options
     row = await conn.fetchrow(
-        CREATE_RUN_SQL, run.project_id, run.input_json, run.max_attempts, principal_id, actor, run.key, traceparent
+        CREATE_RUN_SQL,
+        run.project_id,
+        run.input_json,
+        run.max_attempts,
+        principal_id,
+        actor,
+        run.key,
+        o.not_before,
+        o.priority,
+        o.retry_policy_json,
+        defaults_json,
+        o.concurrency_key,
+        traceparent,
     )
     assert row is not None
     return row

@@ -4,9 +4,12 @@ sweep and the queue gauges' sampler), each safe to run in several replicas at on
 
 from __future__ import annotations
 
+import json
+
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common import retry_policy
 from services.common.runtime import AppContext, ServiceParts, periodic
-from services.scheduler import approvals, metrics, reaper
+from services.scheduler import approvals, metrics, reaper, schedules
 from services.scheduler.queue import QueueSampler
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.servicer import SchedulerServicer
@@ -25,8 +28,23 @@ def build(ctx: AppContext) -> ServiceParts:
     async def listen() -> None:
         await listener.run()
 
+    policy = json.dumps(retry_policy.defaults(s))
+
     async def reap_loop() -> None:
-        await periodic("scheduler.reaper", s.reaper_interval, lambda: reaper.reap(ctx.pool, saga), ctx.stopping)
+        await periodic(
+            "scheduler.reaper",
+            s.reaper_interval,
+            lambda: reaper.reap(ctx.pool, saga, policy_defaults=policy),
+            ctx.stopping,
+        )
+
+    async def schedule_loop() -> None:
+        await periodic(
+            "scheduler.schedules",
+            s.schedule_interval,
+            lambda: schedules.tick(ctx.pool, policy_defaults=policy),
+            ctx.stopping,
+        )
 
     async def approval_sweep_loop() -> None:
         await periodic(
@@ -43,6 +61,6 @@ def build(ctx: AppContext) -> ServiceParts:
     return ServiceParts(
         servicers=[(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(ctx, listener, saga))],
         service_names=[SERVICE_NAME],
-        background=[listen, reap_loop, approval_sweep_loop, queue_metrics_loop],
+        background=[listen, reap_loop, approval_sweep_loop, queue_metrics_loop, schedule_loop],
         on_stop=[listener.close, saga.close],
     )

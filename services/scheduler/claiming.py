@@ -23,6 +23,7 @@ from typing import TypeVar
 import asyncpg
 
 from services.common.audit import AUDIT_INSERT
+from services.common.run_options import WAIT_KEY_BUSY, WAIT_RATE_LIMITED
 from services.common.runstate import CLAIMABLE, TRANSITIONS, Action, Audit, RunStatus, attempts_left, sql_list
 from services.scheduler import budget, metrics
 from services.scheduler.fragments import RUN_COLUMNS_R
@@ -40,6 +41,61 @@ T = TypeVar("T")
 # hand-backs still running after their handler was cancelled a second time (kept from the GC)
 _settling: set[asyncio.Future[None]] = set()
 
+# When a queued run became claimable: its not_before (a backoff or a requested delay), else its
+# creation. The claim takes higher priority first, then the earliest due; awooop_run_claim_idx
+# is (project_id, priority DESC, DUE), so the scan reads the runs in that order and stops after
+# max_runs ready ones (runs due later sort after the ready ones of their priority).
+DUE = "COALESCE(not_before, created_at)"
+CLAIM_ORDER = f"priority DESC, {DUE}"
+
+
+# Concurrency keys: the picked runs that carry a limited key get at most the key's free slots
+# (`slots` adds what it grants to the key's running count; it always updates the key row, so its
+# lock orders claims and releases of one key, see migration 0111); the rest are parked
+# (not_before 'infinity', wait_reason key_busy: after every ready run in the claim index, so
+# later claims never scan them) until the trigger of migration 0111 wakes them when a slot frees.
+# A key's rate window has ended: the claim opens a new one (starts counted from 0). Windows are
+# fixed and timed by clock_timestamp() when the claim holds the key row, not by the transaction's
+# start: a claim that waited for the lock must not count itself into a window that already ended.
+_FRESH = """(k.rate_period IS NOT NULL
+           AND (k.window_start IS NULL OR clock_timestamp() >= k.window_start + k.rate_period))"""
+_USED = f"(CASE WHEN {_FRESH} THEN 0 ELSE k.window_starts END)"
+# what the key can grant now: its free slots, and the starts left in its window (NULL: no limit)
+_GRANT = f"""greatest(0, least(c.n, k.max_running - k.running, k.max_starts - {_USED}))"""
+
+KEY_SLOTS = f"""
+keyed AS (
+    SELECT project_id, ckey, count(*) AS n FROM picked WHERE ckey IS NOT NULL GROUP BY project_id, ckey
+),
+slots AS (
+    UPDATE awooop_concurrency_limit k
+       SET granted = {_GRANT},
+           running = k.running + {_GRANT},
+           window_start = CASE WHEN {_FRESH} THEN clock_timestamp() ELSE k.window_start END,
+           window_starts = {_USED} + {_GRANT}
+      FROM keyed c
+     WHERE k.project_id = c.project_id AND k.key = c.ckey
+ RETURNING k.project_id, k.key, k.granted,
+           -- out of starts: parked until the window ends (a long-poll's timer wakes then)
+           CASE WHEN k.window_starts >= k.max_starts THEN k.window_start + k.rate_period END AS window_end
+),
+ranked AS (
+    SELECT p.run_id, p.from_status, p.ready_since, s.granted, s.window_end,
+           row_number() OVER (PARTITION BY p.project_id, p.ckey ORDER BY p.priority DESC, p.due) AS kr
+      FROM picked p LEFT JOIN slots s ON s.project_id = p.project_id AND s.key = p.ckey
+),
+parked AS (
+    UPDATE awooop_run_state r
+       SET not_before = COALESCE(x.window_end, 'infinity'),
+           wait_reason = CASE WHEN x.window_end IS NULL THEN '{WAIT_KEY_BUSY}' ELSE '{WAIT_RATE_LIMITED}' END
+      FROM ranked x
+     WHERE r.run_id = x.run_id AND x.kr > x.granted
+ RETURNING r.run_id
+),
+go AS (
+    SELECT run_id, from_status, ready_since FROM ranked WHERE granted IS NULL OR kr <= granted
+),"""
+
 
 def claim_ctes(
     projects: str, max_runs: int, lease_secs: str, worker_id: str, actor: str, *, single: bool, after: str = ""
@@ -52,9 +108,9 @@ def claim_ctes(
     rows (equality on project_id keeps the index order, so the cost does not grow with the
     backlog; `project_id = ANY(...)` would sort every pending run of the projects on each
     claim). single: projects is one project (text), the scan's rows are the claim; else
-    projects is text[], one lateral scan per project, then the oldest max_runs of those (rows
-    locked by the lateral scans but not kept are released when the statement's transaction
-    ends).
+    projects is text[], one lateral scan per project, then max_runs of those interleaved by
+    the projects' weights (rows locked by the lateral scans but not kept are released when the
+    statement's transaction ends).
 
     max_runs is written into the text, not passed as a parameter: with it and a single
     project, the plan Postgres builds without the parameters' values is the one it builds with
@@ -70,31 +126,43 @@ def claim_ctes(
     ready = f"{CLAIMABLE_NOW}{gate}"
     if single:
         picked = f"""picked AS (
-    SELECT run_id, status AS from_status, {READY_SINCE} AS ready_since
+    SELECT run_id, status AS from_status, project_id, concurrency_key AS ckey, priority, {DUE} AS due,
+           {READY_SINCE} AS ready_since
       FROM awooop_run_state
      WHERE project_id = {projects}::text
        AND {ready}
-     ORDER BY created_at
+       AND NOT EXISTS (SELECT 1 FROM awooop_project_flow f WHERE f.project_id = {projects}::text AND f.paused)
+     ORDER BY {CLAIM_ORDER}
      LIMIT {n}
        FOR UPDATE SKIP LOCKED
 )"""
     else:
+        # Fairness: the k-th run of a project sorts at (k - 1 + e) / weight, e drawn per project
+        # and claim from Exp(1): the first run goes to a project with probability weight / total
+        # weight, and a claim of several runs interleaves the projects by weight, so a backlog in
+        # one project never holds back another's runs.
         picked = f"""picked AS (
-    SELECT c.run_id, c.from_status, c.ready_since
-      FROM unnest({projects}::text[]) AS p(project_id)
-     CROSS JOIN LATERAL (
-            SELECT run_id, status AS from_status, created_at, {READY_SINCE} AS ready_since
-              FROM awooop_run_state
-             WHERE project_id = p.project_id
-               AND {ready}
-             ORDER BY created_at
-             LIMIT {n}
-               FOR UPDATE SKIP LOCKED
-           ) c
-     ORDER BY c.created_at
+    SELECT run_id, from_status, project_id, ckey, priority, due, ready_since
+      FROM (SELECT c.run_id, c.from_status, p.project_id, c.ckey, c.priority, c.due, c.ready_since, p.e, p.w,
+                   row_number() OVER (PARTITION BY p.project_id ORDER BY c.priority DESC, c.due) AS k
+              FROM (SELECT u.project_id, -ln(1.0 - random()) AS e, COALESCE(f.weight, 1) AS w
+                      FROM unnest({projects}::text[]) AS u(project_id)
+                      LEFT JOIN awooop_project_flow f ON f.project_id = u.project_id
+                     WHERE f.paused IS NOT TRUE) p
+             CROSS JOIN LATERAL (
+                    SELECT run_id, status AS from_status, concurrency_key AS ckey, priority, {DUE} AS due,
+                           {READY_SINCE} AS ready_since
+                      FROM awooop_run_state
+                     WHERE project_id = p.project_id
+                       AND {ready}
+                     ORDER BY {CLAIM_ORDER}
+                     LIMIT {n}
+                       FOR UPDATE SKIP LOCKED
+                   ) c) t
+     ORDER BY (t.k - 1 + t.e) / t.w
      LIMIT {n}
 )"""
-    return f"""{picked},
+    return f"""{picked},{KEY_SLOTS}
 claimed AS (
     UPDATE awooop_run_state r
        SET status = '{RunStatus.RUNNING}',
@@ -103,8 +171,9 @@ claimed AS (
            attempt_count = r.attempt_count + 1,
            worker_id = {worker_id},
            not_before = NULL,
+           wait_reason = NULL,
            updated_at = now()
-      FROM picked p
+      FROM go p
      WHERE r.run_id = p.run_id
  RETURNING {RUN_COLUMNS_R}, p.from_status,
            EXTRACT(EPOCH FROM clock_timestamp() - p.ready_since)::float8 AS claim_wait
@@ -122,7 +191,10 @@ def claim_sql(single: bool, max_runs: int) -> str:
     """$1 project (single) or projects, $2 lease seconds, $3 worker id, $4 actor."""
     return f"""
 WITH {claim_ctes("$1", max_runs, "$2", "$3", "$4", single=single)}
-SELECT * FROM claimed ORDER BY created_at
+SELECT claimed.*, x.parked
+  FROM (SELECT count(*) AS parked FROM parked) x
+  LEFT JOIN claimed ON true
+ ORDER BY claimed.priority DESC, claimed.created_at
 """
 
 
@@ -137,14 +209,29 @@ NEXT_READY_SQL = f"""
 SELECT EXTRACT(EPOCH FROM min(not_before) - now())::float8
   FROM awooop_run_state
  WHERE status IN ({sql_list(CLAIMABLE)}) AND project_id = ANY($1::text[]) AND not_before > now()
+   AND not_before < 'infinity'
 """
+
+
+# claim statements in a row that may park runs behind full keys before one claims or finds none
+MAX_PARKING_ROUNDS = 5
 
 
 async def claim(
     pool: asyncpg.Pool, projects: list[str], max_runs: int, lease_ttl: float, worker_id: str, actor: str
 ) -> list[asyncpg.Record]:
     single, arg = projects_arg(projects)
-    return await pool.fetch(claim_sql(single, max_runs), arg, lease_ttl, worker_id, actor)
+    sql = claim_sql(single, max_runs)
+    for _ in range(MAX_PARKING_ROUNDS):
+        try:
+            rows = await pool.fetch(sql, arg, lease_ttl, worker_id, actor)
+        except asyncpg.exceptions.DeadlockDetectedError:
+            continue  # two claims locking several keys in opposite orders; nothing was changed
+        claimed = [r for r in rows if r["run_id"] is not None]
+        if claimed or not rows or not rows[0]["parked"]:
+            return claimed
+        # everything picked was parked behind full keys: the runs after them may be claimable
+    return []
 
 
 async def seconds_until_ready(pool: asyncpg.Pool, projects: list[str]) -> float | None:

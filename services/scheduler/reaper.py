@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from services.common import retry_policy
 from services.common.audit import AUDIT_INSERT
+from services.common.run_options import WAIT_BACKOFF
 from services.common.runs import RUN_READY_CHANNEL
 from services.common.runstate import DROP_LEASE, LEASED, TRANSITIONS, Action, RunStatus, attempts_left, sql_list
 from services.scheduler import metrics
@@ -37,10 +39,16 @@ MAX_ATTEMPTS_CODE = "E-RUN-MAX-ATTEMPTS"
 _ATTEMPTS_LEFT = attempts_left("r")
 _REAP = TRANSITIONS[Action.REAP]
 
-# $1 batch size, $2 actor, $3 the wake-up channel.
+# A reaped lease counts as a failure of its attempt: while attempts are left the run waits the
+# backoff its retry policy gives that many attempts used, as after a retryable FailRun, so a
+# handler that crashes its worker every time backs off too.
+_POLICY = retry_policy.effective_sql("project_id", "retry_policy", "$4")
+_BACKOFF = retry_policy.delay_sql("e.policy", "r.attempt_count - r.released_count")
+
+# $1 batch size, $2 actor, $3 the wake-up channel, $4 the service's retry policy (JSON text).
 REAP_SQL = f"""
 WITH expired AS (
-    SELECT run_id, status, worker_id, lease_until
+    SELECT run_id, status, worker_id, lease_until, {_POLICY} AS policy
       FROM awooop_run_state
      WHERE status IN ({sql_list(LEASED)}) AND lease_until < now()
      LIMIT $1
@@ -57,7 +65,10 @@ upd AS (
            error_code = CASE WHEN r.cancel_requested THEN NULL
                              WHEN {_ATTEMPTS_LEFT} THEN r.error_code
                              ELSE '{MAX_ATTEMPTS_CODE}' END,
-           {DROP_LEASE}, not_before = NULL, reaped_at = now(), updated_at = now()
+           not_before = CASE WHEN NOT r.cancel_requested AND {_ATTEMPTS_LEFT}
+                             THEN now() + make_interval(secs => {_BACKOFF}) END,
+           wait_reason = CASE WHEN NOT r.cancel_requested AND {_ATTEMPTS_LEFT} THEN '{WAIT_BACKOFF}' END,
+           {DROP_LEASE}, reaped_at = now(), updated_at = now()
       FROM expired e
      WHERE r.run_id = e.run_id
  RETURNING r.run_id, r.project_id, r.status, r.failure_reason, r.attempt_count, r.max_attempts,
@@ -91,11 +102,14 @@ class ReapResult:
         return self.requeued + self.failed + self.cancelled
 
 
-async def reap(pool: asyncpg.Pool, saga: SagaNudger, batch: int = REAP_BATCH) -> ReapResult:
-    """One reaper pass: takes back every expired lease, a batch per statement."""
+async def reap(
+    pool: asyncpg.Pool, saga: SagaNudger, batch: int = REAP_BATCH, *, policy_defaults: str = "{}"
+) -> ReapResult:
+    """One reaper pass: takes back every expired lease, a batch per statement. policy_defaults:
+    the service's retry policy as JSON (retry_policy.defaults)."""
     counts = {"requeued": 0, "failed": 0, "cancelled": 0}
     while True:
-        rows = await pool.fetch(REAP_SQL, batch, REAPER_ACTOR, RUN_READY_CHANNEL)
+        rows = await pool.fetch(REAP_SQL, batch, REAPER_ACTOR, RUN_READY_CHANNEL, policy_defaults)
         for r in rows:
             outcome = _OUTCOME[r["status"]]
             counts[outcome] += 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -14,7 +15,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common import errors, tracing
+from services.common import errors, retry_policy, run_options, tracing
 from services.common.access import projects_with, require_member, require_role
 from services.common.auth import current_principal
 from services.common.runs import channel_from_pb, run_to_pb, set_time, status_from_pb, status_to_pb, ts
@@ -26,10 +27,14 @@ from services.scheduler import (
     batch_complete,
     budget,
     claiming,
+    concurrency,
     leases,
     metrics,
     overview,
+    project_flow,
     reads,
+    redrive,
+    schedules,
     transitions,
 )
 from services.scheduler.saga_client import SagaNudger
@@ -45,6 +50,7 @@ MAX_RETRY_AFTER = 86400.0
 MAX_APPROVAL_TTL = 7 * 86400.0
 MAX_ERROR_CODE = 64  # awooop_run_state.error_code VARCHAR(64)
 MAX_APPROVAL_TOKEN = 256
+MAX_KEY = 128  # awooop_run_state.concurrency_key VARCHAR(128)
 MAX_PAGE_SIZE = 500
 MAX_PROVIDER_EVENT_ID = 256  # awooop_run_state.provider_event_id VARCHAR(256)
 DEFAULT_PAGE_SIZE = 50
@@ -117,6 +123,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.listener = listener
         self.saga = saga
         self._budget = budget.answer_budget(ctx.settings.max_message_bytes)
+        self._policy_defaults = json.dumps(retry_policy.defaults(ctx.settings))
 
     def _lease_ttl(self, v: Violations, value: Duration) -> float:
         return v.duration("lease_ttl", value, max_seconds=MAX_LEASE_TTL, default=self.settings.lease_ttl)
@@ -300,9 +307,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         run_id, attempt = _lease(v, "lease", request.lease)
         reason = v.text("reason", request.reason, max_len=MAX_TEXT)
         error_code = v.token("error_code", request.error_code, max_len=MAX_ERROR_CODE, required=False)
-        backoff = v.duration(
-            "retry_after", request.retry_after, max_seconds=MAX_RETRY_AFTER, default=self.settings.retry_backoff
-        )
+        # 0: the run's retry policy chooses the delay
+        retry_after = v.duration("retry_after", request.retry_after, max_seconds=MAX_RETRY_AFTER, default=0.0)
         v.raise_if_any()
         changed = await self._fenced(
             transitions.FAIL,
@@ -311,7 +317,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             reason=reason or "failed",
             error_code=error_code,
             retryable=request.retryable,
-            backoff=backoff,
+            retry_after=retry_after,
+            policy=self._policy_defaults,
         )
         return scheduler_pb2.FailRunResponse(
             run=run_to_pb(changed.row), compensation_requested=changed.compensation_requested
@@ -532,3 +539,197 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 metadata={"run_id": run_id, "bytes": str(size)},
             )
         return resp
+
+    # --- project flow settings ------------------------------------------------------------------
+
+    def _flow_pb(self, flow: project_flow.ProjectFlow) -> scheduler_pb2.ProjectFlow:
+        effective = {**retry_policy.defaults(self.settings), **flow.retry_policy}
+        return scheduler_pb2.ProjectFlow(
+            project_id=flow.project_id,
+            retry_policy=retry_policy.to_pb(flow.retry_policy),
+            weight=flow.weight,
+            effective_retry_policy=retry_policy.to_pb(effective),
+            paused=flow.paused,
+        )
+
+    async def GetProjectFlow(
+        self, request: scheduler_pb2.GetProjectFlowRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.GetProjectFlowResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        v.raise_if_any()
+        require_member(current_principal(), project_id)
+        flow = await project_flow.get(self.pool, project_id)
+        return scheduler_pb2.GetProjectFlowResponse(flow=self._flow_pb(flow))
+
+    async def SetProjectFlow(
+        self, request: scheduler_pb2.SetProjectFlowRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.SetProjectFlowResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        policy = retry_policy.from_pb(v, "retry_policy", request.retry_policy)
+        weight = v.int_range(
+            "weight", request.weight, 1, project_flow.MAX_WEIGHT, default=project_flow.DEFAULT_WEIGHT
+        )
+        v.raise_if_any()
+        principal = current_principal()
+        require_role(principal, project_id, "admin")
+        flow = await project_flow.set_flow(self.pool, project_id, policy, weight, principal.actor)
+        return scheduler_pb2.SetProjectFlowResponse(flow=self._flow_pb(flow))
+
+    # --- concurrency limits ---------------------------------------------------------------------
+
+    @staticmethod
+    def _limit_pb(limit: concurrency.Limit) -> scheduler_pb2.ConcurrencyLimit:
+        return scheduler_pb2.ConcurrencyLimit(
+            project_id=limit.project_id,
+            key=limit.key,
+            max_running=limit.max_running,
+            running=limit.running,
+            waiting=limit.waiting,
+            max_starts=limit.max_starts,
+            per=Duration(seconds=int(limit.per), nanos=round((limit.per - int(limit.per)) * 1e9)),
+        )
+
+    async def SetConcurrencyLimit(
+        self, request: scheduler_pb2.SetConcurrencyLimitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.SetConcurrencyLimitResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        key = v.token("key", request.key, max_len=MAX_KEY)
+        v.check(0 <= request.max_running <= concurrency.MAX_LIMIT, "max_running", "must be 0 (none) to 100000")
+        v.check(0 <= request.max_starts <= 1_000_000, "max_starts", "must be 0 (none) to 1000000")
+        per = request.per.seconds + request.per.nanos / 1e9
+        if request.max_starts:
+            v.check(0.001 <= per <= 86400, "per", "the rate's period: 1 ms to 1 day")
+        v.raise_if_any()
+        principal = current_principal()
+        require_role(principal, project_id, "admin")
+        limit = await concurrency.set_limit(
+            self.pool, project_id, key, request.max_running, principal.actor, max_starts=request.max_starts, per=per
+        )
+        return scheduler_pb2.SetConcurrencyLimitResponse(limit=self._limit_pb(limit))
+
+    async def ListConcurrencyLimits(
+        self, request: scheduler_pb2.ListConcurrencyLimitsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.ListConcurrencyLimitsResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        v.raise_if_any()
+        require_member(current_principal(), project_id)
+        limits = await concurrency.list_limits(self.pool, project_id)
+        return scheduler_pb2.ListConcurrencyLimitsResponse(limits=[self._limit_pb(x) for x in limits])
+
+    # --- pause, resume, redrive -----------------------------------------------------------------
+
+    async def _pause(self, project: str, reason: str, paused: bool) -> scheduler_pb2.ProjectFlow:
+        v = Violations()
+        project_id = v.project_id("project_id", project)
+        text = v.text("reason", reason, max_len=MAX_TEXT)
+        v.raise_if_any()
+        principal = current_principal()
+        require_role(principal, project_id, "admin")
+        flow = await project_flow.set_paused(self.pool, project_id, paused, principal.actor, text)
+        return self._flow_pb(flow)
+
+    async def PauseProject(
+        self, request: scheduler_pb2.PauseProjectRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.PauseProjectResponse:
+        return scheduler_pb2.PauseProjectResponse(flow=await self._pause(request.project_id, request.reason, True))
+
+    async def ResumeProject(
+        self, request: scheduler_pb2.ResumeProjectRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.ResumeProjectResponse:
+        return scheduler_pb2.ResumeProjectResponse(flow=await self._pause(request.project_id, request.reason, False))
+
+    async def RedriveRuns(
+        self, request: scheduler_pb2.RedriveRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.RedriveRunsResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        error_code = v.token("error_code", request.error_code, max_len=MAX_ERROR_CODE, required=False)
+        reason = v.text("reason", request.reason, max_len=MAX_TEXT)
+        limit = v.int_range("limit", request.limit, 1, redrive.MAX_LIMIT, default=redrive.DEFAULT_LIMIT)
+        after = before = None
+        if request.HasField("failed_after"):
+            after = run_options.timestamp(v, "failed_after", request.failed_after)
+        if request.HasField("failed_before"):
+            before = run_options.timestamp(v, "failed_before", request.failed_before)
+        if after and before:
+            v.check(after < before, "failed_before", "must be later than failed_after")
+        v.raise_if_any()
+        principal = current_principal()
+        require_role(principal, project_id, "admin")
+        run_ids = await redrive.redrive(
+            self.pool,
+            project_id,
+            error_code=error_code or None,
+            failed_after=after,
+            failed_before=before,
+            limit=limit,
+            actor=principal.actor,
+            reason=reason,
+        )
+        return scheduler_pb2.RedriveRunsResponse(redriven=len(run_ids), run_ids=run_ids)
+
+    # --- schedules ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _schedule_pb(s: schedules.Schedule) -> scheduler_pb2.Schedule:
+        return scheduler_pb2.Schedule(
+            project_id=s.project_id,
+            name=s.name,
+            cron=s.cron,
+            time_zone=s.time_zone,
+            input=to_struct(s.input),
+            next_tick=ts(s.next_tick),
+        )
+
+    async def SetSchedule(
+        self, request: scheduler_pb2.SetScheduleRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.SetScheduleResponse:
+        v = Violations()
+        sched = request.schedule
+        project_id = v.project_id("schedule.project_id", sched.project_id)
+        name = v.token("schedule.name", sched.name, max_len=MAX_KEY)
+        cron = v.text("schedule.cron", sched.cron, max_len=256, required=True)
+        time_zone = sched.time_zone or "UTC"
+        try:
+            schedules.zone(time_zone)
+        except schedules.ScheduleError as exc:
+            v.add("schedule.time_zone", str(exc))
+        if cron:
+            try:
+                schedules.check_cron(cron)
+            except schedules.ScheduleError as exc:
+                v.add("schedule.cron", str(exc))
+        _, input_json = v.json("schedule.input", sched.input, max_bytes=self.settings.max_payload_bytes)
+        v.raise_if_any()
+        principal = current_principal()
+        require_role(principal, project_id, "admin")
+        stored = await schedules.set_schedule(
+            self.pool, project_id, name, cron, time_zone, input_json, principal.actor
+        )
+        return scheduler_pb2.SetScheduleResponse(schedule=self._schedule_pb(stored))
+
+    async def ListSchedules(
+        self, request: scheduler_pb2.ListSchedulesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.ListSchedulesResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        v.raise_if_any()
+        require_member(current_principal(), project_id)
+        found = await schedules.list_schedules(self.pool, project_id)
+        return scheduler_pb2.ListSchedulesResponse(schedules=[self._schedule_pb(s) for s in found])
+
+    async def DeleteSchedule(
+        self, request: scheduler_pb2.DeleteScheduleRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.DeleteScheduleResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        name = v.token("name", request.name, max_len=MAX_KEY)
+        v.raise_if_any()
+        principal = current_principal()
+        require_role(principal, project_id, "admin")
+        deleted = await schedules.delete_schedule(self.pool, project_id, name, principal.actor)
+        return scheduler_pb2.DeleteScheduleResponse(deleted=deleted)

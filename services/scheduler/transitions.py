@@ -20,11 +20,12 @@ from typing import Any
 
 import asyncpg
 
-from services.common import errors
+from services.common import errors, retry_policy
 from services.common.access import check_run_access, projects_with
 from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
 from services.common.db import Row
+from services.common.run_options import WAIT_BACKOFF
 from services.common.runs import RUN_READY_CHANNEL
 from services.common.runstate import (
     CANCELLABLE,
@@ -68,6 +69,7 @@ def fenced_sql(
     extra_where: str = "",
     trigger_sql: str | None = None,
     notify_when: str | None = None,
+    policy_cte: str = "",
 ) -> str:
     """A fenced write. Parameters: $1 run_id, $2 attempt (fencing token), $3 allowed
     statuses, $4 projects where the caller is a worker (NULL: all), $5 actor; the action's
@@ -82,7 +84,7 @@ WITH cur AS (
       FROM awooop_run_state
      WHERE run_id = $1
        FOR UPDATE
-),
+),{(chr(10) + policy_cte + ",") if policy_cte else ""}
 upd AS (
     UPDATE awooop_run_state r
        SET {set_sql}, updated_at = now()
@@ -104,9 +106,15 @@ SELECT cur.*, upd.*,
 """
 
 
-# The failure is retried only when asked, no cancel is pending, and attempts are left
-# (ReleaseRun hand-backs do not count: attempts used = attempt_count - released_count).
-_RETRY = f"(:retryable AND NOT r.cancel_requested AND {attempts_left('r')})"
+# The failure is retried only when asked, the run's retry policy does not name its error code,
+# no cancel is pending, and attempts are left (ReleaseRun hand-backs do not count: attempts
+# used = attempt_count - released_count). The policy is merged once per statement (`pol`).
+_POLICY = "(SELECT p FROM pol)"
+_RETRY = f"""(:retryable AND NOT {retry_policy.non_retryable_sql(_POLICY, "NULLIF(:error_code, '')")}
+                AND NOT r.cancel_requested AND {attempts_left('r')})"""
+# a delay the caller chose (retry_after), else the policy's for this many attempts used
+_DELAY = f"""CASE WHEN :retry_after::float8 > 0 THEN :retry_after::float8
+                      ELSE {retry_policy.delay_sql(_POLICY, "r.attempt_count - r.released_count")} END"""
 
 
 @dataclass(frozen=True)
@@ -160,17 +168,22 @@ COMPLETE = fenced_op("CompleteRun", Action.COMPLETE, params=("output",), set_sql
 FAIL = fenced_op(
     "FailRun",
     Action.FAIL,
-    params=("reason", "error_code", "retryable", "backoff"),
+    params=("reason", "error_code", "retryable", "retry_after", "policy"),
     set_sql=f"""status = CASE WHEN {_RETRY} THEN 'PENDING'
                          WHEN :retryable AND r.cancel_requested THEN 'CANCELLED'
                          ELSE 'FAILED' END,
-           not_before = CASE WHEN {_RETRY} THEN now() + make_interval(secs => :backoff) END,
+           not_before = CASE WHEN {_RETRY} THEN now() + make_interval(secs => {_DELAY}) END,
+           wait_reason = CASE WHEN {_RETRY} THEN '{WAIT_BACKOFF}' END,
            {DROP_LEASE}, failure_reason = :reason, error_code = NULLIF(:error_code, '')""",
     reason_sql=":reason",
     details_sql="""jsonb_build_object('retryable', :retryable::boolean, 'error_code', error_code,
                                   'not_before', not_before, 'max_attempts', max_attempts)""",
     trigger_sql="CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END",
     notify_when="status = 'PENDING'",
+    policy_cte=f"""pol AS (
+    SELECT {retry_policy.effective_sql("cur_project", "r.retry_policy", ":policy")} AS p
+      FROM cur JOIN awooop_run_state r ON r.run_id = cur.cur_run_id
+)""",
 )
 
 RELEASE = fenced_op(

@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from awooop.cli import admin, channels, demo, health, runs, server
+from awooop.cli import admin, channels, demo, flow, health, runs, server
 
 # each module contributes subcommands: register(subparsers) sets args.func
 MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
@@ -16,6 +16,7 @@ MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[
     health.register,
     runs.register,
     channels.register,
+    flow.register,
     demo.register,
 ]
 

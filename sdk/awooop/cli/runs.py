@@ -198,6 +198,25 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
     return EXIT_RPC_ERROR if problems else 0
 
 
+# Run.wait_reason -> what it means for the operator
+WAIT_REASONS = {
+    "backoff": "retry backoff until {t} (after a retryable failure or a reaped lease)",
+    "delayed": "delayed: not claimable before {t} (not_before)",
+    "key_busy": "concurrency key {key} is at its limit; claimable when a run with it finishes",
+    "rate_limited": "key {key} started its rate's worth in this window; claimable from {t}",
+}
+
+
+def waiting_why(run: common_pb2.Run) -> str:
+    """Why a queued run is not being claimed, or ""."""
+    if run.status not in (common_pb2.RUN_STATUS_PENDING, common_pb2.RUN_STATUS_RESUMED):
+        return ""
+    text = WAIT_REASONS.get(run.wait_reason)
+    if text is None:
+        return f"{run.wait_reason} until {when(run.not_before)}" if run.wait_reason else ""
+    return text.format(t=when(run.not_before), key=run.concurrency_key)
+
+
 def _print_run(run: common_pb2.Run) -> None:
     rows: list[tuple[str, str]] = [
         ("run", run.run_id),
@@ -207,6 +226,13 @@ def _print_run(run: common_pb2.Run) -> None:
         ("status", status_name(run.status) + ("  (cancel requested)" if run.cancel_requested else "")),
         ("attempts", f"{run.attempt_count} of {run.max_attempts}"),
     ]
+    if run.priority:
+        rows.append(("priority", str(run.priority)))
+    if run.concurrency_key:
+        rows.append(("concurrency key", run.concurrency_key))
+    waiting = waiting_why(run)
+    if waiting:
+        rows.append(("waiting", waiting))
     if run.worker_id:
         rows.append(("worker", f"{run.worker_id}  lease until {when(run.lease_until)}"))
     if run.failure_reason or run.error_code:

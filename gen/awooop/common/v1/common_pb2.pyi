@@ -5,10 +5,13 @@ Types shared by every awooop service: the run, its state machine, the lease
 fencing token and the saga journal entry.
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
+from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -288,6 +291,9 @@ class Run(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     NOT_BEFORE_FIELD_NUMBER: _builtins.int
     APPROVAL_SUMMARY_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    WAIT_REASON_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id (UUID)."""
     project_id: _builtins.str
@@ -318,6 +324,16 @@ class Run(_message.Message):
     """Saga status."""
     approval_summary: _builtins.str
     """Short text shown to approvers while WAITING_APPROVAL."""
+    priority: _builtins.int
+    """Claim order within the project: higher first (-1000..1000, default 0), then the earliest due."""
+    wait_reason: _builtins.str
+    """Why a queued run is not claimable before not_before: "backoff" (after a retryable failure or a
+    reaped lease), "delayed" (the not_before it was created with) or "key_busy" (parked until a run
+    with its concurrency key frees a slot; not_before is then the largest timestamp); empty when
+    nothing holds it back.
+    """
+    concurrency_key: _builtins.str
+    """Concurrency key (for example k8s:deployment/api); its project's limit caps the leased runs with it."""
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Input given at creation (the channel payload unless the caller set one)."""
@@ -390,14 +406,68 @@ class Run(_message.Message):
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         not_before: _timestamp_pb2.Timestamp | None = ...,
         approval_summary: _builtins.str = ...,
+        priority: _builtins.int = ...,
+        wait_reason: _builtins.str = ...,
+        concurrency_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval_expires_at", b"approval_expires_at", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "created_at", b"created_at", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "not_before", b"not_before", "output", b"output", "reaped_at", b"reaped_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided_by", b"approval_decided_by", "approval_expires_at", b"approval_expires_at", "approval_summary", b"approval_summary", "attempt_count", b"attempt_count", "cancel_requested", b"cancel_requested", "channel_type", b"channel_type", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "created_at", b"created_at", "error_code", b"error_code", "failure_reason", b"failure_reason", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "max_attempts", b"max_attempts", "not_before", b"not_before", "output", b"output", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "reaped_at", b"reaped_at", "run_id", b"run_id", "saga_status", b"saga_status", "status", b"status", "updated_at", b"updated_at", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided_by", b"approval_decided_by", "approval_expires_at", b"approval_expires_at", "approval_summary", b"approval_summary", "attempt_count", b"attempt_count", "cancel_requested", b"cancel_requested", "channel_type", b"channel_type", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "concurrency_key", b"concurrency_key", "created_at", b"created_at", "error_code", b"error_code", "failure_reason", b"failure_reason", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "max_attempts", b"max_attempts", "not_before", b"not_before", "output", b"output", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "reaped_at", b"reaped_at", "run_id", b"run_id", "saga_status", b"saga_status", "status", b"status", "updated_at", b"updated_at", "wait_reason", b"wait_reason", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Run: _TypeAlias = Run  # noqa: Y015
+
+@_typing.final
+class RetryPolicy(_message.Message):
+    """How a run is retried (docs/flow-control.md). Each field left unset (zero) takes the project's
+    value, then the service's (AWOOOP_RETRY_*). The n-th failure of a run waits
+    min(max_backoff, initial_backoff * multiplier^(n-1)) reduced by up to jitter of itself.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INITIAL_BACKOFF_FIELD_NUMBER: _builtins.int
+    MULTIPLIER_FIELD_NUMBER: _builtins.int
+    MAX_BACKOFF_FIELD_NUMBER: _builtins.int
+    JITTER_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    NON_RETRYABLE_ERROR_CODES_FIELD_NUMBER: _builtins.int
+    multiplier: _builtins.float
+    """Growth of the delay per further failure (1-10)."""
+    jitter: _builtins.float
+    """Fraction of the delay taken off at random (0-1), so retries of many runs spread out."""
+    max_attempts: _builtins.int
+    """Claims allowed before the run fails (1-100)."""
+    @_builtins.property
+    def initial_backoff(self) -> _duration_pb2.Duration:
+        """Delay after the first failure (at most 1 day)."""
+
+    @_builtins.property
+    def max_backoff(self) -> _duration_pb2.Duration:
+        """Longest delay (at most 1 day)."""
+
+    @_builtins.property
+    def non_retryable_error_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Error codes (FailRun.error_code) that fail the run at once, never retried (at most 32)."""
+
+    def __init__(
+        self,
+        *,
+        initial_backoff: _duration_pb2.Duration | None = ...,
+        multiplier: _builtins.float = ...,
+        max_backoff: _duration_pb2.Duration | None = ...,
+        jitter: _builtins.float = ...,
+        max_attempts: _builtins.int = ...,
+        non_retryable_error_codes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["initial_backoff", b"initial_backoff", "max_backoff", b"max_backoff"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["initial_backoff", b"initial_backoff", "jitter", b"jitter", "max_attempts", b"max_attempts", "max_backoff", b"max_backoff", "multiplier", b"multiplier", "non_retryable_error_codes", b"non_retryable_error_codes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryPolicy: _TypeAlias = RetryPolicy  # noqa: Y015
 
 @_typing.final
 class CompensationCommand(_message.Message):

@@ -57,6 +57,10 @@ class IngestEventRequest(_message.Message):
     INPUT_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
     ENDPOINT_FIELD_NUMBER: _builtins.int
+    NOT_BEFORE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    RETRY_POLICY_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant (1-64 chars: letters, digits, '-', '_', '.')."""
     channel_type: _common_pb2.ChannelType.ValueType
@@ -67,12 +71,16 @@ class IngestEventRequest(_message.Message):
     LINE webhookEventId of each event, API the idempotency-key header.
     """
     max_attempts: _builtins.int
-    """Claims allowed before the run fails; 0 means the default (3). At most 100."""
+    """Claims allowed before the run fails; 0 means the project's retry policy (default 3). At most 100."""
     endpoint: _builtins.str
     """The webhook endpoint (its name) the delivery came through, when a relay knows it. Telegram
     update ids are per bot, so with an endpoint the derived id is "<endpoint>:<update_id>";
     without one it stays the update_id. Ignored for other channels.
     """
+    priority: _builtins.int
+    """Claim order within the project: higher first (-1000..1000, default 0)."""
+    concurrency_key: _builtins.str
+    """Concurrency key (1-128 printable chars, for example llm:provider-x); empty: none."""
     @_builtins.property
     def payload(self) -> _struct_pb2.Struct:
         """The provider's webhook body as JSON."""
@@ -85,6 +93,14 @@ class IngestEventRequest(_message.Message):
     def input(self) -> _struct_pb2.Struct:
         """Run input; defaults to the payload (for LINE, to each event)."""
 
+    @_builtins.property
+    def not_before(self) -> _timestamp_pb2.Timestamp:
+        """Not claimable before this time (a delayed run); unset: at once."""
+
+    @_builtins.property
+    def retry_policy(self) -> _common_pb2.RetryPolicy:
+        """The run's own retry policy; unset fields take the project's."""
+
     def __init__(
         self,
         *,
@@ -96,10 +112,14 @@ class IngestEventRequest(_message.Message):
         input: _struct_pb2.Struct | None = ...,
         max_attempts: _builtins.int = ...,
         endpoint: _builtins.str = ...,
+        not_before: _timestamp_pb2.Timestamp | None = ...,
+        priority: _builtins.int = ...,
+        retry_policy: _common_pb2.RetryPolicy | None = ...,
+        concurrency_key: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "payload", b"payload"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "not_before", b"not_before", "payload", b"payload", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "endpoint", b"endpoint", "headers", b"headers", "input", b"input", "max_attempts", b"max_attempts", "payload", b"payload", "project_id", b"project_id", "provider_event_id", b"provider_event_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "concurrency_key", b"concurrency_key", "endpoint", b"endpoint", "headers", b"headers", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "payload", b"payload", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "retry_policy", b"retry_policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -221,15 +241,31 @@ class CreateRunRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    NOT_BEFORE_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    RETRY_POLICY_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     idempotency_key: _builtins.str
     """Idempotency key (1-256 chars), required. May also come as `idempotency-key` metadata."""
     max_attempts: _builtins.int
-    """Claims allowed before the run fails; 0 means the default (3). At most 100."""
+    """Claims allowed before the run fails; 0 means the project's retry policy (default 3). At most 100."""
+    priority: _builtins.int
+    """Claim order within the project: higher first (-1000..1000, default 0)."""
+    concurrency_key: _builtins.str
+    """Concurrency key (1-128 printable chars, for example k8s:deployment/api); empty: none."""
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Run input."""
+
+    @_builtins.property
+    def not_before(self) -> _timestamp_pb2.Timestamp:
+        """Not claimable before this time (a delayed run); unset: at once."""
+
+    @_builtins.property
+    def retry_policy(self) -> _common_pb2.RetryPolicy:
+        """The run's own retry policy; unset fields take the project's."""
 
     def __init__(
         self,
@@ -238,10 +274,14 @@ class CreateRunRequest(_message.Message):
         idempotency_key: _builtins.str = ...,
         input: _struct_pb2.Struct | None = ...,
         max_attempts: _builtins.int = ...,
+        not_before: _timestamp_pb2.Timestamp | None = ...,
+        priority: _builtins.int = ...,
+        retry_policy: _common_pb2.RetryPolicy | None = ...,
+        concurrency_key: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "not_before", b"not_before", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "input", b"input", "max_attempts", b"max_attempts", "project_id", b"project_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency_key", b"concurrency_key", "idempotency_key", b"idempotency_key", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "priority", b"priority", "project_id", b"project_id", "retry_policy", b"retry_policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

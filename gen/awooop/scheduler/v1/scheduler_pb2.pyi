@@ -476,14 +476,16 @@ class FailRunRequest(_message.Message):
     error_code: _builtins.str
     """Machine-readable code (at most 64 chars)."""
     retryable: _builtins.bool
-    """True: return to PENDING while attempts are left. False: FAILED now."""
+    """True: return to PENDING while attempts are left, unless error_code is one of the retry
+    policy's non_retryable_error_codes. False: FAILED now.
+    """
     @_builtins.property
     def lease(self) -> _common_pb2.LeaseToken:
         """Fencing token."""
 
     @_builtins.property
     def retry_after(self) -> _duration_pb2.Duration:
-        """Delay before the run may be claimed again; 0 means the configured backoff."""
+        """Delay before the run may be claimed again; 0 means the run's retry policy decides."""
 
     def __init__(
         self,
@@ -1286,3 +1288,669 @@ class ListProjectsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListProjectsResponse: _TypeAlias = ListProjectsResponse  # noqa: Y015
+
+@_typing.final
+class ProjectFlow(_message.Message):
+    """A project's flow settings (docs/flow-control.md)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    RETRY_POLICY_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    EFFECTIVE_RETRY_POLICY_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    weight: _builtins.int
+    """Share of a claim made for several projects (1-1000, default 1)."""
+    paused: _builtins.bool
+    """Claims skip the project's runs (PauseProject)."""
+    @_builtins.property
+    def retry_policy(self) -> _common_pb2.RetryPolicy:
+        """The project's retry policy: the fields it sets (zero: the service's AWOOOP_RETRY_* value)."""
+
+    @_builtins.property
+    def effective_retry_policy(self) -> _common_pb2.RetryPolicy:
+        """The service's policy merged with the project's: what a run without its own policy gets."""
+
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        retry_policy: _common_pb2.RetryPolicy | None = ...,
+        weight: _builtins.int = ...,
+        effective_retry_policy: _common_pb2.RetryPolicy | None = ...,
+        paused: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "retry_policy", b"retry_policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "paused", b"paused", "project_id", b"project_id", "retry_policy", b"retry_policy", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ProjectFlow: _TypeAlias = ProjectFlow  # noqa: Y015
+
+@_typing.final
+class GetProjectFlowRequest(_message.Message):
+    """Reads a project's flow settings."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProjectFlowRequest: _TypeAlias = GetProjectFlowRequest  # noqa: Y015
+
+@_typing.final
+class GetProjectFlowResponse(_message.Message):
+    """The project's flow settings."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def flow(self) -> Global___ProjectFlow:
+        """Settings (defaults when never set)."""
+
+    def __init__(
+        self,
+        *,
+        flow: Global___ProjectFlow | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetProjectFlowResponse: _TypeAlias = GetProjectFlowResponse  # noqa: Y015
+
+@_typing.final
+class SetProjectFlowRequest(_message.Message):
+    """Sets a project's flow settings; the given message replaces the stored one."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    RETRY_POLICY_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    weight: _builtins.int
+    """Claim weight (1-1000); 0 means 1."""
+    @_builtins.property
+    def retry_policy(self) -> _common_pb2.RetryPolicy:
+        """The project's retry policy; unset fields take the service's values."""
+
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        retry_policy: _common_pb2.RetryPolicy | None = ...,
+        weight: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retry_policy", b"retry_policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id", "retry_policy", b"retry_policy", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetProjectFlowRequest: _TypeAlias = SetProjectFlowRequest  # noqa: Y015
+
+@_typing.final
+class SetProjectFlowResponse(_message.Message):
+    """The stored settings."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def flow(self) -> Global___ProjectFlow:
+        """Settings as stored."""
+
+    def __init__(
+        self,
+        *,
+        flow: Global___ProjectFlow | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetProjectFlowResponse: _TypeAlias = SetProjectFlowResponse  # noqa: Y015
+
+@_typing.final
+class ConcurrencyLimit(_message.Message):
+    """A concurrency key's limit in a project."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    MAX_RUNNING_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    MAX_STARTS_FIELD_NUMBER: _builtins.int
+    PER_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    key: _builtins.str
+    """The key runs carry (Run.concurrency_key)."""
+    max_running: _builtins.int
+    """Most leased runs with the key at once (1 = mutual exclusion); 0: no concurrency limit."""
+    running: _builtins.int
+    """Leased runs with the key now."""
+    waiting: _builtins.int
+    """Runs parked until a slot frees or the rate window ends."""
+    max_starts: _builtins.int
+    """Most runs with the key started per `per` (a rate); 0: no rate limit."""
+    @_builtins.property
+    def per(self) -> _duration_pb2.Duration:
+        """The rate's period."""
+
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        key: _builtins.str = ...,
+        max_running: _builtins.int = ...,
+        running: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+        max_starts: _builtins.int = ...,
+        per: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["per", b"per"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "max_running", b"max_running", "max_starts", b"max_starts", "per", b"per", "project_id", b"project_id", "running", b"running", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConcurrencyLimit: _TypeAlias = ConcurrencyLimit  # noqa: Y015
+
+@_typing.final
+class SetConcurrencyLimitRequest(_message.Message):
+    """Sets a key's limit."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    MAX_RUNNING_FIELD_NUMBER: _builtins.int
+    MAX_STARTS_FIELD_NUMBER: _builtins.int
+    PER_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    key: _builtins.str
+    """Key (1-128 printable chars)."""
+    max_running: _builtins.int
+    """Concurrency limit (1-100000); 0: none. With max_starts also 0 the key's limit is removed
+    (its parked runs become claimable).
+    """
+    max_starts: _builtins.int
+    """Rate: at most this many starts (1-1000000) per `per`; 0: no rate limit."""
+    @_builtins.property
+    def per(self) -> _duration_pb2.Duration:
+        """The rate's period (1 ms to 1 day); required with max_starts."""
+
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        key: _builtins.str = ...,
+        max_running: _builtins.int = ...,
+        max_starts: _builtins.int = ...,
+        per: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["per", b"per"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "max_running", b"max_running", "max_starts", b"max_starts", "per", b"per", "project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetConcurrencyLimitRequest: _TypeAlias = SetConcurrencyLimitRequest  # noqa: Y015
+
+@_typing.final
+class SetConcurrencyLimitResponse(_message.Message):
+    """The limit as stored (max_running 0 when removed)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def limit(self) -> Global___ConcurrencyLimit:
+        """The limit."""
+
+    def __init__(
+        self,
+        *,
+        limit: Global___ConcurrencyLimit | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetConcurrencyLimitResponse: _TypeAlias = SetConcurrencyLimitResponse  # noqa: Y015
+
+@_typing.final
+class ListConcurrencyLimitsRequest(_message.Message):
+    """Lists a project's limits."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListConcurrencyLimitsRequest: _TypeAlias = ListConcurrencyLimitsRequest  # noqa: Y015
+
+@_typing.final
+class ListConcurrencyLimitsResponse(_message.Message):
+    """The project's limits, by key."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def limits(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConcurrencyLimit]:
+        """Limits."""
+
+    def __init__(
+        self,
+        *,
+        limits: _abc.Iterable[Global___ConcurrencyLimit] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListConcurrencyLimitsResponse: _TypeAlias = ListConcurrencyLimitsResponse  # noqa: Y015
+
+@_typing.final
+class PauseProjectRequest(_message.Message):
+    """Pauses a project."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    reason: _builtins.str
+    """Why (audit log, at most 4096 chars)."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseProjectRequest: _TypeAlias = PauseProjectRequest  # noqa: Y015
+
+@_typing.final
+class PauseProjectResponse(_message.Message):
+    """The project's flow settings, paused."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def flow(self) -> Global___ProjectFlow:
+        """Settings."""
+
+    def __init__(
+        self,
+        *,
+        flow: Global___ProjectFlow | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PauseProjectResponse: _TypeAlias = PauseProjectResponse  # noqa: Y015
+
+@_typing.final
+class ResumeProjectRequest(_message.Message):
+    """Resumes a project."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    reason: _builtins.str
+    """Why (audit log, at most 4096 chars)."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeProjectRequest: _TypeAlias = ResumeProjectRequest  # noqa: Y015
+
+@_typing.final
+class ResumeProjectResponse(_message.Message):
+    """The project's flow settings, not paused."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FLOW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def flow(self) -> Global___ProjectFlow:
+        """Settings."""
+
+    def __init__(
+        self,
+        *,
+        flow: Global___ProjectFlow | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["flow", b"flow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumeProjectResponse: _TypeAlias = ResumeProjectResponse  # noqa: Y015
+
+@_typing.final
+class RedriveRunsRequest(_message.Message):
+    """Which FAILED runs to requeue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    FAILED_AFTER_FIELD_NUMBER: _builtins.int
+    FAILED_BEFORE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    error_code: _builtins.str
+    """Only runs failed with this error code; empty: any."""
+    limit: _builtins.int
+    """At most this many runs, oldest failure first (1-10000; 0 means 1000)."""
+    reason: _builtins.str
+    """Why (audit log, at most 4096 chars)."""
+    @_builtins.property
+    def failed_after(self) -> _timestamp_pb2.Timestamp:
+        """Only runs that failed at or after this time; unset: no bound."""
+
+    @_builtins.property
+    def failed_before(self) -> _timestamp_pb2.Timestamp:
+        """Only runs that failed before this time; unset: no bound."""
+
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        failed_after: _timestamp_pb2.Timestamp | None = ...,
+        failed_before: _timestamp_pb2.Timestamp | None = ...,
+        limit: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["failed_after", b"failed_after", "failed_before", b"failed_before"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "failed_after", b"failed_after", "failed_before", b"failed_before", "limit", b"limit", "project_id", b"project_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RedriveRunsRequest: _TypeAlias = RedriveRunsRequest  # noqa: Y015
+
+@_typing.final
+class RedriveRunsResponse(_message.Message):
+    """The requeued runs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REDRIVEN_FIELD_NUMBER: _builtins.int
+    RUN_IDS_FIELD_NUMBER: _builtins.int
+    redriven: _builtins.int
+    """How many runs were requeued."""
+    @_builtins.property
+    def run_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Their ids."""
+
+    def __init__(
+        self,
+        *,
+        redriven: _builtins.int = ...,
+        run_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["redriven", b"redriven", "run_ids", b"run_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RedriveRunsResponse: _TypeAlias = RedriveRunsResponse  # noqa: Y015
+
+@_typing.final
+class Schedule(_message.Message):
+    """A cron schedule: one run per tick, with the schedule's input."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    CRON_FIELD_NUMBER: _builtins.int
+    TIME_ZONE_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
+    NEXT_TICK_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    name: _builtins.str
+    """Name, unique in the project (1-128 printable chars); part of each tick's event id."""
+    cron: _builtins.str
+    """Cron expression: 5 fields, or 6 with seconds first (croniter syntax)."""
+    time_zone: _builtins.str
+    """IANA time zone the expression is read in (default UTC), for example Europe/Berlin."""
+    @_builtins.property
+    def input(self) -> _struct_pb2.Struct:
+        """Input of each run."""
+
+    @_builtins.property
+    def next_tick(self) -> _timestamp_pb2.Timestamp:
+        """The next tick."""
+
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        cron: _builtins.str = ...,
+        time_zone: _builtins.str = ...,
+        input: _struct_pb2.Struct | None = ...,
+        next_tick: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "next_tick", b"next_tick"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cron", b"cron", "input", b"input", "name", b"name", "next_tick", b"next_tick", "project_id", b"project_id", "time_zone", b"time_zone"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Schedule: _TypeAlias = Schedule  # noqa: Y015
+
+@_typing.final
+class SetScheduleRequest(_message.Message):
+    """Creates or replaces a schedule (its first tick is the first after now)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> Global___Schedule:
+        """The schedule (next_tick is ignored)."""
+
+    def __init__(
+        self,
+        *,
+        schedule: Global___Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetScheduleRequest: _TypeAlias = SetScheduleRequest  # noqa: Y015
+
+@_typing.final
+class SetScheduleResponse(_message.Message):
+    """The stored schedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedule(self) -> Global___Schedule:
+        """Schedule."""
+
+    def __init__(
+        self,
+        *,
+        schedule: Global___Schedule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedule", b"schedule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetScheduleResponse: _TypeAlias = SetScheduleResponse  # noqa: Y015
+
+@_typing.final
+class ListSchedulesRequest(_message.Message):
+    """Lists schedules."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSchedulesRequest: _TypeAlias = ListSchedulesRequest  # noqa: Y015
+
+@_typing.final
+class ListSchedulesResponse(_message.Message):
+    """A project's schedules, by name."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def schedules(self) -> _containers.RepeatedCompositeFieldContainer[Global___Schedule]:
+        """Schedules."""
+
+    def __init__(
+        self,
+        *,
+        schedules: _abc.Iterable[Global___Schedule] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["schedules", b"schedules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListSchedulesResponse: _TypeAlias = ListSchedulesResponse  # noqa: Y015
+
+@_typing.final
+class DeleteScheduleRequest(_message.Message):
+    """Deletes a schedule."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    name: _builtins.str
+    """Name."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteScheduleRequest: _TypeAlias = DeleteScheduleRequest  # noqa: Y015
+
+@_typing.final
+class DeleteScheduleResponse(_message.Message):
+    """Whether it existed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    deleted: _builtins.bool
+    """True when a schedule was deleted."""
+    def __init__(
+        self,
+        *,
+        deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteScheduleResponse: _TypeAlias = DeleteScheduleResponse  # noqa: Y015

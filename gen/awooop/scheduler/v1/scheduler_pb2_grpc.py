@@ -120,6 +120,56 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListProjectsRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListProjectsResponse.FromString,
                 _registered_method=True)
+        self.GetProjectFlow = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/GetProjectFlow',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetProjectFlowRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetProjectFlowResponse.FromString,
+                _registered_method=True)
+        self.SetProjectFlow = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/SetProjectFlow',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowResponse.FromString,
+                _registered_method=True)
+        self.SetConcurrencyLimit = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/SetConcurrencyLimit',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetConcurrencyLimitRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetConcurrencyLimitResponse.FromString,
+                _registered_method=True)
+        self.ListConcurrencyLimits = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ListConcurrencyLimits',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsResponse.FromString,
+                _registered_method=True)
+        self.PauseProject = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/PauseProject',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseProjectRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseProjectResponse.FromString,
+                _registered_method=True)
+        self.ResumeProject = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ResumeProject',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeProjectRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeProjectResponse.FromString,
+                _registered_method=True)
+        self.RedriveRuns = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/RedriveRuns',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsResponse.FromString,
+                _registered_method=True)
+        self.SetSchedule = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/SetSchedule',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetScheduleRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListSchedules = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ListSchedules',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListSchedulesRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListSchedulesResponse.FromString,
+                _registered_method=True)
+        self.DeleteSchedule = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/DeleteSchedule',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -252,6 +302,79 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetProjectFlow(self, request, context):
+        """Reads a project's flow settings (retry policy, claim weight); admin or worker role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetProjectFlow(self, request, context):
+        """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetConcurrencyLimit(self, request, context):
+        """Sets a concurrency key's limits in a project: concurrency and/or rate (starts per period);
+        with both 0, removes them (admin role).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConcurrencyLimits(self, request, context):
+        """Lists a project's concurrency limits with their running counts (any role in the project).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseProject(self, request, context):
+        """Pauses a project: claims skip its runs (nothing is lost; leased runs finish). Admin role;
+        audited as PROJECT_PAUSED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeProject(self, request, context):
+        """Resumes a paused project and wakes waiting claims. Admin role; audited as PROJECT_RESUMED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RedriveRuns(self, request, context):
+        """Requeues a project's FAILED runs matching a filter, each with fresh attempts, as one audited
+        operator action (RUNS_REDRIVEN, plus REDRIVEN per run). Admin role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetSchedule(self, request, context):
+        """Creates or replaces a cron schedule that creates one run per tick (admin role; SCHEDULE_SET).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSchedules(self, request, context):
+        """Lists a project's schedules (any role in the project).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSchedule(self, request, context):
+        """Deletes a schedule (admin role; SCHEDULE_DELETED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -339,6 +462,56 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListProjects,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListProjectsRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListProjectsResponse.SerializeToString,
+            ),
+            'GetProjectFlow': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProjectFlow,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetProjectFlowRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetProjectFlowResponse.SerializeToString,
+            ),
+            'SetProjectFlow': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetProjectFlow,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowResponse.SerializeToString,
+            ),
+            'SetConcurrencyLimit': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetConcurrencyLimit,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetConcurrencyLimitRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetConcurrencyLimitResponse.SerializeToString,
+            ),
+            'ListConcurrencyLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConcurrencyLimits,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsResponse.SerializeToString,
+            ),
+            'PauseProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseProject,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseProjectRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseProjectResponse.SerializeToString,
+            ),
+            'ResumeProject': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeProject,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeProjectRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeProjectResponse.SerializeToString,
+            ),
+            'RedriveRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.RedriveRuns,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsResponse.SerializeToString,
+            ),
+            'SetSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSchedule,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetScheduleRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetScheduleResponse.SerializeToString,
+            ),
+            'ListSchedules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSchedules,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListSchedulesRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListSchedulesResponse.SerializeToString,
+            ),
+            'DeleteSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSchedule,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -801,6 +974,276 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/ListProjects',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListProjectsRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListProjectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetProjectFlow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/GetProjectFlow',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetProjectFlowRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetProjectFlowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetProjectFlow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/SetProjectFlow',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetProjectFlowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetConcurrencyLimit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/SetConcurrencyLimit',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetConcurrencyLimitRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetConcurrencyLimitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConcurrencyLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ListConcurrencyLimits',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListConcurrencyLimitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/PauseProject',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseProjectRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PauseProjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeProject(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ResumeProject',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeProjectRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ResumeProjectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RedriveRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/RedriveRuns',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.RedriveRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/SetSchedule',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetScheduleRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSchedules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ListSchedules',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListSchedulesRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListSchedulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/DeleteSchedule',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,6 +79,32 @@ class SchedulerServiceStub:
     """Counts a project's runs per status and reports its oldest claimable run. Any role."""
     ListProjects: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListProjectsRequest, _scheduler_pb2.ListProjectsResponse]
     """Projects the caller holds a role in (for a '*' grant: every project that has runs)."""
+    GetProjectFlow: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetProjectFlowRequest, _scheduler_pb2.GetProjectFlowResponse]
+    """Reads a project's flow settings (retry policy, claim weight); admin or worker role."""
+    SetProjectFlow: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetProjectFlowRequest, _scheduler_pb2.SetProjectFlowResponse]
+    """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET."""
+    SetConcurrencyLimit: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetConcurrencyLimitRequest, _scheduler_pb2.SetConcurrencyLimitResponse]
+    """Sets a concurrency key's limits in a project: concurrency and/or rate (starts per period);
+    with both 0, removes them (admin role).
+    """
+    ListConcurrencyLimits: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListConcurrencyLimitsRequest, _scheduler_pb2.ListConcurrencyLimitsResponse]
+    """Lists a project's concurrency limits with their running counts (any role in the project)."""
+    PauseProject: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.PauseProjectRequest, _scheduler_pb2.PauseProjectResponse]
+    """Pauses a project: claims skip its runs (nothing is lost; leased runs finish). Admin role;
+    audited as PROJECT_PAUSED.
+    """
+    ResumeProject: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeProjectRequest, _scheduler_pb2.ResumeProjectResponse]
+    """Resumes a paused project and wakes waiting claims. Admin role; audited as PROJECT_RESUMED."""
+    RedriveRuns: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.RedriveRunsRequest, _scheduler_pb2.RedriveRunsResponse]
+    """Requeues a project's FAILED runs matching a filter, each with fresh attempts, as one audited
+    operator action (RUNS_REDRIVEN, plus REDRIVEN per run). Admin role.
+    """
+    SetSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetScheduleRequest, _scheduler_pb2.SetScheduleResponse]
+    """Creates or replaces a cron schedule that creates one run per tick (admin role; SCHEDULE_SET)."""
+    ListSchedules: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListSchedulesRequest, _scheduler_pb2.ListSchedulesResponse]
+    """Lists a project's schedules (any role in the project)."""
+    DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.DeleteScheduleRequest, _scheduler_pb2.DeleteScheduleResponse]
+    """Deletes a schedule (admin role; SCHEDULE_DELETED)."""
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -129,6 +155,32 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Counts a project's runs per status and reports its oldest claimable run. Any role."""
     ListProjects: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListProjectsRequest, _scheduler_pb2.ListProjectsResponse]  # type: ignore[assignment]
     """Projects the caller holds a role in (for a '*' grant: every project that has runs)."""
+    GetProjectFlow: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetProjectFlowRequest, _scheduler_pb2.GetProjectFlowResponse]  # type: ignore[assignment]
+    """Reads a project's flow settings (retry policy, claim weight); admin or worker role."""
+    SetProjectFlow: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetProjectFlowRequest, _scheduler_pb2.SetProjectFlowResponse]  # type: ignore[assignment]
+    """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET."""
+    SetConcurrencyLimit: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetConcurrencyLimitRequest, _scheduler_pb2.SetConcurrencyLimitResponse]  # type: ignore[assignment]
+    """Sets a concurrency key's limits in a project: concurrency and/or rate (starts per period);
+    with both 0, removes them (admin role).
+    """
+    ListConcurrencyLimits: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListConcurrencyLimitsRequest, _scheduler_pb2.ListConcurrencyLimitsResponse]  # type: ignore[assignment]
+    """Lists a project's concurrency limits with their running counts (any role in the project)."""
+    PauseProject: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.PauseProjectRequest, _scheduler_pb2.PauseProjectResponse]  # type: ignore[assignment]
+    """Pauses a project: claims skip its runs (nothing is lost; leased runs finish). Admin role;
+    audited as PROJECT_PAUSED.
+    """
+    ResumeProject: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeProjectRequest, _scheduler_pb2.ResumeProjectResponse]  # type: ignore[assignment]
+    """Resumes a paused project and wakes waiting claims. Admin role; audited as PROJECT_RESUMED."""
+    RedriveRuns: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.RedriveRunsRequest, _scheduler_pb2.RedriveRunsResponse]  # type: ignore[assignment]
+    """Requeues a project's FAILED runs matching a filter, each with fresh attempts, as one audited
+    operator action (RUNS_REDRIVEN, plus REDRIVEN per run). Admin role.
+    """
+    SetSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetScheduleRequest, _scheduler_pb2.SetScheduleResponse]  # type: ignore[assignment]
+    """Creates or replaces a cron schedule that creates one run per tick (admin role; SCHEDULE_SET)."""
+    ListSchedules: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListSchedulesRequest, _scheduler_pb2.ListSchedulesResponse]  # type: ignore[assignment]
+    """Lists a project's schedules (any role in the project)."""
+    DeleteSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.DeleteScheduleRequest, _scheduler_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
+    """Deletes a schedule (admin role; SCHEDULE_DELETED)."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """SchedulerService owns the run state machine."""
@@ -278,5 +330,91 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.ListProjectsResponse, _abc.Awaitable[_scheduler_pb2.ListProjectsResponse]]:
         """Projects the caller holds a role in (for a '*' grant: every project that has runs)."""
+
+    @_abc_1.abstractmethod
+    def GetProjectFlow(
+        self,
+        request: _scheduler_pb2.GetProjectFlowRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.GetProjectFlowResponse, _abc.Awaitable[_scheduler_pb2.GetProjectFlowResponse]]:
+        """Reads a project's flow settings (retry policy, claim weight); admin or worker role."""
+
+    @_abc_1.abstractmethod
+    def SetProjectFlow(
+        self,
+        request: _scheduler_pb2.SetProjectFlowRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SetProjectFlowResponse, _abc.Awaitable[_scheduler_pb2.SetProjectFlowResponse]]:
+        """Sets a project's flow settings (admin role); audited as PROJECT_FLOW_SET."""
+
+    @_abc_1.abstractmethod
+    def SetConcurrencyLimit(
+        self,
+        request: _scheduler_pb2.SetConcurrencyLimitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SetConcurrencyLimitResponse, _abc.Awaitable[_scheduler_pb2.SetConcurrencyLimitResponse]]:
+        """Sets a concurrency key's limits in a project: concurrency and/or rate (starts per period);
+        with both 0, removes them (admin role).
+        """
+
+    @_abc_1.abstractmethod
+    def ListConcurrencyLimits(
+        self,
+        request: _scheduler_pb2.ListConcurrencyLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListConcurrencyLimitsResponse, _abc.Awaitable[_scheduler_pb2.ListConcurrencyLimitsResponse]]:
+        """Lists a project's concurrency limits with their running counts (any role in the project)."""
+
+    @_abc_1.abstractmethod
+    def PauseProject(
+        self,
+        request: _scheduler_pb2.PauseProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.PauseProjectResponse, _abc.Awaitable[_scheduler_pb2.PauseProjectResponse]]:
+        """Pauses a project: claims skip its runs (nothing is lost; leased runs finish). Admin role;
+        audited as PROJECT_PAUSED.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeProject(
+        self,
+        request: _scheduler_pb2.ResumeProjectRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ResumeProjectResponse, _abc.Awaitable[_scheduler_pb2.ResumeProjectResponse]]:
+        """Resumes a paused project and wakes waiting claims. Admin role; audited as PROJECT_RESUMED."""
+
+    @_abc_1.abstractmethod
+    def RedriveRuns(
+        self,
+        request: _scheduler_pb2.RedriveRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.RedriveRunsResponse, _abc.Awaitable[_scheduler_pb2.RedriveRunsResponse]]:
+        """Requeues a project's FAILED runs matching a filter, each with fresh attempts, as one audited
+        operator action (RUNS_REDRIVEN, plus REDRIVEN per run). Admin role.
+        """
+
+    @_abc_1.abstractmethod
+    def SetSchedule(
+        self,
+        request: _scheduler_pb2.SetScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SetScheduleResponse, _abc.Awaitable[_scheduler_pb2.SetScheduleResponse]]:
+        """Creates or replaces a cron schedule that creates one run per tick (admin role; SCHEDULE_SET)."""
+
+    @_abc_1.abstractmethod
+    def ListSchedules(
+        self,
+        request: _scheduler_pb2.ListSchedulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListSchedulesResponse, _abc.Awaitable[_scheduler_pb2.ListSchedulesResponse]]:
+        """Lists a project's schedules (any role in the project)."""
+
+    @_abc_1.abstractmethod
+    def DeleteSchedule(
+        self,
+        request: _scheduler_pb2.DeleteScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.DeleteScheduleResponse, _abc.Awaitable[_scheduler_pb2.DeleteScheduleResponse]]:
+        """Deletes a schedule (admin role; SCHEDULE_DELETED)."""
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
