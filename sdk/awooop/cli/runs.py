@@ -199,30 +199,7 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
 
 
 def _print_run(run: common_pb2.Run) -> None:
-    rows: list[tuple[str, str]] = [
-        ("run", run.run_id),
-        ("project", run.project_id),
-        ("channel", channel_name(run.channel_type)),
-        ("event", run.provider_event_id or "-"),
-        ("status", status_name(run.status) + ("  (cancel requested)" if run.cancel_requested else "")),
-        ("attempts", f"{run.attempt_count} of {run.max_attempts}"),
-    ]
-    if run.worker_id:
-        rows.append(("worker", f"{run.worker_id}  lease until {when(run.lease_until)}"))
-    if run.failure_reason or run.error_code:
-        rows.append(("failure", " ".join(x for x in (run.error_code, run.failure_reason) if x)))
-    if run.approval_summary:
-        rows.append(("approval", run.approval_summary))
-    if run.HasField("approval_expires_at"):
-        rows.append(("approval expires", when(run.approval_expires_at)))
-    if run.approval_decided_by:
-        rows.append(("decided by", run.approval_decided_by))
-    saga = saga_name(run.saga_status)
-    if run.HasField("compensation_started_at"):
-        saga += f"  (compensation {when(run.compensation_started_at)} .. {when(run.compensation_completed_at) or '?'})"
-    rows.append(("saga", saga))
-    rows.append(("created", when(run.created_at)))
-    rows.append(("updated", when(run.updated_at)))
+    rows = [("run", run.run_id), *timeline.run_fields(run)]
     rows.append(("input", _short(_j(from_struct(run.input)), 160)))
     if run.HasField("output"):
         rows.append(("output", _short(_j(from_struct(run.output)), 160)))
