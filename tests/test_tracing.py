@@ -31,6 +31,7 @@ from awooop.worker import Client, RunContext, Worker, to_struct
 from services.common import tracing
 from services.common.observability import JsonFormatter
 from tests.harness.helpers import eventually
+from tests.harness.rpc_runs import key_of
 
 PROJECT = "traced"
 
@@ -58,10 +59,6 @@ def rpc_log() -> Iterator[io.StringIO]:
     yield out
     logger.removeHandler(handler)
     logger.setLevel(level)
-
-
-def key_of(md: tuple[tuple[str, str], ...]) -> str:
-    return md[0][1].removeprefix("Bearer ")
 
 
 async def services(
