@@ -21,7 +21,7 @@ from awooop.tools.v1 import tools_pb2
 from awooop.worker import Client, to_struct
 from services.common.runtime import Runtime
 from tests.harness import rpc_runs
-from tests.harness.helpers import eventually
+from tests.harness.helpers import eventually, start_with_gateway
 from tests.harness.rpc_runs import key_of
 
 PROJECT = "ops"
@@ -86,16 +86,7 @@ class Env:
 
 @pytest.fixture
 async def env(start_services: Any, make_key: Any, tmp_path: Path) -> Any:
-    gw = await start_services("gateway")
-    rt = await start_services(
-        "ingest",
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        compensation_interval=0.2,
-        auth_cache_seconds=0,
-    )
-    rt.ports["gateway"] = gw.ports["gateway"]
+    _, rt = await start_with_gateway(start_services, auth_cache_seconds=0)
     admin_key = key_of(await make_key("ops-admin", {PROJECT: ["admin"]}))
     worker_key = key_of(await make_key("ops-worker", {PROJECT: ["worker"]}, "service"))
     addrs = {s: f"127.0.0.1:{p}" for s, p in rt.ports.items()}

@@ -20,7 +20,7 @@ from awooop.worker import Client, to_struct
 from services.common.runtime import Runtime
 from services.console.app import ConsoleServer
 from tests.harness import rpc_runs
-from tests.harness.helpers import ROOT, eventually
+from tests.harness.helpers import ROOT, eventually, start_with_gateway
 from tests.harness.rpc_runs import key_of
 
 PROJECT = "ops"
@@ -116,17 +116,7 @@ class ConsoleEnv:
 
 
 async def start_console_env(start_services: Any, make_key: Any, db: asyncpg.Connection, **console: Any) -> ConsoleEnv:
-    gw = await start_services("gateway")
-    rt = await start_services(
-        "ingest",
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        compensation_interval=0.2,
-        reaper_interval=0.3,
-        auth_cache_seconds=0,
-    )
-    rt.ports["gateway"] = gw.ports["gateway"]
+    _, rt = await start_with_gateway(start_services, reaper_interval=0.3, auth_cache_seconds=0)
     admin_key = key_of(await make_key("oncall-lead", {"*": ["admin"]}))
     approver_key = key_of(await make_key("approver-amy", {PROJECT: ["approver"]}))
     viewer_key = key_of(await make_key("viewer-vic", {PROJECT: ["ingest"]}))
