@@ -21,8 +21,7 @@ from awooop.tools.v1 import tools_pb2
 from awooop.worker import Client, to_struct
 from services.common.runtime import Runtime
 from tests.harness import rpc_runs
-from tests.harness.helpers import eventually, start_with_gateway
-from tests.harness.rpc_runs import key_of
+from tests.harness.helpers import eventually, key_of, start_with_gateway
 
 PROJECT = "ops"
 

@@ -26,7 +26,7 @@ from awooop.tools.v1 import tools_pb2
 from awooop.worker import Client, RunContext, ToolClient, Worker, to_struct
 from services.common import db as store
 from services.common.embedded import free_port
-from tests.harness.helpers import ROOT, eventually, start_with_gateway
+from tests.harness.helpers import ROOT, eventually, key_of, start_with_gateway
 from tests.harness.infra import Tally, tg_event
 from tests.harness.pgbouncer import PgBouncer, start_pgbouncer
 
@@ -40,10 +40,6 @@ def bouncer(db_dsn: str) -> Iterator[PgBouncer]:
         yield b
     finally:
         b.stop()
-
-
-def _key(md: tuple[tuple[str, str], ...]) -> str:
-    return md[0][1].removeprefix("Bearer ")
 
 
 def _gauge(name: str) -> float:
@@ -64,9 +60,9 @@ async def test_the_suite_works_through_pgbouncer_in_transaction_mode(
     assert _gauge("awooop_scheduler_listen_unavailable") == 0  # the probe notification arrived
 
     ingest_md = await make_key("hook", {PROJECT: ["ingest"]}, "service")
-    worker_key = _key(await make_key("pod", {PROJECT: ["worker"]}, "service"))
+    worker_key = key_of(await make_key("pod", {PROJECT: ["worker"]}, "service"))
     admin = Client(
-        key=_key(await make_key("boss", {PROJECT: ["admin"]})),
+        key=key_of(await make_key("boss", {PROJECT: ["admin"]})),
         ingest=f"127.0.0.1:{rt.ports['ingest']}",
         scheduler=f"127.0.0.1:{rt.ports['scheduler']}",
         gateway=f"127.0.0.1:{gw.ports['gateway']}",

@@ -30,8 +30,7 @@ from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import Client, RunContext, Worker, to_struct
 from services.common import tracing
 from services.common.observability import JsonFormatter
-from tests.harness.helpers import eventually, start_with_gateway
-from tests.harness.rpc_runs import key_of
+from tests.harness.helpers import eventually, key_of, start_with_gateway
 
 PROJECT = "traced"
 

@@ -20,8 +20,7 @@ from awooop.worker import Client, to_struct
 from services.common.runtime import Runtime
 from services.console.app import ConsoleServer
 from tests.harness import rpc_runs
-from tests.harness.helpers import ROOT, eventually, start_with_gateway
-from tests.harness.rpc_runs import key_of
+from tests.harness.helpers import ROOT, eventually, key_of, start_with_gateway
 
 PROJECT = "ops"
 

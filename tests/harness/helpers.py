@@ -29,6 +29,11 @@ def reason_of(err: grpc.RpcError) -> str:
     return info.reason if info else ""
 
 
+def key_of(md: tuple[tuple[str, str], ...]) -> str:
+    """The API key in make_key's metadata."""
+    return md[0][1].removeprefix("Bearer ")
+
+
 async def expect_error(call: Awaitable[Any], code: grpc.StatusCode, reason: str | None = None) -> grpc.aio.AioRpcError:
     """Awaits call, asserts it fails with code (and ErrorInfo reason); returns the error."""
     try:
@@ -147,6 +152,8 @@ async def service_key(rt: Any) -> tuple[tuple[str, str], ...]:
     await principals.grant_role(pool, name, principals.ALL_PROJECTS, "admin")
     issued = await principals.issue_key(pool, name)
     return (("authorization", f"Bearer {issued.key}"),)
+
+
 def served(method: str, code: str) -> float:
     """grpc_server_handled_total of the in-process servers for '/pkg.Svc/Method' and a status name
     ('UNAVAILABLE')."""

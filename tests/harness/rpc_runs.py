@@ -17,11 +17,6 @@ from awooop.worker import Client, to_struct
 SCALE = "k8s_scale_deployment"
 
 
-def key_of(md: tuple[tuple[str, str], ...]) -> str:
-    """The API key in make_key's metadata."""
-    return md[0][1].removeprefix("Bearer ")
-
-
 async def ingest_run(client: Client, project: str, payload: dict[str, Any], event_id: str = "") -> str:
     """A new API-channel run (a random provider event id unless one is given); returns its id."""
     r = await client.call(
