@@ -40,14 +40,25 @@ async def _stored(dsn: str) -> int:
     return int(rows[0][0])
 
 
-async def test_a_fast_restart_under_load_answers_unavailable_and_recovers(
-    start_services: Any, channels: Any, pg_cluster: PgCluster
-) -> None:
+async def _services(
+    start_services: Any, channels: Any, pg_cluster: PgCluster, **pool: Any
+) -> tuple[str, Any, ingest_pb2_grpc.IngestServiceStub, scheduler_pb2_grpc.SchedulerServiceStub]:
+    """ingest and scheduler (with the pool settings) on a fresh migrated database of the
+    throwaway server: its DSN, a key with both roles, and the two stubs."""
     dsn = await create_migrated_db(pg_cluster.primary.dsn, "awooop")
-    rt = await start_services("ingest", "scheduler", database_url=dsn, db_connect_timeout=1.0, db_pool_min=4)
+    rt = await start_services("ingest", "scheduler", database_url=dsn, **pool)
     md = await key_on(dsn, "alice", {PROJECT: ["ingest", "worker"]})
     ingest = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
     sched = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+    return dsn, md, ingest, sched
+
+
+async def test_a_fast_restart_under_load_answers_unavailable_and_recovers(
+    start_services: Any, channels: Any, pg_cluster: PgCluster
+) -> None:
+    dsn, md, ingest, sched = await _services(
+        start_services, channels, pg_cluster, db_connect_timeout=1.0, db_pool_min=4
+    )
     tally, acked = Tally(), set()
     restarted = asyncio.Event()
     after_restart_ok = 0
@@ -96,12 +107,8 @@ async def _pool_pids(dsn: str) -> set[int]:
 async def test_a_read_only_server_answers_unavailable_and_its_connection_leaves_the_pool(
     start_services: Any, channels: Any, pg_cluster: PgCluster
 ) -> None:
-    dsn = await create_migrated_db(pg_cluster.primary.dsn, "awooop")
     # one connection, so the one that saw the read-only error is the one that must go
-    rt = await start_services("ingest", "scheduler", database_url=dsn, db_pool_min=1, db_pool_max=1)
-    md = await key_on(dsn, "alice", {PROJECT: ["ingest", "worker"]})
-    ingest = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
-    sched = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+    dsn, md, ingest, sched = await _services(start_services, channels, pg_cluster, db_pool_min=1, db_pool_max=1)
     await ingest.IngestEvent(tg_event(PROJECT, 1), metadata=md)
     before = await _pool_pids(dsn)
     assert before
