@@ -240,6 +240,52 @@ SELECT $1, 'api', 'claim-' || g, '{"n": 1}'::jsonb, now() - make_interval(secs =
 """
 
 
+# what the drain polls for on a database seeded with claimable runs only
+NOT_COMPLETED_SQL = "SELECT count(*) FROM awooop_run_state WHERE status <> 'COMPLETED'"
+
+
+async def seed_claimable(dsn: str, jobs: int, *first: tuple[Any, ...]) -> None:
+    """Seed a fresh bench database with `jobs` claimable runs of PROJECT, after the statements
+    in `first` (SQL, then its arguments), and VACUUM ANALYZE so the drain starts on fresh statistics."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for sql, *args in first:
+            await conn.execute(sql, *args)
+        await conn.execute(SEED_RUNS_SQL, PROJECT, jobs)
+        await conn.execute("VACUUM ANALYZE")
+    finally:
+        await conn.close()
+
+
+async def drain_awooop(
+    cfg: Config,
+    svc: procs.Service,
+    metadata: tuple[tuple[str, str], ...],
+    dsn: str,
+    items: int,
+    remaining_sql: str = NOT_COMPLETED_SQL,
+) -> dict[str, Any]:
+    """`drain` with awooop workers (cfg.claim_workers spread over cfg.processes) against `svc`."""
+    return await asyncio.to_thread(
+        drain,
+        "bench.claims:awooop_workers",
+        [
+            {
+                "address": svc.address,
+                "metadata": [list(m) for m in metadata],
+                "proc_idx": i,
+                "workers": w,
+                "batch": cfg.claim_batch,
+            }
+            for i, w in enumerate(split(cfg.claim_workers, cfg.processes))
+        ],
+        dsn,
+        remaining_sql,
+        items,
+        svc.pid,
+    )
+
+
 async def _pgqueuer_db(stores: env.Stores, jobs: int) -> str:
     from pgqueuer import AsyncpgDriver
     from pgqueuer.queries import Queries
@@ -276,33 +322,11 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
     await stores.drop_database(pdsn)
 
     dsn = await stores.create_database("claims")
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(SEED_RUNS_SQL, PROJECT, n)
-        await conn.execute("VACUUM ANALYZE")
-    finally:
-        await conn.close()
+    await seed_claimable(dsn, n)
     md = await env.bench_key(dsn, PROJECT, ("worker",))
     svc = await procs.spawn("scheduler", procs.service_env(dsn, stores.redis_url, stores.redis_prefix))
     try:
-        ours = await asyncio.to_thread(
-            drain,
-            "bench.claims:awooop_workers",
-            [
-                {
-                    "address": svc.address,
-                    "metadata": [list(m) for m in md],
-                    "proc_idx": i,
-                    "workers": w,
-                    "batch": cfg.claim_batch,
-                }
-                for i, w in enumerate(shares)
-            ],
-            dsn,
-            "SELECT count(*) FROM awooop_run_state WHERE status <> 'COMPLETED'",
-            n,
-            svc.pid,
-        )
+        ours = await drain_awooop(cfg, svc, md, dsn, n)
         rss.record("scheduler", svc, f"after {n} claim cycles")
     finally:
         svc.stop()

@@ -40,16 +40,15 @@ import aiohttp  # noqa: E402
 import asyncpg  # noqa: E402
 
 from awooop.cli import runs as runs_cli  # noqa: E402
-from awooop.common.v1 import common_pb2  # noqa: E402
-from awooop.ingest.v1 import ingest_pb2  # noqa: E402
 from awooop.saga.v1 import saga_pb2  # noqa: E402
 from awooop.scheduler.v1 import scheduler_pb2  # noqa: E402
-from awooop.worker import Client, to_struct  # noqa: E402
+from awooop.worker import Client  # noqa: E402
 from bench import env  # noqa: E402
 from services.common import principals  # noqa: E402
 from services.common.runtime import Runtime  # noqa: E402
 from services.common.settings import Settings  # noqa: E402
 from services.console.app import ConsoleServer  # noqa: E402
+from tests.harness import rpc_runs  # noqa: E402
 
 PROJECT = "bench-console"
 BIG = "bench-console-big"
@@ -185,46 +184,17 @@ async def _bench(args: argparse.Namespace, stores: env.Stores) -> None:
 
 
 async def _seed_run(client: Client, steps: int) -> str:
-    r = await client.call(
-        client.ingest.IngestEvent,
-        ingest_pb2.IngestEventRequest(
-            project_id=PROJECT,
-            channel_type=common_pb2.CHANNEL_TYPE_API,
-            provider_event_id="big-run",
-            payload=to_struct({"ask": "many steps"}),
-        ),
-    )
-    run_id = r.outcomes[0].run_id
-    claimed = await client.call(
-        client.scheduler.ClaimRuns,
-        scheduler_pb2.ClaimRunsRequest(
-            worker_id="bench", project_ids=[PROJECT], max_runs=1, lease_ttl={"seconds": 3600}
-        ),
-    )
-    lease = claimed.runs[0].lease
+    run_id = await rpc_runs.ingest_run(client, PROJECT, {"ask": "many steps"}, "big-run")
+    lease = await rpc_runs.claim_one(client, "bench", PROJECT, lease_ttl_s=3600)
 
     async def one(i: int) -> None:
-        step_id = f"step-{i:04d}"
-        await client.call(
-            client.saga.BeginStep,
-            saga_pb2.BeginStepRequest(
-                lease=lease,
-                step_id=step_id,
-                step_type=common_pb2.STEP_TYPE_TOOL_CALL,
-                tool_id="k8s_scale_deployment",
-                tool_params=to_struct({"deployment": f"svc-{i}", "replicas": 3}),
-            ),
-        )
-        await client.call(
-            client.saga.CompleteStep,
-            saga_pb2.CompleteStepRequest(
-                lease=lease,
-                step_id=step_id,
-                result=to_struct({"previous_replicas": 1, "replicas": 3}),
-                compensation_cmd=common_pb2.CompensationCommand(
-                    tool_id="k8s_scale_deployment", params=to_struct({"deployment": f"svc-{i}", "replicas": 1})
-                ),
-            ),
+        await rpc_runs.scale_step(
+            client,
+            lease,
+            f"step-{i:04d}",
+            {"deployment": f"svc-{i}", "replicas": 3},
+            {"previous_replicas": 1, "replicas": 3},
+            undo={"deployment": f"svc-{i}", "replicas": 1},
         )
 
     for start in range(0, steps, 50):

@@ -6,15 +6,11 @@ server connections as one service process' pool (AWOOOP_DB_POOL_MAX, 10)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
-
-import asyncpg
 
 from bench import claims, env, procs
 from bench.config import Config
 from bench.ingest import UniqueIngest, _load, _median
-from bench.loadgen import split
 from bench.report import Figure
 
 PROJECT = "bench"
@@ -78,34 +74,11 @@ async def _ingest(stores: env.Stores, cfg: Config, fig: Figure, bouncer: Any) ->
 
 async def _drain(stores: env.Stores, cfg: Config, svc_env: Any, tag: str) -> dict[str, Any]:
     dsn = await stores.create_database(f"pooler_claims_{tag}")
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(claims.SEED_RUNS_SQL, PROJECT, cfg.claim_jobs)
-        await conn.execute("VACUUM ANALYZE")
-    finally:
-        await conn.close()
+    await claims.seed_claimable(dsn, cfg.claim_jobs)
     md = await env.bench_key(dsn, PROJECT, ("worker",))
     svc = await procs.spawn("scheduler", svc_env(dsn), tag)
     try:
-        shares = split(cfg.claim_workers, cfg.processes)
-        return await asyncio.to_thread(
-            claims.drain,
-            "bench.claims:awooop_workers",
-            [
-                {
-                    "address": svc.address,
-                    "metadata": [list(m) for m in md],
-                    "proc_idx": i,
-                    "workers": w,
-                    "batch": cfg.claim_batch,
-                }
-                for i, w in enumerate(shares)
-            ],
-            dsn,
-            "SELECT count(*) FROM awooop_run_state WHERE status <> 'COMPLETED'",
-            cfg.claim_jobs,
-            svc.pid,
-        )
+        return await claims.drain_awooop(cfg, svc, md, dsn, cfg.claim_jobs)
     finally:
         svc.stop()
         await stores.drop_database(dsn)

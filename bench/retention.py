@@ -9,14 +9,12 @@ pruner. The figure is the drain's runs/s; how many runs were pruned during it is
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import asyncpg
 
 from bench import claims, env, procs
 from bench.config import Config
-from bench.loadgen import split
 from bench.reaper import SEED_FINISHED_SQL
 from bench.report import Figure
 
@@ -42,15 +40,8 @@ def declare(cfg: Config) -> list[Figure]:
 
 async def _side(stores: env.Stores, cfg: Config, prune: bool) -> dict[str, Any]:
     dsn = await stores.create_database(f"retention_{'p' if prune else 'n'}")
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute(SEED_FINISHED_SQL, PROJECT, 0, cfg.reaper_finished_big)
-        await conn.execute(OLD)
-        await conn.execute(claims.SEED_RUNS_SQL, PROJECT, cfg.claim_jobs)
-        await conn.execute("VACUUM ANALYZE")
-        before = int(await conn.fetchval(FINISHED))
-    finally:
-        await conn.close()
+    await claims.seed_claimable(dsn, cfg.claim_jobs, (SEED_FINISHED_SQL, PROJECT, 0, cfg.reaper_finished_big), (OLD,))
+    before = await _finished(dsn)
     md = await env.bench_key(dsn, PROJECT, ("worker",))
     base = procs.service_env(dsn, stores.redis_url, stores.redis_prefix)
     pruner = None
@@ -60,38 +51,31 @@ async def _side(stores: env.Stores, cfg: Config, prune: bool) -> dict[str, Any]:
         )
     sched = await procs.spawn("scheduler", base, "retention")
     try:
-        shares = split(cfg.claim_workers, cfg.processes)
-        out = await asyncio.to_thread(
-            claims.drain,
-            "bench.claims:awooop_workers",
-            [
-                {
-                    "address": sched.address,
-                    "metadata": [list(m) for m in md],
-                    "proc_idx": i,
-                    "workers": w,
-                    "batch": cfg.claim_batch,
-                }
-                for i, w in enumerate(shares)
-            ],
+        out = await claims.drain_awooop(
+            cfg,
+            sched,
+            md,
             dsn,
+            cfg.claim_jobs,
             # over the two partial indexes of live runs: no scan of the finished ones
             "SELECT count(*) FROM awooop_run_state WHERE status IN ('PENDING', 'RESUMED', 'RUNNING', 'WAITING_TOOL')",
-            cfg.claim_jobs,
-            sched.pid,
         )
     finally:
         sched.stop()
         if pruner is not None:
             pruner.stop()
-    conn = await asyncpg.connect(dsn)
-    try:
-        # the drained runs are finished now too, but fresh: the pruner leaves them
-        out["pruned_during_drain"] = before + cfg.claim_jobs - int(await conn.fetchval(FINISHED))
-    finally:
-        await conn.close()
+    # the drained runs are finished now too, but fresh: the pruner leaves them
+    out["pruned_during_drain"] = before + cfg.claim_jobs - await _finished(dsn)
     await stores.drop_database(dsn)
     return out
+
+
+async def _finished(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval(FINISHED))
+    finally:
+        await conn.close()
 
 
 async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:

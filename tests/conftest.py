@@ -29,6 +29,7 @@ from services.common.runtime import Runtime
 from services.common.settings import Settings
 from tests.harness.databases import admin_connection, with_database
 from tests.harness.helpers import WithKey
+from tests.harness.pgcluster import PgCluster
 
 
 @pytest.fixture(scope="session")
@@ -190,3 +191,14 @@ async def make_key(db: asyncpg.Connection) -> MakeKey:
         return (("authorization", f"Bearer {issued.key}"),)
 
     return make
+
+
+@pytest.fixture
+def pg_cluster() -> Iterator[PgCluster]:
+    """A throwaway Postgres server of this test's own (tests/harness/pgcluster.py), for tests
+    that restart, stop, demote or fail it over; destroyed afterwards."""
+    c = PgCluster.create()
+    try:
+        yield c
+    finally:
+        c.destroy()

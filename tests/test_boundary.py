@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Awaitable
 from typing import Any
 
 import grpc
@@ -139,6 +140,15 @@ async def test_outputs_that_jsonb_refuses_are_invalid_in_every_completion_path(
     assert ok.run.status == common_pb2.RUN_STATUS_COMPLETED
 
 
+async def _code(call: Awaitable[Any]) -> grpc.StatusCode:
+    """The call's status code (OK when it succeeds): calls sent together, judged one by one."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as err:
+        return err.code()
+    return grpc.StatusCode.OK
+
+
 async def test_a_poison_telegram_update_id_fails_only_its_own_call(
     start_services: Any, channels: Any, db: Any, make_key: Any
 ) -> None:
@@ -153,17 +163,10 @@ async def test_a_poison_telegram_update_id_fails_only_its_own_call(
             project_id="p", channel_type=common_pb2.CHANNEL_TYPE_TELEGRAM, payload=payload
         )
 
-    async def send(req: ingest_pb2.IngestEventRequest) -> grpc.StatusCode:
-        try:
-            await stub.IngestEvent(req, metadata=md)
-        except grpc.aio.AioRpcError as err:
-            return err.code()
-        return grpc.StatusCode.OK
-
     good = [tg(i) for i in range(1, 301)]
     poison = [tg(1e300), tg(-1e300), tg(2.0**53), tg(1.5), tg(1e300)]
     calls = [*good[:150], *poison, *good[150:]]
-    codes = await asyncio.gather(*(send(r) for r in calls))
+    codes = await asyncio.gather(*(_code(stub.IngestEvent(r, metadata=md)) for r in calls))
     assert codes[:150] + codes[155:] == [grpc.StatusCode.OK] * 300
     assert codes[150:155] == [INVALID] * 5
     assert await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE project_id = 'p'") == 300
@@ -235,15 +238,8 @@ async def test_an_item_the_store_refuses_fails_only_its_own_caller_among_coalesc
             project_id="p", channel_type=common_pb2.CHANNEL_TYPE_TELEGRAM, payload=payload
         )
 
-    async def send(req: ingest_pb2.IngestEventRequest) -> grpc.StatusCode:
-        try:
-            await stub.IngestEvent(req, metadata=md)
-        except grpc.aio.AioRpcError as err:
-            return err.code()
-        return grpc.StatusCode.OK
-
     calls = [tg(i, poison=i % 60 == 0) for i in range(1, 306)]
-    codes = await asyncio.gather(*(send(r) for r in calls))
+    codes = await asyncio.gather(*(_code(stub.IngestEvent(r, metadata=md)) for r in calls))
     good = [c for r, c in zip(calls, codes, strict=True) if "poison" not in r.payload.fields]
     bad = [c for r, c in zip(calls, codes, strict=True) if "poison" in r.payload.fields]
     assert good == [grpc.StatusCode.OK] * 300

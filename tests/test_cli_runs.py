@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 
 from awooop.common.v1 import common_pb2
-from awooop.ingest.v1 import ingest_pb2
-from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.tools.v1 import tools_pb2
 from awooop.worker import Client, to_struct
 from services.common.runtime import Runtime
-from tests.harness.helpers import eventually
+from tests.harness import rpc_runs
+from tests.harness.helpers import eventually, key_of, start_with_gateway
 
 PROJECT = "ops"
 
@@ -61,81 +60,34 @@ class Env:
         )
 
     async def create(self, n: int = 1) -> list[str]:
-        out = []
-        for _ in range(n):
-            r = await self.admin.call(
-                self.admin.ingest.IngestEvent,
-                ingest_pb2.IngestEventRequest(
-                    project_id=PROJECT,
-                    channel_type=common_pb2.CHANNEL_TYPE_API,
-                    provider_event_id=os.urandom(8).hex(),
-                    payload=to_struct({"ask": "scale"}),
-                ),
-            )
-            out.append(r.outcomes[0].run_id)
-        return out
+        return [await rpc_runs.ingest_run(self.admin, PROJECT, {"ask": "scale"}) for _ in range(n)]
 
     async def claim(self, run_id: str) -> common_pb2.LeaseToken:
         """Claims one run: the oldest claimable one, which the tests arrange to be run_id."""
-        resp = await self.worker.call(
-            self.worker.scheduler.ClaimRuns,
-            scheduler_pb2.ClaimRunsRequest(worker_id="cli-test-worker", project_ids=[PROJECT], max_runs=1),
-        )
-        assert [c.run.run_id for c in resp.runs] == [run_id]
-        return resp.runs[0].lease
+        return await rpc_runs.claim_one(self.worker, "cli-test-worker", PROJECT, run_id)
 
     async def step(
         self, lease: common_pb2.LeaseToken, step_id: str, compensation: dict[str, Any] | None = None
     ) -> None:
-        w = self.worker
-        await w.call(
-            w.saga.BeginStep,
-            saga_pb2.BeginStepRequest(
-                lease=lease,
-                step_id=step_id,
-                step_type=common_pb2.STEP_TYPE_TOOL_CALL,
-                tool_id="k8s_scale_deployment",
-                tool_params=to_struct({"deployment": "api", "replicas": 3}),
-            ),
-        )
-        cmd = None
-        if compensation:
-            cmd = common_pb2.CompensationCommand(
-                tool_id="k8s_scale_deployment", params=to_struct(compensation), reason="scale back"
-            )
-        await w.call(
-            w.saga.CompleteStep,
-            saga_pb2.CompleteStepRequest(
-                lease=lease, step_id=step_id, result=to_struct({"previous_replicas": 1}), compensation_cmd=cmd
-            ),
+        await rpc_runs.scale_step(
+            self.worker,
+            lease,
+            step_id,
+            {"deployment": "api", "replicas": 3},
+            {"previous_replicas": 1},
+            undo=compensation,
+            reason="scale back",
         )
 
     async def request_approval(self, lease: common_pb2.LeaseToken) -> str:
-        resp = await self.worker.call(
-            self.worker.scheduler.RequestApproval,
-            scheduler_pb2.RequestApprovalRequest(lease=lease, summary="Keep api at 3 replicas?"),
-        )
-        return resp.approval_token
-
-
-def _key(md: tuple[tuple[str, str], ...]) -> str:
-    return md[0][1].removeprefix("Bearer ")
+        return await rpc_runs.request_approval(self.worker, lease, "Keep api at 3 replicas?")
 
 
 @pytest.fixture
 async def env(start_services: Any, make_key: Any, tmp_path: Path) -> Any:
-    gw = await start_services("gateway")
-    rt = await start_services(
-        "ingest",
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        compensation_interval=0.2,
-        auth_cache_seconds=0,
-    )
-    rt.ports["gateway"] = gw.ports["gateway"]
-    admin_key = _key(await make_key("ops-admin", {PROJECT: ["admin"]}))
-    worker_key = _key(await make_key("ops-worker", {PROJECT: ["worker"]}, "service"))
+    _, rt = await start_with_gateway(start_services, auth_cache_seconds=0)
+    admin_key = key_of(await make_key("ops-admin", {PROJECT: ["admin"]}))
+    worker_key = key_of(await make_key("ops-worker", {PROJECT: ["worker"]}, "service"))
     addrs = {s: f"127.0.0.1:{p}" for s, p in rt.ports.items()}
     worker = Client(key=worker_key, **addrs)
     admin = Client(key=admin_key, **addrs)
@@ -335,7 +287,7 @@ async def test_errors_are_one_clear_line_never_a_traceback(env: Env, make_key: A
     assert out.returncode == 1 and out.stderr.startswith("error: NOT_FOUND: ")
 
     # another tenant's key learns nothing about the run (NOT_FOUND, as for a missing one)
-    stranger = _key(await make_key("stranger", {"elsewhere": ["admin"]}))
+    stranger = key_of(await make_key("stranger", {"elsewhere": ["admin"]}))
     out = await env.cli("show", run_id, key=stranger)
     assert out.returncode == 1 and out.stderr.startswith("error: NOT_FOUND: ")
     out = await env.cli("list", "--project", PROJECT, key=stranger)

@@ -15,17 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from services.common.settings import Settings
-from tests.harness.helpers import ServiceProcess, settings_env, spawn_services
+from tests.harness.helpers import ServiceProcess, key_of, settings_env, spawn_services
 
 PROJECT = "demo-e2e"
 
 
-def _key(md: tuple[tuple[str, str], ...]) -> str:
-    return md[0][1].removeprefix("Bearer ")
-
-
 async def _suite(settings: Settings, make_key: Any, tmp_path: Path) -> tuple[list[ServiceProcess], dict[str, str]]:
-    internal = _key(await make_key("scheduler-svc", {"*": ["admin"]}, "service"))
+    internal = key_of(await make_key("scheduler-svc", {"*": ["admin"]}, "service"))
     env = settings_env(settings) | {
         "AWOOOP_REAPER_INTERVAL": "0.3",
         "AWOOOP_COMPENSATION_INTERVAL": "0.5",
@@ -70,7 +66,7 @@ async def test_demo_story_with_real_processes_and_a_sigkilled_worker(
     settings: Settings, make_key: Any, db: Any, tmp_path: Path
 ) -> None:
     procs, addrs = await _suite(settings, make_key, tmp_path)
-    key = _key(await make_key("approver-admin", {"*": ["admin"]}))
+    key = key_of(await make_key("approver-admin", {"*": ["admin"]}))
     try:
         out = await asyncio.to_thread(
             subprocess.run,

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
 import grpc
-import pytest
 from google.protobuf import duration_pb2
 from prometheus_client import REGISTRY
 
@@ -29,15 +27,6 @@ from tests.harness.pgcluster import PgCluster, create_migrated_db, wait_sql
 PROJECT = "ops"
 
 
-@pytest.fixture
-def cluster() -> Iterator[PgCluster]:
-    c = PgCluster.create()
-    try:
-        yield c
-    finally:
-        c.destroy()
-
-
 def _wait(seconds: float) -> duration_pb2.Duration:
     d = duration_pb2.Duration()
     d.FromMilliseconds(int(seconds * 1000))
@@ -45,14 +34,14 @@ def _wait(seconds: float) -> duration_pb2.Duration:
 
 
 async def test_a_failover_under_load_loses_nothing_duplicates_nothing_and_recovers(
-    start_services: Any, channels: Any, cluster: PgCluster
+    start_services: Any, channels: Any, pg_cluster: PgCluster
 ) -> None:
-    dsn = await create_migrated_db(cluster.primary.dsn, "awooop")
+    dsn = await create_migrated_db(pg_cluster.primary.dsn, "awooop")
     md = await key_on(dsn, "alice", {PROJECT: ["ingest", "worker"]})
-    standby = cluster.add_standby()
+    standby = pg_cluster.add_standby()
     assert await wait_sql(standby.dsn_for("awooop"), "SELECT pg_is_in_recovery()") is True
     multi = (
-        f"postgresql://postgres@127.0.0.1:{cluster.primary.port},127.0.0.1:{standby.port}/awooop"
+        f"postgresql://postgres@127.0.0.1:{pg_cluster.primary.port},127.0.0.1:{standby.port}/awooop"
         "?target_session_attrs=read-write"
     )
     rt = await start_services(
@@ -130,7 +119,7 @@ async def test_a_failover_under_load_loses_nothing_duplicates_nothing_and_recove
     try:
         await eventually(lambda: _at_least(len(completed), 30), timeout=30, what="load before the failover")
         stopped_at = time.monotonic()
-        await asyncio.to_thread(cluster.primary.stop, "fast")
+        await asyncio.to_thread(pg_cluster.primary.stop, "fast")
         await asyncio.to_thread(standby.promote)
         promoted_at.append(time.monotonic())
         acked_before = len(acked)

@@ -26,7 +26,7 @@ from awooop.tools.v1 import tools_pb2
 from awooop.worker import Client, RunContext, ToolClient, Worker, to_struct
 from services.common import db as store
 from services.common.embedded import free_port
-from tests.harness.helpers import ROOT, eventually
+from tests.harness.helpers import ROOT, eventually, key_of, start_with_gateway
 from tests.harness.infra import Tally, tg_event
 from tests.harness.pgbouncer import PgBouncer, start_pgbouncer
 
@@ -42,10 +42,6 @@ def bouncer(db_dsn: str) -> Iterator[PgBouncer]:
         b.stop()
 
 
-def _key(md: tuple[tuple[str, str], ...]) -> str:
-    return md[0][1].removeprefix("Bearer ")
-
-
 def _gauge(name: str) -> float:
     return REGISTRY.get_sample_value(name) or 0.0
 
@@ -54,16 +50,7 @@ async def test_the_suite_works_through_pgbouncer_in_transaction_mode(
     bouncer: PgBouncer, start_services: Any, make_key: Any, db: Any, db_dsn: str
 ) -> None:
     pooled = {"database_url": bouncer.dsn_for(db_dsn), "database_direct_url": db_dsn, "db_statement_cache": False}
-    gw = await start_services("gateway", **pooled)
-    rt = await start_services(
-        "ingest",
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        compensation_interval=0.2,
-        retry_backoff=0.05,
-        **pooled,
-    )
+    gw, rt = await start_with_gateway(start_services, pooled, retry_backoff=0.05, **pooled)
     # the pools really go through the pooler: PgBouncer's server connections carry our name
     assert await eventually(
         lambda: db.fetchval("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'awooop'"),
@@ -73,9 +60,9 @@ async def test_the_suite_works_through_pgbouncer_in_transaction_mode(
     assert _gauge("awooop_scheduler_listen_unavailable") == 0  # the probe notification arrived
 
     ingest_md = await make_key("hook", {PROJECT: ["ingest"]}, "service")
-    worker_key = _key(await make_key("pod", {PROJECT: ["worker"]}, "service"))
+    worker_key = key_of(await make_key("pod", {PROJECT: ["worker"]}, "service"))
     admin = Client(
-        key=_key(await make_key("boss", {PROJECT: ["admin"]})),
+        key=key_of(await make_key("boss", {PROJECT: ["admin"]})),
         ingest=f"127.0.0.1:{rt.ports['ingest']}",
         scheduler=f"127.0.0.1:{rt.ports['scheduler']}",
         gateway=f"127.0.0.1:{gw.ports['gateway']}",

@@ -17,16 +17,12 @@ import grpc
 from awooop.ingest.v1 import ingest_pb2_grpc
 from awooop.worker import RunContext, Worker
 from awooop.worker.client import channel_target
-from tests.harness.helpers import eventually, settings_env, spawn_services
+from tests.harness.helpers import eventually, key_of, settings_env, spawn_services
 from tests.harness.infra import tg_event
 
 PROJECT = "ops"
 WORKERS = 10
 CLAIM_WAIT = 2.0
-
-
-def _key(md: tuple[tuple[str, str], ...]) -> str:
-    return md[0][1].removeprefix("Bearer ")
 
 
 def test_a_list_of_addresses_is_one_balanced_target() -> None:
@@ -44,7 +40,7 @@ async def test_a_scheduler_sigtermed_under_load_costs_no_client_error_and_no_cla
     b = await spawn_services(["scheduler"], env, tmp_path, "sched-b")
     rt = await start_services("ingest")
     ingest_md = await make_key("hook", {PROJECT: ["ingest"]}, "service")
-    worker_key = _key(await make_key("pod", {PROJECT: ["worker"]}, "service"))
+    worker_key = key_of(await make_key("pod", {PROJECT: ["worker"]}, "service"))
     both = f"127.0.0.1:{a.ports['scheduler']},127.0.0.1:{b.ports['scheduler']}"
     handled: list[str] = []
 
@@ -138,7 +134,7 @@ async def test_the_cli_takes_a_list_of_replicas_and_channel_options(start_servic
     from tests.harness.helpers import ROOT
 
     rt = await start_services("scheduler")
-    admin = _key(await make_key("boss", {PROJECT: ["admin"]}))
+    admin = key_of(await make_key("boss", {PROJECT: ["admin"]}))
     dead = f"127.0.0.1:{free_port()}"  # a replica that is down: round_robin uses the live one
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
     env["AWOOOP_API_KEY"] = admin

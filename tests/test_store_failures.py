@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import asyncpg
@@ -27,31 +26,39 @@ from tests.harness.pgcluster import PgCluster, create_migrated_db
 PROJECT = "ops"
 
 
-@pytest.fixture
-def cluster() -> Iterator[PgCluster]:
-    c = PgCluster.create()
-    try:
-        yield c
-    finally:
-        c.destroy()
-
-
-async def _stored(dsn: str) -> int:
+async def _fetch(dsn: str, sql: str, *args: object) -> list[asyncpg.Record]:
+    """sql on a connection of its own, not one of the pools under test."""
     conn = await asyncpg.connect(dsn)
     try:
-        return int(await conn.fetchval("SELECT count(*) FROM awooop_run_state WHERE project_id = $1", PROJECT))
+        return list(await conn.fetch(sql, *args))
     finally:
         await conn.close()
 
 
-async def test_a_fast_restart_under_load_answers_unavailable_and_recovers(
-    start_services: Any, channels: Any, cluster: PgCluster
-) -> None:
-    dsn = await create_migrated_db(cluster.primary.dsn, "awooop")
-    rt = await start_services("ingest", "scheduler", database_url=dsn, db_connect_timeout=1.0, db_pool_min=4)
+async def _stored(dsn: str) -> int:
+    rows = await _fetch(dsn, "SELECT count(*) FROM awooop_run_state WHERE project_id = $1", PROJECT)
+    return int(rows[0][0])
+
+
+async def _services(
+    start_services: Any, channels: Any, pg_cluster: PgCluster, **pool: Any
+) -> tuple[str, Any, ingest_pb2_grpc.IngestServiceStub, scheduler_pb2_grpc.SchedulerServiceStub]:
+    """ingest and scheduler (with the pool settings) on a fresh migrated database of the
+    throwaway server: its DSN, a key with both roles, and the two stubs."""
+    dsn = await create_migrated_db(pg_cluster.primary.dsn, "awooop")
+    rt = await start_services("ingest", "scheduler", database_url=dsn, **pool)
     md = await key_on(dsn, "alice", {PROJECT: ["ingest", "worker"]})
     ingest = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
     sched = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+    return dsn, md, ingest, sched
+
+
+async def test_a_fast_restart_under_load_answers_unavailable_and_recovers(
+    start_services: Any, channels: Any, pg_cluster: PgCluster
+) -> None:
+    dsn, md, ingest, sched = await _services(
+        start_services, channels, pg_cluster, db_connect_timeout=1.0, db_pool_min=4
+    )
     tally, acked = Tally(), set()
     restarted = asyncio.Event()
     after_restart_ok = 0
@@ -74,7 +81,7 @@ async def test_a_fast_restart_under_load_answers_unavailable_and_recovers(
 
     senders = [asyncio.create_task(sender(w)) for w in range(4)]
     await eventually(lambda: _ok_at_least(tally, 20), timeout=30, what="load before the restart")
-    await asyncio.to_thread(cluster.primary.restart, "fast")
+    await asyncio.to_thread(pg_cluster.primary.restart, "fast")
     restarted.set()
     await asyncio.wait_for(asyncio.gather(*senders), timeout=60)
 
@@ -91,30 +98,22 @@ async def _ok_at_least(tally: Tally, n: int) -> bool:
 
 
 async def _pool_pids(dsn: str) -> set[int]:
-    conn = await asyncpg.connect(dsn)
-    try:
-        rows = await conn.fetch(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = 'awooop' AND datname = current_database()"
-        )
-        return {r["pid"] for r in rows}
-    finally:
-        await conn.close()
+    rows = await _fetch(
+        dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = 'awooop' AND datname = current_database()"
+    )
+    return {r["pid"] for r in rows}
 
 
 async def test_a_read_only_server_answers_unavailable_and_its_connection_leaves_the_pool(
-    start_services: Any, channels: Any, cluster: PgCluster
+    start_services: Any, channels: Any, pg_cluster: PgCluster
 ) -> None:
-    dsn = await create_migrated_db(cluster.primary.dsn, "awooop")
     # one connection, so the one that saw the read-only error is the one that must go
-    rt = await start_services("ingest", "scheduler", database_url=dsn, db_pool_min=1, db_pool_max=1)
-    md = await key_on(dsn, "alice", {PROJECT: ["ingest", "worker"]})
-    ingest = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
-    sched = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+    dsn, md, ingest, sched = await _services(start_services, channels, pg_cluster, db_pool_min=1, db_pool_max=1)
     await ingest.IngestEvent(tg_event(PROJECT, 1), metadata=md)
     before = await _pool_pids(dsn)
     assert before
 
-    admin = await asyncpg.connect(cluster.primary.dsn)
+    admin = await asyncpg.connect(pg_cluster.primary.dsn)
     try:
         await admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
         await admin.execute("SELECT pg_reload_conf()")
@@ -149,11 +148,8 @@ async def test_a_read_only_server_answers_unavailable_and_its_connection_leaves_
 
 
 async def _read_only(dsn: str) -> bool:
-    conn = await asyncpg.connect(dsn)
-    try:
-        return bool(await conn.fetchval("SELECT current_setting('default_transaction_read_only') = 'on'"))
-    finally:
-        await conn.close()
+    rows = await _fetch(dsn, "SELECT current_setting('default_transaction_read_only') = 'on'")
+    return bool(rows[0][0])
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import Client, RunContext, Worker, to_struct
 from services.common import tracing
 from services.common.observability import JsonFormatter
-from tests.harness.helpers import eventually
+from tests.harness.helpers import eventually, key_of, start_with_gateway
 
 PROJECT = "traced"
 
@@ -60,25 +60,11 @@ def rpc_log() -> Iterator[io.StringIO]:
     logger.setLevel(level)
 
 
-def key_of(md: tuple[tuple[str, str], ...]) -> str:
-    return md[0][1].removeprefix("Bearer ")
-
-
 async def services(
     start_services: Any, make_key: Any, db: asyncpg.Connection, project: str = PROJECT, **kw: Any
 ) -> dict[str, Any]:
     """The services, a deployment for the scale step, and keys for project."""
-    gw = await start_services("gateway", access_log=True)
-    rt = await start_services(
-        "ingest",
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        compensation_interval=0.2,
-        auth_cache_seconds=0,
-        access_log=True,
-        **kw,
-    )
+    gw, rt = await start_with_gateway(start_services, {"access_log": True}, auth_cache_seconds=0, access_log=True, **kw)
     await db.execute(
         "INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 2) ON CONFLICT DO NOTHING",
         project,

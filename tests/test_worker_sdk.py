@@ -37,7 +37,7 @@ from awooop.worker import (
     to_struct,
 )
 from services.common.runtime import Runtime
-from tests.harness.helpers import ROOT, eventually
+from tests.harness.helpers import ROOT, eventually, key_of
 
 PROJECT = "wp"
 
@@ -89,10 +89,6 @@ class Suite:
         return list(resp.events)
 
 
-def _key(md: tuple[tuple[str, str], ...]) -> str:
-    return md[0][1].removeprefix("Bearer ")
-
-
 @pytest.fixture
 async def suite(start_services: Any, make_key: Any) -> Any:
     gw = await start_services("gateway")
@@ -107,8 +103,8 @@ async def suite(start_services: Any, make_key: Any) -> Any:
         auth_cache_seconds=0,
     )
     rt.ports["gateway"] = gw.ports["gateway"]
-    worker_key = _key(await make_key("worker-pod", {PROJECT: ["worker"]}, "service"))
-    admin_key = _key(await make_key("boss", {PROJECT: ["admin"]}))
+    worker_key = key_of(await make_key("worker-pod", {PROJECT: ["worker"]}, "service"))
+    admin_key = key_of(await make_key("boss", {PROJECT: ["admin"]}))
     admin = Client(
         key=admin_key,
         ingest=f"127.0.0.1:{rt.ports['ingest']}",
@@ -492,7 +488,7 @@ async def test_approval_resumes_the_handler_and_skips_completed_steps(suite: Sui
 
 
 async def test_a_key_without_the_worker_role_stops_the_worker(suite: Suite, make_key: Any) -> None:
-    key = _key(await make_key("intruder", {"elsewhere": ["worker"]}))
+    key = key_of(await make_key("intruder", {"elsewhere": ["worker"]}))
 
     async def handler(ctx: RunContext) -> None:
         raise AssertionError("must not run")

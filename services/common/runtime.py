@@ -327,13 +327,20 @@ class Runtime:
         log.info("stopped")
 
 
-def serve(services: list[str], settings: Settings | None = None) -> None:
-    """The process entry point of `awooop serve` and `python -m services.<name>`."""
+def process_settings(settings: Settings | None = None) -> Settings:
+    """A server process's first step (the services' and the console's): its settings (from the
+    environment unless given; a bad one ends the process with the reason), then logging."""
     try:
         settings = settings or Settings.from_env()
     except SettingsError as exc:
         raise SystemExit(f"configuration error: {exc}") from None
     setup_logging(settings.log_level)
+    return settings
+
+
+def serve(services: list[str], settings: Settings | None = None) -> None:
+    """The process entry point of `awooop serve` and `python -m services.<name>`."""
+    settings = process_settings(settings)
     if not settings.database_url:
         raise SystemExit("AWOOOP_DATABASE_URL is not set (use `awooop up` for an embedded store)")
     for problem in problems(settings):

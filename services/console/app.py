@@ -25,7 +25,7 @@ from aiohttp import web
 from awooop.cli.client import when
 from awooop.worker.errors import AwooopError
 from services.common.db import create_pool
-from services.common.settings import Settings, SettingsError
+from services.common.settings import Settings
 from services.console import security
 from services.console.backend import Backend
 from services.console.sessions import SessionStore
@@ -254,13 +254,9 @@ async def run_until_signal(settings: Settings, others: list[str]) -> None:
 
 def serve(others: list[str] | None = None, settings: Settings | None = None) -> None:
     from services.common import migrate
-    from services.common.observability import setup_logging
+    from services.common.runtime import process_settings
 
-    try:
-        settings = settings or Settings.from_env()
-    except SettingsError as exc:
-        raise SystemExit(f"configuration error: {exc}") from None
-    setup_logging(settings.log_level)
+    settings = process_settings(settings)
     if not settings.database_url:
         raise SystemExit("AWOOOP_DATABASE_URL is not set: the console keeps its sessions in Postgres")
     if settings.migrate_on_start and not others:

@@ -24,6 +24,10 @@ CHANNELS = [
     n.removeprefix("CHANNEL_TYPE_").lower() for n in common_pb2.ChannelType.keys() if n != "CHANNEL_TYPE_UNSPECIFIED"
 ]
 TERMINAL = {common_pb2.RUN_STATUS_COMPLETED, common_pb2.RUN_STATUS_FAILED, common_pb2.RUN_STATUS_CANCELLED}
+# the page reads as prose, so its run fields do too
+WEB_FIELDS = timeline.FieldStyle(
+    gap=" ", lease_gap=", ", event_label="provider event", approval_label="approval question"
+)
 
 
 def pretty(value: Any) -> str:
@@ -208,29 +212,7 @@ def run_page(
         steps_page_raw.pages,
         steps_page_raw.total,
     )
-    f: list[tuple[str, str]] = [
-        ("project", run.project_id),
-        ("channel", timeline.channel_name(run.channel_type)),
-        ("provider event", run.provider_event_id or "-"),
-        ("status", timeline.status_name(run.status) + (" (cancel requested)" if run.cancel_requested else "")),
-        ("attempts", f"{run.attempt_count} of {run.max_attempts}"),
-    ]
-    if run.worker_id:
-        f.append(("worker", f"{run.worker_id}, lease until {when(run.lease_until)}"))
-    if run.failure_reason or run.error_code:
-        f.append(("failure", " ".join(x for x in (run.error_code, run.failure_reason) if x)))
-    if run.approval_summary:
-        f.append(("approval question", run.approval_summary))
-    if run.HasField("approval_expires_at"):
-        f.append(("approval expires", when(run.approval_expires_at)))
-    if run.approval_decided_by:
-        f.append(("decided by", run.approval_decided_by))
-    saga = timeline.saga_name(run.saga_status)
-    if run.HasField("compensation_started_at"):
-        saga += f" (compensation {when(run.compensation_started_at)} .. {when(run.compensation_completed_at) or '?'})"
-    f.append(("saga", saga))
-    f.append(("created", when(run.created_at)))
-    f.append(("updated", when(run.updated_at)))
+    f = timeline.run_fields(run, WEB_FIELDS)
     terminal = run.status in TERMINAL
     undo_pending = any(
         s.status == common_pb2.STEP_STATUS_COMPLETED and s.HasField("compensation_cmd") for s in raw_steps

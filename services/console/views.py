@@ -71,6 +71,31 @@ class Console:
     async def call(self, request: web.Request, method: Any, message: Any) -> Any:
         return await self.backend.call(method, message, self.need(request).api_key)
 
+    async def _runs_with_journals(
+        self, request: web.Request, project: str, **only: Any
+    ) -> tuple[list[tuple[common_pb2.Run, saga_pb2.GetJournalResponse]], str]:
+        """One page of the project's runs that match `only` (ListRuns filters), each with its journal
+        (fetched concurrently), and the next page's URL ("" on the last page): the work queues."""
+        self.need(request)
+        listed = await self.call(
+            request,
+            self.backend.scheduler.ListRuns,
+            scheduler_pb2.ListRunsRequest(
+                project_id=project,
+                page_size=APPROVALS_PAGE,
+                page_token=request.query.get("page_token", "")[:MAX_QUERY],
+                **only,
+            ),
+        )
+        journals = await asyncio.gather(
+            *(
+                self.call(request, self.backend.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=r.run_id))
+                for r in listed.runs
+            )
+        )
+        next_url = "?" + urlencode({"page_token": listed.next_page_token}) if listed.next_page_token else ""
+        return list(zip(listed.runs, journals, strict=True)), next_url
+
     # --- sign-in -----------------------------------------------------------------------------
 
     async def signin_form(self, request: web.Request, error: str = "", status: int = 200) -> web.Response:
@@ -215,35 +240,15 @@ class Console:
     # --- approvals ---------------------------------------------------------------------------
 
     async def approvals(self, request: web.Request) -> web.StreamResponse:
-        self.need(request)
         project = request.match_info["project"]
-        listed = await self.call(
-            request,
-            self.backend.scheduler.ListRuns,
-            scheduler_pb2.ListRunsRequest(
-                project_id=project,
-                statuses=[common_pb2.RUN_STATUS_WAITING_APPROVAL],
-                page_size=APPROVALS_PAGE,
-                page_token=request.query.get("page_token", "")[:MAX_QUERY],
-            ),
-        )
-        journals = await asyncio.gather(
-            *(
-                self.call(request, self.backend.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=r.run_id))
-                for r in listed.runs
-            )
+        runs, next_url = await self._runs_with_journals(
+            request, project, statuses=[common_pb2.RUN_STATUS_WAITING_APPROVAL]
         )
         items = [
             (pages.run_row(r), r.approval_summary, _when_expires(r), [pages.step_view(s) for s in j.steps])
-            for r, j in zip(listed.runs, journals, strict=True)
+            for r, j in runs
         ]
-        return self.render(
-            request,
-            "approvals.html",
-            project=project,
-            items=items,
-            next_url="?" + urlencode({"page_token": listed.next_page_token}) if listed.next_page_token else "",
-        )
+        return self.render(request, "approvals.html", project=project, items=items, next_url=next_url)
 
     async def decide(self, request: web.Request) -> web.StreamResponse:
         """The approvals page's form: the approver pastes the token they were sent."""
@@ -328,35 +333,14 @@ class Console:
     # --- compensation ------------------------------------------------------------------------
 
     async def compensations(self, request: web.Request) -> web.StreamResponse:
-        self.need(request)
         project = request.match_info["project"]
-        listed = await self.call(
-            request,
-            self.backend.scheduler.ListRuns,
-            scheduler_pb2.ListRunsRequest(
-                project_id=project,
-                saga_statuses=[common_pb2.SAGA_STATUS_COMPENSATION_FAILED],
-                page_size=APPROVALS_PAGE,
-                page_token=request.query.get("page_token", "")[:MAX_QUERY],
-            ),
-        )
-        journals = await asyncio.gather(
-            *(
-                self.call(request, self.backend.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=r.run_id))
-                for r in listed.runs
-            )
+        runs, next_url = await self._runs_with_journals(
+            request, project, saga_statuses=[common_pb2.SAGA_STATUS_COMPENSATION_FAILED]
         )
         items = [
-            (pages.run_row(r), [v for v in map(pages.step_view, j.steps) if v.compensation_failed])
-            for r, j in zip(listed.runs, journals, strict=True)
+            (pages.run_row(r), [v for v in map(pages.step_view, j.steps) if v.compensation_failed]) for r, j in runs
         ]
-        return self.render(
-            request,
-            "compensations.html",
-            project=project,
-            items=items,
-            next_url="?" + urlencode({"page_token": listed.next_page_token}) if listed.next_page_token else "",
-        )
+        return self.render(request, "compensations.html", project=project, items=items, next_url=next_url)
 
     async def retry(self, request: web.Request) -> web.StreamResponse:
         self.need(request)

@@ -9,6 +9,7 @@ then step rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NoReturn
 
 import asyncpg
 
@@ -95,6 +96,14 @@ async def _lock_run(conn: Conn, principal: Principal, run_id: str) -> LockedRun:
     return run
 
 
+async def _refuse_step(conn: Conn, run_id: str, step_id: str, verb: str) -> NoReturn:
+    """Why the step could not be acted on: there is no such step, or it is in another status."""
+    status = await conn.fetchval(STEP_STATUS_SQL, run_id, step_id)
+    if status is None:
+        raise errors.not_found("step", step_id, run_id=run_id)
+    raise step_transition(run_id, step_id, str(status), verb)
+
+
 async def request(pool: asyncpg.Pool, principal: Principal, run_id: str, trigger: str, reason: str) -> Requested:
     """Records a compensation request for an ended run (idempotent: a second request for the same
     run changes nothing and answers the current state)."""
@@ -126,11 +135,8 @@ async def retry(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id: 
         await conn.fetchval(REOPEN_REQUEST_SQL, run_id, run.project_id, "retry requested by an operator")
         reopened = [r["step_id"] for r in await conn.fetch(RETRY_STEPS_SQL, run_id, step_id)]
         if not reopened:
-            status = await conn.fetchval(STEP_STATUS_SQL, run_id, step_id) if step_id else None
-            if step_id and status is None:
-                raise errors.not_found("step", step_id, run_id=run_id)
             if step_id:
-                raise step_transition(run_id, step_id, str(status), "retry the compensation of")
+                await _refuse_step(conn, run_id, step_id, "retry the compensation of")
             raise errors.invalid_transition(run_id, run.saga_status, "retry compensation (no failed step)")
         await conn.execute(SET_COMPENSATING_SQL, run_id)
         await audit(
@@ -157,10 +163,7 @@ async def resolve(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id
         )
         step = await conn.fetchrow(RESOLVE_SQL, run_id, step_id, principal.principal_id, reason)
         if step is None:
-            status = await conn.fetchval(STEP_STATUS_SQL, run_id, step_id)
-            if status is None:
-                raise errors.not_found("step", step_id, run_id=run_id)
-            raise step_transition(run_id, step_id, status, "resolve the compensation of")
+            await _refuse_step(conn, run_id, step_id, "resolve the compensation of")
         saga_status = run.saga_status
         if req_status in (None, "done") and not await conn.fetchval(OPEN_LEFT_SQL, run_id):
             await conn.execute(SET_COMPENSATED_SQL, run_id)

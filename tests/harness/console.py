@@ -14,20 +14,15 @@ from typing import Any
 import asyncpg
 
 from awooop.common.v1 import common_pb2
-from awooop.ingest.v1 import ingest_pb2
-from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.tools.v1 import tools_pb2
 from awooop.worker import Client, to_struct
 from services.common.runtime import Runtime
 from services.console.app import ConsoleServer
-from tests.harness.helpers import ROOT, eventually
+from tests.harness import rpc_runs
+from tests.harness.helpers import ROOT, eventually, key_of, start_with_gateway
 
 PROJECT = "ops"
-
-
-def key_of(md: tuple[tuple[str, str], ...]) -> str:
-    return md[0][1].removeprefix("Bearer ")
 
 
 @dataclass
@@ -49,50 +44,21 @@ class ConsoleEnv:
         return f"127.0.0.1:{self.rt.ports[service]}"
 
     async def create(self, payload: dict[str, Any] | None = None, project: str = PROJECT) -> str:
-        r = await self.admin.call(
-            self.admin.ingest.IngestEvent,
-            ingest_pb2.IngestEventRequest(
-                project_id=project,
-                channel_type=common_pb2.CHANNEL_TYPE_API,
-                provider_event_id=os.urandom(8).hex(),
-                payload=to_struct(payload or {"ask": "scale"}),
-            ),
-        )
-        return str(r.outcomes[0].run_id)
+        return await rpc_runs.ingest_run(self.admin, project, payload or {"ask": "scale"})
 
     async def claim(self, run_id: str, project: str = PROJECT) -> common_pb2.LeaseToken:
-        resp = await self.worker.call(
-            self.worker.scheduler.ClaimRuns,
-            scheduler_pb2.ClaimRunsRequest(worker_id="console-test-worker", project_ids=[project], max_runs=1),
-        )
-        assert [c.run.run_id for c in resp.runs] == [run_id]
-        return resp.runs[0].lease
+        return await rpc_runs.claim_one(self.worker, "console-test-worker", project, run_id)
 
     async def scale_step(self, lease: common_pb2.LeaseToken, step_id: str = "scale", params: Any = None) -> None:
         """A journaled tool call whose undo scales api back to 1 replica (through the gateway)."""
-        w = self.worker
-        await w.call(
-            w.saga.BeginStep,
-            saga_pb2.BeginStepRequest(
-                lease=lease,
-                step_id=step_id,
-                step_type=common_pb2.STEP_TYPE_TOOL_CALL,
-                tool_id="k8s_scale_deployment",
-                tool_params=to_struct(params or {"deployment": "api", "replicas": 3}),
-            ),
-        )
-        await w.call(
-            w.saga.CompleteStep,
-            saga_pb2.CompleteStepRequest(
-                lease=lease,
-                step_id=step_id,
-                result=to_struct({"previous_replicas": 1, "replicas": 3}),
-                compensation_cmd=common_pb2.CompensationCommand(
-                    tool_id="k8s_scale_deployment",
-                    params=to_struct({"deployment": "api", "replicas": 1}),
-                    reason="scale back",
-                ),
-            ),
+        await rpc_runs.scale_step(
+            self.worker,
+            lease,
+            step_id,
+            params or {"deployment": "api", "replicas": 3},
+            {"previous_replicas": 1, "replicas": 3},
+            undo={"deployment": "api", "replicas": 1},
+            reason="scale back",
         )
 
     async def waiting_for_approval(
@@ -102,11 +68,7 @@ class ConsoleEnv:
         run_id = await self.create(payload)
         lease = await self.claim(run_id)
         await self.scale_step(lease)
-        resp = await self.worker.call(
-            self.worker.scheduler.RequestApproval,
-            scheduler_pb2.RequestApprovalRequest(lease=lease, summary=summary),
-        )
-        return run_id, resp.approval_token
+        return run_id, await rpc_runs.request_approval(self.worker, lease, summary)
 
     async def failed_compensation(self) -> str:
         """A run whose compensation failed at the gateway (a fault injected for the tool)."""
@@ -153,17 +115,7 @@ class ConsoleEnv:
 
 
 async def start_console_env(start_services: Any, make_key: Any, db: asyncpg.Connection, **console: Any) -> ConsoleEnv:
-    gw = await start_services("gateway")
-    rt = await start_services(
-        "ingest",
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        compensation_interval=0.2,
-        reaper_interval=0.3,
-        auth_cache_seconds=0,
-    )
-    rt.ports["gateway"] = gw.ports["gateway"]
+    _, rt = await start_with_gateway(start_services, reaper_interval=0.3, auth_cache_seconds=0)
     admin_key = key_of(await make_key("oncall-lead", {"*": ["admin"]}))
     approver_key = key_of(await make_key("approver-amy", {PROJECT: ["approver"]}))
     viewer_key = key_of(await make_key("viewer-vic", {PROJECT: ["ingest"]}))

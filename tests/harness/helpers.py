@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,6 +18,7 @@ import grpc
 from services.common import errors
 from services.common.embedded import free_port
 from services.common.health import wait_serving
+from services.common.runtime import Runtime
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -26,6 +27,11 @@ T = TypeVar("T")
 def reason_of(err: grpc.RpcError) -> str:
     info = errors.error_info(err)
     return info.reason if info else ""
+
+
+def key_of(md: tuple[tuple[str, str], ...]) -> str:
+    """The API key in make_key's metadata."""
+    return md[0][1].removeprefix("Bearer ")
 
 
 async def expect_error(call: Awaitable[Any], code: grpc.StatusCode, reason: str | None = None) -> grpc.aio.AioRpcError:
@@ -146,6 +152,8 @@ async def service_key(rt: Any) -> tuple[tuple[str, str], ...]:
     await principals.grant_role(pool, name, principals.ALL_PROJECTS, "admin")
     issued = await principals.issue_key(pool, name)
     return (("authorization", f"Bearer {issued.key}"),)
+
+
 def served(method: str, code: str) -> float:
     """grpc_server_handled_total of the in-process servers for '/pkg.Svc/Method' and a status name
     ('UNAVAILABLE')."""
@@ -161,3 +169,20 @@ def served(method: str, code: str) -> float:
         "grpc_code": GRPC_CODE_NAMES[grpc.StatusCode[code]],
     }
     return REGISTRY.get_sample_value("grpc_server_handled_total", labels) or 0.0
+
+
+async def start_with_gateway(
+    start_services: Callable[..., Awaitable[Runtime]], gateway: Mapping[str, Any] | None = None, **settings: Any
+) -> tuple[Runtime, Runtime]:
+    """The reference gateway (with the `gateway` settings), then ingest, scheduler and saga, the
+    saga compensating through that gateway every 0.2 s unless settings say otherwise. Returns
+    (gateway, services); the services' ports name the gateway's too."""
+    gw = await start_services("gateway", **(gateway or {}))
+    rt = await start_services(
+        "ingest",
+        "scheduler",
+        "saga",
+        **{"gateway_addr": f"127.0.0.1:{gw.ports['gateway']}", "compensation_interval": 0.2, **settings},
+    )
+    rt.ports["gateway"] = gw.ports["gateway"]
+    return gw, rt

@@ -198,57 +198,8 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
     return EXIT_RPC_ERROR if problems else 0
 
 
-# Run.wait_reason -> what it means for the operator
-WAIT_REASONS = {
-    "backoff": "retry backoff until {t} (after a retryable failure or a reaped lease)",
-    "delayed": "delayed: not claimable before {t} (not_before)",
-    "key_busy": "concurrency key {key} is at its limit; claimable when a run with it finishes",
-    "rate_limited": "key {key} started its rate's worth in this window; claimable from {t}",
-}
-
-
-def waiting_why(run: common_pb2.Run) -> str:
-    """Why a queued run is not being claimed, or ""."""
-    if run.status not in (common_pb2.RUN_STATUS_PENDING, common_pb2.RUN_STATUS_RESUMED):
-        return ""
-    text = WAIT_REASONS.get(run.wait_reason)
-    if text is None:
-        return f"{run.wait_reason} until {when(run.not_before)}" if run.wait_reason else ""
-    return text.format(t=when(run.not_before), key=run.concurrency_key)
-
-
 def _print_run(run: common_pb2.Run) -> None:
-    rows: list[tuple[str, str]] = [
-        ("run", run.run_id),
-        ("project", run.project_id),
-        ("channel", channel_name(run.channel_type)),
-        ("event", run.provider_event_id or "-"),
-        ("status", status_name(run.status) + ("  (cancel requested)" if run.cancel_requested else "")),
-        ("attempts", f"{run.attempt_count} of {run.max_attempts}"),
-    ]
-    if run.priority:
-        rows.append(("priority", str(run.priority)))
-    if run.concurrency_key:
-        rows.append(("concurrency key", run.concurrency_key))
-    waiting = waiting_why(run)
-    if waiting:
-        rows.append(("waiting", waiting))
-    if run.worker_id:
-        rows.append(("worker", f"{run.worker_id}  lease until {when(run.lease_until)}"))
-    if run.failure_reason or run.error_code:
-        rows.append(("failure", " ".join(x for x in (run.error_code, run.failure_reason) if x)))
-    if run.approval_summary:
-        rows.append(("approval", run.approval_summary))
-    if run.HasField("approval_expires_at"):
-        rows.append(("approval expires", when(run.approval_expires_at)))
-    if run.approval_decided_by:
-        rows.append(("decided by", run.approval_decided_by))
-    saga = saga_name(run.saga_status)
-    if run.HasField("compensation_started_at"):
-        saga += f"  (compensation {when(run.compensation_started_at)} .. {when(run.compensation_completed_at) or '?'})"
-    rows.append(("saga", saga))
-    rows.append(("created", when(run.created_at)))
-    rows.append(("updated", when(run.updated_at)))
+    rows = [("run", run.run_id), *timeline.run_fields(run)]
     rows.append(("input", _short(_j(from_struct(run.input)), 160)))
     if run.HasField("output"):
         rows.append(("output", _short(_j(from_struct(run.output)), 160)))

@@ -12,7 +12,7 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from awooop.cli.client import enum_name
+from awooop.cli.client import enum_name, when
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
@@ -50,6 +50,76 @@ def dumps(value: Any) -> str:
 def short(text: str, n: int) -> str:
     text = text.replace("\n", " ")
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+@dataclass(frozen=True)
+class FieldStyle:
+    """How a renderer words the run's fields: the gap before a remark, and two labels."""
+
+    gap: str
+    lease_gap: str
+    event_label: str
+    approval_label: str
+
+
+# `awooop runs show` aligns columns, so remarks stand two spaces off
+TERMINAL = FieldStyle(gap="  ", lease_gap="  ", event_label="event", approval_label="approval")
+
+
+# Run.wait_reason -> what it means for the operator
+WAIT_REASONS = {
+    "backoff": "retry backoff until {t} (after a retryable failure or a reaped lease)",
+    "delayed": "delayed: not claimable before {t} (not_before)",
+    "key_busy": "concurrency key {key} is at its limit; claimable when a run with it finishes",
+    "rate_limited": "key {key} started its rate's worth in this window; claimable from {t}",
+}
+
+
+def waiting_why(run: common_pb2.Run) -> str:
+    """Why a queued run is not being claimed (its wait_reason, with its time or key), or ""."""
+    if run.status not in (common_pb2.RUN_STATUS_PENDING, common_pb2.RUN_STATUS_RESUMED):
+        return ""
+    text = WAIT_REASONS.get(run.wait_reason)
+    if text is None:
+        return f"{run.wait_reason} until {when(run.not_before)}" if run.wait_reason else ""
+    return text.format(t=when(run.not_before), key=run.concurrency_key)
+
+
+def run_fields(run: common_pb2.Run, style: FieldStyle = TERMINAL) -> list[tuple[str, str]]:
+    """The run's state as (label, value) rows: which facts a run view shows, and when, is
+    decided here once for the CLI and the console."""
+    rows: list[tuple[str, str]] = [
+        ("project", run.project_id),
+        ("channel", channel_name(run.channel_type)),
+        (style.event_label, run.provider_event_id or "-"),
+        ("status", status_name(run.status) + (f"{style.gap}(cancel requested)" if run.cancel_requested else "")),
+        ("attempts", f"{run.attempt_count} of {run.max_attempts}"),
+    ]
+    if run.priority:
+        rows.append(("priority", str(run.priority)))
+    if run.concurrency_key:
+        rows.append(("concurrency key", run.concurrency_key))
+    waiting = waiting_why(run)
+    if waiting:
+        rows.append(("waiting", waiting))
+    if run.worker_id:
+        rows.append(("worker", f"{run.worker_id}{style.lease_gap}lease until {when(run.lease_until)}"))
+    if run.failure_reason or run.error_code:
+        rows.append(("failure", " ".join(x for x in (run.error_code, run.failure_reason) if x)))
+    if run.approval_summary:
+        rows.append((style.approval_label, run.approval_summary))
+    if run.HasField("approval_expires_at"):
+        rows.append(("approval expires", when(run.approval_expires_at)))
+    if run.approval_decided_by:
+        rows.append(("decided by", run.approval_decided_by))
+    saga = saga_name(run.saga_status)
+    if run.HasField("compensation_started_at"):
+        started, ended = when(run.compensation_started_at), when(run.compensation_completed_at) or "?"
+        saga += f"{style.gap}(compensation {started} .. {ended})"
+    rows.append(("saga", saga))
+    rows.append(("created", when(run.created_at)))
+    rows.append(("updated", when(run.updated_at)))
+    return rows
 
 
 @dataclass(frozen=True)
@@ -175,6 +245,8 @@ def waiting_reason(run: common_pb2.Run, now: float) -> str:
         text = f"leased by worker {run.worker_id or '?'}" + _lease_left(run, now)
         return text + ("; cancel requested, stops at the next heartbeat" if run.cancel_requested else "")
     if status in (common_pb2.RUN_STATUS_PENDING, common_pb2.RUN_STATUS_RESUMED):
+        if run.wait_reason:  # backoff, delayed, key busy, rate limited (docs/flow-control.md)
+            return waiting_why(run)
         if run.HasField("not_before") and run.not_before.seconds > now:
             return f"in retry backoff: claimable in {_span(run.not_before.seconds - now)}"
         return f"claimable: waiting for a worker of project {run.project_id} to claim it"
