@@ -27,8 +27,8 @@ from services.common.auth import Principal
 from services.common.db import Row
 from services.common.runs import RUN_COLUMNS
 from services.common.runstate import Audit, RunStatus
-from services.scheduler import metrics, replays
-from services.scheduler.claiming import claim_ctes, projects_arg
+from services.scheduler import budget, metrics, replays
+from services.scheduler.claiming import claim_ctes, hand_back_undelivered, projects_arg
 from services.scheduler.fragments import (
     CUR_COLUMNS,
     FENCED_AUDIT_DETAILS,
@@ -150,7 +150,14 @@ async def complete_and_claim(
     n = len(items)
     claimed = rows[n:]
     metrics.count_claims(claimed)
-    return await _with_replays(pool, items, _outcomes(principal, items, rows[:n], saga)), claimed
+    try:
+        outcomes = await _with_replays(pool, items, _outcomes(principal, items, rows[:n], saga))
+    except Exception:
+        # the claim is committed, but the call answers an error (a replay read failed): its runs
+        # go back now instead of waiting RUNNING for their lease to expire
+        await hand_back_undelivered(pool, claimed, worker_id, principal.actor, budget.ANSWER_FAILED)
+        raise
+    return outcomes, claimed
 
 
 def _params(principal: Principal, items: list[Item]) -> tuple[Any, ...]:

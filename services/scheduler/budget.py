@@ -77,6 +77,7 @@ def trim_results(results: Sequence[scheduler_pb2.CompleteRunResult], budget: int
 
 # Why claimed runs were not delivered (the audit reason of their hand-back)
 NO_ROOM = "not delivered: the claim's answer had no room left (AWOOOP_MAX_MESSAGE_BYTES)"
+ANSWER_FAILED = "not delivered: the claiming call answered an error after the claim committed"
 CALLER_GONE = "not delivered: the claiming call ended first (cancelled, deadline passed or connection closed)"
 
 # Runs claimed but not delivered (left out of the answer, or their caller is gone), handed back in

@@ -246,9 +246,11 @@ def _cancel_requested() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-async def _give_back(pool: asyncpg.Pool, rows: Sequence[asyncpg.Record], worker_id: str, actor: str) -> None:
+async def _give_back(
+    pool: asyncpg.Pool, rows: Sequence[asyncpg.Record], worker_id: str, actor: str, reason: str = budget.CALLER_GONE
+) -> None:
     try:
-        back = await budget.hand_back(pool, rows, worker_id, actor, budget.CALLER_GONE)
+        back = await budget.hand_back(pool, rows, worker_id, actor, reason)
     except Exception:
         log.warning("could not hand back %d runs claimed for a gone caller; the reaper takes them", len(rows))
         return
@@ -264,10 +266,12 @@ async def _settle(aw: Awaitable[None]) -> None:
         await asyncio.shield(settle)
 
 
-async def hand_back_undelivered(pool: asyncpg.Pool, rows: Sequence[asyncpg.Record], worker_id: str, actor: str) -> None:
+async def hand_back_undelivered(
+    pool: asyncpg.Pool, rows: Sequence[asyncpg.Record], worker_id: str, actor: str, reason: str = budget.CALLER_GONE
+) -> None:
     """Hands back claimed rows whose call ended before they were answered (cancellation-proof)."""
     if rows:
-        await _settle(_give_back(pool, rows, worker_id, actor))
+        await _settle(_give_back(pool, rows, worker_id, actor, reason))
 
 
 async def _hand_back_when_done(
