@@ -22,7 +22,7 @@ from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from services.common import retry_policy
 from services.common.runtime import Runtime
-from services.scheduler import reaper
+from services.scheduler import queue, reaper
 from services.scheduler.saga_client import SagaNudger
 from tests.harness.helpers import eventually, expect_error, settings_env, spawn_services
 from tests.harness.scheduler import dur, expire_lease, run_row
@@ -472,6 +472,11 @@ async def test_a_paused_project_is_skipped_its_leases_finish_and_resume_wakes_wa
     assert paused.flow.paused
     queued = await f.create("queued")
     other = await f.create("other", project="q")
+    # nor is it counted as claimable: the queue gauges and CountRuns skip it as the claim does
+    counts = await f.sched.CountRuns(pb.CountRunsRequest(project_id="p"), metadata=f.admin)
+    assert not counts.HasField("oldest_claimable_created_at")
+    sampled = {(r["project_id"], r["status"]): r["claimable"] for r in await db.fetch(queue.SAMPLE_SQL)}
+    assert sampled[("p", "PENDING")] == 0 and sampled[("q", "PENDING")] == 1
     assert await f.claim() == []  # skipped, alone ...
     (c,) = await f.claim(["p", "q"], max_runs=5)  # ... or beside another project
     assert c.run.run_id == other.run_id

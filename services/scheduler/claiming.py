@@ -36,6 +36,12 @@ CLAIMABLE_NOW = f"""status IN ({sql_list(TRANSITIONS[Action.CLAIM].allowed_from)
 # when a claimable run became claimable: its last state change (queued, re-queued, resumed) or
 # the end of its retry backoff (GREATEST ignores a NULL not_before)
 READY_SINCE = "GREATEST(updated_at, not_before)"
+
+
+def not_paused(project_sql: str) -> str:
+    """SQL: the project named by project_sql is not paused (PauseProject). A claim skips a paused
+    project's runs, so the queue gauges and CountRuns do not count them as claimable either."""
+    return f"NOT EXISTS (SELECT 1 FROM awooop_project_flow f WHERE f.project_id = {project_sql} AND f.paused)"
 log = logging.getLogger("awooop.scheduler")
 T = TypeVar("T")
 # hand-backs still running after their handler was cancelled a second time (kept from the GC)
@@ -131,7 +137,7 @@ def claim_ctes(
       FROM awooop_run_state
      WHERE project_id = {projects}::text
        AND {ready}
-       AND NOT EXISTS (SELECT 1 FROM awooop_project_flow f WHERE f.project_id = {projects}::text AND f.paused)
+       AND {not_paused(f"{projects}::text")}
      ORDER BY {CLAIM_ORDER}
      LIMIT {n}
        FOR UPDATE SKIP LOCKED

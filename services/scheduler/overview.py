@@ -10,7 +10,7 @@ import asyncpg
 
 from services.common.auth import Principal
 from services.common.principals import ALL_PROJECTS
-from services.scheduler.claiming import CLAIMABLE_NOW
+from services.scheduler.claiming import CLAIMABLE_NOW, not_paused
 
 MAX_PROJECTS = 1000
 
@@ -21,7 +21,7 @@ SELECT (SELECT COALESCE(jsonb_object_agg(status, n), '{{}}'::jsonb)
           FROM (SELECT status, count(*) AS n FROM awooop_run_state WHERE project_id = $1 GROUP BY status) c
        ) AS counts,
        (SELECT min(created_at) FROM awooop_run_state
-         WHERE project_id = $1 AND {CLAIMABLE_NOW}) AS oldest,
+         WHERE project_id = $1 AND {CLAIMABLE_NOW} AND {not_paused("$1")}) AS oldest,
        now() AS db_now"""
 
 # Distinct projects that have runs, by a loose index scan over awooop_run_list_idx (one index

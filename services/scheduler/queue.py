@@ -15,15 +15,16 @@ from collections import defaultdict
 import asyncpg
 
 from services.scheduler import metrics
-from services.scheduler.claiming import CLAIMABLE_NOW, READY_SINCE
+from services.scheduler.claiming import CLAIMABLE_NOW, READY_SINCE, not_paused
 
 SAMPLE_SQL = f"""
 SELECT project_id, status, count(*) AS n,
        count(*) FILTER (WHERE claimable) AS claimable,
        COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(ready_since) FILTER (WHERE claimable)), 0)::float8
            AS oldest
-  FROM (SELECT project_id, status, ({CLAIMABLE_NOW}) AS claimable, {READY_SINCE} AS ready_since
-          FROM awooop_run_state
+  FROM (SELECT project_id, status, ({CLAIMABLE_NOW} AND {not_paused("r.project_id")}) AS claimable,
+               {READY_SINCE} AS ready_since
+          FROM awooop_run_state r
          WHERE status IN ({", ".join(f"'{s}'" for s in metrics.UNFINISHED)})) unfinished
  GROUP BY project_id, status
 """
