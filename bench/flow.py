@@ -41,9 +41,10 @@ PARKED = 10_000
 READY_SQL = """INSERT INTO awooop_run_state (project_id, channel_type, input, created_at)
                SELECT $1, 'api', '{}', now() - interval '1 hour' + g * interval '1 millisecond'
                  FROM generate_series(1, $2) g"""
-PARKED_SQL = f"""INSERT INTO awooop_run_state (project_id, channel_type, input, concurrency_key, not_before,
-                                               wait_reason)
-                 SELECT $1, 'api', '{{}}', '{KEY}', 'infinity', 'key_busy' FROM generate_series(1, $2)"""
+PARKED_SQL = f"""INSERT INTO awooop_run_state (project_id, channel_type, input, concurrency_keys, not_before,
+                                               wait_reason, wait_key)
+                 SELECT $1, 'api', '{{}}', ARRAY['{KEY}'], 'infinity', 'key_busy', '{KEY}'
+                   FROM generate_series(1, $2)"""
 
 
 def declare(cfg: Config) -> list[Figure]:

@@ -141,18 +141,18 @@ async def test_http_events_take_not_before_priority_and_a_key_from_the_query(
 ) -> None:
     _, _, alice, _, url = await setup(start_services, channels, make_key)
     later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).replace(microsecond=0)
-    query = f"?not_before={later.isoformat().replace('+00:00', 'Z')}&priority=7&concurrency_key=k8s:deployment/api"
+    query = f"?not_before={later.isoformat().replace('+00:00', 'Z')}&priority=7&concurrency_key=k8s:deployment/api&concurrency_key=llm:x"
     status, _, doc = await send(url + query, alice, "delayed-1", {"ask": "scale"})
     assert status == 200, doc
     row = await db.fetchrow(
-        "SELECT not_before, priority, wait_reason, concurrency_key FROM awooop_run_state WHERE run_id = $1",
+        "SELECT not_before, priority, wait_reason, concurrency_keys FROM awooop_run_state WHERE run_id = $1",
         uuid.UUID(doc["outcomes"][0]["run_id"]),
     )
-    assert (row["not_before"], row["priority"], row["wait_reason"], row["concurrency_key"]) == (
+    assert (row["not_before"], row["priority"], row["wait_reason"], row["concurrency_keys"]) == (
         later,
         7,
         "delayed",
-        "k8s:deployment/api",
+        ["k8s:deployment/api", "llm:x"],  # the key repeats, one per key
     )
     before = await db.fetchval("SELECT count(*) FROM awooop_run_state")
     for bad, field in (("?not_before=tomorrow", "query.not_before"), ("?priority=5000", "query.priority")):

@@ -388,17 +388,17 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_a_keys_limit
             pb.SetConcurrencyLimitRequest(project_id="p", key="llm:rated", max_starts=4, per=dur(1.0)), metadata=admin
         )
         await db.execute(
-            """INSERT INTO awooop_run_state (project_id, channel_type, input, concurrency_key, created_at)
-               SELECT 'p', 'api', '{}', CASE WHEN g % 6 < 3 THEN 'llm:provider-x'
-                                             WHEN g % 6 = 3 THEN 'k8s:deployment/api'
-                                             WHEN g % 6 = 4 THEN 'llm:rated' END,
+            """INSERT INTO awooop_run_state (project_id, channel_type, input, concurrency_keys, created_at)
+               SELECT 'p', 'api', '{}', CASE WHEN g % 6 < 3 THEN '{llm:provider-x}'::text[]
+                                             WHEN g % 6 = 3 THEN '{k8s:deployment/api}'
+                                             WHEN g % 6 = 4 THEN '{llm:rated}' END,
                       clock_timestamp()
                  FROM generate_series(1, 72) g"""
         )
         await db.execute("SELECT pg_notify('awooop_run_ready', 'p')")
-        leased_sql = """SELECT concurrency_key, count(*) AS n FROM awooop_run_state
-                         WHERE status IN ('RUNNING', 'WAITING_TOOL') AND concurrency_key IS NOT NULL
-                         GROUP BY concurrency_key"""
+        leased_sql = """SELECT k AS concurrency_key, count(*) AS n
+                          FROM awooop_run_state CROSS JOIN LATERAL unnest(concurrency_keys) AS k
+                         WHERE status IN ('RUNNING', 'WAITING_TOOL') GROUP BY k"""
         worst: Counter[str] = Counter()
         done = asyncio.Event()
 
@@ -445,7 +445,7 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_a_keys_limit
         assert {r["key"]: r["running"] for r in rows} == {**{k: 0 for k in limits}, "llm:rated": 0}
         starts = [r["created_at"] for r in await db.fetch(
             """SELECT a.created_at FROM awooop_audit_log a JOIN awooop_run_state r USING (run_id)
-                WHERE a.action = 'CLAIMED' AND r.concurrency_key = 'llm:rated' ORDER BY a.created_at"""
+                WHERE a.action = 'CLAIMED' AND r.concurrency_keys = '{llm:rated}' ORDER BY a.created_at"""
         )]
         # 12 starts at 4 per window need 3 fixed windows, each opened at least a second after the
         # one before (CLAIMED rows carry their transaction's start, up to a lock wait earlier)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -14,8 +15,9 @@ from services.common import retry_policy
 from services.common.validate import Violations
 
 MIN_PRIORITY, MAX_PRIORITY = -1000, 1000  # CHECK of awooop_run_state.priority
-MAX_DELAY = dt.timedelta(days=366)
-MAX_KEY = 128  # awooop_run_state.concurrency_key VARCHAR(128)  # a not_before further out is a mistake, not a schedule
+MAX_DELAY = dt.timedelta(days=366)  # a not_before further out is a mistake, not a schedule
+MAX_KEY = 128  # awooop_run_state.concurrency_keys VARCHAR(128)[]
+MAX_KEYS = 8  # keys per run (CHECK of awooop_run_state.concurrency_keys)
 
 # awooop_run_state.wait_reason
 WAIT_BACKOFF = "backoff"
@@ -30,11 +32,17 @@ class RunOptions:
     priority: int = 0
     # the run's own retry policy as JSON (None: none)
     retry_policy_json: str | None = None
-    concurrency_key: str | None = None
+    # the run's concurrency keys, sorted and distinct (empty: none)
+    concurrency_keys: tuple[str, ...] = ()
 
     @property
     def wait_reason(self) -> str | None:
         return WAIT_DELAYED if self.not_before is not None else None
+
+    @property
+    def keys_param(self) -> list[str] | None:
+        """awooop_run_state.concurrency_keys (NULL: none)."""
+        return list(self.concurrency_keys) or None
 
 
 NO_OPTIONS = RunOptions()
@@ -58,6 +66,7 @@ def parse(
     priority: int,
     policy: common_pb2.RetryPolicy | None,
     concurrency_key: str = "",
+    concurrency_keys: Sequence[str] = (),
 ) -> RunOptions:
     """Validated options; problems go to v under `prefix` (e.g. "events[3].")."""
     when = None
@@ -77,5 +86,17 @@ def parse(
         fields = retry_policy.from_pb(v, prefix + "retry_policy", policy)
         if fields:
             policy_json = json.dumps(fields, sort_keys=True)
-    key = v.token(prefix + "concurrency_key", concurrency_key, max_len=MAX_KEY, required=False) or None
-    return RunOptions(when, priority, policy_json, key)
+    return RunOptions(when, priority, policy_json, keys(v, prefix, concurrency_key, concurrency_keys))
+
+
+def keys(v: Violations, prefix: str, concurrency_key: str, concurrency_keys: Sequence[str]) -> tuple[str, ...]:
+    """A run's keys: the list and the old single field (an alias: merged into the list), each a
+    token; a key named twice counts once; at most MAX_KEYS distinct keys. Sorted: the order the
+    claim and the release trigger lock the keys' rows in."""
+    v.token(prefix + "concurrency_key", concurrency_key, max_len=MAX_KEY, required=False)
+    for i, key in enumerate(concurrency_keys):
+        v.token(f"{prefix}concurrency_keys[{i}]", key, max_len=MAX_KEY)
+    got = sorted({k for k in (concurrency_key, *concurrency_keys) if k})
+    if len(got) > MAX_KEYS:
+        v.add(prefix + "concurrency_keys", f"at most {MAX_KEYS} distinct keys per run, got {len(got)}")
+    return tuple(got)

@@ -85,10 +85,12 @@ RUN_COLUMNS = """run_id, project_id, channel_type, provider_event_id, status, in
     attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
     cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
     compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
-    wait_reason, concurrency_key"""
+    wait_reason, concurrency_keys, wait_key"""
 
 
 def run_to_pb(row: Row) -> common_pb2.Run:
+    keys = row["concurrency_keys"] or []
+    held = row["not_before"] is not None
     run = common_pb2.Run(
         run_id=str(row["run_id"]),
         project_id=row["project_id"],
@@ -105,9 +107,11 @@ def run_to_pb(row: Row) -> common_pb2.Run:
         approval_summary=row["approval_summary"] or "",
         saga_status=saga_status_to_pb(row["saga_status"]),  # type: ignore[arg-type]
         priority=row["priority"],
-        concurrency_key=row["concurrency_key"] or "",
-        # the reason only means something while not_before holds the run back
-        wait_reason=(row["wait_reason"] or "") if row["not_before"] is not None else "",
+        concurrency_keys=keys,
+        concurrency_key=keys[0] if keys else "",
+        # the reason (and the key waited on) only mean something while not_before holds the run back
+        wait_reason=(row["wait_reason"] or "") if held else "",
+        wait_key=(row["wait_key"] or "") if held else "",
     )
     run.input.CopyFrom(to_struct(_obj(row["input"])))
     if row["output"] is not None:

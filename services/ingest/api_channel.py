@@ -101,7 +101,7 @@ class ApiEvents:
                     event.options.priority,
                     event.options.retry_policy_json,
                     self.defaults_json,
-                    event.options.concurrency_key,
+                    event.options.keys_param,
                 )
             )
             return idempotency.Executed(_snapshot(run_id, legacy=False), run_id)

@@ -34,7 +34,11 @@ def request_fingerprint(run: NewRun) -> str:
     fields = {"project_id": run.project_id, "input": run.input, "max_attempts": run.max_attempts}
     if o != RunOptions():  # runs without flow options keep the fingerprint they always had
         when = o.not_before.isoformat() if o.not_before else None
-        fields["flow"] = [when, o.priority, o.retry_policy_json, o.concurrency_key]
+        # one key: the fingerprint a run with that key always had
+        keys: str | list[str] | None = list(o.concurrency_keys) if len(o.concurrency_keys) > 1 else (
+            o.concurrency_keys[0] if o.concurrency_keys else None
+        )
+        fields["flow"] = [when, o.priority, o.retry_policy_json, keys]
     return idempotency.fingerprint(fields)
 
 

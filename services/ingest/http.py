@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 from aiohttp import web
 from google.protobuf.timestamp_pb2 import Timestamp
+from multidict import MultiMapping
 
 from services.common import errors, run_options, tracing
 from services.common.access import require_role
@@ -111,9 +112,11 @@ def parse_body(body: bytes, field: str) -> dict[str, Any]:
     return value
 
 
-def run_options_from_query(v: Violations, query: Mapping[str, str]) -> RunOptions:
+def run_options_from_query(v: Violations, query: MultiMapping[str]) -> RunOptions:
     """The API event's run options from its query string (`?not_before=2026-12-01T09:00:00Z&priority=5
-    &concurrency_key=k8s:deployment/api`), validated as IngestEvent's fields (run_options.parse)."""
+    &concurrency_key=k8s:deployment/api&concurrency_key=llm:provider-x`: the key repeats, one per
+    key), validated as IngestEvent's fields (run_options.parse; the i-th key is
+    query.concurrency_keys[i] in errors)."""
     unknown = sorted(set(query) - {"not_before", "priority", "concurrency_key"})
     if unknown:
         v.add("query", f"unknown parameters {unknown}: not_before, priority and concurrency_key are known")
@@ -137,7 +140,7 @@ def run_options_from_query(v: Violations, query: Mapping[str, str]) -> RunOption
         not_before=not_before,
         priority=priority,
         policy=None,
-        concurrency_key=query.get("concurrency_key", ""),
+        concurrency_keys=query.getall("concurrency_key", []),
     )
 
 

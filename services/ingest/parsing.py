@@ -119,6 +119,7 @@ def parse_event(
         priority=req.priority,
         policy=req.retry_policy if req.HasField("retry_policy") else None,
         concurrency_key=req.concurrency_key,
+        concurrency_keys=req.concurrency_keys,
     )
     headers = req.headers
     if headers:
@@ -221,6 +222,7 @@ def parse_create_run(
         priority=req.priority,
         policy=req.retry_policy if req.HasField("retry_policy") else None,
         concurrency_key=req.concurrency_key,
+        concurrency_keys=req.concurrency_keys,
     )
     data, text = v.json("input", req.input, max_bytes=max_payload_bytes)
     return NewRun(project_id, key, data, text, attempts, options)

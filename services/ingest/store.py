@@ -47,7 +47,7 @@ WITH ev AS (
     SELECT * FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[], $5::uuid[], $6::text[], $7::int[],
                          $11::timestamptz[], $12::int[], $13::text[], $15::text[], $16::varchar[])
         AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts, not_before, priority,
-             retry_policy, concurrency_key, traceparent)
+             retry_policy, concurrency_keys, traceparent)
 ),
 ins AS (
     INSERT INTO awooop_channel_event_dedupe (project_id, channel_type, provider_event_id, run_id)
@@ -59,12 +59,12 @@ ins AS (
 new_runs AS (
     INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, input, max_attempts, created_by,
                                   created_at, updated_at, not_before, wait_reason, priority, retry_policy,
-                                  concurrency_key, traceparent)
+                                  concurrency_keys, traceparent)
     SELECT ev.run_id, ev.project_id, ev.channel_type, ev.provider_event_id, ev.input::jsonb,
            {max_attempts_sql("ev.max_attempts", effective_sql("ev.project_id", "ev.retry_policy::jsonb", "$14"))}, $8,
            now() + ev.ord * interval '1 microsecond', now() + ev.ord * interval '1 microsecond',
            ev.not_before, CASE WHEN ev.not_before IS NOT NULL THEN '{WAIT_DELAYED}' END, ev.priority,
-           ev.retry_policy::jsonb, ev.concurrency_key, ev.traceparent
+           ev.retry_policy::jsonb, string_to_array(ev.concurrency_keys, ' '), ev.traceparent
       FROM ev JOIN ins USING (run_id)
     RETURNING run_id, project_id, channel_type, provider_event_id
 ),
@@ -96,10 +96,10 @@ SELECT t.ord, d.run_id, extract(epoch FROM d.created_at + make_interval(secs => 
 CREATE_RUN_SQL = f"""
 WITH run AS (
     INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by, not_before, wait_reason,
-                                  priority, retry_policy, concurrency_key, traceparent)
+                                  priority, retry_policy, concurrency_keys, traceparent)
     VALUES ($1::text, 'api', $2::text::jsonb,
             {max_attempts_sql("$3::int", effective_sql("$1::text", "$9::text::jsonb", "$10"))}, $4,
-            $7, CASE WHEN $7::timestamptz IS NOT NULL THEN '{WAIT_DELAYED}' END, $8, $9::text::jsonb, $11, $12)
+            $7, CASE WHEN $7::timestamptz IS NOT NULL THEN '{WAIT_DELAYED}' END, $8, $9::text::jsonb, $11::text[], $12)
     RETURNING {RUN_COLUMNS}
 ),
 audited AS (
@@ -112,14 +112,14 @@ SELECT * FROM run
 """
 
 # The run of an API-channel event (seed 003 rules, services/ingest/api_channel.py), with its audit row;
-# its flow options as CREATE_RUN_SQL's ($8 not_before, $9 priority, $10 retry policy, $11 defaults, $12 key).
+# its flow options as CREATE_RUN_SQL's ($8 not_before, $9 priority, $10 retry policy, $11 defaults, $12 keys).
 API_EVENT_RUN_SQL = f"""
 WITH run AS (
     INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, input, max_attempts, created_by,
-                                  traceparent, not_before, wait_reason, priority, retry_policy, concurrency_key)
+                                  traceparent, not_before, wait_reason, priority, retry_policy, concurrency_keys)
     VALUES ($1::text, 'api', $2, $3::text::jsonb,
             {max_attempts_sql("$4::int", effective_sql("$1::text", "$10::text::jsonb", "$11"))}, $5, $7,
-            $8, CASE WHEN $8::timestamptz IS NOT NULL THEN '{WAIT_DELAYED}' END, $9, $10::text::jsonb, $12)
+            $8, CASE WHEN $8::timestamptz IS NOT NULL THEN '{WAIT_DELAYED}' END, $9, $10::text::jsonb, $12::text[])
     RETURNING run_id, project_id
 ),
 audited AS (
@@ -179,7 +179,8 @@ async def ingest(
             [e.options.priority for e in ev],
             [e.options.retry_policy_json for e in ev],
             defaults_json,
-            [e.options.concurrency_key for e in ev],
+            # a run's keys joined by spaces (keys are tokens without spaces): unnest takes no ragged arrays
+            [" ".join(e.options.concurrency_keys) or None for e in ev],
             [e.traceparent for e in ev] if any(e.traceparent for e in ev) else None,
         )
         missing: list[int] = []
@@ -242,7 +243,7 @@ async def create_run(
         o.priority,
         o.retry_policy_json,
         defaults_json,
-        o.concurrency_key,
+        o.keys_param,
         traceparent,
     )
     assert row is not None

@@ -1,8 +1,8 @@
 """Concurrency and rate limits per (project, key) (awooop_concurrency_limit; docs/flow-control.md).
 
 The claim statement grants a limited key's free slots and parks what it cannot grant
-(claiming.KEY_SLOTS); the trigger of migration 0111 gives a slot back when a run with the key
-leaves its lease and wakes parked runs. Setting a limit counts the key's leased runs in the
+(claiming.KEY_SLOTS); the trigger of migration 0120 gives a slot back when a run with the key
+leaves its lease and wakes the runs parked on it (wait_key). Setting a limit counts the key's leased runs in the
 same statement, so a limit set while runs hold leases starts from the truth; removing one wakes
 every parked run of the key. Each change writes a CONCURRENCY_LIMIT_SET audit row.
 """
@@ -30,7 +30,7 @@ SET_SQL = f"""
 WITH lim AS (
     INSERT INTO awooop_concurrency_limit (project_id, key, max_running, running, updated_by, max_starts, rate_period)
     VALUES ($1::text, $2::text, $3::int, (SELECT count(*) FROM awooop_run_state
-                          WHERE project_id = $1 AND concurrency_key = $2 AND status IN ({sql_list(LEASED)})), $4,
+                          WHERE project_id = $1 AND $2 = ANY(concurrency_keys) AND status IN ({sql_list(LEASED)})), $4,
             $5::int, CASE WHEN $5::int IS NOT NULL THEN make_interval(secs => $6::float8) END)
     ON CONFLICT (project_id, key) DO UPDATE
        SET max_running = EXCLUDED.max_running, max_starts = EXCLUDED.max_starts,
@@ -40,9 +40,9 @@ WITH lim AS (
 ),
 woken AS (
     UPDATE awooop_run_state r
-       SET not_before = NULL, wait_reason = NULL
+       SET not_before = NULL, wait_reason = NULL, wait_key = NULL
      WHERE r.run_id IN (SELECT run_id FROM awooop_run_state
-                         WHERE project_id = $1 AND concurrency_key = $2 AND {_PARKED}
+                         WHERE project_id = $1 AND wait_key = $2 AND {_PARKED}
                          ORDER BY priority DESC, created_at
                          LIMIT greatest(0, (SELECT COALESCE(max_running - running, {MAX_LIMIT}) FROM lim))
                            FOR UPDATE SKIP LOCKED)
@@ -66,8 +66,8 @@ WITH gone AS (
 ),
 woken AS (
     UPDATE awooop_run_state
-       SET not_before = NULL, wait_reason = NULL
-     WHERE project_id = $1 AND concurrency_key = $2 AND {_PARKED}
+       SET not_before = NULL, wait_reason = NULL, wait_key = NULL
+     WHERE project_id = $1 AND wait_key = $2 AND {_PARKED}
     RETURNING run_id
 ),
 aud AS (
@@ -83,7 +83,7 @@ LIST_SQL = f"""
 SELECT k.project_id, k.key, k.max_running, k.running, k.max_starts,
        extract(epoch FROM k.rate_period)::float8 AS per,
        (SELECT count(*) FROM awooop_run_state r
-         WHERE r.project_id = k.project_id AND r.concurrency_key = k.key
+         WHERE r.project_id = k.project_id AND r.wait_key = k.key
            AND r.status IN ({sql_list(CLAIMABLE)}) AND r.wait_reason IN ('{WAIT_KEY_BUSY}', '{WAIT_RATE_LIMITED}')
            AND r.not_before > now()) AS waiting
   FROM awooop_concurrency_limit k

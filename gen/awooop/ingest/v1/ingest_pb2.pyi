@@ -21,6 +21,11 @@ if sys.version_info >= (3, 11):
 else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
+if sys.version_info >= (3, 13):
+    from warnings import deprecated as _deprecated
+else:
+    from typing_extensions import deprecated as _deprecated
+
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
@@ -61,6 +66,7 @@ class IngestEventRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     RETRY_POLICY_FIELD_NUMBER: _builtins.int
     CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEYS_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant (1-64 chars: letters, digits, '-', '_', '.')."""
     channel_type: _common_pb2.ChannelType.ValueType
@@ -79,8 +85,16 @@ class IngestEventRequest(_message.Message):
     """
     priority: _builtins.int
     """Claim order within the project: higher first (-1000..1000, default 0)."""
-    concurrency_key: _builtins.str
-    """Concurrency key (1-128 printable chars, for example llm:provider-x); empty: none."""
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def concurrency_key(self) -> _builtins.str:
+        """Deprecated alias: one more concurrency key, merged into concurrency_keys; empty: none."""
+
+    @concurrency_key.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def concurrency_key(self, value: _builtins.str) -> None:
+        """Deprecated alias: one more concurrency key, merged into concurrency_keys; empty: none."""
+
     @_builtins.property
     def payload(self) -> _struct_pb2.Struct:
         """The provider's webhook body as JSON."""
@@ -101,6 +115,12 @@ class IngestEventRequest(_message.Message):
     def retry_policy(self) -> _common_pb2.RetryPolicy:
         """The run's own retry policy; unset fields take the project's."""
 
+    @_builtins.property
+    def concurrency_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Concurrency keys (each 1-128 printable chars without spaces, for example llm:provider-x; at most
+        8 distinct, a key named twice counts once); the run starts only when every limited key has room.
+        """
+
     def __init__(
         self,
         *,
@@ -116,10 +136,11 @@ class IngestEventRequest(_message.Message):
         priority: _builtins.int = ...,
         retry_policy: _common_pb2.RetryPolicy | None = ...,
         concurrency_key: _builtins.str = ...,
+        concurrency_keys: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "not_before", b"not_before", "payload", b"payload", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "concurrency_key", b"concurrency_key", "endpoint", b"endpoint", "headers", b"headers", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "payload", b"payload", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "retry_policy", b"retry_policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "endpoint", b"endpoint", "headers", b"headers", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "payload", b"payload", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "retry_policy", b"retry_policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -245,6 +266,7 @@ class CreateRunRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     RETRY_POLICY_FIELD_NUMBER: _builtins.int
     CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEYS_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     idempotency_key: _builtins.str
@@ -253,8 +275,16 @@ class CreateRunRequest(_message.Message):
     """Claims allowed before the run fails; 0 means the project's retry policy (default 3). At most 100."""
     priority: _builtins.int
     """Claim order within the project: higher first (-1000..1000, default 0)."""
-    concurrency_key: _builtins.str
-    """Concurrency key (1-128 printable chars, for example k8s:deployment/api); empty: none."""
+    @_builtins.property
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def concurrency_key(self) -> _builtins.str:
+        """Deprecated alias: one more concurrency key, merged into concurrency_keys; empty: none."""
+
+    @concurrency_key.setter
+    @_deprecated("""This field has been marked as deprecated using proto field options.""")
+    def concurrency_key(self, value: _builtins.str) -> None:
+        """Deprecated alias: one more concurrency key, merged into concurrency_keys; empty: none."""
+
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Run input."""
@@ -267,6 +297,13 @@ class CreateRunRequest(_message.Message):
     def retry_policy(self) -> _common_pb2.RetryPolicy:
         """The run's own retry policy; unset fields take the project's."""
 
+    @_builtins.property
+    def concurrency_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Concurrency keys (each 1-128 printable chars without spaces, for example k8s:deployment/api; at
+        most 8 distinct, a key named twice counts once); the run starts only when every limited key has
+        room.
+        """
+
     def __init__(
         self,
         *,
@@ -278,10 +315,11 @@ class CreateRunRequest(_message.Message):
         priority: _builtins.int = ...,
         retry_policy: _common_pb2.RetryPolicy | None = ...,
         concurrency_key: _builtins.str = ...,
+        concurrency_keys: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "not_before", b"not_before", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency_key", b"concurrency_key", "idempotency_key", b"idempotency_key", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "priority", b"priority", "project_id", b"project_id", "retry_policy", b"retry_policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "idempotency_key", b"idempotency_key", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "priority", b"priority", "project_id", b"project_id", "retry_policy", b"retry_policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

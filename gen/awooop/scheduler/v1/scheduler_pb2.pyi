@@ -1449,7 +1449,7 @@ class ConcurrencyLimit(_message.Message):
     project_id: _builtins.str
     """Tenant."""
     key: _builtins.str
-    """The key runs carry (Run.concurrency_key)."""
+    """The key runs carry (one of Run.concurrency_keys)."""
     max_running: _builtins.int
     """Most leased runs with the key at once (1 = mutual exclusion); 0: no concurrency limit."""
     running: _builtins.int
