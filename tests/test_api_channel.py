@@ -141,7 +141,8 @@ async def test_http_events_take_not_before_priority_and_a_key_from_the_query(
 ) -> None:
     _, _, alice, _, url = await setup(start_services, channels, make_key)
     later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).replace(microsecond=0)
-    query = f"?not_before={later.isoformat().replace('+00:00', 'Z')}&priority=7&concurrency_key=k8s:deployment/api&concurrency_key=llm:x"
+    query = f"?not_before={later.isoformat().replace('+00:00', 'Z')}&priority=7"
+    query += "&concurrency_key=k8s:deployment/api&concurrency_key=llm:x"
     status, _, doc = await send(url + query, alice, "delayed-1", {"ask": "scale"})
     assert status == 200, doc
     row = await db.fetchrow(

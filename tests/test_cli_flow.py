@@ -67,7 +67,8 @@ async def test_flow_set_show_limit_and_runs_show_says_why_a_run_waits(
             return resp.run.run_id
 
         held = await create("held", concurrency_key="llm:provider-x")
-        parked = await create("parked", concurrency_key="llm:provider-x")
+        # two keys, one of them limited and busy: the show names both and the busy one
+        parked = await create("parked", concurrency_keys=["llm:provider-x", "k8s:deployment/api"])
         claim = scheduler_pb2.ClaimRunsRequest(worker_id="w", project_ids=[PROJECT], max_runs=5)
         (c,) = (await client.call(client.scheduler.ClaimRuns, claim)).runs
         assert c.run.run_id == held
@@ -81,6 +82,7 @@ async def test_flow_set_show_limit_and_runs_show_says_why_a_run_waits(
 
         for run_id, words in (
             (parked, "concurrency key llm:provider-x is at its limit"),
+            (parked, "k8s:deployment/api, llm:provider-x"),
             (backoff, "retry backoff until"),
             (delayed, "delayed: not claimable before"),
         ):

@@ -15,14 +15,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import asyncpg
 from asyncpg.pgproto.pgproto import UUID
 
 from services.common import errors
 from services.common.audit import AUDIT_INSERT
-from services.common.db import Conn
+from services.common.db import Conn, fetch_again_on_deadlock
 from services.common.retry_policy import DEFAULTS_JSON, effective_sql, max_attempts_sql
 from services.common.run_options import WAIT_DELAYED
 from services.common.runs import RUN_COLUMNS
@@ -162,7 +161,9 @@ async def ingest(
     pending = list(range(len(events)))
     for _ in range(MAX_ATTEMPTS):
         ev = [events[i] for i in pending]
-        rows = await _fetch_retrying(
+        # keys are inserted in sorted order, so statements sharing keys should never deadlock; should
+        # Postgres still report one, the statement runs again (ON CONFLICT makes it idempotent)
+        rows = await fetch_again_on_deadlock(
             db,
             INGEST_SQL,
             list(range(len(ev))),
@@ -205,19 +206,6 @@ async def ingest(
         if not pending:
             return out  # type: ignore[return-value]
     raise errors.store_unavailable("dedupe rows changed under the request; retry")
-
-
-async def _fetch_retrying(db: Executor, sql: str, *args: Any) -> list[asyncpg.Record]:
-    """Keys are inserted in sorted order, so statements sharing keys should never deadlock;
-    should Postgres still report one, the statement is safe to run again (ON CONFLICT makes
-    it idempotent)."""
-    for attempt in range(3):
-        try:
-            return await db.fetch(sql, *args)
-        except asyncpg.exceptions.DeadlockDetectedError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
 
 
 async def create_run(

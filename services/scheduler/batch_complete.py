@@ -24,7 +24,7 @@ from services.common import errors
 from services.common.access import check_run_access, projects_with
 from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
-from services.common.db import Row
+from services.common.db import Row, fetch_again_on_deadlock
 from services.common.runs import RUN_COLUMNS
 from services.common.runstate import Audit, RunStatus
 from services.scheduler import budget, metrics, replays
@@ -54,6 +54,16 @@ cur AS (
      ORDER BY run_id
        FOR UPDATE
 ),
+held_keys AS MATERIALIZED (
+    -- the locked runs' concurrency keys, locked in key order before `upd` starts (the triggers
+    -- that give their slots back find them held): batches and claims sharing keys take them in one
+    -- order instead of the order the batch's rows happen to be updated in
+    SELECT l.project_id, l.key FROM awooop_concurrency_limit l
+     WHERE (l.project_id, l.key) IN (SELECT r.project_id, k FROM awooop_run_state r CROSS JOIN LATERAL
+                                      unnest(r.concurrency_keys) AS k WHERE r.run_id IN (SELECT cur_run_id FROM cur))
+     ORDER BY l.project_id, l.key
+       FOR UPDATE
+),
 win AS (
     SELECT DISTINCT ON (it.run_id) it.item, it.run_id, it.attempt, it.output, cur.cur_status, cur.cur_worker
       FROM items it JOIN cur ON cur.cur_run_id = it.run_id
@@ -66,6 +76,7 @@ upd AS (
       FROM win w
      WHERE r.run_id = w.run_id
        AND {fence_where("w.attempt", "$4::text[]", "$5::text[]")}
+       AND (SELECT count(*) FROM held_keys) >= 0
  RETURNING {RUN_COLUMNS_R}, w.cur_status AS from_status, w.item AS upd_item, w.cur_worker AS prev_worker
 ),
 aud AS (
@@ -126,7 +137,7 @@ async def complete_many(
 ) -> list[Changed | errors.ServiceError]:
     """Completes each item like CompleteRun; returns, in order, the change or the error
     CompleteRun would have raised for that item."""
-    rows = await pool.fetch(COMPLETE_MANY_SQL, *_params(principal, items))
+    rows = await fetch_again_on_deadlock(pool, COMPLETE_MANY_SQL, *_params(principal, items))
     return await _with_replays(pool, items, _outcomes(principal, items, rows, saga))
 
 
@@ -144,8 +155,10 @@ async def complete_and_claim(
     """complete_many, then a claim (claiming.claim), in one statement: the items' outcomes in
     order, and the claimed rows oldest first."""
     single, arg = projects_arg(projects)
-    rows = await pool.fetch(
-        complete_and_claim_sql(single, max_runs), *_params(principal, items), arg, lease_ttl, worker_id
+    # the claim locks its keys after the items' (held_keys): two sorted sequences, so a deadlock
+    # with another statement stays possible; aborted, the statement changed nothing
+    rows = await fetch_again_on_deadlock(
+        pool, complete_and_claim_sql(single, max_runs), *_params(principal, items), arg, lease_ttl, worker_id
     )
     n = len(items)
     claimed = rows[n:]

@@ -25,6 +25,7 @@ import asyncpg
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
+from services.common.db import fetch_again_on_deadlock
 from services.common.runs import RUN_READY_CHANNEL
 
 # GetRunHistory past the limit (it has no pages: a run's history is short unless its reasons are huge)
@@ -117,7 +118,9 @@ async def hand_back(
     """Returns claimed rows that were not delivered to the queue; the number handed back."""
     if not rows:
         return 0
-    got = await pool.fetchrow(
+    # the runs give their keys' slots back in row order: a deadlock aborts the statement whole
+    got = await fetch_again_on_deadlock(
+        pool,
         HAND_BACK_SQL,
         [r["run_id"] for r in rows],
         [r["attempt_count"] for r in rows],
@@ -126,4 +129,4 @@ async def hand_back(
         actor,
         reason,
     )
-    return int(got["handed_back"]) if got is not None else 0
+    return int(got[0]["handed_back"]) if got else 0

@@ -24,6 +24,7 @@ import asyncpg
 
 from services.common import retry_policy
 from services.common.audit import AUDIT_INSERT
+from services.common.db import fetch_again_on_deadlock
 from services.common.run_options import WAIT_BACKOFF
 from services.common.runs import RUN_READY_CHANNEL
 from services.common.runstate import DROP_LEASE, LEASED, TRANSITIONS, Action, RunStatus, attempts_left, sql_list
@@ -109,7 +110,8 @@ async def reap(
     the service's retry policy as JSON (retry_policy.defaults)."""
     counts = {"requeued": 0, "failed": 0, "cancelled": 0}
     while True:
-        rows = await pool.fetch(REAP_SQL, batch, REAPER_ACTOR, RUN_READY_CHANNEL, policy_defaults)
+        # the batch's runs give their keys' slots back in row order: a deadlock aborts it whole
+        rows = await fetch_again_on_deadlock(pool, REAP_SQL, batch, REAPER_ACTOR, RUN_READY_CHANNEL, policy_defaults)
         for r in rows:
             outcome = _OUTCOME[r["status"]]
             counts[outcome] += 1

@@ -82,7 +82,8 @@ def waiting_why(run: common_pb2.Run) -> str:
     text = WAIT_REASONS.get(run.wait_reason)
     if text is None:
         return f"{run.wait_reason} until {when(run.not_before)}" if run.wait_reason else ""
-    return text.format(t=when(run.not_before), key=run.concurrency_key)
+    # wait_key: the key it waits on; a server older than several keys per run sends only the one
+    return text.format(t=when(run.not_before), key=run.wait_key or run.concurrency_key)
 
 
 def run_fields(run: common_pb2.Run, style: FieldStyle = TERMINAL) -> list[tuple[str, str]]:
@@ -97,8 +98,9 @@ def run_fields(run: common_pb2.Run, style: FieldStyle = TERMINAL) -> list[tuple[
     ]
     if run.priority:
         rows.append(("priority", str(run.priority)))
-    if run.concurrency_key:
-        rows.append(("concurrency key", run.concurrency_key))
+    keys = list(run.concurrency_keys) or ([run.concurrency_key] if run.concurrency_key else [])
+    if keys:
+        rows.append(("concurrency keys" if len(keys) > 1 else "concurrency key", ", ".join(keys)))
     waiting = waiting_why(run)
     if waiting:
         rows.append(("waiting", waiting))
