@@ -114,7 +114,7 @@ def complete_and_claim_sql(single: bool, max_runs: int) -> str:
     claim rows that are PENDING/RESUMED in it. Rows with item NULL are the claimed runs
     (oldest first), after the items' rows in item order."""
     return f"""
-WITH RECURSIVE {COMPLETE_CTES},
+WITH {COMPLETE_CTES},
 {claim_ctes("$7", max_runs, "$8", "$9", "$6", single=single, after="(SELECT count(*) FROM cur) >= 0")}
 {COMPLETE_ITEMS_SELECT}
 UNION ALL

@@ -24,7 +24,6 @@ import asyncpg
 
 from services.common.audit import AUDIT_INSERT
 from services.common.run_options import WAIT_KEY_BUSY, WAIT_RATE_LIMITED
-from services.common.runs import RUN_READY_CHANNEL
 from services.common.runstate import CLAIMABLE, TRANSITIONS, Action, Audit, RunStatus, attempts_left, sql_list
 from services.scheduler import budget, metrics
 from services.scheduler.fragments import RUN_COLUMNS_R
@@ -57,86 +56,25 @@ CLAIM_ORDER = f"priority DESC, {DUE}"
 
 
 # Concurrency keys (docs/flow-control.md): a picked run is granted only when every one of its
-# limited keys has a free slot and starts left in its rate window; then it takes one of each, all
-# in this statement. The key rows are locked first, in key order (the release trigger of migration
-# 0120 locks a run's keys in that order too, so claims and releases sharing keys never wait in a
-# cycle), and the lock orders a claim parking runs behind a key against a release of that key.
-# A greedy pass in claim order decides the picked runs with limited keys, one after the other
-# (`greedy`: at most max_runs steps; runs of different projects never share a key, so the order
-# within a project is the claim order). A run not granted is parked on a key that is full when the
-# statement commits: behind a busy key (not_before 'infinity', wait_reason key_busy: after every
-# ready run in the claim index, so later claims never scan it, until the trigger wakes it when
-# the key frees a slot) or until the key's rate window ends (rate_limited).
-# A key's rate window has ended: the claim opens a new one (starts counted from 0). Windows are
-# fixed and timed by clock_timestamp() once the claim holds the key row, not by the transaction's
-# start: a claim that waited for the lock must not count itself into a window that already ended.
-_FRESH = """(l.rate_period IS NOT NULL
-           AND (l.window_start IS NULL OR clock_timestamp() >= l.window_start + l.rate_period))"""
+# limited keys has a free slot and starts left in its rate window; then it takes one of each.
+# awooop_grant_keys (migration 0120) locks the picked runs' limited keys in key order, decides
+# them in claim order, writes the keys' counts and returns the runs it refused, each with the key
+# it waits on; a claim whose picked runs carry no keys does not call it. A refused run is parked:
+# behind a busy key (not_before 'infinity', wait_reason key_busy: after every ready run in the
+# claim index, so later claims never scan it, until the trigger of migration 0120 wakes it when
+# the key frees a slot) or until the key's rate window ends (rate_limited). The key rows' locks
+# order this claim against a release of the same keys, so a run is never parked behind a key
+# that has room.
+_KEY_ORDER = "priority DESC, due, run_id"
 
 KEY_SLOTS = f"""
-kp AS (
-    SELECT p.run_id, p.project_id, u.key FROM picked p CROSS JOIN LATERAL unnest(p.ckeys) AS u(key)
-     WHERE p.ckeys IS NOT NULL
-),
-lim AS MATERIALIZED (
-    SELECT l.project_id, l.key, l.max_running, l.running, l.max_starts, l.rate_period, l.window_start,
-           l.window_starts
-      FROM awooop_concurrency_limit l
-     WHERE (l.project_id, l.key) IN (SELECT project_id, key FROM kp)
-     ORDER BY l.project_id, l.key
-       FOR UPDATE
-),
-cap AS (
-    -- per limited key: its place i, its window and what it can grant now (slots and starts left)
-    SELECT l.*, row_number() OVER (ORDER BY l.project_id, l.key) AS i,
-           greatest(0, least(l.max_running - l.running, l.max_starts - l.used)) AS cap
-      FROM (SELECT l.*, CASE WHEN {_FRESH} THEN clock_timestamp() ELSE l.window_start END AS wstart,
-                   CASE WHEN {_FRESH} THEN 0 ELSE l.window_starts END AS used
-              FROM lim l) l
-),
-seq AS (
-    -- the picked runs with limited keys in claim order (j), with the places of their keys
-    SELECT kp.run_id, array_agg(c.i) AS idx,
-           row_number() OVER (ORDER BY min(p.priority) DESC, min(p.due), kp.run_id) AS j
-      FROM kp JOIN cap c ON c.project_id = kp.project_id AND c.key = kp.key
-      JOIN picked p ON p.run_id = kp.run_id
-     GROUP BY kp.run_id
-),
-greedy AS (
-    -- caps: what each key can still grant after runs 1..j were decided
-    SELECT 0::bigint AS j, (SELECT array_agg(cap ORDER BY i) FROM cap) AS caps, NULL::uuid AS run_id, true AS ok
-    UNION ALL
-    SELECT s.j,
-           CASE WHEN t.ok THEN ARRAY(SELECT c - (x = ANY(s.idx))::int FROM unnest(g.caps) WITH ORDINALITY AS u(c, x)
-                                      ORDER BY x)
-                ELSE g.caps END,
-           s.run_id, t.ok
-      FROM greedy g JOIN seq s ON s.j = g.j + 1
-     CROSS JOIN LATERAL (SELECT bool_and(g.caps[x] > 0) AS ok FROM unnest(s.idx) AS x) t
-),
-fin AS (
-    -- per key: what the claim granted and what it can still grant
-    SELECT c.*, c.cap - g.caps[c.i] AS granted, g.caps[c.i] AS left_over
-      FROM cap c, (SELECT caps FROM greedy ORDER BY j DESC LIMIT 1) g
-),
 blocked AS (
-    -- a run not granted waits on its first key that the claim leaves full
-    SELECT DISTINCT ON (s.run_id) s.run_id, f.project_id, f.key,
-           -- out of starts: parked until the window ends (a long-poll's timer wakes then)
-           CASE WHEN f.used + f.granted >= f.max_starts THEN f.wstart + f.rate_period END AS window_end
-      FROM greedy g JOIN seq s ON s.run_id = g.run_id
-      JOIN fin f ON f.i = ANY(s.idx) AND f.left_over = 0
-     WHERE NOT g.ok
-     ORDER BY s.run_id, f.i
-),
-slots AS (
-    UPDATE awooop_concurrency_limit k
-       SET running = k.running + f.granted,
-           window_start = f.wstart,
-           window_starts = f.used + f.granted
-      FROM fin f
-     WHERE k.project_id = f.project_id AND k.key = f.key
-       AND (f.granted > 0 OR f.wstart IS DISTINCT FROM f.window_start)
+    SELECT b.b_run AS run_id, b.b_key AS key, b.b_until AS window_end
+      FROM (SELECT array_agg(run_id ORDER BY {_KEY_ORDER}) AS runs,
+                   array_agg(project_id ORDER BY {_KEY_ORDER}) AS projects,
+                   array_agg(array_to_string(ckeys, ' ') ORDER BY {_KEY_ORDER}) AS keys
+              FROM picked WHERE ckeys IS NOT NULL) a
+     CROSS JOIN LATERAL awooop_grant_keys(a.runs, a.projects, a.keys) AS b
 ),
 parked AS (
     UPDATE awooop_run_state r
@@ -146,27 +84,6 @@ parked AS (
       FROM blocked b
      WHERE r.run_id = b.run_id
  RETURNING r.run_id
-),
-relayed AS (
-    -- A run parked here on another key may have been woken for one of its keys that still has
-    -- room: that key's wake-up passes on to as many of its parked runs (the NOTIFY is sent once
-    -- per project and transaction, so the RETURNING list sends it).
-    UPDATE awooop_run_state r
-       SET not_before = NULL, wait_reason = NULL, wait_key = NULL
-     WHERE r.run_id IN (
-            SELECT w.run_id
-              FROM (SELECT f.project_id, f.key, least(f.left_over, count(*)) AS n
-                      FROM blocked b JOIN seq s ON s.run_id = b.run_id JOIN fin f ON f.i = ANY(s.idx)
-                     WHERE f.left_over > 0 AND f.max_running IS NOT NULL
-                     GROUP BY f.project_id, f.key, f.left_over) x
-             CROSS JOIN LATERAL (
-                    SELECT q.run_id FROM awooop_run_state q
-                     WHERE q.project_id = x.project_id AND q.wait_key = x.key AND q.status IN ({sql_list(CLAIMABLE)})
-                       AND q.not_before = 'infinity'
-                     ORDER BY q.priority DESC, q.created_at
-                     LIMIT x.n
-                       FOR UPDATE SKIP LOCKED) w)
- RETURNING pg_notify('{RUN_READY_CHANNEL}', r.project_id)
 ),
 go AS (
     SELECT p.run_id, p.from_status, p.ready_since FROM picked p
@@ -268,7 +185,7 @@ claim_aud AS (
 def claim_sql(single: bool, max_runs: int) -> str:
     """$1 project (single) or projects, $2 lease seconds, $3 worker id, $4 actor."""
     return f"""
-WITH RECURSIVE {claim_ctes("$1", max_runs, "$2", "$3", "$4", single=single)}
+WITH {claim_ctes("$1", max_runs, "$2", "$3", "$4", single=single)}
 SELECT claimed.*, x.parked
   FROM (SELECT count(*) AS parked FROM parked) x
   LEFT JOIN claimed ON true
