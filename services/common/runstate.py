@@ -42,7 +42,7 @@ STATUSES: tuple[RunStatus, ...] = tuple(RunStatus)
 # attempts left; higher priority first, then the earliest due; services/scheduler/claiming.py).
 # A queued run the claim finds behind a full concurrency key stays in its status, parked
 # (not_before 'infinity', wait_reason key_busy), until a run with the key leaves its lease
-# (migration 0111's trigger): no status of its own, so every rule about queued runs holds for it.
+# (migration 0120's trigger): no status of its own, so every rule about queued runs holds for it.
 CLAIMABLE: tuple[RunStatus, ...] = (S.PENDING, S.RESUMED)
 # Held by a worker under a lease (renewed by Heartbeat, taken back by the reaper); the saga
 # journal accepts writes only in these.
