@@ -99,7 +99,9 @@ CREATE TRIGGER awooop_run_release_concurrency_slot
 -- already ended.
 CREATE FUNCTION awooop_grant_keys(runs uuid[], projects text[], keys text[])
 RETURNS TABLE (b_run uuid, b_key text, b_until timestamptz)
-LANGUAGE plpgsql STRICT AS $$
+-- ROWS: few are refused; with the default estimate (1000) the claim's generic plan would park
+-- them by a hash join over every run instead of primary-key probes
+LANGUAGE plpgsql STRICT ROWS 1 AS $$
 DECLARE
     l RECORD;
     lk text[] := '{}';           -- limited keys as 'project key'
