@@ -48,7 +48,7 @@ COMPLETE_CTES = f"""items AS (
       FROM unnest($1::uuid[], $2::int[], $3::text[]) WITH ORDINALITY AS t(run_id, attempt, output, item)
 ),
 cur AS (
-    SELECT {CUR_COLUMNS}
+    SELECT {CUR_COLUMNS}, concurrency_keys AS cur_keys
       FROM awooop_run_state
      WHERE run_id IN (SELECT run_id FROM items)
      ORDER BY run_id
@@ -59,8 +59,7 @@ held_keys AS MATERIALIZED (
     -- that give their slots back find them held): batches and claims sharing keys take them in one
     -- order instead of the order the batch's rows happen to be updated in
     SELECT l.project_id, l.key FROM awooop_concurrency_limit l
-     WHERE (l.project_id, l.key) IN (SELECT r.project_id, k FROM awooop_run_state r CROSS JOIN LATERAL
-                                      unnest(r.concurrency_keys) AS k WHERE r.run_id IN (SELECT cur_run_id FROM cur))
+     WHERE (l.project_id, l.key) IN (SELECT c.cur_project, k FROM cur c CROSS JOIN LATERAL unnest(c.cur_keys) AS k)
      ORDER BY l.project_id, l.key
        FOR UPDATE
 ),
@@ -118,7 +117,7 @@ WITH {COMPLETE_CTES},
 {claim_ctes("$7", max_runs, "$8", "$9", "$6", single=single, after="(SELECT count(*) FROM cur) >= 0")}
 {COMPLETE_ITEMS_SELECT}
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {CLAIMED_COLUMNS}, claimed.from_status,
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {CLAIMED_COLUMNS}, claimed.from_status,
        NULL, NULL, NULL, claimed.claim_wait
   FROM claimed
  ORDER BY item, created_at
