@@ -1455,7 +1455,9 @@ class ConcurrencyLimit(_message.Message):
     running: _builtins.int
     """Leased runs with the key now."""
     waiting: _builtins.int
-    """Runs parked until a slot frees or the rate window ends."""
+    """Runs parked on the key (their Run.wait_key) until it frees a slot or its rate window ends; a
+    run with several keys waits on one of them at a time.
+    """
     max_starts: _builtins.int
     """Most runs with the key started per `per` (a rate); 0: no rate limit."""
     @_builtins.property
