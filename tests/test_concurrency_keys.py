@@ -243,6 +243,16 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_any_key_of_m
         tasks = [asyncio.ensure_future(claimer(i)) for i in range(10)] + [asyncio.ensure_future(watch())]
         try:
             await asyncio.wait_for(all_done(), 120)  # every parked run was woken as its keys freed
+        except (AssertionError, TimeoutError) as timed_out:
+            left = await db.fetch(
+                """SELECT status, wait_reason, wait_key, concurrency_keys, not_before, worker_id
+                     FROM awooop_run_state WHERE status <> 'COMPLETED'"""
+            )
+            keys = await db.fetch("SELECT key, running, max_running FROM awooop_concurrency_limit")
+            failed = [t.exception() for t in tasks if t.done() and t.exception()]
+            raise AssertionError(
+                f"runs left {[dict(r) for r in left]}, keys {[dict(k) for k in keys]}, {failed}"
+            ) from timed_out
         finally:
             done.set()
             await asyncio.gather(*tasks, return_exceptions=True)

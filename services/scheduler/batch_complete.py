@@ -40,10 +40,22 @@ from services.scheduler.fragments import (
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.transitions import COMPLETE, WORKER_ROLE, Changed, settled
 
-# $1 run ids, $2 attempts, $3 outputs (JSON text), all in request order; $4 allowed statuses,
-# $5 projects where the caller is a worker (NULL: all), $6 actor. The locked rows (`cur`), the
-# winning item per run (`win`), the completed rows (`upd`) and their audit rows (`aud`).
-COMPLETE_CTES = f"""items AS (
+
+def complete_ctes(*, claiming: bool) -> str:
+    """$1 run ids, $2 attempts, $3 outputs (JSON text), all in request order; $4 allowed statuses,
+    $5 projects where the caller is a worker (NULL: all), $6 actor. The locked rows (`cur`), the
+    concurrency keys the statement locks (`held_keys`), the winning item per run (`win`), the
+    completed rows (`upd`) and their audit rows (`aud`).
+
+    held_keys: the locked runs' keys (with claiming, the picked runs' too), locked in key order in
+    one pass before `upd` starts; the triggers that give the completed runs' slots back, and the
+    claim's awooop_grant_keys, then find them held. Taken run by run, in the order the rows
+    happen to be updated, they could close a cycle (a deadlock) with a claim or a batch sharing
+    the keys."""
+    picked = ""
+    if claiming:
+        picked = "\n             UNION ALL SELECT p.project_id, k FROM picked p CROSS JOIN LATERAL unnest(p.ckeys) AS k"
+    return f"""items AS (
     SELECT t.item, t.run_id, t.attempt, t.output::jsonb AS output
       FROM unnest($1::uuid[], $2::int[], $3::text[]) WITH ORDINALITY AS t(run_id, attempt, output, item)
 ),
@@ -55,11 +67,9 @@ cur AS (
        FOR UPDATE
 ),
 held_keys AS MATERIALIZED (
-    -- the locked runs' concurrency keys, locked in key order before `upd` starts (the triggers
-    -- that give their slots back find them held): batches and claims sharing keys take them in one
-    -- order instead of the order the batch's rows happen to be updated in
     SELECT l.project_id, l.key FROM awooop_concurrency_limit l
-     WHERE (l.project_id, l.key) IN (SELECT c.cur_project, k FROM cur c CROSS JOIN LATERAL unnest(c.cur_keys) AS k)
+     WHERE (l.project_id, l.key) IN (
+             SELECT c.cur_project, k FROM cur c CROSS JOIN LATERAL unnest(c.cur_keys) AS k{picked})
      ORDER BY l.project_id, l.key
        FOR UPDATE
 ),
@@ -84,6 +94,7 @@ aud AS (
       FROM upd
 )"""
 
+
 # One row per item, in order: the locked row's state (cur_*; NULL when the run does not exist)
 # and, when this item completed the run, the changed row (run_id not NULL).
 COMPLETE_ITEMS_SELECT = """SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger, NULL::float8 AS claim_wait
@@ -92,7 +103,7 @@ COMPLETE_ITEMS_SELECT = """SELECT it.item, cur.*, upd.*, NULL::text AS comp_trig
   LEFT JOIN upd ON upd.upd_item = it.item"""
 
 COMPLETE_MANY_SQL = f"""
-WITH {COMPLETE_CTES}
+WITH {complete_ctes(claiming=False)}
 {COMPLETE_ITEMS_SELECT}
  ORDER BY it.item
 """
@@ -111,9 +122,11 @@ def complete_and_claim_sql(single: bool, max_runs: int) -> str:
     `cur` locked them: a one-time filter), then up to max_runs runs are claimed. The two never
     touch the same row: `upd` changes rows that are RUNNING in the statement's snapshot, the
     claim rows that are PENDING/RESUMED in it. Rows with item NULL are the claimed runs
-    (oldest first), after the items' rows in item order."""
+    (oldest first), after the items' rows in item order. RECURSIVE (nothing recurses) lets
+    held_keys name `picked`, which comes later in the list: the statement locks the keys of the
+    runs it completes and of those it picks in one ordered pass."""
     return f"""
-WITH {COMPLETE_CTES},
+WITH RECURSIVE {complete_ctes(claiming=True)},
 {claim_ctes("$7", max_runs, "$8", "$9", "$6", single=single, after="(SELECT count(*) FROM cur) >= 0")}
 {COMPLETE_ITEMS_SELECT}
 UNION ALL
@@ -136,6 +149,8 @@ async def complete_many(
 ) -> list[Changed | errors.ServiceError]:
     """Completes each item like CompleteRun; returns, in order, the change or the error
     CompleteRun would have raised for that item."""
+    # the runs' triggers give their keys' slots back in the order the rows are updated, which a
+    # batch cannot fix: should two such statements deadlock, the one aborted changed nothing
     rows = await fetch_again_on_deadlock(pool, COMPLETE_MANY_SQL, *_params(principal, items))
     return await _with_replays(pool, items, _outcomes(principal, items, rows, saga))
 
@@ -154,8 +169,7 @@ async def complete_and_claim(
     """complete_many, then a claim (claiming.claim), in one statement: the items' outcomes in
     order, and the claimed rows oldest first."""
     single, arg = projects_arg(projects)
-    # the claim locks its keys after the items' (held_keys): two sorted sequences, so a deadlock
-    # with another statement stays possible; aborted, the statement changed nothing
+    # as complete_many (a deadlock aborts the statement whole: nothing completed, nothing claimed)
     rows = await fetch_again_on_deadlock(
         pool, complete_and_claim_sql(single, max_runs), *_params(principal, items), arg, lease_ttl, worker_id
     )

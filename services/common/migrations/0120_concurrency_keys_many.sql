@@ -85,7 +85,10 @@ CREATE TRIGGER awooop_run_release_concurrency_slot
 -- wait on and, when that key is out of starts, the end of its window (the claim parks them).
 --
 -- The limited keys' rows are locked first, in (project, key) order: the release trigger locks a
--- run's keys in that order too, and so does CompleteRuns (batch_complete.held_keys). A greedy pass
+-- run's keys in that order too, and CompleteRuns (with or without a claim) locks all its runs'
+-- keys in one ordered pass first (batch_complete.complete_ctes); the reaper and a hand-back,
+-- which release several runs one after the other, run again when aborted as a deadlock
+-- (services/common/db.fetch_again_on_deadlock). A greedy pass
 -- in claim order then grants a run only when each of its limited keys can still grant (a free
 -- slot, and starts left in its rate window), taking one of each; runs of different projects never
 -- share a key. The keys' new counts are written before it returns, all in the claim's statement.
