@@ -154,8 +154,8 @@ async def _claim_costs(stores: env.Stores, cfg: Config, figures: dict[str, Figur
             await conn.execute(READY_SQL, project, n)
         await conn.execute(PARKED_SQL, PROJECT, PARKED)
         await conn.execute("VACUUM ANALYZE awooop_run_state")
-        single = claiming.claim_sql(True, 10)
-        multi = claiming.claim_sql(False, 10)
+        single = claiming.claim_sql(1, 10)
+        multi = claiming.claim_sql(2, 10)
         sides: dict[str, tuple[str, Any]] = {
             "busy": (single, PROJECT),
             "plain": (single, PLAIN),
