@@ -293,8 +293,12 @@ class _Dispatch:
             raise RuntimeError(f"the worker started run {run_id}, not the one ingested ({resp.outcomes[0].run_id})")
         return (at - returned) * 1000
 
-    async def samples(self, n: int) -> list[float]:
-        return [await self.sample() for _ in range(n)]
+    async def samples(self, n: int, until: float = float("inf")) -> list[float]:
+        """n samples, or those that end before the monotonic time `until`."""
+        out: list[float] = []
+        while len(out) < n and time.monotonic() < until:
+            out.append(await self.sample())
+        return out
 
 
 async def _loaded(
@@ -303,7 +307,7 @@ async def _loaded(
     """Dispatch samples while LOAD gets `rate` runs/s through ingest, claimed and completed by
     the claims group's workers (cfg.claim_workers over cfg.processes) on the same services."""
     warmup = 1.0 if cfg.quick else 2.0
-    seconds = warmup + samples * 0.1 + 2.0
+    seconds = warmup + samples * 0.15 + 2.0  # a sample takes ~0.1 s under this load: most fit
     meta = [list(m) for m in md_load]
     kwargs: list[dict[str, Any]] = [
         {"role": "producer", "address": ing.address, "metadata": meta, "rate": rate, "seconds": seconds}
@@ -334,7 +338,7 @@ async def _loaded(
     await started.wait()
     await asyncio.sleep(at[0] + warmup - time.monotonic())
     snap0, t0 = cpu.snapshot(svc.pid), time.monotonic()
-    out = await dispatch.samples(samples)
+    out = await dispatch.samples(samples, until=at[0] + seconds - 1.0)  # the last ends inside the load
     t1 = time.monotonic()
     cores = cpu.cores(snap0, cpu.snapshot(svc.pid), t1 - t0)
     results = await load
@@ -342,6 +346,7 @@ async def _loaded(
     if t1 > at[0] + seconds:
         raise RuntimeError("the dispatch samples outlasted the background load")
     return out, {
+        "samples": len(out),
         "rate_asked": round(rate, 1),
         "ingested_per_s": round(producer["sent"] / producer["seconds"], 1),
         "completed_per_s": round(sum(r["done"] for r in workers) / seconds, 1),
@@ -401,8 +406,9 @@ async def _latencies(stores: env.Stores, cfg: Config, figures: dict[str, Figure]
         ("dispatch_latency_loaded", loaded, load),
         ("delayed_lateness", late, {}),
     ):
-        figures[f"{key}_p50"].measured(statistics.median(values), samples=samples, **extra)
-        figures[f"{key}_p99"].measured(_pct(values, 0.99), samples=samples, **extra)
+        extra = {"samples": len(values), **extra}
+        figures[f"{key}_p50"].measured(statistics.median(values), **extra)
+        figures[f"{key}_p99"].measured(_pct(values, 0.99), **extra)
 
 
 async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
