@@ -59,7 +59,12 @@ async def awooop_workers(
     proc_idx: int,
     workers: int,
     batch: int,
+    project: str = PROJECT,
+    wait_s: float = 0.02,
+    seconds: float | None = None,
 ) -> dict[str, Any]:
+    """A drain (each worker stops after three empty claims in a row), or with `seconds` a steady
+    load: the workers go on, long-polling `wait_s`, until that long after the start."""
     import grpc
     from google.protobuf import duration_pb2, struct_pb2
 
@@ -76,7 +81,10 @@ async def awooop_workers(
     errors: dict[str, int] = {}
     details: list[str] = []
     cpu0 = time.process_time()
-    await sync(None)
+    start = await sync(None)
+    until = None if seconds is None else start + seconds
+    wait = duration_pb2.Duration()
+    wait.FromNanoseconds(int(wait_s * 1e9))
 
     def failed(call: str, exc: grpc.aio.AioRpcError) -> None:
         # keyed by call and code, with the first few messages: a failed drain names its cause
@@ -90,14 +98,14 @@ async def awooop_workers(
         worker_id = f"bench-{proc_idx}-{w}"
         empty = 0
         finished: list[Any] = []  # the batch done last cycle: completed by the next ClaimRuns
-        while empty < 3 and sum(errors.values()) <= 100:
+        while (empty < 3 if until is None else time.monotonic() < until) and sum(errors.values()) <= 100:
             try:
                 r = await stub.ClaimRuns(
                     scheduler_pb2.ClaimRunsRequest(
                         worker_id=worker_id,
-                        project_ids=[PROJECT],
+                        project_ids=[project],
                         max_runs=batch,
-                        wait=duration_pb2.Duration(nanos=20_000_000),
+                        wait=wait,
                         complete=finished,
                     ),
                     metadata=md,

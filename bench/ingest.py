@@ -26,7 +26,7 @@ PROJECT = "bench"
 PAYLOAD = {"message": {"chat": {"id": 4242, "type": "private"}, "text": "deploy web-7 finished", "date": 1760000000}}
 
 
-def _event(pb: Any, project_id: str, event_id: str) -> Any:
+def ingest_event(pb: Any, project_id: str, event_id: str) -> Any:
     from google.protobuf import struct_pb2
 
     from awooop.common.v1 import common_pb2
@@ -61,7 +61,7 @@ class _IngestCaller:
         await self.channel.channel_ready()
         self.stub = ingest_pb2_grpc.IngestServiceStub(self.channel)
         # one template request; each call only swaps the id (building Structs is client CPU)
-        self.template = _event(ingest_pb2, self.project_id, "x")
+        self.template = ingest_event(ingest_pb2, self.project_id, "x")
 
     def request(self, event_id: str) -> Any:
         r = self.pb.IngestEventRequest()
@@ -193,7 +193,7 @@ async def _preingest(svc: procs.Service, metadata: Any, label: str, count: int) 
 
         async def one(event_id: str) -> bool:
             async with sem:
-                r = await stub.IngestEvent(_event(ingest_pb2, PROJECT, event_id), metadata=metadata, timeout=30)
+                r = await stub.IngestEvent(ingest_event(ingest_pb2, PROJECT, event_id), metadata=metadata, timeout=30)
                 return r.outcomes[0].duplicate
 
         try:

@@ -12,6 +12,7 @@ services/scheduler/reaper.py, executed over the service's own pool setup).
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from typing import Any
@@ -89,14 +90,14 @@ async def _settle(seed: asyncpg.Connection) -> None:
         pass
 
 
-async def _time_statement(pool: asyncpg.Pool, reaper: Any, expired: int, repeats: int) -> dict[str, Any]:
+async def _time_statement(pool: asyncpg.Pool, reaper: Any, expired: int, repeats: int, policy: str) -> dict[str, Any]:
     """Median of `repeats` executions of the reaper's statement with `expired` leases to take."""
     times = []
     for _ in range(repeats):
         async with pool.acquire() as conn:
             await conn.execute(RESET_EXPIRED_SQL, expired)
             t0 = time.perf_counter()
-            rows = await conn.fetch(reaper.REAP_SQL, reaper.REAP_BATCH, reaper.REAPER_ACTOR, _channel())
+            rows = await conn.fetch(reaper.REAP_SQL, reaper.REAP_BATCH, reaper.REAPER_ACTOR, _channel(), policy)
             times.append((time.perf_counter() - t0) * 1000)
         if len(rows) != min(expired, reaper.REAP_BATCH):
             raise RuntimeError(f"reaper statement reaped {len(rows)} runs, expected {expired}")
@@ -106,7 +107,11 @@ async def _time_statement(pool: asyncpg.Pool, reaper: Any, expired: int, repeats
         await tx.start()
         try:
             plan = await conn.fetch(
-                "EXPLAIN (ANALYZE, BUFFERS) " + reaper.REAP_SQL, reaper.REAP_BATCH, reaper.REAPER_ACTOR, _channel()
+                "EXPLAIN (ANALYZE, BUFFERS) " + reaper.REAP_SQL,
+                reaper.REAP_BATCH,
+                reaper.REAPER_ACTOR,
+                _channel(),
+                policy,
             )
         finally:
             await tx.rollback()
@@ -125,6 +130,7 @@ def _channel() -> str:
 
 async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
     cost, pass_fig = figures
+    from services.common import retry_policy
     from services.common.db import create_pool
     from services.common.settings import Settings
     from services.scheduler import reaper
@@ -133,22 +139,23 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
     dsn = await stores.create_database("reaper")
     settings = Settings().with_(database_url=dsn, db_pool_max=4)
     pool = await create_pool(settings)
+    policy = json.dumps(retry_policy.defaults(settings))  # the service's retry policy, as the reaper passes it
     # seeding runs on its own connection: the service pool's statement_timeout is 10 s
     seed = await asyncpg.connect(dsn)
     try:
         await seed.execute(SEED_EXPIRED_SQL, PROJECT, "expired-", cfg.reaper_expired)
         await seed.execute(SEED_FINISHED_SQL, PROJECT, 0, cfg.reaper_finished_small)
         await _settle(seed)
-        small = await _time_statement(pool, reaper, cfg.reaper_expired, cfg.reaper_repeats)
-        small_few = await _time_statement(pool, reaper, FEW_EXPIRED, cfg.reaper_repeats)
+        small = await _time_statement(pool, reaper, cfg.reaper_expired, cfg.reaper_repeats, policy)
+        small_few = await _time_statement(pool, reaper, FEW_EXPIRED, cfg.reaper_repeats, policy)
         t0 = time.perf_counter()
         more = cfg.reaper_finished_big - cfg.reaper_finished_small
         await seed.execute(SEED_FINISHED_SQL, PROJECT, cfg.reaper_finished_small, more)
         await _settle(seed)
         seed_s = time.perf_counter() - t0
         size = await seed.fetchval("SELECT pg_size_pretty(pg_total_relation_size('awooop_run_state'))")
-        big = await _time_statement(pool, reaper, cfg.reaper_expired, cfg.reaper_repeats)
-        big_few = await _time_statement(pool, reaper, FEW_EXPIRED, cfg.reaper_repeats)
+        big = await _time_statement(pool, reaper, cfg.reaper_expired, cfg.reaper_repeats, policy)
+        big_few = await _time_statement(pool, reaper, FEW_EXPIRED, cfg.reaper_repeats, policy)
         cost.measured(
             big["median_ms"],
             small["median_ms"],
@@ -172,7 +179,7 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
         await seed.execute(SEED_EXPIRED_SQL, PROJECT, "pass-", cfg.reap_pass)
         await seed.execute("VACUUM ANALYZE awooop_run_state")
         t0 = time.perf_counter()
-        result = await reaper.reap(pool, SagaNudger(settings))
+        result = await reaper.reap(pool, SagaNudger(settings), policy_defaults=policy)
         ms = (time.perf_counter() - t0) * 1000
         if result.total != cfg.reap_pass:
             raise RuntimeError(f"one reaper pass took back {result.total} of {cfg.reap_pass} expired leases")

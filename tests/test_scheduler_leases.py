@@ -165,9 +165,9 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
     ids = await insert_runs(s.db, "p", 3)
     await s.db.execute("ANALYZE awooop_run_state")
     statements = {
-        "claim": (claiming.claim_sql(True, 10), "('p', 60.0, 'w1', 'test')"),
+        "claim": (claiming.claim_sql(1, 10), "('p', 60.0, 'w1', 'test')"),
         "complete and claim": (
-            batch_complete.complete_and_claim_sql(True, 10),
+            batch_complete.complete_and_claim_sql(1, 10),
             f"(ARRAY{[str(i) for i in ids]}::uuid[], '{{1,1,1}}', ARRAY['{{}}', '{{}}', '{{}}'],"
             " '{RUNNING}', NULL, 'test', 'p', 60.0, 'w1')",
         ),
@@ -180,6 +180,33 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
             await s.db.execute("DEALLOCATE generic_claim")
         assert "awooop_run_claim_idx" in plan and "awooop_run_state_pkey" in plan, (name, plan)
         assert "Seq Scan on awooop_run_state" not in plan, (name, plan)
+
+
+async def test_the_multi_project_claim_settles_on_its_generic_plan(s: Sched) -> None:
+    """A worker claiming for several projects sends one prepared statement per call; after its
+    five custom plans Postgres must keep the generic one, not plan the statement on every call.
+    Without the projects' count in the text (claiming.claim_ctes) it planned per call on these
+    statistics: its generic plan costed ten projects' scans."""
+    from services.scheduler import claiming
+
+    await s.db.execute(
+        """INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, status, not_before, created_at)
+           SELECT v.p, 'api', v.p || '-' || g, 'PENDING', v.nb, now() - interval '1 hour' + g * interval '1 ms'
+             FROM (VALUES ('p', 1000, NULL::timestamptz), ('p', 10000, 'infinity'), ('q', 1000, NULL),
+                          ('small', 10, NULL), ('big', 10000, NULL)) AS v(p, n, nb),
+                  generate_series(1, v.n) AS g"""
+    )
+    await s.db.execute("VACUUM ANALYZE awooop_run_state")
+    sql = claiming.claim_sql(2, 10)
+    for projects in [["q", "big"]] * 6 + [["q", "small"]] * 6:
+        tr = s.db.transaction()
+        await tr.start()
+        assert len(await s.db.fetch(sql, projects, 60.0, "w1", "test")) == 10
+        await tr.rollback()
+    plans = await s.db.fetchrow(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1", sql
+    )
+    assert plans is not None and plans["generic_plans"] > 0, plans
 
 
 # --- the reaper -------------------------------------------------------------------------------------

@@ -93,9 +93,9 @@ CLAIMED_COLUMNS = ", ".join(f"claimed.{c.strip()}" for c in RUN_COLUMNS.split(",
 
 
 @functools.lru_cache(maxsize=512)
-def complete_and_claim_sql(single: bool, max_runs: int) -> str:
+def complete_and_claim_sql(count: int, max_runs: int) -> str:
     """ClaimRuns carrying completions: COMPLETE_MANY_SQL's parameters, then $7 project(s), $8
-    lease seconds, $9 worker id (actor: $6); max_runs and single as claiming.claim_ctes.
+    lease seconds, $9 worker id (actor: $6); max_runs and count as claiming.claim_ctes.
 
     One statement, one commit: the items are completed first (the claim's scan starts after
     `cur` locked them: a one-time filter), then up to max_runs runs are claimed. The two never
@@ -104,7 +104,7 @@ def complete_and_claim_sql(single: bool, max_runs: int) -> str:
     (oldest first), after the items' rows in item order."""
     return f"""
 WITH {COMPLETE_CTES},
-{claim_ctes("$7", max_runs, "$8", "$9", "$6", single=single, after="(SELECT count(*) FROM cur) >= 0")}
+{claim_ctes("$7", max_runs, "$8", "$9", "$6", count=count, after="(SELECT count(*) FROM cur) >= 0")}
 {COMPLETE_ITEMS_SELECT}
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {CLAIMED_COLUMNS}, claimed.from_status,
@@ -143,9 +143,9 @@ async def complete_and_claim(
 ) -> tuple[list[Changed | errors.ServiceError], list[asyncpg.Record]]:
     """complete_many, then a claim (claiming.claim), in one statement: the items' outcomes in
     order, and the claimed rows oldest first."""
-    single, arg = projects_arg(projects)
+    count, arg = projects_arg(projects)
     rows = await pool.fetch(
-        complete_and_claim_sql(single, max_runs), *_params(principal, items), arg, lease_ttl, worker_id
+        complete_and_claim_sql(count, max_runs), *_params(principal, items), arg, lease_ttl, worker_id
     )
     n = len(items)
     claimed = rows[n:]

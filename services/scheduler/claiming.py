@@ -104,7 +104,7 @@ go AS (
 
 
 def claim_ctes(
-    projects: str, max_runs: int, lease_secs: str, worker_id: str, actor: str, *, single: bool, after: str = ""
+    projects: str, max_runs: int, lease_secs: str, worker_id: str, actor: str, *, count: int, after: str = ""
 ) -> str:
     """CTEs `picked`, `claimed` (the claimed rows, RUN_COLUMNS, from_status and claim_wait: seconds
     since the run became claimable) and
@@ -113,16 +113,20 @@ def claim_ctes(
     An ordered scan of awooop_run_claim_idx per project that stops after max_runs unlocked
     rows (equality on project_id keeps the index order, so the cost does not grow with the
     backlog; `project_id = ANY(...)` would sort every pending run of the projects on each
-    claim). single: projects is one project (text), the scan's rows are the claim; else
-    projects is text[], one lateral scan per project, then max_runs of those interleaved by
-    the projects' weights (rows locked by the lateral scans but not kept are released when the
-    statement's transaction ends).
+    claim). count 1: projects is one project (text), the scan's rows are the claim; else
+    projects is a text[] of `count` distinct projects, one lateral scan per project, then
+    max_runs of those interleaved by the projects' weights (rows locked by the lateral scans but
+    not kept are released when the statement's transaction ends).
 
     max_runs is written into the text, not passed as a parameter: with it and a single
     project, the plan Postgres builds without the parameters' values is the one it builds with
     them, so it keeps that generic plan and stops planning the statement on every call (with a
     `LIMIT $n` it cannot estimate the claim's size, prefers a plan per call, and the planning
-    costs about as much as executing it).
+    costs about as much as executing it). For the same reason the projects' unnest carries
+    `LIMIT count` (it never cuts: the array holds exactly count): a generic plan otherwise
+    estimates 10 projects, costs their lateral scans against the custom plan's 2 or 3, and on
+    some statistics Postgres then plans the multi-project claim on every call (measured: 1.0
+    against 0.55 ms a claim, bench flow).
 
     after: a condition without columns, evaluated once before the scans start (a one-time
     filter); a statement that locks other rows first names them here, so the claim never
@@ -130,7 +134,7 @@ def claim_ctes(
     n = int(max_runs)
     gate = f"\n       AND {after}" if after else ""
     ready = f"{CLAIMABLE_NOW}{gate}"
-    if single:
+    if count == 1:
         picked = f"""picked AS (
     SELECT run_id, status AS from_status, project_id, concurrency_key AS ckey, priority, {DUE} AS due,
            {READY_SINCE} AS ready_since
@@ -152,7 +156,7 @@ def claim_ctes(
       FROM (SELECT c.run_id, c.from_status, p.project_id, c.ckey, c.priority, c.due, c.ready_since, p.e, p.w,
                    row_number() OVER (PARTITION BY p.project_id ORDER BY c.priority DESC, c.due) AS k
               FROM (SELECT u.project_id, -ln(1.0 - random()) AS e, COALESCE(f.weight, 1) AS w
-                      FROM unnest({projects}::text[]) AS u(project_id)
+                      FROM (SELECT * FROM unnest({projects}::text[]) LIMIT {int(count)}) AS u(project_id)
                       LEFT JOIN awooop_project_flow f ON f.project_id = u.project_id
                      WHERE f.paused IS NOT TRUE) p
              CROSS JOIN LATERAL (
@@ -193,10 +197,10 @@ claim_aud AS (
 
 
 @functools.lru_cache(maxsize=512)
-def claim_sql(single: bool, max_runs: int) -> str:
-    """$1 project (single) or projects, $2 lease seconds, $3 worker id, $4 actor."""
+def claim_sql(count: int, max_runs: int) -> str:
+    """$1 project (count 1) or `count` projects, $2 lease seconds, $3 worker id, $4 actor."""
     return f"""
-WITH {claim_ctes("$1", max_runs, "$2", "$3", "$4", single=single)}
+WITH {claim_ctes("$1", max_runs, "$2", "$3", "$4", count=count)}
 SELECT claimed.*, x.parked
   FROM (SELECT count(*) AS parked FROM parked) x
   LEFT JOIN claimed ON true
@@ -204,9 +208,9 @@ SELECT claimed.*, x.parked
 """
 
 
-def projects_arg(projects: list[str]) -> tuple[bool, str | list[str]]:
-    """(single, the value of the projects parameter) for claim_ctes."""
-    return (True, projects[0]) if len(projects) == 1 else (False, projects)
+def projects_arg(projects: list[str]) -> tuple[int, str | list[str]]:
+    """(count, the value of the projects parameter) for claim_ctes; projects are distinct."""
+    return (1, projects[0]) if len(projects) == 1 else (len(projects), projects)
 
 
 # When nothing is claimable: seconds until the earliest retry backoff of these projects ends
@@ -226,8 +230,8 @@ MAX_PARKING_ROUNDS = 5
 async def claim(
     pool: asyncpg.Pool, projects: list[str], max_runs: int, lease_ttl: float, worker_id: str, actor: str
 ) -> list[asyncpg.Record]:
-    single, arg = projects_arg(projects)
-    sql = claim_sql(single, max_runs)
+    count, arg = projects_arg(projects)
+    sql = claim_sql(count, max_runs)
     for _ in range(MAX_PARKING_ROUNDS):
         try:
             rows = await pool.fetch(sql, arg, lease_ttl, worker_id, actor)
