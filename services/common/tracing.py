@@ -70,9 +70,9 @@ def configure_from_env(default_service_name: str) -> bool:
     if os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "console":
         exporter = ConsoleSpanExporter()
     else:
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from services.common.otlp import LeanOTLPSpanExporter
 
-        exporter = OTLPSpanExporter()
+        exporter = LeanOTLPSpanExporter()
     # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES (read by Resource.create) name the service;
     # without them the SDK says unknown_service, and the default here names it instead
     resource = Resource.create()
@@ -130,9 +130,11 @@ def current_traceparent() -> str | None:
     """The W3C traceparent of the current span (None: tracing off or no valid span)."""
     if tracer is None:
         return None
-    carrier: dict[str, str] = {}
-    PROPAGATOR.inject(carrier)
-    return carrier.get("traceparent")
+    sc = trace.get_current_span().get_span_context()
+    if not sc.is_valid:
+        return None
+    # what PROPAGATOR.inject writes as `traceparent`, without its carrier and setter per call
+    return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}"
 
 
 def _context(traceparent: str | None) -> Any:
