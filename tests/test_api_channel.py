@@ -1,7 +1,8 @@
 """The API channel on seed 003's rules, over gRPC (IngestEvent with channel API) and HTTP
 (POST /v1/projects/{project_id}/events): per-principal keys, payload fingerprint conflicts,
 membership re-checked at once on replay (no window from the API-key cache), ten parallel
-requests with one key -> one run, and keys stored by the old channel-dedupe rule still working."""
+requests with one key -> one run, keys stored by the old channel-dedupe rule still working, and an
+IngestEvents batch answering a refused API event in its own result."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import grpc
+from google.rpc import error_details_pb2, status_pb2
 
 from awooop.common.v1 import common_pb2 as CH
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
@@ -160,3 +162,60 @@ async def test_http_events_take_not_before_priority_and_a_key_from_the_query(
         status, _, doc = await send(url + bad, alice, f"bad-{field}", {"ask": "scale"})
         assert status == 400 and doc["invalid_params"][0]["name"] == field, doc
     assert await db.fetchval("SELECT count(*) FROM awooop_run_state") == before  # refused: nothing stored
+
+
+def error_info(status: status_pb2.Status) -> error_details_pb2.ErrorInfo:
+    (detail,) = [d for d in status.details if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR)]
+    info = error_details_pb2.ErrorInfo()
+    detail.Unpack(info)
+    return info
+
+
+async def test_a_refused_api_event_answers_alone_in_a_batch(start_services, channels, make_key, db) -> None:
+    _rt, stub, alice, _bob, _url = await setup(start_services, channels, make_key)
+    await stub.IngestEvent(api_event({"n": 1}), metadata=(*alice, ("idempotency-key", "used")))
+
+    def keyed(key: str, payload: dict[str, Any]) -> ingest_pb2.IngestEventRequest:
+        event = api_event(payload)
+        event.provider_event_id = key
+        return event
+
+    telegram = ingest_pb2.IngestEventRequest(
+        project_id=PROJECT, channel_type=CH.CHANNEL_TYPE_TELEGRAM, payload=struct({"update_id": 5})
+    )
+    batch = ingest_pb2.IngestEventsRequest(events=[keyed("fresh", {"n": 7}), keyed("used", {"n": 2}), telegram])
+    first = (await stub.IngestEvents(batch, metadata=alice)).results
+    new, conflict, other = first
+    assert [o.duplicate for o in (*new.outcomes, *other.outcomes)] == [False, False]
+    assert not new.HasField("error") and not other.HasField("error")
+    assert not conflict.outcomes and conflict.error.code == grpc.StatusCode.ALREADY_EXISTS.value[0]
+    info = error_info(conflict.error)
+    assert info.reason == "IDEMPOTENCY_CONFLICT" and info.domain == "awooop"
+    assert info.metadata["differs"] == "fingerprint" and info.metadata["operation"] == "ingest.IngestEvent"
+    assert "first_seen_at" in info.metadata and "different fingerprint" in conflict.error.message
+    runs = {new.outcomes[0].run_id, other.outcomes[0].run_id}
+    # the earlier IngestEvent's run and the two new ones; nothing for the refused event
+    assert await db.fetchval("SELECT count(*) FROM awooop_run_state") == 3
+    assert await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE run_id = ANY($1::uuid[])", list(runs)) == 2
+
+    # the retry answers the same: the stored ones as duplicates of the same runs, the refusal again
+    again = (await stub.IngestEvents(batch, metadata=alice)).results
+    assert [(o.run_id, o.duplicate) for r in (again[0], again[2]) for o in r.outcomes] == [
+        (new.outcomes[0].run_id, True),
+        (other.outcomes[0].run_id, True),
+    ]
+    assert error_info(again[1].error).reason == "IDEMPOTENCY_CONFLICT" and not again[1].outcomes
+    assert await db.fetchval("SELECT count(*) FROM awooop_run_state") == 3
+
+    # a revoked caller (its cached key still carries the role): its replay is refused alone
+    await principals.revoke_role(db, "alice", PROJECT)
+    batch.events[2].payload.update({"update_id": 6})  # the batch holds a copy
+    revoked = (await stub.IngestEvents(batch, metadata=alice)).results
+    for refused in revoked[:2]:
+        assert refused.error.code == grpc.StatusCode.PERMISSION_DENIED.value[0] and not refused.outcomes
+        assert error_info(refused.error).reason == "FORBIDDEN"
+    assert not revoked[2].outcomes[0].duplicate
+    # a single IngestEvent still raises the refusal
+    await expect_error(
+        stub.IngestEvent(keyed("used", {"n": 2}), metadata=alice), grpc.StatusCode.PERMISSION_DENIED, "FORBIDDEN"
+    )

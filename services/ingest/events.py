@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
+import grpc
 
 from services.common import errors, retry_policy, tracing
 from services.common.auth import Principal
@@ -71,9 +72,21 @@ class EventIngestor:
 
     async def ingest(
         self, events: Sequence[NewEvent], *, principal_id: str, actor: str, principal: Principal | None = None
-    ) -> list[Outcome]:
-        """outcome[i] answers events[i]. API-channel events follow seed 003 (api_channel.py) and
-        need the calling principal; the other channels take the channel dedupe path below."""
+    ) -> Sequence[Outcome]:
+        """outcome[i] answers events[i]; the first refusal of an API-channel event is raised."""
+        answers = await self.ingest_each(events, principal_id=principal_id, actor=actor, principal=principal)
+        for a in answers:
+            if isinstance(a, errors.ServiceError):
+                raise a
+        return cast("Sequence[Outcome]", answers)  # no refusal among them
+
+    async def ingest_each(
+        self, events: Sequence[NewEvent], *, principal_id: str, actor: str, principal: Principal | None = None
+    ) -> Sequence[Outcome | errors.ServiceError]:
+        """answers[i] answers events[i]: its outcome, or the refusal of an API-channel event
+        (refused()), which leaves the other events ingested. API-channel events follow seed 003
+        (api_channel.py) and need the calling principal; the other channels take the channel
+        dedupe path below. A store outage raises: which events were stored is then unknown."""
         if not events:  # e.g. LINE's webhook verification: a delivery without events
             return []
         traceparent = tracing.current_traceparent()
@@ -82,6 +95,9 @@ class EventIngestor:
                 e.traceparent = traceparent
         if any(e.channel == "api" for e in events):
             return await self._with_api(events, principal_id, actor, principal)
+        return await self._channel(events, principal_id, actor)
+
+    async def _channel(self, events: Sequence[NewEvent], principal_id: str, actor: str) -> list[Outcome]:
         keys = [dedupe_cache.key(self.cache, e.project_id, e.channel, e.provider_event_id) for e in events]
         recent = self.recent
         run_ids = [recent.get(k) for k in keys]
@@ -123,29 +139,33 @@ class EventIngestor:
 
     async def _with_api(
         self, events: Sequence[NewEvent], principal_id: str, actor: str, principal: Principal | None
-    ) -> list[Outcome]:
+    ) -> list[Outcome | errors.ServiceError]:
         if principal is None:
             raise errors.internal("API-channel events need the calling principal")
-        out: list[Outcome | None] = [None] * len(events)
+        out: list[Outcome | errors.ServiceError | None] = [None] * len(events)
         others = [i for i, e in enumerate(events) if e.channel != "api"]
         if others:
-            for i, o in zip(
-                others,
-                await self.ingest([events[i] for i in others], principal_id=principal_id, actor=actor),
-                strict=True,
-            ):
+            for i, o in zip(others, await self._channel([events[i] for i in others], principal_id, actor), strict=True):
                 out[i] = o
         ready: set[str] = set()
-        for i, e in enumerate(events):
-            if e.channel != "api":
-                continue
-            run_id, duplicate = await self.api.ingest(e, principal)
-            if not duplicate:
-                ready.add(e.project_id)
-            (metrics.DUPLICATE if duplicate else metrics.CREATED)[e.channel].inc()
-            out[i] = Outcome(run_id, e.provider_event_id, duplicate)
-        self.notifier.ready(ready)
-        return out  # type: ignore[return-value]
+        try:
+            for i, e in enumerate(events):
+                if e.channel != "api":
+                    continue
+                try:
+                    run_id, duplicate = await self.api.ingest(e, principal)
+                except errors.ServiceError as exc:
+                    if not refused(exc):
+                        raise
+                    out[i] = exc
+                    continue
+                if not duplicate:
+                    ready.add(e.project_id)
+                (metrics.DUPLICATE if duplicate else metrics.CREATED)[e.channel].inc()
+                out[i] = Outcome(run_id, e.provider_event_id, duplicate)
+        finally:  # the runs created before an outage are claimable all the same
+            self.notifier.ready(ready)
+        return out  # type: ignore[return-value]  # every slot is filled: api or not
 
     async def drain(self) -> None:
         """Finishes queued flushes (cache writes included) before the store and Redis close."""
@@ -204,6 +224,12 @@ class EventIngestor:
     async def _write_cache(self, entries: list[tuple[str, str, float]]) -> list[None]:
         await dedupe_cache.remember(self.cache, entries)
         return [None] * len(entries)
+
+
+def refused(exc: errors.ServiceError) -> bool:
+    """An API event's own refusal (a conflicting key, a revoked caller's replay, a same-key wait
+    past the deadline): it answers that event alone. An outage or a bug fails the whole call."""
+    return exc.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL)
 
 
 def _store_outage(exc: Exception) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -144,7 +144,7 @@ def run_options_from_query(v: Violations, query: MultiMapping[str]) -> RunOption
     )
 
 
-def outcomes_json(outcomes: list[Outcome]) -> web.Response:
+def outcomes_json(outcomes: Sequence[Outcome]) -> web.Response:
     items = []
     for o in outcomes:
         item: dict[str, Any] = {"run_id": o.run_id, "provider_event_id": o.provider_event_id, "duplicate": o.duplicate}

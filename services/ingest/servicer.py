@@ -9,6 +9,7 @@ the project themselves, so nothing is revealed by saying it).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -108,12 +109,18 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
                     role=ROLE,
                     event_index=str(i),
                 )
-        outcomes = await self.events.ingest(
+        answers = await self.events.ingest_each(
             events, principal_id=principal.principal_id, actor=principal.actor, principal=principal
         )
         response = ingest_pb2.IngestEventsResponse()
         for a, b in bounds:
-            _add_outcomes(response.results.add(), outcomes[a:b])
+            result = response.results.add()
+            outcomes = [x for x in answers[a:b] if isinstance(x, Outcome)]
+            if len(outcomes) == b - a:
+                _add_outcomes(result, outcomes)
+            else:  # an API delivery is one event: its refusal answers the delivery
+                refusal = next(x for x in answers[a:b] if isinstance(x, errors.ServiceError))
+                result.error.CopyFrom(refusal.to_rpc_status())
         return response
 
     def _check_expanded(self, v: Violations, field: str, count: int) -> None:
@@ -160,7 +167,7 @@ class IngestServicer(ingest_pb2_grpc.IngestServiceServicer):
         return await self.endpoints.remove(request)
 
 
-def _add_outcomes(response: ingest_pb2.IngestEventResponse, outcomes: list[Outcome]) -> None:
+def _add_outcomes(response: ingest_pb2.IngestEventResponse, outcomes: Sequence[Outcome]) -> None:
     add = response.outcomes.add  # built in place: no intermediate messages to copy
     for o in outcomes:
         if o.duplicate:

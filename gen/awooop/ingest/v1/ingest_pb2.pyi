@@ -12,6 +12,7 @@ from google.protobuf import message as _message
 from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from google.rpc import status_pb2 as _status_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -187,18 +188,30 @@ class IngestEventResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     OUTCOMES_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def outcomes(self) -> _containers.RepeatedCompositeFieldContainer[Global___EventOutcome]:
-        """One per event in the delivery: exactly one, except a LINE webhook carrying several events."""
+        """One per event in the delivery: exactly one, except a LINE webhook carrying several events.
+        Empty when error is set.
+        """
+
+    @_builtins.property
+    def error(self) -> _status_pb2.Status:
+        """In IngestEvents results only: why this delivery was refused, the status IngestEvent would
+        raise for it, with the same details (ErrorInfo reason and metadata): ALREADY_EXISTS /
+        IDEMPOTENCY_CONFLICT, PERMISSION_DENIED / FORBIDDEN (a revoked caller's replay) or
+        DEADLINE_EXCEEDED. Unset when the delivery was ingested.
+        """
 
     def __init__(
         self,
         *,
         outcomes: _abc.Iterable[Global___EventOutcome] | None = ...,
+        error: _status_pb2.Status | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcomes", b"outcomes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "outcomes", b"outcomes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

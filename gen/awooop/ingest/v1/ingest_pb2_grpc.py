@@ -87,6 +87,9 @@ class IngestServiceServicer:
 
     def IngestEvents(self, request, context):
         """Ingests many deliveries in one call, answered in order, one store round trip per batch.
+        Not atomic: an API-channel delivery refused on its own (its key used with another payload, a
+        revoked caller's replay) is answered with its error in its result, and the others are ingested.
+        Bad input in any delivery, a project without the ingest role and a store outage fail the call.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

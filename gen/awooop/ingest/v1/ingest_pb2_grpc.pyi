@@ -41,7 +41,11 @@ class IngestServiceStub:
     Needs the ingest role in the project.
     """
     IngestEvents: _grpc.UnaryUnaryMultiCallable[_ingest_pb2.IngestEventsRequest, _ingest_pb2.IngestEventsResponse]
-    """Ingests many deliveries in one call, answered in order, one store round trip per batch."""
+    """Ingests many deliveries in one call, answered in order, one store round trip per batch.
+    Not atomic: an API-channel delivery refused on its own (its key used with another payload, a
+    revoked caller's replay) is answered with its error in its result, and the others are ingested.
+    Bad input in any delivery, a project without the ingest role and a store outage fail the call.
+    """
     CreateRun: _grpc.UnaryUnaryMultiCallable[_ingest_pb2.CreateRunRequest, _ingest_pb2.CreateRunResponse]
     """Creates a run through the idempotent-mutation engine: a same-key retry by the same
     principal replays the first answer (replayed = true); another payload is IDEMPOTENCY_CONFLICT.
@@ -70,7 +74,11 @@ class IngestServiceAsyncStub(IngestServiceStub):
     Needs the ingest role in the project.
     """
     IngestEvents: _aio.UnaryUnaryMultiCallable[_ingest_pb2.IngestEventsRequest, _ingest_pb2.IngestEventsResponse]  # type: ignore[assignment]
-    """Ingests many deliveries in one call, answered in order, one store round trip per batch."""
+    """Ingests many deliveries in one call, answered in order, one store round trip per batch.
+    Not atomic: an API-channel delivery refused on its own (its key used with another payload, a
+    revoked caller's replay) is answered with its error in its result, and the others are ingested.
+    Bad input in any delivery, a project without the ingest role and a store outage fail the call.
+    """
     CreateRun: _aio.UnaryUnaryMultiCallable[_ingest_pb2.CreateRunRequest, _ingest_pb2.CreateRunResponse]  # type: ignore[assignment]
     """Creates a run through the idempotent-mutation engine: a same-key retry by the same
     principal replays the first answer (replayed = true); another payload is IDEMPOTENCY_CONFLICT.
@@ -108,7 +116,11 @@ class IngestServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _ingest_pb2.IngestEventsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_ingest_pb2.IngestEventsResponse, _abc.Awaitable[_ingest_pb2.IngestEventsResponse]]:
-        """Ingests many deliveries in one call, answered in order, one store round trip per batch."""
+        """Ingests many deliveries in one call, answered in order, one store round trip per batch.
+        Not atomic: an API-channel delivery refused on its own (its key used with another payload, a
+        revoked caller's replay) is answered with its error in its result, and the others are ingested.
+        Bad input in any delivery, a project without the ingest role and a store outage fail the call.
+        """
 
     @_abc_1.abstractmethod
     def CreateRun(
