@@ -27,6 +27,7 @@ from services.common.auth import Principal
 from services.common.db import Row
 from services.common.runs import RUN_COLUMNS
 from services.common.runstate import Audit, RunStatus
+from services.common.server_plans import keep_plan
 from services.scheduler import budget, metrics, replays
 from services.scheduler.claiming import claim_ctes, hand_back_undelivered, projects_arg
 from services.scheduler.fragments import (
@@ -81,11 +82,11 @@ COMPLETE_ITEMS_SELECT = """SELECT it.item, cur.*, upd.*, NULL::text AS comp_trig
   LEFT JOIN cur ON cur.cur_run_id = it.run_id
   LEFT JOIN upd ON upd.upd_item = it.item"""
 
-COMPLETE_MANY_SQL = f"""
+COMPLETE_MANY_SQL = keep_plan(f"""
 WITH {COMPLETE_CTES}
 {COMPLETE_ITEMS_SELECT}
  ORDER BY it.item
-"""
+""")
 
 
 # claimed's columns but claim_wait, which goes last (under the first branch's claim_wait)
@@ -102,7 +103,7 @@ def complete_and_claim_sql(count: int, max_runs: int) -> str:
     touch the same row: `upd` changes rows that are RUNNING in the statement's snapshot, the
     claim rows that are PENDING/RESUMED in it. Rows with item NULL are the claimed runs
     (oldest first), after the items' rows in item order."""
-    return f"""
+    return keep_plan(f"""
 WITH {COMPLETE_CTES},
 {claim_ctes("$7", max_runs, "$8", "$9", "$6", count=count, after="(SELECT count(*) FROM cur) >= 0")}
 {COMPLETE_ITEMS_SELECT}
@@ -111,7 +112,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {CLAIMED_COLUMNS}, 
        NULL, NULL, NULL, claimed.claim_wait
   FROM claimed
  ORDER BY item, created_at
-"""
+""")
 
 
 @dataclass(frozen=True)
