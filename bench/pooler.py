@@ -1,8 +1,9 @@
 """The services through PgBouncer in transaction mode against the same services connected
 directly, in the same run: IngestEvent with unique ids (the insert path) and the claim cycle
 (bench/claims.py's drain). Through the pooler the services run as documented for it:
-AWOOOP_DB_STATEMENT_CACHE=false, LISTEN on AWOOOP_DATABASE_DIRECT_URL. PgBouncer gets as many
-server connections as one service process' pool (AWOOOP_DB_POOL_MAX, 10)."""
+AWOOOP_DB_STATEMENT_CACHE=false, LISTEN on AWOOOP_DATABASE_DIRECT_URL (and so the hot statements
+as server-side plan functions, services/common/server_plans.py). PgBouncer gets as many server
+connections as one service process' pool (AWOOOP_DB_POOL_MAX, 10)."""
 
 from __future__ import annotations
 
@@ -85,11 +86,32 @@ async def _drain(stores: env.Stores, cfg: Config, svc_env: Any, tag: str) -> dic
 
 
 async def _claims(stores: env.Stores, cfg: Config, fig: Figure, bouncer: Any) -> None:
-    direct = await _drain(stores, cfg, lambda dsn: procs.service_env(dsn, stores.redis_url, stores.redis_prefix), "d")
-    pooled = await _drain(stores, cfg, lambda dsn: _pooled_env(stores, dsn, bouncer), "p")
-    fig.measured(pooled["per_s"], direct["per_s"], pgbouncer=pooled, direct=direct)
-    if pooled["errors"]:
-        fig.note = f"errors through PgBouncer: {pooled['errors']}"
+    # each side twice, alternating, on fresh databases; the better drain of each. `plain` is the
+    # pooled scheduler without its server-side plan functions (AWOOOP_DB_SERVER_PLANS=false):
+    # what the statement cache off costs without them, in the same run
+    sides: dict[str, Any] = {
+        "direct": lambda dsn: procs.service_env(dsn, stores.redis_url, stores.redis_prefix),
+        "pgbouncer": lambda dsn: _pooled_env(stores, dsn, bouncer),
+        "plain": lambda dsn: _pooled_env(stores, dsn, bouncer, db_server_plans=False),
+    }
+    got: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
+    for r in range(2):
+        for name, svc_env in sides.items():
+            got[name].append(await _drain(stores, cfg, svc_env, f"{name[0]}{r}"))
+    best = {k: max(v, key=lambda d: d["per_s"]) for k, v in got.items()}
+    pooled, direct = best["pgbouncer"], best["direct"]
+    fig.measured(
+        pooled["per_s"],
+        direct["per_s"],
+        drains={k: [round(d["per_s"], 1) for d in v] for k, v in got.items()},
+        plain_ratio=round(best["plain"]["per_s"] / direct["per_s"], 3) if direct["per_s"] else None,
+        pgbouncer=pooled,
+        direct=direct,
+        plain=best["plain"],
+    )
+    errors = {k: d["errors"] for k, d in best.items() if d["errors"]}
+    if errors:
+        fig.note = f"errors during the drains: {errors}"
 
 
 async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:

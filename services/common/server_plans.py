@@ -68,7 +68,7 @@ async def describe(conn: asyncpg.Connection, sql: str) -> tuple[list[str], list[
     names. Prepared and deallocated inside one transaction, so it also works through a
     transaction-mode pooler (the server connection is the same until the commit)."""
     async with conn.transaction():
-        stmt = await conn.prepare(sql, name="awooop_plan_describe")
+        stmt = await conn.prepare(sql)
         try:
             params = [t.oid for t in stmt.get_parameters()]
             attrs = stmt.get_attributes()
@@ -77,7 +77,8 @@ async def describe(conn: asyncpg.Connection, sql: str) -> tuple[list[str], list[
                 params + [a.type.oid for a in attrs],
             )
         finally:
-            await conn.execute("DEALLOCATE awooop_plan_describe")
+            if stmt.get_name():  # a named statement (the connection's statement cache is on)
+                await conn.execute(f"DEALLOCATE {_ident(stmt.get_name())}")
     types = [r["t"] for r in names]
     return types[: len(params)], [(a.name, t) for a, t in zip(attrs, types[len(params) :], strict=True)]
 
