@@ -40,9 +40,7 @@ _ARRAY_TYPES = ("int4", "int8", "oid", "text", "varchar", "uuid", "timestamptz",
 _LEARN_ARRAYS_SQL = "SELECT " + ", ".join(f"NULL::{t}[] AS {t}" for t in _ARRAY_TYPES)
 
 
-async def _init_connection(
-    conn: asyncpg.Connection, plans: ServerPlans | None = None, *, pooled: bool = False
-) -> None:
+async def _init_connection(conn: asyncpg.Connection, plans: ServerPlans | None = None, *, pooled: bool = False) -> None:
     if isinstance(conn, StoreConnection):
         conn.plans = plans
     # JSONB in and out as Python objects; compact encoding keeps rows small.
