@@ -53,8 +53,9 @@ def _env(name: str, default: Any, cast: type, environ: Mapping[str, str] | None 
 class Settings:
     # --- store and cache ---
     database_url: str = ""  # Postgres DSN; empty: `awooop up` starts an embedded Postgres, `serve` refuses to start
-    # session connection for LISTEN, migrations and `awooop admin` when AWOOOP_DATABASE_URL goes
-    # through a transaction-mode pooler (PgBouncer); empty: AWOOOP_DATABASE_URL
+    # session connection for LISTEN, migrations, `awooop admin` and creating the plan functions
+    # (AWOOOP_DB_SERVER_PLANS) when AWOOOP_DATABASE_URL goes through a transaction-mode pooler
+    # (PgBouncer); empty: AWOOOP_DATABASE_URL
     database_direct_url: str = ""
     # asyncpg's prepared statement cache; false behind a transaction-mode pooler (PgBouncer before 1.21)
     db_statement_cache: bool = True
