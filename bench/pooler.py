@@ -7,7 +7,11 @@ connections as one service process' pool (AWOOOP_DB_POOL_MAX, 10)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+
+import asyncpg
+import psutil
 
 from bench import claims, env, procs
 from bench.config import Config
@@ -73,13 +77,33 @@ async def _ingest(stores: env.Stores, cfg: Config, fig: Figure, bouncer: Any) ->
         fig.note = f"errors through PgBouncer: {p.errors}"
 
 
+async def _backends_cpu_ms(dsn: str) -> float:
+    """CPU (ms) the server backends of this database used since they started: the drain's own
+    Postgres work, whatever else the shared machine runs (wall-clock ratios carry that noise)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        pids = await conn.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await conn.close()
+    total = 0.0
+    for r in pids:
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(r["pid"]).cpu_times()
+            total += t.user + t.system
+    return total * 1000
+
+
 async def _drain(stores: env.Stores, cfg: Config, svc_env: Any, tag: str) -> dict[str, Any]:
     dsn = await stores.create_database(f"pooler_claims_{tag}")
     await claims.seed_claimable(dsn, cfg.claim_jobs)
     md = await env.bench_key(dsn, PROJECT, ("worker",))
     svc = await procs.spawn("scheduler", svc_env(dsn), tag)
     try:
-        return await claims.drain_awooop(cfg, svc, md, dsn, cfg.claim_jobs)
+        out = await claims.drain_awooop(cfg, svc, md, dsn, cfg.claim_jobs)
+        out["postgres_cpu_ms_per_1000_runs"] = round(await _backends_cpu_ms(dsn) * 1000 / cfg.claim_jobs, 1)
+        return out
     finally:
         svc.stop()
         await stores.drop_database(dsn)
@@ -105,6 +129,7 @@ async def _claims(stores: env.Stores, cfg: Config, fig: Figure, bouncer: Any) ->
         direct["per_s"],
         drains={k: [round(d["per_s"], 1) for d in v] for k, v in got.items()},
         plain_ratio=round(best["plain"]["per_s"] / direct["per_s"], 3) if direct["per_s"] else None,
+        postgres_cpu_ms_per_1000_runs={k: [d["postgres_cpu_ms_per_1000_runs"] for d in v] for k, v in got.items()},
         pgbouncer=pooled,
         direct=direct,
         plain=best["plain"],
