@@ -34,13 +34,14 @@ Conn: TypeAlias = asyncpg.Connection | PoolConnectionProxy
 # type introspection query once per connection, with JIT turned off around it by two session-level
 # set_config statements. Through a transaction-mode pooler these three statements can land on
 # different server connections, and the introspection query, JIT-compiled, costs Postgres ~3 s of
-# CPU (jit on, the default) for each new pool connection. Behind a pooler they are read once at
-# connect, in one transaction, which keeps the three on one server connection.
+# CPU (jit on, the default) for each new pool connection (also with PgBouncer 1.21+ and the cache
+# on). So they are read once at connect, in one transaction, which keeps the three on one server
+# connection.
 _ARRAY_TYPES = ("int4", "int8", "oid", "text", "varchar", "uuid", "timestamptz", "float8", "bool", "jsonb")
 _LEARN_ARRAYS_SQL = "SELECT " + ", ".join(f"NULL::{t}[] AS {t}" for t in _ARRAY_TYPES)
 
 
-async def _init_connection(conn: asyncpg.Connection, plans: ServerPlans | None = None, *, pooled: bool = False) -> None:
+async def _init_connection(conn: asyncpg.Connection, plans: ServerPlans | None = None) -> None:
     if isinstance(conn, StoreConnection):
         conn.plans = plans
     # JSONB in and out as Python objects; compact encoding keeps rows small.
@@ -50,9 +51,8 @@ async def _init_connection(conn: asyncpg.Connection, plans: ServerPlans | None =
         decoder=json.loads,
         schema="pg_catalog",
     )
-    if pooled:
-        async with conn.transaction():
-            await conn.fetchrow(_LEARN_ARRAYS_SQL)
+    async with conn.transaction():
+        await conn.fetchrow(_LEARN_ARRAYS_SQL)
 
 
 # Errors after which a connection must not be handed out again: it points at a server that
@@ -199,7 +199,7 @@ async def create_pool(settings: Settings, dsn: str | None = None) -> asyncpg.Poo
         dsn=dsn or settings.database_url,
         min_size=0,
         max_size=settings.db_pool_max,
-        init=functools.partial(_init_connection, plans=plans, pooled=not settings.db_statement_cache),
+        init=functools.partial(_init_connection, plans=plans),
         reset=_keep_session,
         connect=_connector(settings),
         connection_class=StoreConnection,
