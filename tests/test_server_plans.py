@@ -24,7 +24,7 @@ from tests.harness.pgbouncer import PgBouncer, start_pgbouncer
 from tests.harness.scheduler import insert_runs
 
 PROJECT = "plans"
-CLAIM = claiming.claim_sql(True, 5)
+CLAIM = claiming.claim_sql(1, 5)
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ async def test_without_create_privilege_the_statement_stays_plain_and_says_so_on
         first = await pool.fetch(CLAIM, PROJECT, 30.0, "w", "test")
         plans = await _plans(pool)
         await plans.wait()
-        again = await pool.fetch(claiming.claim_sql(True, 5), "other", 30.0, "w", "test")
+        again = await pool.fetch(claiming.claim_sql(1, 5), "other", 30.0, "w", "test")
     finally:
         await pool.close()
         await db.execute(f"DROP ROLE {role}")
