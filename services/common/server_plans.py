@@ -3,7 +3,8 @@
 With the statement cache off (AWOOOP_DB_STATEMENT_CACHE=false, PgBouncer before 1.21) every
 statement is parsed and planned again on each call; for the claim and completion statements
 that costs about as much as running them. A PL/pgSQL function caches the plans of its static
-SQL per server connection, and a pooler keeps its server connections for hours, so a statement
+SQL per server connection, and a pooler keeps its server connections long (PgBouncer's
+server_lifetime: an hour by default), so a statement
 marked with keep_plan() is run as `SELECT * FROM awooop_plan_<hash>($1, ...)`: a function whose
 body is exactly that statement (RETURN QUERY <sql>), same parameters, same result columns.
 Postgres then plans the statement as it does a prepared one (custom plans first, the generic
