@@ -37,8 +37,10 @@ _TAG = "$awooop_plan$"
 # A call of a function failed where its statement, which worked plain, would not: the function
 # was dropped or is not visible on this search_path, a migration changed a result column's type,
 # EXECUTE was revoked, or PL/pgSQL reads the body otherwise than plain SQL (its first call
-# compiles it). Class 42 of SQLSTATE; the statement then runs plain (and fails plain if it must).
-STALE = asyncpg.exceptions.SyntaxOrAccessError
+# compiles it; an older server may refuse RETURN QUERY of a data-modifying WITH as not
+# supported). Class 42 of SQLSTATE and 0A000; the statement then runs plain (and fails plain if
+# it must).
+STALE = (asyncpg.exceptions.SyntaxOrAccessError, asyncpg.exceptions.FeatureNotSupportedError)
 # seconds before a creation that could not reach the store is tried again
 RETRY_AFTER = 30.0
 _marked: set[str] = set()
