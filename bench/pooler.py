@@ -1,12 +1,17 @@
 """The services through PgBouncer in transaction mode against the same services connected
 directly, in the same run: IngestEvent with unique ids (the insert path) and the claim cycle
 (bench/claims.py's drain). Through the pooler the services run as documented for it:
-AWOOOP_DB_STATEMENT_CACHE=false, LISTEN on AWOOOP_DATABASE_DIRECT_URL. PgBouncer gets as many
-server connections as one service process' pool (AWOOOP_DB_POOL_MAX, 10)."""
+AWOOOP_DB_STATEMENT_CACHE=false, LISTEN on AWOOOP_DATABASE_DIRECT_URL (and so the hot statements
+as server-side plan functions, services/common/server_plans.py). PgBouncer gets as many server
+connections as one service process' pool (AWOOOP_DB_POOL_MAX, 10)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+
+import asyncpg
+import psutil
 
 from bench import claims, env, procs
 from bench.config import Config
@@ -72,24 +77,66 @@ async def _ingest(stores: env.Stores, cfg: Config, fig: Figure, bouncer: Any) ->
         fig.note = f"errors through PgBouncer: {p.errors}"
 
 
+async def _backends_cpu_ms(dsn: str) -> float:
+    """CPU (ms) the server backends of this database used since they started: the drain's own
+    Postgres work, whatever else the shared machine runs (wall-clock ratios carry that noise)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        pids = await conn.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    finally:
+        await conn.close()
+    total = 0.0
+    for r in pids:
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(r["pid"]).cpu_times()
+            total += t.user + t.system
+    return total * 1000
+
+
 async def _drain(stores: env.Stores, cfg: Config, svc_env: Any, tag: str) -> dict[str, Any]:
     dsn = await stores.create_database(f"pooler_claims_{tag}")
     await claims.seed_claimable(dsn, cfg.claim_jobs)
     md = await env.bench_key(dsn, PROJECT, ("worker",))
     svc = await procs.spawn("scheduler", svc_env(dsn), tag)
     try:
-        return await claims.drain_awooop(cfg, svc, md, dsn, cfg.claim_jobs)
+        out = await claims.drain_awooop(cfg, svc, md, dsn, cfg.claim_jobs)
+        out["postgres_cpu_ms_per_1000_runs"] = round(await _backends_cpu_ms(dsn) * 1000 / cfg.claim_jobs, 1)
+        return out
     finally:
         svc.stop()
         await stores.drop_database(dsn)
 
 
 async def _claims(stores: env.Stores, cfg: Config, fig: Figure, bouncer: Any) -> None:
-    direct = await _drain(stores, cfg, lambda dsn: procs.service_env(dsn, stores.redis_url, stores.redis_prefix), "d")
-    pooled = await _drain(stores, cfg, lambda dsn: _pooled_env(stores, dsn, bouncer), "p")
-    fig.measured(pooled["per_s"], direct["per_s"], pgbouncer=pooled, direct=direct)
-    if pooled["errors"]:
-        fig.note = f"errors through PgBouncer: {pooled['errors']}"
+    # each side twice, alternating, on fresh databases; the better drain of each. `plain` is the
+    # pooled scheduler without its server-side plan functions (AWOOOP_DB_SERVER_PLANS=false):
+    # what the statement cache off costs without them, in the same run
+    sides: dict[str, Any] = {
+        "direct": lambda dsn: procs.service_env(dsn, stores.redis_url, stores.redis_prefix),
+        "pgbouncer": lambda dsn: _pooled_env(stores, dsn, bouncer),
+        "plain": lambda dsn: _pooled_env(stores, dsn, bouncer, db_server_plans=False),
+    }
+    got: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
+    for r in range(2):
+        for name, svc_env in sides.items():
+            got[name].append(await _drain(stores, cfg, svc_env, f"{name[0]}{r}"))
+    best = {k: max(v, key=lambda d: d["per_s"]) for k, v in got.items()}
+    pooled, direct = best["pgbouncer"], best["direct"]
+    fig.measured(
+        pooled["per_s"],
+        direct["per_s"],
+        drains={k: [round(d["per_s"], 1) for d in v] for k, v in got.items()},
+        plain_ratio=round(best["plain"]["per_s"] / direct["per_s"], 3) if direct["per_s"] else None,
+        postgres_cpu_ms_per_1000_runs={k: [d["postgres_cpu_ms_per_1000_runs"] for d in v] for k, v in got.items()},
+        pgbouncer=pooled,
+        direct=direct,
+        plain=best["plain"],
+    )
+    errors = {k: d["errors"] for k, d in best.items() if d["errors"]}
+    if errors:
+        fig.note = f"errors during the drains: {errors}"
 
 
 async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:

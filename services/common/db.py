@@ -4,6 +4,7 @@ UNAVAILABLE / STORE_UNAVAILABLE (the only status clients retry automatically).""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -13,6 +14,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from services.common import errors
+from services.common.server_plans import STALE, ServerPlans
 from services.common.settings import Settings
 
 log = logging.getLogger("awooop.db")
@@ -28,7 +30,20 @@ class Row(Protocol):
 Conn: TypeAlias = asyncpg.Connection | PoolConnectionProxy
 
 
-async def _init_connection(conn: asyncpg.Connection) -> None:
+# The array types the services bind or read. asyncpg learns an array type's codec by running its
+# type introspection query once per connection, with JIT turned off around it by two session-level
+# set_config statements. Through a transaction-mode pooler these three statements can land on
+# different server connections, and the introspection query, JIT-compiled, costs Postgres ~3 s of
+# CPU (jit on, the default) for each new pool connection (also with PgBouncer 1.21+ and the cache
+# on). So they are read once at connect, in one transaction, which keeps the three on one server
+# connection.
+_ARRAY_TYPES = ("int4", "int8", "oid", "text", "varchar", "uuid", "timestamptz", "float8", "bool", "jsonb")
+_LEARN_ARRAYS_SQL = "SELECT " + ", ".join(f"NULL::{t}[] AS {t}" for t in _ARRAY_TYPES)
+
+
+async def _init_connection(conn: asyncpg.Connection, plans: ServerPlans | None = None) -> None:
+    if isinstance(conn, StoreConnection):
+        conn.plans = plans
     # JSONB in and out as Python objects; compact encoding keeps rows small.
     await conn.set_type_codec(
         "jsonb",
@@ -36,6 +51,8 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
         decoder=json.loads,
         schema="pg_catalog",
     )
+    async with conn.transaction():
+        await conn.fetchrow(_LEARN_ARRAYS_SQL)
 
 
 # Errors after which a connection must not be handed out again: it points at a server that
@@ -75,9 +92,13 @@ def _note_failure(exc: BaseException) -> None:
 class StoreConnection(asyncpg.Connection):
     """A pool connection that remembers when a statement failed in a way that makes the
     connection unusable; the pool's release hook (_keep_session) then closes it, so the
-    next acquire opens a fresh one (to the new primary after a failover)."""
+    next acquire opens a fresh one (to the new primary after a failover).
+
+    With plans (the statement cache off), a statement marked with server_plans.keep_plan runs
+    as a call of its function once that exists (services/common/server_plans.py)."""
 
     broken: bool = False
+    plans: ServerPlans | None = None
 
     def _mark(self, exc: BaseException) -> None:
         if isinstance(exc, _POISONING):
@@ -91,9 +112,23 @@ class StoreConnection(asyncpg.Connection):
             self._mark(exc)
             raise
 
-    async def _execute(self, *args: Any, **kwargs: Any) -> Any:
+    async def _execute(self, query: str, args: Any, limit: int, timeout: float | None, **kwargs: Any) -> Any:
+        plans = self.plans
+        # return_status: execute() answers the command tag, which a call would change to SELECT's
+        call = None if plans is None or kwargs.get("return_status") else plans.call_for(query)
+        if call is not None:
+            try:
+                return await super()._execute(call, args, limit, timeout, **kwargs)  # type: ignore[misc]
+            except STALE as exc:
+                assert plans is not None
+                plans.stale(query, exc)
+                if self.is_in_transaction():  # the caller's transaction is aborted: it fails as it is
+                    raise
+            except Exception as exc:
+                self._mark(exc)
+                raise
         try:
-            return await super()._execute(*args, **kwargs)  # type: ignore[misc]  # private: not in the stubs
+            return await super()._execute(query, args, limit, timeout, **kwargs)  # type: ignore[misc]  # private: not in the stubs
         except Exception as exc:
             self._mark(exc)
             raise
@@ -154,11 +189,17 @@ def _connector(settings: Settings) -> Callable[..., Awaitable[asyncpg.Connection
 async def create_pool(settings: Settings, dsn: str | None = None) -> asyncpg.Pool:
     """A pool that starts even when the store is down (min_size connections are
     opened lazily on failure) so the service can answer UNAVAILABLE instead of crashing."""
+    # behind a transaction-mode pooler: the hot statements' plans are kept in server-side functions
+    plans = (
+        ServerPlans(settings.direct_url, settings.db_connect_timeout)
+        if settings.db_server_plans and not settings.db_statement_cache
+        else None
+    )
     kwargs: dict[str, Any] = dict(
         dsn=dsn or settings.database_url,
         min_size=0,
         max_size=settings.db_pool_max,
-        init=_init_connection,
+        init=functools.partial(_init_connection, plans=plans),
         reset=_keep_session,
         connect=_connector(settings),
         connection_class=StoreConnection,

@@ -27,6 +27,7 @@ from services.common.auth import Principal
 from services.common.db import Row, fetch_again_on_deadlock
 from services.common.runs import RUN_COLUMNS
 from services.common.runstate import Audit, RunStatus
+from services.common.server_plans import keep_plan
 from services.scheduler import budget, metrics, replays
 from services.scheduler.claiming import claim_ctes, hand_back_undelivered, projects_arg
 from services.scheduler.fragments import (
@@ -102,11 +103,11 @@ COMPLETE_ITEMS_SELECT = """SELECT it.item, cur.*, upd.*, NULL::text AS comp_trig
   LEFT JOIN cur ON cur.cur_run_id = it.run_id
   LEFT JOIN upd ON upd.upd_item = it.item"""
 
-COMPLETE_MANY_SQL = f"""
+COMPLETE_MANY_SQL = keep_plan(f"""
 WITH {complete_ctes(claiming=False)}
 {COMPLETE_ITEMS_SELECT}
  ORDER BY it.item
-"""
+""")
 
 
 # claimed's columns but claim_wait, which goes last (under the first branch's claim_wait)
@@ -125,7 +126,7 @@ def complete_and_claim_sql(count: int, max_runs: int) -> str:
     (oldest first), after the items' rows in item order. RECURSIVE (nothing recurses) lets
     held_keys name `picked`, which comes later in the list: the statement locks the keys of the
     runs it completes and of those it picks in one ordered pass."""
-    return f"""
+    return keep_plan(f"""
 WITH RECURSIVE {complete_ctes(claiming=True)},
 {claim_ctes("$7", max_runs, "$8", "$9", "$6", count=count, after="(SELECT count(*) FROM cur) >= 0")}
 {COMPLETE_ITEMS_SELECT}
@@ -134,7 +135,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {CLAIMED_COLU
        NULL, NULL, NULL, claimed.claim_wait
   FROM claimed
  ORDER BY item, created_at
-"""
+""")
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import asyncpg
 from services.common.audit import AUDIT_INSERT
 from services.common.run_options import WAIT_KEY_BUSY, WAIT_RATE_LIMITED
 from services.common.runstate import CLAIMABLE, TRANSITIONS, Action, Audit, RunStatus, attempts_left, sql_list
+from services.common.server_plans import keep_plan
 from services.scheduler import budget, metrics
 from services.scheduler.fragments import RUN_COLUMNS_R
 from services.scheduler.wakeup import RunReadyListener
@@ -42,6 +43,8 @@ def not_paused(project_sql: str) -> str:
     """SQL: the project named by project_sql is not paused (PauseProject). A claim skips a paused
     project's runs, so the queue gauges and CountRuns do not count them as claimable either."""
     return f"NOT EXISTS (SELECT 1 FROM awooop_project_flow f WHERE f.project_id = {project_sql} AND f.paused)"
+
+
 log = logging.getLogger("awooop.scheduler")
 T = TypeVar("T")
 # hand-backs still running after their handler was cancelled a second time (kept from the GC)
@@ -188,13 +191,13 @@ claim_aud AS (
 @functools.lru_cache(maxsize=512)
 def claim_sql(count: int, max_runs: int) -> str:
     """$1 project (count 1) or `count` projects, $2 lease seconds, $3 worker id, $4 actor."""
-    return f"""
+    return keep_plan(f"""
 WITH {claim_ctes("$1", max_runs, "$2", "$3", "$4", count=count)}
 SELECT claimed.*, x.parked
   FROM (SELECT count(*) AS parked FROM parked) x
   LEFT JOIN claimed ON true
  ORDER BY claimed.priority DESC, claimed.created_at
-"""
+""")
 
 
 def projects_arg(projects: list[str]) -> tuple[int, str | list[str]]:

@@ -16,6 +16,7 @@ from datetime import datetime
 import asyncpg
 
 from services.common.runstate import LEASED, sql_list
+from services.common.server_plans import keep_plan
 
 # $1 run ids, $2 attempts (same order), $3 worker id, $4 lease seconds, $5 projects where the
 # caller is a worker (NULL: all). Returns the positions (1-based) of the renewed leases; the
@@ -27,7 +28,7 @@ from services.common.runstate import LEASED, sql_list
 # run with every lease of the call (leases held x batch) instead of one primary-key probe per
 # lease (300 leases held: 2x the heartbeat's cost). The update sets no indexed column
 # (migration 0040), so it is a HOT update.
-HEARTBEAT_SQL = f"""
+HEARTBEAT_SQL = keep_plan(f"""
 WITH t AS (
     SELECT * FROM unnest($1::uuid[], $2::int[]) WITH ORDINALITY AS t(run_id, attempt, ord)
 ),
@@ -45,7 +46,7 @@ UPDATE awooop_run_state r
   FROM locked, t
  WHERE r.run_id = locked.run_id AND t.run_id = r.run_id AND r.attempt_count = t.attempt
 RETURNING t.ord, r.lease_until, r.cancel_requested
-"""
+""")
 
 
 @dataclass(frozen=True)

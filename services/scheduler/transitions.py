@@ -39,6 +39,7 @@ from services.common.runstate import (
     attempts_left,
     sql_list,
 )
+from services.common.server_plans import keep_plan
 from services.scheduler import metrics, replays
 from services.scheduler.fragments import (
     CUR_COLUMNS,
@@ -111,7 +112,7 @@ SELECT cur.*, upd.*,
 # used = attempt_count - released_count). The policy is merged once per statement (`pol`).
 _POLICY = "(SELECT p FROM pol)"
 _RETRY = f"""(:retryable AND NOT {retry_policy.non_retryable_sql(_POLICY, "NULLIF(:error_code, '')")}
-                AND NOT r.cancel_requested AND {attempts_left('r')})"""
+                AND NOT r.cancel_requested AND {attempts_left("r")})"""
 # a delay the caller chose (retry_after), else the policy's for this many attempts used
 _DELAY = f"""CASE WHEN :retry_after::float8 > 0 THEN :retry_after::float8
                       ELSE {retry_policy.delay_sql(_POLICY, "r.attempt_count - r.released_count")} END"""
@@ -160,7 +161,7 @@ def fenced_op(method: str, action: Action, *, params: tuple[str, ...] = (), **sq
     assert t.fenced, action
     describe = sql.pop("describe", None)
     text = fenced_sql(action_sql=sql.pop("action_sql", t.audit_case()), **sql)
-    return FencedOp(method, t, bind_names(text, params, _FIXED_PARAMS + 1), params, describe)
+    return FencedOp(method, t, keep_plan(bind_names(text, params, _FIXED_PARAMS + 1)), params, describe)
 
 
 COMPLETE = fenced_op("CompleteRun", Action.COMPLETE, params=("output",), set_sql=complete_set(":output::jsonb"))
