@@ -38,7 +38,11 @@ def token_hash(token: str) -> bytes:
 
 
 def new_token() -> tuple[str, bytes]:
+    # never starting with '-': an operator pastes it after `--token`, where argparse (and most
+    # command lines) would take it for an option (1 in 64 url-safe tokens did)
     token = secrets.token_urlsafe(32)
+    while token.startswith("-"):
+        token = secrets.token_urlsafe(32)
     return token, token_hash(token)
 
 
