@@ -161,8 +161,11 @@ async def test_stop_ends_health_watch_streams(start_services, channels) -> None:
     health = health_pb2_grpc.HealthStub(channels(rt.ports["ingest"]))
     watch = health.Watch(health_pb2.HealthCheckRequest(service=""))
     assert (await watch.read()).status == SERVING
+    # read while stopping: grpc.aio's read() on a call that has already ended returns EOF and
+    # drops a message still buffered, so a read started after stop() could miss NOT_SERVING
+    last = asyncio.ensure_future(watch.read())
     await rt.stop()  # a 30 s grace: only a stream that ends lets this return with OK below
-    assert (await watch.read()).status == NOT_SERVING
+    assert (await last).status == NOT_SERVING
     assert await watch.read() == grpc.aio.EOF
     assert await watch.code() == grpc.StatusCode.OK
 
