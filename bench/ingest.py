@@ -122,14 +122,17 @@ class SqlBatch:
     async def setup(self, proc_idx: int, workers: int) -> None:
         import asyncpg
 
-        from services.common.db import _init_connection
+        from services.common.db import StoreConnection, _init_connection
         from services.ingest import store
         from services.ingest.parsing import NewEvent
 
         self.store, self.new_event = store, NewEvent
         self.proc_idx = proc_idx
         self.input_json = json.dumps(PAYLOAD, separators=(",", ":"))
-        self.pool = await asyncpg.create_pool(self.dsn, min_size=workers, max_size=workers, init=_init_connection)
+        # the service's connection class and set-up (codecs), without its pool's other settings
+        self.pool = await asyncpg.create_pool(
+            self.dsn, min_size=workers, max_size=workers, init=_init_connection, connection_class=StoreConnection
+        )
 
     async def call(self, worker: int, n: int) -> int:
         prefix = f"{self.label}-{self.proc_idx}-{worker}-{n}"
