@@ -6,7 +6,9 @@ each renewal; worker B (another process) long-polls ClaimRuns. Right after one o
 renewals the harness SIGKILLs A (so the lease has nearly its whole TTL left: the worst case
 for the TTL term) and B reports the moment its ClaimRuns returns the run. The figure is the
 median of kill -> reclaim; the baseline is lease TTL + reaper interval, the longest the
-reaper alone can need; the target allows 1 s more (NOTIFY wake-up, scheduling, claim).
+reaper alone can need; the target allows 1 s more (NOTIFY wake-up, scheduling, claim). The
+scheduler runs with AWOOOP_RETRY_BACKOFF=0: a reaped lease otherwise waits out the retry
+policy's backoff (docs/flow-control.md) before it is claimable, which is policy, not latency.
 
 Worker processes are `python -m bench.crash worker ...` (see the bottom of this file).
 """
@@ -174,6 +176,9 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
             stores.redis_prefix,
             lease_ttl=cfg.crash_lease_ttl,
             reaper_interval=cfg.crash_reaper_interval,
+            # a reaped lease backs off by the retry policy (5 s by default) before the run is
+            # claimable again: a choice of policy, not latency, so the figure measures without it
+            retry_backoff=0,
         ),
         tag="crash",
     )
