@@ -226,6 +226,7 @@ async def test_a_batch_spanning_projects_goes_one_command_per_slot(cluster: Clus
     from services.ingest import dedupe_cache
 
     cache = Cache(Settings(redis_url=cluster.url, redis_cluster=True, redis_prefix="t:"))
+    await cache.connect()  # as a service's start-up does, before its first concurrent commands
     try:
         keys = [dedupe_cache.key(cache, p, "telegram", str(i)) for i in range(20) for p in PROJECTS]
         await dedupe_cache.remember(cache, [(k, f"run-{n}", 60) for n, k in enumerate(keys)])
@@ -241,3 +242,23 @@ async def test_a_batch_spanning_projects_goes_one_command_per_slot(cluster: Clus
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_a_cluster_that_does_not_answer_at_start_up_degrades_the_cache() -> None:
+    # start-up learns the slot map (Cache.connect); with no node answering, the service starts
+    # and its calls fall back to Postgres, as with a plain Redis that is down
+    import socket
+
+    from services.common.cache import Cache
+    from services.common.settings import Settings
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cache = Cache(Settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_cluster=True, redis_prefix="t:"))
+    try:
+        await cache.connect()
+        assert not cache.available()
+        assert await cache.call("get", "t:x") is None
+    finally:
+        await cache.close()

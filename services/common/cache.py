@@ -18,13 +18,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from services.common.settings import Settings
 
 log = logging.getLogger("awooop.cache")
 
 RETRY_AFTER = 1.0  # seconds Redis is considered down after an error
+# What a call may raise when Redis fails it: RedisClusterException is not a RedisError (e.g. no
+# node of the cluster answers). AttributeError and TypeError too: redis-py's asyncio client lets a
+# connection closed under a write escape as those (its writer already None; redis/redis-py#3546),
+# e.g. when the cluster client replaces a node while it rediscovers slots.
+_CLIENT_ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError, AttributeError, TypeError)
 
 
 class Cache:
@@ -79,6 +84,18 @@ class Cache:
             groups.setdefault(k[start + 1 : end] if end > start + 1 else k, []).append(i)
         return list(groups.values())
 
+    async def connect(self) -> None:
+        """At start-up, before concurrent calls: a cluster client learns the slot map now. Its
+        first commands would otherwise each start that discovery, and redis-py replaces the node
+        a command is using meanwhile and closes its connection under it. A Redis that is down
+        now is not fatal: the first call after its back-off tries again."""
+        if self._client is None or not self.cluster:
+            return
+        try:
+            await self._client.initialize()
+        except _CLIENT_ERRORS as exc:
+            self._failed(exc)
+
     def available(self) -> bool:
         return self._client is not None and time.monotonic() >= self._down_until
 
@@ -94,7 +111,7 @@ class Cache:
         assert self._client is not None
         try:
             return await getattr(self._client, method)(*args, **kwargs)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except _CLIENT_ERRORS as exc:
             self._failed(exc)
             return None
 
@@ -108,7 +125,7 @@ class Cache:
             for method, args in commands:
                 getattr(pipe, method)(*args)
             return list(await pipe.execute())
-        except (RedisError, OSError, TimeoutError) as exc:
+        except _CLIENT_ERRORS as exc:
             self._failed(exc)
             return None
 

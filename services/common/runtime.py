@@ -199,6 +199,7 @@ class Runtime:
             log.info("tracing on", extra={"exporter": tracing.exporter_name()})
         pool = await create_pool(s)
         cache = Cache(s)
+        await cache.connect()
         self.ctx = AppContext(s, pool, cache)
         authenticator = self.authenticator = Authenticator(pool, s.auth_cache_seconds, s.auth_key_refresh_seconds)
         options = [
