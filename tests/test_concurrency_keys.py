@@ -10,7 +10,6 @@ import uuid
 from collections import Counter
 from typing import Any
 
-import asyncpg
 import grpc
 from google.protobuf import struct_pb2
 
@@ -18,9 +17,9 @@ from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
+from tests.harness.flow import Flow, LeasedPerKey, serve
 from tests.harness.helpers import eventually, expect_error, settings_env, spawn_services
 from tests.harness.scheduler import dur
-from tests.test_flow_control import Flow, serve
 
 DEPLOY = "k8s:deployment/api"
 LLM = "llm:provider-x"
@@ -196,21 +195,9 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_any_key_of_m
                  FROM generate_series(1, 84) g"""
         )
         await db.execute("SELECT pg_notify('awooop_run_ready', 'p')")
-        leased_sql = """SELECT k, count(*) AS n
-                          FROM awooop_run_state CROSS JOIN LATERAL unnest(concurrency_keys) AS k
-                         WHERE status IN ('RUNNING', 'WAITING_TOOL') GROUP BY k"""
-        worst: Counter[str] = Counter()
         done = asyncio.Event()
-        watcher = await asyncpg.connect(db_dsn)
-
-        async def watch() -> None:  # snapshots of the store, as often as it can read one
-            try:
-                while not done.is_set():
-                    for r in await watcher.fetch(leased_sql):
-                        worst[r["k"]] = max(worst[r["k"]], r["n"])
-                    await asyncio.sleep(0)
-            finally:
-                await watcher.close()
+        leased = LeasedPerKey(db_dsn, done)
+        worst = leased.worst
 
         async def claimer(i: int) -> None:
             # half complete in a CompleteRuns batch, half with their next claim (ClaimRuns.complete):
@@ -240,7 +227,7 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_any_key_of_m
             await eventually(all_completed, timeout=120, what="every run to complete")
             done.set()
 
-        tasks = [asyncio.ensure_future(claimer(i)) for i in range(10)] + [asyncio.ensure_future(watch())]
+        tasks = [asyncio.ensure_future(claimer(i)) for i in range(10)] + [asyncio.ensure_future(leased.run())]
         try:
             await asyncio.wait_for(all_done(), 120)  # every parked run was woken as its keys freed
         except (AssertionError, TimeoutError) as timed_out:

@@ -8,7 +8,6 @@ import datetime as dt
 import json
 import uuid
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -17,72 +16,15 @@ import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from awooop.common.v1 import common_pb2
-from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
+from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from services.common import retry_policy
-from services.common.runtime import Runtime
 from services.scheduler import queue, reaper
 from services.scheduler.saga_client import SagaNudger
+from tests.harness.flow import LeasedPerKey, serve
 from tests.harness.helpers import eventually, expect_error, settings_env, spawn_services
 from tests.harness.scheduler import dur, expire_lease, run_row
-
-Metadata = tuple[tuple[str, str], ...]
-
-
-@dataclass
-class Flow:
-    rt: Runtime
-    ingest: ingest_pb2_grpc.IngestServiceStub
-    sched: scheduler_pb2_grpc.SchedulerServiceStub
-    db: asyncpg.Connection
-    creator: Metadata  # ingest in p, q
-    worker: Metadata  # worker in p, q
-    admin: Metadata  # admin in p
-    outsider: Metadata  # worker in p, not admin
-
-    async def create(self, key: str, project: str = "p", **kw: Any) -> common_pb2.Run:
-        resp = await self.ingest.CreateRun(
-            ingest_pb2.CreateRunRequest(project_id=project, idempotency_key=key, **kw), metadata=self.creator
-        )
-        return resp.run
-
-    async def claim(self, projects: list[str] | None = None, **kw: Any) -> list[pb.ClaimedRun]:
-        req = pb.ClaimRunsRequest(worker_id="w", project_ids=projects or ["p"], **kw)
-        return list((await self.sched.ClaimRuns(req, metadata=self.worker)).runs)
-
-    async def fail(self, c: pb.ClaimedRun, **kw: Any) -> common_pb2.Run:
-        kw.setdefault("retryable", True)
-        resp = await self.sched.FailRun(pb.FailRunRequest(lease=c.lease, reason="boom", **kw), metadata=self.worker)
-        return resp.run
-
-    async def delay_of(self, run_id: str) -> float:
-        """Seconds between the failure (updated_at, the statement's now()) and not_before."""
-        value = await self.db.fetchval(
-            "SELECT extract(epoch FROM not_before - updated_at)::float8 FROM awooop_run_state WHERE run_id = $1",
-            uuid.UUID(run_id),
-        )
-        return float(value)
-
-    async def make_ready(self, run_id: str) -> None:
-        """Ends a backoff now (the test does not wait out long delays)."""
-        await self.db.execute("UPDATE awooop_run_state SET not_before = now() WHERE run_id = $1", uuid.UUID(run_id))
-
-
-async def serve(start_services: Any, channels: Any, db: asyncpg.Connection, make_key: Any, **overrides: Any) -> Flow:
-    overrides.setdefault("reaper_interval", 3600)
-    overrides.setdefault("retry_jitter", 0.0)
-    rt = await start_services("ingest", "scheduler", **overrides)
-    return Flow(
-        rt=rt,
-        ingest=ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"])),
-        sched=scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"])),
-        db=db,
-        creator=await make_key("creator", {"p": ["ingest"], "q": ["ingest"]}, "service"),
-        worker=await make_key("worker", {"p": ["worker"], "q": ["worker"]}, "service"),
-        admin=await make_key("root", {"p": ["admin"]}),
-        outsider=await make_key("eve", {"p": ["worker"]}),
-    )
 
 
 def policy(**kw: Any) -> common_pb2.RetryPolicy:
@@ -396,22 +338,9 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_a_keys_limit
                  FROM generate_series(1, 72) g"""
         )
         await db.execute("SELECT pg_notify('awooop_run_ready', 'p')")
-        leased_sql = """SELECT k AS concurrency_key, count(*) AS n
-                          FROM awooop_run_state CROSS JOIN LATERAL unnest(concurrency_keys) AS k
-                         WHERE status IN ('RUNNING', 'WAITING_TOOL') GROUP BY k"""
-        worst: Counter[str] = Counter()
         done = asyncio.Event()
-
-        watcher = await asyncpg.connect(db_dsn)
-
-        async def watch() -> None:  # snapshots of the store, as often as it can read one
-            try:
-                while not done.is_set():
-                    for r in await watcher.fetch(leased_sql):
-                        worst[r["concurrency_key"]] = max(worst[r["concurrency_key"]], r["n"])
-                    await asyncio.sleep(0)
-            finally:
-                await watcher.close()
+        leased = LeasedPerKey(db_dsn, done)
+        worst = leased.worst
 
         async def claimer(i: int) -> None:
             stub = stubs[i % 2]
@@ -431,7 +360,7 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_a_keys_limit
             await eventually(all_completed, timeout=90, what="every run to complete")
             done.set()
 
-        tasks = [asyncio.ensure_future(claimer(i)) for i in range(10)] + [asyncio.ensure_future(watch())]
+        tasks = [asyncio.ensure_future(claimer(i)) for i in range(10)] + [asyncio.ensure_future(leased.run())]
         try:
             await asyncio.wait_for(all_done(), 90)  # every parked run was woken as keys freed
         finally:
