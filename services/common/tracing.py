@@ -103,13 +103,13 @@ def shutdown() -> None:
 
 
 def server_interceptors() -> list[Any]:
-    """The opentelemetry-instrumentation-grpc server interceptor (health and reflection not
-    traced), or none while tracing is off."""
+    """The opentelemetry-instrumentation-grpc server interceptor, lean (tracing_grpc.py; health
+    and reflection not traced), or none while tracing is off."""
     if provider is None:
         return []
-    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+    from services.common import tracing_grpc
 
-    return [aio_server_interceptor(tracer_provider=provider, filter_=_traced_method)]  # type: ignore[no-untyped-call]
+    return [tracing_grpc.server_interceptor(provider, _traced_method)]
 
 
 def _traced_method(details: Any) -> bool:

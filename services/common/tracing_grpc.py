@@ -1,0 +1,181 @@
+"""The server span of every traced RPC: opentelemetry-instrumentation-grpc's aio server
+interceptor, with its per-call work cut down.
+
+The package's interceptor builds, for every call, a new method handler and two closures, an
+ObjectProxy (wrapt) around the servicer context, a metadata dict twice, the extracted context
+(even without a `traceparent`), the peer split three times, and three nested context managers
+around the span: about 50 µs of the ~65 µs a traced call costs here, more than the SDK's span
+(docs/benchmarks.md, "Tracing cost"). This subclass keeps its tracer, filter and span (name,
+kind, parent, the same attributes; tests compare them with the package's own `_start_span`)
+and does that work once per method, once per peer, or only when needed.
+
+One difference, on purpose: the status. The package learns a call's status from `abort`,
+`set_code` and `set_details` on its context proxy; every awooop failure is answered with
+`abort_with_status`, which that proxy does not see, so a refused call's span said status 0
+and carried the AbortError twice as an exception event. Here the span takes the code the call
+ended with (`context.code()`), sets `rpc.grpc.status_code` and the error status the package's
+`_server_status` gives it, and records as exceptions only what escaped unanswered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.instrumentation.grpc._aio_server import OpenTelemetryAioServerInterceptor
+from opentelemetry.instrumentation.grpc._server import _wrap_rpc_behavior
+from opentelemetry.instrumentation.grpc._utilities import _server_status
+from opentelemetry.instrumentation.grpc.version import __version__
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+from opentelemetry.semconv._incubating.attributes.net_attributes import NET_PEER_IP, NET_PEER_NAME, NET_PEER_PORT
+from opentelemetry.semconv._incubating.attributes.rpc_attributes import (
+    RPC_GRPC_STATUS_CODE,
+    RPC_METHOD,
+    RPC_SERVICE,
+    RPC_SYSTEM,
+)
+
+Handler = Any  # grpc.RpcMethodHandler (generic only in the stubs)
+Unary = Callable[[Any, Any], Awaitable[Any]]
+
+_PEERS_KEPT = 4096  # distinct peer strings whose attributes are kept (a client's ports are few)
+
+
+def server_interceptor(provider: Any, filter_: Callable[[Any], bool] | None = None) -> LeanAioServerInterceptor:
+    """What the package's `aio_server_interceptor(tracer_provider=provider, filter_=filter_)`
+    returns, lean: the same tracer (the package's name, version and schema)."""
+    tracer = trace.get_tracer(
+        "opentelemetry.instrumentation.grpc",
+        __version__,
+        provider,
+        schema_url="https://opentelemetry.io/schemas/1.11.0",
+    )
+    return LeanAioServerInterceptor(tracer, filter_=filter_)
+
+
+_textmap_fields: tuple[Any, frozenset[str]] = (None, frozenset())
+
+
+def _fields(textmap: Any) -> frozenset[str]:
+    """The carrier keys the global propagator reads (a composite one builds the set per call)."""
+    global _textmap_fields
+    if _textmap_fields[0] is not textmap:
+        _textmap_fields = (textmap, frozenset(textmap.fields))
+    return _textmap_fields[1]
+
+
+def peer_attributes(peer: str) -> dict[str, str]:
+    """The net.peer.* attributes the package derives from `context.peer()`."""
+    if peer.startswith("unix:"):
+        return {}
+    try:
+        ip, port = peer.split(",")[0].split(":", 1)[1].rsplit(":", 1)
+    except (IndexError, ValueError):
+        return {}  # the package logs a warning and leaves them out
+    ip = unquote(ip)
+    attrs = {NET_PEER_IP: ip, NET_PEER_PORT: port}
+    if ip in ("[::1]", "127.0.0.1"):
+        attrs[NET_PEER_NAME] = "localhost"
+    return attrs
+
+
+class LeanAioServerInterceptor(OpenTelemetryAioServerInterceptor):
+    def __init__(self, tracer: trace.Tracer, filter_: Callable[[Any], bool] | None = None) -> None:
+        super().__init__(tracer, filter_=filter_)  # type: ignore[no-untyped-call]
+        # method -> (the next interceptor's handler, ours around it); rebuilt if that changes
+        self._handlers: dict[str, tuple[Handler, Handler]] = {}
+
+    async def intercept_service(  # type: ignore[override]  # the package's class is also a sync interceptor
+        self, continuation: Callable[[Any], Awaitable[Handler]], details: Any
+    ) -> Handler:
+        if not is_instrumentation_enabled() or (self._filter is not None and not self._filter(details)):
+            return await continuation(details)
+        nxt = await continuation(details)
+        if nxt is None:
+            return None
+        method: str = details.method
+        cached = self._handlers.get(method)
+        if cached is not None and cached[0] is nxt:
+            return cached[1]
+        if nxt.request_streaming or nxt.response_streaming:  # the package's own wrapping, per call
+            return _wrap_rpc_behavior(nxt, self._package_wrapper(details))  # type: ignore[no-untyped-call]
+        wrapped = grpc.unary_unary_rpc_method_handler(
+            self._unary(method, nxt.unary_unary),
+            request_deserializer=nxt.request_deserializer,
+            response_serializer=nxt.response_serializer,
+        )
+        self._handlers[method] = (nxt, wrapped)
+        return wrapped
+
+    def _package_wrapper(self, details: Any) -> Callable[[Unary, bool, bool], Any]:
+        def wrapper(behavior: Unary, request_streaming: bool, response_streaming: bool) -> Any:
+            if response_streaming:
+                return self._intercept_aio_server_stream(behavior, details)  # type: ignore[no-untyped-call]
+            return self._intercept_aio_server_unary(behavior, details)  # type: ignore[no-untyped-call]
+
+        return wrapper
+
+    def _unary(self, method: str, behavior: Unary) -> Unary:
+        tracer = self._tracer
+        service, name = method.lstrip("/").split("/", 1)
+        base = {
+            RPC_SYSTEM: "grpc",
+            RPC_GRPC_STATUS_CODE: grpc.StatusCode.OK.value[0],
+            RPC_METHOD: name,
+            RPC_SERVICE: service,
+        }
+        server = trace.SpanKind.SERVER
+        # (peer, user agent) -> the span's attributes: the same for every call of a connection,
+        # and the SDK copies what it is given
+        known: dict[tuple[str, str | None], dict[str, Any]] = {}
+
+        def attributes_of(peer: str, agent: str | None) -> dict[str, Any]:
+            attrs = known.get((peer, agent))
+            if attrs is None:
+                if len(known) >= _PEERS_KEPT:
+                    known.clear()
+                attrs = dict(base)
+                if agent is not None:
+                    attrs["rpc.user_agent"] = agent
+                attrs.update(peer_attributes(peer))
+                known[peer, agent] = attrs
+            return attrs
+
+        async def unary(request: Any, context: Any) -> Any:
+            metadata = context.invocation_metadata()
+            agent = None
+            token = None
+            if metadata:
+                carrier = {m.key: m.value for m in metadata}
+                agent = carrier.get("user-agent")
+                textmap = propagate.get_global_textmap()
+                # extracting from a carrier without the propagator's fields gives the current context back
+                if not _fields(textmap).isdisjoint(carrier):
+                    token = otel_context.attach(textmap.extract(carrier))
+            attributes = attributes_of(context.peer(), agent)
+            try:
+                span = tracer.start_span(method, kind=server, attributes=attributes, set_status_on_exception=False)
+                span_token = otel_context.attach(trace.set_span_in_context(span))
+                try:
+                    return await behavior(request, context)
+                except grpc.aio.AbortError:
+                    raise  # answered: its status is the context's code, below
+                except Exception as exc:
+                    span.record_exception(exc)
+                    raise
+                finally:
+                    otel_context.detach(span_token)
+                    code = context.code()
+                    if code is not None and code is not grpc.StatusCode.OK:
+                        span.set_attribute(RPC_GRPC_STATUS_CODE, code.value[0])
+                        span.set_status(_server_status(code, context.details()))  # type: ignore[no-untyped-call]
+                    span.end()
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
+
+        return unary

@@ -1,0 +1,159 @@
+"""The lean server span (services/common/tracing_grpc.py) against the package's own aio server
+interceptor: real grpc.aio servers and channels, the same calls, spans from the SDK's in-memory
+exporter. Name, kind, parent and attributes must be the package's; the status of a refused
+call is the code it was answered with."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import code_pb2, status_pb2
+from grpc_status import rpc_status
+from opentelemetry.instrumentation.grpc import aio_server_interceptor
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from services.common import tracing_grpc
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+PARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
+
+
+async def _echo(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+    if request == b"refuse":
+        status = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message="no such thing")
+        await context.abort_with_status(rpc_status.to_status(status))
+    if request == b"fail":
+        await context.abort_with_status(rpc_status.to_status(status_pb2.Status(code=code_pb2.INTERNAL, message="boom")))
+    return request
+
+
+def _handler() -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler("test.Echo", {"Say": grpc.unary_unary_rpc_method_handler(_echo)})
+
+
+Traced = tuple[Callable[[bytes, tuple[tuple[str, str], ...]], Awaitable[Any]], InMemorySpanExporter]
+
+
+async def _serve(interceptor_of: Callable[[TracerProvider], Any]) -> AsyncIterator[Traced]:
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    server = grpc.aio.server(interceptors=[interceptor_of(provider)])
+    server.add_generic_rpc_handlers((_handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    say = channel.unary_unary("/test.Echo/Say")
+
+    async def call(body: bytes, metadata: tuple[tuple[str, str], ...] = ()) -> Any:
+        try:
+            return await say(body, metadata=metadata, timeout=5)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+
+    try:
+        yield call, memory
+    finally:
+        await channel.close()
+        await server.stop(None)
+
+
+@pytest.fixture
+async def package() -> AsyncIterator[Traced]:
+    async for t in _serve(lambda p: aio_server_interceptor(tracer_provider=p)):
+        yield t
+
+
+@pytest.fixture
+async def lean() -> AsyncIterator[Traced]:
+    async for t in _serve(lambda p: tracing_grpc.server_interceptor(p)):
+        yield t
+
+
+def _one(memory: InMemorySpanExporter) -> ReadableSpan:
+    spans = memory.get_finished_spans()
+    assert len(spans) == 1, spans
+    memory.clear()
+    return spans[0]
+
+
+def _shape(span: ReadableSpan) -> dict[str, Any]:
+    attrs = dict(span.attributes or {})
+    assert attrs.pop("net.peer.port").isdigit()  # each server's own client connection
+    return {
+        "name": span.name,
+        "kind": span.kind,
+        "scope": (span.instrumentation_scope.name, span.instrumentation_scope.version)
+        if span.instrumentation_scope
+        else None,
+        "parent": (format(span.parent.trace_id, "032x"), span.parent.is_remote) if span.parent else None,
+        "attributes": attrs,
+    }
+
+
+async def test_a_served_call_has_the_packages_span_with_and_without_a_traceparent(
+    package: Traced, lean: Traced
+) -> None:
+    for metadata in ((), (("traceparent", PARENT),), (("traceparent", PARENT), ("baggage", "k=v"))):
+        shapes = []
+        for call, memory in (package, lean):
+            assert await call(b"hi", metadata) == b"hi"
+            shapes.append(_shape(_one(memory)))
+        assert shapes[0] == shapes[1]
+        assert shapes[1]["kind"] is SpanKind.SERVER and shapes[1]["name"] == "/test.Echo/Say"
+        assert shapes[1]["attributes"]["rpc.grpc.status_code"] == 0
+        if metadata:
+            assert shapes[1]["parent"] == (TRACE_ID, True)
+        else:
+            assert shapes[1]["parent"] is None
+
+
+async def test_the_span_of_a_call_answered_with_abort_with_status_carries_its_code(lean: Traced) -> None:
+    call, memory = lean
+    assert await call(b"refuse") == grpc.StatusCode.INVALID_ARGUMENT
+    span = _one(memory)
+    assert (
+        span.attributes is not None
+        and span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    )
+    assert span.status.status_code is StatusCode.UNSET  # a client's mistake is not the server's error
+    assert not span.events  # answered, not an exception
+
+    assert await call(b"fail") == grpc.StatusCode.INTERNAL
+    span = _one(memory)
+    assert span.attributes is not None and span.attributes["rpc.grpc.status_code"] == grpc.StatusCode.INTERNAL.value[0]
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description == "StatusCode.INTERNAL:boom"
+
+
+async def test_spans_of_many_concurrent_calls_each_end_once_with_their_own_parent(lean: Traced) -> None:
+    import asyncio
+
+    call, memory = lean
+    parents = [f"00-{i:032x}-{i:016x}-01" for i in range(1, 41)]
+    answers = await asyncio.gather(*(call(str(i).encode(), (("traceparent", p),)) for i, p in enumerate(parents)))
+    assert answers == [str(i).encode() for i in range(40)]
+    spans = memory.get_finished_spans()
+    assert sorted(s.parent.trace_id for s in spans if s.parent) == list(range(1, 41))
+    assert len({s.context.span_id for s in spans if s.context}) == 40
+
+
+@pytest.mark.parametrize(
+    ("peer", "expected"),
+    [
+        ("ipv4:127.0.0.1:57284", {"net.peer.ip": "127.0.0.1", "net.peer.port": "57284", "net.peer.name": "localhost"}),
+        ("ipv6:[::1]:57284", {"net.peer.ip": "[::1]", "net.peer.port": "57284", "net.peer.name": "localhost"}),
+        ("ipv4:10.2.1.1:5,127.0.0.1:6", {"net.peer.ip": "10.2.1.1", "net.peer.port": "5"}),
+        ("ipv6:%5B2001:db8::1%5D:443", {"net.peer.ip": "[2001:db8::1]", "net.peer.port": "443"}),
+        ("unix:/run/awooop.sock", {}),
+        ("nonsense", {}),
+    ],
+)
+def test_peer_attributes_are_the_packages(peer: str, expected: dict[str, str]) -> None:
+    assert tracing_grpc.peer_attributes(peer) == expected
