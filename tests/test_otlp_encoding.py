@@ -7,7 +7,7 @@ from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as package_encode_spans
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
@@ -74,6 +74,26 @@ def test_spans_of_two_resources_keep_their_grouping() -> None:
     ours, theirs = encode_spans(spans), package_encode_spans(spans)
     assert len(ours.resource_spans) == 2
     assert ours.SerializeToString() == theirs.SerializeToString()
+
+
+def test_remembered_attributes_tell_equal_values_of_other_types_apart_and_limits_are_kept() -> None:
+    # the encoder remembers each (key, value) it has encoded: True, 1 and 1.0 are equal keys of a
+    # dict, so its memo must tell their types apart; batches repeat the same spans twice
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=2, max_events=1, max_links=1))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("awooop")
+    for value in (True, 1, 1.0, False, 0, 0.0, -(2**63), 2**63 - 1, 2**70, "1", b"1", ("x", 1), {"k": {"v": [1]}}):
+        tracer.start_span("typed", attributes={"oldest": "dropped", "y": "same", "x": value}).end()
+    with tracer.start_as_current_span("limited", links=[Link(LOCAL), Link(REMOTE)]) as span:
+        span.add_event("one")
+        span.add_event("two", {"é": "ü"})
+    spans = list(memory.get_finished_spans())
+    assert spans[-1].dropped_events == 1 and spans[-1].dropped_links == 1 and spans[0].dropped_attributes == 1
+    for _ in range(2):
+        assert encode_spans(spans).SerializeToString() == package_encode_spans(spans).SerializeToString()
+    values = [kv.value for kv in encode_spans(spans).resource_spans[0].scope_spans[0].spans[8].attributes]
+    assert [v.WhichOneof("value") for v in values] == ["string_value"]  # 2**70 is left out, as there
 
 
 def test_an_empty_batch_encodes_to_an_empty_request() -> None:

@@ -3,17 +3,21 @@
 The package's encoder (opentelemetry-exporter-otlp-proto-common) builds every attribute, span,
 scope and resource as a separate message and passes it to its parent's constructor, which copies
 it (upb merges by serializing and parsing again), and hashes each span's Resource (a JSON dump of
-its attributes) to group the spans: about 25 µs per server span here, the largest part of what
-tracing costs an ingest call (docs/benchmarks.md). This builds the same ExportTraceServiceRequest
-in place (the test compares the bytes with the package's encoder). Everything else, endpoint,
-headers, TLS, compression, timeout and retries from the OTEL_EXPORTER_OTLP_* variables, is the
-package's exporter; should a later version stop calling `_translate_data`, its own encoder is
-used and only the speed is lost.
+its attributes) to group the spans. Setting the fields of one message in place instead still
+cost about 22 µs a span here, in the export thread, which holds the GIL the event loop needs
+(docs/benchmarks.md, "Tracing cost"). This writes the protobuf wire format of the request
+directly, with the encoded form of each attribute (key and value) and span name kept once seen
+(a server's spans repeat the same few), and gives the exporter the message upb parses from it;
+the test compares the bytes with the package's encoder. Everything else, endpoint, headers, TLS,
+compression, timeout and retries from the OTEL_EXPORTER_OTLP_* variables, is the package's
+exporter; should a later version stop calling `_translate_data`, its own encoder is used and
+only the speed is lost.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,7 +25,9 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PBSpan
 from opentelemetry.proto.trace.v1.trace_pb2 import SpanFlags
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind
 
 _KIND = {
@@ -34,7 +40,11 @@ _KIND = {
 log = logging.getLogger(__name__)
 _HAS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _IS_REMOTE = SpanFlags.SPAN_FLAGS_CONTEXT_IS_REMOTE_MASK
-
+_FIXED64 = struct.Struct("<Q").pack
+_FIXED32 = struct.Struct("<I").pack
+_DOUBLE = struct.Struct("<d").pack
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_KEPT = 4096  # encoded attributes and names kept; past that the memo starts over
 
 class LeanOTLPSpanExporter(OTLPSpanExporter):
     def _translate_data(self, data: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
@@ -43,107 +53,183 @@ class LeanOTLPSpanExporter(OTLPSpanExporter):
 
 def encode_spans(spans: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
     """What opentelemetry.exporter.otlp.proto.common.trace_encoder.encode_spans returns."""
-    request = ExportTraceServiceRequest()
-    resources: dict[int, tuple[Any, dict[Any, Any]]] = {}  # id(Resource) -> (ResourceSpans, scope -> ScopeSpans)
+    return ExportTraceServiceRequest.FromString(encode_spans_bytes(spans))
+
+
+def encode_spans_bytes(spans: Sequence[ReadableSpan]) -> bytes:
+    """The serialized ExportTraceServiceRequest: spans grouped by resource, then by scope, each
+    group in the order it first appears (as the package's encoder groups them)."""
+    groups: dict[int, tuple[Resource, dict[InstrumentationScope | None, list[bytes]]]] = {}
     for s in spans:
         resource = s.resource
-        entry = resources.get(id(resource))
-        if entry is None:
-            rs = request.resource_spans.add(schema_url=resource.schema_url)
-            rs.resource.SetInParent()
-            _attributes(rs.resource.attributes, resource.attributes)
-            entry = resources[id(resource)] = (rs, {})
-        rs, scopes = entry
-        scope = s.instrumentation_scope
-        ss = scopes.get(scope)
-        if ss is None:
-            ss = scopes[scope] = rs.scope_spans.add()
-            ss.scope.SetInParent()
-            if scope is not None:
-                ss.scope.name = scope.name
-                ss.scope.version = scope.version or ""
-                ss.schema_url = scope.schema_url or ""
-                _attributes(ss.scope.attributes, scope.attributes)
-        _span(ss.spans.add(), s)
-    return request
+        group = groups.get(id(resource))
+        if group is None:
+            group = groups[id(resource)] = (resource, {})
+        scope_spans = group[1].get(s.instrumentation_scope)
+        if scope_spans is None:
+            scope_spans = group[1][s.instrumentation_scope] = []
+        scope_spans.append(_span(s))
+    out = []
+    for resource, scopes in groups.values():
+        rs = [_message(1, _attributes(1, resource.attributes))]  # ResourceSpans.resource
+        for scope, encoded in scopes.items():
+            ss = [_message(1, _scope(scope)), *encoded]  # ScopeSpans.scope, .spans
+            if scope is not None and scope.schema_url:
+                ss.append(_message(3, scope.schema_url.encode()))
+            rs.append(_message(2, b"".join(ss)))
+        if resource.schema_url:
+            rs.append(_message(3, resource.schema_url.encode()))
+        out.append(_message(1, b"".join(rs)))
+    return b"".join(out)
 
 
-def _span(p: Any, s: ReadableSpan) -> None:
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _message(field: int, body: bytes) -> bytes:
+    """A length-delimited field (a message, string or bytes)."""
+    return _varint(field << 3 | 2) + _varint(len(body)) + body
+
+
+def _scope(scope: InstrumentationScope | None) -> bytes:
+    if scope is None:
+        return b""
+    parts = []
+    if scope.name:
+        parts.append(_message(1, scope.name.encode()))
+    if scope.version:
+        parts.append(_message(2, scope.version.encode()))
+    parts.append(_attributes(3, scope.attributes))
+    return b"".join(parts)
+
+
+_names: dict[str, bytes] = {}
+
+
+def _name(name: str) -> bytes:
+    encoded = _names.get(name)
+    if encoded is None:
+        if len(_names) >= _KEPT:
+            _names.clear()
+        encoded = _names[name] = _message(5, name.encode())
+    return encoded
+
+
+def _span(s: ReadableSpan) -> bytes:
+    """The ScopeSpans.spans field of one span."""
     sc = s.get_span_context()
     assert sc is not None  # an SDK span always has its context
     parent = s.parent
-    p.trace_id = sc.trace_id.to_bytes(16, "big")
-    p.span_id = sc.span_id.to_bytes(8, "big")
+    parts = [b"\x0a\x10", sc.trace_id.to_bytes(16, "big"), b"\x12\x08", sc.span_id.to_bytes(8, "big")]
     if sc.trace_state:
-        p.trace_state = ",".join(f"{k}={v}" for k, v in sc.trace_state.items())
+        parts.append(_message(3, ",".join(f"{k}={v}" for k, v in sc.trace_state.items()).encode()))
     if parent is not None:
-        p.parent_span_id = parent.span_id.to_bytes(8, "big")
-    p.name = s.name
-    p.kind = _KIND[s.kind]
-    p.start_time_unix_nano = s.start_time or 0
-    p.end_time_unix_nano = s.end_time or 0
-    _attributes(p.attributes, s.attributes)
+        parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
+    parts.append(_name(s.name))
+    kind = _KIND[s.kind]
+    if kind:
+        parts.append(b"\x30" + _varint(kind))
+    if s.start_time:
+        parts += (b"\x39", _FIXED64(s.start_time))
+    if s.end_time:
+        parts += (b"\x41", _FIXED64(s.end_time))
+    parts.append(_attributes(9, _plain(s)))
+    if s.dropped_attributes:
+        parts.append(b"\x50" + _varint(s.dropped_attributes))
     for e in s.events:
-        pe = p.events.add(name=e.name, time_unix_nano=e.timestamp, dropped_attributes_count=e.dropped_attributes)
-        _attributes(pe.attributes, e.attributes)
+        event = [b"\x09", _FIXED64(e.timestamp)] if e.timestamp else []
+        if e.name:
+            event.append(_message(2, e.name.encode()))
+        event.append(_attributes(3, e.attributes))
+        if e.dropped_attributes:
+            event.append(b"\x20" + _varint(e.dropped_attributes))
+        parts.append(_message(11, b"".join(event)))
+    if s.dropped_events:
+        parts.append(b"\x60" + _varint(s.dropped_events))
     for link in s.links:
         lc = link.context
-        pl = p.links.add(
-            trace_id=lc.trace_id.to_bytes(16, "big"),
-            span_id=lc.span_id.to_bytes(8, "big"),
-            dropped_attributes_count=link.dropped_attributes,
-            flags=_HAS_REMOTE | (_IS_REMOTE if lc.is_remote else 0),
-        )
-        _attributes(pl.attributes, link.attributes)
+        encoded = [b"\x0a\x10", lc.trace_id.to_bytes(16, "big"), b"\x12\x08", lc.span_id.to_bytes(8, "big")]
+        encoded.append(_attributes(4, link.attributes))
+        if link.dropped_attributes:
+            encoded.append(b"\x28" + _varint(link.dropped_attributes))
+        encoded += (b"\x35", _FIXED32(_HAS_REMOTE | (_IS_REMOTE if lc.is_remote else 0)))
+        parts.append(_message(13, b"".join(encoded)))
+    if s.dropped_links:
+        parts.append(b"\x70" + _varint(s.dropped_links))
     status = s.status
-    if status is not None:
-        p.status.SetInParent()
-        p.status.code = status.status_code.value
-        p.status.message = status.description or ""
-    p.dropped_attributes_count = s.dropped_attributes
-    p.dropped_events_count = s.dropped_events
-    p.dropped_links_count = s.dropped_links
-    p.flags = _HAS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
+    if status is not None:  # present even when UNSET, as the package sends it
+        body = _message(2, status.description.encode()) if status.description else b""
+        if status.status_code.value:
+            body += b"\x18" + _varint(status.status_code.value)
+        parts.append(_message(15, body))
+    parts += (b"\x85\x01", _FIXED32(_HAS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)))
+    return _message(2, b"".join(parts))
 
 
-def _attributes(repeated: Any, attributes: Mapping[str, Any] | None) -> None:
+def _plain(s: ReadableSpan) -> Mapping[str, Any] | None:
+    """The span's attributes: the dict inside the SDK's BoundedAttributes when it has one (the
+    public read-only view iterates through the Mapping ABC, 1 µs more a span), else the view."""
+    inner = getattr(getattr(s, "_attributes", None), "_dict", None)
+    return inner if type(inner) is dict else s.attributes
+
+
+_encoded: dict[tuple[int, str, type, Any], bytes] = {}
+
+
+def _attributes(field: int, attributes: Mapping[str, Any] | None) -> bytes:
+    """The repeated KeyValue `field` of a message (as the package: one that cannot be encoded is
+    left out and logged)."""
     if not attributes:
-        return
-    add = repeated.add
+        return b""
+    parts = []
     for key, value in attributes.items():
-        if type(value) is str:  # most attributes: the short way
-            add(key=key).value.string_value = value
-            continue
+        kind = type(value)
+        memo = kind in (str, int, bool, float)  # the memo's key tells True from 1 and 1.0
+        if memo:
+            encoded = _encoded.get((field, key, kind, value))
+            if encoded is not None:
+                parts.append(encoded)
+                continue
         try:
-            _value(add(key=key).value, value)
-        except Exception:  # as the package's encoder: the attribute is left out, the span kept
-            del repeated[-1]
+            encoded = _message(field, _message(1, key.encode()) + _message(2, _value(value)))
+        except Exception:
             log.exception("Failed to encode key %s", key)
+            continue
+        if memo:
+            if len(_encoded) >= _KEPT:
+                _encoded.clear()
+            _encoded[field, key, kind, value] = encoded
+        parts.append(encoded)
+    return b"".join(parts)
 
 
-def _value(pb: Any, value: Any) -> None:
-    # the package's _encode_value, in place (None stays an empty AnyValue)
+def _value(value: Any) -> bytes:
+    """An AnyValue's body: the package's _encode_value (None: an empty AnyValue)."""
     if value is None:
-        return
+        return b""
     if isinstance(value, bool):
-        pb.bool_value = value
-    elif isinstance(value, str):
-        pb.string_value = value
-    elif isinstance(value, int):
-        pb.int_value = value
-    elif isinstance(value, float):
-        pb.double_value = value
-    elif isinstance(value, bytes):
-        pb.bytes_value = value
-    elif isinstance(value, Sequence):
-        array = pb.array_value
-        array.SetInParent()
-        for v in value:
-            _value(array.values.add(), v)
-    elif isinstance(value, Mapping):
-        kvlist = pb.kvlist_value
-        kvlist.SetInParent()
-        for k, v in value.items():
-            _value(kvlist.values.add(key=str(k)).value, v)
-    else:
-        raise TypeError(f"Invalid type {type(value)} of value {value}")
+        return b"\x10\x01" if value else b"\x10\x00"
+    if isinstance(value, str):
+        return _message(1, value.encode())
+    if isinstance(value, int):
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise ValueError(f"Value out of range: {value}")
+        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)
+    if isinstance(value, float):
+        return b"\x21" + _DOUBLE(value)
+    if isinstance(value, bytes):
+        return _message(7, value)
+    if isinstance(value, Sequence):
+        return _message(5, b"".join(_message(1, _value(v)) for v in value))
+    if isinstance(value, Mapping):
+        pairs = (_message(1, _message(1, str(k).encode()) + _message(2, _value(v))) for k, v in value.items())
+        return _message(6, b"".join(pairs))
+    raise TypeError(f"Invalid type {type(value)} of value {value}")
