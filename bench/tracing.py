@@ -3,8 +3,9 @@ a service process with tracing off and on an identical one with tracing on (Open
 RPC sampled, spans exported over OTLP/gRPC to a sink in this process that counts and discards
 them), in the same run.
 
-Ingest: unique IngestEvent calls at the table concurrency, in interleaved rounds (off, on, off,
-on, ...) so drift of the machine hits both alike; each side's figure is its median round.
+Ingest: unique IngestEvent calls at the table concurrency, in five interleaved rounds (off, on,
+on, off, off, on, ...) so drift of the machine hits both alike and neither side always runs
+second; each side's figure is its median round.
 Claims: the claim → heartbeat → complete drain of bench/claims.py, off then on then off then on,
 each on its own freshly seeded database (runs with a trace context, as ingested with tracing on);
 each side's figure is its better drain. The sampler is OTEL_TRACES_SAMPLER(_ARG) of the bench's
@@ -100,8 +101,10 @@ async def _ingest(stores: env.Stores, cfg: Config, fig: Figure, sink: Sink) -> N
     try:
         got: dict[str, list[Any]] = {"off": [], "on": []}
         tc = cfg.table_concurrency
-        for r in range(max(3, cfg.table_rounds)):
-            for side, svc in (("off", off), ("on", on)):
+        for r in range(max(5, cfg.table_rounds)):
+            # off first in even rounds, on first in odd ones: neither side always follows the other
+            sides = (("off", off), ("on", on)) if r % 2 == 0 else (("on", on), ("off", off))
+            for side, svc in sides:
                 params = {"address": svc.address, "metadata": md, "label": f"trace-{side}-{r}"}
                 got[side].append(await _load(UniqueIngest, params, cfg, tc, svc))
     finally:
