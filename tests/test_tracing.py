@@ -327,3 +327,22 @@ async def test_a_webhook_traceparent_header_continues_the_senders_trace(
     spans = [s for s in memory.get_finished_spans() if s.name == "POST /v1/events"]
     assert len(spans) == 1 and f"{spans[0].context.trace_id:032x}" == sender_trace
     assert stored.split("-")[2] == f"{spans[0].context.span_id:016x}"  # stored under the HTTP span
+
+
+async def test_a_refused_rpc_s_server_span_carries_the_code_it_was_answered_with(
+    start_services: Any, make_key: Any, db: asyncpg.Connection, exporter: Any
+) -> None:
+    _, memory = exporter
+    addr = await services(start_services, make_key, db, project="refused")
+    async with grpc.aio.insecure_channel(addr["ingest"]) as ch:
+        stub = ingest_pb2_grpc.IngestServiceStub(ch)
+        bad = ingest_pb2.IngestEventRequest(project_id=addr["project"], provider_event_id="x")  # no channel
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.IngestEvent(bad, metadata=addr["admin"])
+        with pytest.raises(grpc.aio.AioRpcError) as anonymous:
+            await stub.IngestEvent(bad)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    spans = [s for s in memory.get_finished_spans() if s.name == "/awooop.ingest.v1.IngestService/IngestEvent"]
+    assert [s.attributes["rpc.grpc.status_code"] for s in spans if s.attributes] == [3, 16]
+    assert all(s.status.status_code is trace.StatusCode.UNSET and not s.events for s in spans)  # the caller's

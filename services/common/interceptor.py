@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
-from services.common import errors
+from services.common import errors, tracing
 from services.common.auth import Authenticator, reset_principal, set_principal
 from services.common.db import store_error
 from services.common.observability import RUN_ID, RpcMetrics, run_id_getter
@@ -91,8 +91,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             return handler
         if not method.startswith(PUBLIC_PREFIXES) and handler.unary_unary is not None:  # every awooop RPC is unary
             handler = grpc.unary_unary_rpc_method_handler(
-                # on a grpc.aio server the handlers are coroutine functions taking an aio context
-                self._wrap(method, cast("AioUnary", handler.unary_unary)),
+                # on a grpc.aio server the handlers are coroutine functions taking an aio context;
+                # with tracing on the RPC's server span is around everything else
+                tracing.traced(method, self._wrap(method, cast("AioUnary", handler.unary_unary))),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )

@@ -6,8 +6,8 @@ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), and OTEL_SDK_DISABLED is not true. The OTLP
 reads its own variables (endpoint, headers, timeout, certificate), the sampler
 OTEL_TRACES_SAMPLER(_ARG), the resource OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES.
 
-Off costs nothing: no interceptor is installed and every helper here returns at its first
-test of `tracer` (module global, None while off).
+Off costs nothing: no handler is wrapped and every helper here returns at its first test of
+`tracer` (module global, None while off).
 
 The run's trace: the span that created the run (IngestEvent / CreateRun server span, a
 child of the caller's W3C `traceparent` metadata, or a new trace) is stored with the run
@@ -33,6 +33,7 @@ SCOPE = "awooop"
 provider: Any = None  # the TracerProvider in use (None: tracing off)
 tracer: trace.Tracer | None = None
 _owned = False  # configured from the environment here (so shut down here)
+_server_spans: tuple[Any, Any] | None = None  # (provider, its LeanAioServerInterceptor)
 
 
 def env_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -102,19 +103,19 @@ def shutdown() -> None:
         configure(None)
 
 
-def server_interceptors() -> list[Any]:
-    """The opentelemetry-instrumentation-grpc server interceptor, lean (tracing_grpc.py; health
-    and reflection not traced), or none while tracing is off."""
+def traced(method: str, behavior: Any) -> Any:
+    """behavior (an aio unary handler of `method`) inside the RPC's server span: the
+    opentelemetry-instrumentation-grpc aio interceptor's span, lean (tracing_grpc.py), applied by
+    the service interceptor once per method (no interceptor of its own, so no layer per call).
+    Unchanged while tracing is off."""
+    global _server_spans
     if provider is None:
-        return []
-    from services.common import tracing_grpc
+        return behavior
+    if _server_spans is None or _server_spans[0] is not provider:
+        from services.common import tracing_grpc
 
-    return [tracing_grpc.server_interceptor(provider, _traced_method)]
-
-
-def _traced_method(details: Any) -> bool:
-    # a plain prefix test: the package's composed filters cost a Protocol isinstance per call
-    return not str(details.method).startswith(("/grpc.health.v1.", "/grpc.reflection."))
+        _server_spans = (provider, tracing_grpc.server_interceptor(provider))
+    return _server_spans[1].wrap_unary(method, behavior)
 
 
 def client_interceptors() -> list[Any]:

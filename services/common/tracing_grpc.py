@@ -104,7 +104,7 @@ class LeanAioServerInterceptor(OpenTelemetryAioServerInterceptor):
         if nxt.request_streaming or nxt.response_streaming:  # the package's own wrapping, per call
             return _wrap_rpc_behavior(nxt, self._package_wrapper(details))  # type: ignore[no-untyped-call]
         wrapped = grpc.unary_unary_rpc_method_handler(
-            self._unary(method, nxt.unary_unary),
+            self.wrap_unary(method, nxt.unary_unary),
             request_deserializer=nxt.request_deserializer,
             response_serializer=nxt.response_serializer,
         )
@@ -119,7 +119,8 @@ class LeanAioServerInterceptor(OpenTelemetryAioServerInterceptor):
 
         return wrapper
 
-    def _unary(self, method: str, behavior: Unary) -> Unary:
+    def wrap_unary(self, method: str, behavior: Unary) -> Unary:
+        """behavior inside the server span of each call (what intercept_service serves)."""
         tracer = self._tracer
         service, name = method.lstrip("/").split("/", 1)
         base = {
@@ -150,12 +151,18 @@ class LeanAioServerInterceptor(OpenTelemetryAioServerInterceptor):
             agent = None
             token = None
             if metadata:
-                carrier = {m.key: m.value for m in metadata}
-                agent = carrier.get("user-agent")
                 textmap = propagate.get_global_textmap()
+                fields = _fields(textmap)
+                carried = False
+                for m in metadata:  # the last value of a repeated key wins, as in the package's dicts
+                    key = m.key
+                    if key == "user-agent":
+                        agent = m.value
+                    elif key in fields:
+                        carried = True
                 # extracting from a carrier without the propagator's fields gives the current context back
-                if not _fields(textmap).isdisjoint(carrier):
-                    token = otel_context.attach(textmap.extract(carrier))
+                if carried:
+                    token = otel_context.attach(textmap.extract({m.key: m.value for m in metadata}))
             attributes = attributes_of(context.peer(), agent)
             try:
                 span = tracer.start_span(method, kind=server, attributes=attributes, set_status_on_exception=False)
