@@ -21,11 +21,24 @@ class PgBouncer:
     proc: subprocess.Popen[bytes]
     port: int
     root: Path
+    user: str = "postgres"
 
     def dsn_for(self, upstream_dsn: str) -> str:
         """upstream_dsn with host and port replaced by the pooler's."""
         parts = urlsplit(upstream_dsn)
         return f"postgresql://{parts.username or 'postgres'}@127.0.0.1:{self.port}{parts.path}"
+
+    def admin(self, command: str) -> str:
+        """Runs one command on PgBouncer's admin console (psql: the console speaks only the
+        simple query protocol), e.g. RECONNECT: each server connection is closed once released."""
+        done = subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, "-d", "pgbouncer", "-Atc", command],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
 
     def log(self) -> str:
         path = self.root / "pgbouncer.log"
@@ -49,7 +62,8 @@ def start_pgbouncer(upstream_dsn: str, *, pool_mode: str = "transaction", pool_s
     root = Path(tempfile.mkdtemp(prefix="awooop-pgb-"))
     owner = _owner()
     port = free_port()
-    (root / "users.txt").write_text(f'"{up.username or "postgres"}" ""\n')
+    user = up.username or "postgres"
+    (root / "users.txt").write_text(f'"{user}" ""\n')
     (root / "pgbouncer.ini").write_text(
         "\n".join(
             [
@@ -60,6 +74,7 @@ def start_pgbouncer(upstream_dsn: str, *, pool_mode: str = "transaction", pool_s
                 f"listen_port = {port}",
                 "unix_socket_dir =",
                 "auth_type = trust",
+                f"admin_users = {user}",
                 f"auth_file = {root / 'users.txt'}",
                 f"pool_mode = {pool_mode}",
                 f"default_pool_size = {pool_size}",
@@ -77,7 +92,7 @@ def start_pgbouncer(upstream_dsn: str, *, pool_mode: str = "transaction", pool_s
             os.chown(p, *owner)
         args = ["runuser", "-u", _OWNER, "--", *args]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/")
-    bouncer = PgBouncer(proc, port, root)
+    bouncer = PgBouncer(proc, port, root, user)
     try:
         wait_port("127.0.0.1", port, timeout=15)
     except OSError:
