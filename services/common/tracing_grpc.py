@@ -120,7 +120,9 @@ class LeanAioServerInterceptor(OpenTelemetryAioServerInterceptor):
         return wrapper
 
     def wrap_unary(self, method: str, behavior: Unary) -> Unary:
-        """behavior inside the server span of each call (what intercept_service serves)."""
+        """behavior inside the server span of each call (what intercept_service serves; the
+        service interceptor applies it directly, without the per-call suppression check, as no
+        served call runs in a context that suppresses instrumentation)."""
         tracer = self._tracer
         service, name = method.lstrip("/").split("/", 1)
         base = {
