@@ -33,19 +33,26 @@ async def _echo(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> 
     return request
 
 
-def _handler() -> grpc.GenericRpcHandler:
-    return grpc.method_handlers_generic_handler("test.Echo", {"Say": grpc.unary_unary_rpc_method_handler(_echo)})
+def _handler(wrap: Callable[[str, Any], Any]) -> grpc.GenericRpcHandler:
+    say = grpc.unary_unary_rpc_method_handler(wrap("/test.Echo/Say", _echo))
+    return grpc.method_handlers_generic_handler("test.Echo", {"Say": say})
 
 
 Traced = tuple[Callable[[bytes, tuple[tuple[str, str], ...]], Awaitable[Any]], InMemorySpanExporter]
 
 
-async def _serve(interceptor_of: Callable[[TracerProvider], Any]) -> AsyncIterator[Traced]:
+async def _serve(lean: bool) -> AsyncIterator[Traced]:
+    """The package's interceptor on the server, or (lean) the handler wrapped as the service
+    interceptor wraps each method's."""
     memory = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
-    server = grpc.aio.server(interceptors=[interceptor_of(provider)])
-    server.add_generic_rpc_handlers((_handler(),))
+    if lean:
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((_handler(tracing_grpc.server_interceptor(provider).wrap_unary),))
+    else:
+        server = grpc.aio.server(interceptors=[aio_server_interceptor(tracer_provider=provider)])
+        server.add_generic_rpc_handlers((_handler(lambda _method, behavior: behavior),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -66,13 +73,13 @@ async def _serve(interceptor_of: Callable[[TracerProvider], Any]) -> AsyncIterat
 
 @pytest.fixture
 async def package() -> AsyncIterator[Traced]:
-    async for t in _serve(lambda p: aio_server_interceptor(tracer_provider=p)):
+    async for t in _serve(lean=False):
         yield t
 
 
 @pytest.fixture
 async def lean() -> AsyncIterator[Traced]:
-    async for t in _serve(lambda p: tracing_grpc.server_interceptor(p)):
+    async for t in _serve(lean=True):
         yield t
 
 

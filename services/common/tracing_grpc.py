@@ -7,7 +7,8 @@ ObjectProxy (wrapt) around the servicer context, a metadata dict twice, the extr
 around the span: about 50 µs of the ~65 µs a traced call costs here, more than the SDK's span
 (docs/benchmarks.md, "Tracing cost"). This subclass keeps its tracer, filter and span (name,
 kind, parent, the same attributes; tests compare them with the package's own `_start_span`)
-and does that work once per method, once per peer, or only when needed.
+and does that work once per method, once per connection, or only when needed. It is applied
+to each method's handler by the service interceptor, not installed as a second interceptor.
 
 One difference, on purpose: the status. The package learns a call's status from `abort`,
 `set_code` and `set_details` on its context proxy; every awooop failure is answered with
@@ -27,10 +28,8 @@ import grpc
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.instrumentation.grpc._aio_server import OpenTelemetryAioServerInterceptor
-from opentelemetry.instrumentation.grpc._server import _wrap_rpc_behavior
 from opentelemetry.instrumentation.grpc._utilities import _server_status
 from opentelemetry.instrumentation.grpc.version import __version__
-from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.semconv._incubating.attributes.net_attributes import NET_PEER_IP, NET_PEER_NAME, NET_PEER_PORT
 from opentelemetry.semconv._incubating.attributes.rpc_attributes import (
     RPC_GRPC_STATUS_CODE,
@@ -39,22 +38,21 @@ from opentelemetry.semconv._incubating.attributes.rpc_attributes import (
     RPC_SYSTEM,
 )
 
-Handler = Any  # grpc.RpcMethodHandler (generic only in the stubs)
 Unary = Callable[[Any, Any], Awaitable[Any]]
 
-_PEERS_KEPT = 4096  # distinct peer strings whose attributes are kept (a client's ports are few)
+_PEERS_KEPT = 4096  # (peer, user agent) pairs whose attributes a method keeps (a client's ports are few)
 
 
-def server_interceptor(provider: Any, filter_: Callable[[Any], bool] | None = None) -> LeanAioServerInterceptor:
-    """What the package's `aio_server_interceptor(tracer_provider=provider, filter_=filter_)`
-    returns, lean: the same tracer (the package's name, version and schema)."""
+def server_interceptor(provider: Any) -> LeanAioServerInterceptor:
+    """What the package's `aio_server_interceptor(tracer_provider=provider)` returns, lean: the
+    same tracer (the package's name, version and schema)."""
     tracer = trace.get_tracer(
         "opentelemetry.instrumentation.grpc",
         __version__,
         provider,
         schema_url="https://opentelemetry.io/schemas/1.11.0",
     )
-    return LeanAioServerInterceptor(tracer, filter_=filter_)
+    return LeanAioServerInterceptor(tracer)  # type: ignore[no-untyped-call]  # the package's __init__
 
 
 _textmap_fields: tuple[Any, frozenset[str]] = (None, frozenset())
@@ -84,45 +82,12 @@ def peer_attributes(peer: str) -> dict[str, str]:
 
 
 class LeanAioServerInterceptor(OpenTelemetryAioServerInterceptor):
-    def __init__(self, tracer: trace.Tracer, filter_: Callable[[Any], bool] | None = None) -> None:
-        super().__init__(tracer, filter_=filter_)  # type: ignore[no-untyped-call]
-        # method -> (the next interceptor's handler, ours around it); rebuilt if that changes
-        self._handlers: dict[str, tuple[Handler, Handler]] = {}
-
-    async def intercept_service(  # type: ignore[override]  # the package's class is also a sync interceptor
-        self, continuation: Callable[[Any], Awaitable[Handler]], details: Any
-    ) -> Handler:
-        if not is_instrumentation_enabled() or (self._filter is not None and not self._filter(details)):
-            return await continuation(details)
-        nxt = await continuation(details)
-        if nxt is None:
-            return None
-        method: str = details.method
-        cached = self._handlers.get(method)
-        if cached is not None and cached[0] is nxt:
-            return cached[1]
-        if nxt.request_streaming or nxt.response_streaming:  # the package's own wrapping, per call
-            return _wrap_rpc_behavior(nxt, self._package_wrapper(details))  # type: ignore[no-untyped-call]
-        wrapped = grpc.unary_unary_rpc_method_handler(
-            self.wrap_unary(method, nxt.unary_unary),
-            request_deserializer=nxt.request_deserializer,
-            response_serializer=nxt.response_serializer,
-        )
-        self._handlers[method] = (nxt, wrapped)
-        return wrapped
-
-    def _package_wrapper(self, details: Any) -> Callable[[Unary, bool, bool], Any]:
-        def wrapper(behavior: Unary, request_streaming: bool, response_streaming: bool) -> Any:
-            if response_streaming:
-                return self._intercept_aio_server_stream(behavior, details)  # type: ignore[no-untyped-call]
-            return self._intercept_aio_server_unary(behavior, details)  # type: ignore[no-untyped-call]
-
-        return wrapper
+    """The package's interceptor, its tracer and span; served through wrap_unary, which the
+    service interceptor applies to each method's handler once (no interceptor layer per call)."""
 
     def wrap_unary(self, method: str, behavior: Unary) -> Unary:
-        """behavior inside the server span of each call (what intercept_service serves; the
-        service interceptor applies it directly, without the per-call suppression check, as no
-        served call runs in a context that suppresses instrumentation)."""
+        """behavior inside the server span of each call (without the package's per-call
+        suppression check: no served call runs in a context that suppresses instrumentation)."""
         tracer = self._tracer
         service, name = method.lstrip("/").split("/", 1)
         base = {
