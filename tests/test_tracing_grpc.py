@@ -1,7 +1,7 @@
 """The lean server span (services/common/tracing_grpc.py) against the package's own aio server
 interceptor: real grpc.aio servers and channels, the same calls, spans from the SDK's in-memory
 exporter. Name, kind, parent and attributes must be the package's; the status of a refused
-call is the code it was answered with."""
+call is the code it was answered with, and its span has ended when the caller holds the answer."""
 
 from __future__ import annotations
 
@@ -24,17 +24,47 @@ TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
 
 
+class Refused(Exception):
+    """What the echo handler answers with, as awooop handlers raise ServiceError."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status_pb2.Status(code=code, message=message)
+
+
 async def _echo(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
     if request == b"refuse":
-        status = status_pb2.Status(code=code_pb2.INVALID_ARGUMENT, message="no such thing")
-        await context.abort_with_status(rpc_status.to_status(status))
+        raise Refused(code_pb2.INVALID_ARGUMENT, "no such thing")
     if request == b"fail":
-        await context.abort_with_status(rpc_status.to_status(status_pb2.Status(code=code_pb2.INTERNAL, message="boom")))
+        raise Refused(code_pb2.INTERNAL, "boom")
     return request
 
 
-def _handler(wrap: Callable[[str, Any], Any]) -> grpc.GenericRpcHandler:
-    say = grpc.unary_unary_rpc_method_handler(wrap("/test.Echo/Say", _echo))
+def _answered(spans: tracing_grpc.MethodSpans | None) -> Any:
+    """_echo served as the service interceptor serves a method: inside its server span (lean),
+    which ends with the code answered before the status is sent."""
+
+    async def handle(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+        call_span = spans.start(context) if spans is not None else None
+        refused = None
+        try:
+            return await _echo(request, context)
+        except Refused as exc:
+            refused = exc
+        finally:
+            if call_span is not None:
+                code = grpc.StatusCode.OK
+                if refused is not None:
+                    code = next(c for c in grpc.StatusCode if c.value[0] == refused.status.code)
+                call_span.end(code, refused.status.message if refused else None)
+        await context.abort_with_status(rpc_status.to_status(refused.status))
+        raise AssertionError("abort_with_status returned")
+
+    return handle
+
+
+def _handler(spans: tracing_grpc.MethodSpans | None) -> grpc.GenericRpcHandler:
+    say = grpc.unary_unary_rpc_method_handler(_answered(spans))
     return grpc.method_handlers_generic_handler("test.Echo", {"Say": say})
 
 
@@ -42,17 +72,19 @@ Traced = tuple[Callable[[bytes, tuple[tuple[str, str], ...]], Awaitable[Any]], I
 
 
 async def _serve(lean: bool) -> AsyncIterator[Traced]:
-    """The package's interceptor on the server, or (lean) the handler wrapped as the service
-    interceptor wraps each method's."""
+    """The package's interceptor on the server, or (lean) the handler served inside the span the
+    service interceptor starts for each call."""
     memory = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
     if lean:
         server = grpc.aio.server()
-        server.add_generic_rpc_handlers((_handler(tracing_grpc.server_interceptor(provider).wrap_unary),))
+        server.add_generic_rpc_handlers(
+            (_handler(tracing_grpc.server_interceptor(provider).spans_of("/test.Echo/Say")),)
+        )
     else:
         server = grpc.aio.server(interceptors=[aio_server_interceptor(tracer_provider=provider)])
-        server.add_generic_rpc_handlers((_handler(lambda _method, behavior: behavior),))
+        server.add_generic_rpc_handlers((_handler(None),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
@@ -121,7 +153,7 @@ async def test_a_served_call_has_the_packages_span_with_and_without_a_traceparen
             assert shapes[1]["parent"] is None
 
 
-async def test_the_span_of_a_call_answered_with_abort_with_status_carries_its_code(lean: Traced) -> None:
+async def test_a_refused_call_s_span_has_ended_with_its_code_when_the_caller_holds_the_answer(lean: Traced) -> None:
     call, memory = lean
     assert await call(b"refuse") == grpc.StatusCode.INVALID_ARGUMENT
     span = _one(memory)

@@ -33,6 +33,8 @@ PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 if TYPE_CHECKING:  # grpc's classes are generic only in their stubs
     Handler = grpc.RpcMethodHandler[Any, Any]
     AioUnary = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+
+
 class Malformed:
     """Stands in for a request whose bytes did not decode, so the handler answers it (grpc
     itself would answer UNKNOWN "Unexpected DecodeError", unlogged and uncounted)."""
@@ -91,9 +93,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             return handler
         if not method.startswith(PUBLIC_PREFIXES) and handler.unary_unary is not None:  # every awooop RPC is unary
             handler = grpc.unary_unary_rpc_method_handler(
-                # on a grpc.aio server the handlers are coroutine functions taking an aio context;
-                # with tracing on the RPC's server span is around everything else
-                tracing.traced(method, self._wrap(method, cast("AioUnary", handler.unary_unary))),
+                # on a grpc.aio server the handlers are coroutine functions taking an aio context
+                self._wrap(method, cast("AioUnary", handler.unary_unary)),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
@@ -106,6 +107,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         limit = self.max_concurrent_rpcs
         rpc = RpcMetrics(method)  # grpc_server_* children of this method, bound once
         run_of = run_id_getter(method)  # log lines of its RPCs carry the run the request names
+        spans = tracing.server_spans(method)  # None while tracing is off
 
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             started = time.perf_counter()
@@ -119,6 +121,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             self.in_flight += 1
             named = run_of is not None and type(request) is not Malformed  # a Malformed request names nothing
             run_token = RUN_ID.set(run_of(request)) if named else None  # type: ignore[misc]
+            # the RPC's server span, current around the rest (the log line carries its trace_id)
+            call_span = spans.start(context) if spans is not None else None
+            unhandled: Exception | None = None
             try:
                 if limit and self.in_flight > limit:
                     raise errors.overloaded(limit)
@@ -148,6 +153,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 if failure is None:
                     log.exception("unhandled error in %s", method)
                     failure = errors.internal()
+                    unhandled = exc
             finally:
                 self.in_flight -= 1
                 if failure is not None:
@@ -169,6 +175,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                     )
                 if run_token is not None:
                     RUN_ID.reset(run_token)
+                if call_span is not None:
+                    # before the status is sent: a caller holding the answer finds the span ended
+                    details = failure.message if failure is not None else context.details()
+                    call_span.end(grpc.StatusCode[code], details, unhandled)
             assert failure is not None  # the try either returned, raised, or set it
             await context.abort_with_status(failure.to_status())
 

@@ -6,7 +6,7 @@ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), and OTEL_SDK_DISABLED is not true. The OTLP
 reads its own variables (endpoint, headers, timeout, certificate), the sampler
 OTEL_TRACES_SAMPLER(_ARG), the resource OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES.
 
-Off costs nothing: no handler is wrapped and every helper here returns at its first test of
+Off costs nothing: no server span is started and every helper here returns at its first test of
 `tracer` (module global, None while off).
 
 The run's trace: the span that created the run (IngestEvent / CreateRun server span, a
@@ -103,19 +103,19 @@ def shutdown() -> None:
         configure(None)
 
 
-def traced(method: str, behavior: Any) -> Any:
-    """behavior (an aio unary handler of `method`) inside the RPC's server span: the
-    opentelemetry-instrumentation-grpc aio interceptor's span, lean (tracing_grpc.py), applied by
-    the service interceptor once per method (no interceptor of its own, so no layer per call).
-    Unchanged while tracing is off."""
+def server_spans(method: str) -> Any:
+    """The starter of `method`'s server spans (tracing_grpc.MethodSpans: the
+    opentelemetry-instrumentation-grpc aio interceptor's span, lean), which the service interceptor
+    asks once per method and uses around each call (no interceptor of its own, so no layer per
+    call). None while tracing is off."""
     global _server_spans
     if provider is None:
-        return behavior
+        return None
     if _server_spans is None or _server_spans[0] is not provider:
         from services.common import tracing_grpc
 
         _server_spans = (provider, tracing_grpc.server_interceptor(provider))
-    return _server_spans[1].wrap_unary(method, behavior)
+    return _server_spans[1].spans_of(method)
 
 
 def client_interceptors() -> list[Any]:
