@@ -9,8 +9,9 @@ second, each round on a freshly started process that is the only service process
 side's figure is its median round, and the details keep each round's on/off ratio.
 Claims: the claim → heartbeat → complete drain of bench/claims.py, three a side (off, on, on,
 off, off, on), each on its own freshly seeded database and scheduler process (runs with a trace
-context, as ingested with tracing on); each side's figure is its median drain. The sampler is OTEL_TRACES_SAMPLER(_ARG) of the bench's
-environment, else every RPC and run is sampled (the worst case).
+context, as ingested with tracing on); each side's figure is its median drain. The sampler is
+OTEL_TRACES_SAMPLER(_ARG) of the bench's environment, else every RPC and run is sampled (the
+worst case).
 """
 
 from __future__ import annotations

@@ -244,6 +244,67 @@ async def test_coalescer_shares_flushes_keeps_order_and_bounds_concurrency() -> 
     )
 
 
+async def test_a_busy_coalescer_lingers_for_more_and_an_idle_one_flushes_at_once() -> None:
+    import asyncio
+
+    from services.ingest.coalesce import Coalescer
+
+    flushes: list[list[int]] = []
+    gate = asyncio.Event()
+
+    async def flush(items: list[int]) -> list[int]:
+        flushes.append(items)
+        if items == [1]:
+            await gate.wait()  # the first flush is slow: what comes meanwhile waits
+        return items
+
+    async def turns() -> None:  # let the loop run what is ready: a submission, a flush's start
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    loop = asyncio.get_running_loop()
+    c: Coalescer[int, int] = Coalescer(flush, max_in_flight=1, max_items=100, linger=0.05)
+    first = asyncio.ensure_future(c.submit([1]))
+    await turns()
+    assert flushes == [[1]]  # idle: flushed on the next turn, no linger
+    waiting = asyncio.ensure_future(c.submit([2]))
+    await turns()
+    ended = loop.time()
+    gate.set()
+    await first
+    late = [asyncio.ensure_future(c.submit([n])) for n in (3, 4)]  # come while the next flush lingers
+    assert await waiting == [2] and [await f for f in late] == [[3], [4]]
+    assert flushes == [[1], [2, 3, 4]]  # the lingering flush took them along
+    assert loop.time() - ended >= 0.05
+
+    # a full flush does not linger: max_items waiting start it at once
+    gate.clear()
+    flushes.clear()
+    c = Coalescer(flush, max_in_flight=1, max_items=3, linger=3600.0)
+    first = asyncio.ensure_future(c.submit([1]))
+    await turns()
+    queued = [asyncio.ensure_future(c.submit([n])) for n in (2, 3)]
+    await turns()
+    gate.set()
+    await first  # the flush ends with two waiting: the next one lingers
+    await turns()
+    assert flushes == [[1]]
+    queued.append(asyncio.ensure_future(c.submit([4])))  # the third makes it full
+    assert [await f for f in queued] == [[2], [3], [4]]
+    assert flushes == [[1], [2, 3, 4]]
+
+    # drain() at shutdown starts a lingering flush instead of waiting out the linger
+    gate.clear()
+    flushes.clear()
+    first = asyncio.ensure_future(c.submit([1]))
+    await turns()
+    c.submit_nowait([5])
+    gate.set()
+    await first
+    await asyncio.wait_for(c.drain(), timeout=5)
+    assert flushes == [[1], [5]]
+
+
 async def test_coalescer_gives_every_caller_of_a_failed_flush_the_error() -> None:
     import asyncio
 

@@ -41,6 +41,9 @@ DUPLICATE_CODE = "E-IDEMPOTENT-001"
 # single-event and batch load); the statements it waits behind are short autocommits.
 REDIS_IN_FLIGHT = 1
 STORE_IN_FLIGHT = 1
+# Under load (a flush ended with events already waiting), the next flush waits this long for
+# more: unique IngestEvent +21-23% on 2 cores, 1 ms and 2 ms alike; idle, nothing waits.
+LINGER = 0.001
 
 
 @dataclass(slots=True)
@@ -62,10 +65,10 @@ class EventIngestor:
         self.max_flush = settings.max_batch
         self.recent = RecentKeys(settings.dedupe_memory_keys)
         self._lookups: Coalescer[str, tuple[str, float] | None] = Coalescer(
-            self._lookup, max_in_flight=REDIS_IN_FLIGHT, max_items=max(1000, settings.max_batch)
+            self._lookup, max_in_flight=REDIS_IN_FLIGHT, max_items=max(1000, settings.max_batch), linger=LINGER
         )
         self._remember: Coalescer[tuple[str, str, float], None] = Coalescer(
-            self._write_cache, max_in_flight=REDIS_IN_FLIGHT, max_items=max(1000, settings.max_batch)
+            self._write_cache, max_in_flight=REDIS_IN_FLIGHT, max_items=max(1000, settings.max_batch), linger=LINGER
         )
         self._writers: dict[str, Coalescer[NewEvent, store.Stored]] = {}
         self.api = ApiEvents(pool, settings)
@@ -182,7 +185,7 @@ class EventIngestor:
 
             # one caller's refused item must not fail its neighbours: only an outage is shared
             writer = self._writers[actor] = Coalescer(
-                flush, max_in_flight=STORE_IN_FLIGHT, max_items=self.max_flush, shared=_store_outage
+                flush, max_in_flight=STORE_IN_FLIGHT, max_items=self.max_flush, shared=_store_outage, linger=LINGER
             )
         return writer
 
