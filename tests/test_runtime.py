@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
-from services.common import errors, migrate
+from services.common import errors, migrate, tracing
 from services.common.auth import Authenticator, current_principal
 from services.common.db import create_pool
 from services.common.embedded import free_port
@@ -467,6 +467,40 @@ async def test_a_bug_is_internal_without_leaking_and_a_dead_store_is_unavailable
     err = await expect_error(stub.IngestEvents(batch("p"), metadata=md), grpc.StatusCode.INTERNAL, "INTERNAL")
     assert "secret internals" not in (err.details() or "")
     await expect_error(stub.IngestEvents(batch("store"), metadata=md), grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE")
+
+
+async def test_with_tracing_on_a_bug_s_span_records_it_and_has_ended_when_the_caller_holds_the_answer(
+    probe, make_key
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracing.configure(provider)  # before the probe server's first call: its handlers are traced
+    try:
+        ch, _ = probe
+        md = await make_key("traced-bug", {"p": ["admin"]})
+        stub = ingest_pb2_grpc.IngestServiceStub(ch)
+        for project, code in (("p", grpc.StatusCode.INTERNAL), ("store", grpc.StatusCode.UNAVAILABLE)):
+            request = ingest_pb2.IngestEventsRequest(events=[ingest_pb2.IngestEventRequest(project_id=project)])
+            with pytest.raises(grpc.aio.AioRpcError) as answered:
+                await stub.IngestEvents(request, metadata=md)
+            assert answered.value.code() == code
+            (span,) = memory.get_finished_spans()  # ended before the status was sent
+            memory.clear()
+            assert span.attributes is not None and span.attributes["rpc.grpc.status_code"] == code.value[0]
+            assert span.status.status_code is StatusCode.ERROR
+            if code is grpc.StatusCode.INTERNAL:  # a bug: its exception is on the span, not in the answer
+                assert [e.name for e in span.events] == ["exception"]
+                assert span.events[0].attributes and span.events[0].attributes["exception.type"] == "KeyError"
+            else:  # an outage answered as such is no unhandled exception
+                assert not span.events
+    finally:
+        tracing.configure(None)
 
 
 async def test_deadline_is_reported_as_deadline_exceeded(probe, make_key) -> None:
