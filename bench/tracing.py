@@ -106,9 +106,9 @@ async def _ingest(stores: env.Stores, cfg: Config, fig: Figure, sink: Sink) -> N
     for r in range(max(ROUNDS, cfg.table_rounds)):
         # off first in even rounds, on first in odd ones: neither side always follows the other
         for side in ("off", "on") if r % 2 == 0 else ("on", "off"):
-            # each round on a process of its own, the only service process alive: of several ingest
-            # processes started together on one database, the first started measured 1.00, 0.87 and
-            # 0.78 x of itself on identical ones (docs/benchmarks.md), which favoured the side started first
+            # each round on a process of its own, the only service process alive: of three identical
+            # ingest processes started together on one database, the first started measured 1.00 x,
+            # the others 0.87 and 0.78 x (docs/benchmarks.md), which favoured the side started first
             svc = await _spawn("ingest", svc_env, otel[side], f"{side}{r}")
             try:
                 params = {"address": svc.address, "metadata": md, "label": f"trace-{side}-{r}"}

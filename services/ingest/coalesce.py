@@ -5,15 +5,15 @@ A caller submits its items and awaits its own results. Flushes start on the next
 event loop, so everything submitted in the same turn travels together, and at most
 `max_in_flight` flushes run at once: under load, what arrives while they run waits for the
 next one and goes in a single larger flush. Alone, a request is flushed at once, by itself,
-so coalescing costs no latency when idle.
+so coalescing costs no latency when idle. A caller's items are never split across flushes,
+so a batch RPC still costs one store round trip; a flush never takes more than `max_items`
+unless a single submission is that large.
 
 Linger: when a flush ends with items already waiting, the service is busy, and the next flush
 waits `linger` seconds (or until `max_items` wait) so that what keeps arriving joins it. Without
 it a busy event loop made its own flushes smaller: the slower each call, the fewer calls reach
 the store during one flush, the more round trips each event pays for, the slower each call
-(docs/benchmarks.md, "Third pass"). Idle, nothing lingers. A caller's items are never split across flushes,
-so a batch RPC still costs one store round trip; a flush never takes more than `max_items`
-unless a single submission is that large.
+(docs/benchmarks.md, "Third pass"). Idle, nothing lingers.
 
 Blast radius of one: when a flush of several callers' items fails, the failure may be one
 caller's item (a value the statement refuses that validation did not catch), so each caller's
