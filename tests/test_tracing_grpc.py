@@ -1,7 +1,9 @@
 """The lean server span (services/common/tracing_grpc.py) against the package's own aio server
 interceptor: real grpc.aio servers and channels, the same calls, spans from the SDK's in-memory
-exporter. Name, kind, parent and attributes must be the package's; the status of a refused
-call is the code it was answered with, and its span has ended when the caller holds the answer."""
+exporter. Name, kind, scope, resource, parent, sampling and attributes (with the SDK's limits)
+must be the package's; the span is the current span inside the call, so child spans and the
+stored traceparent continue it; the status of a refused call is the code it was answered with,
+and its span has ended when the caller holds the answer."""
 
 from __future__ import annotations
 
@@ -12,15 +14,19 @@ import grpc
 import pytest
 from google.rpc import code_pb2, status_pb2
 from grpc_status import rpc_status
+from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, Sampler
 from opentelemetry.trace import SpanKind, StatusCode
 
 from services.common import tracing_grpc
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+_serving: TracerProvider | None = None  # the provider of the server the test calls
 PARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
 
 
@@ -33,6 +39,13 @@ class Refused(Exception):
 
 
 async def _echo(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+    if request == b"context":  # the current span's context, as the stored traceparent says it
+        sc = trace.get_current_span().get_span_context()
+        return f"{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}".encode()
+    if request == b"child":
+        assert _serving is not None
+        with _serving.get_tracer("test").start_as_current_span("child"):
+            return request
     if request == b"refuse":
         raise Refused(code_pb2.INVALID_ARGUMENT, "no such thing")
     if request == b"fail":
@@ -45,7 +58,8 @@ def _answered(spans: tracing_grpc.MethodSpans | None) -> Any:
     which ends with the code answered before the status is sent."""
 
     async def handle(request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
-        call_span = spans.start(context) if spans is not None else None
+        md = {k: v for k, v in (context.invocation_metadata() or ())}
+        call_span = spans.start(context, md) if spans is not None else None
         refused = None
         try:
             return await _echo(request, context)
@@ -71,12 +85,14 @@ def _handler(spans: tracing_grpc.MethodSpans | None) -> grpc.GenericRpcHandler:
 Traced = tuple[Callable[[bytes, tuple[tuple[str, str], ...]], Awaitable[Any]], InMemorySpanExporter]
 
 
-async def _serve(lean: bool) -> AsyncIterator[Traced]:
+async def _serve(lean: bool, sampler: Sampler | None = None) -> AsyncIterator[Traced]:
     """The package's interceptor on the server, or (lean) the handler served inside the span the
     service interceptor starts for each call."""
     memory = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(resource=Resource({"service.name": "echo"}), sampler=sampler)
     provider.add_span_processor(SimpleSpanProcessor(memory))
+    global _serving
+    _serving = provider  # the handler's own spans (b"child") come from the same provider
     if lean:
         server = grpc.aio.server()
         server.add_generic_rpc_handlers(
@@ -125,14 +141,26 @@ def _one(memory: InMemorySpanExporter) -> ReadableSpan:
 def _shape(span: ReadableSpan) -> dict[str, Any]:
     attrs = dict(span.attributes or {})
     assert attrs.pop("net.peer.port").isdigit()  # each server's own client connection
+    assert span.context is not None and span.start_time is not None and span.end_time is not None
+    assert span.start_time <= span.end_time
     return {
         "name": span.name,
         "kind": span.kind,
-        "scope": (span.instrumentation_scope.name, span.instrumentation_scope.version)
-        if span.instrumentation_scope
-        else None,
+        "scope": (
+            (span.instrumentation_scope.name, span.instrumentation_scope.version, span.instrumentation_scope.schema_url)
+            if span.instrumentation_scope
+            else None
+        ),
+        "resource": dict(span.resource.attributes),
         "parent": (format(span.parent.trace_id, "032x"), span.parent.is_remote) if span.parent else None,
+        "trace_id": format(span.context.trace_id, "032x") if span.parent else "new",
+        "flags": int(span.context.trace_flags),
+        "remote": span.context.is_remote,
+        "status": span.status.status_code,
         "attributes": attrs,
+        "dropped": span.dropped_attributes,
+        "events": span.events,
+        "links": span.links,
     }
 
 
@@ -196,3 +224,80 @@ async def test_spans_of_many_concurrent_calls_each_end_once_with_their_own_paren
 )
 def test_peer_attributes_are_the_packages(peer: str, expected: dict[str, str]) -> None:
     assert tracing_grpc.peer_attributes(peer) == expected
+
+
+async def test_child_spans_and_the_current_context_inside_a_call_continue_its_span(lean: Traced) -> None:
+    call, memory = lean
+    assert await call(b"child", (("traceparent", PARENT),)) == b"child"
+    server, child = sorted(memory.get_finished_spans(), key=lambda s: s.name)
+    memory.clear()
+    assert server.name == "/test.Echo/Say" and child.name == "child"
+    assert server.context is not None and child.parent is not None and child.context is not None
+    assert (child.parent.trace_id, child.parent.span_id) == (server.context.trace_id, server.context.span_id)
+    assert child.context.trace_id == int(TRACE_ID, 16)
+
+    traceparent = (await call(b"context")).decode()
+    (span,) = memory.get_finished_spans()
+    assert span.context is not None
+    sc = span.context
+    assert traceparent == f"{sc.trace_id:032x}-{sc.span_id:016x}-{sc.trace_flags:02x}" and sc.trace_flags.sampled
+
+
+async def _sampled(sampler: Sampler, metadata: tuple[tuple[str, str], ...]) -> tuple[list[str], list[int]]:
+    """What the package and the lean span record of one call under `sampler`: the current span's
+    context inside each call, and the trace flags of each exported span."""
+    seen, flags = [], []
+    for lean in (False, True):
+        async for call, memory in _serve(lean, sampler):
+            seen.append((await call(b"context", metadata)).decode())
+            flags.append([int(s.context.trace_flags) for s in memory.get_finished_spans() if s.context])
+    assert flags[0] == flags[1]
+    return seen, flags[1]
+
+
+async def test_the_provider_s_sampler_decides_as_for_the_package_s_span() -> None:
+    def sampled(traceparent: str) -> bool:
+        return bool(int(traceparent[-2:], 16) & 1)
+
+    # nothing sampled: no span recorded, but the call's context is valid and says "not sampled"
+    (package, lean), exported = await _sampled(ALWAYS_OFF, ())
+    assert exported == [] and package[-2:] == lean[-2:]
+    assert not sampled(lean) and not lean.startswith("0" * 32)
+
+    # parent-based: a sampled caller's trace is recorded, an unsampled one's is not
+    (package, lean), exported = await _sampled(ParentBased(ALWAYS_OFF), (("traceparent", PARENT),))
+    assert exported == [1] and package.startswith(TRACE_ID) and lean.startswith(TRACE_ID) and sampled(lean)
+    unsampled = PARENT[:-2] + "00"
+    (package, lean), exported = await _sampled(ParentBased(ALWAYS_OFF), (("traceparent", unsampled),))
+    assert exported == [] and lean.startswith(TRACE_ID) and package[-2:] == lean[-2:] and not sampled(lean)
+
+
+async def test_the_sdk_s_attribute_limits_apply_as_to_the_package_s_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "5")
+    monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "6")
+    shapes = []
+    for lean in (False, True):
+        async for call, memory in _serve(lean):
+            assert await call(b"hi", (("user-agent", "a-long-agent"),)) == b"hi"
+            span = _one(memory)
+            attrs = dict(span.attributes or {})
+            assert attrs.pop("net.peer.port").isdigit()  # each server's own client connection
+            shapes.append((attrs, span.dropped_attributes))
+    assert shapes[0] == shapes[1]
+    assert shapes[1][1] > 0 and all(len(v) <= 5 for v in shapes[1][0].values() if isinstance(v, str))
+
+
+def test_an_unhandled_exception_s_event_is_the_sdk_s_record_exception() -> None:
+    from opentelemetry.sdk.trace import SpanLimits
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    try:
+        {}["missing"]
+    except KeyError as exc:
+        with provider.get_tracer("test").start_as_current_span("sdk", record_exception=False) as span:
+            span.record_exception(exc)
+        lean = tracing_grpc.exception_event(exc, SpanLimits())
+    (sdk,) = memory.get_finished_spans()[0].events
+    assert (lean.name, dict(lean.attributes or {})) == (sdk.name, dict(sdk.attributes or {}))
