@@ -121,19 +121,21 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             self.in_flight += 1
             named = run_of is not None and type(request) is not Malformed  # a Malformed request names nothing
             run_token = RUN_ID.set(run_of(request)) if named else None  # type: ignore[misc]
-            # the call's metadata, read once for its server span and its authentication
-            md: dict[str, str | bytes] | None = None
-            if spans is not None or authenticator is not None:
-                md = {k: v for k, v in (context.invocation_metadata() or ())}
+            # the call's metadata, read once (when either needs it) for its server span and its auth
+            md: dict[str, str | bytes] = (
+                {k: v for k, v in (context.invocation_metadata() or ())}
+                if spans is not None or authenticator is not None
+                else {}
+            )
             # the RPC's server span, current around the rest (the log line carries its trace_id)
-            call_span = spans.start(context, md) if spans is not None and md is not None else None
+            call_span = spans.start(context, md) if spans is not None else None
             unhandled: Exception | None = None
             try:
                 if limit and self.in_flight > limit:
                     raise errors.overloaded(limit)
                 if type(request) is Malformed:  # answered like any bad input: counted, logged, ErrorInfo
                     raise errors.malformed_request(method, request.detail)
-                if authenticator is not None and md is not None:
+                if authenticator is not None:
                     auth = md.get("authorization")  # text metadata (only "-bin" keys carry bytes)
                     principal = await authenticator.authenticate(auth if isinstance(auth, str) else None)
                     principal_id = principal.principal_id
