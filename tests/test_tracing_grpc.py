@@ -15,15 +15,23 @@ import pytest
 from google.rpc import code_pb2, status_pb2
 from grpc_status import rpc_status
 from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as package_encode_spans
 from opentelemetry.instrumentation.grpc import aio_server_interceptor
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, Sampler
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    DEFAULT_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
 from opentelemetry.trace import SpanKind, StatusCode
 
-from services.common import tracing_grpc
+from services.common import otlp, tracing_grpc
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 _serving: TracerProvider | None = None  # the provider of the server the test calls
@@ -272,6 +280,45 @@ async def test_the_provider_s_sampler_decides_as_for_the_package_s_span() -> Non
     assert exported == [] and lean.startswith(TRACE_ID) and package[-2:] == lean[-2:] and not sampled(lean)
 
 
+RATIO = TraceIdRatioBased(0.5)
+
+
+@pytest.mark.parametrize(
+    ("sampler", "asked"),
+    [
+        (ALWAYS_ON, ()),
+        (ALWAYS_OFF, ()),
+        (DEFAULT_ON, ()),
+        (ParentBased(ALWAYS_ON, remote_parent_sampled=ALWAYS_OFF, remote_parent_not_sampled=ALWAYS_ON), ()),
+        (ParentBased(RATIO), (0,)),
+        (RATIO, (0, 1, 2, 3, 4)),
+    ],
+    ids=["always_on", "always_off", "parentbased_always_on", "parentbased_inverted", "parentbased_ratio", "ratio"],
+)
+async def test_every_sampler_decides_for_every_parent_as_for_the_package_s_span(
+    sampler: Sampler, asked: tuple[int, ...]
+) -> None:
+    # the SDK's static samplers are answered without being asked (tracing_grpc.fixed_decisions);
+    # the others are asked. Either way: the package's decision, flags and trace state.
+    decisions = tracing_grpc.fixed_decisions(sampler)
+    assert [i for i, d in enumerate(decisions) if d is None] == list(asked)
+    state = ("tracestate", "vendor=v1,other=x")
+    callers: list[tuple[tuple[str, str], ...]] = [(("traceparent", PARENT), state)]
+    callers.append((("traceparent", PARENT[:-2] + "00"), state))
+    if 0 not in asked:  # a new trace's ratio decision depends on its random id, unlike the package's
+        callers.append(())
+    for metadata in callers:
+        seen = []
+        for lean in (False, True):
+            async for call, memory in _serve(lean, sampler):
+                inside = (await call(b"context", metadata)).decode()
+                exported = [
+                    (s.context.trace_flags, s.context.trace_state) for s in memory.get_finished_spans() if s.context
+                ]
+                seen.append((inside.split("-")[0] if metadata else "", inside[-2:], exported))
+        assert seen[0] == seen[1], metadata
+
+
 async def test_the_sdk_s_attribute_limits_apply_as_to_the_package_s_span(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "5")
     monkeypatch.setenv("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "6")
@@ -301,3 +348,22 @@ def test_an_unhandled_exception_s_event_is_the_sdk_s_record_exception() -> None:
         lean = tracing_grpc.exception_event(exc, SpanLimits())
     (sdk,) = memory.get_finished_spans()[0].events
     assert (lean.name, dict(lean.attributes or {})) == (sdk.name, dict(sdk.attributes or {}))
+
+
+async def test_the_spans_of_a_connection_encode_as_the_package_encodes_them() -> None:
+    # the server spans of one connection share their attributes, which the OTLP encoder encodes
+    # once (otlp.SharedAttributes); a refused call's span has attributes of its own
+    async for call, memory in _serve(lean=True):
+        for body in (b"hi", b"refuse", b"hi", b"fail", b"hi"):
+            await call(body, (("user-agent", "agent/1"),))
+        spans = list(memory.get_finished_spans())
+    assert [type(s._attributes).__name__ for s in spans] == [
+        "SharedAttributes",
+        "BoundedAttributes",
+        "SharedAttributes",
+        "BoundedAttributes",
+        "SharedAttributes",
+    ]
+    assert spans[0]._attributes is spans[2]._attributes
+    for _ in range(2):  # the second time from the kept encoding
+        assert otlp.encode_spans(spans).SerializeToString() == package_encode_spans(spans).SerializeToString()

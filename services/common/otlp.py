@@ -7,7 +7,8 @@ its attributes) to group the spans. Setting the fields of one message in place i
 cost about 22 µs a span here, in the export thread, which holds the GIL the event loop needs
 (docs/benchmarks.md, "Tracing cost"). This writes the protobuf wire format of the request
 directly, with the encoded form of each attribute (key and value) and span name kept once seen
-(a server's spans repeat the same few), and gives the exporter the message upb parses from it;
+(a server's spans repeat the same few), and that of a connection's shared attributes
+(SharedAttributes) kept whole, and gives the exporter the message upb parses from it;
 the test compares the bytes with the package's encoder. Everything else, endpoint, headers, TLS,
 compression, timeout and retries from the OTEL_EXPORTER_OTLP_* variables, is the package's
 exporter; should a later version stop calling `_translate_data`, its own encoder is used and
@@ -21,6 +22,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PBSpan
@@ -45,6 +47,7 @@ _FIXED32 = struct.Struct("<I").pack
 _DOUBLE = struct.Struct("<d").pack
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _KEPT = 4096  # encoded attributes and names kept; past that the memo starts over
+
 
 class LeanOTLPSpanExporter(OTLPSpanExporter):
     def _translate_data(self, data: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
@@ -141,7 +144,7 @@ def _span(s: ReadableSpan) -> bytes:
         parts += (b"\x39", _FIXED64(s.start_time))
     if s.end_time:
         parts += (b"\x41", _FIXED64(s.end_time))
-    parts.append(_attributes(9, _plain(s)))
+    parts.append(_span_attributes(s))
     if s.dropped_attributes:
         parts.append(b"\x50" + _varint(s.dropped_attributes))
     for e in s.events:
@@ -172,6 +175,28 @@ def _span(s: ReadableSpan) -> bytes:
         parts.append(_message(15, body))
     parts += (b"\x85\x01", _FIXED32(_HAS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)))
     return _message(2, b"".join(parts))
+
+
+class SharedAttributes(BoundedAttributes):
+    """Immutable attributes that many spans share (the server spans of one connection,
+    tracing_grpc.MethodSpans), which the encoder encodes once."""
+
+
+_blocks: dict[int, tuple[SharedAttributes, bytes]] = {}
+
+
+def _span_attributes(s: ReadableSpan) -> bytes:
+    """The span's attributes field: a SharedAttributes' encoding is kept with it (so its id is
+    not reused while the encoding is)."""
+    attrs = getattr(s, "_attributes", None)
+    if type(attrs) is not SharedAttributes:
+        return _attributes(9, _plain(s))
+    block = _blocks.get(id(attrs))
+    if block is None or block[0] is not attrs:
+        if len(_blocks) >= _KEPT:
+            _blocks.clear()
+        block = _blocks[id(attrs)] = (attrs, _attributes(9, attrs._dict))
+    return block[1]
 
 
 def _plain(s: ReadableSpan) -> Mapping[str, Any] | None:
