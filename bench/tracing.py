@@ -4,7 +4,7 @@ RPC sampled, spans exported over OTLP/gRPC to a sink in this process that counts
 them), in the same run; ingest also with one trace in ten sampled
 (parentbased_traceidratio 0.1, what docs/operations.md recommends for a busy production).
 
-Ingest: unique IngestEvent calls at the table concurrency, in six interleaved rounds a side (the
+Ingest: unique IngestEvent calls at the table concurrency, in ten interleaved rounds a side (the
 order rotating: off, on, sampled; on, sampled, off; ...) so drift of the machine hits all alike
 and no side always runs after another, each round on a freshly started process that is the only
 service process running; each side's figure is its median round, and the details keep each
@@ -35,7 +35,7 @@ from bench.report import Figure
 
 CLAIM_PROJECT = "bench"
 DRAINS = 3  # claim drains a side, the side that runs first alternating
-ROUNDS = 6  # ingest rounds a side at least (the untraced side alone moves by ±15% between rounds here)
+ROUNDS = 10  # ingest rounds a side at least (the untraced side alone moves by ±15% between rounds here)
 
 
 def declare(cfg: Config) -> list[Figure]:
