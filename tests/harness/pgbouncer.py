@@ -5,6 +5,7 @@ to run as root, so as root it runs as the same system user as tests/pgcluster.py
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -14,6 +15,12 @@ from urllib.parse import parse_qs, urlsplit
 from services.common.embedded import free_port, wait_port
 from tests.harness.infra import require_program
 from tests.harness.pgcluster import _OWNER, _owner
+
+SBIN = "/usr/sbin/pgbouncer"  # Debian's, not on a non-root user's PATH
+
+
+def installed() -> bool:
+    return bool(shutil.which("pgbouncer")) or os.access(SBIN, os.X_OK)
 
 
 @dataclass
@@ -55,7 +62,7 @@ class PgBouncer:
 
 
 def start_pgbouncer(upstream_dsn: str, *, pool_mode: str = "transaction", pool_size: int = 4) -> PgBouncer:
-    exe = require_program("pgbouncer", "/usr/sbin/pgbouncer")
+    exe = require_program("pgbouncer", SBIN)
     up = urlsplit(upstream_dsn)
     # the embedded Postgres of a machine without one listens on a unix socket (?host=/dir)
     host = parse_qs(up.query).get("host", [up.hostname or "127.0.0.1"])[0]
