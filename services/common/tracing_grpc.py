@@ -12,11 +12,12 @@ The span itself is recorded without the SDK's mutable `Span`: under load its con
 (locks, bounded containers, each attribute validated again on every call) and the readable copy
 made at `end` cost a saturated ingest process about a fifth of its IngestEvent rate, where the
 budget is 15% for tracing as a whole. A call's span is instead decided by the provider's own
-sampler (the SDK's static ones, which decide by the parent alone, answered as they would answer,
-without their ~40 Python calls a span), identified by its id generator, current during the call as a `NonRecordingSpan` of
-its SpanContext (what child spans and the stored `traceparent` need), and handed at its end
-to the provider's span processors as the SDK's `ReadableSpan`, with attributes validated and
-truncated by the SDK's `BoundedAttributes` under the `OTEL_*` span limits once per connection.
+sampler (the SDK's static ones, which decide by the parent alone, answered as they would
+answer, without their ~40 Python calls a span), identified by its id generator, current during
+the call as a `NonRecordingSpan` of its SpanContext (what child spans and the stored
+`traceparent` need), and handed at its end to the provider's span processors as the SDK's
+`ReadableSpan`, with attributes validated and truncated by the SDK's `BoundedAttributes` under
+the `OTEL_*` span limits once per connection.
 What differs from an SDK span: span processors see only its end (`on_end`, not `on_start`),
 and code inside a call cannot add attributes or events to it (none here does; the services'
 own spans, such as a journaled step's, are SDK spans).
