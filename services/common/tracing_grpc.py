@@ -126,23 +126,29 @@ def exception_event(exc: BaseException, limits: SpanLimits) -> Event:
     return Event("exception", bounded)
 
 
+# ParentBased's delegates, in fixed_decisions' order: root, remote (not) sampled, local (not) sampled
+_PARENT_BASED_DELEGATES = (
+    "_root",
+    "_remote_parent_sampled",
+    "_remote_parent_not_sampled",
+    "_local_parent_sampled",
+    "_local_parent_not_sampled",
+)
+
+
 def fixed_decisions(sampler: Sampler) -> tuple[Decision | None, ...]:
     """What `sampler` decides without being asked, by the parent: (none, remote sampled, remote
     not sampled, local sampled, local not sampled); None where it must be asked. The SDK's
     static samplers (always_on, always_off, and the parent-based ones' delegates by default)
-    decide by the parent alone, keep the attributes, and take the parent's trace state."""
+    decide by the parent alone, keep the attributes, and take the parent's trace state. Their
+    fields are the SDK's private ones: should a later SDK rename them, every sampler is asked
+    and only the speed is lost."""
 
-    def static(s: Sampler) -> Decision | None:
-        return s._decision if type(s) is StaticSampler else None
+    def static(s: object) -> Decision | None:
+        return getattr(s, "_decision", None) if type(s) is StaticSampler else None
 
     if type(sampler) is ParentBased:
-        return (
-            static(sampler._root),
-            static(sampler._remote_parent_sampled),
-            static(sampler._remote_parent_not_sampled),
-            static(sampler._local_parent_sampled),
-            static(sampler._local_parent_not_sampled),
-        )
+        return tuple(static(getattr(sampler, name, None)) for name in _PARENT_BASED_DELEGATES)
     return (static(sampler),) * 5
 
 

@@ -21,13 +21,22 @@ from tests.harness.helpers import reason_of
 Metadata = tuple[tuple[str, str], ...]
 
 
-def require_program(name: str, *candidates: str) -> str:
-    """The path of an installed program; skips locally when missing, FAILS in CI (where the
-    .ci/install-* script must have installed it)."""
+def find_program(name: str, *candidates: str) -> str | None:
+    """The path of an installed program: `name` on PATH, else the first of `candidates` (names or
+    absolute paths, such as Debian's /usr/sbin programs) that is there."""
     for c in (name, *candidates):
         path = shutil.which(c) or (c if os.path.isabs(c) and os.access(c, os.X_OK) else None)
         if path:
             return path
+    return None
+
+
+def require_program(name: str, *candidates: str) -> str:
+    """The path of an installed program; skips locally when missing, FAILS in CI (where the
+    .ci/install-* script must have installed it)."""
+    path = find_program(name, *candidates)
+    if path:
+        return path
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail(f"{name} is not installed (the .ci/install script should have installed it)")
     pytest.skip(f"{name} is not installed")

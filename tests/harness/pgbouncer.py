@@ -5,7 +5,6 @@ to run as root, so as root it runs as the same system user as tests/pgcluster.py
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -13,14 +12,14 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from services.common.embedded import free_port, wait_port
-from tests.harness.infra import require_program
+from tests.harness.infra import find_program, require_program
 from tests.harness.pgcluster import _OWNER, _owner
 
 SBIN = "/usr/sbin/pgbouncer"  # Debian's, not on a non-root user's PATH
 
 
 def installed() -> bool:
-    return bool(shutil.which("pgbouncer")) or os.access(SBIN, os.X_OK)
+    return find_program("pgbouncer", SBIN) is not None
 
 
 @dataclass
