@@ -43,15 +43,15 @@ _REAP = TRANSITIONS[Action.REAP]
 # A reaped lease counts as a failure of its attempt: while attempts are left the run waits the
 # backoff its retry policy gives that many attempts used, as after a retryable FailRun, so a
 # handler that crashes its worker every time backs off too.
-_POLICY = retry_policy.effective_sql("project_id", "retry_policy", "$4")
+_POLICY = retry_policy.effective_sql("s.project_id", "s.retry_policy", "$4")
 _BACKOFF = retry_policy.delay_sql("e.policy", "r.attempt_count - r.released_count")
 
 # $1 batch size, $2 actor, $3 the wake-up channel, $4 the service's retry policy (JSON text).
 REAP_SQL = f"""
 WITH expired AS (
-    SELECT run_id, status, worker_id, lease_until, {_POLICY} AS policy
-      FROM awooop_run_state
-     WHERE status IN ({sql_list(LEASED)}) AND lease_until < now()
+    SELECT s.run_id, s.status, s.worker_id, s.lease_until, {_POLICY} AS policy
+      FROM awooop_run_state s
+     WHERE s.status IN ({sql_list(LEASED)}) AND s.lease_until < now()
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 ),
