@@ -24,12 +24,35 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from services.common import embedded, migrate, principals
+from services.common import embedded, loops, migrate, principals
 from services.common.runtime import Runtime
 from services.common.settings import Settings
 from tests.harness.databases import admin_connection, with_database
 from tests.harness.helpers import WithKey
 from tests.harness.pgcluster import PgCluster
+
+
+def _loop_failures() -> dict[tuple[str, str], float]:
+    """awooop_loop_errors_total by (loop, reason), except store outages (tests cause those)."""
+    return {
+        (m.labels["loop"], m.labels["reason"]): m.value
+        for metric in loops.LOOP_ERRORS.collect()
+        for m in metric.samples
+        if m.name.endswith("_total") and m.labels["reason"] != loops.STORE_UNAVAILABLE
+    }
+
+
+@pytest.fixture(autouse=True)
+def no_background_loop_failed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fails a test during which a background loop of its services raised (a pass or a row),
+    unless the test expects it: @pytest.mark.loop_errors("row_failed", ...)."""
+    marker = request.node.get_closest_marker("loop_errors")
+    allowed = set(marker.args) if marker else set()
+    before = _loop_failures()
+    yield
+    grown = {k: v - before.get(k, 0) for k, v in _loop_failures().items() if v > before.get(k, 0)}
+    unexpected = {f"{loop}/{reason}": n for (loop, reason), n in grown.items() if reason not in allowed}
+    assert not unexpected, f"background loops failed during the test (see the log): {unexpected}"
 
 
 @pytest.fixture(scope="session")

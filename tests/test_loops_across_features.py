@@ -7,12 +7,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import pytest
+from prometheus_client import REGISTRY
+
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2 as pb
 from tests.harness.flow import serve
 from tests.harness.helpers import eventually
-from tests.harness.scheduler import dur, expire_lease
+from tests.harness.scheduler import dur, expire_lease, run_row
 from tests.test_flow_control import policy
 
 
@@ -70,3 +73,110 @@ async def test_the_reaper_reaps_every_project_by_its_own_policy_while_several_ha
     (c,) = await f.claim(["p"], wait=dur(5))
     assert c.run.run_id == waiting_on_key.run_id
     assert c.run.status == common_pb2.RUN_STATUS_RUNNING
+
+
+async def _history_actions(db: Any, run_id: str) -> list[str]:
+    rows = await db.fetch("SELECT action FROM awooop_audit_log WHERE run_id = $1 ORDER BY audit_id", uuid.UUID(run_id))
+    return [r["action"] for r in rows]
+
+
+def _loop_errors(loop: str, reason: str) -> float:
+    return REGISTRY.get_sample_value("awooop_loop_errors_total", {"loop": loop, "reason": reason}) or 0.0
+
+
+def _ok_passes(loop: str) -> float:
+    return REGISTRY.get_sample_value("awooop_background_runs_total", {"loop": loop, "outcome": "ok"}) or 0.0
+
+
+@pytest.mark.loop_errors("row_failed")
+async def test_a_run_the_reaper_cannot_write_is_skipped_and_named_and_every_other_lease_is_reaped(
+    start_services: Any, channels: Any, db: Any, make_key: Any
+) -> None:
+    f = await serve(start_services, channels, db, make_key, reaper_interval=0.2)
+    ops = await make_key("ops", {"p": ["admin"], "q": ["admin"]})
+    for project in ("p", "q"):
+        flow = pb.SetProjectFlowRequest(project_id=project, retry_policy=policy(initial=30), weight=3)
+        await f.sched.SetProjectFlow(flow, metadata=ops)
+    bad = await f.create("bad")
+    good = [await f.create("good-p"), await f.create("good-q", project="q")]
+    assert len(await f.claim(["p", "q"], max_runs=10)) == 3
+    # a run whose stored policy no statement can read (as an older version or a hand edit may leave)
+    await db.execute(
+        """UPDATE awooop_run_state SET retry_policy = '{"initial_backoff": "soon"}' WHERE run_id = $1""",
+        uuid.UUID(bad.run_id),
+    )
+    rows_before = _loop_errors("scheduler.reaper", "row_failed")
+    for run in (bad, *good):
+        await expire_lease(db, run.run_id)
+
+    async def good_reaped() -> bool:
+        n = await db.fetchval(
+            "SELECT count(*) FROM awooop_run_state WHERE run_id = ANY($1::uuid[]) AND status = 'PENDING'",
+            [uuid.UUID(r.run_id) for r in good],
+        )
+        return bool(n == len(good))
+
+    await eventually(good_reaped, timeout=20, what="the reaper to requeue the leases beside the bad run")
+    passes = _ok_passes("scheduler.reaper")
+
+    async def three_more_passes() -> bool:
+        return _ok_passes("scheduler.reaper") >= passes + 3
+
+    await eventually(three_more_passes, timeout=20, what="three more reaper passes")
+    assert (await run_row(db, bad.run_id))["status"] == "RUNNING"
+    assert _loop_errors("scheduler.reaper", "row_failed") >= rows_before + 3  # every pass says so
+    # the run's history names the error once, however many passes met it
+    assert (await _history_actions(db, bad.run_id)).count("LOOP_ERROR") == 1
+    note = await db.fetchrow(
+        "SELECT actor, reason, details FROM awooop_audit_log WHERE run_id = $1 AND action = 'LOOP_ERROR'",
+        uuid.UUID(bad.run_id),
+    )
+    assert note["actor"] == "system:reaper" and "double precision" in note["reason"]
+    # mended by hand, the next pass reaps it
+    await db.execute("UPDATE awooop_run_state SET retry_policy = NULL WHERE run_id = $1", uuid.UUID(bad.run_id))
+
+    async def bad_reaped() -> bool:
+        return bool((await run_row(db, bad.run_id))["status"] == "PENDING")
+
+    await eventually(bad_reaped, timeout=20, what="the mended run reaped")
+
+
+@pytest.mark.loop_errors("row_failed")
+async def test_an_approval_the_sweep_cannot_expire_is_skipped_and_the_others_expire(
+    start_services: Any, channels: Any, db: Any, make_key: Any
+) -> None:
+    f = await serve(start_services, channels, db, make_key, approval_sweep_interval=0.2)
+    runs = [await f.create(f"ask-{i}", project=p) for i, p in enumerate(("p", "q", "p"))]
+    for c in await f.claim(["p", "q"], max_runs=10):
+        await f.sched.RequestApproval(pb.RequestApprovalRequest(lease=c.lease, summary="go?"), metadata=f.worker)
+    bad = runs[0]
+    # a row no statement may change (here: a trigger; in life, a constraint the data breaks)
+    await db.execute(
+        f"""CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN IF OLD.run_id = '{bad.run_id}' THEN RAISE EXCEPTION 'row refused'; END IF; RETURN NEW; END $$;
+            CREATE TRIGGER refuse BEFORE UPDATE ON awooop_run_state FOR EACH ROW EXECUTE FUNCTION refuse();"""
+    )
+    await db.execute(
+        "UPDATE awooop_run_state SET approval_expires_at = now() - interval '1 second'"
+        " WHERE status = 'WAITING_APPROVAL' AND run_id <> $1",
+        uuid.UUID(bad.run_id),
+    )
+    await db.execute("ALTER TABLE awooop_run_state DISABLE TRIGGER refuse")
+    await db.execute(
+        "UPDATE awooop_run_state SET approval_expires_at = now() - interval '1 second' WHERE run_id = $1",
+        uuid.UUID(bad.run_id),
+    )
+    await db.execute("ALTER TABLE awooop_run_state ENABLE TRIGGER refuse")
+
+    async def others_expired() -> bool:
+        n = await db.fetchval(
+            "SELECT count(*) FROM awooop_run_state WHERE run_id = ANY($1::uuid[]) AND status = 'FAILED'"
+            " AND error_code = 'E-APPROVAL-002'",
+            [uuid.UUID(r.run_id) for r in runs[1:]],
+        )
+        return bool(n == 2)
+
+    await eventually(others_expired, timeout=20, what="the sweep to expire the approvals beside the bad run")
+    assert (await run_row(db, bad.run_id))["status"] == "WAITING_APPROVAL"
+    assert "LOOP_ERROR" in await _history_actions(db, bad.run_id)
+    assert _loop_errors("scheduler.approval_sweep", "row_failed") >= 1

@@ -99,6 +99,8 @@ class Audit(StrEnum):
     REDRIVEN = "REDRIVEN"
     # not a status change: written beside one that ended FAILED/CANCELLED with steps to undo
     COMPENSATION_REQUESTED = "COMPENSATION_REQUESTED"
+    # not a status change: a background loop's statement failed on this run and skipped it
+    LOOP_ERROR = "LOOP_ERROR"
 
 
 @dataclass(frozen=True)

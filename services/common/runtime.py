@@ -17,12 +17,10 @@ server reflection (v1 and v1alpha, with proto comments), optional TLS, Prometheu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import gc
 import importlib
 import logging
-import random
 import signal
 import socket
 from collections.abc import Awaitable, Callable, Coroutine
@@ -36,13 +34,11 @@ from grpc_health.v1 import health, health_pb2_grpc
 from services.common import migrate, reflection, tracing
 from services.common.auth import Authenticator
 from services.common.cache import Cache
-from services.common.db import create_pool, store_error
+from services.common.db import create_pool
 from services.common.health import SERVING, HealthServicer
 from services.common.interceptor import ServiceInterceptor
 from services.common.observability import (
-    LOOP_RUNS,
     metrics_serving,
-    preset,
     preset_grpc_metrics,
     setup_logging,
     start_metrics,
@@ -85,26 +81,6 @@ def load_service(name: str) -> Callable[[AppContext], ServiceParts]:
         raise ValueError(f"unknown service {name!r}; one of {', '.join(SERVICES)}")
     module = importlib.import_module(f"services.{name}.app")
     return module.build  # type: ignore[no-any-return]
-
-
-async def periodic(name: str, interval: float, fn: Callable[[], Awaitable[Any]], stopping: asyncio.Event) -> None:
-    """Runs fn every interval (with 10 % jitter so replicas spread out) until stopping.
-    A failed pass is logged and counted, never fatal."""
-    preset(LOOP_RUNS, (name,), ("ok", "error"))
-    while not stopping.is_set():
-        try:
-            await fn()
-            LOOP_RUNS.labels(name, "ok").inc()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            LOOP_RUNS.labels(name, "error").inc()
-            if store_error(exc) is not None:
-                log.warning("background loop: store unavailable", extra={"loop": name, "error": repr(exc)})
-            else:
-                log.exception("background loop failed", extra={"loop": name})
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stopping.wait(), timeout=interval * random.uniform(0.9, 1.1))
 
 
 def pending_limit(max_concurrent_rpcs: int) -> int:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from services.common.auth import Authenticator
-from services.common.runtime import AppContext, ServiceParts, periodic
+from services.common.loops import periodic
+from services.common.runtime import AppContext, ServiceParts
 from services.ingest import retention
 from services.ingest.http import HttpIngest
 from services.ingest.servicer import IngestServicer

@@ -8,7 +8,8 @@ import json
 
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import retry_policy
-from services.common.runtime import AppContext, ServiceParts, periodic
+from services.common.loops import periodic
+from services.common.runtime import AppContext, ServiceParts
 from services.scheduler import approvals, metrics, reaper, schedules
 from services.scheduler.queue import QueueSampler
 from services.scheduler.saga_client import SagaNudger
@@ -32,7 +33,7 @@ def build(ctx: AppContext) -> ServiceParts:
 
     async def reap_loop() -> None:
         await periodic(
-            "scheduler.reaper",
+            reaper.LOOP,
             s.reaper_interval,
             lambda: reaper.reap(ctx.pool, saga, policy_defaults=policy),
             ctx.stopping,
@@ -48,7 +49,7 @@ def build(ctx: AppContext) -> ServiceParts:
 
     async def approval_sweep_loop() -> None:
         await periodic(
-            "scheduler.approval_sweep",
+            approvals.SWEEP_LOOP,
             s.approval_sweep_interval,
             lambda: approvals.expire_approvals(ctx.pool, saga),
             ctx.stopping,

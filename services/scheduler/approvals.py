@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import uuid
 
 import asyncpg
 
-from services.common import errors
+from services.common import errors, loops
 from services.common.access import check_run_access, projects_with
 from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
@@ -29,6 +30,7 @@ APPROVER_ROLE = "approver"
 EXPIRED_CODE = "E-APPROVAL-002"  # seed 000 D4
 REJECTED_CODE = "E-APPROVAL-REJECTED"
 EXPIRED_REASON = "approval token expired"
+SWEEP_LOOP = "scheduler.approval_sweep"
 SWEEP_ACTOR = "system:approval-sweep"
 SWEEP_BATCH = 500
 
@@ -197,12 +199,13 @@ async def decide(
 # --- the expiry sweep ------------------------------------------------------------------------
 
 # SKIP LOCKED batches, so several scheduler replicas sweep without waiting on each other.
-# $1 batch size, $2 actor.
+# $1 batch size, $2 actor, $3 one run only (NULL: any; the pass's fallback when a batch failed for
+# one run's data).
 SWEEP_SQL = f"""
 WITH due AS (
     SELECT run_id
       FROM awooop_run_state
-     WHERE status = 'WAITING_APPROVAL' AND approval_expires_at <= now()
+     WHERE status = 'WAITING_APPROVAL' AND approval_expires_at <= now() AND ($3::uuid IS NULL OR run_id = $3)
      ORDER BY approval_expires_at
      LIMIT $1
        FOR UPDATE SKIP LOCKED
@@ -228,16 +231,41 @@ SELECT upd.run_id, upd.failure_reason, comp.trigger
 """
 
 
+# the runs a sweep batch would take, for expiring them one at a time
+DUE_SQL = """
+SELECT run_id FROM awooop_run_state
+ WHERE status = 'WAITING_APPROVAL' AND approval_expires_at <= now()
+ ORDER BY approval_expires_at
+ LIMIT $1
+"""
+
+
 async def expire_approvals(pool: asyncpg.Pool, saga: SagaNudger, batch: int = SWEEP_BATCH) -> int:
-    """One sweep: fails every expired approval (in batches); returns how many."""
+    """One sweep: fails every expired approval (in batches); returns how many. A batch that
+    fails for one run's data is swept again one run at a time (that run skipped and noted)."""
     total = 0
+
+    async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
+        return await pool.fetch(SWEEP_SQL, size, SWEEP_ACTOR, only)
+
     while True:
-        rows = await pool.fetch(SWEEP_SQL, batch, SWEEP_ACTOR)
-        total += len(rows)
-        metrics.APPROVALS_EXPIRED.inc(len(rows))
-        for r in rows:
-            if r["trigger"]:
-                metrics.COMPENSATIONS.labels(r["trigger"]).inc()
-                saga.nudge(str(r["run_id"]), r["trigger"], r["failure_reason"] or "")
+        try:
+            rows = await statement(None, batch)
+        except Exception as exc:
+            if not loops.poisoned(exc):
+                raise
+            ids = [r["run_id"] for r in await pool.fetch(DUE_SQL, batch)]
+            rows = await loops.each_run(SWEEP_LOOP, SWEEP_ACTOR, pool, ids, lambda run_id: statement(run_id, 1))
+            return total + _settle(rows, saga)
+        total += _settle(rows, saga)
         if len(rows) < batch:
             return total
+
+
+def _settle(rows: list[asyncpg.Record], saga: SagaNudger) -> int:
+    metrics.APPROVALS_EXPIRED.inc(len(rows))
+    for r in rows:
+        if r["trigger"]:
+            metrics.COMPENSATIONS.labels(r["trigger"]).inc()
+            saga.nudge(str(r["run_id"]), r["trigger"], r["failure_reason"] or "")
+    return len(rows)

@@ -18,11 +18,12 @@ finished runs.)
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 import asyncpg
 
-from services.common import retry_policy
+from services.common import loops, retry_policy
 from services.common.audit import AUDIT_INSERT
 from services.common.db import fetch_again_on_deadlock
 from services.common.run_options import WAIT_BACKOFF
@@ -32,6 +33,7 @@ from services.scheduler import metrics
 from services.scheduler.fragments import comp_audit_rows, compensation_cte, notify_cte
 from services.scheduler.saga_client import SagaNudger
 
+LOOP = "scheduler.reaper"
 REAPER_ACTOR = "system:reaper"
 REAP_BATCH = 1000
 MAX_ATTEMPTS_REASON = "Max retry attempts exceeded"  # seed 000 D3
@@ -46,12 +48,13 @@ _REAP = TRANSITIONS[Action.REAP]
 _POLICY = retry_policy.effective_sql("s.project_id", "s.retry_policy", "$4")
 _BACKOFF = retry_policy.delay_sql("e.policy", "r.attempt_count - r.released_count")
 
-# $1 batch size, $2 actor, $3 the wake-up channel, $4 the service's retry policy (JSON text).
+# $1 batch size, $2 actor, $3 the wake-up channel, $4 the service's retry policy (JSON text),
+# $5 one run only (NULL: any; the pass's fallback when a batch failed for one run's data).
 REAP_SQL = f"""
 WITH expired AS (
     SELECT s.run_id, s.status, s.worker_id, s.lease_until, {_POLICY} AS policy
       FROM awooop_run_state s
-     WHERE s.status IN ({sql_list(LEASED)}) AND s.lease_until < now()
+     WHERE s.status IN ({sql_list(LEASED)}) AND s.lease_until < now() AND ($5::uuid IS NULL OR s.run_id = $5)
      LIMIT $1
        FOR UPDATE SKIP LOCKED
 ),
@@ -89,6 +92,14 @@ SELECT upd.run_id, upd.status, upd.failure_reason, comp.trigger, (SELECT n FROM 
   FROM upd LEFT JOIN comp USING (run_id)
 """
 
+# the runs a batch would take, for reaping them one at a time
+EXPIRED_SQL = f"""
+SELECT run_id FROM awooop_run_state
+ WHERE status IN ({sql_list(LEASED)}) AND lease_until < now()
+ ORDER BY lease_until
+ LIMIT $1
+"""
+
 _OUTCOME = {"PENDING": "requeued", "FAILED": "failed", "CANCELLED": "cancelled"}
 
 
@@ -107,17 +118,39 @@ async def reap(
     pool: asyncpg.Pool, saga: SagaNudger, batch: int = REAP_BATCH, *, policy_defaults: str = "{}"
 ) -> ReapResult:
     """One reaper pass: takes back every expired lease, a batch per statement. policy_defaults:
-    the service's retry policy as JSON (retry_policy.defaults)."""
+    the service's retry policy as JSON (retry_policy.defaults). A batch that fails for one run's
+    data is reaped again one run at a time, so that run is skipped (and noted on its history)
+    and every other project's leases are still taken back."""
     counts = {"requeued": 0, "failed": 0, "cancelled": 0}
-    while True:
+
+    async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
         # the batch's runs give their keys' slots back in row order: a deadlock aborts it whole
-        rows = await fetch_again_on_deadlock(pool, REAP_SQL, batch, REAPER_ACTOR, RUN_READY_CHANNEL, policy_defaults)
-        for r in rows:
-            outcome = _OUTCOME[r["status"]]
-            counts[outcome] += 1
-            metrics.REAPED.labels(outcome).inc()
-            if r["trigger"]:
-                metrics.COMPENSATIONS.labels(r["trigger"]).inc()
-                saga.nudge(str(r["run_id"]), r["trigger"], r["failure_reason"] or "")
+        return await fetch_again_on_deadlock(
+            pool, REAP_SQL, size, REAPER_ACTOR, RUN_READY_CHANNEL, policy_defaults, only
+        )
+
+    while True:
+        try:
+            rows = await statement(None, batch)
+        except Exception as exc:
+            if not loops.poisoned(exc):
+                raise
+            ids = [r["run_id"] for r in await pool.fetch(EXPIRED_SQL, batch)]
+            _settle(
+                await loops.each_run(LOOP, REAPER_ACTOR, pool, ids, lambda run_id: statement(run_id, 1)), counts, saga
+            )
+            return ReapResult(**counts)
+        _settle(rows, counts, saga)
         if len(rows) < batch:
             return ReapResult(**counts)
+
+
+def _settle(rows: list[asyncpg.Record], counts: dict[str, int], saga: SagaNudger) -> None:
+    """Counts the reaped runs and nudges the saga service for those to compensate."""
+    for r in rows:
+        outcome = _OUTCOME[r["status"]]
+        counts[outcome] += 1
+        metrics.REAPED.labels(outcome).inc()
+        if r["trigger"]:
+            metrics.COMPENSATIONS.labels(r["trigger"]).inc()
+            saga.nudge(str(r["run_id"]), r["trigger"], r["failure_reason"] or "")
