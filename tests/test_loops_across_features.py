@@ -4,17 +4,20 @@ called by the test), so a pass that fails shows up as work that never happens.""
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from typing import Any
 
+import grpc
 import pytest
 from prometheus_client import REGISTRY
 
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2 as pb
+from services.scheduler import schedules
 from tests.harness.flow import serve
-from tests.harness.helpers import eventually
+from tests.harness.helpers import eventually, expect_error
 from tests.harness.scheduler import dur, expire_lease, run_row
 from tests.test_flow_control import policy
 
@@ -180,3 +183,85 @@ async def test_an_approval_the_sweep_cannot_expire_is_skipped_and_the_others_exp
     assert (await run_row(db, bad.run_id))["status"] == "WAITING_APPROVAL"
     assert "LOOP_ERROR" in await _history_actions(db, bad.run_id)
     assert _loop_errors("scheduler.approval_sweep", "row_failed") >= 1
+
+
+@pytest.mark.loop_errors("row_failed")
+async def test_a_schedule_that_fails_or_has_no_tick_left_stops_no_other_projects_schedules(
+    start_services: Any, channels: Any, db: Any, make_key: Any
+) -> None:
+    f = await serve(start_services, channels, db, make_key, schedule_interval=0.1)
+    ops = await make_key("ops", {"p": ["admin"], "q": ["admin"], "r": ["admin", "worker"]})
+    await f.sched.PauseProject(pb.PauseProjectRequest(project_id="q", reason="paused, still scheduled"), metadata=ops)
+    # r's schedules, as the store may hold them: a time zone the host no longer knows, and one whose
+    # only tick (seconds first, a year) is due now and has no successor
+    now = await db.fetchval("SELECT date_trunc('second', now()) - interval '2 seconds'")
+    last_cron = f"{now.second} {now.minute} {now.hour} {now.day} {now.month} * {now.year}"
+    await db.execute(
+        """INSERT INTO awooop_schedule (project_id, name, cron, time_zone, next_tick) VALUES
+           ('r', 'gone-zone', '* * * * *', 'Mars/Olympus_Mons', now() - interval '1 minute'),
+           ('r', 'last-tick', $1, 'UTC', $2)""",
+        last_cron,
+        now,
+    )
+    rows_before = _loop_errors("scheduler.schedules", "row_failed")
+    for project in ("p", "q"):
+        every_second = pb.Schedule(project_id=project, name="tick", cron="* * * * * *")
+        await f.sched.SetSchedule(pb.SetScheduleRequest(schedule=every_second), metadata=ops)
+
+    async def ticks(project: str) -> int:
+        return int(
+            await db.fetchval(
+                "SELECT count(*) FROM awooop_run_state WHERE project_id = $1 AND provider_event_id LIKE 'schedule:%'",
+                project,
+            )
+        )
+
+    async def both_ticking() -> bool:
+        return await ticks("p") >= 3 and await ticks("q") >= 3
+
+    await eventually(both_ticking, timeout=30, what="p's and q's schedules to tick beside r's bad ones")
+    listed = {
+        s.name: s
+        for s in (await f.sched.ListSchedules(pb.ListSchedulesRequest(project_id="r"), metadata=ops)).schedules
+    }
+    assert "time zone" in listed["gone-zone"].last_error and listed["gone-zone"].HasField("last_error_at")
+    assert "never fires" in listed["last-tick"].last_error
+    assert listed["last-tick"].next_tick.ToDatetime().year == 9999
+    assert await ticks("r") == 1  # the last tick fired once; the broken schedule fired nothing
+    # the failing schedule is retried an hour later, not every pass
+    assert _loop_errors("scheduler.schedules", "row_failed") == rows_before + 1
+    # set again (mended), it fires and its error is gone
+    mended = pb.Schedule(project_id="r", name="gone-zone", cron="* * * * * *", time_zone="Europe/Berlin")
+    stored = (await f.sched.SetSchedule(pb.SetScheduleRequest(schedule=mended), metadata=ops)).schedule
+    assert stored.last_error == "" and not stored.HasField("last_error_at")
+
+    async def r_ticking() -> bool:
+        return await ticks("r") >= 2
+
+    await eventually(r_ticking, timeout=30, what="the mended schedule to tick")
+
+
+async def test_six_fields_are_seconds_first_and_schedules_that_never_fire_are_invalid_argument(
+    start_services: Any, channels: Any, db: Any, make_key: Any
+) -> None:
+    f = await serve(start_services, channels, db, make_key)
+    # second 9 of every minute: once a minute (croniter alone reads the sixth field as the seconds)
+    once_a_minute = pb.Schedule(project_id="p", name="m", cron="9 * * * * *")
+    stored = (await f.sched.SetSchedule(pb.SetScheduleRequest(schedule=once_a_minute), metadata=f.admin)).schedule
+    first = stored.next_tick.ToDatetime(tzinfo=dt.UTC)
+    assert first.second == 9 and first.microsecond == 0
+    assert schedules.next_after("9 * * * * *", "UTC", first) - first == dt.timedelta(minutes=1)
+    assert schedules.next_after("0 30 6 * * * 2050", "UTC", first) == dt.datetime(2050, 1, 1, 6, 30, tzinfo=dt.UTC)
+    for cron, tz, field in (
+        ("0 0 30 2 *", "UTC", "schedule.cron"),  # 30 February
+        ("0 0 0 1 1 * 2020", "UTC", "schedule.cron"),  # a year in the past
+        ("0 0 0 1 1 * 2199", "UTC", "schedule.cron"),  # further ahead than croniter looks
+        ("x" * 257, "UTC", "schedule.cron"),
+        ("* * * * * * * *", "UTC", "schedule.cron"),
+        ("* * * * *", "E" * 300, "schedule.time_zone"),
+        ("* * * * *", "../../etc/passwd", "schedule.time_zone"),
+    ):
+        bad = pb.SetScheduleRequest(schedule=pb.Schedule(project_id="p", name="bad", cron=cron, time_zone=tz))
+        err = await expect_error(f.sched.SetSchedule(bad, metadata=f.admin), grpc.StatusCode.INVALID_ARGUMENT)
+        assert field in (err.details() or ""), (cron, tz, err.details())
+    assert await db.fetchval("SELECT count(*) FROM awooop_schedule WHERE name = 'bad'") == 0

@@ -23,7 +23,9 @@ from typing import Any
 import asyncpg
 from croniter import croniter
 
+from services.common import loops
 from services.common.audit import AUDIT_INSERT
+from services.common.db import Conn
 from services.common.runs import RUN_READY_CHANNEL
 from services.ingest import store
 from services.ingest.parsing import NewEvent
@@ -36,34 +38,74 @@ SCHEDULE_DELETED = "SCHEDULE_DELETED"
 DUE_BATCH = 100
 
 
+MAX_CRON = 256  # awooop_schedule.cron
+MAX_TIME_ZONE = 64  # awooop_schedule.time_zone; IANA names are at most about 30 characters
+# A schedule whose tick cannot be computed (it can never fire again, e.g. a year field in the
+# past) is tried again this much later, with the error on the schedule, instead of every pass.
+ERROR_RETRY = dt.timedelta(hours=1)
+LOOP = "scheduler.schedules"
+
+
 class ScheduleError(ValueError):
-    """A cron expression or time zone that does not parse (the message says which)."""
+    """A cron expression or time zone that does not parse or never fires (the message says which)."""
 
 
 def zone(name: str) -> zoneinfo.ZoneInfo:
+    if len(name) > MAX_TIME_ZONE:
+        raise ScheduleError(f"unknown time zone (longer than {MAX_TIME_ZONE} characters)")
     try:
         return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise ScheduleError(f"unknown time zone {name!r}") from exc
 
 
+def croniter_fields(cron: str) -> str:
+    """The expression in croniter's field order. Ours (docs/flow-control.md): 5 fields (minute
+    hour day month weekday); 6 with seconds first; 7 with seconds first and the year last, as
+    Quartz and Spring write them. croniter reads seconds as the sixth field and the year as the
+    seventh, so seconds move from the front to after the weekday."""
+    fields = cron.split()
+    if len(fields) in (6, 7):
+        fields = [*fields[1:6], fields[0], *fields[6:]]
+    return " ".join(fields)
+
+
+def _iter(cron: str, start: dt.datetime) -> croniter:
+    try:
+        return croniter(croniter_fields(cron), start)
+    except (ValueError, KeyError, TypeError) as exc:  # croniter's CroniterError is a ValueError
+        raise ScheduleError(f"not a cron expression: {cron!r} ({exc})") from exc
+
+
 def check_cron(cron: str) -> None:
-    if not croniter.is_valid(cron):
-        raise ScheduleError(f"not a cron expression: {cron!r} (5 fields, or 6 with seconds)")
+    fields = len(cron.split())
+    if fields not in (5, 6, 7) or not croniter.is_valid(croniter_fields(cron)):
+        raise ScheduleError(
+            f"not a cron expression: {cron!r} (5 fields; 6 with seconds first; 7 with seconds first and a year)"
+        )
 
 
 def next_after(cron: str, time_zone: str, after: dt.datetime) -> dt.datetime:
-    """The first tick strictly after `after`, in UTC."""
-    t = croniter(cron, after.astimezone(zone(time_zone))).get_next(dt.datetime)
+    """The first tick strictly after `after`, in UTC (ScheduleError: there is none)."""
+    try:
+        t = _iter(cron, after.astimezone(zone(time_zone))).get_next(dt.datetime)
+    except ScheduleError:
+        raise
+    except (ValueError, OverflowError) as exc:  # CroniterBadDateError: no such date ahead
+        raise ScheduleError(f"{cron!r} never fires after {after.isoformat()}") from exc
     assert isinstance(t, dt.datetime)
     return t.astimezone(dt.UTC)
 
 
-def latest_at_or_before(cron: str, time_zone: str, now: dt.datetime) -> dt.datetime:
-    """The latest tick at or before now, in UTC."""
+def latest_at_or_before(cron: str, time_zone: str, now: dt.datetime) -> dt.datetime | None:
+    """The latest tick at or before now, in UTC (None: there was none)."""
     local = now.astimezone(zone(time_zone))
-    it = croniter(cron, local + dt.timedelta(microseconds=1))
-    t = it.get_prev(dt.datetime)
+    try:
+        t = _iter(cron, local + dt.timedelta(microseconds=1)).get_prev(dt.datetime)
+    except ScheduleError:
+        raise
+    except (ValueError, OverflowError):
+        return None
     assert isinstance(t, dt.datetime)
     return t.astimezone(dt.UTC)
 
@@ -72,40 +114,71 @@ def event_id(name: str, tick: dt.datetime) -> str:
     return f"schedule:{name}:{tick.astimezone(dt.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
 
 
+# Due schedules; one whose last tick failed waits ERROR_RETRY ($1) before it is tried again.
 DUE_SQL = f"""
 SELECT project_id, name, cron, time_zone, input::text AS input, next_tick, now() AS now
   FROM awooop_schedule
- WHERE next_tick <= now()
+ WHERE next_tick <= now() AND (last_error_at IS NULL OR last_error_at <= now() - $1::interval)
  ORDER BY next_tick
  LIMIT {DUE_BATCH}
    FOR UPDATE SKIP LOCKED
 """
 
-ADVANCE_SQL = "UPDATE awooop_schedule SET next_tick = $3, updated_at = now() WHERE project_id = $1 AND name = $2"
+# $3 the next tick ('infinity' when there is none; $4 then says so, else NULL clears the error)
+ADVANCE_SQL = """
+UPDATE awooop_schedule
+   SET next_tick = $3, last_error = $4, last_error_at = CASE WHEN $4::text IS NOT NULL THEN now() END,
+       updated_at = now()
+ WHERE project_id = $1 AND name = $2
+"""
+
+FAILED_SQL = """
+UPDATE awooop_schedule SET last_error = $3, last_error_at = now(), updated_at = now()
+ WHERE project_id = $1 AND name = $2
+"""
+
+NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)  # stored as 'infinity'
 
 
 async def tick(pool: asyncpg.Pool, *, policy_defaults: str) -> int:
-    """One pass: fires every due schedule's tick; returns the runs created."""
+    """One pass: fires every due schedule's tick; returns the runs created. A schedule whose
+    tick fails is rolled back alone (a savepoint), logged, counted and marked with its error,
+    and the pass goes on for every other schedule."""
     created = 0
     async with pool.acquire() as conn, conn.transaction():
-        rows = await conn.fetch(DUE_SQL)
-        for r in rows:
-            now: dt.datetime = r["now"]
-            fire = max(r["next_tick"], latest_at_or_before(r["cron"], r["time_zone"], now))
-            ev = NewEvent(r["project_id"], "api", event_id(r["name"], fire), r["input"], 0)
-            (stored,) = await store.ingest(
-                conn,
-                [ev],
-                principal_id=SCHEDULER_ACTOR,
-                actor=SCHEDULER_ACTOR,
-                retention=7 * 86400.0,
-                defaults_json=policy_defaults,
-            )
-            if stored.created:
-                created += 1
-                await conn.execute("SELECT pg_notify($1, $2)", RUN_READY_CHANNEL, r["project_id"])
-            await conn.execute(ADVANCE_SQL, r["project_id"], r["name"], next_after(r["cron"], r["time_zone"], now))
+        for r in await conn.fetch(DUE_SQL, ERROR_RETRY):
+            try:
+                async with conn.transaction():
+                    created += await _fire(conn, r, policy_defaults)
+            except Exception as exc:
+                loops.row_failed(LOOP, f"schedule {r['name']!r} of project {r['project_id']!r}", exc)
+                await conn.execute(FAILED_SQL, r["project_id"], r["name"], loops.describe(exc))
     return created
+
+
+async def _fire(conn: Conn, r: asyncpg.Record, policy_defaults: str) -> int:
+    """Fires the schedule's due tick (the latest one missed) and moves next_tick on."""
+    now: dt.datetime = r["now"]
+    latest = latest_at_or_before(r["cron"], r["time_zone"], now)
+    fire = max(r["next_tick"], latest) if latest else r["next_tick"]
+    try:
+        nxt, error = next_after(r["cron"], r["time_zone"], now), None
+    except ScheduleError as exc:  # the tick due now is its last: fire it, then the schedule rests
+        nxt, error = NEVER, str(exc)
+        log.warning("schedule %r of project %r has no tick after this one", r["name"], r["project_id"])
+    ev = NewEvent(r["project_id"], "api", event_id(r["name"], fire), r["input"], 0)
+    (stored,) = await store.ingest(
+        conn,
+        [ev],
+        principal_id=SCHEDULER_ACTOR,
+        actor=SCHEDULER_ACTOR,
+        retention=7 * 86400.0,
+        defaults_json=policy_defaults,
+    )
+    if stored.created:
+        await conn.execute("SELECT pg_notify($1, $2)", RUN_READY_CHANNEL, r["project_id"])
+    await conn.execute(ADVANCE_SQL, r["project_id"], r["name"], nxt, error)
+    return 1 if stored.created else 0
 
 
 # --- management ----------------------------------------------------------------------------------
@@ -116,8 +189,8 @@ WITH s AS (
     VALUES ($1::text, $2::text, $3, $4, $5::text::jsonb, $6, $7)
     ON CONFLICT (project_id, name) DO UPDATE
        SET cron = EXCLUDED.cron, time_zone = EXCLUDED.time_zone, input = EXCLUDED.input,
-           next_tick = EXCLUDED.next_tick, updated_at = now()
-    RETURNING project_id, name, cron, time_zone, input, next_tick
+           next_tick = EXCLUDED.next_tick, last_error = NULL, last_error_at = NULL, updated_at = now()
+    RETURNING project_id, name, cron, time_zone, input, next_tick, last_error, last_error_at
 ),
 aud AS (
     {AUDIT_INSERT}
@@ -137,7 +210,8 @@ aud AS (
 SELECT count(*) AS n FROM d
 """
 
-LIST_SQL = """SELECT project_id, name, cron, time_zone, input, next_tick FROM awooop_schedule
+LIST_SQL = """SELECT project_id, name, cron, time_zone, input, next_tick, last_error, last_error_at
+                FROM awooop_schedule
                WHERE project_id = $1 ORDER BY name"""
 
 
@@ -148,14 +222,18 @@ class Schedule:
     cron: str
     time_zone: str
     input: dict[str, Any]
-    next_tick: dt.datetime
+    next_tick: dt.datetime  # NEVER: no tick is left (last_error says why)
+    last_error: str | None = None  # why its last tick failed, or why none is left
+    last_error_at: dt.datetime | None = None
 
 
 def _schedule(r: asyncpg.Record) -> Schedule:
     data = r["input"]
     if isinstance(data, str):
         data = json.loads(data)
-    return Schedule(r["project_id"], r["name"], r["cron"], r["time_zone"], data, r["next_tick"])
+    return Schedule(
+        r["project_id"], r["name"], r["cron"], r["time_zone"], data, r["next_tick"], r["last_error"], r["last_error_at"]
+    )
 
 
 async def set_schedule(

@@ -480,6 +480,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         if n < len(runs):  # the page ends at the last run that fits; the next one starts after it
             runs, next_token = runs[:n], reads.encode_page_token(rows[n - 1]["created_at"], rows[n - 1]["run_id"])
         return scheduler_pb2.ListRunsResponse(runs=runs, next_page_token=next_token)
+
     async def CountRuns(
         self, request: scheduler_pb2.CountRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.CountRunsResponse:
@@ -568,9 +569,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         v = Violations()
         project_id = v.project_id("project_id", request.project_id)
         policy = retry_policy.from_pb(v, "retry_policy", request.retry_policy)
-        weight = v.int_range(
-            "weight", request.weight, 1, project_flow.MAX_WEIGHT, default=project_flow.DEFAULT_WEIGHT
-        )
+        weight = v.int_range("weight", request.weight, 1, project_flow.MAX_WEIGHT, default=project_flow.DEFAULT_WEIGHT)
         v.raise_if_any()
         principal = current_principal()
         require_role(principal, project_id, "admin")
@@ -683,6 +682,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             time_zone=s.time_zone,
             input=to_struct(s.input),
             next_tick=ts(s.next_tick),
+            last_error=s.last_error or "",
+            last_error_at=ts(s.last_error_at),
         )
 
     async def SetSchedule(
@@ -698,18 +699,25 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             schedules.zone(time_zone)
         except schedules.ScheduleError as exc:
             v.add("schedule.time_zone", str(exc))
+            time_zone = "UTC"  # the cron is still checked, in UTC
         if cron:
             try:
                 schedules.check_cron(cron)
+                schedules.next_after(cron, time_zone, dt.datetime.now(dt.UTC))  # it fires at least once more
             except schedules.ScheduleError as exc:
                 v.add("schedule.cron", str(exc))
         _, input_json = v.json("schedule.input", sched.input, max_bytes=self.settings.max_payload_bytes)
         v.raise_if_any()
         principal = current_principal()
         require_role(principal, project_id, "admin")
-        stored = await schedules.set_schedule(
-            self.pool, project_id, name, cron, time_zone, input_json, principal.actor
-        )
+        try:
+            stored = await schedules.set_schedule(
+                self.pool, project_id, name, cron, time_zone, input_json, principal.actor
+            )
+        except schedules.ScheduleError as exc:  # its last tick passed since the check above
+            v.add("schedule.cron", str(exc))
+            v.raise_if_any()
+            raise
         return scheduler_pb2.SetScheduleResponse(schedule=self._schedule_pb(stored))
 
     async def ListSchedules(

@@ -130,10 +130,7 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
     print(f"effective        {_policy_text(flow.effective_retry_policy)}")
     if limits:
         print()
-        rows = [
-            (x.key, x.max_running or "-", _rate(x), x.running, x.waiting)
-            for x in limits
-        ]
+        rows = [(x.key, x.max_running or "-", _rate(x), x.running, x.waiting) for x in limits]
         print_table(("key", "limit", "rate", "running", "waiting"), rows)
     return 0
 
@@ -209,9 +206,17 @@ async def cmd_schedules(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         print_json([to_json(s) for s in found])
     else:
-        rows = [(s.name, s.cron, s.time_zone, when(s.next_tick)) for s in found]
-        print_table(("name", "cron", "time zone", "next tick"), rows)
+        rows = [(s.name, s.cron, s.time_zone, _next_tick(s), _error(s)) for s in found]
+        print_table(("name", "cron", "time zone", "next tick", "error"), rows)
     return 0
+
+
+def _next_tick(s: scheduler_pb2.Schedule) -> str:
+    return "none left" if s.next_tick.ToDatetime().year == 9999 else when(s.next_tick)
+
+
+def _error(s: scheduler_pb2.Schedule) -> str:
+    return f"{s.last_error} (at {when(s.last_error_at)})" if s.last_error else "-"
 
 
 async def cmd_unschedule(args: argparse.Namespace, client: Client) -> int:

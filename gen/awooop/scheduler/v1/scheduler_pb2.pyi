@@ -1781,21 +1781,33 @@ class Schedule(_message.Message):
     TIME_ZONE_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
     NEXT_TICK_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_AT_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     name: _builtins.str
     """Name, unique in the project (1-128 printable chars); part of each tick's event id."""
     cron: _builtins.str
-    """Cron expression: 5 fields, or 6 with seconds first (croniter syntax)."""
+    """Cron expression: 5 fields (minute hour day month weekday); 6 with seconds first; 7 with
+    seconds first and a year last (Quartz order). At most 256 characters.
+    """
     time_zone: _builtins.str
     """IANA time zone the expression is read in (default UTC), for example Europe/Berlin."""
+    last_error: _builtins.str
+    """Output only: why the last tick failed (retried an hour after last_error_at) or why no tick is
+    left; empty when the last tick fired.
+    """
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Input of each run."""
 
     @_builtins.property
     def next_tick(self) -> _timestamp_pb2.Timestamp:
-        """The next tick."""
+        """The next tick; 9999-12-31T23:59:59.999999Z when none is left (last_error says why)."""
+
+    @_builtins.property
+    def last_error_at(self) -> _timestamp_pb2.Timestamp:
+        """Output only: when last_error was set."""
 
     def __init__(
         self,
@@ -1806,10 +1818,12 @@ class Schedule(_message.Message):
         time_zone: _builtins.str = ...,
         input: _struct_pb2.Struct | None = ...,
         next_tick: _timestamp_pb2.Timestamp | None = ...,
+        last_error: _builtins.str = ...,
+        last_error_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "next_tick", b"next_tick"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "last_error_at", b"last_error_at", "next_tick", b"next_tick"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cron", b"cron", "input", b"input", "name", b"name", "next_tick", b"next_tick", "project_id", b"project_id", "time_zone", b"time_zone"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cron", b"cron", "input", b"input", "last_error", b"last_error", "last_error_at", b"last_error_at", "name", b"name", "next_tick", b"next_tick", "project_id", b"project_id", "time_zone", b"time_zone"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
