@@ -28,16 +28,17 @@ import grpc
 from opentelemetry.trace import Status, StatusCode
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
-from services.common import tracing
+from services.common import loops, tracing
 from services.common.audit import audit
 from services.common.compensatable import compensatable_step
 from services.common.db import Conn, store_error
 from services.common.jsonvalues import struct_dict
-from services.common.observability import LOOP_RUNS, RUN_ID
+from services.common.observability import RUN_ID
 from services.common.runstate import COMPENSATABLE, sql_list
 from services.common.runtime import AppContext
 from services.common.validate import to_struct
 from services.saga.metrics import COMPENSATION_RUNS, COMPENSATIONS, GATEWAY_LATENCY
+from services.saga.notifier import LOOP as ALERTS_LOOP
 from services.saga.notifier import Notifier
 from services.saga.saga_status import SET_COMPENSATING_SQL, lock_run
 from services.saga.steps import STEP_COLUMNS
@@ -46,6 +47,7 @@ log = logging.getLogger("awooop.saga.driver")
 
 ACTOR = "service:saga"
 BATCH = 10  # requests claimed per pass (driven concurrently)
+LOOP = "saga_compensation"
 MAX_ROUNDS = 10  # re-reads of the eligible steps per claim (retries re-open steps meanwhile)
 # gateway answers worth another try before a compensation counts as failed
 TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
@@ -175,21 +177,26 @@ class CompensationDriver:
         self._kick.set()
 
     async def loop(self) -> None:
-        """Background loop: a pass every compensation_interval, or at once when kicked."""
+        """Background loop: a pass every compensation_interval, or at once when kicked; each
+        pass also delivers pending escalation alerts (counted as their own loop)."""
+        loops.register(LOOP)
+        loops.register(ALERTS_LOOP)
         while not self.ctx.stopping.is_set():
             claimed = 0
             try:
                 claimed = await self.run_pass()
-                await self.notifier.deliver_pending()
-                LOOP_RUNS.labels("saga_compensation", "ok").inc()
+                loops.pass_done(LOOP)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                LOOP_RUNS.labels("saga_compensation", "error").inc()
-                if store_error(exc) is not None:
-                    log.warning("compensation pass: store unavailable", extra={"error": repr(exc)})
-                else:
-                    log.exception("compensation pass failed")
+                loops.pass_failed(LOOP, exc)
+            try:
+                await self.notifier.deliver_pending()
+                loops.pass_done(ALERTS_LOOP)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                loops.pass_failed(ALERTS_LOOP, exc)
             if claimed >= BATCH:
                 continue  # more may be waiting
             try:
@@ -217,9 +224,9 @@ class CompensationDriver:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            # the request stays 'running' and is taken over when its lease expires
+            # the request stays 'running' and is taken over when its lease expires; the others go on
             if store_error(exc) is None:
-                log.exception("compensation of run %s failed; retried after its lease", claim.run_id)
+                loops.row_failed(LOOP, f"compensation of run {claim.run_id} (retried after its lease)", exc)
             else:
                 log.warning("compensation: store unavailable", extra={"run_id": str(claim.run_id)})
         finally:

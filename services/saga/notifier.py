@@ -21,6 +21,7 @@ from typing import Any
 
 import asyncpg
 
+from services.common import loops
 from services.common.runtime import AppContext
 from services.saga.metrics import ALERTS
 
@@ -29,6 +30,7 @@ log = logging.getLogger("awooop.saga.notifier")
 MAX_ATTEMPTS = 10  # delivery passes per alert before it is given up (and logged)
 CLAIM_SECONDS = 60  # an alert claimed by a replica that died is retried after this
 BATCH = 20
+LOOP = "saga.alerts"
 STREAM_MAXLEN = 10000  # approximate cap of the Redis stream
 TELEGRAM_TRIES = 3
 TELEGRAM_BACKOFF = (0.3, 1.0)
@@ -108,7 +110,10 @@ class Notifier:
     async def deliver_pending(self) -> int:
         rows = await self.ctx.pool.fetch(CLAIM_SQL, BATCH)
         for row in rows:
-            await self._deliver(row)
+            try:
+                await self._deliver(row)
+            except Exception as exc:  # this alert waits for the next pass; the others go out
+                loops.row_failed(LOOP, f"alert {row['alert_id']} of run {row['run_id']}", exc)
         return len(rows)
 
     async def _deliver(self, row: asyncpg.Record) -> None:
