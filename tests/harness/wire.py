@@ -1,7 +1,8 @@
 """A TCP proxy that can lose answers: what a dropped connection or a stalled network does to a
 call whose request arrived. While `held`, bytes from the server are kept back (the client sees
 nothing and its deadline passes) while bytes to the server still flow, so the server handles the
-call and answers it as usual, never learning that the answer did not arrive."""
+call and answers it as usual, never learning that the answer did not arrive. reset() then drops
+the connections, as a network that comes back does, and the client connects again."""
 
 from __future__ import annotations
 
@@ -26,12 +27,19 @@ class HoldingProxy:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for w in self._writers:
+        await self.reset()
+
+    async def reset(self) -> None:
+        """Closes the connections made so far (whatever they held back is lost) and lets
+        answers through again: the client reconnects."""
+        writers, self._writers = self._writers, []
+        for w in writers:
             w.close()
         for t in list(self._tasks):
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 await t
+        self.held = False
 
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
