@@ -257,3 +257,42 @@ def test_the_claim_statements_without_a_claim_id_are_unchanged() -> None:
     for sql in (claiming.claim_sql(1, 10), claiming.claim_sql(3, 10), batch_complete.complete_and_claim_sql(1, 10)):
         assert claim_answers.TABLE not in sql
     assert claim_answers.TABLE in claiming.claim_sql(1, 10, answered=True)
+
+
+async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_answer(
+    s: Sched, db_dsn: str
+) -> None:
+    """Behind a transaction-mode pooler the claim runs as a PL/pgSQL function
+    (services/common/server_plans.py): the racing retry's unique violation still names the
+    answer's key, so it is run again and replays."""
+    from services.common import server_plans
+    from services.scheduler import claiming
+
+    await insert_runs(s.db, "p", 4)
+    sql = claiming.claim_sql(1, 2, answered=True)
+    first, second = [await asyncpg.connect(db_dsn, statement_cache_size=0) for _ in range(2)]
+    try:
+        call = await server_plans.ensure(first, sql)
+        args = ("p", LEASE, "w1", "test", "service:worker-1", "racing", ["p"])
+        tx = first.transaction()
+        await tx.start()
+        took = [r["run_id"] for r in await first.fetch(call, *args)]
+        assert len(took) == 2
+        racing = asyncio.ensure_future(second.fetch(call, *args))
+
+        async def waiting() -> bool:
+            waits = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = $1"
+            return bool(await s.db.fetchval(waits, await s.db.fetchval("SELECT current_database()")))
+
+        await eventually(waiting, what="the racing claim to wait for the first one's commit")
+        await tx.commit()
+        with pytest.raises(asyncpg.exceptions.UniqueViolationError) as err:
+            await racing
+        assert claim_answers.recorded_meanwhile(err.value)
+        again = await second.fetch(call, *args)
+        assert [r["run_id"] for r in again] == [None] and again[0]["recorded"]
+    finally:
+        await first.close()
+        await second.close()
+    # the racing claim's runs went back with its statement: only the first two were claimed
+    assert await s.db.fetchval("SELECT count(*) FROM awooop_run_state WHERE attempt_count > 0") == 2
