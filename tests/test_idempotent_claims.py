@@ -6,7 +6,9 @@ gRPC, real store; the lost answer is lost on a real TCP connection (tests/harnes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -46,6 +48,39 @@ def _leases(runs: Any) -> list[tuple[str, int, int]]:
 
 async def _claims_of(s: Sched, run_id: str) -> int:
     return (await audit_actions(s.db, run_id)).count("CLAIMED")
+
+
+@contextlib.asynccontextmanager
+async def _answer_held(s: Sched, claim_id: str) -> AsyncIterator[None]:
+    """Holds an uncommitted answer row of worker-1's claim_id (w1) until the block ends, then rolls
+    it back: a claim of that id claims its runs and then waits, uncommitted, to record its own."""
+    assert s.rt.ctx is not None
+    conn = await asyncpg.connect(s.rt.ctx.settings.database_url)
+    try:
+        async with conn.transaction():
+            await conn.execute(
+                f"""INSERT INTO {claim_answers.TABLE} (principal, worker_id, claim_id, project_ids, max_runs, lease_ttl,
+                                                      run_ids, attempts, expires_at)
+                    VALUES ('service:worker-1', 'w1', $1, '{{p}}', 1, 1, '{{}}', '{{}}', now())""",
+                claim_id,
+            )
+            yield
+            raise _RollBack
+    except _RollBack:
+        pass
+    finally:
+        await conn.close()
+
+
+class _RollBack(Exception):
+    pass
+
+
+async def _waiting_on_the_key(s: Sched) -> int:
+    """Statements of this database waiting for another transaction (the held answer's)."""
+    sql = """SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+              WHERE l.locktype = 'transactionid' AND NOT l.granted AND a.datname = current_database()"""
+    return int(await s.db.fetchval(sql))
 
 
 async def test_a_claim_whose_answer_was_lost_is_answered_again_by_its_retry_at_once(s: Sched, channels: Any) -> None:
@@ -107,31 +142,20 @@ async def test_different_claim_ids_claim_different_runs(s: Sched, make_key: Any)
 
 async def test_ten_concurrent_retries_of_one_claim_answer_the_same_runs_and_claim_nothing_twice(s: Sched) -> None:
     ids = await insert_runs(s.db, "p", 40)
-    # Hold every claim's answer back until all ten have claimed: a lock that lets the claims read
-    # and claim but not record their answer (SHARE blocks the INSERT, not the SELECT). Each then
-    # holds 3 runs of its own when the lock goes; the first to record wins and the others' whole
+    # All ten claim before any records its answer: each holds 3 runs of its own, waiting on the
+    # key's uncommitted row; when that goes, the first to record wins and the others' whole
     # statements fail on its key, are run again and replay its answer.
-    lock = await asyncpg.connect(s.rt.ctx.settings.database_url)  # type: ignore[union-attr]
-    try:
-        tx = lock.transaction()
-        await tx.start()
-        await lock.execute(f"LOCK TABLE {claim_answers.TABLE} IN SHARE MODE")
+    async with _answer_held(s, "one-claim"):
         req = _claim("one-claim", max_runs=3)
         calls = [asyncio.ensure_future(s.stub.ClaimRuns(req, metadata=s.worker, timeout=30)) for _ in range(10)]
 
-        async def all_waiting() -> bool:
-            n = await s.db.fetchval(
-                "SELECT count(*) FROM pg_locks WHERE relation = $1::regclass AND NOT granted", claim_answers.TABLE
-            )
-            return n == 10
+        async def all_claimed_and_waiting() -> bool:
+            return await _waiting_on_the_key(s) == 10
 
-        await eventually(all_waiting, what="ten claims waiting to record their answer")
-        running = await s.db.fetchval("SELECT count(*) FROM awooop_run_state WHERE status = 'RUNNING'")
-        assert running == 0  # not committed yet
-        await tx.rollback()
-        answers = await asyncio.gather(*calls)
-    finally:
-        await lock.close()
+        await eventually(all_claimed_and_waiting, what="ten claims waiting to record their answer")
+        locked = await s.db.fetchval("SELECT count(*) FROM (SELECT FROM awooop_run_state FOR UPDATE SKIP LOCKED) x")
+        assert locked == 40 - 30  # each of the ten holds 3 runs it claimed
+    answers = await asyncio.gather(*calls)
     first = _leases(answers[0].runs)
     assert len(first) == 3 and all(_leases(a.runs) == first for a in answers)
     claimed = [r["run_id"] for r in await s.db.fetch("SELECT run_id FROM awooop_run_state WHERE attempt_count > 0")]
@@ -188,16 +212,10 @@ async def test_a_claim_whose_caller_is_gone_before_it_commits_is_handed_back_and
     s: Sched,
 ) -> None:
     (rid,) = await insert_runs(s.db, "p", 1)
-    lock = await asyncpg.connect(s.rt.ctx.settings.database_url)  # type: ignore[union-attr]
-    try:
-        tx = lock.transaction()
-        await tx.start()
-        await lock.execute(f"LOCK TABLE {claim_answers.TABLE} IN SHARE MODE")
+    async with _answer_held(s, "slow"):  # the claim claims, then waits to record its answer
         req = _claim("slow")
         await expect_error(s.stub.ClaimRuns(req, metadata=s.worker, timeout=1.0), grpc.StatusCode.DEADLINE_EXCEEDED)
-        await tx.rollback()
-    finally:
-        await lock.close()
+        assert await _waiting_on_the_key(s) == 1
 
     # the scheduler knows the caller is gone: the claim, once committed, is handed back at once
     async def handed_back() -> bool:
