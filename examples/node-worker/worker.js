@@ -1,7 +1,7 @@
 // An awooop worker in Node, from the project's protos/ alone: @grpc/grpc-js for the calls,
 // @grpc/proto-loader for the contracts, protobufjs for google.rpc error details.
 //
-// It claims runs with a long-poll, renews the lease, journals a tool step with its compensation
+// It claims runs with a long-poll (retried safely with a claim id), renews the lease, journals a tool step with its compensation
 // (BeginStep, then CompleteStep) and an LLM step (RecordStep), and completes the run. Then it shows
 // how a lost lease reaches a client: as an outcome in Heartbeat's body, and as an error with a
 // google.rpc.ErrorInfo (reason LEASE_LOST) from every other call.
@@ -16,6 +16,7 @@
 "use strict";
 
 const path = require("node:path");
+const { randomUUID } = require("node:crypto");
 const grpc = require("@grpc/grpc-js");
 const protoLoader = require("@grpc/proto-loader");
 const protobuf = require("protobufjs");
@@ -98,6 +99,28 @@ function call(client, method, request, seconds = 30) {
 
 const WORKER_ID = `node-${process.pid}`;
 
+// Retried claims: a claim that committed but whose answer was lost (a deadline, a dropped
+// connection) would leave its run RUNNING for nobody until the lease expires. A claim id, fresh
+// per claim and the same on every retry of it, makes the scheduler answer the retry with the
+// runs that claim took (same leases) instead of claiming more.
+const RETRY = [grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED];
+
+/** One claim (a long-poll), retried up to 4 times with its claim id while its outcome is unknown. */
+async function claim(project) {
+  const request = {
+    worker_id: WORKER_ID, project_ids: [project], max_runs: 1, wait: { seconds: 10, nanos: 0 },
+    claim_id: randomUUID(),
+  };
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      return await call(scheduler, "ClaimRuns", request, 20);
+    } catch (err) {
+      if (attempt >= 4 || !RETRY.includes(err.code)) throw err;
+      await new Promise((resolve) => setTimeout(resolve, 200 * 2 ** attempt));
+    }
+  }
+}
+
 async function handle(claimed) {
   const lease = claimed.lease; // the fencing token {run_id, attempt}: sent with every write
   const input = fromStruct(claimed.run.input);
@@ -157,10 +180,7 @@ async function main() {
   emit({ event: "started", worker_id: WORKER_ID });
   while (!stopping && left > 0) {
     // long-poll: the scheduler holds the call up to `wait` until a run is ready
-    const resp = await call(scheduler, "ClaimRuns", {
-      worker_id: WORKER_ID, project_ids: [process.env.AWOOOP_PROJECT || "demo"], max_runs: 1,
-      wait: { seconds: 10, nanos: 0 },
-    }, 20);
+    const resp = await claim(process.env.AWOOOP_PROJECT || "demo");
     for (const claimed of resp.runs) {
       await handle(claimed);
       left -= 1;

@@ -110,7 +110,8 @@ class Settings:
     # how long a finished run (COMPLETED, FAILED, CANCELLED) is kept with its journal, compensation and
     # audit rows, counted from its last change; 0 keeps runs for ever
     run_retention: float = 30 * 24 * 3600.0
-    prune_interval: float = 300.0  # how often expired dedupe rows and idempotency keys are pruned
+    # how often expired dedupe rows and idempotency keys (ingest) and recorded claim answers (scheduler) are pruned
+    prune_interval: float = 300.0
     prune_batch: int = 5000  # rows deleted per pruning statement (short transactions, no long locks)
     redis_dedupe_ttl: float = 24 * 3600.0  # how long Redis answers a repeated event id without Postgres
     # recent event ids each ingest process answers from its own memory, without Redis (0: off; ~0.4 KB each)

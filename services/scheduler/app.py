@@ -1,6 +1,7 @@
 """Wires the scheduler service into the runtime: the servicer, the LISTEN connection for
-claim wake-ups, and three background loops (the stale-lease reaper, the approval expiry
-sweep and the queue gauges' sampler), each safe to run in several replicas at once."""
+claim wake-ups, and its background loops (the stale-lease reaper, the approval expiry sweep,
+the queue gauges' sampler, the schedules' ticks and the pruning of recorded claim answers),
+each safe to run in several replicas at once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import retry_policy
 from services.common.loops import periodic
 from services.common.runtime import AppContext, ServiceParts
-from services.scheduler import approvals, metrics, reaper, schedules
+from services.scheduler import approvals, claim_answers, metrics, reaper, schedules
 from services.scheduler.queue import QueueSampler
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.servicer import SchedulerServicer
@@ -41,7 +42,7 @@ def build(ctx: AppContext) -> ServiceParts:
 
     async def schedule_loop() -> None:
         await periodic(
-            "scheduler.schedules",
+            schedules.LOOP,
             s.schedule_interval,
             lambda: schedules.tick(ctx.pool, policy_defaults=policy),
             ctx.stopping,
@@ -55,6 +56,14 @@ def build(ctx: AppContext) -> ServiceParts:
             ctx.stopping,
         )
 
+    async def claim_answers_loop() -> None:
+        await periodic(
+            "scheduler.claim_answers",
+            s.prune_interval,
+            lambda: claim_answers.prune(ctx.pool, batch=s.prune_batch),
+            ctx.stopping,
+        )
+
     async def queue_metrics_loop() -> None:
         if s.queue_metrics_interval > 0:
             await periodic("scheduler.queue_metrics", s.queue_metrics_interval, sampler.sample, ctx.stopping)
@@ -62,6 +71,6 @@ def build(ctx: AppContext) -> ServiceParts:
     return ServiceParts(
         servicers=[(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(ctx, listener, saga))],
         service_names=[SERVICE_NAME],
-        background=[listen, reap_loop, approval_sweep_loop, queue_metrics_loop, schedule_loop],
+        background=[listen, reap_loop, approval_sweep_loop, queue_metrics_loop, schedule_loop, claim_answers_loop],
         on_stop=[listener.close, saga.close],
     )

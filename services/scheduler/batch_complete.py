@@ -28,8 +28,9 @@ from services.common.db import Row, fetch_again_on_deadlock
 from services.common.runs import RUN_COLUMNS
 from services.common.runstate import Audit, RunStatus
 from services.common.server_plans import keep_plan
-from services.scheduler import budget, metrics, replays
-from services.scheduler.claiming import claim_ctes, hand_back_undelivered, projects_arg
+from services.scheduler import budget, claim_answers, metrics, replays
+from services.scheduler.claim_answers import ClaimKey
+from services.scheduler.claiming import Claim, claim_ctes, hand_back_undelivered, projects_arg
 from services.scheduler.fragments import (
     CUR_COLUMNS,
     FENCED_AUDIT_DETAILS,
@@ -96,12 +97,17 @@ aud AS (
 )"""
 
 
-# One row per item, in order: the locked row's state (cur_*; NULL when the run does not exist)
-# and, when this item completed the run, the changed row (run_id not NULL).
-COMPLETE_ITEMS_SELECT = """SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger, NULL::float8 AS claim_wait
+def complete_items_select(extra: str = "") -> str:
+    """One row per item, in order: the locked row's state (cur_*; NULL when the run does not
+    exist) and, when this item completed the run, the changed row (run_id not NULL); extra: more
+    columns."""
+    return f"""SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger, NULL::float8 AS claim_wait{extra}
   FROM items it
   LEFT JOIN cur ON cur.cur_run_id = it.run_id
   LEFT JOIN upd ON upd.upd_item = it.item"""
+
+
+COMPLETE_ITEMS_SELECT = complete_items_select()
 
 COMPLETE_MANY_SQL = keep_plan(f"""
 WITH {complete_ctes(claiming=False)}
@@ -115,9 +121,11 @@ CLAIMED_COLUMNS = ", ".join(f"claimed.{c.strip()}" for c in RUN_COLUMNS.split(",
 
 
 @functools.lru_cache(maxsize=512)
-def complete_and_claim_sql(count: int, max_runs: int) -> str:
+def complete_and_claim_sql(count: int, max_runs: int, *, answered: bool = False) -> str:
     """ClaimRuns carrying completions: COMPLETE_MANY_SQL's parameters, then $7 project(s), $8
-    lease seconds, $9 worker id (actor: $6); max_runs and count as claiming.claim_ctes.
+    lease seconds, $9 worker id (actor: $6); max_runs and count as claiming.claim_ctes. answered
+    (a claim with a claim id): $10 principal, $11 claim id, $12 sorted projects, and every row
+    carries `recorded` (an answer was recorded for the claim id before: nothing was claimed).
 
     One statement, one commit: the items are completed first (the claim's scan starts after
     `cur` locked them: a one-time filter), then up to max_runs runs are claimed. The two never
@@ -126,13 +134,18 @@ def complete_and_claim_sql(count: int, max_runs: int) -> str:
     (oldest first), after the items' rows in item order. RECURSIVE (nothing recurses) lets
     held_keys name `picked`, which comes later in the list: the statement locks the keys of the
     runs it completes and of those it picks in one ordered pass."""
+    answer = ("$10", "$11") if answered else None
+    recorded = f", {claim_answers.RECORDED}" if answered else ""
+    ctes = claim_ctes(
+        "$7", max_runs, "$8", "$9", "$6", count=count, after="(SELECT count(*) FROM cur) >= 0", answered=answer
+    )
     return keep_plan(f"""
 WITH RECURSIVE {complete_ctes(claiming=True)},
-{claim_ctes("$7", max_runs, "$8", "$9", "$6", count=count, after="(SELECT count(*) FROM cur) >= 0")}
-{COMPLETE_ITEMS_SELECT}
+{ctes}
+{complete_items_select(recorded)}
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {CLAIMED_COLUMNS}, claimed.from_status,
-       NULL, NULL, NULL, claimed.claim_wait
+       NULL, NULL, NULL, claimed.claim_wait{recorded}
   FROM claimed
  ORDER BY item, created_at
 """)
@@ -166,25 +179,39 @@ async def complete_and_claim(
     lease_ttl: float,
     worker_id: str,
     saga: SagaNudger,
-) -> tuple[list[Changed | errors.ServiceError], list[asyncpg.Record]]:
-    """complete_many, then a claim (claiming.claim), in one statement: the items' outcomes in
-    order, and the claimed rows oldest first."""
+    key: ClaimKey | None = None,
+) -> tuple[list[Changed | errors.ServiceError], Claim]:
+    """complete_many, then a claim (claiming.claim_once), in one statement: the items' outcomes
+    in order, and the claim (its rows oldest first; with a claim key whose answer is recorded,
+    that answer: the items are still completed, or replayed, as always)."""
     count, arg = projects_arg(projects)
-    # as complete_many (a deadlock aborts the statement whole: nothing completed, nothing claimed)
-    rows = await fetch_again_on_deadlock(
-        pool, complete_and_claim_sql(count, max_runs), *_params(principal, items), arg, lease_ttl, worker_id
-    )
+    sql = complete_and_claim_sql(count, max_runs, answered=key is not None)
+    params = (*_params(principal, items), arg, lease_ttl, worker_id, *(key.params() if key is not None else ()))
+    for again in (True, False):
+        try:
+            # as complete_many (a deadlock aborts the statement whole: nothing completed, nothing claimed)
+            rows = await fetch_again_on_deadlock(pool, sql, *params)
+            break
+        except asyncpg.exceptions.UniqueViolationError as err:
+            # a concurrent call of the claim id recorded its answer first: this statement changed
+            # nothing, and run again it replays that answer
+            if not (again and key is not None and claim_answers.recorded_meanwhile(err)):
+                raise
     n = len(items)
-    claimed = rows[n:]
-    metrics.count_claims(claimed)
+    if key is not None and rows[0]["recorded"]:
+        claim = Claim(await claim_answers.replay(pool, key), replayed=True)
+        metrics.CLAIM_REPLAYS.inc()
+    else:
+        claim = Claim(rows[n:])
+        metrics.count_claims(claim.rows)
     try:
         outcomes = await _with_replays(pool, items, _outcomes(principal, items, rows[:n], saga))
     except Exception:
         # the claim is committed, but the call answers an error (a replay read failed): its runs
         # go back now instead of waiting RUNNING for their lease to expire
-        await hand_back_undelivered(pool, claimed, worker_id, principal.actor, budget.ANSWER_FAILED)
+        await hand_back_undelivered(pool, claim.taken, worker_id, principal.actor, budget.ANSWER_FAILED)
         raise
-    return outcomes, claimed
+    return outcomes, claim
 
 
 def _params(principal: Principal, items: list[Item]) -> tuple[Any, ...]:

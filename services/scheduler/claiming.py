@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import asyncpg
 
@@ -26,7 +26,8 @@ from services.common.audit import AUDIT_INSERT
 from services.common.run_options import WAIT_KEY_BUSY, WAIT_RATE_LIMITED
 from services.common.runstate import CLAIMABLE, TRANSITIONS, Action, Audit, RunStatus, attempts_left, sql_list
 from services.common.server_plans import keep_plan
-from services.scheduler import budget, metrics
+from services.scheduler import budget, claim_answers, metrics
+from services.scheduler.claim_answers import ClaimKey
 from services.scheduler.fragments import RUN_COLUMNS_R
 from services.scheduler.wakeup import RunReadyListener
 
@@ -95,11 +96,24 @@ go AS (
 
 
 def claim_ctes(
-    projects: str, max_runs: int, lease_secs: str, worker_id: str, actor: str, *, count: int, after: str = ""
+    projects: str,
+    max_runs: int,
+    lease_secs: str,
+    worker_id: str,
+    actor: str,
+    *,
+    count: int,
+    after: str = "",
+    answered: tuple[str, str] | None = None,
 ) -> str:
     """CTEs `picked`, `claimed` (the claimed rows, RUN_COLUMNS, from_status and claim_wait: seconds
     since the run became claimable) and
     `claim_aud` (their CLAIMED audit rows), with the given SQL for each parameter.
+
+    answered: the SQL of the principal and the claim id of a claim that carries one (its sorted
+    projects follow them as a text[] parameter: claim_answers.ClaimKey.params); adds the CTEs
+    `prior` (the answer recorded for that claim id: when there is one, nothing is claimed) and
+    `recorded` (this claim's answer), see claim_answers.
 
     An ordered scan of awooop_run_claim_idx per project that stops after max_runs unlocked
     rows (equality on project_id keeps the index order, so the cost does not grow with the
@@ -123,6 +137,20 @@ def claim_ctes(
     filter); a statement that locks other rows first names them here, so the claim never
     holds a picked row while it waits for a lock."""
     n = int(max_runs)
+    prior = recorded = ""
+    if answered is not None:
+        principal, claim_id = answered
+        prior, recorded = claim_answers.answer_ctes(
+            principal=principal,
+            claim_id=claim_id,
+            projects=_next_param(claim_id),
+            worker_id=worker_id,
+            max_runs=n,
+            lease_secs=lease_secs,
+        )
+        prior += ",\n"
+        recorded = ",\n" + recorded
+        after = f"{after} AND {claim_answers.NOT_RECORDED}" if after else claim_answers.NOT_RECORDED
     gate = f"\n       AND {after}" if after else ""
     ready = f"{CLAIMABLE_NOW}{gate}"
     if count == 1:
@@ -163,7 +191,7 @@ def claim_ctes(
      ORDER BY (t.k - 1 + t.e) / t.w
      LIMIT {n}
 )"""
-    return f"""{picked},{KEY_SLOTS}
+    return f"""{prior}{picked},{KEY_SLOTS}
 claimed AS (
     UPDATE awooop_run_state r
        SET status = '{RunStatus.RUNNING}',
@@ -185,16 +213,25 @@ claim_aud AS (
     SELECT project_id, run_id, {actor}, '{Audit.CLAIMED}', from_status, '{RunStatus.RUNNING}', NULL,
            jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id, 'lease_until', lease_until)
       FROM claimed
-)"""
+){recorded}"""
+
+
+def _next_param(param: str) -> str:
+    """$n -> $n+1."""
+    return f"${int(param.removeprefix('$')) + 1}"
 
 
 @functools.lru_cache(maxsize=512)
-def claim_sql(count: int, max_runs: int) -> str:
-    """$1 project (count 1) or `count` projects, $2 lease seconds, $3 worker id, $4 actor."""
+def claim_sql(count: int, max_runs: int, *, answered: bool = False) -> str:
+    """$1 project (count 1) or `count` projects, $2 lease seconds, $3 worker id, $4 actor; answered
+    (a claim with a claim id): $5 principal, $6 claim id, $7 sorted projects, and every row
+    carries `recorded` (an answer was recorded for the claim id before: nothing was claimed)."""
+    answer = ("$5", "$6") if answered else None
+    recorded = f", {claim_answers.RECORDED}" if answered else ""
     return keep_plan(f"""
-WITH {claim_ctes("$1", max_runs, "$2", "$3", "$4", count=count)}
-SELECT claimed.*, x.parked
-  FROM (SELECT count(*) AS parked FROM parked) x
+WITH {claim_ctes("$1", max_runs, "$2", "$3", "$4", count=count, answered=answer)}
+SELECT claimed.*, x.*
+  FROM (SELECT count(*) AS parked{recorded} FROM parked) x
   LEFT JOIN claimed ON true
  ORDER BY claimed.priority DESC, claimed.created_at
 """)
@@ -219,21 +256,56 @@ SELECT EXTRACT(EPOCH FROM min(not_before) - now())::float8
 MAX_PARKING_ROUNDS = 5
 
 
+class Claim(NamedTuple):
+    """What a claim answers: the runs it claimed, or (replayed) the runs an earlier claim with the
+    same claim id claimed that still hold its leases (claim_answers.replay)."""
+
+    rows: list[asyncpg.Record]
+    replayed: bool = False
+
+    @property
+    def taken(self) -> list[asyncpg.Record]:
+        """The runs this call claimed (to hand back if they are not delivered): a replay took none."""
+        return [] if self.replayed else self.rows
+
+
 async def claim(
     pool: asyncpg.Pool, projects: list[str], max_runs: int, lease_ttl: float, worker_id: str, actor: str
 ) -> list[asyncpg.Record]:
+    """A claim without a claim id: the claimed rows."""
+    return (await claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor)).rows
+
+
+async def claim_once(
+    pool: asyncpg.Pool,
+    projects: list[str],
+    max_runs: int,
+    lease_ttl: float,
+    worker_id: str,
+    actor: str,
+    key: ClaimKey | None = None,
+) -> Claim:
+    """One claim (up to MAX_PARKING_ROUNDS statements while runs get parked); with a claim key,
+    the answer recorded for its claim id when there is one."""
     count, arg = projects_arg(projects)
-    sql = claim_sql(count, max_runs)
+    sql = claim_sql(count, max_runs, answered=key is not None)
+    params = (arg, lease_ttl, worker_id, actor, *(key.params() if key is not None else ()))
     for _ in range(MAX_PARKING_ROUNDS):
         try:
-            rows = await pool.fetch(sql, arg, lease_ttl, worker_id, actor)
+            rows = await pool.fetch(sql, *params)
         except asyncpg.exceptions.DeadlockDetectedError:
             continue  # two claims locking several keys in opposite orders; nothing was changed
+        except asyncpg.exceptions.UniqueViolationError as err:
+            if key is not None and claim_answers.recorded_meanwhile(err):
+                continue  # nothing was changed; the next statement replays the answer recorded meanwhile
+            raise
+        if key is not None and rows and rows[0]["recorded"]:
+            return Claim(await claim_answers.replay(pool, key), replayed=True)
         claimed = [r for r in rows if r["run_id"] is not None]
         if claimed or not rows or not rows[0]["parked"]:
-            return claimed
+            return Claim(claimed)
         # everything picked was parked behind full keys: the runs after them may be claimable
-    return []
+    return Claim([])
 
 
 async def seconds_until_ready(pool: asyncpg.Pool, projects: list[str]) -> float | None:
@@ -315,8 +387,8 @@ async def to_the_end(
         raise
 
 
-def _rows(rows: list[asyncpg.Record]) -> list[asyncpg.Record]:
-    return rows
+def _taken(result: Claim) -> list[asyncpg.Record]:
+    return result.taken
 
 
 async def claim_runs(
@@ -330,28 +402,33 @@ async def claim_runs(
     actor: str,
     wait: float,
     gone: Callable[[], bool] = lambda: False,
-) -> list[asyncpg.Record]:
-    """Claims up to max_runs; waits up to `wait` seconds for work. Returns [] when the wait
-    ends empty (or the service is stopping, or gone() says the call is over: its deadline
-    passed). Cancelled (the call ended), it stops waiting at once and claims nothing."""
+    key: ClaimKey | None = None,
+) -> Claim:
+    """Claims up to max_runs; waits up to `wait` seconds for work. Answers no runs when the
+    wait ends empty (or the service is stopping, or gone() says the call is over: its deadline
+    passed). Cancelled (the call ended), it stops waiting at once and claims nothing. With a
+    claim key whose answer is recorded, that answer, at once (even with no runs left in it)."""
     deadline = time.monotonic() + wait
     while True:
         with listener.subscribe(projects) as woken:
             if gone():
-                return []
-            rows = await to_the_end(
+                return Claim([])
+            result = await to_the_end(
                 pool,
-                lambda: claim(pool, projects, max_runs, lease_ttl, worker_id, actor),
-                _rows,
+                lambda: claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor, key),
+                _taken,
                 worker_id,
                 actor,
             )
-            if rows:
-                metrics.count_claims(rows)
-                return rows
+            if result.replayed:
+                metrics.CLAIM_REPLAYS.inc()
+                return result
+            if result.rows:
+                metrics.count_claims(result.rows)
+                return result
             left = deadline - time.monotonic()
             if left <= 0 or listener.stopping.is_set():
-                return []
+                return result
             timeout = left
             next_ready = await seconds_until_ready(pool, projects)
             if next_ready is not None:

@@ -30,6 +30,10 @@ CLAIM_UNDELIVERED = Counter(
     "awooop_scheduler_claim_undelivered_total",
     "Claimed runs handed back at once because their ClaimRuns call ended before the answer",
 )
+CLAIM_REPLAYS = Counter(
+    "awooop_scheduler_claim_replays_total",
+    "ClaimRuns calls answered with the recorded answer of an earlier call with the same claim id (a retry)",
+)
 TRANSITIONS = Counter(
     "awooop_scheduler_transitions_total", "Run state changes made through the API, by action", ["action"]
 )

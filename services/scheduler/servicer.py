@@ -26,6 +26,7 @@ from services.scheduler import (
     approvals,
     batch_complete,
     budget,
+    claim_answers,
     claiming,
     concurrency,
     leases,
@@ -76,9 +77,11 @@ def _claimed(rows: list[Any]) -> list[scheduler_pb2.ClaimedRun]:
         if r["traceparent"]:
             # the run's trace goes to the worker, which records the claim's span: no span per
             # claimed run here (recording and exporting one is a visible share of a busy
-            # scheduler's CPU). The claim is the run's last change (updated_at, store clock).
+            # scheduler's CPU). The claim is the run's last change (updated_at, store clock);
+            # a replayed claim (claim_wait NULL) no longer knows the queue wait.
             claimed.traceparent = r["traceparent"]
-            set_time(claimed.claimable_since, r["updated_at"] - dt.timedelta(seconds=max(0.0, r["claim_wait"] or 0.0)))
+            if r["claim_wait"] is not None:
+                set_time(claimed.claimable_since, r["updated_at"] - dt.timedelta(seconds=max(0.0, r["claim_wait"])))
         out.append(claimed)
     return out
 
@@ -147,13 +150,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         v.check(wait >= 0, "wait", "must not be negative")
         lease_ttl = self._lease_ttl(v, request.lease_ttl)
         items = self._complete_items(v, "complete", request.complete, required=False)
+        claim_id = v.token("claim_id", request.claim_id, max_len=MAX_ID, required=False)
         v.raise_if_any()
         principal = current_principal()
         for p in projects:
             require_role(principal, p, "worker")
         gone = _deadline_passed(context)
+        key = None
+        if claim_id:
+            key = claim_answers.ClaimKey(
+                principal.actor, worker_id, claim_id, tuple(sorted(projects)), max_runs, lease_ttl
+            )
         if items:  # complete, then claim, in one statement; never waits (see the proto)
-            outcomes, rows = await claiming.to_the_end(
+            outcomes, claim = await claiming.to_the_end(
                 self.pool,
                 lambda: batch_complete.complete_and_claim(
                     self.pool,
@@ -164,20 +173,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                     lease_ttl=lease_ttl,
                     worker_id=worker_id,
                     saga=self.saga,
+                    key=key,
                 ),
-                lambda done: done[1],
+                lambda done: done[1].taken,
                 worker_id,
                 principal.actor,
             )
             completed = _complete_results(outcomes)
             left = self._budget - budget.trim_results(completed, self._budget)
-            runs = await self._deliverable(rows, left, worker_id, principal.actor, gone)
+            runs = await self._deliverable(claim, left, worker_id, principal.actor, gone)
             return scheduler_pb2.ClaimRunsResponse(runs=runs, completed=completed)
         wait = min(max(wait, 0.0), self.settings.max_claim_wait)
         remaining = context.time_remaining()
         if remaining is not None:  # answer (empty) before the caller's deadline, not DEADLINE_EXCEEDED
             wait = max(0.0, min(wait, remaining - min(1.0, remaining * 0.2)))
-        rows = await claiming.claim_runs(
+        claim = await claiming.claim_runs(
             self.pool,
             self.listener,
             projects=projects,
@@ -187,22 +197,28 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             actor=principal.actor,
             wait=wait,
             gone=gone,
+            key=key,
         )
-        if not rows and wait > 0 and self.ctx.stopping.is_set():
+        if not claim.rows and not claim.replayed and wait > 0 and self.ctx.stopping.is_set():
             # an empty answer now would bring the worker straight back here (a claim storm while
             # this replica drains); UNAVAILABLE makes its channel retry on another replica
             raise errors.shutting_down("this scheduler is shutting down; claim from another replica")
         return scheduler_pb2.ClaimRunsResponse(
-            runs=await self._deliverable(rows, self._budget, worker_id, principal.actor, gone)
+            runs=await self._deliverable(claim, self._budget, worker_id, principal.actor, gone)
         )
 
     async def _deliverable(
-        self, rows: list[Any], room: int, worker_id: str, actor: str, gone: Callable[[], bool]
+        self, claim: claiming.Claim, room: int, worker_id: str, actor: str, gone: Callable[[], bool]
     ) -> list[scheduler_pb2.ClaimedRun]:
         """The claimed runs that fit the answer; the others go back to the queue at once, and
         all of them when the caller's deadline passed while they were claimed or the call is
         cancelled while the others go back (a call cancelled while claiming never gets here:
-        claiming.to_the_end hands its runs back)."""
+        claiming.to_the_end hands its runs back). A replayed claim changes nothing: its runs
+        fitted the first answer, and they stay with the claim whether this answer arrives or not."""
+        rows = claim.rows
+        if claim.replayed:
+            replayed = _claimed(rows)
+            return replayed[: budget.fit_claimed(replayed, room)]
         if rows and gone():
             await claiming.hand_back_undelivered(self.pool, rows, worker_id, actor)
             return []

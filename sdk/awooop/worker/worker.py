@@ -40,6 +40,7 @@ from opentelemetry import trace
 
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import metrics, tracing
+from awooop.worker.claim_ids import ClaimIds
 from awooop.worker.client import DEFAULT_TIMEOUT, Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.context import Handler, RunContext, _duration
@@ -162,6 +163,7 @@ class Worker:
         self._awaiting_slot = False  # the claim loop waits for a slot: completions ride on its claim
         self.completions.set_carrier(lambda: self._awaiting_slot and not self._stopping.is_set(), self._slot_freed.set)
         self._running = False
+        self._claim_ids = ClaimIds()  # a claim whose answer was lost is retried with its id
 
     # --- public ---
 
@@ -230,12 +232,14 @@ class Worker:
             if carried:
                 await self._claim_carrying(carried, free)
                 continue
+            claim_id, max_runs = self._claim_ids.next(min(free, 100))
             request = scheduler_pb2.ClaimRunsRequest(
                 worker_id=self.worker_id,
                 project_ids=self.projects,
-                max_runs=min(free, 100),
+                max_runs=max_runs,
                 wait=_duration(self.claim_wait),
                 lease_ttl=_duration(self.lease_ttl),
+                claim_id=claim_id,
             )
             sent_at = time.monotonic()
             self.stats.claims_sent += 1
@@ -247,6 +251,7 @@ class Worker:
             try:
                 response = claim.result()
             except AwooopError as err:
+                self._claim_ids.answered(err)
                 if err.code in FATAL_CODES:
                     raise WorkerError(f"ClaimRuns: {err}") from None
                 self.stats.claim_errors += 1
@@ -254,6 +259,7 @@ class Worker:
                 await self._until_stopping(asyncio.sleep(backoff))
                 backoff = min(backoff * 2, 5.0)
                 continue
+            self._claim_ids.answered()
             backoff = 0.2
             for claimed in response.runs:
                 self._start(claimed)
@@ -271,17 +277,20 @@ class Worker:
         """One ClaimRuns that also completes the carried runs. It does not wait for work (a
         scheduler without the field would: wait 0), so it is awaited to the end, stop or not:
         the completions' callers get their answers."""
+        claim_id, max_runs = self._claim_ids.next(min(free, 100))
         request = scheduler_pb2.ClaimRunsRequest(
             worker_id=self.worker_id,
             project_ids=self.projects,
-            max_runs=min(free, 100),
+            max_runs=max_runs,
             lease_ttl=_duration(self.lease_ttl),
             complete=[r for r, _ in carried],
+            claim_id=claim_id,
         )
         self.stats.claims_sent += 1
         try:
             response = await self.client.call(self.client.scheduler.ClaimRuns, request)
         except AwooopError as err:
+            self._claim_ids.answered(err)
             self.stats.claim_errors += 1
             # bad input: the completions go again with CompleteRuns and the next claim, without
             # them, tells whether the claim itself was bad (then fatal, as always)
@@ -292,6 +301,7 @@ class Worker:
                 log.warning("claim failed; retrying", extra={"error": str(err)})
                 await self._until_stopping(asyncio.sleep(0.2))
             return
+        self._claim_ids.answered()
         self.completions.settle(carried, response.completed)
         for claimed in response.runs:
             self._start(claimed)

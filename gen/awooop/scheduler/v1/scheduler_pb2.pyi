@@ -85,10 +85,26 @@ class ClaimRunsRequest(_message.Message):
     WAIT_FIELD_NUMBER: _builtins.int
     LEASE_TTL_FIELD_NUMBER: _builtins.int
     COMPLETE_FIELD_NUMBER: _builtins.int
+    CLAIM_ID_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker pod id (1-128 chars), recorded as worker_id."""
     max_runs: _builtins.int
     """Runs to claim at most (1-100; 0 means 1)."""
+    claim_id: _builtins.str
+    """Makes the claim safe to retry (optional; the SDK always sends one): an id the caller chooses
+    for this claim, fresh per claim and the same on every retry of it (at most 128 printable
+    ASCII characters without spaces), scoped to the calling principal and worker_id. The answer
+    of a claim that claimed runs is recorded in the claim's own transaction, for the claim's
+    lease TTL. A retry with the same id whose earlier attempt committed claims nothing: it
+    answers at once with the runs that attempt claimed whose lease it granted is still held
+    (same run_id and attempt, payloads as they are now, lease_until as renewed); runs completed,
+    failed, released, handed back or reaped since are left out, so the answer may be empty. A
+    retry whose earlier attempt claimed nothing, or did not commit, claims as usual. The same id
+    with other project_ids (as a set), max_runs or lease_ttl is refused with ALREADY_EXISTS /
+    IDEMPOTENCY_CONFLICT (metadata `claim_id`, `differs`); wait and complete are not compared
+    (completions are idempotent per lease on their own). A replayed run carries no
+    claimable_since.
+    """
     @_builtins.property
     def project_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Projects to take runs from; the caller needs the worker role in each."""
@@ -121,10 +137,11 @@ class ClaimRunsRequest(_message.Message):
         wait: _duration_pb2.Duration | None = ...,
         lease_ttl: _duration_pb2.Duration | None = ...,
         complete: _abc.Iterable[Global___CompleteRunRequest] | None = ...,
+        claim_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["complete", b"complete", "lease_ttl", b"lease_ttl", "max_runs", b"max_runs", "project_ids", b"project_ids", "wait", b"wait", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_id", b"claim_id", "complete", b"complete", "lease_ttl", b"lease_ttl", "max_runs", b"max_runs", "project_ids", b"project_ids", "wait", b"wait", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
