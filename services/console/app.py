@@ -114,7 +114,10 @@ async def _csrf(request: web.Request, handler: security.Handler) -> web.StreamRe
         return await handler(request)
     if not security.same_origin(request):
         raise web.HTTPForbidden(text="cross-origin form post refused")
-    form = await request.post()
+    try:  # read here first, so a form that does not decode is refused before any handler
+        form = await request.post()
+    except ValueError:  # UnicodeDecodeError: bytes that are not UTF-8
+        raise web.HTTPBadRequest(text="the form is not valid UTF-8") from None
     given = str(form.get("csrf", ""))
     if request.path == "/signin":
         expected = request.cookies.get(security.SIGNIN_COOKIE, "")

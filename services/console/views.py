@@ -17,6 +17,7 @@ from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker.errors import AwooopError
+from services.common.principals import parse_key
 from services.console import pages, security
 from services.console.backend import Backend
 from services.console.sessions import Session, SessionStore
@@ -29,6 +30,7 @@ RUNS_PAGE = 50
 APPROVALS_PAGE = 20
 MAX_REASON = 4096
 MAX_QUERY = 256
+NOT_ACCEPTED = "That key was not accepted (unknown, revoked or mistyped)."
 
 # outcomes of actions, shown after the redirect (a fixed set: nothing from the URL is echoed)
 MESSAGES = {
@@ -118,11 +120,14 @@ class Console:
         target = security.safe_next(str(form.get("next", "/")))
         if not key:
             return await self.signin_form(request, "Paste an API key.", 400)
+        # not even a key's shape (e.g. not ASCII, which no gRPC header can carry): not sent anywhere
+        if parse_key(key) is None:
+            return await self.signin_form(request, NOT_ACCEPTED, 401)
         try:  # the services decide whether the key is good: ListProjects needs a valid one
             await self.backend.call(self.backend.scheduler.ListProjects, scheduler_pb2.ListProjectsRequest(), key)
         except AwooopError as err:
             if err.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT"):
-                return await self.signin_form(request, "That key was not accepted (unknown, revoked or mistyped).", 401)
+                return await self.signin_form(request, NOT_ACCEPTED, 401)
             raise
         token, _ = await self.sessions.create(key)
         response = web.HTTPSeeOther(target)
