@@ -497,6 +497,13 @@ async def test_next_after_sign_in_is_only_a_same_origin_path(env: ConsoleEnv, br
         status, html, _ = await browser.get("/signin?" + urlencode({"next": target}))
         m = re.search(r'name="next" value="([^"]*)"', html)
         assert status == 200 and m and html_lib.unescape(m.group(1)) == expected, (target, m and m.group(1))
+    # a mistyped key keeps the way back (the approval link), and still only a same-origin one
+    for target, expected in (("/projects/ops/runs", "/projects/ops/runs"), ("/\t/evil.example", "/")):
+        token = await browser.csrf("/signin")
+        status, html, _ = await browser.post(
+            "/signin", {"csrf": token, "api_key": "awk_typo_typo", "next": target}, allow_redirects=False
+        )
+        assert status == 401 and f'name="next" value="{expected}"' in html, target
     # the form's own `next` is checked again when it is posted (it can be forged)
     for target, expected in (("/\t/evil.example", "/"), ("//evil.example", "/"), ("/projects/ops/runs",) * 2):
         fresh = Browser(env.url)  # not signed in: the sign-in page's only form is the sign-in form

@@ -113,14 +113,17 @@ class Console:
 
     # --- sign-in -----------------------------------------------------------------------------
 
-    async def signin_form(self, request: web.Request, error: str = "", status: int = 200) -> web.Response:
+    async def signin_form(
+        self, request: web.Request, error: str = "", status: int = 200, *, next_path: str | None = None
+    ) -> web.Response:
+        """The sign-in page; next_path: where the posted form was going (kept across a retry)."""
         token = security.new_signin_token()
         response = self.render(
             request,
             "signin.html",
             status=status,
             signin_token=token,
-            next=security.safe_next(request.query.get("next", "/")),
+            next=security.safe_next(request.query.get("next", "/") if next_path is None else next_path),
             error=error,
         )
         secure = security.secure_request(request, self.secure)
@@ -132,13 +135,14 @@ class Console:
         key = str(form.get("api_key", "")).strip()
         target = security.safe_next(str(form.get("next", "/")))
         if not key:
-            return await self.signin_form(request, "Paste an API key.", 400)
+            return await self.signin_form(request, "Paste an API key.", 400, next_path=target)
         parsed = parse_key(key)
         address, key_id = request.remote or "unknown", parsed[0] if parsed else None
         refusal = self.throttle.attempt(address, key_id)
         if refusal is not None:  # refused before the key is looked at
             metrics.SIGNIN_THROTTLED.labels(refusal.by).inc()
-            response = await self.signin_form(request, _THROTTLED[refusal.by].format(refusal.retry_after), 429)
+            text = _THROTTLED[refusal.by].format(refusal.retry_after)
+            response = await self.signin_form(request, text, 429, next_path=target)
             response.headers["Retry-After"] = str(refusal.retry_after)
             return response
         try:
@@ -148,7 +152,7 @@ class Console:
             raise
         if not accepted:
             metrics.SIGNIN_FAILURES.inc()
-            return await self.signin_form(request, NOT_ACCEPTED, 401)
+            return await self.signin_form(request, NOT_ACCEPTED, 401, next_path=target)
         self.throttle.take_back(address, key_id)
         token, _ = await self.sessions.create(key)
         response = web.HTTPSeeOther(target)
