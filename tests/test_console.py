@@ -4,15 +4,18 @@ services, runs filters and pagination. The browser flows are in test_console_bro
 
 from __future__ import annotations
 
+import html as html_lib
 import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import aiohttp
 import pytest_asyncio
 
 from services.console.security import CSP
+from tests.harness import rawhttp
 from tests.harness.console import ConsoleEnv, start_console_env, stop_console_env
 
 
@@ -403,3 +406,112 @@ async def test_decide_from_the_approvals_page_and_resolve_a_failed_compensation_
     assert "SAGA_COMPENSATION_RESOLVED" in html and "resolved by oncall-lead: scaled back by hand with kubectl" in html
     _, html, _ = await browser.get("/projects/ops/compensations")
     assert f'id="comp-{failed_id}"' not in html
+
+
+async def test_invalid_utf8_and_huge_inputs_are_no_session_or_4xx_never_500(env: ConsoleEnv, browser: Browser) -> None:
+    """What an ordinary client will not send, written byte by byte: cookies, forms, query strings
+    and path segments that are not UTF-8 (or are huge). A cookie that is not ours is no session
+    (the sign-in redirect); other bad input is a 4xx page; nothing answers 500."""
+    port = env.console.port
+    run_id = await env.create()
+
+    async def raw(method: str, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes = b"") -> int:
+        answer = await rawhttp.request(port, method, target, headers, body)
+        assert answer.status < 500, (method, target[:80], headers, body[:80], answer.status, answer.body[:200])
+        return answer.status
+
+    bad = b"\xff\xfe"
+    # no session yet: a bad cookie is no cookie
+    for cookie in (b"awooop_console=" + bad, b"awooop_console=" + b"\xed\xa0\x80", b"awooop_console=" + b"A" * 4000,
+                   b"awooop_console=\"" + bad, b"awooop_console=%FF%FE", bad + b"=" + bad):  # fmt: skip
+        assert await raw("GET", b"/projects/ops/runs", [(b"Cookie", cookie)]) == 303
+        assert await raw("GET", b"/signin", [(b"Cookie", cookie)]) == 200
+    # the sign-in form with a bad double-submit cookie, and with a body that is not UTF-8
+    form = b"application/x-www-form-urlencoded"
+    assert await raw("POST", b"/signin", [(b"Cookie", b"awooop_console_signin=" + bad), (b"Content-Type", form)],
+                     b"csrf=x&api_key=k") == 403  # fmt: skip
+    token = await browser.csrf("/signin")
+    signin_cookie = next(c.value for c in browser.http.cookie_jar if c.key == "awooop_console_signin").encode()
+    for body in (b"csrf=" + token.encode() + b"&api_key=" + bad, b"api_key=" + bad + b"&csrf=" + token.encode()):
+        status = await raw("POST", b"/signin", [(b"Cookie", b"awooop_console_signin=" + signin_cookie),
+                                                (b"Content-Type", form)], body)  # fmt: skip
+        assert status == 400
+    # a key that is valid text but not a key's shape (not ASCII) is simply not accepted
+    for key in ("awk_é_x", "awk_x_\u3000", "ключ"):
+        status, html, _ = await browser.post(
+            "/signin", {"csrf": await browser.csrf("/signin"), "api_key": key, "next": "/"}, allow_redirects=False
+        )
+        assert status == 401 and "not accepted" in html, key
+
+    # signed in: a good session cookie next to bad bytes elsewhere
+    await browser.signin(env.admin_key)
+    session = browser.session_cookie().encode()
+    csrf = (await browser.csrf(f"/runs/{run_id}")).encode()
+    cookie = (b"Cookie", b"awooop_console=" + session)
+    assert await raw("GET", b"/projects/ops/runs", [cookie]) == 200
+    for target in (
+        b"/projects/ops/runs?q=%FF%FE",
+        b"/projects/ops/runs?q=%ED%A0%80&status=%FF&channel=%FF",
+        b"/projects/ops/runs?since=%FF&until=99999-99-99",
+        b"/projects/ops/runs?q=%00",
+        b"/projects/ops/runs?page_token=%FF%FE",
+        b"/projects/ops/runs?q=" + b"x" * 7000,
+        b"/projects/%FF%FE/runs",
+        b"/projects/" + b"p" * 5000 + b"/runs",
+        b"/projects/%FF/approvals",
+        b"/projects/%FF/compensations",
+        b"/runs/%FF%FE",
+        b"/runs/" + b"%D9%A0" * 32,  # 32 Arabic-Indic zeros: int() reads them as a UUID's hex digits
+        b"/runs/" + run_id.encode() + b"?tl=%FF&st=" + b"9" * 5000,
+        b"/approvals/%FF/%FE",
+        b"/approvals/" + b"%D9%A0" * 32 + b"/%FF",
+        b"/" + b"x" * 9000,
+    ):
+        await raw("GET", target, [cookie])
+    # forms of a session: a body that is not UTF-8 is 400 before any handler; huge is 413
+    for path in (f"/runs/{run_id}/cancel", f"/runs/{run_id}/decide", f"/runs/{run_id}/compensation/resolve"):
+        for body in (b"csrf=" + csrf + b"&reason=" + bad, b"csrf=" + csrf + b"&reason=" + b"r" * 70_000):
+            status = await raw("POST", path.encode(), [cookie, (b"Content-Type", form)], body)
+            assert status in (400, 413), (path, status)
+        # valid text the services refuse (NUL) or take (non-ASCII) is their answer, not a 500
+        await raw("POST", path.encode(), [cookie, (b"Content-Type", form)],
+                  b"csrf=" + csrf + b"&step_id=%00&approval_token=%00&decision=approve&reason=%E2%9C%93")  # fmt: skip
+    assert await raw("POST", b"/approvals/%FF/%FE", [cookie, (b"Content-Type", form)], b"csrf=" + csrf) == 404
+    assert await raw("GET", f"/runs/{run_id}".encode(), [cookie, (b"Origin", bad), (b"Referer", bad)]) == 200
+    assert await raw("POST", b"/signout", [cookie, (b"Origin", bad), (b"Content-Type", form)], b"csrf=" + csrf) == 403
+
+
+async def test_next_after_sign_in_is_only_a_same_origin_path(env: ConsoleEnv, browser: Browser) -> None:
+    """The approval link's sign-in page must not become an open redirect: browsers drop tab and
+    newline from a URL and read a backslash as a slash, so all of these would leave the console."""
+    hostile = [
+        "//evil.example", "/\t/evil.example", "/\n/evil.example", "/\r\n/evil.example", "/\\evil.example",
+        "/\\/evil.example", "\\/evil.example", "/ /evil.example", " //evil.example", "/\x00/evil.example",
+        "/\x0b/evil.example", "/\x7f/evil.example", "/\u3000/evil.example", "/\u2028/evil.example",
+        "/\ufeff/evil.example", "https://evil.example", "http:/evil.example", "javascript:alert(1)",
+        "evil.example", "//", "///evil.example", "", "./runs", "?next=x", "/runs\\..\\..\\evil.example",
+    ]  # fmt: skip
+    fine = ["/", "/projects/ops/runs?status=FAILED&q=a%20b", f"/approvals/{uuid.uuid4()}/tok-en_1", "/runs/x#frag"]
+    for target in hostile + fine:
+        expected = target if target in fine else "/"
+        status, html, _ = await browser.get("/signin?" + urlencode({"next": target}))
+        m = re.search(r'name="next" value="([^"]*)"', html)
+        assert status == 200 and m and html_lib.unescape(m.group(1)) == expected, (target, m and m.group(1))
+    # a mistyped key keeps the way back (the approval link), and still only a same-origin one
+    for target, expected in (("/projects/ops/runs", "/projects/ops/runs"), ("/\t/evil.example", "/")):
+        token = await browser.csrf("/signin")
+        status, html, _ = await browser.post(
+            "/signin", {"csrf": token, "api_key": "awk_typo_typo", "next": target}, allow_redirects=False
+        )
+        assert status == 401 and f'name="next" value="{expected}"' in html, target
+    # the form's own `next` is checked again when it is posted (it can be forged)
+    for target, expected in (("/\t/evil.example", "/"), ("//evil.example", "/"), ("/projects/ops/runs",) * 2):
+        fresh = Browser(env.url)  # not signed in: the sign-in page's only form is the sign-in form
+        try:
+            token = await fresh.csrf("/signin")
+            status, _, r = await fresh.post(
+                "/signin", {"csrf": token, "api_key": env.admin_key, "next": target}, allow_redirects=False
+            )
+        finally:
+            await fresh.close()
+        assert status == 303 and r.headers["Location"] == expected, target

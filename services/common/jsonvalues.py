@@ -7,6 +7,8 @@ later returns it (a protobuf decoder's recursion limit, the gRPC message limit):
 
 - numbers are finite (no NaN or Infinity: JSON has none, jsonb refuses them);
 - no U+0000 in keys or strings (jsonb refuses it);
+- keys and strings are Unicode text: no lone surrogate (U+D800-U+DFFF), which JSON's "\ud800"
+  escape can spell but UTF-8 (and so jsonb, and a protobuf string) cannot hold;
 - at most MAX_DEPTH nested objects/arrays (the top-level object is depth 1): protobuf
   decoders (C++, Java, Python) stop at 100 nested messages, a Struct level costs three and
   the deepest answer (ClaimRuns -> ClaimedRun -> Run -> input) wraps it in three more;
@@ -85,6 +87,16 @@ def to_json(data: Any) -> str:
     return text
 
 
+def utf8_size(text: str) -> int:
+    """Bytes of text as UTF-8; raises JsonValueError when it holds a lone surrogate."""
+    try:
+        return len(text.encode())
+    except UnicodeEncodeError:
+        raise JsonValueError(
+            "keys and strings must be Unicode text: no lone surrogates (a \\ud800-\\udfff escape outside a pair)"
+        ) from None
+
+
 def json_size(value: Any) -> int:
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
 
@@ -94,7 +106,7 @@ def check_struct(s: struct_pb2.Struct, max_bytes: int) -> tuple[dict[str, Any], 
     the rule it breaks."""
     data = struct_dict(s)
     text = to_json(data)
-    size = len(text.encode())
+    size = utf8_size(text)
     if size > max_bytes:
         raise JsonValueError(f"at most {max_bytes} bytes as JSON (got {size})")
     # the encoding costs at most ~5.5x the JSON (a one-digit number in an array: 2 bytes as JSON,
@@ -113,7 +125,7 @@ def check_plain(data: Any, max_bytes: int) -> str:
     if depth > MAX_DEPTH:
         raise JsonValueError(f"nested deeper than {MAX_DEPTH} levels of objects and arrays")
     text = to_json(data)
-    size = len(text.encode())
+    size = utf8_size(text)
     if size > max_bytes:
         raise JsonValueError(f"at most {max_bytes} bytes as JSON (got {size})")
     return text

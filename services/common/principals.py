@@ -24,7 +24,10 @@ def hash_secret(secret: str) -> bytes:
 
 
 def parse_key(key: str) -> tuple[str, str] | None:
-    """(key_id, secret) of a well-formed key, else None."""
+    """(key_id, secret) of a well-formed key, else None. Keys are ASCII (issue_key): anything
+    else, such as a header's invalid UTF-8 bytes, is malformed rather than a failure to hash."""
+    if not key.isascii():
+        return None
     parts = key.split("_")
     if len(parts) != 3 or parts[0] != "awk" or not parts[1] or not parts[2]:
         return None

@@ -158,6 +158,10 @@ class Settings:
     console_secure_cookie: bool = False
     # link from a run page to its trace, with {run_id} replaced; empty: no trace links
     console_trace_url: str = ""
+    # failed sign-ins from one client address, or with one key id, within AWOOOP_CONSOLE_SIGNIN_WINDOW
+    # before the console answers 429 without checking the key (per console process); 0: no limit
+    console_signin_max_failures: int = 10
+    console_signin_window: float = 300.0  # seconds a failed console sign-in counts against its address and key id
 
     extra: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 

@@ -28,6 +28,16 @@ MAX_TEXT = 4096  # reasons, summaries, error texts
 MAX_KEY = 256  # idempotency keys (VARCHAR(256) columns)
 
 
+def is_text(value: str) -> bool:
+    """Whether value is Unicode text the store can hold: no lone surrogate. Over HTTP, aiohttp
+    hands a header or cookie's invalid UTF-8 bytes over as lone surrogates (surrogateescape)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class Violations:
     def __init__(self) -> None:
         self.items: list[tuple[str, str]] = []
@@ -70,6 +80,8 @@ class Violations:
             self.add(field, f"at most {max_len} characters")
         elif "\x00" in value:
             self.add(field, "must not contain NUL characters")
+        elif not is_text(value):
+            self.add(field, "must be valid UTF-8")
         return value
 
     def token(self, field: str, value: str, *, max_len: int, required: bool = True) -> str:

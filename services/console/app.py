@@ -25,10 +25,12 @@ from aiohttp import web
 from awooop.cli.client import when
 from awooop.worker.errors import AwooopError
 from services.common.db import create_pool
+from services.common.observability import start_metrics
 from services.common.settings import Settings
 from services.console import security
 from services.console.backend import Backend
 from services.console.sessions import SessionStore
+from services.console.throttle import SigninThrottle
 from services.console.views import SESSION, TOKEN, Console
 
 log = logging.getLogger("awooop.console")
@@ -114,7 +116,10 @@ async def _csrf(request: web.Request, handler: security.Handler) -> web.StreamRe
         return await handler(request)
     if not security.same_origin(request):
         raise web.HTTPForbidden(text="cross-origin form post refused")
-    form = await request.post()
+    try:  # read here first, so a form that does not decode is refused before any handler
+        form = await request.post()
+    except ValueError:  # UnicodeDecodeError: bytes that are not UTF-8
+        raise web.HTTPBadRequest(text="the form is not valid UTF-8") from None
     given = str(form.get("csrf", ""))
     if request.path == "/signin":
         expected = request.cookies.get(security.SIGNIN_COOKIE, "")
@@ -185,8 +190,14 @@ class ConsoleServer:
         sessions = SessionStore(self.pool, s.console_session_ttl)
         # the services serve TLS with this certificate: trust it as the CA when calling them
         self._backend = Backend(self.scheduler_addr, self.saga_addr, ca_file=s.tls_cert_file if self.tls else "")
+        throttle = SigninThrottle(s.console_signin_max_failures, s.console_signin_window)
         console = Console(
-            templates(), sessions, self._backend, trace_url=s.console_trace_url, secure=s.console_secure_cookie
+            templates(),
+            sessions,
+            self._backend,
+            trace_url=s.console_trace_url,
+            secure=s.console_secure_cookie,
+            throttle=throttle,
         )
         self._runner = web.AppRunner(make_app(console), access_log=None)
         await self._runner.setup()
@@ -241,7 +252,14 @@ async def run_until_signal(settings: Settings, others: list[str]) -> None:
         loop.add_signal_handler(sig, stop.set)
     runtime = Runtime(settings, others) if others else None
     if runtime is not None:
-        await runtime.start()
+        await runtime.start()  # serves /metrics for the whole process
+    else:
+        try:
+            start_metrics(settings.host, settings.metrics_port)
+        except OSError as exc:
+            raise SystemExit(
+                f"port {settings.metrics_port} on {settings.host}: {exc.strerror}: set AWOOOP_METRICS_PORT"
+            ) from exc
     console = ConsoleServer(settings, settings.console_scheduler_addr, settings.console_saga_addr)
     try:
         await console.start()

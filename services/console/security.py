@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 import secrets
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
@@ -75,15 +76,23 @@ def same_origin(request: web.Request) -> bool:
 
 
 def tokens_match(given: str, expected: str) -> bool:
-    return bool(given) and bool(expected) and hmac.compare_digest(given.encode(), expected.encode())
+    """Our tokens are ASCII; anything else (a cookie's invalid UTF-8 arrives as lone surrogates)
+    matches nothing."""
+    if not (given and expected and given.isascii() and expected.isascii()):
+        return False
+    return hmac.compare_digest(given.encode(), expected.encode())
 
 
 def new_signin_token() -> str:
     return secrets.token_urlsafe(24)
 
 
+# A path of this console: one leading "/" (not "//", which is another host), then printable ASCII
+# without backslash (browsers read a backslash as "/") and without whitespace or control characters
+# (browsers drop tab and newline, so "/\t/evil.example" would become "//evil.example").
+SAME_ORIGIN_PATH = re.compile(r"/(?!/)[\x21-\x5b\x5d-\x7e]*")
+
+
 def safe_next(target: str) -> str:
-    """Where to go after sign-in: a path of this console only (never //host or a URL)."""
-    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
-        return target
-    return "/"
+    """Where to go after sign-in: a same-origin path, else the default page "/"."""
+    return target if SAME_ORIGIN_PATH.fullmatch(target) else "/"

@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import hmac
 import os
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -22,7 +23,9 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 TOKEN_BYTES = 32
-MAX_TOKEN_CHARS = 64  # token_urlsafe(32) is 43 characters; longer cookies are not ours
+# token_urlsafe(32): 43 characters of base64url. A cookie of anything else (longer, or bytes that
+# are not UTF-8, which aiohttp hands over as lone surrogates) is not ours: no session, no query.
+TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 PRUNE_BATCH = 1000
 
 INSERT_SQL = """
@@ -92,7 +95,7 @@ class SessionStore:
         return token, Session(api_key, label, expires, csrf_for(token))
 
     async def get(self, token: str) -> Session | None:
-        if not token or len(token) > MAX_TOKEN_CHARS:
+        if not TOKEN_RE.fullmatch(token):
             return None
         row = await self.pool.fetchrow(GET_SQL, _digest(token))
         if row is None:
@@ -104,7 +107,7 @@ class SessionStore:
         return Session(api_key, row["key_label"], row["expires_at"], csrf_for(token))
 
     async def revoke(self, token: str) -> None:
-        if token and len(token) <= MAX_TOKEN_CHARS:
+        if TOKEN_RE.fullmatch(token):
             await self.pool.execute(REVOKE_SQL, _digest(token))
 
     async def prune(self) -> int:

@@ -17,9 +17,11 @@ from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker.errors import AwooopError
-from services.console import pages, security
+from services.common.principals import parse_key
+from services.console import metrics, pages, security
 from services.console.backend import Backend
 from services.console.sessions import Session, SessionStore
+from services.console.throttle import SigninThrottle
 
 # what the session middleware (app.py) resolved from the cookie
 SESSION = web.RequestKey("session", Session)
@@ -29,6 +31,11 @@ RUNS_PAGE = 50
 APPROVALS_PAGE = 20
 MAX_REASON = 4096
 MAX_QUERY = 256
+NOT_ACCEPTED = "That key was not accepted (unknown, revoked or mistyped)."
+_THROTTLED = {
+    "address": "Too many failed sign-ins from your address; try again in {} seconds.",
+    "key_id": "Too many failed sign-ins with this key id; try again in {} seconds.",
+}
 
 # outcomes of actions, shown after the redirect (a fixed set: nothing from the URL is echoed)
 MESSAGES = {
@@ -44,13 +51,21 @@ MESSAGES = {
 
 class Console:
     def __init__(
-        self, templates: jinja2.Environment, sessions: SessionStore, backend: Backend, *, trace_url: str, secure: bool
+        self,
+        templates: jinja2.Environment,
+        sessions: SessionStore,
+        backend: Backend,
+        *,
+        trace_url: str,
+        secure: bool,
+        throttle: SigninThrottle | None = None,
     ) -> None:
         self.templates = templates
         self.sessions = sessions
         self.backend = backend
         self.trace_url = trace_url
         self.secure = secure
+        self.throttle = throttle or SigninThrottle(0, 0)
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -98,14 +113,17 @@ class Console:
 
     # --- sign-in -----------------------------------------------------------------------------
 
-    async def signin_form(self, request: web.Request, error: str = "", status: int = 200) -> web.Response:
+    async def signin_form(
+        self, request: web.Request, error: str = "", status: int = 200, *, next_path: str | None = None
+    ) -> web.Response:
+        """The sign-in page; next_path: where the posted form was going (kept across a retry)."""
         token = security.new_signin_token()
         response = self.render(
             request,
             "signin.html",
             status=status,
             signin_token=token,
-            next=security.safe_next(request.query.get("next", "/")),
+            next=security.safe_next(request.query.get("next", "/") if next_path is None else next_path),
             error=error,
         )
         secure = security.secure_request(request, self.secure)
@@ -117,13 +135,25 @@ class Console:
         key = str(form.get("api_key", "")).strip()
         target = security.safe_next(str(form.get("next", "/")))
         if not key:
-            return await self.signin_form(request, "Paste an API key.", 400)
-        try:  # the services decide whether the key is good: ListProjects needs a valid one
-            await self.backend.call(self.backend.scheduler.ListProjects, scheduler_pb2.ListProjectsRequest(), key)
-        except AwooopError as err:
-            if err.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT"):
-                return await self.signin_form(request, "That key was not accepted (unknown, revoked or mistyped).", 401)
+            return await self.signin_form(request, "Paste an API key.", 400, next_path=target)
+        parsed = parse_key(key)
+        address, key_id = request.remote or "unknown", parsed[0] if parsed else None
+        refusal = self.throttle.attempt(address, key_id)
+        if refusal is not None:  # refused before the key is looked at
+            metrics.SIGNIN_THROTTLED.labels(refusal.by).inc()
+            text = _THROTTLED[refusal.by].format(refusal.retry_after)
+            response = await self.signin_form(request, text, 429, next_path=target)
+            response.headers["Retry-After"] = str(refusal.retry_after)
+            return response
+        try:
+            accepted = parsed is not None and await self._key_accepted(key)
+        except BaseException:  # not judged (the services failed): not a failure of the key
+            self.throttle.take_back(address, key_id)
             raise
+        if not accepted:
+            metrics.SIGNIN_FAILURES.inc()
+            return await self.signin_form(request, NOT_ACCEPTED, 401, next_path=target)
+        self.throttle.take_back(address, key_id)
         token, _ = await self.sessions.create(key)
         response = web.HTTPSeeOther(target)
         security.set_cookie(
@@ -135,6 +165,16 @@ class Console:
         )
         response.del_cookie(security.SIGNIN_COOKIE, path="/signin")
         raise response
+
+    async def _key_accepted(self, key: str) -> bool:
+        """The services decide whether a key is good: ListProjects needs a valid one."""
+        try:
+            await self.backend.call(self.backend.scheduler.ListProjects, scheduler_pb2.ListProjectsRequest(), key)
+        except AwooopError as err:
+            if err.code.name in ("UNAUTHENTICATED", "PERMISSION_DENIED", "INVALID_ARGUMENT"):
+                return False
+            raise
+        return True
 
     async def signout(self, request: web.Request) -> web.StreamResponse:
         await self.sessions.revoke(request.get(TOKEN, ""))

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.jsonvalues import SAFE_INTEGER
+from services.common.validate import is_text
 
 MAX_PROVIDER_EVENT_ID = 256  # VARCHAR(256) of awooop_channel_event_dedupe.provider_event_id
 GITEA_DELIVERY_HEADER = "X-Gitea-Delivery"
@@ -102,6 +103,8 @@ def _check_id(field: str, value: str) -> str:
         raise DerivationError([(field, f"at most {MAX_PROVIDER_EVENT_ID} characters as a provider event id")])
     if "\x00" in value:
         raise DerivationError([(field, "must not contain NUL characters")])
+    if not is_text(value):  # a header's invalid UTF-8 bytes
+        raise DerivationError([(field, "must be valid UTF-8")])
     return value
 
 

@@ -10,7 +10,9 @@ that the delivery came from the holder of the endpoint's secret?
 | alertmanager | Authorization: Bearer <secret>, or Basic auth whose password is the secret     |
 
 Every comparison is hmac.compare_digest on bytes, so timing does not reveal how much of a
-guess was right. Pure functions over (headers, body, secret): unit-testable without a server.
+guess was right. A header is compared as the bytes that were sent (aiohttp hands invalid UTF-8
+over as lone surrogates; surrogateescape turns them back), so bytes that are not UTF-8 are
+simply a wrong proof. Pure functions over (headers, body, secret): unit-testable without a server.
 """
 
 from __future__ import annotations
@@ -39,41 +41,49 @@ def _get(headers: Mapping[str, str], name: str) -> str:
     return value
 
 
+def _raw(headers: Mapping[str, str], name: str) -> bytes:
+    """The header's value as sent on the wire; b"" when absent or not representable as bytes."""
+    try:
+        return _get(headers, name).encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return b""
+
+
 def _hmac(secret: str, body: bytes) -> bytes:
     return hmac.new(secret.encode(), body, hashlib.sha256).digest()
 
 
 def telegram(headers: Mapping[str, str], body: bytes, secret: str) -> bool:
-    given = _get(headers, TELEGRAM_HEADER)
-    return bool(given) and hmac.compare_digest(given.encode(), secret.encode())
+    given = _raw(headers, TELEGRAM_HEADER)
+    return bool(given) and hmac.compare_digest(given, secret.encode())
 
 
 def line(headers: Mapping[str, str], body: bytes, secret: str) -> bool:
-    given = _get(headers, LINE_HEADER)
-    return bool(given) and hmac.compare_digest(given.encode(), base64.b64encode(_hmac(secret, body)))
+    given = _raw(headers, LINE_HEADER)
+    return bool(given) and hmac.compare_digest(given, base64.b64encode(_hmac(secret, body)))
 
 
 def gitea(headers: Mapping[str, str], body: bytes, secret: str) -> bool:
-    given = _get(headers, GITEA_HEADER)
+    given = _raw(headers, GITEA_HEADER)
     if not given:
-        hub = _get(headers, HUB_HEADER)
-        given = hub[7:] if hub.lower().startswith("sha256=") else ""
+        hub = _raw(headers, HUB_HEADER)
+        given = hub[7:] if hub.lower().startswith(b"sha256=") else b""
     if not given:
         return False
     try:
-        raw = bytes.fromhex(given)
-    except ValueError:
+        raw = bytes.fromhex(given.decode("ascii"))
+    except ValueError:  # UnicodeDecodeError included
         return False
     return hmac.compare_digest(raw, _hmac(secret, body))
 
 
 def alertmanager(headers: Mapping[str, str], body: bytes, secret: str) -> bool:
-    scheme, _, credentials = _get(headers, AUTHORIZATION).partition(" ")
+    scheme, _, credentials = _raw(headers, AUTHORIZATION).partition(b" ")
     scheme = scheme.lower()
     credentials = credentials.strip()
-    if scheme == "bearer" and credentials:
-        return hmac.compare_digest(credentials.encode(), secret.encode())
-    if scheme == "basic" and credentials:
+    if scheme == b"bearer" and credentials:
+        return hmac.compare_digest(credentials, secret.encode())
+    if scheme == b"basic" and credentials:
         try:
             decoded = base64.b64decode(credentials, validate=True)
         except (binascii.Error, ValueError):
