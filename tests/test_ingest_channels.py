@@ -11,6 +11,7 @@ from google.protobuf import struct_pb2
 
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
+from services.common import limits
 from services.common.idempotency import fingerprint
 from services.common.validate import Violations
 from services.ingest import channels, parsing
@@ -88,7 +89,7 @@ def test_alertmanager_group_key_plus_stable_hash_of_sorted_fingerprints() -> Non
 def test_alertmanager_long_group_key_is_hashed_to_fit() -> None:
     long_key = "{}:{" + ",".join(f'label{i}="{"v" * 20}"' for i in range(30)) + "}"
     pid = derive("alertmanager", am(long_key, ("f1", "firing")), {})[0].provider_event_id
-    assert len(pid) <= channels.MAX_PROVIDER_EVENT_ID
+    assert len(pid) <= limits.MAX_PROVIDER_EVENT_ID
     assert pid.startswith("sha256:" + hashlib.sha256(long_key.encode()).hexdigest() + ":")
 
 

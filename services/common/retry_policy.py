@@ -19,14 +19,13 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 
 from awooop.common.v1 import common_pb2
+from services.common.limits import MAX_ATTEMPTS_LIMIT, MAX_ERROR_CODE
 from services.common.settings import Settings
 from services.common.validate import Violations
 
 MAX_BACKOFF_SECONDS = 86400.0
 MAX_MULTIPLIER = 10.0
-MAX_ATTEMPTS_LIMIT = 100  # CHECK (max_attempts BETWEEN 1 AND 100)
 MAX_NON_RETRYABLE_CODES = 32
-MAX_ERROR_CODE = 64
 
 # the JSON keys of a stored policy
 INITIAL = "initial_backoff"

@@ -12,11 +12,11 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from awooop.common.v1 import common_pb2
 from services.common import retry_policy
+from services.common.limits import MAX_CONCURRENCY_KEY
 from services.common.validate import Violations
 
 MIN_PRIORITY, MAX_PRIORITY = -1000, 1000  # CHECK of awooop_run_state.priority
 MAX_DELAY = dt.timedelta(days=366)  # a not_before further out is a mistake, not a schedule
-MAX_KEY = 128  # awooop_run_state.concurrency_keys VARCHAR(128)[]
 MAX_KEYS = 8  # keys per run (CHECK of awooop_run_state.concurrency_keys)
 
 # awooop_run_state.wait_reason
@@ -93,9 +93,9 @@ def keys(v: Violations, prefix: str, concurrency_key: str, concurrency_keys: Seq
     """A run's keys: the list and the old single field (an alias: merged into the list), each a
     token; a key named twice counts once; at most MAX_KEYS distinct keys. Sorted: the order the
     claim and the release trigger lock the keys' rows in."""
-    v.token(prefix + "concurrency_key", concurrency_key, max_len=MAX_KEY, required=False)
+    v.token(prefix + "concurrency_key", concurrency_key, max_len=MAX_CONCURRENCY_KEY, required=False)
     for i, key in enumerate(concurrency_keys):
-        v.token(f"{prefix}concurrency_keys[{i}]", key, max_len=MAX_KEY)
+        v.token(f"{prefix}concurrency_keys[{i}]", key, max_len=MAX_CONCURRENCY_KEY)
     got = sorted({k for k in (concurrency_key, *concurrency_keys) if k})
     if len(got) > MAX_KEYS:
         v.add(prefix + "concurrency_keys", f"at most {MAX_KEYS} distinct keys per run, got {len(got)}")

@@ -22,10 +22,7 @@ PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # ids chosen by callers (worker ids, step ids, tool ids): printable, no whitespace
 TOKEN_RE = re.compile(r"^[\x21-\x7e]+$")
 
-# text limits of the boundary, one per kind of field (the README's error table names them)
-MAX_ID = 128  # caller-chosen ids: worker, step, tool ids (VARCHAR(128) columns)
-MAX_TEXT = 4096  # reasons, summaries, error texts
-MAX_KEY = 256  # idempotency keys (VARCHAR(256) columns)
+# text limits of the boundary: services/common/limits.py
 
 
 def is_text(value: str) -> bool:

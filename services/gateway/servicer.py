@@ -28,8 +28,9 @@ from prometheus_client import Counter
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common import errors
 from services.common.auth import current_principal
+from services.common.limits import MAX_ID, MAX_IDEMPOTENCY_KEY, MAX_TEXT
 from services.common.observability import preset
-from services.common.validate import MAX_ID, MAX_KEY, MAX_TEXT, Violations, to_struct
+from services.common.validate import Violations, to_struct
 from services.gateway.tools import TOOLS, tool_failed
 
 log = logging.getLogger("awooop.gateway")
@@ -92,7 +93,7 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
     async def _execute(self, request: tools_pb2.ExecuteToolRequest) -> tuple[dict[str, Any], bool]:
         v = Violations()
         project_id = v.project_id("project_id", request.project_id)
-        key = v.token("idempotency_key", request.idempotency_key, max_len=MAX_KEY)
+        key = v.token("idempotency_key", request.idempotency_key, max_len=MAX_IDEMPOTENCY_KEY)
         tool_id = v.token("tool_id", request.tool_id, max_len=MAX_ID)
         if tool_id and tool_id not in TOOLS:
             v.add("tool_id", f"unknown tool; one of {', '.join(sorted(TOOLS))}")

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.jsonvalues import SAFE_INTEGER
+from services.common.limits import MAX_PROVIDER_EVENT_ID
 from services.common.validate import is_text
 
-MAX_PROVIDER_EVENT_ID = 256  # VARCHAR(256) of awooop_channel_event_dedupe.provider_event_id
 GITEA_DELIVERY_HEADER = "X-Gitea-Delivery"
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"  # also the gRPC metadata name for the API channel
 

@@ -31,10 +31,11 @@ from services.common import errors, run_options, tracing
 from services.common.access import require_role
 from services.common.auth import Authenticator, Principal
 from services.common.db import store_error
+from services.common.limits import MAX_IDEMPOTENCY_KEY
 from services.common.run_options import RunOptions
 from services.common.settings import Settings
 from services.common.validate import PROJECT_RE, Violations
-from services.ingest import channels, endpoints, metrics, parsing, signatures
+from services.ingest import endpoints, metrics, parsing, signatures
 from services.ingest.create_run import ROLE
 from services.ingest.events import DUPLICATE_CODE, EventIngestor, Outcome
 
@@ -271,7 +272,7 @@ class HttpIngest:
         if not key:
             v.add(f"headers.{IDEMPOTENCY_KEY}", "required: the key that makes a retry of this request safe")
         else:
-            v.text(f"headers.{IDEMPOTENCY_KEY}", key, max_len=channels.MAX_PROVIDER_EVENT_ID)
+            v.text(f"headers.{IDEMPOTENCY_KEY}", key, max_len=MAX_IDEMPOTENCY_KEY)
         v.raise_if_any()
         s = self.settings
         payload = parse_body(await request.read(), "body")

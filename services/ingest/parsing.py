@@ -16,15 +16,14 @@ from typing import Any
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from services.common import jsonvalues, run_options
+from services.common.limits import MAX_ATTEMPTS_LIMIT, MAX_IDEMPOTENCY_KEY, MAX_PROVIDER_EVENT_ID
 from services.common.run_options import NO_OPTIONS, RunOptions
-from services.common.validate import MAX_KEY, PROJECT_RE, Violations
+from services.common.validate import PROJECT_RE, Violations
 from services.ingest import channels
 
 MAX_HEADERS = 100
 MAX_HEADER_NAME = 256
 MAX_HEADER_VALUE = 8192
-MAX_IDEMPOTENCY_KEY = MAX_KEY
-MAX_ATTEMPTS_LIMIT = 100  # CHECK (max_attempts BETWEEN 1 AND 100)
 
 _CHANNEL_NAMES: dict[int, str] = {
     common_pb2.CHANNEL_TYPE_TELEGRAM: "telegram",
@@ -105,7 +104,7 @@ def parse_event(
     start = len(v.items)
     project_id = v.project_id(prefix + "project_id", req.project_id)
     channel = channel_name(v, prefix + "channel_type", req.channel_type)
-    pid = v.text(prefix + "provider_event_id", req.provider_event_id, max_len=channels.MAX_PROVIDER_EVENT_ID)
+    pid = v.text(prefix + "provider_event_id", req.provider_event_id, max_len=MAX_PROVIDER_EVENT_ID)
     attempts = max_attempts(v, prefix + "max_attempts", req.max_attempts, default_max_attempts)
     if req.endpoint and not PROJECT_RE.match(req.endpoint):
         v.add(

@@ -13,9 +13,10 @@ from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
 from services.common import errors
 from services.common.auth import current_principal
+from services.common.limits import MAX_ID, MAX_TEXT
 from services.common.runs import saga_status_to_pb, ts
 from services.common.settings import Settings
-from services.common.validate import MAX_ID, MAX_TEXT, Violations
+from services.common.validate import Violations
 from services.saga import journal, operator_actions
 from services.saga.driver import CompensationDriver
 from services.saga.metrics import STEP_WRITES

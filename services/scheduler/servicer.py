@@ -18,10 +18,18 @@ from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import errors, retry_policy, run_options, tracing
 from services.common.access import projects_with, require_member, require_role
 from services.common.auth import current_principal
+from services.common.limits import (
+    MAX_CONCURRENCY_KEY,
+    MAX_ERROR_CODE,
+    MAX_ID,
+    MAX_PROVIDER_EVENT_ID,
+    MAX_SCHEDULE_NAME,
+    MAX_TEXT,
+)
 from services.common.runs import channel_from_pb, run_to_pb, set_time, status_from_pb, status_to_pb, ts
 from services.common.runstate import RunStatus
 from services.common.runtime import AppContext
-from services.common.validate import MAX_ID, MAX_TEXT, Violations, to_struct
+from services.common.validate import Violations, to_struct
 from services.scheduler import (
     approvals,
     batch_complete,
@@ -49,11 +57,8 @@ MAX_COMPLETE_RUNS = 1000
 MAX_LEASE_TTL = 3600.0  # seconds
 MAX_RETRY_AFTER = 86400.0
 MAX_APPROVAL_TTL = 7 * 86400.0
-MAX_ERROR_CODE = 64  # awooop_run_state.error_code VARCHAR(64)
 MAX_APPROVAL_TOKEN = 256
-MAX_KEY = 128  # awooop_concurrency_limit.key VARCHAR(128)
 MAX_PAGE_SIZE = 500
-MAX_PROVIDER_EVENT_ID = 256  # awooop_run_state.provider_event_id VARCHAR(256)
 DEFAULT_PAGE_SIZE = 50
 INT32_MAX = 2**31 - 1
 
@@ -611,7 +616,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.SetConcurrencyLimitResponse:
         v = Violations()
         project_id = v.project_id("project_id", request.project_id)
-        key = v.token("key", request.key, max_len=MAX_KEY)
+        key = v.token("key", request.key, max_len=MAX_CONCURRENCY_KEY)
         v.check(0 <= request.max_running <= concurrency.MAX_LIMIT, "max_running", "must be 0 (none) to 100000")
         v.check(0 <= request.max_starts <= 1_000_000, "max_starts", "must be 0 (none) to 1000000")
         per = request.per.seconds + request.per.nanos / 1e9
@@ -708,7 +713,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         v = Violations()
         sched = request.schedule
         project_id = v.project_id("schedule.project_id", sched.project_id)
-        name = v.token("schedule.name", sched.name, max_len=MAX_KEY)
+        name = v.token("schedule.name", sched.name, max_len=MAX_SCHEDULE_NAME)
         cron = v.text("schedule.cron", sched.cron, max_len=256, required=True)
         time_zone = sched.time_zone or "UTC"
         try:
@@ -751,7 +756,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.DeleteScheduleResponse:
         v = Violations()
         project_id = v.project_id("project_id", request.project_id)
-        name = v.token("name", request.name, max_len=MAX_KEY)
+        name = v.token("name", request.name, max_len=MAX_SCHEDULE_NAME)
         v.raise_if_any()
         principal = current_principal()
         require_role(principal, project_id, "admin")

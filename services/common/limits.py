@@ -1,0 +1,14 @@
+"""The input limits, each defined once: most are the width of the store column (or the CHECK)
+the value ends up in, so an accepted value can always be stored. The README's error table and
+services/common/validate.py refer to them by these names."""
+
+from __future__ import annotations
+
+MAX_ID = 128  # caller-chosen ids: worker, step, tool and claim ids (VARCHAR(128) columns)
+MAX_TEXT = 4096  # reasons, summaries, error texts
+MAX_IDEMPOTENCY_KEY = 256  # awooop_idempotency_key.key, the API channel's Idempotency-Key
+MAX_PROVIDER_EVENT_ID = 256  # awooop_channel_event_dedupe.provider_event_id, awooop_run_state's
+MAX_CONCURRENCY_KEY = 128  # awooop_run_state.concurrency_keys VARCHAR(128)[], awooop_concurrency_limit.key
+MAX_SCHEDULE_NAME = 128  # awooop_schedule.name
+MAX_ERROR_CODE = 64  # awooop_run_state.error_code
+MAX_ATTEMPTS_LIMIT = 100  # CHECK (max_attempts BETWEEN 1 AND 100)
