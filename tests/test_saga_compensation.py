@@ -1,15 +1,17 @@
 """Saga compensation (seed ADR-119 D3–D6): reverse order through the reference ToolGateway,
 failures that do not stop the others, escalation (audit + Redis stream + Telegram stand-in),
 operator retry / resolve, several replicas, and a saga process killed mid-compensation.
-Real Postgres, Redis, gRPC servers and processes; the gateway and Telegram stand-in are real
-local servers."""
+Runs end through the scheduler's own transitions (FailRun, CancelRun + AcknowledgeCancel, the
+reaper, a rejected approval), so a scheduler that stopped requesting compensation fails these
+tests. Real Postgres, Redis, gRPC servers and processes; the gateway and Telegram stand-in are
+real local servers."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common.embedded import free_port
 from services.common.settings import Settings
 from tests.harness.helpers import eventually, expect_error, service_key, settings_env, spawn_services
-from tests.harness.saga import PROJECT, check_seed_format, claim, lease, new_run, struct
+from tests.harness.saga import PROJECT, check_seed_format, new_run, struct
 from tests.harness.telegram_stub import TelegramStub
 
 Undo = Callable[[dict[str, Any]], dict[str, Any]] | None
@@ -90,16 +92,23 @@ def as_dict(s: Any) -> dict[str, Any]:
 @dataclass
 class Harness:
     saga: saga_pb2_grpc.SagaServiceStub
+    sched: scheduler_pb2_grpc.SchedulerServiceStub
     gw: tools_pb2_grpc.ToolGatewayServiceStub
     worker: Any
     admin: Any
     db: asyncpg.Connection
     gateway_addr: str
+    leases: dict[str, common_pb2.LeaseToken] = field(default_factory=dict)
 
-    async def run_with_steps(self, steps: list[Step]) -> str:
-        """A claimed run whose worker executed steps through the gateway and journaled them."""
-        run_id = await new_run(self.db)
-        now = lease(run_id, await claim(self.db, run_id))
+    async def run_with_steps(self, steps: list[Step], max_attempts: int = 3) -> str:
+        """A run claimed from the scheduler whose worker executed steps through the gateway and
+        journaled them."""
+        run_id = await new_run(self.db, max_attempts=max_attempts)
+        claimed = await self.sched.ClaimRuns(
+            scheduler_pb2.ClaimRunsRequest(worker_id="w1", project_ids=[PROJECT], max_runs=1), metadata=self.worker
+        )
+        assert [c.run.run_id for c in claimed.runs] == [run_id]
+        now = self.leases[run_id] = claimed.runs[0].lease
         for st in steps:
             kind = common_pb2.STEP_TYPE_TOOL_CALL if st.tool_id else common_pb2.STEP_TYPE_LLM_CALL
             begun = await self.saga.BeginStep(
@@ -134,19 +143,33 @@ class Harness:
             )
         return run_id
 
-    async def fail_run(self, run_id: str, trigger: str = "step_failed") -> None:
-        """What the scheduler does: FAILED and the compensation request in one transaction."""
-        async with self.db.transaction():
-            await self.db.execute(
-                "UPDATE awooop_run_state SET status = 'FAILED', lease_until = NULL WHERE run_id = $1", run_id
-            )
-            await self.db.execute(
-                """INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
-                   VALUES ($1, $2, $3, 'step 7 failed')""",
-                run_id,
-                PROJECT,
-                trigger,
-            )
+    async def fail_run(self, run_id: str) -> None:
+        """The worker fails the run for good (FailRun, not retryable): the scheduler's FAILED
+        transition records the compensation request."""
+        resp = await self.sched.FailRun(
+            scheduler_pb2.FailRunRequest(lease=self.leases[run_id], reason="step 7 failed", retryable=False),
+            metadata=self.worker,
+        )
+        assert resp.run.status == common_pb2.RUN_STATUS_FAILED and resp.compensation_requested
+
+    async def cancel_run(self, run_id: str) -> None:
+        """An operator cancels the running run (CancelRun), the worker acknowledges it: CANCELLED,
+        and the scheduler records the compensation request."""
+        asked = await self.sched.CancelRun(
+            scheduler_pb2.CancelRunRequest(run_id=run_id, reason="operator cancelled"), metadata=self.admin
+        )
+        assert asked.run.cancel_requested and not asked.compensation_requested
+        acked = await self.sched.AcknowledgeCancel(
+            scheduler_pb2.AcknowledgeCancelRequest(lease=self.leases[run_id]), metadata=self.worker
+        )
+        assert acked.run.status == common_pb2.RUN_STATUS_CANCELLED and acked.compensation_requested
+
+    async def abandon_run(self, run_id: str) -> None:
+        """The worker stops heartbeating and its lease runs out (moved into the past here rather
+        than waited for); the scheduler's reaper loop takes the run back."""
+        await self.db.execute(
+            "UPDATE awooop_run_state SET lease_until = now() - interval '1 second' WHERE run_id = $1", run_id
+        )
 
     async def statuses(self, run_id: str) -> dict[str, str]:
         rows = await self.db.fetch("SELECT step_id, status FROM awooop_saga_step WHERE run_id = $1", run_id)
@@ -170,7 +193,23 @@ class Harness:
         return [(r["idempotency_key"].split(":")[1], r["outcome"]) for r in rows]
 
 
-async def harness(start_services: Any, channels: Any, make_key: Any, db: asyncpg.Connection, **saga: Any) -> Harness:
+async def scheduler_stub(
+    start_services: Any, channels: Any, **settings: Any
+) -> scheduler_pb2_grpc.SchedulerServiceStub:
+    rt = await start_services("scheduler", **settings)
+    return scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+
+
+async def harness(
+    start_services: Any,
+    channels: Any,
+    make_key: Any,
+    db: asyncpg.Connection,
+    scheduler: dict[str, Any] | None = None,
+    **saga: Any,
+) -> Harness:
+    """The reference gateway, a saga service compensating through it every 0.2 s (saga settings),
+    and a scheduler (scheduler settings) whose transitions request the compensations."""
     gw_rt = await start_services("gateway")
     addr = f"127.0.0.1:{gw_rt.ports['gateway']}"
     saga_rt = await start_services("saga", **{"gateway_addr": addr, "compensation_interval": 0.2, **saga})
@@ -180,6 +219,7 @@ async def harness(start_services: Any, channels: Any, make_key: Any, db: asyncpg
     )
     return Harness(
         saga=saga_pb2_grpc.SagaServiceStub(channels(saga_rt.ports["saga"])),
+        sched=await scheduler_stub(start_services, channels, **(scheduler or {})),
         gw=tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"], await service_key(gw_rt))),
         worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
         admin=await make_key("operator", {PROJECT: ["admin"]}),
@@ -321,6 +361,8 @@ async def test_compensation_runs_in_exact_reverse_order_and_a_failing_middle_doe
     )
     assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'web'") == 5
     await h.fail_run(run_id)
+    request = await db.fetchrow("SELECT trigger, reason FROM awooop_compensation_request WHERE run_id = $1", run_id)
+    assert (request["trigger"], request["reason"]) == ("step_failed", "step 7 failed")
 
     await eventually(lambda: h.request_done(run_id), what="the compensation request to end")
     # every compensation command ran once, last step first; llm_call and irreversible steps never
@@ -381,7 +423,9 @@ async def test_compensation_failed_writes_the_audit_log_and_delivers_the_alert(
             telegram_chat_id="-1001",
         )
         run_id = await h.run_with_steps([scale("scale-api", "api", 4, simulate_failure="cluster unreachable")])
-        await h.fail_run(run_id, "cancelled")
+        await h.cancel_run(run_id)
+        trigger = await db.fetchval("SELECT trigger FROM awooop_compensation_request WHERE run_id = $1", run_id)
+        assert trigger == "cancelled"
         await eventually(lambda: h.request_done(run_id), what="the compensation request to end")
         assert await h.saga_status(run_id) == "compensation_failed"
         audit = await db.fetchrow(
@@ -458,15 +502,22 @@ async def test_compensation_failed_writes_the_audit_log_and_delivers_the_alert(
 
 
 async def test_retry_compensation_runs_a_failed_compensation_again(start_services, channels, make_key, db) -> None:
-    h = await harness(start_services, channels, make_key, db)
+    # the scheduler's reaper loop fails the run: its lease expired with its one attempt used
+    h = await harness(start_services, channels, make_key, db, scheduler={"reaper_interval": 0.2})
     await db.execute(
         """INSERT INTO awooop_refgw_fault (project_id, tool_id, code, message)
            VALUES ($1, 'knowledge_delete', 'FAILED_PRECONDITION', 'knowledge base is read-only')""",
         PROJECT,
     )
-    run_id = await h.run_with_steps([write_kb("kb-a", "a"), write_kb("kb-b", "b"), scale("scale-api", "api", 2)])
-    await h.fail_run(run_id)
+    run_id = await h.run_with_steps(
+        [write_kb("kb-a", "a"), write_kb("kb-b", "b"), scale("scale-api", "api", 2)], max_attempts=1
+    )
+    await h.abandon_run(run_id)
     await eventually(lambda: h.request_done(run_id), what="the first compensation pass")
+    run = await db.fetchrow("SELECT status, error_code FROM awooop_run_state WHERE run_id = $1", run_id)
+    assert (run["status"], run["error_code"]) == ("FAILED", "E-RUN-MAX-ATTEMPTS")
+    trigger = await db.fetchval("SELECT trigger FROM awooop_compensation_request WHERE run_id = $1", run_id)
+    assert trigger == "step_failed"
     assert await h.statuses(run_id) == {
         "kb-a": "compensation_failed",
         "kb-b": "compensation_failed",
@@ -578,7 +629,7 @@ async def test_compensate_rpc_is_idempotent_and_only_for_ended_runs(start_servic
     assert await h.saga_status(cancelled) == "not_needed"
     run = await db.fetchrow("SELECT compensation_started_at FROM awooop_run_state WHERE run_id = $1", cancelled)
     assert run["compensation_started_at"] is None
-    assert await audit_actions(db, cancelled) == ["SAGA_COMPENSATION_REQUESTED", "SAGA_COMPENSATION_SKIPPED"]
+    assert await audit_actions(db, cancelled) == ["CLAIMED", "SAGA_COMPENSATION_REQUESTED", "SAGA_COMPENSATION_SKIPPED"]
     assert await h.statuses(cancelled) == {"think": "completed", "exec": "completed"}
     assert await h.compensation_calls(cancelled) == []
 
@@ -596,15 +647,8 @@ async def test_several_replicas_drive_every_request_exactly_once(start_services,
         PROJECT,
     )
     runs = [await h.run_with_steps([create_cm(f"cm-{i}", f"cm-{i}"), scale(f"s-{i}", f"d{i}", 4)]) for i in range(10)]
-    # all ten fail at once, as the scheduler records them
-    async with db.transaction():
-        await db.execute("UPDATE awooop_run_state SET status = 'FAILED' WHERE run_id = ANY($1::uuid[])", runs)
-        await db.execute(
-            """INSERT INTO awooop_compensation_request (run_id, project_id, trigger)
-               SELECT r, $2, 'step_failed' FROM unnest($1::uuid[]) r""",
-            runs,
-            PROJECT,
-        )
+    # all ten fail at once (FailRun), each recording its compensation request
+    await asyncio.gather(*(h.fail_run(run_id) for run_id in runs))
 
     async def all_done() -> bool:
         return bool(
@@ -642,6 +686,7 @@ async def test_killing_the_saga_mid_compensation_finishes_the_rest_without_repea
         saga = saga_pb2_grpc.SagaServiceStub(channels(first.ports["saga"]))
         h = Harness(
             saga=saga,
+            sched=await scheduler_stub(start_services, channels),
             gw=gw,
             worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
             admin=await make_key("operator", {PROJECT: ["admin"]}),
@@ -658,11 +703,7 @@ async def test_killing_the_saga_mid_compensation_finishes_the_rest_without_repea
                 scale("s3-scale", "api", 3),
             ]
         )
-        await db.execute("UPDATE awooop_run_state SET status = 'FAILED' WHERE run_id = $1", run_id)
-        await saga.Compensate(
-            saga_pb2.CompensateRequest(run_id=run_id, trigger=saga_pb2.COMPENSATION_TRIGGER_STEP_FAILED),
-            metadata=h.admin,
-        )
+        await h.fail_run(run_id)
 
         async def s2_in_flight() -> bool:
             return (await h.statuses(run_id))["s2-cm"] == "compensating" and (
@@ -715,6 +756,7 @@ async def test_an_unreachable_gateway_is_a_failed_compensation_not_a_stuck_one(
     )
     h = Harness(
         saga=saga_pb2_grpc.SagaServiceStub(channels(saga_rt.ports["saga"])),
+        sched=await scheduler_stub(start_services, channels),
         gw=tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"], await service_key(gw_rt))),
         worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
         admin=await make_key("operator", {PROJECT: ["admin"]}),
@@ -723,10 +765,7 @@ async def test_an_unreachable_gateway_is_a_failed_compensation_not_a_stuck_one(
     )
     await db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 1)", PROJECT)
     run_id = await h.run_with_steps([scale("scale-api", "api", 3)])
-    await db.execute("UPDATE awooop_run_state SET status = 'CANCELLED' WHERE run_id = $1", run_id)
-    await h.saga.Compensate(
-        saga_pb2.CompensateRequest(run_id=run_id, trigger=saga_pb2.COMPENSATION_TRIGGER_CANCELLED), metadata=h.admin
-    )
+    await h.cancel_run(run_id)
     await eventually(lambda: h.request_done(run_id), what="the compensation to end")
     assert await h.statuses(run_id) == {"scale-api": "compensation_failed"}
     assert await h.saga_status(run_id) == "compensation_failed"
