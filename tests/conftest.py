@@ -28,7 +28,7 @@ from services.common import embedded, migrate, principals
 from services.common.runtime import Runtime
 from services.common.settings import Settings
 from tests.harness.databases import admin_connection, with_database
-from tests.harness.helpers import WithKey
+from tests.harness.helpers import WithKey, internal_key
 from tests.harness.pgcluster import PgCluster
 
 
@@ -125,18 +125,6 @@ def settings(db_dsn: str, redis_url: str) -> Settings:
 StartServices = Callable[..., Awaitable[Runtime]]
 
 
-async def _internal_key(dsn: str) -> str:
-    """A service principal with a role in every project (what AWOOOP_INTERNAL_API_KEY names)."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        name = f"internal-{uuid.uuid4().hex[:8]}"
-        await principals.create_principal(conn, name, "service")
-        await principals.grant_role(conn, name, principals.ALL_PROJECTS, "admin")
-        return (await principals.issue_key(conn, name)).key
-    finally:
-        await conn.close()
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def start_services(settings: Settings) -> AsyncIterator[StartServices]:
     """start_services("ingest", "scheduler", **settings_overrides) -> Runtime on ephemeral ports."""
@@ -145,7 +133,7 @@ async def start_services(settings: Settings) -> AsyncIterator[StartServices]:
     async def start(*names: str, **overrides: Any) -> Runtime:
         if "saga" in names and "internal_api_key" not in overrides:
             # the saga presents a service key to the tool gateway, as deployed
-            overrides["internal_api_key"] = await _internal_key(settings.database_url)
+            overrides["internal_api_key"] = await internal_key(settings.database_url)
         rt = Runtime(settings.with_(**overrides), list(names), port_zero=True)
         await rt.start()
         started.append(rt)

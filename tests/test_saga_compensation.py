@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,8 @@ import asyncpg
 import grpc
 import redis.asyncio as aioredis
 from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
@@ -31,6 +34,9 @@ from tests.harness.saga import PROJECT, check_seed_format, new_run, struct
 from tests.harness.telegram_stub import TelegramStub
 
 Undo = Callable[[dict[str, Any]], dict[str, Any]] | None
+SAGA_SERVICE = saga_pb2.DESCRIPTOR.services_by_name["SagaService"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @dataclass
@@ -99,6 +105,13 @@ class Harness:
     db: asyncpg.Connection
     gateway_addr: str
     leases: dict[str, common_pb2.LeaseToken] = field(default_factory=dict)
+    saga_port: int = 0
+
+    async def saga_health(self, service: str = SAGA_SERVICE) -> int:
+        """The saga server's grpc.health.v1 status for service ("" : the whole server)."""
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{self.saga_port}") as ch:
+            reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service))
+            return int(reply.status)
 
     async def run_with_steps(self, steps: list[Step], max_attempts: int = 3) -> str:
         """A run claimed from the scheduler whose worker executed steps through the gateway and
@@ -225,6 +238,7 @@ async def harness(
         admin=await make_key("operator", {PROJECT: ["admin"]}),
         db=db,
         gateway_addr=addr,
+        saga_port=saga_rt.ports["saga"],
     )
 
 
@@ -773,3 +787,144 @@ async def test_an_unreachable_gateway_is_a_failed_compensation_not_a_stuck_one(
     assert error.startswith("UNAVAILABLE")
     assert await db.fetchval("SELECT count(*) FROM awooop_saga_alert WHERE run_id = $1", run_id) == 1
     assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 3
+
+
+# ---------------------------------------------------------------- the saga's key at the gateway
+
+
+def counter(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def compensation_passes(n: int) -> None:
+    """Waits until the saga's compensation loop has run n more passes (a real counter)."""
+    target = counter("awooop_background_runs_total", loop="saga_compensation", outcome="ok") + n
+
+    async def done() -> bool:
+        return counter("awooop_background_runs_total", loop="saga_compensation", outcome="ok") >= target
+
+    await eventually(done, what=f"{n} compensation loop passes")
+
+
+def key_lines(caplog: Any, text: str) -> list[str]:
+    """ERROR lines of the saga that contain text."""
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and text in r.getMessage()]
+
+
+async def test_a_saga_without_a_key_is_not_serving_says_what_to_set_and_compensates_nothing(
+    start_services, channels, make_key, db, caplog
+) -> None:
+    """No AWOOOP_INTERNAL_API_KEY: every compensation call would be refused by the gateway. The saga
+    says so once, at ERROR, naming the setting; its health is NOT_SERVING; the recorded request
+    waits, claimed by nobody, instead of ending compensation_failed step by step."""
+    caplog.set_level(logging.ERROR, logger="awooop.saga")
+    h = await harness(start_services, channels, make_key, db, internal_api_key="")
+    assert await h.saga_health() == NOT_SERVING and await h.saga_health("") == NOT_SERVING
+    (line,) = key_lines(caplog, "AWOOOP_INTERNAL_API_KEY is not set")
+    assert "set AWOOOP_INTERNAL_API_KEY" in line and h.gateway_addr in line
+
+    # journaling still works (nothing a worker sends is lost); compensation waits
+    run_id = await h.run_with_steps([scale("scale-api", "api", 3)])
+    await h.fail_run(run_id)
+    await compensation_passes(3)
+    assert await db.fetchval("SELECT status FROM awooop_compensation_request WHERE run_id = $1", run_id) == "pending"
+    assert await h.statuses(run_id) == {"scale-api": "completed"}
+    assert await h.compensation_calls(run_id) == []
+    assert len(key_lines(caplog, "AWOOOP_INTERNAL_API_KEY is not set")) == 1  # one line, not one per pass
+
+
+async def test_a_key_the_gateway_refuses_is_not_serving_and_compensation_resumes_once_it_is_accepted(
+    start_services, channels, make_key, db, caplog
+) -> None:
+    caplog.set_level(logging.ERROR, logger="awooop.saga")
+    md = await make_key("saga-svc", {"*": ["admin"]}, "service")
+    key = md[0][1].removeprefix("Bearer ")
+    key_id = key.split("_")[1]
+    await db.execute("UPDATE awooop_api_key SET revoked_at = now() WHERE key_id = $1", key_id)
+    refused_before = counter("awooop_saga_gateway_auth_probes_total", outcome="refused")
+    h = await harness(start_services, channels, make_key, db, internal_api_key=key)
+
+    async def not_serving() -> bool:
+        return await h.saga_health() == NOT_SERVING
+
+    await eventually(not_serving, what="the saga to report NOT_SERVING")
+    assert counter("awooop_saga_gateway_auth_probes_total", outcome="refused") > refused_before
+    (line,) = key_lines(caplog, "refuses AWOOOP_INTERNAL_API_KEY (UNAUTHENTICATED")
+    assert "set AWOOOP_INTERNAL_API_KEY" in line and h.gateway_addr in line
+
+    run_id = await h.run_with_steps([scale("scale-api", "api", 3)])
+    await h.fail_run(run_id)
+    await compensation_passes(3)
+    assert await db.fetchval("SELECT status FROM awooop_compensation_request WHERE run_id = $1", run_id) == "pending"
+    assert await h.compensation_calls(run_id) == []
+
+    # the key becomes valid (here: the revocation undone): SERVING again, and the request is driven
+    await db.execute("UPDATE awooop_api_key SET revoked_at = NULL WHERE key_id = $1", key_id)
+
+    async def compensated() -> bool:
+        return await h.request_done(run_id) and await h.saga_status(run_id) == "compensated"
+
+    await eventually(compensated, timeout=15, what="the compensation once the key is accepted")
+    assert await h.saga_health() == SERVING
+    assert await h.compensation_calls(run_id) == [("scale-api", "executed")]
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 1
+
+
+async def test_a_compensation_refused_unauthenticated_logs_an_error_counts_it_and_waits_for_the_key(
+    start_services, channels, make_key, db, caplog
+) -> None:
+    """The key worked at start-up and is revoked later: the compensation call that meets the
+    refusal is logged at ERROR and counted; nothing ran, so the step is not compensation_failed:
+    the request waits (NOT_SERVING meanwhile) and finishes with the same idempotency key."""
+    caplog.set_level(logging.ERROR, logger="awooop.saga")
+    md = await make_key("saga-svc", {"*": ["admin"]}, "service")
+    key = md[0][1].removeprefix("Bearer ")
+    key_id = key.split("_")[1]
+    accepted_before = counter("awooop_saga_gateway_auth_probes_total", outcome="accepted")
+    # the gateway re-reads a key on every call (no 5 s trust), so the revocation bites at once
+    gw_rt = await start_services("gateway", auth_cache_seconds=0)
+    addr = f"127.0.0.1:{gw_rt.ports['gateway']}"
+    saga_rt = await start_services("saga", gateway_addr=addr, compensation_interval=0.2, internal_api_key=key)
+    await db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 1)", PROJECT)
+    h = Harness(
+        saga=saga_pb2_grpc.SagaServiceStub(channels(saga_rt.ports["saga"])),
+        sched=await scheduler_stub(start_services, channels),
+        gw=tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"], await service_key(gw_rt))),
+        worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
+        admin=await make_key("operator", {PROJECT: ["admin"]}),
+        db=db,
+        gateway_addr=addr,
+        saga_port=saga_rt.ports["saga"],
+    )
+
+    async def probed() -> bool:
+        return counter("awooop_saga_gateway_auth_probes_total", outcome="accepted") > accepted_before
+
+    await eventually(probed, what="the gateway to accept the saga's key")
+    assert await h.saga_health() == SERVING
+    run_id = await h.run_with_steps([scale("scale-api", "api", 3)])
+    refused_before = counter("awooop_saga_gateway_unauthenticated_total")
+    await db.execute("UPDATE awooop_api_key SET revoked_at = now() WHERE key_id = $1", key_id)
+    await h.fail_run(run_id)
+
+    async def refused() -> bool:
+        return counter("awooop_saga_gateway_unauthenticated_total") > refused_before
+
+    await eventually(refused, what="the compensation call to be refused")
+    (line,) = key_lines(caplog, "compensation of step scale-api refused UNAUTHENTICATED")
+    assert "set AWOOOP_INTERNAL_API_KEY" in line
+    assert await h.saga_health() == NOT_SERVING
+    await compensation_passes(2)
+    assert await db.fetchval("SELECT status FROM awooop_compensation_request WHERE run_id = $1", run_id) == "pending"
+    assert await h.statuses(run_id) == {"scale-api": "compensating"}  # started, nothing ran: called again later
+    assert await db.fetchval("SELECT count(*) FROM awooop_saga_alert WHERE run_id = $1", run_id) == 0
+
+    await db.execute("UPDATE awooop_api_key SET revoked_at = NULL WHERE key_id = $1", key_id)
+
+    async def compensated() -> bool:
+        return await h.request_done(run_id) and await h.saga_status(run_id) == "compensated"
+
+    await eventually(compensated, timeout=15, what="the compensation once the key is accepted again")
+    assert await h.saga_health() == SERVING
+    assert await h.compensation_calls(run_id) == [("scale-api", "executed")]
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 1

@@ -37,7 +37,7 @@ from services.common import migrate, reflection, tracing
 from services.common.auth import Authenticator
 from services.common.cache import Cache
 from services.common.db import create_pool, store_error
-from services.common.health import SERVING, HealthServicer
+from services.common.health import SERVING, HealthServicer, Readiness
 from services.common.interceptor import ServiceInterceptor
 from services.common.observability import (
     LOOP_RUNS,
@@ -78,6 +78,8 @@ class ServiceParts:
     public: bool = False
     # an aiohttp web.Application served on AWOOOP_HTTP_PORT (the ingest service's webhooks)
     http_app: Any = None
+    # the service's own verdict on whether it can do its job: NOT_SERVING while it names a problem
+    readiness: Readiness | None = None
 
 
 def load_service(name: str) -> Callable[[AppContext], ServiceParts]:
@@ -238,8 +240,11 @@ class Runtime:
             self._service_names[name] = parts.service_names
             self._on_stop.extend(parts.on_stop)
             await server.start()
-            for svc in [*parts.service_names, ""]:
-                await hs.set(svc, SERVING)
+            if parts.readiness is not None:
+                await parts.readiness.attach(hs, [*parts.service_names, ""])
+            else:
+                for svc in [*parts.service_names, ""]:
+                    await hs.set(svc, SERVING)
             self.ports[name] = bound
             if parts.http_app is not None and s.http_port:
                 self.http_ports[name] = await self._serve_http(name, parts.http_app)
