@@ -2,8 +2,9 @@
 `awooop up` (all of them in one process) and the tests all go through Runtime.
 
 A service package provides `app.build(ctx) -> ServiceParts`: its servicers, the full
-names of its gRPC services, and its background loops. Runtime adds the rest: one
-grpc.aio server per service with the interceptor, grpc.health.v1 (per-service status),
+names of its gRPC services, its background loops, and optionally its readiness (NOT_SERVING
+while the service cannot do its job: the saga without a key the gateway accepts). Runtime adds
+the rest: one grpc.aio server per service with the interceptor, grpc.health.v1 (per-service status),
 server reflection (v1 and v1alpha, with proto comments), optional TLS, Prometheus metrics, and graceful shutdown:
 
   1. ctx.stopping is set: background loops finish their current pass, long-polls return;

@@ -23,7 +23,7 @@ import grpc
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common.health import Readiness
 from services.common.settings import Settings
-from services.saga.metrics import GATEWAY_AUTH_PROBES
+from services.saga.metrics import GATEWAY_AUTH_PROBES, GATEWAY_KEY_REFUSED
 
 log = logging.getLogger("awooop.saga.gateway_auth")
 
@@ -72,6 +72,7 @@ class GatewayAuth:
         self._verdict = Verdict.UNKNOWN
         problem = None if metadata else missing_key(self.addr)
         self.readiness = Readiness(problem)
+        GATEWAY_KEY_REFUSED.set(0 if problem is None else 1)
         if problem is not None:
             log.error(problem)
 
@@ -87,6 +88,7 @@ class GatewayAuth:
     async def refused(self, detail: str) -> None:
         """A call with the key was answered UNAUTHENTICATED (the key was revoked, or never worked)."""
         self._verdict = Verdict.REFUSED
+        GATEWAY_KEY_REFUSED.set(1)
         problem = refused_key(self.addr, detail)
         if await self.readiness.set(problem):
             log.error(problem)
@@ -105,6 +107,8 @@ class GatewayAuth:
                 await self.refused(exc.details() or "")
                 return Verdict.REFUSED
         GATEWAY_AUTH_PROBES.labels("accepted").inc()
-        if await self.readiness.set(None):
-            log.info("the tool gateway at %s accepts AWOOOP_INTERNAL_API_KEY: compensation resumes", self.addr)
+        GATEWAY_KEY_REFUSED.set(0)
+        await self.readiness.set(None)
+        # once per acceptance: probes run only until the key is accepted (or after a refusal)
+        log.info("the tool gateway at %s accepts AWOOOP_INTERNAL_API_KEY: compensation runs", self.addr)
         return Verdict.ACCEPTED

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from services.common.observability import preset
 
@@ -25,6 +25,10 @@ GATEWAY_AUTH_PROBES = Counter(
     "awooop_saga_gateway_auth_probes_total",
     "Checks of AWOOOP_INTERNAL_API_KEY against the tool gateway, by answer",
     ["outcome"],
+)
+GATEWAY_KEY_REFUSED = Gauge(
+    "awooop_saga_gateway_key_refused",
+    "1 while the saga has no key the tool gateway accepts: compensation stopped, the saga NOT_SERVING",
 )
 ALERTS = Counter("awooop_saga_alerts_total", "Escalation deliveries by channel and outcome", ["channel", "outcome"])
 
