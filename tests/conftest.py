@@ -119,6 +119,9 @@ def settings(db_dsn: str, redis_url: str) -> Settings:
         db_pool_min=1,
         internal_api_key="",
         saga_addr="",
+        # nobody's gateway (not the default 50054, where another `awooop up` on this machine may
+        # listen and refuse the saga's key); tests that compensate start their own and name it
+        gateway_addr="127.0.0.1:1",
     )
 
 

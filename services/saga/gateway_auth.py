@@ -32,7 +32,7 @@ HOW = (
     "set AWOOOP_INTERNAL_API_KEY (or AWOOOP_INTERNAL_API_KEY_FILE) to the key of a service principal with a role "
     "in every project: awooop admin ensure-service-key (docs/operations.md, API keys)"
 )
-PROBE_TIMEOUT = 5.0
+PROBE_TIMEOUT = 5.0  # at most; AWOOOP_TOOL_TIMEOUT when shorter
 # answers that say nothing about the key: the gateway is not there (yet)
 NO_VERDICT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
@@ -67,6 +67,7 @@ class GatewayAuth:
         metadata: tuple[tuple[str, str], ...],
     ) -> None:
         self.addr = settings.gateway_addr
+        self._timeout = min(settings.tool_timeout, PROBE_TIMEOUT)
         self._stub = stub
         self._metadata = metadata
         self._verdict = Verdict.UNKNOWN
@@ -96,7 +97,7 @@ class GatewayAuth:
     async def _probe(self) -> Verdict:
         try:
             await self._stub().ExecuteTool(
-                tools_pb2.ExecuteToolRequest(), timeout=PROBE_TIMEOUT, metadata=self._metadata
+                tools_pb2.ExecuteToolRequest(), timeout=self._timeout, metadata=self._metadata
             )
         except grpc.aio.AioRpcError as exc:
             if exc.code() in NO_VERDICT:
