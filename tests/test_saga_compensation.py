@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +32,7 @@ from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common.embedded import free_port
 from services.common.settings import Settings
-from tests.harness.helpers import eventually, expect_error, service_key, settings_env, spawn_services
+from tests.harness.helpers import ROOT, eventually, expect_error, service_key, settings_env, spawn_services
 from tests.harness.saga import PROJECT, check_seed_format, new_run, struct
 from tests.harness.telegram_stub import TelegramStub
 
@@ -928,3 +931,41 @@ async def test_a_compensation_refused_unauthenticated_logs_an_error_counts_it_an
     assert await h.saga_health() == SERVING
     assert await h.compensation_calls(run_id) == [("scale-api", "executed")]
     assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 1
+
+
+async def test_awooop_serve_saga_without_a_key_fails_its_healthcheck_and_logs_what_to_set(
+    start_services, settings: Settings, tmp_path: Path
+) -> None:
+    """As a deployment sees it: `awooop serve saga` with no AWOOOP_INTERNAL_API_KEY next to a real
+    gateway; the image's healthcheck (`awooop health --service saga`) fails and the process's log
+    has the one ERROR line saying what to set."""
+    gw = await start_services("gateway")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
+    env |= settings_env(settings.with_(gateway_addr=f"127.0.0.1:{gw.ports['gateway']}"))
+    env |= {"AWOOOP_SAGA_PORT": str(port), "AWOOOP_METRICS_PORT": "0", "AWOOOP_INTERNAL_API_KEY": ""}
+    log_path = tmp_path / "saga.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "awooop.cli", "serve", "saga"], env=env, cwd=ROOT, stdout=out, stderr=out
+        )
+    try:
+
+        def healthcheck() -> subprocess.CompletedProcess[str]:
+            argv = [sys.executable, "-m", "awooop.cli", "health", f"127.0.0.1:{port}", "--service", "saga"]
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+        async def answered() -> subprocess.CompletedProcess[str] | None:
+            assert proc.poll() is None, log_path.read_text()
+            out = await asyncio.to_thread(healthcheck)
+            return out if "unreachable" not in out.stdout + out.stderr else None
+
+        verdict = await eventually(answered, timeout=30, interval=0.2, what="the saga to answer its healthcheck")
+        assert verdict.returncode == 1 and "SagaService: NOT_SERVING" in verdict.stderr, verdict.stdout + verdict.stderr
+        lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+        errors = [entry["msg"] for entry in lines if entry["level"] == "error"]
+        assert len(errors) == 1 and "AWOOOP_INTERNAL_API_KEY is not set" in errors[0], errors
+        assert "set AWOOOP_INTERNAL_API_KEY" in errors[0]
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 30)
