@@ -30,7 +30,7 @@ log = logging.getLogger("awooop.saga.gateway_auth")
 # what to do about it, in every message that reports a refused or missing key
 HOW = (
     "set AWOOOP_INTERNAL_API_KEY (or AWOOOP_INTERNAL_API_KEY_FILE) to the key of a service principal with a role "
-    "in every project: awooop admin ensure-service-key (docs/operations.md, API keys)"
+    "in every project: awooop admin ensure-service-key (docs/operations.md, The internal service key)"
 )
 PROBE_TIMEOUT = 5.0  # at most; AWOOOP_TOOL_TIMEOUT when shorter
 # answers that say nothing about the key: the gateway is not there (yet)
