@@ -34,7 +34,7 @@ RUN --mount=type=secret,id=ca,required=false \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
     pip install . \
  && useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin awooop \
- && install -d -o awooop -g awooop -m 0700 /var/lib/awooop/keys
+ && install -d -o 10001 -m 0700 /var/lib/awooop/keys
 
 USER 10001
 

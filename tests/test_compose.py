@@ -164,8 +164,10 @@ def test_the_internal_key_is_provisioned_for_the_saga_and_the_scheduler(compose:
         assert mounted(svc).get(str(key_path.parent)) == f"{volume}:ro", f"{name} does not mount the key's volume"
         assert svc["depends_on"]["internal-key"]["condition"] == "service_completed_successfully"
     # the image has the directory, writable by its non-root user (a fresh volume takes its owner)
-    run = next(rest for word, rest in dockerfile() if word == "RUN")
-    assert f"install -d -o awooop -g awooop -m 0700 {key_path.parent}" in run
+    steps = dockerfile()
+    run = next(rest for word, rest in steps if word == "RUN")
+    user = [rest for word, rest in steps if word == "USER"][-1]
+    assert f"install -d -o {user} -m 0700 {key_path.parent}" in run
 
 
 async def test_the_internal_key_step_writes_a_key_the_gateway_accepts_from_the_saga(
