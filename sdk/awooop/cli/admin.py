@@ -146,18 +146,25 @@ async def _issue_key(conn: Any, args: argparse.Namespace) -> int:
 async def ensure_key_file(conn: Any, path: Path, principal: str) -> tuple[str, str | None]:
     """(the valid internal service key kept in path, the id of a key issued now or None when the
     file's key was kept). The file is replaced whole (written beside it, renamed): a reader never
-    sees half a key. Raises OSError when the file cannot be read or written."""
+    sees half a key. Raises OSError when the file cannot be read or written, before any key is
+    issued (no orphan key in the store)."""
     from services.common import principals
 
     current = path.read_text().strip() if path.is_file() else None
-    issued = await principals.ensure_service_key(conn, current, principal)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # writable? (before issuing)
+    with os.fdopen(fd, "w") as f:
+        try:
+            issued = await principals.ensure_service_key(conn, current, principal)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        if issued is not None:
+            f.write(issued.key + "\n")
     if issued is None:
+        tmp.unlink(missing_ok=True)
         assert current is not None
         return current, None
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(issued.key + "\n")
     tmp.replace(path)
     return issued.key, issued.key_id
 
