@@ -177,7 +177,7 @@ async def _ensure_service_key(conn: Any, args: argparse.Namespace) -> int:
     principal = args.principal or principals.INTERNAL_PRINCIPAL
     try:
         _, issued = await ensure_key_file(conn, path, principal)
-    except OSError as exc:  # a key issued before the write failed stays unused; the next run issues another
+    except OSError as exc:  # checked before any key is issued: nothing is left behind
         return _fail(f"cannot read or write {path}: {exc.strerror}")
     if issued is None:
         print(f"{path}: the key of {principal} is valid; kept", file=sys.stderr)
