@@ -33,9 +33,15 @@ RUN --mount=type=secret,id=ca,required=false \
     [ -n "$PIP_TRUSTED_HOST" ] || unset PIP_TRUSTED_HOST; \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
     pip install . \
- && useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin awooop
+ && useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin awooop \
+ && install -d -o 10001 -m 0700 /var/lib/awooop/keys
 
 USER 10001
+
+# The internal service key lives here: `awooop admin ensure-service-key --file
+# /var/lib/awooop/keys/internal-api-key` writes it and AWOOOP_INTERNAL_API_KEY_FILE reads it
+# (docker-compose.yml mounts one volume here in both). A fresh named volume takes this
+# directory's owner, so the non-root user can write it.
 
 # inside a container the listeners must be reachable from other containers
 ENV AWOOOP_HOST=0.0.0.0

@@ -28,7 +28,7 @@ from services.common import embedded, loops, migrate, principals
 from services.common.runtime import Runtime
 from services.common.settings import Settings
 from tests.harness.databases import admin_connection, with_database
-from tests.harness.helpers import WithKey
+from tests.harness.helpers import WithKey, internal_key
 from tests.harness.pgcluster import PgCluster
 
 
@@ -142,22 +142,13 @@ def settings(db_dsn: str, redis_url: str) -> Settings:
         db_pool_min=1,
         internal_api_key="",
         saga_addr="",
+        # nobody's gateway (not the default 50054, where another `awooop up` on this machine may
+        # listen and refuse the saga's key); tests that compensate start their own and name it
+        gateway_addr="127.0.0.1:1",
     )
 
 
 StartServices = Callable[..., Awaitable[Runtime]]
-
-
-async def _internal_key(dsn: str) -> str:
-    """A service principal with a role in every project (what AWOOOP_INTERNAL_API_KEY names)."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        name = f"internal-{uuid.uuid4().hex[:8]}"
-        await principals.create_principal(conn, name, "service")
-        await principals.grant_role(conn, name, principals.ALL_PROJECTS, "admin")
-        return (await principals.issue_key(conn, name)).key
-    finally:
-        await conn.close()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -168,7 +159,7 @@ async def start_services(settings: Settings) -> AsyncIterator[StartServices]:
     async def start(*names: str, **overrides: Any) -> Runtime:
         if "saga" in names and "internal_api_key" not in overrides:
             # the saga presents a service key to the tool gateway, as deployed
-            overrides["internal_api_key"] = await _internal_key(settings.database_url)
+            overrides["internal_api_key"] = await internal_key(settings.database_url)
         rt = Runtime(settings.with_(**overrides), list(names), port_zero=True)
         await rt.start()
         started.append(rt)

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import asyncpg
 import grpc
@@ -122,3 +123,22 @@ async def test_refusals_are_clear_and_change_nothing(db_dsn: str, db: asyncpg.Co
     assert out.returncode == 2 and "AWOOOP_DATABASE_URL is not set" in out.stderr
     out = await awooop("admin", "--database-url", "postgresql://nobody@127.0.0.1:1/none", "list", dsn=None)
     assert out.returncode == 1 and "cannot reach the store" in out.stderr
+
+
+async def test_ensure_service_key_keeps_a_valid_key_and_refuses_a_file_it_cannot_write(
+    db_dsn: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    path = tmp_path / "internal-api-key"
+    first = await awooop("admin", "ensure-service-key", "--file", str(path), dsn=db_dsn)
+    assert first.returncode == 0 and first.stdout == "", first.stderr  # the key only in the file
+    key = path.read_text().strip()
+    assert KEY_RE.match(key) and oct(path.stat().st_mode & 0o777) == "0o600"
+    kept = await awooop("admin", "ensure-service-key", "--file", str(path), dsn=db_dsn)
+    assert kept.returncode == 0 and "kept" in kept.stderr and path.read_text().strip() == key
+    assert await db.fetchval("SELECT count(*) FROM awooop_api_key WHERE principal_id = 'awooop-internal'") == 1
+
+    nowhere = tmp_path / "missing-dir" / "internal-api-key"
+    out = await awooop("admin", "ensure-service-key", "--file", str(nowhere), "--principal", "other", dsn=db_dsn)
+    assert out.returncode == 1 and out.stderr.startswith(f"error: cannot read or write {nowhere}"), out.stderr
+    # refused before anything was issued: no principal, no key left behind unused
+    assert await db.fetchval("SELECT count(*) FROM awooop_principal WHERE principal_id = 'other'") == 0

@@ -1,17 +1,21 @@
 """docker-compose.yml and the Dockerfile, checked without a Docker engine (none on this
 machine): every command is a real `awooop` command line, every AWOOOP_* variable a real
 setting whose value parses, healthchecks use `awooop health` on the port the service
-listens on, and the files the image is built from make a complete package. When a compose
-client is installed, `config -q` validates the file too."""
+listens on, the internal service key is provisioned (the one-shot step's command, run for
+real, writes a key the saga reads and the gateway accepts), and the files the image is built
+from make a complete package. When a compose client is installed, `config -q` validates the
+file too."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
 import shutil
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,18 +24,36 @@ import yaml
 
 from awooop.cli.main import build_parser
 from awooop.cli.server import SERVICE_CHOICES
-from services.common.settings import Settings, env_names
+from services.common.settings import Settings, SettingsError, env_names
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 SERVED = ("ingest", "scheduler", "saga", "gateway")
+ONE_SHOT = ("migrate", "internal-key")
 INTERPOLATION = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
+KEY_FILE_VAR = "AWOOOP_INTERNAL_API_KEY_FILE"
 
 
 def interpolate(value: Any) -> str:
     """A compose value as compose would pass it with no host variables set."""
     return INTERPOLATION.sub(lambda m: m.group(2) or "", str(value))
+
+
+def service_env(svc: dict[str, Any], key_file: Path | None = None) -> dict[str, str]:
+    """A service's environment as its container gets it (no host variables set); the internal key
+    file, which only the internal-key step writes, is read from key_file here."""
+    env = {k: interpolate(v) for k, v in svc.get("environment", {}).items()}
+    if KEY_FILE_VAR in env and key_file is not None:
+        env[KEY_FILE_VAR] = str(key_file)
+    return env
+
+
+@pytest.fixture
+def key_file(tmp_path: Path) -> Path:
+    path = tmp_path / "internal-api-key"
+    path.write_text("awk_0123456789abcdef_not-a-real-secret\n")
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +72,12 @@ def parses(argv: list[str]) -> Any:
 
 def test_the_stack_is_complete(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"postgres", "redis", "migrate", *SERVED}
+    assert set(services) == {"postgres", "redis", *ONE_SHOT, *SERVED}
     assert services["postgres"]["image"] == "postgres:16"
     assert services["redis"]["image"] == "redis:7"
-    images = {services[name]["image"] for name in ("migrate", *SERVED)}
+    images = {services[name]["image"] for name in (*ONE_SHOT, *SERVED)}
     assert images == {"awooop:local"}  # one image, built from the Dockerfile
-    assert all(services[name]["build"] == "." for name in ("migrate", *SERVED))
+    assert all(services[name]["build"] == "." for name in (*ONE_SHOT, *SERVED))
 
 
 def test_every_command_is_a_real_awooop_command(compose: dict[str, Any]) -> None:
@@ -67,10 +89,10 @@ def test_every_command_is_a_real_awooop_command(compose: dict[str, Any]) -> None
         assert name in SERVICE_CHOICES
 
 
-def test_every_variable_is_a_setting_and_parses(compose: dict[str, Any]) -> None:
+def test_every_variable_is_a_setting_and_parses(compose: dict[str, Any], key_file: Path) -> None:
     known = set(env_names())
-    for name in ("migrate", *SERVED):
-        env = {k: interpolate(v) for k, v in compose["services"][name]["environment"].items()}
+    for name in (*ONE_SHOT, *SERVED):
+        env = service_env(compose["services"][name], key_file)
         unknown = [k for k in env if k.startswith("AWOOOP_") and k not in known]
         assert not unknown, f"{name}: not settings: {unknown}"
         s = Settings.from_env(env)  # raises SettingsError naming a value that does not parse
@@ -80,11 +102,11 @@ def test_every_variable_is_a_setting_and_parses(compose: dict[str, Any]) -> None
             assert s.host == "0.0.0.0", f"{name} must listen beyond the container's loopback"
 
 
-def test_healthchecks_and_ports_match_the_settings(compose: dict[str, Any]) -> None:
+def test_healthchecks_and_ports_match_the_settings(compose: dict[str, Any], key_file: Path) -> None:
     published: list[str] = []
     for name in SERVED:
         svc = compose["services"][name]
-        s = Settings.from_env({k: interpolate(v) for k, v in svc["environment"].items()})
+        s = Settings.from_env(service_env(svc, key_file))
         port = s.port_of(name)
         assert port == Settings().port_of(name)  # the documented default
         test = svc["healthcheck"]["test"]
@@ -97,6 +119,7 @@ def test_healthchecks_and_ports_match_the_settings(compose: dict[str, Any]) -> N
         published += targets.values()
         deps = svc["depends_on"]
         assert deps["migrate"]["condition"] == "service_completed_successfully"
+        assert deps["internal-key"]["condition"] == "service_completed_successfully"
         assert deps["redis"]["condition"] == "service_healthy"
     assert len(published) == len(set(published)), "two services publish the same host port"
     assert compose["services"]["saga"]["depends_on"]["gateway"]["condition"] == "service_healthy"
@@ -109,6 +132,107 @@ def test_saga_reaches_the_gateway_by_its_compose_name(compose: dict[str, Any]) -
         {k: interpolate(v) for k, v in compose["services"]["gateway"]["environment"].items()}
     ).gateway_port
     assert env["AWOOOP_GATEWAY_ADDR"] == f"gateway:{gateway_port}"
+
+
+def test_the_internal_key_is_provisioned_for_the_saga_and_the_scheduler(compose: dict[str, Any]) -> None:
+    """docker compose up -d compensates out of the box: a one-shot step writes the internal service
+    key into a volume before any service starts, and the saga (which presents it to the gateway)
+    and the scheduler (to the saga) read it from there."""
+    services = compose["services"]
+    step = services["internal-key"]
+    args = parses(step["command"])
+    assert args.admin_command == "ensure-service-key"
+    key_path = PurePosixPath(args.file)
+    assert step["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert step["restart"] == "no"
+
+    def mounted(svc: dict[str, Any]) -> dict[str, str]:
+        """container directory -> volume name (with its :ro / :rw suffix)."""
+        out = {}
+        for m in svc.get("volumes", []):
+            volume, target, *mode = m.split(":")
+            out[target] = ":".join([volume, *mode])
+        return out
+
+    (volume,) = [v for t, v in mounted(step).items() if t == str(key_path.parent)]
+    assert volume in compose["volumes"], "the key's volume is not declared"
+    for name in ("saga", "scheduler"):
+        svc = services[name]
+        env = service_env(svc)
+        assert env[KEY_FILE_VAR] == str(key_path), f"{name} reads another file"
+        assert env.get("AWOOOP_INTERNAL_API_KEY", "") == "", f"{name}: a fixed key would win over the file"
+        assert mounted(svc).get(str(key_path.parent)) == f"{volume}:ro", f"{name} does not mount the key's volume"
+        assert svc["depends_on"]["internal-key"]["condition"] == "service_completed_successfully"
+    # the image has the directory, writable by its non-root user (a fresh volume takes its owner)
+    steps = dockerfile()
+    run = next(rest for word, rest in steps if word == "RUN")
+    user = [rest for word, rest in steps if word == "USER"][-1]
+    assert f"install -d -o {user} -m 0700 {key_path.parent}" in run
+
+
+async def test_the_internal_key_step_writes_a_key_the_gateway_accepts_from_the_saga(
+    compose: dict[str, Any], db_dsn: str, db: Any, start_services: Any, tmp_path: Path
+) -> None:
+    """The internal-key step's command line, run for real against a store (twice: it keeps a valid
+    key, and replaces a revoked one); the saga's settings from its compose environment read the
+    file, and a saga with them is SERVING: the real gateway accepted the key."""
+    from prometheus_client import REGISTRY
+
+    from tests.harness.helpers import eventually
+
+    key_path = tmp_path / "internal-api-key"
+    argv = [*compose["services"]["internal-key"]["command"]]
+    argv[argv.index("--file") + 1] = str(key_path)
+
+    def run() -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {"AWOOOP_DATABASE_URL": db_dsn}
+        return subprocess.run(
+            [sys.executable, "-m", "awooop.cli", *argv[1:]], env=env, cwd=ROOT, capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+
+    first = await asyncio.to_thread(run)
+    assert first.returncode == 0 and "issued key" in first.stderr, first.stderr
+    key = key_path.read_text().strip()
+    assert oct(key_path.stat().st_mode & 0o777) == "0o600"
+    again = await asyncio.to_thread(run)
+    assert again.returncode == 0 and "kept" in again.stderr and key_path.read_text().strip() == key, again.stderr
+    roles = await db.fetch(
+        "SELECT project_id, role FROM awooop_project_member WHERE principal_id = 'awooop-internal'"
+    )
+    assert [(r["project_id"], r["role"]) for r in roles] == [("*", "admin")]
+
+    saga_env = service_env(compose["services"]["saga"], key_path)
+    assert Settings.from_env(saga_env).internal_api_key == key
+    gw = await start_services("gateway")
+    accepted = REGISTRY.get_sample_value("awooop_saga_gateway_auth_probes_total", {"outcome": "accepted"}) or 0
+    await start_services(
+        "saga", internal_api_key=Settings.from_env(saga_env).internal_api_key,
+        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
+    )  # fmt: skip
+
+    async def gateway_accepted() -> bool:
+        now = REGISTRY.get_sample_value("awooop_saga_gateway_auth_probes_total", {"outcome": "accepted"}) or 0
+        return now > accepted
+
+    await eventually(gateway_accepted, what="the gateway to accept the provisioned key")
+
+    # revoked (an operator rotated it): the next run of the step replaces it
+    await db.execute("UPDATE awooop_api_key SET revoked_at = now() WHERE key_id = $1", key.split("_")[1])
+    replaced = await asyncio.to_thread(run)
+    assert replaced.returncode == 0 and "issued key" in replaced.stderr, replaced.stderr
+    assert key_path.read_text().strip() != key
+
+
+def test_a_missing_key_file_stops_the_process_with_its_setting_named(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match=f"{KEY_FILE_VAR}=.*cannot be read"):
+        Settings.from_env({KEY_FILE_VAR: str(tmp_path / "absent")})
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(SettingsError, match=f"{KEY_FILE_VAR}=.* is empty"):
+        Settings.from_env({KEY_FILE_VAR: str(tmp_path / "empty")})
+    # a key given directly wins; the file is not read
+    given = {KEY_FILE_VAR: str(tmp_path / "absent"), "AWOOOP_INTERNAL_API_KEY": "k"}
+    assert Settings.from_env(given).internal_api_key == "k"
 
 
 def compose_client() -> list[str] | None:

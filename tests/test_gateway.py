@@ -209,6 +209,25 @@ async def test_a_call_whose_caller_gave_up_still_finishes_once(start_services, c
 # --- authentication and per-project scoping -----------------------------------------------------
 
 
+async def test_an_empty_request_is_the_key_check_authenticated_first_and_running_nothing(
+    start_services: Any, channels: Any, db: asyncpg.Connection
+) -> None:
+    """The saga checks its key with an empty ExecuteToolRequest (tools.proto): a refused key is
+    UNAUTHENTICATED, an accepted one INVALID_ARGUMENT, and nothing is run or logged either way."""
+    rt = await start_services("gateway")
+    keyed = tools_pb2_grpc.ToolGatewayServiceStub(channels(rt.ports["gateway"], await service_key(rt)))
+    wrong = (("authorization", "Bearer awk_0123456789abcdef_not-a-key"),)
+    refused = tools_pb2_grpc.ToolGatewayServiceStub(channels(rt.ports["gateway"], wrong))
+    await expect_error(refused.ExecuteTool(tools_pb2.ExecuteToolRequest()), grpc.StatusCode.UNAUTHENTICATED)
+    err = await expect_error(
+        keyed.ExecuteTool(tools_pb2.ExecuteToolRequest()), grpc.StatusCode.INVALID_ARGUMENT, "FIELD_INVALID"
+    )
+    br = errors.bad_request(err)
+    assert br is not None and {"tool_id", "idempotency_key", "project_id"} <= {v.field for v in br.field_violations}
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_request") == 0
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_call") == 0
+
+
 async def test_the_gateway_authenticates_and_scopes_every_record_to_the_callers_project(
     start_services: Any, channels: Any, make_key: Any, db: asyncpg.Connection
 ) -> None:

@@ -34,7 +34,7 @@ from awooop.worker import RunContext, Worker, to_struct
 from services.common.embedded import free_port
 from services.common.settings import Settings
 from services.scheduler import metrics as sched_metrics
-from tests.harness.helpers import ROOT, eventually, settings_env, wait_healthy
+from tests.harness.helpers import ROOT, eventually, internal_key, settings_env, wait_healthy
 
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 
@@ -144,6 +144,8 @@ async def serve(settings: Settings, tmp_path: Path, *services: str, **overrides:
     metrics_port = free_port()
     if "gateway" in ports:  # the saga calls this process's gateway
         overrides.setdefault("gateway_addr", f"127.0.0.1:{ports['gateway']}")
+    if "saga" in ports and "internal_api_key" not in overrides:  # without it the saga is NOT_SERVING
+        overrides["internal_api_key"] = await internal_key(settings.database_url)
     s = settings.with_(metrics_port=metrics_port, **{f"{n}_port": p for n, p in ports.items()}, **overrides)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWOOOP_", "OTEL_"))}
     env.update(settings_env(s))

@@ -36,6 +36,7 @@ from services.common.observability import GRPC_CODE_NAMES
 from services.common.runtime import Runtime
 from services.common.settings import Settings
 from tests.harness.helpers import ROOT, eventually, expect_error, reason_of, served, settings_env, wait_healthy
+from tests.harness.tls import self_signed
 
 INGEST = "awooop.ingest.v1.IngestService"
 CREATE_RUN = f"/{INGEST}/CreateRun"
@@ -309,38 +310,8 @@ async def test_port_in_use_is_a_clear_error_and_nothing_stays_up(settings: Setti
 # ---------------------------------------------------------------- TLS
 
 
-def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("no openssl binary to make a test certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            openssl,
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
-
-
 async def test_tls_serves_only_secure_channels(start_services, make_key, tmp_path: Path) -> None:
-    cert, key = _self_signed(tmp_path)
+    cert, key = self_signed(tmp_path)
     rt = await start_services("ingest", tls_cert_file=str(cert), tls_key_file=str(key))
     port = rt.ports["ingest"]
     md = await make_key("tls", {"p": ["admin"]})

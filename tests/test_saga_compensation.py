@@ -1,15 +1,21 @@
 """Saga compensation (seed ADR-119 D3–D6): reverse order through the reference ToolGateway,
 failures that do not stop the others, escalation (audit + Redis stream + Telegram stand-in),
 operator retry / resolve, several replicas, and a saga process killed mid-compensation.
-Real Postgres, Redis, gRPC servers and processes; the gateway and Telegram stand-in are real
-local servers."""
+Runs end through the scheduler's own transitions (FailRun, CancelRun + AcknowledgeCancel, the
+reaper, a rejected approval), so a scheduler that stopped requesting compensation fails these
+tests. Real Postgres, Redis, gRPC servers and processes; the gateway and Telegram stand-in are
+real local servers."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import subprocess
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +23,8 @@ import asyncpg
 import grpc
 import redis.asyncio as aioredis
 from google.protobuf import json_format
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
@@ -24,11 +32,14 @@ from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common.embedded import free_port
 from services.common.settings import Settings
-from tests.harness.helpers import eventually, expect_error, service_key, settings_env, spawn_services
-from tests.harness.saga import PROJECT, check_seed_format, claim, lease, new_run, struct
+from tests.harness.helpers import ROOT, eventually, expect_error, service_key, settings_env, spawn_services
+from tests.harness.saga import PROJECT, check_seed_format, new_run, struct
 from tests.harness.telegram_stub import TelegramStub
 
 Undo = Callable[[dict[str, Any]], dict[str, Any]] | None
+SAGA_SERVICE = saga_pb2.DESCRIPTOR.services_by_name["SagaService"].full_name
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 @dataclass
@@ -90,16 +101,30 @@ def as_dict(s: Any) -> dict[str, Any]:
 @dataclass
 class Harness:
     saga: saga_pb2_grpc.SagaServiceStub
+    sched: scheduler_pb2_grpc.SchedulerServiceStub
     gw: tools_pb2_grpc.ToolGatewayServiceStub
     worker: Any
     admin: Any
     db: asyncpg.Connection
     gateway_addr: str
+    leases: dict[str, common_pb2.LeaseToken] = field(default_factory=dict)
+    saga_port: int = 0
 
-    async def run_with_steps(self, steps: list[Step]) -> str:
-        """A claimed run whose worker executed steps through the gateway and journaled them."""
-        run_id = await new_run(self.db)
-        now = lease(run_id, await claim(self.db, run_id))
+    async def saga_health(self, service: str = SAGA_SERVICE) -> int:
+        """The saga server's grpc.health.v1 status for service ("" : the whole server)."""
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{self.saga_port}") as ch:
+            reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service))
+            return int(reply.status)
+
+    async def run_with_steps(self, steps: list[Step], max_attempts: int = 3) -> str:
+        """A run claimed from the scheduler whose worker executed steps through the gateway and
+        journaled them."""
+        run_id = await new_run(self.db, max_attempts=max_attempts)
+        claimed = await self.sched.ClaimRuns(
+            scheduler_pb2.ClaimRunsRequest(worker_id="w1", project_ids=[PROJECT], max_runs=1), metadata=self.worker
+        )
+        assert [c.run.run_id for c in claimed.runs] == [run_id]
+        now = self.leases[run_id] = claimed.runs[0].lease
         for st in steps:
             kind = common_pb2.STEP_TYPE_TOOL_CALL if st.tool_id else common_pb2.STEP_TYPE_LLM_CALL
             begun = await self.saga.BeginStep(
@@ -134,19 +159,33 @@ class Harness:
             )
         return run_id
 
-    async def fail_run(self, run_id: str, trigger: str = "step_failed") -> None:
-        """What the scheduler does: FAILED and the compensation request in one transaction."""
-        async with self.db.transaction():
-            await self.db.execute(
-                "UPDATE awooop_run_state SET status = 'FAILED', lease_until = NULL WHERE run_id = $1", run_id
-            )
-            await self.db.execute(
-                """INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
-                   VALUES ($1, $2, $3, 'step 7 failed')""",
-                run_id,
-                PROJECT,
-                trigger,
-            )
+    async def fail_run(self, run_id: str) -> None:
+        """The worker fails the run for good (FailRun, not retryable): the scheduler's FAILED
+        transition records the compensation request."""
+        resp = await self.sched.FailRun(
+            scheduler_pb2.FailRunRequest(lease=self.leases[run_id], reason="step 7 failed", retryable=False),
+            metadata=self.worker,
+        )
+        assert resp.run.status == common_pb2.RUN_STATUS_FAILED and resp.compensation_requested
+
+    async def cancel_run(self, run_id: str) -> None:
+        """An operator cancels the running run (CancelRun), the worker acknowledges it: CANCELLED,
+        and the scheduler records the compensation request."""
+        asked = await self.sched.CancelRun(
+            scheduler_pb2.CancelRunRequest(run_id=run_id, reason="operator cancelled"), metadata=self.admin
+        )
+        assert asked.run.cancel_requested and not asked.compensation_requested
+        acked = await self.sched.AcknowledgeCancel(
+            scheduler_pb2.AcknowledgeCancelRequest(lease=self.leases[run_id]), metadata=self.worker
+        )
+        assert acked.run.status == common_pb2.RUN_STATUS_CANCELLED and acked.compensation_requested
+
+    async def abandon_run(self, run_id: str) -> None:
+        """The worker stops heartbeating and its lease runs out (moved into the past here rather
+        than waited for); the scheduler's reaper loop takes the run back."""
+        await self.db.execute(
+            "UPDATE awooop_run_state SET lease_until = now() - interval '1 second' WHERE run_id = $1", run_id
+        )
 
     async def statuses(self, run_id: str) -> dict[str, str]:
         rows = await self.db.fetch("SELECT step_id, status FROM awooop_saga_step WHERE run_id = $1", run_id)
@@ -170,7 +209,23 @@ class Harness:
         return [(r["idempotency_key"].split(":")[1], r["outcome"]) for r in rows]
 
 
-async def harness(start_services: Any, channels: Any, make_key: Any, db: asyncpg.Connection, **saga: Any) -> Harness:
+async def scheduler_stub(
+    start_services: Any, channels: Any, **settings: Any
+) -> scheduler_pb2_grpc.SchedulerServiceStub:
+    rt = await start_services("scheduler", **settings)
+    return scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+
+
+async def harness(
+    start_services: Any,
+    channels: Any,
+    make_key: Any,
+    db: asyncpg.Connection,
+    scheduler: dict[str, Any] | None = None,
+    **saga: Any,
+) -> Harness:
+    """The reference gateway, a saga service compensating through it every 0.2 s (saga settings),
+    and a scheduler (scheduler settings) whose transitions request the compensations."""
     gw_rt = await start_services("gateway")
     addr = f"127.0.0.1:{gw_rt.ports['gateway']}"
     saga_rt = await start_services("saga", **{"gateway_addr": addr, "compensation_interval": 0.2, **saga})
@@ -180,11 +235,13 @@ async def harness(start_services: Any, channels: Any, make_key: Any, db: asyncpg
     )
     return Harness(
         saga=saga_pb2_grpc.SagaServiceStub(channels(saga_rt.ports["saga"])),
+        sched=await scheduler_stub(start_services, channels, **(scheduler or {})),
         gw=tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"], await service_key(gw_rt))),
         worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
         admin=await make_key("operator", {PROJECT: ["admin"]}),
         db=db,
         gateway_addr=addr,
+        saga_port=saga_rt.ports["saga"],
     )
 
 
@@ -321,6 +378,8 @@ async def test_compensation_runs_in_exact_reverse_order_and_a_failing_middle_doe
     )
     assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'web'") == 5
     await h.fail_run(run_id)
+    request = await db.fetchrow("SELECT trigger, reason FROM awooop_compensation_request WHERE run_id = $1", run_id)
+    assert (request["trigger"], request["reason"]) == ("step_failed", "step 7 failed")
 
     await eventually(lambda: h.request_done(run_id), what="the compensation request to end")
     # every compensation command ran once, last step first; llm_call and irreversible steps never
@@ -381,7 +440,9 @@ async def test_compensation_failed_writes_the_audit_log_and_delivers_the_alert(
             telegram_chat_id="-1001",
         )
         run_id = await h.run_with_steps([scale("scale-api", "api", 4, simulate_failure="cluster unreachable")])
-        await h.fail_run(run_id, "cancelled")
+        await h.cancel_run(run_id)
+        trigger = await db.fetchval("SELECT trigger FROM awooop_compensation_request WHERE run_id = $1", run_id)
+        assert trigger == "cancelled"
         await eventually(lambda: h.request_done(run_id), what="the compensation request to end")
         assert await h.saga_status(run_id) == "compensation_failed"
         audit = await db.fetchrow(
@@ -458,15 +519,22 @@ async def test_compensation_failed_writes_the_audit_log_and_delivers_the_alert(
 
 
 async def test_retry_compensation_runs_a_failed_compensation_again(start_services, channels, make_key, db) -> None:
-    h = await harness(start_services, channels, make_key, db)
+    # the scheduler's reaper loop fails the run: its lease expired with its one attempt used
+    h = await harness(start_services, channels, make_key, db, scheduler={"reaper_interval": 0.2})
     await db.execute(
         """INSERT INTO awooop_refgw_fault (project_id, tool_id, code, message)
            VALUES ($1, 'knowledge_delete', 'FAILED_PRECONDITION', 'knowledge base is read-only')""",
         PROJECT,
     )
-    run_id = await h.run_with_steps([write_kb("kb-a", "a"), write_kb("kb-b", "b"), scale("scale-api", "api", 2)])
-    await h.fail_run(run_id)
+    run_id = await h.run_with_steps(
+        [write_kb("kb-a", "a"), write_kb("kb-b", "b"), scale("scale-api", "api", 2)], max_attempts=1
+    )
+    await h.abandon_run(run_id)
     await eventually(lambda: h.request_done(run_id), what="the first compensation pass")
+    run = await db.fetchrow("SELECT status, error_code FROM awooop_run_state WHERE run_id = $1", run_id)
+    assert (run["status"], run["error_code"]) == ("FAILED", "E-RUN-MAX-ATTEMPTS")
+    trigger = await db.fetchval("SELECT trigger FROM awooop_compensation_request WHERE run_id = $1", run_id)
+    assert trigger == "step_failed"
     assert await h.statuses(run_id) == {
         "kb-a": "compensation_failed",
         "kb-b": "compensation_failed",
@@ -578,7 +646,7 @@ async def test_compensate_rpc_is_idempotent_and_only_for_ended_runs(start_servic
     assert await h.saga_status(cancelled) == "not_needed"
     run = await db.fetchrow("SELECT compensation_started_at FROM awooop_run_state WHERE run_id = $1", cancelled)
     assert run["compensation_started_at"] is None
-    assert await audit_actions(db, cancelled) == ["SAGA_COMPENSATION_REQUESTED", "SAGA_COMPENSATION_SKIPPED"]
+    assert await audit_actions(db, cancelled) == ["CLAIMED", "SAGA_COMPENSATION_REQUESTED", "SAGA_COMPENSATION_SKIPPED"]
     assert await h.statuses(cancelled) == {"think": "completed", "exec": "completed"}
     assert await h.compensation_calls(cancelled) == []
 
@@ -596,15 +664,8 @@ async def test_several_replicas_drive_every_request_exactly_once(start_services,
         PROJECT,
     )
     runs = [await h.run_with_steps([create_cm(f"cm-{i}", f"cm-{i}"), scale(f"s-{i}", f"d{i}", 4)]) for i in range(10)]
-    # all ten fail at once, as the scheduler records them
-    async with db.transaction():
-        await db.execute("UPDATE awooop_run_state SET status = 'FAILED' WHERE run_id = ANY($1::uuid[])", runs)
-        await db.execute(
-            """INSERT INTO awooop_compensation_request (run_id, project_id, trigger)
-               SELECT r, $2, 'step_failed' FROM unnest($1::uuid[]) r""",
-            runs,
-            PROJECT,
-        )
+    # all ten fail at once (FailRun), each recording its compensation request
+    await asyncio.gather(*(h.fail_run(run_id) for run_id in runs))
 
     async def all_done() -> bool:
         return bool(
@@ -642,6 +703,7 @@ async def test_killing_the_saga_mid_compensation_finishes_the_rest_without_repea
         saga = saga_pb2_grpc.SagaServiceStub(channels(first.ports["saga"]))
         h = Harness(
             saga=saga,
+            sched=await scheduler_stub(start_services, channels),
             gw=gw,
             worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
             admin=await make_key("operator", {PROJECT: ["admin"]}),
@@ -658,11 +720,7 @@ async def test_killing_the_saga_mid_compensation_finishes_the_rest_without_repea
                 scale("s3-scale", "api", 3),
             ]
         )
-        await db.execute("UPDATE awooop_run_state SET status = 'FAILED' WHERE run_id = $1", run_id)
-        await saga.Compensate(
-            saga_pb2.CompensateRequest(run_id=run_id, trigger=saga_pb2.COMPENSATION_TRIGGER_STEP_FAILED),
-            metadata=h.admin,
-        )
+        await h.fail_run(run_id)
 
         async def s2_in_flight() -> bool:
             return (await h.statuses(run_id))["s2-cm"] == "compensating" and (
@@ -715,6 +773,7 @@ async def test_an_unreachable_gateway_is_a_failed_compensation_not_a_stuck_one(
     )
     h = Harness(
         saga=saga_pb2_grpc.SagaServiceStub(channels(saga_rt.ports["saga"])),
+        sched=await scheduler_stub(start_services, channels),
         gw=tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"], await service_key(gw_rt))),
         worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
         admin=await make_key("operator", {PROJECT: ["admin"]}),
@@ -723,10 +782,7 @@ async def test_an_unreachable_gateway_is_a_failed_compensation_not_a_stuck_one(
     )
     await db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 1)", PROJECT)
     run_id = await h.run_with_steps([scale("scale-api", "api", 3)])
-    await db.execute("UPDATE awooop_run_state SET status = 'CANCELLED' WHERE run_id = $1", run_id)
-    await h.saga.Compensate(
-        saga_pb2.CompensateRequest(run_id=run_id, trigger=saga_pb2.COMPENSATION_TRIGGER_CANCELLED), metadata=h.admin
-    )
+    await h.cancel_run(run_id)
     await eventually(lambda: h.request_done(run_id), what="the compensation to end")
     assert await h.statuses(run_id) == {"scale-api": "compensation_failed"}
     assert await h.saga_status(run_id) == "compensation_failed"
@@ -734,3 +790,182 @@ async def test_an_unreachable_gateway_is_a_failed_compensation_not_a_stuck_one(
     assert error.startswith("UNAVAILABLE")
     assert await db.fetchval("SELECT count(*) FROM awooop_saga_alert WHERE run_id = $1", run_id) == 1
     assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 3
+
+
+# ---------------------------------------------------------------- the saga's key at the gateway
+
+
+def counter(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def compensation_passes(n: int) -> None:
+    """Waits until the saga's compensation loop has run n more passes (a real counter)."""
+    target = counter("awooop_background_runs_total", loop="saga_compensation", outcome="ok") + n
+
+    async def done() -> bool:
+        return counter("awooop_background_runs_total", loop="saga_compensation", outcome="ok") >= target
+
+    await eventually(done, what=f"{n} compensation loop passes")
+
+
+def key_lines(caplog: Any, text: str) -> list[str]:
+    """ERROR lines of the saga that contain text."""
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR and text in r.getMessage()]
+
+
+async def test_a_saga_without_a_key_is_not_serving_says_what_to_set_and_compensates_nothing(
+    start_services, channels, make_key, db, caplog
+) -> None:
+    """No AWOOOP_INTERNAL_API_KEY: every compensation call would be refused by the gateway. The saga
+    says so once, at ERROR, naming the setting; its health is NOT_SERVING; the recorded request
+    waits, claimed by nobody, instead of ending compensation_failed step by step."""
+    caplog.set_level(logging.ERROR, logger="awooop.saga")
+    h = await harness(start_services, channels, make_key, db, internal_api_key="")
+    assert await h.saga_health() == NOT_SERVING and await h.saga_health("") == NOT_SERVING
+    (line,) = key_lines(caplog, "AWOOOP_INTERNAL_API_KEY is not set")
+    assert "set AWOOOP_INTERNAL_API_KEY" in line and h.gateway_addr in line
+
+    # journaling still works (nothing a worker sends is lost); compensation waits
+    run_id = await h.run_with_steps([scale("scale-api", "api", 3)])
+    await h.fail_run(run_id)
+    await compensation_passes(3)
+    assert await db.fetchval("SELECT status FROM awooop_compensation_request WHERE run_id = $1", run_id) == "pending"
+    assert await h.statuses(run_id) == {"scale-api": "completed"}
+    assert await h.compensation_calls(run_id) == []
+    assert len(key_lines(caplog, "AWOOOP_INTERNAL_API_KEY is not set")) == 1  # one line, not one per pass
+
+
+async def test_a_key_the_gateway_refuses_is_not_serving_and_compensation_resumes_once_it_is_accepted(
+    start_services, channels, make_key, db, caplog
+) -> None:
+    caplog.set_level(logging.ERROR, logger="awooop.saga")
+    md = await make_key("saga-svc", {"*": ["admin"]}, "service")
+    key = md[0][1].removeprefix("Bearer ")
+    key_id = key.split("_")[1]
+    await db.execute("UPDATE awooop_api_key SET revoked_at = now() WHERE key_id = $1", key_id)
+    refused_before = counter("awooop_saga_gateway_auth_probes_total", outcome="refused")
+    h = await harness(start_services, channels, make_key, db, internal_api_key=key)
+
+    async def not_serving() -> bool:
+        return await h.saga_health() == NOT_SERVING
+
+    await eventually(not_serving, what="the saga to report NOT_SERVING")
+    assert counter("awooop_saga_gateway_auth_probes_total", outcome="refused") > refused_before
+    (line,) = key_lines(caplog, "refuses AWOOOP_INTERNAL_API_KEY (UNAUTHENTICATED")
+    assert "set AWOOOP_INTERNAL_API_KEY" in line and h.gateway_addr in line
+
+    run_id = await h.run_with_steps([scale("scale-api", "api", 3)])
+    await h.fail_run(run_id)
+    await compensation_passes(3)
+    assert await db.fetchval("SELECT status FROM awooop_compensation_request WHERE run_id = $1", run_id) == "pending"
+    assert await h.compensation_calls(run_id) == []
+
+    # the key becomes valid (here: the revocation undone): SERVING again, and the request is driven
+    await db.execute("UPDATE awooop_api_key SET revoked_at = NULL WHERE key_id = $1", key_id)
+
+    async def compensated() -> bool:
+        return await h.request_done(run_id) and await h.saga_status(run_id) == "compensated"
+
+    await eventually(compensated, timeout=15, what="the compensation once the key is accepted")
+    assert await h.saga_health() == SERVING
+    assert await h.compensation_calls(run_id) == [("scale-api", "executed")]
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 1
+
+
+async def test_a_compensation_refused_unauthenticated_logs_an_error_counts_it_and_waits_for_the_key(
+    start_services, channels, make_key, db, caplog
+) -> None:
+    """The key worked at start-up and is revoked later: the compensation call that meets the
+    refusal is logged at ERROR and counted; nothing ran, so the step is not compensation_failed:
+    the request waits (NOT_SERVING meanwhile) and finishes with the same idempotency key."""
+    caplog.set_level(logging.ERROR, logger="awooop.saga")
+    md = await make_key("saga-svc", {"*": ["admin"]}, "service")
+    key = md[0][1].removeprefix("Bearer ")
+    key_id = key.split("_")[1]
+    accepted_before = counter("awooop_saga_gateway_auth_probes_total", outcome="accepted")
+    # the gateway re-reads a key on every call (no 5 s trust), so the revocation bites at once
+    gw_rt = await start_services("gateway", auth_cache_seconds=0)
+    addr = f"127.0.0.1:{gw_rt.ports['gateway']}"
+    saga_rt = await start_services("saga", gateway_addr=addr, compensation_interval=0.2, internal_api_key=key)
+    await db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 1)", PROJECT)
+    h = Harness(
+        saga=saga_pb2_grpc.SagaServiceStub(channels(saga_rt.ports["saga"])),
+        sched=await scheduler_stub(start_services, channels),
+        gw=tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"], await service_key(gw_rt))),
+        worker=await make_key("worker", {PROJECT: ["worker"]}, "service"),
+        admin=await make_key("operator", {PROJECT: ["admin"]}),
+        db=db,
+        gateway_addr=addr,
+        saga_port=saga_rt.ports["saga"],
+    )
+
+    async def probed() -> bool:
+        return counter("awooop_saga_gateway_auth_probes_total", outcome="accepted") > accepted_before
+
+    await eventually(probed, what="the gateway to accept the saga's key")
+    assert await h.saga_health() == SERVING
+    run_id = await h.run_with_steps([scale("scale-api", "api", 3)])
+    refused_before = counter("awooop_saga_gateway_unauthenticated_total")
+    await db.execute("UPDATE awooop_api_key SET revoked_at = now() WHERE key_id = $1", key_id)
+    await h.fail_run(run_id)
+
+    async def refused() -> bool:
+        return counter("awooop_saga_gateway_unauthenticated_total") > refused_before
+
+    await eventually(refused, what="the compensation call to be refused")
+    (line,) = key_lines(caplog, "compensation of step scale-api refused UNAUTHENTICATED")
+    assert "set AWOOOP_INTERNAL_API_KEY" in line
+    assert await h.saga_health() == NOT_SERVING
+    await compensation_passes(2)
+    assert await db.fetchval("SELECT status FROM awooop_compensation_request WHERE run_id = $1", run_id) == "pending"
+    assert await h.statuses(run_id) == {"scale-api": "compensating"}  # started, nothing ran: called again later
+    assert await db.fetchval("SELECT count(*) FROM awooop_saga_alert WHERE run_id = $1", run_id) == 0
+
+    await db.execute("UPDATE awooop_api_key SET revoked_at = NULL WHERE key_id = $1", key_id)
+
+    async def compensated() -> bool:
+        return await h.request_done(run_id) and await h.saga_status(run_id) == "compensated"
+
+    await eventually(compensated, timeout=15, what="the compensation once the key is accepted again")
+    assert await h.saga_health() == SERVING
+    assert await h.compensation_calls(run_id) == [("scale-api", "executed")]
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 1
+
+
+async def test_awooop_serve_saga_without_a_key_fails_its_healthcheck_and_logs_what_to_set(
+    start_services, settings: Settings, tmp_path: Path
+) -> None:
+    """As a deployment sees it: `awooop serve saga` with no AWOOOP_INTERNAL_API_KEY next to a real
+    gateway; the image's healthcheck (`awooop health --service saga`) fails and the process's log
+    has the one ERROR line saying what to set."""
+    gw = await start_services("gateway")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
+    env |= settings_env(settings.with_(gateway_addr=f"127.0.0.1:{gw.ports['gateway']}"))
+    env |= {"AWOOOP_SAGA_PORT": str(port), "AWOOOP_METRICS_PORT": "0", "AWOOOP_INTERNAL_API_KEY": ""}
+    log_path = tmp_path / "saga.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "awooop.cli", "serve", "saga"], env=env, cwd=ROOT, stdout=out, stderr=out
+        )
+    try:
+
+        def healthcheck() -> subprocess.CompletedProcess[str]:
+            argv = [sys.executable, "-m", "awooop.cli", "health", f"127.0.0.1:{port}", "--service", "saga"]
+            return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+        async def answered() -> subprocess.CompletedProcess[str] | None:
+            assert proc.poll() is None, log_path.read_text()
+            out = await asyncio.to_thread(healthcheck)
+            return out if "unreachable" not in out.stdout + out.stderr else None
+
+        verdict = await eventually(answered, timeout=30, interval=0.2, what="the saga to answer its healthcheck")
+        assert verdict.returncode == 1 and "SagaService: NOT_SERVING" in verdict.stderr, verdict.stdout + verdict.stderr
+        lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+        errors = [entry["msg"] for entry in lines if entry["level"] == "error"]
+        assert len(errors) == 1 and "AWOOOP_INTERNAL_API_KEY is not set" in errors[0], errors
+        assert "set AWOOOP_INTERNAL_API_KEY" in errors[0]
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 30)

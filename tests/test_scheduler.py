@@ -12,6 +12,7 @@ import json
 import uuid
 from typing import Any
 
+import asyncpg
 import grpc
 import pytest
 import pytest_asyncio
@@ -101,6 +102,39 @@ async def test_claim_skips_other_projects_backoff_and_exhausted_runs(s: Sched) -
     # attempts used up (not reachable through the API; guards the claim all the same)
     await s.db.execute("UPDATE awooop_run_state SET attempt_count = 1 WHERE run_id = $1", uuid.UUID(used_up))
     assert await s.claim(max_runs=10) == []
+
+
+@pytest.mark.parametrize("projects", [["p"], ["p", "q"]], ids=["one-project", "several-projects"])
+async def test_a_locked_head_of_the_queue_is_skipped_not_waited_for(
+    s: Sched, db_dsn: str, make_key: Any, projects: list[str]
+) -> None:
+    """FOR UPDATE SKIP LOCKED: while another transaction holds the oldest PENDING run's row lock
+    (a concurrent claim, the reaper, an operator's UPDATE), a claim hands out the next run within
+    the RPC instead of queueing behind the lock (both claim shapes: one project, several)."""
+    worker = await make_key("worker-pq", {p: ["worker"] for p in projects}, "service")
+    head, second = await insert_runs(s.db, "p", 2)
+    holder = await asyncpg.connect(db_dsn)
+    try:
+        async with holder.transaction():
+            locked = await holder.fetchval(
+                """SELECT run_id FROM awooop_run_state WHERE status = 'PENDING'
+                    ORDER BY created_at LIMIT 1 FOR UPDATE"""
+            )
+            assert str(locked) == head
+            # a claim that waited on the lock would end in DEADLINE_EXCEEDED (the lock is held
+            # until after the call): the deadline bounds the failing case only
+            resp = await s.stub.ClaimRuns(
+                pb.ClaimRunsRequest(worker_id="w1", project_ids=projects, max_runs=1),
+                metadata=worker,
+                timeout=5,
+            )
+            assert [r.run.run_id for r in resp.runs] == [second]
+            # the locked run was left as it was
+            assert (await run_row(s.db, head))["status"] == "PENDING"
+    finally:
+        await holder.close()
+    # the lock released, the head is claimable again
+    assert [r.run.run_id for r in await s.claim(md=worker, project_ids=projects, max_runs=1)] == [head]
 
 
 async def test_long_poll_claim_is_woken_by_a_new_run(s: Sched) -> None:

@@ -158,6 +158,7 @@ async def test_up_on_an_embedded_store_then_again_on_the_same_data_dir(tmp_path:
         out = await bash(f"awooop admin --database-url '{first.dsn}' create-principal kept-across-restarts")
         assert out.returncode == 0, out.stderr
         redis_port = int(first.banner_value(r"redis://127\.0\.0\.1:(\d+)/"))
+        internal_key = (data_dir / "internal-api-key").read_text()
     finally:
         code = await first.stop()
     assert code == 0, first.err()
@@ -167,6 +168,7 @@ async def test_up_on_an_embedded_store_then_again_on_the_same_data_dir(tmp_path:
     second = await start_up(data_dir, tmp_path)
     try:
         assert second.key == key  # the same dev key, still valid
+        assert (data_dir / "internal-api-key").read_text() == internal_key  # and the same internal key
         assert "schema up to date" in second.out()
         out = await bash(f"awooop admin --database-url '{second.dsn}' list --json")
         assert "kept-across-restarts" in {p["principal_id"] for p in json.loads(out.stdout)}, out.stderr
@@ -193,6 +195,21 @@ async def test_up_on_a_configured_store(db_dsn: str, redis_url: str, db: asyncpg
         owner = await db.fetchval("SELECT principal_id FROM awooop_api_key WHERE key_id = $1", key_id)
         assert owner == "dev-admin"
         await check_printed_commands(up)
+        # the saga's key at the gateway: an internal service key kept in the data dir, accepted
+        internal = data_dir / "internal-api-key"
+        assert oct(internal.stat().st_mode & 0o777) == "0o600"
+        owner = await db.fetchval(
+            "SELECT principal_id FROM awooop_api_key WHERE key_id = $1", internal.read_text().split("_")[1]
+        )
+        assert owner == "awooop-internal"
+
+        async def accepted() -> bool:
+            return "accepts AWOOOP_INTERNAL_API_KEY" in up.err()
+
+        await eventually(accepted, timeout=30, what="the gateway to accept the saga's key")
+        assert "compensation is stopped" not in up.err()
+        out = await bash(f"awooop health 127.0.0.1:{up.ports['saga']} --service saga")
+        assert out.returncode == 0 and "SERVING" in out.stdout, out.stdout + out.stderr
     finally:
         code = await up.stop()
     assert code == 0, up.err()

@@ -110,3 +110,34 @@ async def wait_serving(address: str, timeout: float) -> bool:
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.1)
+
+
+class Readiness:
+    """A service's own verdict beyond "the server is up": while it names a problem (the saga has
+    no key the tool gateway accepts), the service's health is NOT_SERVING, so a healthcheck or a
+    load balancer shows what a log line alone would hide. Runtime attaches the service's health
+    servicer; the service sets or clears the problem."""
+
+    def __init__(self, problem: str | None = None) -> None:
+        self.problem = problem
+        self._attached: list[tuple[HealthServicer, list[str]]] = []
+
+    @property
+    def status(self) -> ServingStatus:
+        return SERVING if self.problem is None else NOT_SERVING
+
+    async def attach(self, hs: HealthServicer, services: list[str]) -> None:
+        """Reports the current verdict on hs for services (and every later change)."""
+        self._attached.append((hs, services))
+        for name in services:
+            await hs.set(name, self.status)
+
+    async def set(self, problem: str | None) -> bool:
+        """Sets the problem (None: none); True when the verdict changed."""
+        if problem == self.problem:
+            return False
+        self.problem = problem
+        for hs, services in self._attached:
+            for name in services:
+                await hs.set(name, self.status)
+        return True

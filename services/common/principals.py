@@ -135,3 +135,40 @@ async def list_keys(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str |
             ORDER BY created_at DESC, key_id""",
         principal_id,
     )
+
+
+# The internal service principal: the saga presents its key to the tool gateway (which needs a
+# role in the run's project) and the scheduler to the saga (Compensate needs admin), so it is
+# admin in every project.
+INTERNAL_PRINCIPAL = "awooop-internal"
+INTERNAL_ROLE = "admin"
+# $1 key_id, $2 sha256(secret), $3 principal, $4 role: the key is live, and its principal still
+# holds the role in every project
+SERVICE_KEY_VALID_SQL = """
+SELECT EXISTS (
+    SELECT 1 FROM awooop_api_key k
+      JOIN awooop_project_member m ON m.principal_id = k.principal_id
+     WHERE k.key_id = $1 AND k.secret_sha256 = $2 AND k.revoked_at IS NULL
+       AND k.principal_id = $3 AND m.project_id = '*' AND m.role = $4)
+"""
+
+
+async def service_key_valid(conn: asyncpg.Connection, key: str, principal_id: str = INTERNAL_PRINCIPAL) -> bool:
+    parsed = parse_key(key)
+    if parsed is None:
+        return False
+    key_id, secret = parsed
+    return bool(await conn.fetchval(SERVICE_KEY_VALID_SQL, key_id, hash_secret(secret), principal_id, INTERNAL_ROLE))
+
+
+async def ensure_service_key(
+    conn: asyncpg.Connection, current: str | None, principal_id: str = INTERNAL_PRINCIPAL
+) -> IssuedKey | None:
+    """None when current is a live key of principal_id with its role in every project; else, in
+    one transaction, the principal (created if missing) gets that role and a fresh key."""
+    if current and await service_key_valid(conn, current, principal_id):
+        return None
+    async with conn.transaction():
+        await create_principal(conn, principal_id, "service", "awooop services (saga -> gateway, scheduler -> saga)")
+        await grant_role(conn, principal_id, ALL_PROJECTS, INTERNAL_ROLE)
+        return await issue_key(conn, principal_id, "internal service key")

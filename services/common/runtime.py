@@ -2,8 +2,9 @@
 `awooop up` (all of them in one process) and the tests all go through Runtime.
 
 A service package provides `app.build(ctx) -> ServiceParts`: its servicers, the full
-names of its gRPC services, and its background loops. Runtime adds the rest: one
-grpc.aio server per service with the interceptor, grpc.health.v1 (per-service status),
+names of its gRPC services, its background loops, and optionally its readiness (NOT_SERVING
+while the service cannot do its job: the saga without a key the gateway accepts). Runtime adds
+the rest: one grpc.aio server per service with the interceptor, grpc.health.v1 (per-service status),
 server reflection (v1 and v1alpha, with proto comments), optional TLS, Prometheus metrics, and graceful shutdown:
 
   1. ctx.stopping is set: background loops finish their current pass, long-polls return;
@@ -35,7 +36,7 @@ from services.common import migrate, reflection, tracing
 from services.common.auth import Authenticator
 from services.common.cache import Cache
 from services.common.db import create_pool
-from services.common.health import SERVING, HealthServicer
+from services.common.health import SERVING, HealthServicer, Readiness
 from services.common.interceptor import ServiceInterceptor
 from services.common.observability import (
     metrics_serving,
@@ -74,6 +75,8 @@ class ServiceParts:
     public: bool = False
     # an aiohttp web.Application served on AWOOOP_HTTP_PORT (the ingest service's webhooks)
     http_app: Any = None
+    # the service's own verdict on whether it can do its job: NOT_SERVING while it names a problem
+    readiness: Readiness | None = None
 
 
 def load_service(name: str) -> Callable[[AppContext], ServiceParts]:
@@ -214,8 +217,11 @@ class Runtime:
             self._service_names[name] = parts.service_names
             self._on_stop.extend(parts.on_stop)
             await server.start()
-            for svc in [*parts.service_names, ""]:
-                await hs.set(svc, SERVING)
+            if parts.readiness is not None:
+                await parts.readiness.attach(hs, [*parts.service_names, ""])
+            else:
+                for svc in [*parts.service_names, ""]:
+                    await hs.set(svc, SERVING)
             self.ports[name] = bound
             if parts.http_app is not None and s.http_port:
                 self.http_ports[name] = await self._serve_http(name, parts.http_app)

@@ -41,6 +41,18 @@ def _parse(name: str, raw: str, cast: type) -> Any:
         raise SettingsError(f"{name}={raw!r} is not a valid {cast.__name__}") from None
 
 
+def read_key_file(name: str, path: str) -> str:
+    """The key in the file a *_FILE setting names (surrounding whitespace dropped)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            key = f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{name}={path!r} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    if not key:
+        raise SettingsError(f"{name}={path!r} is empty")
+    return key
+
+
 def _env(name: str, default: Any, cast: type, environ: Mapping[str, str] | None = None) -> Any:
     env_name = f"AWOOOP_{name}"
     raw = (os.environ if environ is None else environ).get(env_name)
@@ -96,7 +108,12 @@ class Settings:
 
     # --- auth ---
     auth_cache_seconds: float = 5.0  # how long a verified API key is trusted before re-reading it
-    internal_api_key: str = ""  # service key the scheduler presents to the saga and the saga to the tool gateway
+    # service key (a principal with a role in every project) the scheduler presents to the saga and the
+    # saga to the tool gateway; without one the saga compensates nothing and reports NOT_SERVING
+    internal_api_key: str = ""
+    # a file holding AWOOOP_INTERNAL_API_KEY (a mounted secret; docker-compose.yml's internal-key step
+    # writes one), read at start-up when AWOOOP_INTERNAL_API_KEY is empty; unreadable or empty stops the process
+    internal_api_key_file: str = ""
     # a key id this process does not know is looked up by refreshing its set of live key ids, at most
     # once per this many seconds however many requests miss (a flood of unknown keys costs no query each)
     auth_key_refresh_seconds: float = 1.0
@@ -176,6 +193,8 @@ class Settings:
             default = f.default
             values[f.name] = _env(f.name.upper(), default, type(default), environ)
         values.update(overrides)
+        if not values["internal_api_key"] and values["internal_api_key_file"]:
+            values["internal_api_key"] = read_key_file("AWOOOP_INTERNAL_API_KEY_FILE", values["internal_api_key_file"])
         return cls(**values)
 
     def with_(self, **changes: Any) -> Settings:

@@ -20,4 +20,5 @@ def build(ctx: AppContext) -> ServiceParts:
         service_names=[SERVICE_NAME],
         background=[driver.loop],
         on_stop=[driver.close, notifier.close],
+        readiness=driver.auth.readiness,  # NOT_SERVING while the gateway cannot be authenticated to
     )

@@ -11,6 +11,10 @@ Never twice: before calling the gateway a step is marked 'compensating' (durable
 crash then leaves it 'compensating'; the next owner calls the gateway again with the SAME
 idempotency key "<run_id>:<step_id>:compensate", and the gateway replays the first result
 instead of running the command again.
+
+A key the gateway refuses (UNAUTHENTICATED) is not a failed command: nothing ran. The request is
+handed back (pending), the saga turns NOT_SERVING and claims nothing until the gateway accepts
+the key again (gateway_auth.GatewayAuth), then carries on as after a crash.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ from services.common.observability import RUN_ID
 from services.common.runstate import COMPENSATABLE, sql_list
 from services.common.runtime import AppContext
 from services.common.validate import to_struct
-from services.saga.metrics import COMPENSATION_RUNS, COMPENSATIONS, GATEWAY_LATENCY
+from services.saga.gateway_auth import HOW, GatewayAuth
+from services.saga.metrics import COMPENSATION_RUNS, COMPENSATIONS, GATEWAY_LATENCY, GATEWAY_UNAUTHENTICATED
 from services.saga.notifier import LOOP as ALERTS_LOOP
 from services.saga.notifier import Notifier
 from services.saga.saga_status import SET_COMPENSATING_SQL, lock_run
@@ -78,6 +83,12 @@ RENEW_SQL = """
 UPDATE awooop_compensation_request SET lease_until = now() + make_interval(secs => $4), updated_at = now()
  WHERE run_id = $1 AND claimed_by = $2 AND attempts = $3 AND status = 'running'
 RETURNING 1
+"""
+# the gateway refused our key: the request waits unclaimed until the key works (GatewayAuth), and
+# its step left 'compensating' is called again then, with the same idempotency key
+RELEASE_SQL = """
+UPDATE awooop_compensation_request SET status = 'pending', claimed_by = NULL, lease_until = NULL, updated_at = now()
+ WHERE run_id = $1 AND claimed_by = $2 AND attempts = $3 AND status = 'running'
 """
 DONE_SQL = """
 UPDATE awooop_compensation_request SET status = 'done', lease_until = NULL, updated_at = now()
@@ -141,10 +152,15 @@ class Outcome:
     replayed: bool = False
     error: str = ""
     result: dict[str, Any] | None = None
+    refused: bool = False  # the gateway refused our key (UNAUTHENTICATED): nothing ran
 
 
 class LostClaim(Exception):
     """Another replica took the request over (our lease expired); stop touching it."""
+
+
+class KeyRefused(Exception):
+    """The gateway refused AWOOOP_INTERNAL_API_KEY; the request was handed back to wait for a key."""
 
 
 def replica_id() -> str:
@@ -164,6 +180,8 @@ class CompensationDriver:
         # the saga presents its service key to the gateway (which scopes calls per project)
         key = self.settings.internal_api_key
         self._gateway_metadata = (("authorization", f"Bearer {key}"),) if key else ()
+        # no key, or one the gateway refuses: NOT_SERVING, and no request is claimed meanwhile
+        self.auth = GatewayAuth(self.settings, self._gateway, self._gateway_metadata)
         if self.settings.compensation_lease <= self.settings.tool_timeout:
             log.warning(
                 "AWOOOP_COMPENSATION_LEASE should exceed AWOOOP_TOOL_TIMEOUT: a replica may take over a "
@@ -184,7 +202,8 @@ class CompensationDriver:
         while not self.ctx.stopping.is_set():
             claimed = 0
             try:
-                claimed = await self.run_pass()
+                if await self.auth.usable():
+                    claimed = await self.run_pass()
                 loops.pass_done(LOOP)
             except asyncio.CancelledError:
                 raise
@@ -221,6 +240,8 @@ class CompensationDriver:
             await self._drive_traced(claim)
         except LostClaim:
             log.warning("compensation claim lost to another replica", extra={"run_id": str(claim.run_id)})
+        except KeyRefused:
+            pass  # logged at error level where the gateway refused; the request waits for the key
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -344,6 +365,9 @@ class CompensationDriver:
                 span.set_attribute("awooop.outcome", "compensated" if outcome.ok else "failed")
                 if not outcome.ok:
                     span.set_status(Status(StatusCode.ERROR, outcome.error[:256]))
+        if outcome.refused:
+            await self.pool.execute(RELEASE_SQL, claim.run_id, self.me, claim.token)
+            raise KeyRefused()
         alert = False
         async with self.pool.acquire() as conn, conn.transaction():
             await self._fence(conn, claim)
@@ -419,8 +443,27 @@ class CompensationDriver:
                 return Outcome(True, replayed=resp.replayed, result=struct_dict(resp.result))
             except grpc.aio.AioRpcError as exc:
                 error = f"{exc.code().name}: {exc.details()}"
+                if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    await self._refused(claim, step_id, exc.details() or "")
+                    return Outcome(False, error=error[:4096], refused=True)
                 if exc.code() not in TRANSIENT or i == GATEWAY_TRIES - 1:
                     break
                 log.warning("gateway call failed, retrying", extra={"run_id": str(claim.run_id), "error": error})
                 await asyncio.sleep(GATEWAY_BACKOFF[min(i, len(GATEWAY_BACKOFF) - 1)])
         return Outcome(False, error=error[:4096])
+
+    async def _refused(self, claim: Claim, step_id: str, detail: str) -> None:
+        """The gateway refused our key: the compensation cannot run with it. Not a failure of the
+        command (nothing ran), so the step is not marked compensation_failed; the request waits,
+        the saga reports NOT_SERVING and claims nothing until the key works."""
+        GATEWAY_UNAUTHENTICATED.inc()
+        log.error(
+            "compensation of step %s refused UNAUTHENTICATED by the tool gateway at %s (%s); it waits until "
+            "the key works; %s",
+            step_id,
+            self.settings.gateway_addr,
+            detail,
+            HOW,
+            extra={"run_id": str(claim.run_id), "step_id": step_id},
+        )
+        await self.auth.refused(detail)

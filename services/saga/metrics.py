@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from services.common.observability import preset
 
@@ -16,6 +16,20 @@ GATEWAY_LATENCY = Histogram(
     "ToolGateway.ExecuteTool latency seen by the saga",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+# compensation calls the tool gateway answered UNAUTHENTICATED: AWOOOP_INTERNAL_API_KEY refused
+GATEWAY_UNAUTHENTICATED = Counter(
+    "awooop_saga_gateway_unauthenticated_total",
+    "Compensation calls the tool gateway refused UNAUTHENTICATED (AWOOOP_INTERNAL_API_KEY missing or not accepted)",
+)
+GATEWAY_AUTH_PROBES = Counter(
+    "awooop_saga_gateway_auth_probes_total",
+    "Checks of AWOOOP_INTERNAL_API_KEY against the tool gateway, by answer",
+    ["outcome"],
+)
+GATEWAY_KEY_REFUSED = Gauge(
+    "awooop_saga_gateway_key_refused",
+    "1 while the saga has no key the tool gateway accepts: compensation stopped, the saga NOT_SERVING",
+)
 ALERTS = Counter("awooop_saga_alerts_total", "Escalation deliveries by channel and outcome", ["channel", "outcome"])
 
 # every known label value at 0 from start-up (an alert on increase() fires on the first failure)
@@ -28,4 +42,5 @@ for _op, _outcomes in (
     preset(STEP_WRITES, (_op,), _outcomes)
 preset(COMPENSATIONS, ("compensated", "replayed", "failed"))
 preset(COMPENSATION_RUNS, ("compensated", "compensation_failed", "skipped"))
+preset(GATEWAY_AUTH_PROBES, ("accepted", "refused", "no_answer"))
 preset(ALERTS, ("redis", "telegram"), ("ok", "error"))

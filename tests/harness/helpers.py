@@ -141,6 +141,23 @@ class WithKey(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
         return await continuation(details, request)
 
 
+async def internal_key(dsn: str) -> str:
+    """A fresh key of a new service principal with the admin role in every project, made in the
+    store at dsn: what AWOOOP_INTERNAL_API_KEY names (without it the saga is NOT_SERVING)."""
+    import asyncpg
+
+    from services.common import principals
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        name = f"internal-{os.urandom(4).hex()}"
+        await principals.create_principal(conn, name, "service")
+        await principals.grant_role(conn, name, principals.ALL_PROJECTS, "admin")
+        return (await principals.issue_key(conn, name)).key
+    finally:
+        await conn.close()
+
+
 async def service_key(rt: Any) -> tuple[tuple[str, str], ...]:
     """Call metadata with a fresh key of a service principal holding a role in every project
     (as the saga's AWOOOP_INTERNAL_API_KEY), made in rt's store."""

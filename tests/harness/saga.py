@@ -30,10 +30,14 @@ def lease(run_id: str, attempt: int) -> common_pb2.LeaseToken:
     return common_pb2.LeaseToken(run_id=run_id, attempt=attempt)
 
 
-async def new_run(db: asyncpg.Connection, project: str = PROJECT) -> str:
+async def new_run(db: asyncpg.Connection, project: str = PROJECT, max_attempts: int = 3) -> str:
+    """A PENDING run as the ingest service creates it (3 attempts: the default)."""
     return str(
         await db.fetchval(
-            "INSERT INTO awooop_run_state (project_id, channel_type) VALUES ($1, 'api') RETURNING run_id", project
+            """INSERT INTO awooop_run_state (project_id, channel_type, max_attempts) VALUES ($1, 'api', $2)
+               RETURNING run_id""",
+            project,
+            max_attempts,
         )
     )
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 ROLES = ("ingest", "worker", "approver", "admin")
@@ -63,6 +65,14 @@ def register(sub: Any) -> None:
     p.add_argument("project_id", type=_project_id)
     p.add_argument("role", nargs="?", choices=ROLES)
     p.set_defaults(func=_run(_revoke))
+
+    p = a.add_parser(
+        "ensure-service-key",
+        help="keep a valid internal service key (AWOOOP_INTERNAL_API_KEY) in a file: issued when missing or revoked",
+    )
+    p.add_argument("--file", required=True, help="where the key is kept (AWOOOP_INTERNAL_API_KEY_FILE); mode 0600")
+    p.add_argument("--principal", type=_principal_id, default=None, help="default: awooop-internal (admin in '*')")
+    p.set_defaults(func=_run(_ensure_service_key))
 
     p = a.add_parser("list", help="list principals with their roles and active key count")
     p.add_argument("--json", action="store_true")
@@ -130,6 +140,49 @@ async def _issue_key(conn: Any, args: argparse.Namespace) -> int:
     issued = await principals.issue_key(conn, args.principal_id, args.label)
     print(issued.key)
     print(f"key id {issued.key_id}: shown once, stored only as a hash", file=sys.stderr)
+    return 0
+
+
+async def ensure_key_file(conn: Any, path: Path, principal: str) -> tuple[str, str | None]:
+    """(the valid internal service key kept in path, the id of a key issued now or None when the
+    file's key was kept). The file is replaced whole (written beside it, renamed): a reader never
+    sees half a key. Raises OSError when the file cannot be read or written, before any key is
+    issued (no orphan key in the store)."""
+    from services.common import principals
+
+    current = path.read_text().strip() if path.is_file() else None
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # writable? (before issuing)
+    with os.fdopen(fd, "w") as f:
+        try:
+            issued = await principals.ensure_service_key(conn, current, principal)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        if issued is not None:
+            f.write(issued.key + "\n")
+    if issued is None:
+        tmp.unlink(missing_ok=True)
+        assert current is not None
+        return current, None
+    tmp.replace(path)
+    return issued.key, issued.key_id
+
+
+async def _ensure_service_key(conn: Any, args: argparse.Namespace) -> int:
+    """Idempotent, for a deployment's one-shot step: the file's key is kept while it is valid."""
+    from services.common import principals
+
+    path = Path(args.file)
+    principal = args.principal or principals.INTERNAL_PRINCIPAL
+    try:
+        _, issued = await ensure_key_file(conn, path, principal)
+    except OSError as exc:  # checked before any key is issued: nothing is left behind
+        return _fail(f"cannot read or write {path}: {exc.strerror}")
+    if issued is None:
+        print(f"{path}: the key of {principal} is valid; kept", file=sys.stderr)
+    else:
+        print(f"{path}: issued key {issued} for {principal} (admin in every project)", file=sys.stderr)
     return 0
 
 

@@ -23,6 +23,7 @@ SERVICE_NAMES = {
     "gateway": "awooop.tools.v1.ToolGatewayService",
 }
 DEV_KEY_FILE = "dev-admin.key"
+INTERNAL_KEY_FILE = "internal-api-key"  # the internal service key (awooop admin ensure-service-key)
 
 
 def register(sub: Any) -> None:
@@ -126,6 +127,21 @@ async def _dev_key(dsn: str, key_file: Path) -> str:
         await conn.close()
 
 
+async def _internal_key(dsn: str, key_file: Path) -> str:
+    """The internal service key kept in the data dir, re-issued when missing or no longer valid."""
+    import asyncpg
+
+    from awooop.cli.admin import ensure_key_file
+    from services.common.principals import INTERNAL_PRINCIPAL
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        key, _ = await ensure_key_file(conn, key_file, INTERNAL_PRINCIPAL)
+        return key
+    finally:
+        await conn.close()
+
+
 def _terminate_on_sigterm(signum: int, frame: Any) -> None:
     # before the event loop owns the signals: unwind through `finally` so the embedded
     # Postgres and Redis are stopped, not orphaned
@@ -164,13 +180,17 @@ def cmd_up(args: argparse.Namespace) -> int:
         try:
             applied = asyncio.run(migrate.migrate(settings.database_url))
             key = asyncio.run(_dev_key(settings.database_url, data_dir / DEV_KEY_FILE))
+            # the saga's key at the gateway (and the scheduler's at the saga), unless one is configured
+            internal = settings.internal_api_key or asyncio.run(
+                _internal_key(settings.database_url, data_dir / INTERNAL_KEY_FILE)
+            )
         except (OSError, TimeoutError) as exc:
             print(f"cannot reach the store at {settings.database_url}: {exc}", file=sys.stderr)
             return 1
         local = client_host(settings.host)
         # in this mode the scheduler reaches the saga, and the saga the gateway, in this process
         settings = settings.with_(
-            internal_api_key=settings.internal_api_key or key,
+            internal_api_key=internal,
             saga_addr=settings.saga_addr or f"{local}:{settings.saga_port}",
             gateway_addr=f"{local}:{settings.gateway_port}",
         )

@@ -27,6 +27,10 @@ if _version_not_supported:
 
 class ToolGatewayServiceStub:
     """ToolGatewayService executes MCP tools idempotently.
+
+    Callers authenticate with `authorization: Bearer <key>` metadata, checked before the request is
+    read: a refused key is UNAUTHENTICATED whatever the request. The saga checks its key with an
+    empty ExecuteToolRequest, which names no tool and must run nothing (INVALID_ARGUMENT).
     """
 
     def __init__(self, channel):
@@ -44,6 +48,10 @@ class ToolGatewayServiceStub:
 
 class ToolGatewayServiceServicer:
     """ToolGatewayService executes MCP tools idempotently.
+
+    Callers authenticate with `authorization: Bearer <key>` metadata, checked before the request is
+    read: a refused key is UNAUTHENTICATED whatever the request. The saga checks its key with an
+    empty ExecuteToolRequest, which names no tool and must run nothing (INVALID_ARGUMENT).
     """
 
     def ExecuteTool(self, request, context):
@@ -71,6 +79,10 @@ def add_ToolGatewayServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class ToolGatewayService:
     """ToolGatewayService executes MCP tools idempotently.
+
+    Callers authenticate with `authorization: Bearer <key>` metadata, checked before the request is
+    read: a refused key is UNAUTHENTICATED whatever the request. The saga checks its key with an
+    empty ExecuteToolRequest, which names no tool and must run nothing (INVALID_ARGUMENT).
     """
 
     @staticmethod

@@ -29,7 +29,12 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class ToolGatewayServiceStub:
-    """ToolGatewayService executes MCP tools idempotently."""
+    """ToolGatewayService executes MCP tools idempotently.
+
+    Callers authenticate with `authorization: Bearer <key>` metadata, checked before the request is
+    read: a refused key is UNAUTHENTICATED whatever the request. The saga checks its key with an
+    empty ExecuteToolRequest, which names no tool and must run nothing (INVALID_ARGUMENT).
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -40,14 +45,24 @@ class ToolGatewayServiceStub:
 
 @_typing.type_check_only
 class ToolGatewayServiceAsyncStub(ToolGatewayServiceStub):
-    """ToolGatewayService executes MCP tools idempotently."""
+    """ToolGatewayService executes MCP tools idempotently.
+
+    Callers authenticate with `authorization: Bearer <key>` metadata, checked before the request is
+    read: a refused key is UNAUTHENTICATED whatever the request. The saga checks its key with an
+    empty ExecuteToolRequest, which names no tool and must run nothing (INVALID_ARGUMENT).
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     ExecuteTool: _aio.UnaryUnaryMultiCallable[_tools_pb2.ExecuteToolRequest, _tools_pb2.ExecuteToolResponse]  # type: ignore[assignment]
     """Executes a tool once per idempotency key; a repeat returns the first result with replayed = true."""
 
 class ToolGatewayServiceServicer(metaclass=_abc_1.ABCMeta):
-    """ToolGatewayService executes MCP tools idempotently."""
+    """ToolGatewayService executes MCP tools idempotently.
+
+    Callers authenticate with `authorization: Bearer <key>` metadata, checked before the request is
+    read: a refused key is UNAUTHENTICATED whatever the request. The saga checks its key with an
+    empty ExecuteToolRequest, which names no tool and must run nothing (INVALID_ARGUMENT).
+    """
 
     @_abc_1.abstractmethod
     def ExecuteTool(
