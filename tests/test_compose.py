@@ -134,6 +134,12 @@ def test_saga_reaches_the_gateway_by_its_compose_name(compose: dict[str, Any]) -
     assert env["AWOOOP_GATEWAY_ADDR"] == f"gateway:{gateway_port}"
 
 
+def test_the_scheduler_nudges_the_saga_by_its_compose_name(compose: dict[str, Any], key_file: Path) -> None:
+    env = service_env(compose["services"]["scheduler"])
+    saga_port = Settings.from_env(service_env(compose["services"]["saga"], key_file)).saga_port
+    assert env["AWOOOP_SAGA_ADDR"] == f"saga:{saga_port}"  # compensation starts at once, not on the saga's timer
+
+
 def test_the_internal_key_is_provisioned_for_the_saga_and_the_scheduler(compose: dict[str, Any]) -> None:
     """docker compose up -d compensates out of the box: a one-shot step writes the internal service
     key into a volume before any service starts, and the saga (which presents it to the gateway)

@@ -39,6 +39,7 @@ from tests.harness.helpers import ROOT, eventually, expect_error, reason_of, ser
 from tests.harness.tls import self_signed
 
 INGEST = "awooop.ingest.v1.IngestService"
+SAGA = "awooop.saga.v1.SagaService"
 CREATE_RUN = f"/{INGEST}/CreateRun"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -496,3 +497,38 @@ async def test_unauthenticated_never_reaches_the_handler(probe) -> None:
         grpc.StatusCode.UNAUTHENTICATED,
     )
     assert reason_of(err) == "UNAUTHENTICATED"  # answered at once, not after the handler's 30 s sleep
+
+
+async def test_with_tls_the_saga_compensates_through_the_gateway_over_tls(
+    start_services, db, make_key, tmp_path: Path
+) -> None:
+    """Every service serves TLS: the saga's key check and compensation calls to the gateway use it too."""
+    cert, key = self_signed(tmp_path)
+    tls = {"tls_cert_file": str(cert), "tls_key_file": str(key)}
+    gateway = await start_services("gateway", **tls)
+    saga = await start_services(
+        "saga", gateway_addr=f"localhost:{gateway.ports['gateway']}", compensation_interval=0.2, **tls
+    )
+    await db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ('p', 'api', 3)")
+    run_id = await db.fetchval(
+        """INSERT INTO awooop_run_state (project_id, channel_type, status, attempt_count, failure_reason)
+           VALUES ('p', 'api', 'FAILED', 1, 'boom') RETURNING run_id"""
+    )
+    await db.execute(
+        """INSERT INTO awooop_saga_step (run_id, step_id, project_id, seq, step_type, tool_id, status,
+                                         compensation_cmd, attempt, completed_at)
+           VALUES ($1, 'scale', 'p', 1, 'tool_call', 'k8s_scale_deployment', 'completed',
+                   '{"tool_id": "k8s_scale_deployment", "params": {"deployment": "api", "replicas": 1}}', 1, now());
+           INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
+           VALUES ($1, 'p', 'step_failed', 'boom')""".replace("$1", f"'{run_id}'")  # two statements: no params
+    )
+
+    async def compensated() -> bool:
+        return bool(await db.fetchval("SELECT status = 'compensated' FROM awooop_saga_step WHERE run_id = $1", run_id))
+
+    await eventually(compensated, timeout=30, what="the step compensated through the TLS gateway")
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 1
+    creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    async with grpc.aio.secure_channel(f"localhost:{saga.ports['saga']}", creds) as ch:
+        r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=SAGA))
+        assert r.status == SERVING  # its key check reached the gateway

@@ -38,6 +38,7 @@ from services.common.compensatable import compensatable_step
 from services.common.db import Conn, store_error
 from services.common.jsonvalues import struct_dict
 from services.common.observability import RUN_ID
+from services.common.peers import peer_channel
 from services.common.runstate import COMPENSATABLE, sql_list
 from services.common.runtime import AppContext
 from services.common.validate import to_struct
@@ -416,9 +417,7 @@ class CompensationDriver:
     def _gateway(self) -> tools_pb2_grpc.ToolGatewayServiceAsyncStub:
         if self._stub is None:
             # the gateway call is a span of the run's trace (traceparent sent while tracing is on)
-            self._channel = grpc.aio.insecure_channel(
-                self.settings.gateway_addr, interceptors=tracing.client_interceptors() or None
-            )
+            self._channel = peer_channel(self.settings.gateway_addr, self.settings.tls_cert_file)
             self._stub = tools_pb2_grpc.ToolGatewayServiceStub(self._channel)
         return self._stub
 

@@ -15,7 +15,7 @@ import logging
 import grpc
 
 from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
-from services.common import tracing
+from services.common.peers import peer_channel
 from services.common.settings import Settings
 from services.scheduler import metrics
 
@@ -47,14 +47,7 @@ class SagaNudger:
 
     def _stub_now(self) -> saga_pb2_grpc.SagaServiceAsyncStub:
         if self._stub is None:
-            traced = tracing.client_interceptors() or None  # the nudge in the caller's trace (tracing on)
-            if self._tls_cert:
-                # the services share one certificate; trust it as the root
-                with open(self._tls_cert, "rb") as f:
-                    creds = grpc.ssl_channel_credentials(root_certificates=f.read())
-                self._channel = grpc.aio.secure_channel(self.addr, creds, interceptors=traced)
-            else:
-                self._channel = grpc.aio.insecure_channel(self.addr, interceptors=traced)
+            self._channel = peer_channel(self.addr, self._tls_cert)
             self._stub = saga_pb2_grpc.SagaServiceStub(self._channel)
         return self._stub
 
