@@ -89,9 +89,12 @@ async def wait_healthy(port: int, timeout: float = 20.0) -> None:
         raise AssertionError(f"service on port {port} not healthy after {timeout}s")
 
 
-async def spawn_services(services: list[str], env: dict[str, str], tmp_path: Path, name: str = "svc") -> ServiceProcess:
-    """Starts `python -m awooop.cli serve <services>` with AWOOOP_* env; waits until healthy."""
-    ports = {s: free_port() for s in services}
+async def spawn_services(
+    services: list[str], env: dict[str, str], tmp_path: Path, name: str = "svc", fixed: Mapping[str, int] | None = None
+) -> ServiceProcess:
+    """Starts `python -m awooop.cli serve <services>` with AWOOOP_* env; waits until healthy.
+    fixed: a service's gRPC port (a restart on the port its clients know); else a free one."""
+    ports = {s: (fixed or {}).get(s) or free_port() for s in services}
     # the ingest HTTP port defaults to 8080: a child gets a free one unless env names one
     full_env = {**os.environ, "AWOOOP_HTTP_PORT": str(free_port()), **env}
     full_env.update({"AWOOOP_METRICS_PORT": "0", "AWOOOP_ACCESS_LOG": "false"})
