@@ -25,11 +25,11 @@ BAD_CODES = ("INTERNAL", "UNKNOWN")
 
 # --- sampled while the soak runs ------------------------------------------------------------------
 
-# Leases expired longer ago than $1 seconds: the reaper should have taken them by now.
-OVERDUE_LEASES_SQL = f"""
+# Expired leases the reaper has not taken yet (a lease ends TTL after its last heartbeat).
+EXPIRED_LEASES_SQL = f"""
 SELECT run_id::text, project_id, worker_id, extract(epoch FROM lease_until)::float8 AS lease_until
   FROM awooop_run_state
- WHERE status IN {LEASED} AND lease_until < now() - make_interval(secs => $1)
+ WHERE status IN {LEASED} AND lease_until < now()
 """
 
 # Each limited key's slot count against the leased runs that carry it, in one snapshot.
@@ -142,7 +142,10 @@ class Monitor:
     runs, attempts, and (while paused) claims in the paused project."""
 
     def __init__(self, dsn: str, outages: Outages, reap_grace: float, violations: Violations) -> None:
+        """reap_grace: how long past its end a lease may stay unreaped while the scheduler and
+        Postgres are up (the reaper interval and slack)."""
         self.dsn, self.outages, self.reap_grace, self.violations = dsn, outages, reap_grace, violations
+        self.latest_reap = 0.0  # the longest an expired lease stayed unreaped, outages aside
         self.paused = True  # cleared by the test before it resumes the paused project
         self.samples = 0
         self.worst_running: collections.Counter[str] = collections.Counter()
@@ -163,8 +166,11 @@ class Monitor:
 
     async def sample(self, conn: asyncpg.Connection) -> None:
         now = time.time()
-        for r in await conn.fetch(OVERDUE_LEASES_SQL, self.reap_grace):
-            if now > self.outages.deadline(r["lease_until"], self.reap_grace):
+        for r in await conn.fetch(EXPIRED_LEASES_SQL):
+            deadline = self.outages.deadline(r["lease_until"], self.reap_grace)
+            if deadline != float("inf"):
+                self.latest_reap = max(self.latest_reap, now - (deadline - self.reap_grace))
+            if now > deadline:
                 late = now - r["lease_until"]
                 self.violations.add(
                     "expired lease not reaped in time",
@@ -338,8 +344,8 @@ def client_errors(paths: list[Path]) -> collections.Counter[str]:
 
 
 # log messages that are bugs whatever the soak did to the processes (the interceptor's and the
-# background loops' unexpected exceptions; store outages are logged as warnings)
-LOGGED_BUGS = ("unhandled error in", "background loop failed")
+# background loops' unexpected exceptions, a pass's or one row's; store outages are warnings)
+LOGGED_BUGS = ("unhandled error in", "background loop failed", "failed and was skipped")
 
 
 def logged_bugs(logs: dict[str, str]) -> collections.Counter[str]:

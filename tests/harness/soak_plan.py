@@ -5,6 +5,7 @@ machine's timing still varies: a failure prints the seed to rerun it with AWOOOP
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import random
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ class Project:
     non_retryable: tuple[str, ...] = ()
     limits: tuple[Limit, ...] = ()
     paused: bool = False
-    # (name, cron) of its schedules; croniter reads a 6th field as seconds
+    # (name, cron) of its schedules: every N seconds ("*/N" in the first of 6 fields, seconds)
     schedules: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -64,27 +65,32 @@ PROJECTS = (
     ),
     Project("soak-c", weight=2, initial_backoff=0.3, max_backoff=1.0, limits=(Limit("k8s", 2), Limit("llm", 3))),
     Project("soak-d", weight=1, limits=(Limit("db", 1),), paused=True),
-    Project("soak-e", schedules=(("tick-e", "* * * * * */2"),)),
+    Project("soak-e", schedules=(("tick-e", "*/2 * * * * *"),)),
     Project(
         "soak-f",
         weight=5,
         limits=(Limit("api", max_starts=10, per_seconds=1.0),),
-        schedules=(("tick-f", "* * * * * */3"),),
+        schedules=(("tick-f", "*/3 * * * * *"),),
     ),
 )
 PAUSED = next(p.name for p in PROJECTS if p.paused)
-# A schedule croniter accepts whose ticks run out: its one tick is a few seconds after it is set
-# (a year field), after which croniter cannot advance it. It must not stop the other schedules.
+# A schedule whose ticks run out: its one tick is a few seconds after it is set (a year field),
+# after which there is no next tick. It fires once and rests, and must not stop the others.
 BAD_SCHEDULE_PROJECT = "soak-f"
 BAD_SCHEDULE_NAME = "once"
+# A cron that never fires again: SetSchedule refuses it as bad input.
+NEVER_CRON = "0 0 0 1 1 * 2020"
 
 
-def bad_cron(at_utc_seconds: float) -> str:
-    """Fires once, at the given second (UTC), then never again: croniter finds no next tick."""
-    import datetime as dt
+def period_of(cron: str) -> int:
+    """N of a schedule "*/N * * * * *"."""
+    return int(cron.split()[0].removeprefix("*/"))
 
+
+def once_cron(at_utc_seconds: float) -> str:
+    """Fires at the given second (UTC) and never again (7 fields: seconds first, the year last)."""
     t = dt.datetime.fromtimestamp(at_utc_seconds, dt.UTC)
-    return f"{t.minute} {t.hour} {t.day} {t.month} * {t.second} {t.year}"
+    return f"{t.second} {t.minute} {t.hour} {t.day} {t.month} * {t.year}"
 
 
 @dataclass(frozen=True)
