@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sys
 from typing import Any
@@ -86,7 +87,19 @@ def make_handler(tools: ToolClient) -> Any:
     return handle
 
 
+class RunFormatter(logging.Formatter):
+    """Log lines that name the run (the SDK's run logger adds run_id and attempt)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        run_id = getattr(record, "run_id", None)
+        return f"{line} [run {run_id} attempt {getattr(record, 'attempt', '?')}]" if run_id else line
+
+
 async def main(worker_id: str, projects: list[str], errors_path: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(RunFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     lease_ttl = float(os.environ.get("AWOOOP_SOAK_LEASE_TTL", "2"))
     client = RecordingClient(errors_path, timeout=5.0)
     tools = ToolClient(client=client, timeout=5.0)

@@ -70,6 +70,17 @@ SELECT run_id::text, status, compensation_cmd IS NOT NULL AS compensatable
 
 KNOWLEDGE_SQL = "SELECT entry_id FROM awooop_refgw_knowledge"
 
+# What a run that did not end was doing, and its history, for the failure message.
+STUCK_RUN_SQL = """
+SELECT r.status, r.worker_id, r.attempt_count, r.released_count, r.max_attempts,
+       to_char(r.lease_until, 'HH24:MI:SS.MS') AS lease_until,
+       to_char(r.heartbeat_at, 'HH24:MI:SS.MS') AS heartbeat_at, r.wait_reason, r.wait_key,
+       (SELECT string_agg(a.action || ' ' || to_char(a.created_at, 'HH24:MI:SS.MS') || ' ' || a.actor
+                          || COALESCE(' ' || (a.details ->> 'worker_id'), ''), '; ' ORDER BY a.audit_id)
+          FROM awooop_audit_log a WHERE a.run_id = r.run_id) AS history
+  FROM awooop_run_state r WHERE r.run_id = $1::uuid
+"""
+
 UNSETTLED_SQL = f"""
 SELECT count(*) FILTER (WHERE status NOT IN {TERMINAL!r}) AS running,
        count(*) FILTER (WHERE saga_status IN ('in_progress', 'compensating') AND status IN {TERMINAL!r}) AS compensating
@@ -158,8 +169,12 @@ class Monitor:
                     conn = await asyncpg.connect(self.dsn, timeout=2)
                 await self.sample(conn)
                 self.samples += 1
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
-                conn = None  # Postgres restarting: sample again once it is back
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError, TimeoutError):
+                # Postgres restarting (a connection cut mid-statement can be left unusable):
+                # sample again on a new connection once it is back
+                if conn is not None:
+                    conn.terminate()
+                conn = None
             await asyncio.sleep(0.2)
         if conn is not None:
             await conn.close()
@@ -244,6 +259,8 @@ async def check_store(dsn: str, submitted: Submitted, violations: Violations) ->
         runs = await conn.fetch(RUNS_SQL)
         steps = {r["run_id"]: r for r in await conn.fetch(REMEMBER_STEPS_SQL)}
         knowledge = {r["entry_id"] for r in await conn.fetch(KNOWLEDGE_SQL)}
+        stuck = [r["run_id"] for r in runs if r["status"] not in TERMINAL][:3]
+        details = {run_id: dict(await conn.fetchrow(STUCK_RUN_SQL, run_id) or {}) for run_id in stuck}
     finally:
         await conn.close()
     by_event: dict[str, list[Any]] = collections.defaultdict(list)
@@ -253,7 +270,7 @@ async def check_store(dsn: str, submitted: Submitted, violations: Violations) ->
         by_event[r["provider_event_id"]].append(r)
         run = f"run {r['run_id']} ({r['project_id']}, {r['outcome'] or 'schedule'})"
         if r["status"] not in TERMINAL:
-            violations.add("run not terminal at the end", f"{run}: {r['status']}")
+            violations.add("run not terminal at the end", f"{run}: {details.get(r['run_id'], r['status'])}")
             continue
         outcome = r["outcome"] or ""
         if r["status"] == "COMPLETED" and outcome not in COMPLETES:
