@@ -134,7 +134,8 @@ class Suite:
     async def start_service(self, service: str, extra: dict[str, str]) -> None:
         self.starts[service] += 1
         name = f"{service}-{self.starts[service]}"
-        sp = await spawn_services([service], self.env | extra, self.tmp, name, fixed=self.ports)
+        # a loaded CI machine can take long to start four Python processes at once
+        sp = await spawn_services([service], self.env | extra, self.tmp, name, fixed=self.ports, healthy_within=60)
         self.services[service] = sp
         self.logs[name] = sp.log_path
 
@@ -176,6 +177,8 @@ async def test_invariants_hold_through_crashes_restarts_and_mixed_flow(
     settings: Settings, pg_cluster: PgCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plan = soak_plan.make_plan()
+    began = time.time()
+    phases: dict[str, float] = {}
     monkeypatch.delenv(soak_plan.SEED_ENV, raising=False)  # not a setting of the services it starts
     print(f"\ninvariant soak: seed {plan.seed} ({soak_plan.SEED_ENV}={plan.seed} repeats it)")
     dsn = await create_migrated_db(pg_cluster.primary.dsn, "awooop")
@@ -224,6 +227,7 @@ async def test_invariants_hold_through_crashes_restarts_and_mixed_flow(
         monitor = Monitor(dsn, outages, REAPER_INTERVAL + SLACK, violations)
         stop_load, stop_monitor = asyncio.Event(), asyncio.Event()
         t0 = time.time()
+        phases["set-up"] = t0 - began
         monitor_task = asyncio.create_task(monitor.run(stop_monitor))
         producers = [
             asyncio.create_task(_produce(client, plan.stream(i), submitted, tally, violations, stop_load))
@@ -237,6 +241,7 @@ async def test_invariants_hold_through_crashes_restarts_and_mixed_flow(
         stop_load.set()
         await asyncio.gather(*producers, chaos)
         load_ended = time.time()
+        phases["load"] = load_ended - t0
 
         async def settled() -> bool:
             running, compensating = await unsettled(dsn)
@@ -244,6 +249,7 @@ async def test_invariants_hold_through_crashes_restarts_and_mixed_flow(
 
         try:
             await eventually(settled, timeout=DRAIN_SECONDS, interval=0.5, what="every run terminal and compensated")
+            phases["drain"] = time.time() - load_ended
         except AssertionError as err:
             violations.add("soak did not settle", str(err))
         stop_monitor.set()
@@ -270,7 +276,8 @@ async def test_invariants_hold_through_crashes_restarts_and_mixed_flow(
         f"invariant soak (seed {plan.seed}): {len(submitted.plans)} events sent, {len(submitted.acked)} "
         f"acknowledged; runs {statuses}; schedule ticks {ticks}; {samples} samples; an expired lease "
         f"reaped at most {latest_reap:.1f}s late; most leased per key {worst}; crashes {crashes}; "
-        f"outages {down}; client answers {dict(tally.seen)}; workers' failed calls {dict(worker_seen)}"
+        f"outages {down}; client answers {dict(tally.seen)}; workers' failed calls {dict(worker_seen)}; "
+        f"seconds { ({k: round(v, 1) for k, v in phases.items()}) }"
     )
     assert not violations.counts, (
         f"invariant soak seed {plan.seed} broke (rerun with {soak_plan.SEED_ENV}={plan.seed}):\n{violations.report()}"

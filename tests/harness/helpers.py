@@ -90,7 +90,12 @@ async def wait_healthy(port: int, timeout: float = 20.0) -> None:
 
 
 async def spawn_services(
-    services: list[str], env: dict[str, str], tmp_path: Path, name: str = "svc", fixed: Mapping[str, int] | None = None
+    services: list[str],
+    env: dict[str, str],
+    tmp_path: Path,
+    name: str = "svc",
+    fixed: Mapping[str, int] | None = None,
+    healthy_within: float = 20.0,
 ) -> ServiceProcess:
     """Starts `python -m awooop.cli serve <services>` with AWOOOP_* env; waits until healthy.
     fixed: a service's gRPC port (a restart on the port its clients know); else a free one."""
@@ -112,7 +117,7 @@ async def spawn_services(
     sp = ServiceProcess(proc, ports, log_path)
     try:
         for p in ports.values():
-            await wait_healthy(p)
+            await wait_healthy(p, healthy_within)
     except AssertionError:
         sp.kill()
         raise AssertionError(f"{services} did not start:\n{sp.log()}") from None

@@ -253,7 +253,8 @@ class Submitted:
 async def check_store(dsn: str, submitted: Submitted, violations: Violations) -> dict[str, int]:
     """The end state: runs terminal as their plans say, compensated when they failed after a
     compensatable step, every acknowledged event exactly one run and no run nobody asked for.
-    Returns the runs by status."""
+    Returns how many runs of each planned outcome ended how ("ok: COMPLETED", "ok: FAILED
+    E-RUN-MAX-ATTEMPTS", ...)."""
     conn = await asyncpg.connect(dsn)
     try:
         runs = await conn.fetch(RUNS_SQL)
@@ -266,7 +267,7 @@ async def check_store(dsn: str, submitted: Submitted, violations: Violations) ->
     by_event: dict[str, list[Any]] = collections.defaultdict(list)
     statuses: collections.Counter[str] = collections.Counter()
     for r in runs:
-        statuses[r["status"]] += 1
+        statuses[f"{r['outcome'] or 'schedule'}: {r['status']} {r['error_code'] or ''}".strip()] += 1
         by_event[r["provider_event_id"]].append(r)
         run = f"run {r['run_id']} ({r['project_id']}, {r['outcome'] or 'schedule'})"
         if r["status"] not in TERMINAL:
@@ -292,7 +293,7 @@ async def check_store(dsn: str, submitted: Submitted, violations: Violations) ->
             violations.add("run nobody submitted", f"{event_id}: {len(found)} runs")
         if len(found) > 1:
             violations.add("event with more than one run", f"{event_id}: {len(found)} runs")
-    return dict(statuses)
+    return dict(sorted(statuses.items()))
 
 
 def _check_saga(r: Any, step: Any, entry_exists: bool, run: str, violations: Violations) -> None:
