@@ -9,15 +9,15 @@ restarted once.
 Checked while it runs (tests/harness/soak_invariants.py, a sample every 0.2 s): every expired
 lease reaped within the lease TTL + reaper interval + slack (outages excused), no concurrency key
 over its limit and every key's slot count equal to its leased runs (no slot held by a finished
-run), no rate window over its starts, no run claimed past its attempts, no run of the paused
-project claimed. At the end: every run terminal as its plan says, every failed run with a
-completed compensatable step compensated (its knowledge entry deleted), every acknowledged event
-exactly one run and no run nobody sent, one run per cron tick and no schedule that stopped, no
-INTERNAL/UNKNOWN answer to any client (producers, the test's calls, the workers' SDK calls) and no
-bug logged by a service.
+run), no run parked on a key with a free slot (a lost wake-up), no rate window over its starts,
+no run claimed past its attempts, no run of the paused project claimed. At the end: every run
+terminal as its plan says, every failed run with a completed compensatable step compensated (its
+knowledge entry deleted), every acknowledged event exactly one run and no run nobody sent, one
+run per cron tick and no schedule that stopped, no INTERNAL/UNKNOWN answer to any client
+(producers, the test's calls, the workers' SDK calls) and no bug logged by a service.
 
 Seeded: AWOOOP_SOAK_SEED=<n> repeats a soak's plan (events, outcomes, crash times); without it a
-random seed is printed. A failure names the seed. About two minutes on a 2-core machine."""
+random seed is printed. A failure names the seed. Two to three minutes on a 2-core machine."""
 
 from __future__ import annotations
 
@@ -266,6 +266,9 @@ async def test_invariants_hold_through_crashes_restarts_and_mixed_flow(
             violations.add("client saw INTERNAL/UNKNOWN", f"{what}: {n}x")
         for bug, n in logged_bugs(suite.read_logs()).items():
             violations.add("service logged a bug", f"{bug} ({n}x)")
+    except BaseException as err:
+        err.add_note(f"invariant soak seed {plan.seed} (rerun with {soak_plan.SEED_ENV}={plan.seed})")
+        raise
     finally:
         await client.close()
         suite.stop_all()

@@ -45,6 +45,15 @@ SELECT l.project_id, l.key, l.max_running, l.running, COALESCE(x.n, 0) AS leased
   FROM awooop_concurrency_limit l LEFT JOIN leased x USING (project_id, key)
 """
 
+# Runs parked on a key (key_busy) while the key has a free slot: a wake-up lost when a slot was
+# given back. A claim may see this for a moment; for longer than the slack it is a stuck run.
+PARKED_ON_FREE_KEY_SQL = """
+SELECT r.run_id::text, r.project_id, r.wait_key, l.running, l.max_running
+  FROM awooop_run_state r
+  JOIN awooop_concurrency_limit l ON l.project_id = r.project_id AND l.key = r.wait_key
+ WHERE r.status IN ('PENDING', 'RESUMED') AND r.wait_reason = 'key_busy' AND l.running < l.max_running
+"""
+
 # Runs claimed more often than their attempts allow (hand-backs do not count).
 OVER_ATTEMPTS_SQL = """
 SELECT run_id::text, attempt_count, released_count, max_attempts
@@ -157,6 +166,7 @@ class Monitor:
         Postgres are up (the reaper interval and slack)."""
         self.dsn, self.outages, self.reap_grace, self.violations = dsn, outages, reap_grace, violations
         self.latest_reap = 0.0  # the longest an expired lease stayed unreaped, outages aside
+        self.parked_since: dict[str, float] = {}  # run parked on a key with room -> first seen
         self.paused = True  # cleared by the test before it resumes the paused project
         self.samples = 0
         self.worst_running: collections.Counter[str] = collections.Counter()
@@ -208,6 +218,16 @@ class Monitor:
             if r["max_starts"] is not None and r["window_starts"] > r["max_starts"]:
                 self.violations.add(
                     "rate key over its starts", f"{where}: {r['window_starts']} > {r['max_starts']}", where
+                )
+        parked = {r["run_id"]: r for r in await conn.fetch(PARKED_ON_FREE_KEY_SQL)}
+        self.parked_since = {run_id: self.parked_since.get(run_id, now) for run_id in parked}
+        for run_id, since in self.parked_since.items():
+            if now - since > self.reap_grace:
+                r = parked[run_id]
+                self.violations.add(
+                    "run parked on a key with a free slot (a lost wake-up)",
+                    f"run {run_id} ({r['project_id']}/{r['wait_key']}: {r['running']} of {r['max_running']})",
+                    run_id,
                 )
         for r in await conn.fetch(OVER_ATTEMPTS_SQL):
             self.violations.add("run claimed past its attempts", str(dict(r)), r["run_id"])
