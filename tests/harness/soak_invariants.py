@@ -45,13 +45,19 @@ SELECT l.project_id, l.key, l.max_running, l.running, COALESCE(x.n, 0) AS leased
   FROM awooop_concurrency_limit l LEFT JOIN leased x USING (project_id, key)
 """
 
-# Runs parked on a key (key_busy) while the key has a free slot: a wake-up lost when a slot was
-# given back. A claim may see this for a moment; for longer than the slack it is a stuck run.
+# Runs parked on a key (key_busy) while the key has a free slot and no queued run with the key
+# is left to take it: a wake-up lost when a slot was given back. (A release wakes as many parked
+# runs as it frees slots; the rest stay parked while the woken ones wait for a claim, and a woken
+# run that another key blocks passes the wake-up on.) A moment of it is a claim in flight; for
+# longer than the slack it is a stuck queue.
 PARKED_ON_FREE_KEY_SQL = """
 SELECT r.run_id::text, r.project_id, r.wait_key, l.running, l.max_running
   FROM awooop_run_state r
   JOIN awooop_concurrency_limit l ON l.project_id = r.project_id AND l.key = r.wait_key
  WHERE r.status IN ('PENDING', 'RESUMED') AND r.wait_reason = 'key_busy' AND l.running < l.max_running
+   AND NOT EXISTS (SELECT 1 FROM awooop_run_state q
+                    WHERE q.project_id = r.project_id AND q.status IN ('PENDING', 'RESUMED')
+                      AND r.wait_key = ANY(q.concurrency_keys) AND q.wait_reason IS DISTINCT FROM 'key_busy')
 """
 
 # Runs claimed more often than their attempts allow (hand-backs do not count).
