@@ -541,7 +541,6 @@ async def proxy(db_dsn: str) -> Any:
 
 # Outcomes that are not yet what the docs promise: (path, fault) -> what happens instead.
 GAPS: dict[tuple[str, Fault], str] = {
-    ("ReleaseRun", Fault.AFTER_COMMIT): "the retry answers LEASE_LOST instead of the same success",
     ("BeginStep", Fault.AFTER_COMMIT): "the retry answers RETRY instead of EXECUTE",
     ("RequestApproval", Fault.AFTER_COMMIT): "the retry answers INVALID_TRANSITION; the token is lost",
     ("Approve", Fault.AFTER_COMMIT): "the retry answers INVALID_TRANSITION instead of the same decision",

@@ -122,8 +122,8 @@ class Transition:
     describe: str
     # A repeat by the same lease after its first call committed (its answer lost) answers that
     # success again and writes nothing, from these statuses: for complete, COMPLETED by this
-    # attempt; for fail, where a FailRun leaves a run, when the audit log holds this attempt's
-    # FailRun (scheduler/replays.py)
+    # attempt; for fail and release, where they leave a run, when the audit log holds this
+    # attempt's FailRun / ReleaseRun (scheduler/replays.py)
     replays_from: tuple[RunStatus, ...] = ()
 
     @property
@@ -193,6 +193,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.CANCELLED, Audit.CANCELLED, "a cancel is pending"),
             fenced=True,
             describe="release",
+            replays_from=[S.PENDING, S.CANCELLED],
         ),
         _t(
             Action.WAIT_TOOL,

@@ -1,5 +1,5 @@
-"""Retried worker writes: a CompleteRun / CompleteRuns item / ClaimRuns.complete item or FailRun
-whose first attempt committed (and whose answer was lost: a scheduler crash, a dropped
+"""Retried worker writes: a CompleteRun / CompleteRuns item / ClaimRuns.complete item, FailRun
+or ReleaseRun whose first attempt committed (and whose answer was lost: a scheduler crash, a dropped
 connection, a client timeout) answers the same success when the same lease sends it again.
 
 The fencing token says who may have written: only the holder of attempt N can complete or
@@ -9,6 +9,9 @@ fail the run during attempt N, and attempt_count changes with every new claim. S
   cancelled into COMPLETED);
 - PENDING / FAILED / CANCELLED with attempt_count = N and a FailRun audit row of attempt N
   (only FailRun writes `retryable` into its details): the holder of N failed it.
+- PENDING / CANCELLED with attempt_count = N and a ReleaseRun audit row of attempt N (only
+  ReleaseRun writes `released`; a claim's hand-back of undelivered runs does not): the holder
+  of N released it. A later claim makes the attempt N + 1, and the repeat is LEASE_LOST.
 
 These checks run only on the refusal path (the write changed nothing), so the ordinary path
 costs nothing more. The answer is the run as it is now; nothing is written again, counted again
@@ -20,7 +23,7 @@ import asyncpg
 
 from services.common.db import Row
 from services.common.runs import RUN_COLUMNS
-from services.common.runstate import TRANSITIONS, Action, RunStatus
+from services.common.runstate import LEASED, TRANSITIONS, Action, RunStatus, sql_list
 from services.scheduler.fragments import lease_was_reaped
 
 RUNS_SQL = f"""SELECT {RUN_COLUMNS},
@@ -34,8 +37,15 @@ FAILED_BY_SQL = """SELECT EXISTS (
        AND from_status IN ('RUNNING', 'WAITING_TOOL'))"""
 
 
+RELEASED_BY_SQL = f"""SELECT EXISTS (
+    SELECT 1 FROM awooop_audit_log
+     WHERE run_id = $1 AND details ? 'released' AND (details->>'attempt')::int = $2
+       AND from_status IN ({sql_list(LEASED)}))"""
+
+
 _COMPLETED_INTO = TRANSITIONS[Action.COMPLETE].replays_from
 _FAILED_INTO = TRANSITIONS[Action.FAIL].replays_from
+_RELEASED_INTO = TRANSITIONS[Action.RELEASE].replays_from
 
 
 def completed_by(cur: Row, attempt: int) -> bool:
@@ -49,6 +59,12 @@ async def failed_by(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int) -> 
     if cur["cur_status"] != RunStatus.PENDING and lease_was_reaped(cur):  # a reaped lease's FailRun never committed
         return False
     return bool(await pool.fetchval(FAILED_BY_SQL, run_id, attempt))
+
+
+async def released_by(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int) -> bool:
+    if cur["cur_attempt"] != attempt or cur["cur_status"] not in _RELEASED_INTO:
+        return False
+    return bool(await pool.fetchval(RELEASED_BY_SQL, run_id, attempt))
 
 
 async def current_rows(pool: asyncpg.Pool, run_ids: list[str]) -> dict[str, asyncpg.Record]:

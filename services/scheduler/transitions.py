@@ -197,6 +197,8 @@ RELEASE = fenced_op(
            failure_reason = CASE WHEN r.cancel_requested THEN COALESCE(r.failure_reason, 'cancelled')
                                  ELSE r.failure_reason END""",
     reason_sql="NULLIF(:reason, '')",
+    # the mark a repeat of this ReleaseRun finds (replays.released_by)
+    details_sql="jsonb_build_object('released', true)",
     trigger_sql="'cancelled'",
     notify_when="status = 'PENDING'",
 )
@@ -272,11 +274,13 @@ async def fenced_write(
 
 
 async def _replayed(pool: asyncpg.Pool, op: FencedOp, cur: asyncpg.Record, run_id: str, attempt: int) -> Changed | None:
-    """The same success again when this lease's earlier CompleteRun / FailRun committed."""
+    """The same success again when this lease's earlier CompleteRun / FailRun / ReleaseRun committed."""
     if op is COMPLETE:
         done = replays.completed_by(cur, attempt)
     elif op is FAIL:
         done = await replays.failed_by(pool, cur, run_id, attempt)
+    elif op is RELEASE:
+        done = await replays.released_by(pool, cur, run_id, attempt)
     else:
         return None
     if not done:
