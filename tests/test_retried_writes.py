@@ -86,3 +86,33 @@ async def test_fail_run_retried_by_the_same_lease_answers_the_same_success(s: Sc
     # a released run (no FailRun) is not mistaken for a failed one
     await s.stub.ReleaseRun(pb.ReleaseRunRequest(lease=second.lease), metadata=s.worker)
     await expect_error(s.stub.FailRun(pb.FailRunRequest(lease=second.lease), metadata=s.worker), FP, errors.LEASE_LOST)
+
+
+async def test_request_approval_repeated_by_the_same_lease_answers_a_new_token_that_decides(s: Sched) -> None:
+    (rid,) = await insert_runs(s.db, "p", 1)
+    c = await s.claim_one()
+    req = pb.RequestApprovalRequest(lease=c.lease, summary="scale api to 3?")
+    lost = await s.stub.RequestApproval(req, metadata=s.worker)  # committed; say its answer never arrived
+    again = await s.stub.RequestApproval(req, metadata=s.worker)
+    assert again.run.status == common_pb2.RUN_STATUS_WAITING_APPROVAL
+    assert again.approval_token != lost.approval_token and again.expires_at == lost.expires_at
+    # only the token of the last answer decides
+    await expect_error(
+        s.stub.DecideApproval(
+            pb.DecideApprovalRequest(run_id=rid, approval_token=lost.approval_token, decision=pb.DECISION_APPROVE),
+            metadata=s.approver,
+        ),
+        FP,
+        errors.APPROVAL_INVALID,
+    )
+    decided = await s.stub.DecideApproval(
+        pb.DecideApprovalRequest(run_id=rid, approval_token=again.approval_token, decision=pb.DECISION_APPROVE),
+        metadata=s.approver,
+    )
+    assert decided.run.status == common_pb2.RUN_STATUS_RESUMED
+    assert await audit_actions(s.db, rid) == ["CLAIMED", "APPROVAL_REQUESTED", "APPROVAL_TOKEN_REISSUED", "APPROVED"]
+    # resumed and claimed again (attempt 2) and waiting again: attempt 1's repeat is refused
+    second = await s.claim_one()
+    await s.stub.RequestApproval(pb.RequestApprovalRequest(lease=second.lease), metadata=s.worker)
+    await expect_error(s.stub.RequestApproval(req, metadata=s.worker), FP, errors.LEASE_LOST)
+    assert (await audit_actions(s.db, rid)).count("APPROVAL_TOKEN_REISSUED") == 1

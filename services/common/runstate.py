@@ -99,6 +99,8 @@ class Audit(StrEnum):
     REDRIVEN = "REDRIVEN"
     # not a status change: written beside one that ended FAILED/CANCELLED with steps to undo
     COMPENSATION_REQUESTED = "COMPENSATION_REQUESTED"
+    # not a status change: a repeated RequestApproval of the same lease replaced a token never seen
+    APPROVAL_TOKEN_REISSUED = "APPROVAL_TOKEN_REISSUED"
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,8 @@ class Transition:
     # A repeat by the same lease after its first call committed (its answer lost) answers that
     # success again and writes nothing, from these statuses: for complete, COMPLETED by this
     # attempt; for fail and release, where they leave a run, when the audit log holds this
-    # attempt's FailRun / ReleaseRun (scheduler/replays.py)
+    # attempt's FailRun / ReleaseRun (scheduler/replays.py); for a request of approval, still
+    # waiting with this attempt, with a new token in place of the lost one (scheduler/approvals.py)
     replays_from: tuple[RunStatus, ...] = ()
 
     @property
@@ -222,6 +225,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.WAITING_APPROVAL, Audit.APPROVAL_REQUESTED, "no cancel pending; the lease is released"),
             fenced=True,
             describe="request approval of",
+            replays_from=[S.WAITING_APPROVAL],
         ),
         _t(
             Action.APPROVE,

@@ -1,6 +1,7 @@
 """Approvals (seed 000 D4): RUNNING -> WAITING_APPROVAL releases
 the lease and issues a token (random, returned once, stored as sha256 only, single use,
-15 min by default). Approve: RESUMED (claimable again, new fencing token). Reject: FAILED
+15 min by default; the same lease asking again, its first answer lost, gets a new token in place
+of the old). Approve: RESUMED (claimable again, new fencing token). Reject: FAILED
 with E-APPROVAL-REJECTED. Expiry: FAILED with E-APPROVAL-002, by the sweep or by the
 DecideApproval call that finds it expired, whichever comes first. Rejection and expiry
 record a compensation request when the journal has something to undo, and end the journal's
@@ -19,11 +20,11 @@ from services.common.access import check_run_access, projects_with
 from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
 from services.common.runs import RUN_READY_CHANNEL
-from services.common.runstate import DROP_LEASE, TRANSITIONS, Action, Audit, RunStatus
+from services.common.runstate import DROP_LEASE, TRANSITIONS, Action, Audit, RunStatus, sql_list
 from services.scheduler import metrics
 from services.scheduler.fragments import RUN_COLUMNS_R, comp_audit_rows, compensation_cte, notify_cte
 from services.scheduler.saga_client import SagaNudger
-from services.scheduler.transitions import Changed, fenced_op, fenced_write, settled
+from services.scheduler.transitions import WORKER_ROLE, Changed, fenced_op, fenced_write, settled
 
 APPROVER_ROLE = "approver"
 EXPIRED_CODE = "E-APPROVAL-002"  # seed 000 D4
@@ -66,6 +67,31 @@ REQUEST = fenced_op(
 )
 
 
+# A RequestApproval repeated by the same lease after its first call committed: the answer, the
+# only copy of the token, was lost (a dropped connection, a timeout), and the run waits for an
+# approval nobody can give. WAITING_APPROVAL with this attempt can only be this lease's request
+# (a decision ends the wait, and the next claim is another attempt), so a new token replaces the
+# one never seen; expiry and summary stay. $1 run_id, $2 attempt, $3 sha256(new token),
+# $4 projects where the caller is a worker (NULL: all), $5 actor.
+REQUEST_REPEATS = REQUEST.transition.replays_from
+REISSUE_SQL = f"""
+WITH upd AS (
+    UPDATE awooop_run_state r
+       SET approval_token_hash = $3, updated_at = now()
+     WHERE r.run_id = $1 AND r.attempt_count = $2 AND r.status IN ({sql_list(REQUEST_REPEATS)})
+       AND ($4::text[] IS NULL OR r.project_id = ANY($4::text[]))
+ RETURNING {RUN_COLUMNS_R}
+),
+aud AS (
+    {AUDIT_INSERT}
+    SELECT project_id, run_id, $5, '{Audit.APPROVAL_TOKEN_REISSUED}', status, status,
+           'RequestApproval repeated by the same lease', jsonb_build_object('attempt', attempt_count)
+      FROM upd
+)
+SELECT upd.*, NULL::text AS comp_trigger FROM upd
+"""
+
+
 async def request(
     pool: asyncpg.Pool,
     principal: Principal,
@@ -78,9 +104,19 @@ async def request(
 ) -> tuple[Changed, str]:
     """Returns the change and the token (the only time it exists outside a hash)."""
     token, digest = new_token()
-    changed = await fenced_write(
-        pool, REQUEST, principal, run_id, attempt, saga=saga, token_hash=digest, ttl=ttl, summary=summary
-    )
+    try:
+        changed = await fenced_write(
+            pool, REQUEST, principal, run_id, attempt, saga=saga, token_hash=digest, ttl=ttl, summary=summary
+        )
+    except errors.ServiceError as refused:
+        if refused.reason != errors.INVALID_TRANSITION or refused.metadata.get("status") not in REQUEST_REPEATS:
+            raise
+        row = await pool.fetchrow(
+            REISSUE_SQL, run_id, attempt, digest, projects_with(principal, WORKER_ROLE), principal.actor
+        )
+        if row is None:  # another attempt's approval: the refusal stands
+            raise
+        changed = Changed(row, None)
     return changed, token
 
 
