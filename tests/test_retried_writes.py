@@ -116,3 +116,27 @@ async def test_request_approval_repeated_by_the_same_lease_answers_a_new_token_t
     await s.stub.RequestApproval(pb.RequestApprovalRequest(lease=second.lease), metadata=s.worker)
     await expect_error(s.stub.RequestApproval(req, metadata=s.worker), FP, errors.LEASE_LOST)
     assert (await audit_actions(s.db, rid)).count("APPROVAL_TOKEN_REISSUED") == 1
+
+
+async def test_a_decision_repeated_by_its_approver_answers_the_same_and_nothing_else_does(s: Sched) -> None:
+    approved_id, rejected_id = await insert_runs(s.db, "p", 2)
+    tokens = {}
+    for c in await s.claim(max_runs=2):
+        resp = await s.stub.RequestApproval(pb.RequestApprovalRequest(lease=c.lease), metadata=s.worker)
+        tokens[c.run.run_id] = resp.approval_token
+
+    def decide(run_id: str, decision: Any, md: Any) -> Any:
+        req = pb.DecideApprovalRequest(run_id=run_id, approval_token=tokens[run_id], decision=decision, reason="ok")
+        return s.stub.DecideApproval(req, metadata=md)
+
+    first = await decide(approved_id, pb.DECISION_APPROVE, s.approver)
+    assert (await decide(approved_id, pb.DECISION_APPROVE, s.approver)).run == first.run
+    rejected = await decide(rejected_id, pb.DECISION_REJECT, s.approver)
+    again = await decide(rejected_id, pb.DECISION_REJECT, s.approver)
+    assert again.run == rejected.run and again.compensation_requested == rejected.compensation_requested
+    # the other decision, or another approver with the same token, is still refused
+    await expect_error(decide(approved_id, pb.DECISION_REJECT, s.approver), FP, errors.INVALID_TRANSITION)
+    await expect_error(decide(approved_id, pb.DECISION_APPROVE, s.admin), FP, errors.INVALID_TRANSITION)
+    await expect_error(decide(rejected_id, pb.DECISION_APPROVE, s.approver), FP, errors.INVALID_TRANSITION)
+    assert (await audit_actions(s.db, approved_id)).count("APPROVED") == 1
+    assert (await audit_actions(s.db, rejected_id)).count("APPROVAL_REJECTED") == 1

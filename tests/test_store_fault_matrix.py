@@ -544,8 +544,6 @@ async def proxy(db_dsn: str) -> Any:
 # Outcomes that are not yet what the docs promise: (path, fault) -> what happens instead.
 GAPS: dict[tuple[str, Fault], str] = {
     ("BeginStep", Fault.AFTER_COMMIT): "the retry answers RETRY instead of EXECUTE",
-    ("Approve", Fault.AFTER_COMMIT): "the retry answers INVALID_TRANSITION instead of the same decision",
-    ("Reject", Fault.AFTER_COMMIT): "the retry answers INVALID_TRANSITION instead of the same decision",
 }
 
 
