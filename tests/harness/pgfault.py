@@ -9,6 +9,9 @@ A test arms a rule for one statement (its SQL text, or a part of it) and a fault
 - AFTER_COMMIT: the statement runs and its transaction commits (the server has sent its
   CommandComplete and ReadyForQuery, idle); the proxy drops the connection instead of passing on
   that ReadyForQuery, so the caller learns only that the connection was lost.
+- AFTER_COMMIT_TIMEOUT: as AFTER_COMMIT, but the proxy holds that ReadyForQuery back until the
+  caller times out; the cancel request asyncpg then sends ends the held connection (a partition
+  that does not heal), so the caller sees a timeout.
 
 Only the framing is parsed: Parse (statement name -> text), Bind (the execution of a named or
 unnamed statement), Query (simple protocol: BEGIN / COMMIT and statements without parameters),
@@ -24,6 +27,7 @@ import struct
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
+_CANCEL_REQUEST = 80877102
 _SSL_REQUEST = 80877103
 _GSSENC_REQUEST = 80877104
 
@@ -31,6 +35,9 @@ _GSSENC_REQUEST = 80877104
 class Fault(enum.Enum):
     BEFORE = "before"  # the statement never runs: dropped on its way to the server
     AFTER_COMMIT = "after_commit"  # committed, then the answer is lost with the connection
+    # committed, then the answer never comes: the client times out (asyncpg's command_timeout)
+    # and sends a cancel request, upon which the held connection is dropped
+    AFTER_COMMIT_TIMEOUT = "after_commit_timeout"
 
 
 @dataclass
@@ -64,7 +71,8 @@ class _Link:
         self.proxy = proxy
         self.c_reader, self.c_writer = client
         self.statements: dict[str, str] = {}  # prepared statement name ("" unnamed) -> text
-        self.pending: Rule | None = None  # AFTER_COMMIT rule waiting for the commit's ReadyForQuery
+        self.pending: Rule | None = None  # AFTER_COMMIT* rule waiting for the commit's ReadyForQuery
+        self.held = False  # AFTER_COMMIT_TIMEOUT: the answer is being withheld
 
     async def run(self, host: str, port: int) -> None:
         try:
@@ -94,6 +102,8 @@ class _Link:
             (length, code) = struct.unpack("!ii", head)
             w.write(head + await r.readexactly(length - 8))
             await w.drain()
+            if code == _CANCEL_REQUEST:
+                self.proxy.cancel_requested()
             if code not in (_SSL_REQUEST, _GSSENC_REQUEST):
                 break
             self.c_writer.write(await self.s_reader.readexactly(1))  # 'N': no TLS through the proxy
@@ -138,8 +148,13 @@ class _Link:
                 # idle again: the statement's transaction committed; its answer never arrives
                 self.pending = None
                 rule.fired.set()
+                if rule.fault is Fault.AFTER_COMMIT_TIMEOUT:
+                    self.held = True  # nothing more is passed on; a cancel request ends it
+                    continue
                 self.drop()
                 return
+            if self.held:
+                continue
             w.write(head + body)
             await w.drain()
 
@@ -185,6 +200,12 @@ class PgFaultProxy:
                 self.rules.remove(rule)
                 return rule
         return None
+
+    def cancel_requested(self) -> None:
+        """A client gave up on a statement: the connections whose answer is withheld end."""
+        for link in list(self.links):
+            if link.held:
+                link.drop()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         link = _Link(self, (reader, writer))
