@@ -208,6 +208,15 @@ async def http_api_event(env: Env, fault: Fault) -> None:
     assert again["outcomes"][0]["duplicate"] is (fault is not Fault.BEFORE)
 
 
+async def create_run(env: Env, fault: Fault) -> None:
+    req = ingest_pb2.CreateRunRequest(project_id=P, idempotency_key="order-1", input=struct({"n": 1}))
+    await env.faulted(ingest_store.CREATE_RUN_SQL, fault, lambda: env.ingest.CreateRun(req))
+    again = await env.ingest.CreateRun(req)
+    (run,) = await env.runs()
+    assert again.run.run_id == str(run["run_id"])
+    assert again.replayed is (fault is not Fault.BEFORE)
+
+
 # --------------------------------------------------------------------------------- scheduler
 
 
@@ -289,6 +298,44 @@ async def release_run(env: Env, fault: Fault) -> None:
     # released once: the hand-back is not an attempt used
     assert (row["status"], row["attempt_count"], row["released_count"]) == ("PENDING", 1, 1)
     assert await env.audits("RELEASED") == 1
+
+
+async def wait_tool(env: Env, fault: Fault) -> None:
+    (c,) = await env.claimed()
+    req = spb.WaitToolRequest(lease=c.lease, tool_id="k8s_scale_deployment")
+    await env.faulted(transitions.WAIT_TOOL.sql, fault, lambda: env.sched.WaitTool(req))
+    again = await env.sched.WaitTool(req)
+    assert again.run.status == common_pb2.RUN_STATUS_WAITING_TOOL
+    assert await env.audits("WAITING_TOOL") == 1
+
+
+async def resume_tool(env: Env, fault: Fault) -> None:
+    (c,) = await env.claimed()
+    await env.sched.WaitTool(spb.WaitToolRequest(lease=c.lease))
+    req = spb.ResumeToolRequest(lease=c.lease)
+    await env.faulted(transitions.RESUME_TOOL.sql, fault, lambda: env.sched.ResumeTool(req))
+    again = await env.sched.ResumeTool(req)
+    assert again.run.status == common_pb2.RUN_STATUS_RUNNING
+    assert await env.audits("TOOL_RETURNED") == 1
+
+
+async def acknowledge_cancel(env: Env, fault: Fault) -> None:
+    (c,) = await env.claimed()
+    await env.sched.CancelRun(spb.CancelRunRequest(run_id=c.run.run_id, reason="not needed"))
+    req = spb.AcknowledgeCancelRequest(lease=c.lease)
+    await env.faulted(transitions.ACKNOWLEDGE_CANCEL.sql, fault, lambda: env.sched.AcknowledgeCancel(req))
+    again = await env.sched.AcknowledgeCancel(req)
+    assert again.run.status == common_pb2.RUN_STATUS_CANCELLED
+    assert await env.audits("CANCELLED") == 1
+
+
+async def cancel_run(env: Env, fault: Fault) -> None:
+    (run_id,) = await env.pending_runs(1)
+    req = spb.CancelRunRequest(run_id=run_id, reason="not needed")
+    await env.faulted(transitions.CANCEL_SQL, fault, lambda: env.sched.CancelRun(req))
+    again = await env.sched.CancelRun(req)
+    assert again.run.status == common_pb2.RUN_STATUS_CANCELLED
+    assert await env.audits("CANCELLED") == 1
 
 
 async def request_approval(env: Env, fault: Fault) -> None:
@@ -512,12 +559,17 @@ PATHS = [
     Path("IngestEvents", ingest_events, ("ingest",)),
     Path("IngestEvent(api)", ingest_api_event, ("ingest",)),
     Path("POST events", http_api_event, ("ingest",)),
+    Path("CreateRun", create_run, ("ingest",)),
     Path("ClaimRuns", claim_runs, ("scheduler",)),
     Path("Heartbeat", heartbeat, ("scheduler",)),
     Path("CompleteRun", complete_run, ("scheduler",)),
     Path("CompleteRuns", complete_runs, ("scheduler",)),
     Path("FailRun", fail_run, ("scheduler",)),
     Path("ReleaseRun", release_run, ("scheduler",)),
+    Path("WaitTool", wait_tool, ("scheduler",)),
+    Path("ResumeTool", resume_tool, ("scheduler",)),
+    Path("AcknowledgeCancel", acknowledge_cancel, ("scheduler",)),
+    Path("CancelRun", cancel_run, ("scheduler",)),
     Path("BeginStep", begin_step, ("scheduler", "saga")),
     Path("CompleteStep", complete_step, ("scheduler", "saga")),
     Path("RecordStep", record_step, ("scheduler", "saga")),

@@ -124,8 +124,9 @@ class Transition:
     describe: str
     # A repeat by the same lease after its first call committed (its answer lost) answers that
     # success again and writes nothing, from these statuses: for complete, COMPLETED by this
-    # attempt; for fail and release, where they leave a run, when the audit log holds this
-    # attempt's FailRun / ReleaseRun (scheduler/replays.py); for a request of approval, still
+    # attempt; for fail, release, wait_tool, resume_tool and acknowledge_cancel, where they
+    # leave a run, when the audit log holds this attempt's write (scheduler/replays.py); for
+    # cancel (no lease), CANCELLED after this actor's cancel; for a request of approval, still
     # waiting with this attempt, with a new token in place of the lost one (scheduler/approvals.py)
     replays_from: tuple[RunStatus, ...] = ()
 
@@ -204,6 +205,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.WAITING_TOOL, Audit.WAITING_TOOL, "the lease is kept"),
             fenced=True,
             describe="wait for a tool on",
+            replays_from=[S.WAITING_TOOL],
         ),
         _t(
             Action.RESUME_TOOL,
@@ -211,6 +213,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.RUNNING, Audit.TOOL_RETURNED, "always"),
             fenced=True,
             describe="resume from a tool wait",
+            replays_from=[S.RUNNING],
         ),
         _t(
             Action.ACKNOWLEDGE_CANCEL,
@@ -218,6 +221,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.CANCELLED, Audit.CANCELLED, "a cancel was requested"),
             fenced=True,
             describe="acknowledge a cancel",
+            replays_from=[S.CANCELLED],
         ),
         _t(
             Action.REQUEST_APPROVAL,
@@ -255,6 +259,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(None, Audit.CANCEL_REQUESTED, "leased: cancel_requested, delivered in the heartbeat reply"),
             fenced=False,
             describe="cancel",
+            replays_from=[S.CANCELLED],
         ),
         _t(
             Action.REAP,
