@@ -10,7 +10,8 @@ burned (no extra run, no attempt counted twice, no step or compensation executed
 Background writers (schedule ticks, the saga's compensation driver) have no caller: their next
 pass finishes the work exactly once.
 
-PATHS is the table: one function per write path, each run under both faults.
+PATHS is the table: one function per write path, each run under both faults; the paths of
+TIMEOUT_PATHS also under a commit whose answer is held back until the caller times out.
 """
 
 from __future__ import annotations
@@ -240,6 +241,7 @@ async def claim_runs(env: Env, fault: Fault) -> None:
         "UPDATE awooop_run_state SET lease_until = now() - interval '1 second' WHERE run_id = $1", uuid.UUID(run_id)
     )
     await reaper.reap(env.pool, SagaNudger(env.settings))
+    # the reaper's retry backoff is not what this checks
     await env.db.execute("UPDATE awooop_run_state SET not_before = NULL WHERE run_id = $1", uuid.UUID(run_id))
     back = await env.sched.ClaimRuns(req)
     assert [(c.run.run_id, c.lease.attempt) for c in back.runs] == [(run_id, 2)]  # attempt 1 was burned
