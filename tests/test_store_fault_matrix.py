@@ -497,10 +497,22 @@ async def fail_step(env: Env, fault: Fault) -> None:
     assert (step["status"], step["error"]) == ("failed", "quota exceeded")
 
 
-async def compensation(env: Env, fault: Fault) -> None:
-    """The saga's compensation driver (no caller): the transaction that records a step
-    compensated after the gateway call fails or commits unheard; once the request's lease
-    expires the driver takes it again and ends it, and the gateway executed the undo once."""
+async def compensation_mark(env: Env, fault: Fault) -> None:
+    """The saga's compensation driver (no caller): the transaction that marks a step
+    `compensating` before the gateway call (the durable intent) fails or commits unheard; once
+    the request's lease expires the driver takes it again, and the gateway executes the undo once."""
+    await _compensation(env, fault, driver.MARK_SQL, gateway_calls=["executed"])
+
+
+async def compensation_record(env: Env, fault: Fault) -> None:
+    """The same driver: the transaction that records the step compensated after the gateway
+    call fails or commits unheard. Rolled back, the step is still `compensating` and the driver
+    sends the same key again: the gateway replays instead of executing twice."""
+    calls = ["executed", "replayed"] if fault is Fault.BEFORE else ["executed"]
+    await _compensation(env, fault, driver.COMPENSATED_SQL, gateway_calls=calls)
+
+
+async def _compensation(env: Env, fault: Fault, needle: str, gateway_calls: list[str]) -> None:
     await env.db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 3)", P)
     run_id = str(
         await env.db.fetchval(
@@ -518,7 +530,7 @@ async def compensation(env: Env, fault: Fault) -> None:
         P,
         SCALE,
     )
-    rule = env.proxy.arm(driver.COMPENSATED_SQL, fault)
+    rule = env.proxy.arm(needle, fault)
     await env.db.execute(
         "INSERT INTO awooop_compensation_request (run_id, project_id, trigger) VALUES ($1, $2, 'step_failed')",
         uuid.UUID(run_id),
@@ -543,8 +555,7 @@ async def compensation(env: Env, fault: Fault) -> None:
             f"{run_id}:scale:compensate",
         )
     ]
-    # executed once; after a rolled-back record the driver asked again and the gateway replayed
-    assert outcomes == (["executed", "replayed"] if fault is Fault.BEFORE else ["executed"])
+    assert outcomes == gateway_calls
     assert await env.db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE project_id = $1", P) == 1
     assert await env.audits("SAGA_STEP_COMPENSATED", run_id) == 1
 
@@ -576,7 +587,8 @@ PATHS = [
     Path("CompleteStep", complete_step, ("scheduler", "saga")),
     Path("RecordStep", record_step, ("scheduler", "saga")),
     Path("FailStep", fail_step, ("scheduler", "saga")),
-    Path("compensation", compensation, ("gateway", "saga")),
+    Path("compensation mark", compensation_mark, ("gateway", "saga")),
+    Path("compensation record", compensation_record, ("gateway", "saga")),
     Path("RequestApproval", request_approval, ("scheduler",)),
     Path("Approve", approve, ("scheduler",)),
     Path("Reject", reject, ("scheduler",)),
