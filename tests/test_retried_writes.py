@@ -86,3 +86,57 @@ async def test_fail_run_retried_by_the_same_lease_answers_the_same_success(s: Sc
     # a released run (no FailRun) is not mistaken for a failed one
     await s.stub.ReleaseRun(pb.ReleaseRunRequest(lease=second.lease), metadata=s.worker)
     await expect_error(s.stub.FailRun(pb.FailRunRequest(lease=second.lease), metadata=s.worker), FP, errors.LEASE_LOST)
+
+
+async def test_request_approval_repeated_by_the_same_lease_answers_a_new_token_that_decides(s: Sched) -> None:
+    (rid,) = await insert_runs(s.db, "p", 1)
+    c = await s.claim_one()
+    req = pb.RequestApprovalRequest(lease=c.lease, summary="scale api to 3?")
+    lost = await s.stub.RequestApproval(req, metadata=s.worker)  # committed; say its answer never arrived
+    again = await s.stub.RequestApproval(req, metadata=s.worker)
+    assert again.run.status == common_pb2.RUN_STATUS_WAITING_APPROVAL
+    assert again.approval_token != lost.approval_token and again.expires_at == lost.expires_at
+    # only the token of the last answer decides
+    await expect_error(
+        s.stub.DecideApproval(
+            pb.DecideApprovalRequest(run_id=rid, approval_token=lost.approval_token, decision=pb.DECISION_APPROVE),
+            metadata=s.approver,
+        ),
+        FP,
+        errors.APPROVAL_INVALID,
+    )
+    decided = await s.stub.DecideApproval(
+        pb.DecideApprovalRequest(run_id=rid, approval_token=again.approval_token, decision=pb.DECISION_APPROVE),
+        metadata=s.approver,
+    )
+    assert decided.run.status == common_pb2.RUN_STATUS_RESUMED
+    assert await audit_actions(s.db, rid) == ["CLAIMED", "APPROVAL_REQUESTED", "APPROVAL_TOKEN_REISSUED", "APPROVED"]
+    # resumed and claimed again (attempt 2) and waiting again: attempt 1's repeat is refused
+    second = await s.claim_one()
+    await s.stub.RequestApproval(pb.RequestApprovalRequest(lease=second.lease), metadata=s.worker)
+    await expect_error(s.stub.RequestApproval(req, metadata=s.worker), FP, errors.LEASE_LOST)
+    assert (await audit_actions(s.db, rid)).count("APPROVAL_TOKEN_REISSUED") == 1
+
+
+async def test_a_decision_repeated_by_its_approver_answers_the_same_and_nothing_else_does(s: Sched) -> None:
+    approved_id, rejected_id = await insert_runs(s.db, "p", 2)
+    tokens = {}
+    for c in await s.claim(max_runs=2):
+        resp = await s.stub.RequestApproval(pb.RequestApprovalRequest(lease=c.lease), metadata=s.worker)
+        tokens[c.run.run_id] = resp.approval_token
+
+    def decide(run_id: str, decision: Any, md: Any) -> Any:
+        req = pb.DecideApprovalRequest(run_id=run_id, approval_token=tokens[run_id], decision=decision, reason="ok")
+        return s.stub.DecideApproval(req, metadata=md)
+
+    first = await decide(approved_id, pb.DECISION_APPROVE, s.approver)
+    assert (await decide(approved_id, pb.DECISION_APPROVE, s.approver)).run == first.run
+    rejected = await decide(rejected_id, pb.DECISION_REJECT, s.approver)
+    again = await decide(rejected_id, pb.DECISION_REJECT, s.approver)
+    assert again.run == rejected.run and again.compensation_requested == rejected.compensation_requested
+    # the other decision, or another approver with the same token, is still refused
+    await expect_error(decide(approved_id, pb.DECISION_REJECT, s.approver), FP, errors.INVALID_TRANSITION)
+    await expect_error(decide(approved_id, pb.DECISION_APPROVE, s.admin), FP, errors.INVALID_TRANSITION)
+    await expect_error(decide(rejected_id, pb.DECISION_APPROVE, s.approver), FP, errors.INVALID_TRANSITION)
+    assert (await audit_actions(s.db, approved_id)).count("APPROVED") == 1
+    assert (await audit_actions(s.db, rejected_id)).count("APPROVAL_REJECTED") == 1

@@ -35,7 +35,7 @@ from services.common.runstate import (
 )
 from services.common.validate import to_struct
 from tests.harness.helpers import ROOT, expect_error, reason_of
-from tests.harness.scheduler import Sched, insert_runs, lease, make_sched, run_row, snapshot
+from tests.harness.scheduler import Sched, audit_actions, insert_runs, lease, make_sched, run_row, snapshot
 
 TOKEN = "t" * 43  # an approval token as RequestApproval issues them (token_urlsafe(32))
 PAIRS = [(status, action) for status in STATUSES for action in Action]
@@ -136,6 +136,12 @@ async def test_every_status_and_action_pair_does_what_the_table_says(
         outcome = next(o for o in t.outcomes if o.audit == last["action"])
         assert row["status"] == (outcome.to or status), (row["status"], outcome)
         assert (last["from_status"], last["to_status"]) == (status, row["status"])
+        return
+    if action is Action.REQUEST_APPROVAL and status in t.replays_from:
+        # attempt 1 asked already and its answer (the token) was lost: a new token replaces it
+        assert err is None, err.details()
+        assert row["status"] == status and row["approval_token_hash"] != before[0]["approval_token_hash"]
+        assert (await audit_actions(db, run_id))[before[1] :] == ["APPROVAL_TOKEN_REISSUED"]
         return
     assert await snapshot(s, run_id) == before  # refused or replayed: nothing changed, no audit row
     if action is Action.COMPLETE and status in t.replays_from:  # attempt 1 completed it: its repeat succeeds

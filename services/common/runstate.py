@@ -101,6 +101,8 @@ class Audit(StrEnum):
     COMPENSATION_REQUESTED = "COMPENSATION_REQUESTED"
     # not a status change: a background loop's statement failed on this run and skipped it
     LOOP_ERROR = "LOOP_ERROR"
+    # not a status change: a repeated RequestApproval of the same lease replaced a token never seen
+    APPROVAL_TOKEN_REISSUED = "APPROVAL_TOKEN_REISSUED"
 
 
 @dataclass(frozen=True)
@@ -124,8 +126,10 @@ class Transition:
     describe: str
     # A repeat by the same lease after its first call committed (its answer lost) answers that
     # success again and writes nothing, from these statuses: for complete, COMPLETED by this
-    # attempt; for fail, where a FailRun leaves a run, when the audit log holds this attempt's
-    # FailRun (scheduler/replays.py)
+    # attempt; for fail, release, wait_tool, resume_tool and acknowledge_cancel, where they
+    # leave a run, when the audit log holds this attempt's write (scheduler/replays.py); for
+    # cancel (no lease), CANCELLED after this actor's cancel; for a request of approval, still
+    # waiting with this attempt, with a new token in place of the lost one (scheduler/approvals.py)
     replays_from: tuple[RunStatus, ...] = ()
 
     @property
@@ -195,6 +199,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.CANCELLED, Audit.CANCELLED, "a cancel is pending"),
             fenced=True,
             describe="release",
+            replays_from=[S.PENDING, S.CANCELLED],
         ),
         _t(
             Action.WAIT_TOOL,
@@ -202,6 +207,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.WAITING_TOOL, Audit.WAITING_TOOL, "the lease is kept"),
             fenced=True,
             describe="wait for a tool on",
+            replays_from=[S.WAITING_TOOL],
         ),
         _t(
             Action.RESUME_TOOL,
@@ -209,6 +215,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.RUNNING, Audit.TOOL_RETURNED, "always"),
             fenced=True,
             describe="resume from a tool wait",
+            replays_from=[S.RUNNING],
         ),
         _t(
             Action.ACKNOWLEDGE_CANCEL,
@@ -216,6 +223,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.CANCELLED, Audit.CANCELLED, "a cancel was requested"),
             fenced=True,
             describe="acknowledge a cancel",
+            replays_from=[S.CANCELLED],
         ),
         _t(
             Action.REQUEST_APPROVAL,
@@ -223,6 +231,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.WAITING_APPROVAL, Audit.APPROVAL_REQUESTED, "no cancel pending; the lease is released"),
             fenced=True,
             describe="request approval of",
+            replays_from=[S.WAITING_APPROVAL],
         ),
         _t(
             Action.APPROVE,
@@ -252,6 +261,7 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(None, Audit.CANCEL_REQUESTED, "leased: cancel_requested, delivered in the heartbeat reply"),
             fenced=False,
             describe="cancel",
+            replays_from=[S.CANCELLED],
         ),
         _t(
             Action.REAP,

@@ -1,6 +1,7 @@
 """Approvals (seed 000 D4): RUNNING -> WAITING_APPROVAL releases
 the lease and issues a token (random, returned once, stored as sha256 only, single use,
-15 min by default). Approve: RESUMED (claimable again, new fencing token). Reject: FAILED
+15 min by default; the same lease asking again, its first answer lost, gets a new token in place
+of the old). Approve: RESUMED (claimable again, new fencing token). Reject: FAILED
 with E-APPROVAL-REJECTED. Expiry: FAILED with E-APPROVAL-002, by the sweep or by the
 DecideApproval call that finds it expired, whichever comes first. Rejection and expiry
 record a compensation request when the journal has something to undo, and end the journal's
@@ -20,11 +21,11 @@ from services.common.access import check_run_access, projects_with
 from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
 from services.common.runs import RUN_READY_CHANNEL
-from services.common.runstate import DROP_LEASE, TRANSITIONS, Action, Audit, RunStatus
-from services.scheduler import metrics
+from services.common.runstate import DROP_LEASE, TRANSITIONS, Action, Audit, RunStatus, sql_list
+from services.scheduler import metrics, replays
 from services.scheduler.fragments import RUN_COLUMNS_R, comp_audit_rows, compensation_cte, notify_cte
 from services.scheduler.saga_client import SagaNudger
-from services.scheduler.transitions import Changed, fenced_op, fenced_write, settled
+from services.scheduler.transitions import WORKER_ROLE, Changed, fenced_op, fenced_write, settled
 
 APPROVER_ROLE = "approver"
 EXPIRED_CODE = "E-APPROVAL-002"  # seed 000 D4
@@ -68,6 +69,31 @@ REQUEST = fenced_op(
 )
 
 
+# A RequestApproval repeated by the same lease after its first call committed: the answer, the
+# only copy of the token, was lost (a dropped connection, a timeout), and the run waits for an
+# approval nobody can give. WAITING_APPROVAL with this attempt can only be this lease's request
+# (a decision ends the wait, and the next claim is another attempt), so a new token replaces the
+# one never seen; expiry and summary stay. $1 run_id, $2 attempt, $3 sha256(new token),
+# $4 projects where the caller is a worker (NULL: all), $5 actor.
+REQUEST_REPEATS = REQUEST.transition.replays_from
+REISSUE_SQL = f"""
+WITH upd AS (
+    UPDATE awooop_run_state r
+       SET approval_token_hash = $3, updated_at = now()
+     WHERE r.run_id = $1 AND r.attempt_count = $2 AND r.status IN ({sql_list(REQUEST_REPEATS)})
+       AND ($4::text[] IS NULL OR r.project_id = ANY($4::text[]))
+ RETURNING {RUN_COLUMNS_R}
+),
+aud AS (
+    {AUDIT_INSERT}
+    SELECT project_id, run_id, $5, '{Audit.APPROVAL_TOKEN_REISSUED}', status, status,
+           'RequestApproval repeated by the same lease', jsonb_build_object('attempt', attempt_count)
+      FROM upd
+)
+SELECT upd.*, NULL::text AS comp_trigger FROM upd
+"""
+
+
 async def request(
     pool: asyncpg.Pool,
     principal: Principal,
@@ -80,9 +106,19 @@ async def request(
 ) -> tuple[Changed, str]:
     """Returns the change and the token (the only time it exists outside a hash)."""
     token, digest = new_token()
-    changed = await fenced_write(
-        pool, REQUEST, principal, run_id, attempt, saga=saga, token_hash=digest, ttl=ttl, summary=summary
-    )
+    try:
+        changed = await fenced_write(
+            pool, REQUEST, principal, run_id, attempt, saga=saga, token_hash=digest, ttl=ttl, summary=summary
+        )
+    except errors.ServiceError as refused:
+        if refused.reason != errors.INVALID_TRANSITION or refused.metadata.get("status") not in REQUEST_REPEATS:
+            raise
+        row = await pool.fetchrow(
+            REISSUE_SQL, run_id, attempt, digest, projects_with(principal, WORKER_ROLE), principal.actor
+        )
+        if row is None:  # another attempt's approval: the refusal stands
+            raise
+        changed = Changed(row, None)
     return changed, token
 
 
@@ -110,14 +146,19 @@ approval_step AS (
 
 
 # One statement decides or, when the token expired, fails the run with E-APPROVAL-002 (so the
-# caller's answer and the stored state agree even before the sweep runs). Setting the hash
-# to NULL makes the token single use. $1 run_id, $2 projects where the caller is approver,
-# $3 actor, $4 sha256(token), $5 approve, $6 reason, $7 principal id.
+# caller's answer and the stored state agree even before the sweep runs). The token is single
+# use: only a WAITING_APPROVAL run is decided, and the next request replaces its hash. The hash
+# of a decided token stays, so the same approver's repeat of the decision (its first answer lost)
+# is recognised: `cur` says whether the token and the approver are the ones that decided.
+# $1 run_id, $2 projects where the caller is approver, $3 actor, $4 sha256(token), $5 approve,
+# $6 reason, $7 principal id.
 DECIDE_SQL = f"""
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status,
            error_code AS cur_error_code,
-           COALESCE(approval_expires_at <= now(), false) AS expired
+           COALESCE(approval_expires_at <= now(), false) AS expired,
+           approval_token_hash IS NOT DISTINCT FROM $4 AND approval_decided_by IS NOT DISTINCT FROM $7
+               AS decided_by_caller
       FROM awooop_run_state
      WHERE run_id = $1
        FOR UPDATE
@@ -129,7 +170,7 @@ upd AS (
                              WHEN NOT $5 THEN '{REJECTED_CODE}' ELSE r.error_code END,
            failure_reason = CASE WHEN cur.expired THEN '{EXPIRED_REASON}'
                                  WHEN NOT $5 THEN $6 ELSE r.failure_reason END,
-           approval_token_hash = NULL,
+           approval_token_hash = CASE WHEN cur.expired THEN NULL ELSE r.approval_token_hash END,
            approval_decided_by = CASE WHEN cur.expired THEN NULL ELSE $7 END,
            approval_decided_at = CASE WHEN cur.expired THEN NULL ELSE now() END,
            updated_at = now()
@@ -187,6 +228,11 @@ async def decide(
             raise errors.approval_expired(run_id)
         return changed
     check_run_access(principal, row["cur_project"], APPROVER_ROLE, run_id)
+    if row["decided_by_caller"] and _left_by(row, approve):
+        # this approver's same decision with this token committed (its answer lost): the same
+        # success again, nothing written or nudged again
+        current = (await replays.current_rows(pool, [run_id]))[run_id]
+        return Changed(current, current["comp_trigger"])
     if row["cur_status"] != "WAITING_APPROVAL":
         if row["cur_status"] == "FAILED" and row["cur_error_code"] == EXPIRED_CODE:
             raise errors.approval_expired(run_id)
@@ -194,6 +240,14 @@ async def decide(
     # waiting, not expired, and the caller may decide: the token is wrong or already used.
     # (The comparison happened in SQL on sha256 digests; the stored hash is never read back.)
     raise errors.approval_invalid(run_id)
+
+
+def _left_by(cur: asyncpg.Record, approve: bool) -> bool:
+    """The run is still where the decision left it (RESUMED, or FAILED as rejected); once it
+    moved on (claimed, cancelled), a repeat is refused as any late decision is."""
+    if approve:
+        return bool(cur["cur_status"] == TRANSITIONS[Action.APPROVE].to_states[0])
+    return bool(cur["cur_status"] == TRANSITIONS[Action.REJECT].to_states[0] and cur["cur_error_code"] == REJECTED_CODE)
 
 
 # --- the expiry sweep ------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Retried worker writes: a CompleteRun / CompleteRuns item / ClaimRuns.complete item or FailRun
-whose first attempt committed (and whose answer was lost: a scheduler crash, a dropped
+"""Retried worker writes: a CompleteRun / CompleteRuns item / ClaimRuns.complete item, FailRun
+or ReleaseRun whose first attempt committed (and whose answer was lost: a scheduler crash, a dropped
 connection, a client timeout) answers the same success when the same lease sends it again.
 
 The fencing token says who may have written: only the holder of attempt N can complete or
@@ -9,6 +9,16 @@ fail the run during attempt N, and attempt_count changes with every new claim. S
   cancelled into COMPLETED);
 - PENDING / FAILED / CANCELLED with attempt_count = N and a FailRun audit row of attempt N
   (only FailRun writes `retryable` into its details): the holder of N failed it.
+- PENDING / CANCELLED with attempt_count = N and a ReleaseRun audit row of attempt N (only
+  ReleaseRun writes `released`; a claim's hand-back of undelivered runs does not): the holder
+  of N released it. A later claim makes the attempt N + 1, and the repeat is LEASE_LOST.
+- WaitTool, ResumeTool, AcknowledgeCancel: the run is where the write leaves it (WAITING_TOOL,
+  RUNNING, CANCELLED) with attempt_count = N, and the audit log holds that write's action
+  (WAITING_TOOL, TOOL_RETURNED, CANCELLED) of attempt N from a leased status: only the holder of N
+  writes those (a CANCELLED of attempt N from a leased status is this lease ending the run
+  cancelled, which is what acknowledging asks).
+- CancelRun (an operator's, not a lease's): CANCELLED, and the audit log holds this actor's
+  cancel or cancel request of the run.
 
 These checks run only on the refusal path (the write changed nothing), so the ordinary path
 costs nothing more. The answer is the run as it is now; nothing is written again, counted again
@@ -20,7 +30,7 @@ import asyncpg
 
 from services.common.db import Row
 from services.common.runs import RUN_COLUMNS
-from services.common.runstate import TRANSITIONS, Action, RunStatus
+from services.common.runstate import LEASED, TRANSITIONS, Action, RunStatus, sql_list
 from services.scheduler.fragments import lease_was_reaped
 
 RUNS_SQL = f"""SELECT {RUN_COLUMNS},
@@ -34,8 +44,16 @@ FAILED_BY_SQL = """SELECT EXISTS (
        AND from_status IN ('RUNNING', 'WAITING_TOOL'))"""
 
 
+RELEASED_BY_SQL = f"""SELECT EXISTS (
+    SELECT 1 FROM awooop_audit_log
+     WHERE run_id = $1 AND details ? 'released' AND (details->>'attempt')::int = $2
+       AND from_status IN ({sql_list(LEASED)}))"""
+
+
 _COMPLETED_INTO = TRANSITIONS[Action.COMPLETE].replays_from
 _FAILED_INTO = TRANSITIONS[Action.FAIL].replays_from
+_RELEASED_INTO = TRANSITIONS[Action.RELEASE].replays_from
+CANCEL_AUDITS = [o.audit for o in TRANSITIONS[Action.CANCEL].outcomes]
 
 
 def completed_by(cur: Row, attempt: int) -> bool:
@@ -49,6 +67,40 @@ async def failed_by(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int) -> 
     if cur["cur_status"] != RunStatus.PENDING and lease_was_reaped(cur):  # a reaped lease's FailRun never committed
         return False
     return bool(await pool.fetchval(FAILED_BY_SQL, run_id, attempt))
+
+
+async def released_by(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int) -> bool:
+    if cur["cur_attempt"] != attempt or cur["cur_status"] not in _RELEASED_INTO:
+        return False
+    return bool(await pool.fetchval(RELEASED_BY_SQL, run_id, attempt))
+
+
+WROTE_SQL = f"""SELECT EXISTS (
+    SELECT 1 FROM awooop_audit_log
+     WHERE run_id = $1 AND action = ANY($3::text[]) AND (details->>'attempt')::int = $2
+       AND from_status IN ({sql_list(LEASED)}))"""
+
+
+async def wrote(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int, action: Action) -> bool:
+    """The holder of `attempt` made the transition `action`, and the run is still where it left it."""
+    t = TRANSITIONS[action]
+    if cur["cur_attempt"] != attempt or cur["cur_status"] not in t.replays_from:
+        return False
+    audits = [t.audit_for(status) for status in t.replays_from]
+    return bool(await pool.fetchval(WROTE_SQL, run_id, attempt, audits))
+
+
+# CancelRun is no lease's write: its repeat is recognised by its actor. The run is CANCELLED and
+# this actor's CancelRun cancelled it, or asked its worker to (which then did).
+CANCELLED_BY_SQL = f"""SELECT EXISTS (
+    SELECT 1 FROM awooop_audit_log
+     WHERE run_id = $1 AND actor = $2 AND action IN ({sql_list(CANCEL_AUDITS)}))"""
+
+
+async def cancelled_by(pool: asyncpg.Pool, cur: Row, run_id: str, actor: str) -> bool:
+    if cur["cur_status"] not in TRANSITIONS[Action.CANCEL].replays_from:
+        return False
+    return bool(await pool.fetchval(CANCELLED_BY_SQL, run_id, actor))
 
 
 async def current_rows(pool: asyncpg.Pool, run_ids: list[str]) -> dict[str, asyncpg.Record]:

@@ -197,6 +197,8 @@ RELEASE = fenced_op(
            failure_reason = CASE WHEN r.cancel_requested THEN COALESCE(r.failure_reason, 'cancelled')
                                  ELSE r.failure_reason END""",
     reason_sql="NULLIF(:reason, '')",
+    # the mark a repeat of this ReleaseRun finds (replays.released_by)
+    details_sql="jsonb_build_object('released', true)",
     trigger_sql="'cancelled'",
     notify_when="status = 'PENDING'",
 )
@@ -222,6 +224,10 @@ ACKNOWLEDGE_CANCEL = fenced_op(
     trigger_sql="'cancelled'",
     describe=lambda cur: "acknowledge a cancel" if cur["cur_cancel"] else "acknowledge an unrequested cancel of",
 )
+
+# repeats recognised by the run's state and this attempt's audit row (replays.wrote); a
+# RequestApproval repeat needs a new token instead (approvals.py)
+REPLAYED_FROM_AUDIT = (WAIT_TOOL, RESUME_TOOL, ACKNOWLEDGE_CANCEL)
 
 
 @dataclass(frozen=True)
@@ -272,11 +278,15 @@ async def fenced_write(
 
 
 async def _replayed(pool: asyncpg.Pool, op: FencedOp, cur: asyncpg.Record, run_id: str, attempt: int) -> Changed | None:
-    """The same success again when this lease's earlier CompleteRun / FailRun committed."""
+    """The same success again when this lease's earlier write of op committed (replays.py)."""
     if op is COMPLETE:
         done = replays.completed_by(cur, attempt)
     elif op is FAIL:
         done = await replays.failed_by(pool, cur, run_id, attempt)
+    elif op is RELEASE:
+        done = await replays.released_by(pool, cur, run_id, attempt)
+    elif op in REPLAYED_FROM_AUDIT:
+        done = await replays.wrote(pool, cur, run_id, attempt, op.transition.action)
     else:
         return None
     if not done:
@@ -344,5 +354,8 @@ async def cancel(pool: asyncpg.Pool, principal: Principal, run_id: str, reason: 
         raise errors.not_found("run", run_id)
     if row["run_id"] is None:
         check_run_access(principal, row["cur_project"], CANCEL_ROLES, run_id)
+        if await replays.cancelled_by(pool, row, run_id, principal.actor):  # a repeat: the same success
+            current = (await replays.current_rows(pool, [run_id]))[run_id]
+            return Changed(current, current["comp_trigger"])
         raise errors.invalid_transition(run_id, row["cur_status"], TRANSITIONS[Action.CANCEL].describe)
     return settled(row, saga)
