@@ -199,11 +199,18 @@ class CompensationDriver:
                 loops.pass_failed(ALERTS_LOOP, exc)
             if claimed >= BATCH:
                 continue  # more may be waiting
-            try:
-                await asyncio.wait_for(self._kick.wait(), timeout=self.settings.compensation_interval)
-            except TimeoutError:
-                pass
+            await self._idle()
             self._kick.clear()
+
+    async def _idle(self) -> None:
+        """Until the interval ends, a kick, or shutdown: waiting on the kick alone held SIGTERM
+        up to a whole AWOOOP_COMPENSATION_INTERVAL (then the runtime's grace) before the loop ended."""
+        waits = [asyncio.ensure_future(self._kick.wait()), asyncio.ensure_future(self.ctx.stopping.wait())]
+        try:
+            await asyncio.wait(waits, timeout=self.settings.compensation_interval, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
     async def close(self) -> None:
         if self._channel is not None:
