@@ -390,6 +390,17 @@ class CompensationDriver:
                     ALERT_SQL, claim.project_id, claim.run_id, marked["step_id"], cmd.get("tool_id"), outcome.error
                 )
                 COMPENSATIONS.labels("failed").inc()
+                # an error: a completed side effect stays in place until someone retries or resolves it
+                log.error(
+                    "compensation failed",
+                    extra={
+                        "project_id": claim.project_id,
+                        "run_id": str(claim.run_id),
+                        "step_id": marked["step_id"],
+                        "tool_id": cmd.get("tool_id"),
+                        "error": outcome.error,
+                    },
+                )
                 alert = True
         if alert:
             self.notifier.deliver_soon()
