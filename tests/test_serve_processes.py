@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 from services.common.settings import SERVICE_METRICS_PORTS, Settings
@@ -41,7 +42,7 @@ async def test_three_single_service_processes_share_a_host_and_stop_within_5_s(
         "AWOOOP_HOST": host,
         "AWOOOP_DATABASE_URL": db_dsn,
         "AWOOOP_REDIS_URL": redis_url,
-        "AWOOOP_REDIS_PREFIX": f"awooop:{tmp_path.name}:",
+        "AWOOOP_REDIS_PREFIX": f"awooop:{uuid.uuid4().hex}:",
         # a long interval: the saga must not wait it out on SIGTERM
         "AWOOOP_COMPENSATION_INTERVAL": "60",
     }

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +38,23 @@ async def test_readme_worker_runs_the_demo_story_to_completed_and_to_compensated
         tmp_path,
         AWOOOP_DATABASE_URL=db_dsn,
         AWOOOP_REDIS_URL=redis_url,
-        AWOOOP_REDIS_PREFIX=f"awooop:{tmp_path.name}:",
+        # Redis outlives the test's database: the previous run's dedupe answers must not reach this one
+        AWOOOP_REDIS_PREFIX=f"awooop:{uuid.uuid4().hex}:",
     )
     worker: asyncio.subprocess.Process | None = None
     try:
         assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE project_id = 'demo'") == 1
-        worker = await asyncio.create_subprocess_exec(
-            "bash",
-            "-c",
-            up.shell(WORKER),
-            env=fresh_terminal_env(),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            start_new_session=True,  # the terminal's Ctrl-C / SIGTERM reaches the whole job
-        )
+        with open(tmp_path / "worker.err", "wb") as err:
+            worker = await asyncio.create_subprocess_exec(
+                "bash",
+                "-c",
+                up.shell(WORKER),
+                env=fresh_terminal_env(),
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,  # the terminal's Ctrl-C / SIGTERM reaches the whole job
+            )
         assert worker.stdout is not None
         _, send_event, _ = up.try_commands()
 
@@ -60,7 +64,10 @@ async def test_readme_worker_runs_the_demo_story_to_completed_and_to_compensated
             assert out.returncode == 0, out.stderr
             run_id = json.loads(out.stdout)["outcomes"][0]["run_id"]
             assert worker is not None and worker.stdout is not None
-            line = (await asyncio.wait_for(worker.stdout.readline(), 60)).decode().strip()
+            try:
+                line = (await asyncio.wait_for(worker.stdout.readline(), 60)).decode().strip()
+            except TimeoutError:
+                raise AssertionError((tmp_path / "worker.err").read_text(errors="replace")) from None
             assert line.startswith(f"awooop runs approve {run_id} --token "), line
             assert (await status_of(db, run_id))[0] == "WAITING_APPROVAL"
             return run_id, line
