@@ -10,17 +10,27 @@ from collections import Counter
 from pathlib import Path
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^:()]*)(?::(?P<line>\d+))?\)$")
+# this checkout's root, found at run time: frames of our own code print relative to it
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _short(frame: str) -> str:
     m = _FRAME.match(frame.strip())
     if not m:
         return frame.strip()
-    path = m.group("file")
-    for marker in ("site-packages/", "/work/main/", "lib/python3"):
-        if marker in path:
-            path = path.split(marker, 1)[1]
-    return f"{m.group('func')} ({path})"
+    return f"{m.group('func')} ({_relative(m.group('file'))})"
+
+
+def _relative(path: str) -> str:
+    """A frame's file relative to site-packages (a venv may sit inside the checkout), else to the
+    repository root, else to the stdlib."""
+    if "site-packages/" in path:
+        return path.split("site-packages/", 1)[1]
+    if path.startswith(f"{ROOT}/"):
+        return path.removeprefix(f"{ROOT}/")
+    if "lib/python3" in path:
+        return path.split("lib/python3", 1)[1]
+    return path
 
 
 def summarize(path: Path, top: int = 25, match: str = "") -> str:

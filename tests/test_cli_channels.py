@@ -19,8 +19,8 @@ from services.common import principals
 PROJECT = "cli-hooks"
 
 
-async def cli(port: int, key: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
+async def cli(port: int, key: str, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | extra_env
     env["AWOOOP_API_KEY"] = key
     cmd = [sys.executable, "-m", "awooop.cli", "channels", *args, "--ingest", f"127.0.0.1:{port}"]
     return await asyncio.to_thread(subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=60)
@@ -73,3 +73,27 @@ async def test_channels_cli_add_list_rotate_remove(start_services, db) -> None:
     assert denied.returncode == 1 and denied.stderr.startswith("error: PERMISSION_DENIED FORBIDDEN")
     bad = await cli(port, admin, "add", "smtp", "x", "--project", PROJECT)
     assert bad.returncode == 2
+
+
+async def test_channels_cli_prints_the_configured_http_port(start_services, db) -> None:
+    """Without --url the printed webhook URL is the ingest service's configured HTTP port
+    (AWOOOP_HTTP_PORT), not 8080, and a provider posting to it as printed gets a run."""
+    rt = await start_services("ingest")
+    port, http_port = rt.ports["ingest"], rt.http_ports["ingest"]
+    await principals.create_principal(db, "ops")
+    await principals.grant_role(db, "ops", PROJECT, "admin")
+    admin = (await principals.issue_key(db, "ops")).key
+    env = {"AWOOOP_HTTP_PORT": str(http_port)}
+
+    added = await cli(port, admin, "add", "alertmanager", "porty", "--project", PROJECT, "--json", **env)
+    assert added.returncode == 0, added.stderr
+    doc: dict[str, Any] = json.loads(added.stdout)
+    assert doc["url"] == f"http://127.0.0.1:{http_port}/v1/webhooks/{PROJECT}/alertmanager/porty"
+    async with aiohttp.ClientSession() as http:
+        alert = {"groupKey": "g", "alerts": [{"fingerprint": "f", "status": "firing"}]}
+        async with http.post(doc["url"], json=alert, headers={"Authorization": f"Bearer {doc['secret']}"}) as r:
+            assert r.status == 200
+
+    rotated = await cli(port, admin, "rotate", "alertmanager", "porty", "--project", PROJECT, **env)
+    assert rotated.returncode == 0, rotated.stderr
+    assert f"url:    http://127.0.0.1:{http_port}/v1/webhooks/{PROJECT}/alertmanager/porty" in rotated.stdout

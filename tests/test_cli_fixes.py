@@ -2,7 +2,8 @@
 the port and the setting before anything starts; the CLI dials AWOOOP_*_PORT; UNAVAILABLE says
 which flag or variable sets the address; `--limit` below 1 is refused; connection flags go before
 or after the action; `runs show` works with any role; errors say their code once; `--tls` against
-a plaintext server says so."""
+a plaintext server says so; a host name that does not resolve, another service's port and a
+pipe closed early (`awooop config | head`) are one plain line or nothing."""
 
 from __future__ import annotations
 
@@ -174,3 +175,39 @@ async def test_errors_say_their_code_once(served: Any) -> None:
     assert out.stderr.strip() == f"error: NOT_FOUND: run {missing} not found"
     out = await awooop("runs", "show", missing, "--scheduler", f"127.0.0.1:{rt.ports['scheduler']}", "--key", "awk_x_y")
     assert out.returncode == 1 and out.stderr.startswith("error: UNAUTHENTICATED: "), out.stderr
+
+
+async def test_a_host_name_that_does_not_resolve_is_said_plainly(served: Any) -> None:
+    _, admin, _ = served
+    out = await awooop("runs", "list", "--project", PROJECT, "--scheduler", "nosuchhost.invalid:50052", "--key", admin)
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "error: UNAVAILABLE: cannot reach the scheduler at nosuchhost.invalid:50052 (the host name does not resolve); "
+        "that address is from --scheduler: set it with --scheduler or AWOOOP_SCHEDULER_ADDR"
+    ), out.stderr
+
+
+async def test_another_services_port_names_the_address_and_how_to_change_it(served: Any) -> None:
+    rt, admin, _ = served
+    saga = f"127.0.0.1:{rt.ports['saga']}"  # a real awooop server, just not the scheduler
+    out = await awooop("runs", "list", "--project", PROJECT, "--scheduler", saga, "--key", admin)
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        f"error: UNIMPLEMENTED: the server at {saga} does not serve the scheduler service (ListRuns): "
+        "is it another service's port? That address is from --scheduler: set it with --scheduler or "
+        "AWOOOP_SCHEDULER_ADDR"
+    ), out.stderr
+
+
+@pytest.mark.parametrize("reader", ["head -5", "true"])  # `true` leaves before anything is written
+async def test_config_into_a_pipe_closed_early_is_quiet(reader: str) -> None:
+    out = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-c", f"set -o pipefail; '{sys.executable}' -m awooop.cli config | {reader}"],
+        env={k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stderr == "", out.stderr
+    assert out.returncode == 0 and len(out.stdout.splitlines()) == (5 if reader.startswith("head") else 0)

@@ -193,6 +193,10 @@ async def test_approve_and_reject_through_the_cli(env: Env, db: Any) -> None:
 
     await eventually(compensated, what="compensation")
     assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE project_id=$1", PROJECT) == 1
+    # a decided run's token no longer expires: `runs show` says who decided, not when the link would have ended
+    out = await env.cli("show", reject_id)
+    assert out.returncode == 0, out.stderr
+    assert "decided by" in out.stdout and "approval expires" not in out.stdout, out.stdout
 
     # a used token is single use
     again = await env.cli("reject", approve_id, "--token", tokens[approve_id])
@@ -246,11 +250,17 @@ async def test_compensation_retry_and_resolve(env: Env, db: Any) -> None:
     out = await env.cli("show", retry_id)
     assert "compensation_failed" in out.stdout and "api down" in out.stdout
 
+    # a retry while the fault is still there: the command waits for the outcome and says it failed
+    out = await env.cli("compensation", "retry", retry_id, "--step", "scale")
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert out.stderr.startswith(f"run {retry_id}: retried step scale; it failed again: saga compensation_failed")
+    assert "api down" in out.stderr
+
     # the fault is fixed: retry runs the compensation again
     await db.execute("DELETE FROM awooop_refgw_fault")
     out = await env.cli("compensation", "retry", retry_id, "--step", "scale")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith(f"run {retry_id}: retrying step scale")
+    assert out.stdout.strip() == f"run {retry_id}: retried step scale; saga compensated"
 
     async def compensated() -> bool:
         return await db.fetchval("SELECT saga_status FROM awooop_run_state WHERE run_id=$1", retry_id) == "compensated"

@@ -87,6 +87,7 @@ async def test_sign_in_exchanges_the_key_for_a_strict_httponly_session_cookie(
     assert row["session_hash"] != token.encode() and env.admin_key.encode() not in row["key_ciphertext"]
     assert row["key_label"].startswith("awk_") and env.admin_key.split("_")[2] not in row["key_label"]
 
+    await env.create()  # a project the console knows (an admin of '*' sees the projects that have runs)
     status, html, _ = await browser.get("/projects/ops/runs")
     assert status == 200 and "Runs of ops" in html
     assert env.admin_key not in html and token not in html  # no secret in a page
@@ -328,6 +329,7 @@ async def test_awooop_serve_console_is_a_real_process(env: ConsoleEnv, settings:
 
         await eventually(up, timeout=30, what="awooop serve console")
         other = Browser(f"http://127.0.0.1:{port}")
+        await env.create()  # a project the console knows
         try:
             status, _, _ = await other.signin(env.admin_key)
             assert status == 303
@@ -515,3 +517,57 @@ async def test_next_after_sign_in_is_only_a_same_origin_path(env: ConsoleEnv, br
         finally:
             await fresh.close()
         assert status == 303 and r.headers["Location"] == expected, target
+
+
+async def test_a_newcomers_wrong_turns_get_a_styled_page_that_says_what_happened(
+    env: ConsoleEnv, browser: Browser
+) -> None:
+    """A failed run says what is left of it (not why it is "waiting"); a mistyped run id, an
+    unknown run and an unknown project answer 404 as console pages in plain words."""
+    await browser.signin(env.admin_key)
+    failed_id = await env.failed_compensation()
+    status, html, _ = await browser.get(f"/runs/{failed_id}")
+    assert status == 200
+    assert "Why it is waiting" not in html
+    assert "<b>Compensation:</b> a compensation failed: retry it or resolve it by hand" in html
+    await env.db.execute("DELETE FROM awooop_refgw_fault")
+
+    for path in ("/runs/not-a-uuid", "/approvals/not-a-uuid/token"):
+        status, html, r = await browser.get(path)
+        assert status == 404 and r.content_type == "text/html", (path, html)
+        assert '<link rel="stylesheet"' in html and "No such" in html and "is a UUID" in html, html
+
+    missing = "00000000-0000-0000-0000-000000000000"
+    status, html, _ = await browser.get(f"/runs/{missing}")
+    assert status == 404 and "NOT_FOUND NOT_FOUND" not in html
+    assert "<h1>Not found</h1>" in html and f"run {missing} not found" in html, html
+
+    status, html, _ = await browser.get("/projects/no-such-project/runs")
+    assert status == 404, html
+    assert "No project named &#39;no-such-project&#39; has runs, and none of your roles names it" in html, html
+    assert "Projects you can see: ops." in html, html
+    # a known project with nothing matching a filter is still an empty, successful page
+    status, html, _ = await browser.get("/projects/ops/runs?status=CANCELLED")
+    assert status == 200 and "No runs match these filters." in html
+
+
+async def test_an_approval_link_with_a_made_up_token_shows_no_form(env: ConsoleEnv, browser: Browser) -> None:
+    """The link's token is checked (DecideApproval validate_only: nothing decided) before the
+    Approve/Reject form is shown; the real link still shows it and still decides."""
+    run_id, token = await env.waiting_for_approval()
+    await browser.signin(env.approver_key)
+    for made_up in ("x" * 43, "not a token at all"):
+        status, html, _ = await browser.get(f"/approvals/{run_id}/{made_up}")
+        main = html.split("<main>")[1].split("Journal so far")[0]
+        assert status == 410 and "token is not the run" in html and "<form" not in main, html
+    assert await env.db.fetchval("SELECT status FROM awooop_run_state WHERE run_id = $1", run_id) == "WAITING_APPROVAL"
+    status, html, _ = await browser.get(f"/approvals/{run_id}/{token}")
+    assert status == 200 and 'value="approve"' in html
+    csrf = await browser.csrf(f"/approvals/{run_id}/{token}")
+    status, _, _ = await browser.post(
+        f"/approvals/{run_id}/{token}", {"csrf": csrf, "decision": "approve"}, allow_redirects=False
+    )
+    assert (
+        status == 303
+        and await env.db.fetchval("SELECT status FROM awooop_run_state WHERE run_id = $1", run_id) == "RESUMED"
+    )

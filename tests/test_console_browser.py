@@ -160,3 +160,33 @@ async def test_a_script_in_a_payload_renders_as_text(env: ConsoleEnv, page: Any)
     assert await page.locator("img").count() == 0
     assert await page.evaluate("typeof window.__xss") == "undefined"
     assert not page.dialogs
+
+
+async def test_the_runs_tables_reason_column_is_readable_at_1400_px(env: ConsoleEnv, page: Any) -> None:
+    """The reason column, the table's last, is on screen and wide enough to read in a 1400 px
+    window (it was pushed past the edge by the run ids, dates and worker ids)."""
+    from playwright.async_api import expect
+
+    failed_id = await env.failed_compensation()  # its reason: "downstream refused"
+    await env.db.execute("DELETE FROM awooop_refgw_fault")
+    await env.db.execute(
+        "UPDATE awooop_run_state SET worker_id = $2 WHERE run_id = $1",
+        failed_id,
+        "console-test-worker-" + "x" * 40,  # a long pod name, as Kubernetes makes them
+    )
+    await page.set_viewport_size({"width": 1400, "height": 900})
+    try:
+        await page.goto(f"{env.url}/projects/ops/runs")
+        if await page.locator("form.signin").count():
+            await sign_in(page, env.admin_key)
+        await page.goto(f"{env.url}/projects/ops/runs")
+        cell = page.locator(f"table.runs tr:has(a[href='/runs/{failed_id}']) td:last-child")
+        await expect(cell).to_contain_text("downstream refused")
+        box = await cell.bounding_box()
+        assert box is not None
+        assert box["x"] + box["width"] <= 1400, box  # on screen, not past the window's edge
+        assert box["width"] >= 150, box  # a column, not a sliver
+        page_width = await page.evaluate("document.documentElement.scrollWidth")
+        assert page_width <= 1400, page_width  # the page itself does not scroll sideways
+    finally:
+        await page.set_viewport_size({"width": 1440, "height": 900})

@@ -139,7 +139,7 @@ def line_signature(secret: str, body: bytes) -> str:
 
 def failures(channel: str, endpoint: str) -> float:
     value = REGISTRY.get_sample_value(
-        "awooop_webhook_signature_failures_total", {"project_id": PROJECT, "channel": channel, "endpoint": endpoint}
+        "awooop_webhook_signature_failures_total", {"project": PROJECT, "channel": channel, "endpoint": endpoint}
     )
     return value or 0.0
 

@@ -411,3 +411,31 @@ def test_the_rules_and_the_dashboard_name_only_metrics_the_services_export() -> 
     used = set(re.findall(r"\b(?:awooop|grpc_server)_[a-z_]+", ALERTS.read_text() + "\n".join(dashboard_exprs())))
     assert used - exported <= NOT_YET_EXPORTED, used - exported - NOT_YET_EXPORTED
     assert len(used) > 15
+
+
+def test_one_project_label_dashboard_text_with_words_in_flight_as_a_count_and_real_audit_actions() -> None:
+    """What a platform team meets on the dashboard and in the rules: per-project metrics are all
+    labelled `project` (the webhook metric was `project_id`), every text panel says something, RPCs
+    in flight is a count (not a difference of rates), and an alert names the audit action the
+    timeline shows."""
+    from services.ingest import metrics as ingest_metrics
+
+    ingest_metrics.SIGNATURE_FAILURES.labels(project="p", channel="telegram", endpoint="e")  # not project_id
+    ingest_metrics.SIGNATURE_FAILURES.remove("p", "telegram", "e")
+    rules, exprs = ALERTS.read_text(), dashboard_exprs()
+    assert not re.findall(r"\bproject_id\b", rules + "\n".join(exprs))
+
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    for p in panels:
+        if p["type"] == "text":
+            assert p["title"] and p["options"]["content"].strip(), p
+    in_flight = [t["expr"] for p in panels if p["title"] == "RPCs in flight" for t in p["targets"]]
+    assert in_flight and not any(re.search(r"\brate\(.*\)\s*-\s*.*\brate\(", e) for e in in_flight), in_flight
+    for e in exprs:
+        assert not re.search(r"\brate\([^()]*\)\)\s*-\s*sum\b.*\brate\(", e), e
+
+    source = "\n".join(p.read_text() for p in (ROOT / "services").rglob("*.py"))
+    actions = re.findall(r"audit log \(([A-Z_]+)\)", rules)
+    assert actions
+    for action in actions:
+        assert re.search(rf"""action="{action}"|= "{action}"$""", source, re.MULTILINE), action

@@ -51,18 +51,26 @@ async def _next_event(stdout: asyncio.StreamReader, timeout: float = 30) -> dict
     return json.loads(line)  # type: ignore[no-any-return]
 
 
+@pytest.mark.parametrize("addressed_by", ["ADDR", "PORT"])
 async def test_node_worker_runs_a_run_and_reads_lease_lost(
-    node_modules: str, start_services: Any, make_key: Any, db: Any, channels: Any
+    addressed_by: str, node_modules: str, start_services: Any, make_key: Any, db: Any, channels: Any
 ) -> None:
     rt = await start_services("ingest", "scheduler", "saga")
     md = await make_key("node-team", {"node": ["ingest", "worker"]})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {
-        "AWOOOP_API_KEY": md[0][1].removeprefix("Bearer "),
-        "AWOOOP_SCHEDULER_ADDR": f"127.0.0.1:{rt.ports['scheduler']}",
-        "AWOOOP_SAGA_ADDR": f"127.0.0.1:{rt.ports['saga']}",
-        "AWOOOP_PROJECT": "node",
-        "AWOOOP_RUNS": "1",
+    # the settings the Python SDK and the CLI read: an address, or the port the service listens on
+    where = {
+        f"AWOOOP_{s.upper()}_{addressed_by}": f"127.0.0.1:{rt.ports[s]}" if addressed_by == "ADDR" else str(rt.ports[s])
+        for s in ("scheduler", "saga")
     }
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
+        | where
+        | {
+            "AWOOOP_API_KEY": md[0][1].removeprefix("Bearer "),
+            "AWOOOP_PROJECT": "node",
+            "AWOOOP_RUNS": "1",
+        }
+    )
     proc = await asyncio.create_subprocess_exec(
         node_modules, "worker.js", cwd=EXAMPLE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )

@@ -21,6 +21,7 @@ from typing import Any
 
 import asyncpg
 import grpc
+import pytest
 import redis.asyncio as aioredis
 from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -424,10 +425,11 @@ async def test_compensation_runs_in_exact_reverse_order_and_a_failing_middle_doe
 
 
 async def test_compensation_failed_writes_the_audit_log_and_delivers_the_alert(
-    start_services, channels, make_key, db, settings: Settings, redis_url: str
+    start_services, channels, make_key, db, settings: Settings, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Seed criterion: compensation_failed -> audit_log + Telegram alert (here also the Redis
-    stream). The Telegram stand-in fails the first delivery; the notifier retries it."""
+    stream), and an error in the saga's log. The Telegram stand-in fails the first delivery; the
+    notifier retries it."""
     telegram = TelegramStub(fail_first=1).start()
     try:
         h = await harness(
@@ -452,6 +454,12 @@ async def test_compensation_failed_writes_the_audit_log_and_delivers_the_alert(
         )
         assert audit["to_status"] == "compensation_failed" and "cluster unreachable" in audit["reason"]
         assert json.loads(audit["details"])["compensation_cmd"]["tool_id"] == "k8s_scale_deployment"
+        logged = [
+            r for r in caplog.records if r.name == "awooop.saga.driver" and r.getMessage() == "compensation failed"
+        ]
+        assert [r.levelname for r in logged] == ["ERROR"], caplog.text
+        extra = vars(logged[0])  # the log record's fields, as the JSON log line carries them
+        assert extra["run_id"] == run_id and extra["step_id"] == "scale-api" and "cluster unreachable" in extra["error"]
 
         async def telegram_delivered() -> list[Any]:
             return telegram.delivered()

@@ -484,6 +484,37 @@ async def test_approve_resumes_with_a_new_fencing_token_and_the_token_is_single_
     assert await audit_actions(s.db, r.run.run_id) == ["CLAIMED", "APPROVAL_REQUESTED", "APPROVED", "CLAIMED"]
 
 
+async def test_validate_only_checks_a_token_as_a_decision_would_and_decides_nothing(s: Sched) -> None:
+    """DecideApproval with validate_only (the console's approval link asks before it shows the
+    form): the right token answers the run unchanged, a made-up one APPROVAL_INVALID, a caller
+    without the approver role FORBIDDEN whatever the token; nothing is written; the token still works."""
+    r, token = await _waiting_approval(s)
+    run_id = r.run.run_id
+
+    def check(tok: str, md: Metadata | None = None) -> Any:
+        return s.stub.DecideApproval(
+            pb.DecideApprovalRequest(run_id=run_id, approval_token=tok, validate_only=True), metadata=md or s.approver
+        )
+
+    before = await snapshot(s, run_id)
+    resp = await check(token)
+    assert resp.run.run_id == run_id and resp.run.status == common_pb2.RUN_STATUS_WAITING_APPROVAL
+    await expect_error(check("x" * 43), FP, errors.APPROVAL_INVALID)
+    await expect_error(check(token, s.worker), grpc.StatusCode.PERMISSION_DENIED, errors.FORBIDDEN)
+    await expect_error(check("x" * 43, s.worker), grpc.StatusCode.PERMISSION_DENIED, errors.FORBIDDEN)
+    await expect_error(check(token, s.outsider), grpc.StatusCode.NOT_FOUND, errors.NOT_FOUND)
+    assert await snapshot(s, run_id) == before
+    await s.db.execute(
+        "UPDATE awooop_run_state SET approval_expires_at = now() - interval '1 second' WHERE run_id = $1", run_id
+    )
+    await expect_error(check(token), FP, errors.APPROVAL_EXPIRED)
+    await s.db.execute(
+        "UPDATE awooop_run_state SET approval_expires_at = now() + interval '1 minute' WHERE run_id = $1", run_id
+    )
+    assert (await _decide(s, run_id, token, pb.DECISION_APPROVE)).run.status == common_pb2.RUN_STATUS_RESUMED
+    await expect_error(check(token), FP, errors.INVALID_TRANSITION)
+
+
 async def test_waiting_for_approval_does_not_spend_an_attempt(s: Sched) -> None:
     (run_id,) = await insert_runs(s.db, "p", 1, max_attempts=1)
     r = await s.claim_one()

@@ -1,125 +1,36 @@
 """`awooop up` as a real process: on an embedded Postgres and Redis kept in a data dir (and
 again on the same dir, which must keep the store and the key), and on a configured store.
-The grpcurl commands it prints are pasted into bash as printed."""
+The commands it prints are pasted into a new terminal (the venv not on PATH) as printed, after the
+export lines it says to paste first."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
-import signal
 import socket
-import subprocess
-import sys
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from services.common.embedded import free_port
-from tests.harness.helpers import ROOT, eventually
-
-SERVICES = {
-    "ingest": "awooop.ingest.v1.IngestService",
-    "scheduler": "awooop.scheduler.v1.SchedulerService",
-    "saga": "awooop.saga.v1.SagaService",
-    "gateway": "awooop.tools.v1.ToolGatewayService",
-}
-BIN = str(Path(sys.executable).parent)  # grpcurl and awooop, as `./dev` puts them on PATH
-
-
-@dataclass
-class Up:
-    proc: subprocess.Popen[bytes]
-    out_path: Path
-    err_path: Path
-    ports: dict[str, int]
-
-    def out(self) -> str:
-        return self.out_path.read_text(errors="replace")
-
-    def err(self) -> str:
-        return self.err_path.read_text(errors="replace")
-
-    def banner_value(self, pattern: str) -> str:
-        m = re.search(pattern, self.out(), re.MULTILINE)
-        assert m, f"{pattern!r} not in the banner:\n{self.out()}"
-        return m.group(1)
-
-    @property
-    def key(self) -> str:
-        return self.banner_value(r"^  export AWOOOP_API_KEY=(\S+)$")
-
-    @property
-    def dsn(self) -> str:
-        return self.banner_value(r"^  postgres .*\n\s+(postgresql://\S+)$")
-
-    def try_commands(self) -> list[str]:
-        """The commands under "Try:", each with its continuation lines, as printed."""
-        block = self.out().split("Try:\n", 1)[1].split("\n\n", 1)[0]
-        return [c.strip() for c in re.split(r"(?<!\\)\n", block) if c.strip()]
-
-    async def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return await asyncio.to_thread(self.proc.wait, 60)
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
-    env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
-    env.update(extra)
-    return env
-
-
-async def start_up(data_dir: Path, tmp_path: Path, **env: str) -> Up:
-    ports = {name: free_port() for name in SERVICES}
-    full = child_env(**{f"AWOOOP_{n.upper()}_PORT": str(p) for n, p in ports.items()}, **env)
-    full.setdefault("AWOOOP_METRICS_PORT", str(free_port()))
-    full.setdefault("AWOOOP_HTTP_PORT", str(free_port()))
-    full.setdefault("AWOOOP_CONSOLE_PORT", str(free_port()))
-    n = len(list(tmp_path.glob("up-*.out")))
-    out_path, err_path = tmp_path / f"up-{n}.out", tmp_path / f"up-{n}.err"
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "awooop.cli", "up", "--data-dir", str(data_dir)],
-            env=full,
-            cwd=ROOT,
-            stdout=out,
-            stderr=err,
-        )
-    up = Up(proc, out_path, err_path, ports)
-
-    async def ready() -> bool:
-        assert proc.poll() is None, f"awooop up exited with {proc.returncode}:\n{up.out()}\n{up.err()}"
-        return "Stop with Ctrl-C." in up.out()
-
-    try:
-        await eventually(ready, timeout=120, interval=0.2, what="the awooop up banner")
-    except BaseException:
-        proc.kill()
-        proc.wait(10)
-        raise
-    return up
-
-
-async def bash(command: str) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(
-        subprocess.run, ["bash", "-c", command], env=child_env(), capture_output=True, text=True, timeout=60
-    )
+from tests.harness.helpers import eventually
+from tests.harness.up import SERVICES, Up, start_up
 
 
 async def check_printed_commands(up: Up) -> None:
-    """Runs the printed grpcurl lines as pasted; the call must authenticate."""
+    """Runs the printed grpcurl lines as pasted in a new terminal (the venv not on PATH) after the
+    banner's export lines; the call must authenticate, and `awooop admin` reads the exported store."""
     listing, call, demo = up.try_commands()
     assert demo.startswith("awooop demo")
     assert listing.startswith("grpcurl ") and call.startswith("grpcurl ")
-    out = await bash(listing)
+    out = await up.paste(listing)
     assert out.returncode == 0, out.stderr
     assert SERVICES["ingest"] in out.stdout.split()
-    out = await bash(call)
+    out = await up.paste("awooop admin list --json")
+    assert out.returncode == 0, out.stderr
+    assert "dev-admin" in {p["principal_id"] for p in json.loads(out.stdout)}
+    out = await up.paste(call)
     for refused in ("Unauthenticated", "Unavailable", "PermissionDenied", "Internal"):
         assert f"Code: {refused}" not in out.stderr, out.stderr
     if out.returncode == 0:  # the ingest RPCs are implemented: a run came back
@@ -128,7 +39,7 @@ async def check_printed_commands(up: Up) -> None:
         assert "Code: Unimplemented" in out.stderr, out.stderr
     # every service of the suite, with reflection, on its port
     for name, full in SERVICES.items():
-        out = await bash(f"grpcurl -plaintext 127.0.0.1:{up.ports[name]} list")
+        out = await up.paste(f"grpcurl -plaintext 127.0.0.1:{up.ports[name]} list")
         assert out.returncode == 0 and full in out.stdout.split(), out.stderr
 
 
@@ -155,7 +66,7 @@ async def test_up_on_an_embedded_store_then_again_on_the_same_data_dir(tmp_path:
         with await asyncio.to_thread(urllib.request.urlopen, f"{console}/signin", timeout=10) as resp:
             assert resp.status == 200 and "Sign in" in resp.read().decode()
         # something to find again: a principal made with the admin CLI on the printed store address
-        out = await bash(f"awooop admin --database-url '{first.dsn}' create-principal kept-across-restarts")
+        out = await first.paste(f"awooop admin --database-url '{first.dsn}' create-principal kept-across-restarts")
         assert out.returncode == 0, out.stderr
         redis_port = int(first.banner_value(r"redis://127\.0\.0\.1:(\d+)/"))
         internal_key = (data_dir / "internal-api-key").read_text()
@@ -170,7 +81,7 @@ async def test_up_on_an_embedded_store_then_again_on_the_same_data_dir(tmp_path:
         assert second.key == key  # the same dev key, still valid
         assert (data_dir / "internal-api-key").read_text() == internal_key  # and the same internal key
         assert "schema up to date" in second.out()
-        out = await bash(f"awooop admin --database-url '{second.dsn}' list --json")
+        out = await second.paste(f"awooop admin --database-url '{second.dsn}' list --json")
         assert "kept-across-restarts" in {p["principal_id"] for p in json.loads(out.stdout)}, out.stderr
         await check_printed_commands(second)
     finally:
@@ -208,7 +119,7 @@ async def test_up_on_a_configured_store(db_dsn: str, redis_url: str, db: asyncpg
 
         await eventually(accepted, timeout=30, what="the gateway to accept the saga's key")
         assert "compensation is stopped" not in up.err()
-        out = await bash(f"awooop health 127.0.0.1:{up.ports['saga']} --service saga")
+        out = await up.paste(f"awooop health 127.0.0.1:{up.ports['saga']} --service saga")
         assert out.returncode == 0 and "SERVING" in out.stdout, out.stdout + out.stderr
     finally:
         code = await up.stop()

@@ -1,93 +1,111 @@
-"""examples/worker.py (the README's worker) as a real process against real services: it scales
-through the gateway, asks for approval, the printed `awooop runs approve ...` line is run as
-printed, and the worker finishes the run on its second claim without scaling again."""
+"""examples/worker.py (the README's worker) as a new user runs it: `awooop up`, then in a second
+terminal (the venv not on PATH) the banner's export lines and `python examples/worker.py`, with
+nothing set up by hand. The banner's grpcurl call sends the event; the worker scales `api` in the
+`demo` project through the reference gateway (seeded by `awooop up`) and asks for approval; the
+`awooop runs approve ...` line it prints is pasted as printed (and, for a first run, with
+`reject` for `approve`): the rejected run is compensated (api back to 1 replica), the approved one
+COMPLETED on its second claim without scaling again."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import shlex
 import signal
 import subprocess
-import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
-from awooop.common.v1 import common_pb2
-from awooop.ingest.v1 import ingest_pb2
-from awooop.tools.v1 import tools_pb2
-from awooop.worker import Client, to_struct
+import asyncpg
+
 from tests.harness.helpers import ROOT, eventually
+from tests.harness.up import fresh_terminal_env, start_up
+
+WORKER = "python examples/worker.py"  # the README's command
 
 
-async def test_readme_worker_runs_a_run_through_approval(start_services: Any, make_key: Any, db: Any) -> None:
-    gw = await start_services("gateway")
-    gateway = f"127.0.0.1:{gw.ports['gateway']}"
-    rt = await start_services("ingest", "scheduler", "saga", gateway_addr=gateway)
-    addr = {s: f"127.0.0.1:{p}" for s, p in rt.ports.items()} | {"gateway": gateway}
-    key = (await make_key("platform-team", {"demo": ["admin"]}))[0][1].removeprefix("Bearer ")
-    client = Client(key=key, **addr)
-    await client.call(
-        client.gateway.ExecuteTool,
-        tools_pb2.ExecuteToolRequest(
-            tool_id="k8s_create_resource",
-            params=to_struct({"kind": "Deployment", "name": "api", "spec": {"replicas": 1}}),
-            idempotency_key="setup",
-            project_id="demo",
-        ),
-    )
-    resp = await client.call(
-        client.ingest.IngestEvent,
-        ingest_pb2.IngestEventRequest(
-            project_id="demo", channel_type=common_pb2.CHANNEL_TYPE_TELEGRAM, payload=to_struct({"update_id": 7})
-        ),
-    )
-    run_id = resp.outcomes[0].run_id
-    await client.close()
+async def status_of(db: asyncpg.Connection, run_id: str) -> tuple[str, str]:
+    row = await db.fetchrow("SELECT status, saga_status FROM awooop_run_state WHERE run_id = $1", run_id)
+    return (row["status"], row["saga_status"]) if row else ("", "")
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {
-        "AWOOOP_API_KEY": key,
-        "AWOOOP_SCHEDULER_ADDR": addr["scheduler"],
-        "AWOOOP_SAGA_ADDR": addr["saga"],
-        "AWOOOP_GATEWAY_ADDR": gateway,
-    }
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(ROOT / "examples" / "worker.py"), env=env, cwd=ROOT, stdout=subprocess.PIPE
+
+async def test_readme_worker_runs_the_demo_story_to_completed_and_to_compensated(
+    db_dsn: str, redis_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    up = await start_up(
+        tmp_path / "data",
+        tmp_path,
+        AWOOOP_DATABASE_URL=db_dsn,
+        AWOOOP_REDIS_URL=redis_url,
+        # Redis outlives the test's database: the previous run's dedupe answers must not reach this one
+        AWOOOP_REDIS_PREFIX=f"awooop:{uuid.uuid4().hex}:",
     )
+    worker: asyncio.subprocess.Process | None = None
     try:
-        assert proc.stdout is not None
-        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
-        assert line.startswith(f"awooop runs approve {run_id} --token "), line
-        assert await db.fetchval("SELECT status FROM awooop_run_state WHERE run_id = $1", run_id) == "WAITING_APPROVAL"
+        assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE project_id = 'demo'") == 1
+        with open(tmp_path / "worker.err", "wb") as err:
+            worker = await asyncio.create_subprocess_exec(
+                "bash",
+                "-c",
+                up.shell(WORKER),
+                env=fresh_terminal_env(),
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,  # the terminal's Ctrl-C / SIGTERM reaches the whole job
+            )
+        assert worker.stdout is not None
+        _, send_event, _ = up.try_commands()
 
-        # the printed command, as an operator would paste it
-        approve = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "awooop.cli", *shlex.split(line)[1:], "--scheduler", addr["scheduler"]],
-            env=env,
-            cwd=Path(ROOT),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert approve.returncode == 0, approve.stderr
-        assert approve.stdout.strip() == f"run {run_id} approved: now RESUMED"
+        async def story(update_id: str) -> tuple[str, str]:
+            """Sends the banner's event (with this update_id); the run id and the line the worker prints."""
+            out = await up.paste(send_event.replace('"update_id":1001', f'"update_id":{update_id}'))
+            assert out.returncode == 0, out.stderr
+            run_id = json.loads(out.stdout)["outcomes"][0]["run_id"]
+            assert worker is not None and worker.stdout is not None
+            try:
+                line = (await asyncio.wait_for(worker.stdout.readline(), 60)).decode().strip()
+            except TimeoutError:
+                raise AssertionError((tmp_path / "worker.err").read_text(errors="replace")) from None
+            assert line.startswith(f"awooop runs approve {run_id} --token "), line
+            assert (await status_of(db, run_id))[0] == "WAITING_APPROVAL"
+            return run_id, line
+
+        # rejected: the scale is compensated back to 1 replica
+        rejected, line = await story("1001")
+        out = await up.paste(line.replace("awooop runs approve ", "awooop runs reject ", 1))
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(f"run {rejected} rejected"), out.stdout
+
+        async def compensated() -> bool:
+            return await status_of(db, rejected) == ("FAILED", "compensated")
+
+        await eventually(compensated, timeout=30, what="the rejected run's compensation")
+        assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE project_id = 'demo'") == 1
+
+        # approved: the worker's second claim completes it without scaling again
+        approved, line = await story("1002")
+        out = await up.paste(line)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"run {approved} approved: now RESUMED"
 
         async def completed() -> bool:
-            return await db.fetchval("SELECT status FROM awooop_run_state WHERE run_id = $1", run_id) == "COMPLETED"
+            return (await status_of(db, approved))[0] == "COMPLETED"
 
-        await eventually(completed, timeout=30, what="the run to complete after approval")
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        await eventually(completed, timeout=30, what="the approved run to complete")
+        os.killpg(worker.pid, signal.SIGTERM)
+        assert await asyncio.wait_for(worker.wait(), 30) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    output = json.loads(await db.fetchval("SELECT output FROM awooop_run_state WHERE run_id = $1", run_id))
+        if worker is not None and worker.returncode is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            await worker.wait()
+        code = await up.stop()
+    assert code == 0, up.err()
+    output: Any = json.loads(await db.fetchval("SELECT output FROM awooop_run_state WHERE run_id = $1", approved))
     assert output == {"kept": {"deployment": "api", "replicas": 3}}
     assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE project_id = 'demo'") == 3
     executed = await db.fetchval(
         "SELECT count(*) FROM awooop_refgw_request WHERE tool_id = 'k8s_scale_deployment' AND outcome = 'executed'"
     )
-    assert executed == 1  # the second claim skipped the journaled scale
+    assert executed == 3  # one scale per run, one scale back: the approved run's second claim skipped it

@@ -7,8 +7,9 @@
 // google.rpc.ErrorInfo (reason LEASE_LOST) from every other call.
 //
 //   AWOOOP_API_KEY          a key with the worker role in the project
-//   AWOOOP_SCHEDULER_ADDR   default 127.0.0.1:50052
-//   AWOOOP_SAGA_ADDR        default 127.0.0.1:50053
+//   AWOOOP_SCHEDULER_ADDR   else AWOOOP_SCHEDULER_PORT on AWOOOP_HOST, else 127.0.0.1:50052
+//   AWOOOP_SAGA_ADDR        else AWOOOP_SAGA_PORT on AWOOOP_HOST, else 127.0.0.1:50053
+//                           (the same order as the Python SDK and the CLI)
 //   AWOOOP_PROJECT          default demo
 //   AWOOOP_RUNS             runs to handle before exiting (default: run until SIGTERM)
 //
@@ -82,9 +83,21 @@ function fromStruct(s) {
 
 const emit = (event) => console.log(JSON.stringify(event));
 
+/** A service's address: AWOOOP_<NAME>_ADDR, else AWOOOP_<NAME>_PORT on AWOOOP_HOST, else the default. */
+function address(name, defaultPort) {
+  const env = process.env;
+  if (env[`AWOOOP_${name}_ADDR`]) return env[`AWOOOP_${name}_ADDR`];
+  const port = (env[`AWOOOP_${name}_PORT`] || "").trim();
+  // a listener bound to every interface is dialled on loopback
+  const bound = (env.AWOOOP_HOST || "").trim();
+  const host = { "": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1" }[bound] ?? bound;
+  const hostPart = host.includes(":") ? `[${host}]` : host;
+  return `${hostPart}:${/^\d+$/.test(port) ? port : defaultPort}`;
+}
+
 const creds = grpc.credentials.createInsecure();
-const scheduler = new api.scheduler.v1.SchedulerService(process.env.AWOOOP_SCHEDULER_ADDR || "127.0.0.1:50052", creds);
-const saga = new api.saga.v1.SagaService(process.env.AWOOOP_SAGA_ADDR || "127.0.0.1:50053", creds);
+const scheduler = new api.scheduler.v1.SchedulerService(address("SCHEDULER", 50052), creds);
+const saga = new api.saga.v1.SagaService(address("SAGA", 50053), creds);
 const auth = new grpc.Metadata();
 auth.set("authorization", `Bearer ${process.env.AWOOOP_API_KEY}`);
 

@@ -44,7 +44,14 @@ from services.common.observability import (
     setup_logging,
     start_metrics,
 )
-from services.common.settings import Settings, SettingsError, deliverability_problem, problems, unknown_env
+from services.common.settings import (
+    Settings,
+    SettingsError,
+    deliverability_problem,
+    metrics_port_for,
+    problems,
+    unknown_env,
+)
 
 log = logging.getLogger("awooop.runtime")
 
@@ -332,6 +339,7 @@ def serve(services: list[str], settings: Settings | None = None) -> None:
     settings = process_settings(settings)
     if not settings.database_url:
         raise SystemExit("AWOOOP_DATABASE_URL is not set (use `awooop up` for an embedded store)")
+    settings = settings.with_(metrics_port=metrics_port_for(settings, services))
     for problem in problems(settings):
         log.warning("configuration: %s", problem)
     for name in unknown_env():

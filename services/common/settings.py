@@ -92,7 +92,10 @@ class Settings:
     saga_port: int = 50053  # gRPC port of the saga service
     gateway_port: int = 50054  # gRPC port of the reference tool gateway
     http_port: int = 8080  # HTTP port of the ingest service (webhooks, API events: docs/channels.md); 0 disables
-    metrics_port: int = 9464  # Prometheus /metrics (one per process); 0 disables the endpoint
+    # Prometheus /metrics (one per process); 0 disables the endpoint. Unset in a process of one
+    # service (`awooop serve saga`): that service's own port, 9464 ingest, 9465 scheduler, 9466 saga,
+    # 9467 gateway, so single-service processes on one host do not collide
+    metrics_port: int = 9464
     tls_cert_file: str = ""  # PEM certificate chain; with tls_key_file set, every gRPC and HTTP port serves TLS only
     tls_key_file: str = ""  # PEM private key of tls_cert_file
     # on SIGTERM: seconds health stays NOT_SERVING while still serving, so load balancers move away first
@@ -207,6 +210,19 @@ class Settings:
 
     def port_of(self, service: str) -> int:
         return int(getattr(self, f"{service}_port"))
+
+
+# the /metrics port of a process serving one service when AWOOOP_METRICS_PORT is unset
+# (docker-compose.yml publishes the services' metrics on the same host ports)
+SERVICE_METRICS_PORTS = {"ingest": 9464, "scheduler": 9465, "saga": 9466, "gateway": 9467}
+
+
+def metrics_port_for(settings: Settings, services: list[str], environ: Mapping[str, str] | None = None) -> int:
+    """The /metrics port of a process serving these services: AWOOOP_METRICS_PORT when set, else
+    the one service's own port, else the default."""
+    if (os.environ if environ is None else environ).get("AWOOOP_METRICS_PORT", "") != "" or len(services) != 1:
+        return settings.metrics_port
+    return SERVICE_METRICS_PORTS.get(services[0], settings.metrics_port)
 
 
 def describe() -> list[tuple[str, str]]:

@@ -51,6 +51,12 @@ HTTP_STATUS = {
 CONSOLE_KEY = web.AppKey("console", Console)
 
 
+def error_title(err: AwooopError) -> str:
+    """A service error's page title: the code, and the reason when it says more (not `NOT_FOUND NOT_FOUND`)."""
+    words = err.code.name.replace("_", " ").capitalize()
+    return words if err.reason in ("", err.code.name) else f"{words} ({err.reason})"
+
+
 def templates() -> jinja2.Environment:
     # autoescape everything: payloads are provider JSON, i.e. attacker-controlled text
     env = jinja2.Environment(
@@ -149,7 +155,7 @@ async def _service_errors(request: web.Request, handler: security.Handler) -> we
             request,
             "message.html",
             status=status,
-            title=f"{err.code.name} {err.reason}".strip(),
+            title=error_title(err),
             text=err.details.message,
             run_id="",
         )

@@ -178,6 +178,7 @@ class RunPage:
     run: common_pb2.Run
     fields: list[tuple[str, str]]
     waiting: str
+    waiting_title: str  # a finished run is not waiting: what is left is its compensation
     input: str
     output: str
     timeline: Page
@@ -226,6 +227,7 @@ def run_page(
         run=run,
         fields=f,
         waiting=timeline.waiting_reason(run, now),
+        waiting_title="Compensation" if terminal else "Why it is waiting",
         input=struct_text(run, "input"),
         output=struct_text(run, "output"),
         timeline=paginate(entries, timeline_page, TIMELINE_PAGE),
@@ -242,6 +244,13 @@ def run_page(
     )
 
 
+INVALID_LINK = (
+    "This approval link's token is not the run's: it was mistyped or cut short, or the run asked again "
+    "with a new link. Nothing was decided."
+)
+EXPIRED_LINK = "This approval link expired: nobody decided in time, so the run failed (E-APPROVAL-002)."
+
+
 def approval_state(run: common_pb2.Run, now: float) -> tuple[str, str]:
     """(state, sentence) of an approval link's run: "open" (decide it), "expired", "decided"
     or "gone" (the run moved on some other way)."""
@@ -250,7 +259,7 @@ def approval_state(run: common_pb2.Run, now: float) -> tuple[str, str]:
             return "expired", f"This approval link expired at {when(run.approval_expires_at)}."
         return "open", ""
     if run.error_code == "E-APPROVAL-002":
-        return "expired", "This approval link expired: nobody decided in time, so the run failed (E-APPROVAL-002)."
+        return "expired", EXPIRED_LINK
     if run.approval_decided_by:
         verb = "rejected" if run.error_code == "E-APPROVAL-REJECTED" else "approved"
         return "decided", f"This approval link was already used: {run.approval_decided_by} {verb} the run."

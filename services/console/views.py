@@ -36,6 +36,7 @@ _THROTTLED = {
     "address": "Too many failed sign-ins from your address; try again in {} seconds.",
     "key_id": "Too many failed sign-ins with this key id; try again in {} seconds.",
 }
+NOT_A_RUN_ID = "A run id is a UUID such as 85d58297-913b-40bc-bf51-a6f8da384788; this address does not hold one."
 
 # outcomes of actions, shown after the redirect (a fixed set: nothing from the URL is echoed)
 MESSAGES = {
@@ -76,6 +77,10 @@ class Console:
             session=session, csrf=session.csrf if session else "", path=request.path_qs, message=msg, **ctx
         )
         return web.Response(text=html, status=status, content_type="text/html", charset="utf-8")
+
+    def not_found(self, request: web.Request, title: str, text: str) -> web.Response:
+        """A 404 as a console page (styled, with a way back), never aiohttp's bare text."""
+        return self.render(request, "message.html", status=404, title=title, text=text, run_id="")
 
     def need(self, request: web.Request) -> Session:
         session: Session | None = request.get(SESSION)
@@ -235,6 +240,16 @@ class Console:
             self.call(request, self.backend.scheduler.CountRuns, scheduler_pb2.CountRunsRequest(project_id=project)),
         )
         rows = [] if search and _is_uuid(search) else [pages.run_row(r) for r in listed.runs]
+        if not listed.runs and not (statuses or channels or since or until or search):
+            known = await self.call(request, self.backend.scheduler.ListProjects, scheduler_pb2.ListProjectsRequest())
+            if project not in known.project_ids:  # a typo, or a project nobody has used: say so
+                return self.not_found(
+                    request,
+                    "No such project",
+                    f"No project named {project!r} has runs, and none of your roles names it: a mistyped "
+                    "project? (A project appears here once a run is created in it.) "
+                    + (f"Projects you can see: {', '.join(known.project_ids)}." if known.project_ids else ""),
+                )
         keep = [(k, v) for k, v in q.items() if k != "page_token" and v]
         return self.render(
             request,
@@ -261,7 +276,7 @@ class Console:
         session = self.need(request)
         run_id = request.match_info["run_id"]
         if not _is_uuid(run_id):
-            raise web.HTTPNotFound(text="no such run")
+            return self.not_found(request, "No such run", NOT_A_RUN_ID)
         view = await self.backend.run_view(session.api_key, run_id)
         page = pages.run_page(
             view.run,
@@ -302,7 +317,7 @@ class Console:
         self.need(request)
         run_id = request.match_info["run_id"]
         if not _is_uuid(run_id):
-            raise web.HTTPNotFound(text="no such approval")
+            return self.not_found(request, "No such approval", NOT_A_RUN_ID)
         run = (await self.call(request, self.backend.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id))).run
         steps, problem = [], ""
         try:  # the journal is worker/approver reading: a key without either still sees the question
@@ -313,6 +328,8 @@ class Console:
                 raise
             problem = f"journal: {err.details.render()}"
         state, sentence = pages.approval_state(run, time.time())
+        if state == "open":  # the form only for a token that would work
+            state, sentence = await self._token_state(request, run_id, request.match_info["token"][:MAX_QUERY])
         return self.render(
             request,
             "approval.html",
@@ -326,11 +343,30 @@ class Console:
             error=problem,
         )
 
+    async def _token_state(self, request: web.Request, run_id: str, token: str) -> tuple[str, str]:
+        """("open", "") when the link's token would decide the run now (the scheduler checks it
+        without deciding), else the link's state and sentence. A key without the approver role
+        learns nothing of the token: it still sees the form, and its decision is refused."""
+        try:
+            await self.call(
+                request,
+                self.backend.scheduler.DecideApproval,
+                scheduler_pb2.DecideApprovalRequest(run_id=run_id, approval_token=token, validate_only=True),
+            )
+        except AwooopError as err:
+            if err.reason in ("APPROVAL_INVALID", "FIELD_INVALID"):  # wrong, or not even token-shaped
+                return "invalid", pages.INVALID_LINK
+            if err.reason == "APPROVAL_EXPIRED":
+                return "expired", pages.EXPIRED_LINK
+            if err.reason not in ("FORBIDDEN", "INVALID_TRANSITION"):
+                raise
+        return "open", ""
+
     async def approval_link_post(self, request: web.Request) -> web.StreamResponse:
         self.need(request)
         run_id, token = request.match_info["run_id"], request.match_info["token"]
         if not _is_uuid(run_id):
-            raise web.HTTPNotFound(text="no such approval")
+            return self.not_found(request, "No such approval", NOT_A_RUN_ID)
         return await self._decide(request, run_id, token, await request.post())
 
     async def _decide(self, request: web.Request, run_id: str, token: str, form: Any) -> web.StreamResponse:

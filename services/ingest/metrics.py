@@ -41,7 +41,7 @@ REDIS_UNAVAILABLE = REDIS_LOOKUPS.labels("unavailable")
 SIGNATURE_FAILURES = Counter(
     "awooop_webhook_signature_failures_total",
     "Webhook deliveries refused (401) for a missing or wrong signature, by endpoint",
-    ["project_id", "channel", "endpoint"],
+    ["project", "channel", "endpoint"],  # `project`, as every per-project metric labels it
 )
 HTTP_REQUESTS = Counter(
     "awooop_http_requests_total", "HTTP requests of the ingest service, by route and status", ["route", "status"]

@@ -219,11 +219,18 @@ class CompensationDriver:
                 loops.pass_failed(ALERTS_LOOP, exc)
             if claimed >= BATCH:
                 continue  # more may be waiting
-            try:
-                await asyncio.wait_for(self._kick.wait(), timeout=self.settings.compensation_interval)
-            except TimeoutError:
-                pass
+            await self._idle()
             self._kick.clear()
+
+    async def _idle(self) -> None:
+        """Until the interval ends, a kick, or shutdown: waiting on the kick alone held SIGTERM
+        up to a whole AWOOOP_COMPENSATION_INTERVAL (then the runtime's grace) before the loop ended."""
+        waits = [asyncio.ensure_future(self._kick.wait()), asyncio.ensure_future(self.ctx.stopping.wait())]
+        try:
+            await asyncio.wait(waits, timeout=self.settings.compensation_interval, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
 
     async def close(self) -> None:
         if self._channel is not None:
@@ -408,6 +415,17 @@ class CompensationDriver:
                     ALERT_SQL, claim.project_id, claim.run_id, marked["step_id"], cmd.get("tool_id"), outcome.error
                 )
                 COMPENSATIONS.labels("failed").inc()
+                # an error: a completed side effect stays in place until someone retries or resolves it
+                log.error(
+                    "compensation failed",
+                    extra={
+                        "project_id": claim.project_id,
+                        "run_id": str(claim.run_id),
+                        "step_id": marked["step_id"],
+                        "tool_id": cmd.get("tool_id"),
+                        "error": outcome.error,
+                    },
+                )
                 alert = True
         if alert:
             self.notifier.deliver_soon()

@@ -20,7 +20,7 @@ from services.common import errors, loops
 from services.common.access import check_run_access, projects_with
 from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
-from services.common.runs import RUN_READY_CHANNEL
+from services.common.runs import RUN_COLUMNS, RUN_READY_CHANNEL
 from services.common.runstate import DROP_LEASE, TRANSITIONS, Action, Audit, RunStatus, sql_list
 from services.scheduler import metrics, replays
 from services.scheduler.fragments import RUN_COLUMNS_R, comp_audit_rows, compensation_cte, notify_cte
@@ -233,13 +233,45 @@ async def decide(
         # success again, nothing written or nudged again
         current = (await replays.current_rows(pool, [run_id]))[run_id]
         return Changed(current, current["comp_trigger"])
-    if row["cur_status"] != "WAITING_APPROVAL":
-        if row["cur_status"] == "FAILED" and row["cur_error_code"] == EXPIRED_CODE:
-            raise errors.approval_expired(run_id)
-        raise errors.invalid_transition(run_id, row["cur_status"], TRANSITIONS[Action.APPROVE].describe)
+    raise _refusal(principal, run_id, row["cur_project"], row["cur_status"], row["cur_error_code"], expired=False)
+
+
+def _refusal(
+    principal: Principal, run_id: str, project: str | None, status: str, error_code: str | None, *, expired: bool
+) -> errors.ServiceError:
+    """Why a decision with this token would not (or did not) go through: the one rule for
+    DecideApproval and its validate_only check. Raises NOT_FOUND / PERMISSION_DENIED itself."""
+    check_run_access(principal, project, APPROVER_ROLE, run_id)
+    if status != "WAITING_APPROVAL":
+        if status == "FAILED" and error_code == EXPIRED_CODE:
+            return errors.approval_expired(run_id)
+        return errors.invalid_transition(run_id, status, TRANSITIONS[Action.APPROVE].describe)
+    if expired:
+        return errors.approval_expired(run_id)
     # waiting, not expired, and the caller may decide: the token is wrong or already used.
-    # (The comparison happened in SQL on sha256 digests; the stored hash is never read back.)
-    raise errors.approval_invalid(run_id)
+    # (The comparison happens in SQL on sha256 digests; the stored hash is never read back.)
+    return errors.approval_invalid(run_id)
+
+
+# DecideApproval with validate_only: the run and what a decision would find, nothing written.
+# $1 run_id, $2 sha256(token).
+CHECK_SQL = f"""
+SELECT {RUN_COLUMNS}, COALESCE(approval_expires_at <= now(), false) AS expired,
+       COALESCE(approval_token_hash = $2, false) AS token_matches
+  FROM awooop_run_state
+ WHERE run_id = $1"""
+
+
+async def check(pool: asyncpg.Pool, principal: Principal, run_id: str, token: str) -> asyncpg.Record:
+    """The run, when this caller could decide it with this token now; else the error a decision
+    would answer (an expired token is reported, not committed: the sweep or a decision does that)."""
+    row = await pool.fetchrow(CHECK_SQL, run_id, token_hash(token))
+    if row is None:
+        raise errors.not_found("run", run_id)
+    if row["status"] == "WAITING_APPROVAL" and not row["expired"] and row["token_matches"]:
+        check_run_access(principal, row["project_id"], APPROVER_ROLE, run_id)
+        return row
+    raise _refusal(principal, run_id, row["project_id"], row["status"], row["error_code"], expired=row["expired"])
 
 
 def _left_by(cur: asyncpg.Record, approve: bool) -> bool:

@@ -410,9 +410,13 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         v = Violations()
         run_id = v.uuid("run_id", request.run_id)
         token = v.token("approval_token", request.approval_token, max_len=MAX_APPROVAL_TOKEN)
-        v.enum("decision", request.decision, scheduler_pb2.Decision)
+        if not (request.validate_only and request.decision == scheduler_pb2.DECISION_UNSPECIFIED):
+            v.enum("decision", request.decision, scheduler_pb2.Decision)  # a check needs none
         reason = v.text("reason", request.reason, max_len=MAX_TEXT)
         v.raise_if_any()
+        if request.validate_only:
+            row = await approvals.check(self.pool, current_principal(), run_id, token)
+            return scheduler_pb2.DecideApprovalResponse(run=run_to_pb(row))
         changed = await approvals.decide(
             self.pool,
             current_principal(),

@@ -8,21 +8,36 @@
 CHANNEL is telegram, alertmanager, gitea or line. add and rotate print the secret (the only
 time it is ever shown) and the provider-side setup to paste: Alertmanager's receiver YAML, the
 Telegram setWebhook call, the LINE or Gitea console settings. --url is the address providers
-reach the ingest service's HTTP port at (default http://127.0.0.1:8080). --json on every command.
+reach the ingest service's HTTP port at (default: AWOOOP_HTTP_PORT on AWOOOP_HOST, else
+http://127.0.0.1:8080). --json on every command.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from awooop.cli.client import add_connection_args, print_json, print_table, run_command, to_json, when
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
-from awooop.worker.client import Client
+from awooop.worker.client import Client, client_host
 
 CHANNELS = ("telegram", "alertmanager", "gitea", "line")
-DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_HTTP_PORT = "8080"
+
+
+def default_url() -> str:
+    """Where a local ingest service answers HTTP: the port it was configured with
+    (AWOOOP_HTTP_PORT on AWOOOP_HOST), as the gRPC addresses follow AWOOOP_<SERVICE>_PORT."""
+    port = os.environ.get("AWOOOP_HTTP_PORT", "").strip()
+    host = client_host(os.environ.get("AWOOOP_HOST", "127.0.0.1").strip())
+    host = f"[{host}]" if ":" in host else host
+    scheme = "https" if os.environ.get("AWOOOP_TLS_CERT_FILE") else "http"
+    return f"{scheme}://{host}:{port if port.isdigit() and port != '0' else DEFAULT_HTTP_PORT}"
+
+
+URL_HELP = "base URL providers reach (default: AWOOOP_HTTP_PORT on AWOOOP_HOST, else http://127.0.0.1:8080)"
 
 
 def register(sub: Any) -> None:
@@ -32,7 +47,7 @@ def register(sub: Any) -> None:
     p = _leaf(c, "add", "create a webhook endpoint; prints its secret once and the provider setup")
     _ident(p)
     p.add_argument("--secret", default="", help="the provider's secret when it issues one (LINE channel secret)")
-    p.add_argument("--url", default=DEFAULT_URL, help=f"base URL providers reach (default {DEFAULT_URL})")
+    p.add_argument("--url", default=None, help=URL_HELP)
     p.set_defaults(func=run_command(cmd_add))
 
     p = _leaf(c, "list", "list a project's webhook endpoints (never their secrets)")
@@ -43,7 +58,7 @@ def register(sub: Any) -> None:
     _ident(p)
     p.add_argument("--secret", default="", help="the new secret when the provider issues it (LINE)")
     p.add_argument("--grace", type=float, default=0.0, help="seconds the old secret stays valid (default: server's)")
-    p.add_argument("--url", default=DEFAULT_URL, help=f"base URL providers reach (default {DEFAULT_URL})")
+    p.add_argument("--url", default=None, help=URL_HELP)
     p.set_defaults(func=run_command(cmd_rotate))
 
     p = _leaf(c, "remove", "remove a webhook endpoint (its deliveries are answered 404)")
@@ -121,7 +136,7 @@ def _url(base: str, endpoint: ingest_pb2.Endpoint) -> str:
 
 
 def _show_secret(args: argparse.Namespace, endpoint: ingest_pb2.Endpoint, secret: str, verb: str) -> None:
-    url = _url(args.url, endpoint)
+    url = _url(args.url or default_url(), endpoint)
     setup = setup_text(args.channel, url, secret)
     if args.json:
         print_json({"endpoint": to_json(endpoint), "url": url, "secret": secret, "setup": setup})

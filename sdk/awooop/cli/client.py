@@ -149,9 +149,28 @@ def explain_unavailable(err: AwooopError, client: Client) -> str | None:
     )
 
 
+def explain_unimplemented(err: AwooopError, client: Client) -> str | None:
+    """grpc's own `Method not found!` (no awooop reason): the address is most likely another
+    service's port, so name the address, where it came from and how to change it."""
+    service = service_of(err.method)
+    if err.reason or service not in client.sources:
+        return None
+    addr, source = client.sources[service]
+    flag, var = f"--{service}", f"AWOOOP_{service.upper()}_ADDR"
+    origin = {"argument": flag, "default": "the default"}.get(source, source)
+    method = err.method.rsplit("/", 1)[-1]
+    return (
+        f"error: UNIMPLEMENTED: the server at {addr} does not serve the {service} service ({method}): "
+        f"is it another service's port? That address is from {origin}: set it with {flag} or {var}"
+    )
+
+
 def _last_error(message: str) -> str:
-    """The useful tail of grpc's connect failure (`...: Connection refused`), without its `: OK`."""
-    tail = message.removesuffix(": OK").rsplit(": ", 1)[-1]
+    """The useful tail of grpc's connect failure (`...: Connection refused`), without its `: OK`
+    and the brackets grpc wraps it in; a name that does not resolve is said so."""
+    if "DNS resolution failed" in message or "Domain name not found" in message:
+        return "the host name does not resolve"
+    tail = message.removesuffix(": OK").rsplit(": ", 1)[-1].strip(" ()[]")
     return tail or message
 
 
@@ -172,8 +191,8 @@ def run_command(
         try:
             return asyncio.run(go())
         except AwooopError as err:
-            unreachable = explain_unavailable(err, client) if err.code.name == "UNAVAILABLE" else None
-            print(unreachable or render_error(err), file=sys.stderr)
+            explain = {"UNAVAILABLE": explain_unavailable, "UNIMPLEMENTED": explain_unimplemented}.get(err.code.name)
+            print((explain and explain(err, client)) or render_error(err), file=sys.stderr)
             if err.reason == UNAUTHENTICATED and not resolve_key(args):
                 print("hint: pass --key or set AWOOOP_API_KEY (`awooop up` prints one)", file=sys.stderr)
             return EXIT_RPC_ERROR

@@ -15,6 +15,7 @@ prints `error: <CODE> <REASON>: message` (plus the field violations) on stderr a
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from typing import Any
@@ -84,6 +85,13 @@ def register(sub: Any) -> None:
     p = _leaf(c, "retry", "run the failed compensations of a run again")
     p.add_argument("run_id")
     p.add_argument("--step", default="", help="only this step (default: every compensation_failed step)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=RETRY_WAIT,
+        metavar="SECONDS",
+        help=f"wait this long for the retry's outcome; exit 1 if it failed again (default {RETRY_WAIT:g}; 0: no wait)",
+    )
     p.set_defaults(func=run_command(cmd_retry))
     p = _leaf(c, "resolve", "mark a failed compensation as resolved by hand")
     p.add_argument("run_id")
@@ -291,16 +299,42 @@ async def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
 # --- compensation ---
 
 
+RETRY_WAIT = 30.0  # seconds `compensation retry` waits for the saga service's outcome
+RETRY_POLL = 0.5
+EXIT_STILL_FAILING = 1
+
+
 async def cmd_retry(args: argparse.Namespace, client: Client) -> int:
+    """Schedules the retry, then (unless --wait 0) follows the journal until the saga leaves
+    COMPENSATING: the retry runs in the saga service, so its answer alone says nothing of the outcome."""
     resp = await client.call(
         client.saga.RetryCompensation, saga_pb2.RetryCompensationRequest(run_id=args.run_id, step_id=args.step)
     )
+    saga_status, failed = resp.saga_status, []
+    deadline = asyncio.get_running_loop().time() + max(0.0, args.wait)
+    while args.wait > 0 and saga_status == common_pb2.SAGA_STATUS_COMPENSATING:
+        if asyncio.get_running_loop().time() >= deadline:
+            break
+        await asyncio.sleep(RETRY_POLL)
+        journal = await client.call(client.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=args.run_id))
+        saga_status = journal.saga_status
+        failed = [s for s in journal.steps if s.status == common_pb2.STEP_STATUS_COMPENSATION_FAILED]
+    code = EXIT_STILL_FAILING if saga_status == common_pb2.SAGA_STATUS_COMPENSATION_FAILED else 0
     if args.json:
-        print_json(to_json(resp))
-        return 0
+        print_json(to_json(resp) | {"saga_status": common_pb2.SagaStatus.Name(saga_status)})
+        return code
     what = f"step {args.step}" if args.step else "every failed compensation"
-    print(f"run {args.run_id}: retrying {what}; saga {saga_name(resp.saga_status)}")
-    return 0
+    if args.wait <= 0:
+        print(f"run {args.run_id}: retrying {what}; saga {saga_name(saga_status)} (not waited for)")
+    elif saga_status == common_pb2.SAGA_STATUS_COMPENSATING:
+        print(f"run {args.run_id}: retrying {what}; still compensating after {args.wait:g} s (see `awooop runs show`)")
+    elif code:
+        print(f"run {args.run_id}: retried {what}; it failed again: saga {saga_name(saga_status)}", file=sys.stderr)
+        for s in failed:
+            print(f"  step {s.step_id}: {s.error or 'compensation failed'}", file=sys.stderr)
+    else:
+        print(f"run {args.run_id}: retried {what}; saga {saga_name(saga_status)}")
+    return code
 
 
 async def cmd_resolve(args: argparse.Namespace, client: Client) -> int:

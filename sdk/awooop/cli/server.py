@@ -7,10 +7,12 @@ import argparse
 import asyncio
 import logging
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from awooop.worker.client import client_host
 
@@ -104,25 +106,18 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _dev_key(dsn: str, key_file: Path) -> str:
-    """The dev admin key kept in the data dir, re-issued when missing or revoked."""
+async def _dev_store(dsn: str, key_file: Path) -> str:
+    """The development store's first contents: the dev admin key (returned) and the demo
+    project's `api` deployment in the reference gateway, which the README's worker scales."""
     import asyncpg
 
-    from services.common.principals import bootstrap_admin, parse_key
+    from services.gateway.seed import seed_demo
 
     conn = await asyncpg.connect(dsn)
     try:
-        if key_file.exists():
-            key = key_file.read_text().strip()
-            parsed = parse_key(key)
-            if parsed and await conn.fetchval(
-                "SELECT EXISTS (SELECT 1 FROM awooop_api_key WHERE key_id = $1 AND revoked_at IS NULL)", parsed[0]
-            ):
-                return key
-        issued = await bootstrap_admin(conn)
-        key_file.write_text(issued.key + "\n")
-        key_file.chmod(0o600)
-        return issued.key
+        key = await _dev_key(conn, key_file)
+        await seed_demo(conn)
+        return key
     finally:
         await conn.close()
 
@@ -140,6 +135,23 @@ async def _internal_key(dsn: str, key_file: Path) -> str:
         return key
     finally:
         await conn.close()
+
+
+async def _dev_key(conn: Any, key_file: Path) -> str:
+    """The dev admin key kept in the data dir, re-issued when missing or revoked."""
+    from services.common.principals import bootstrap_admin, parse_key
+
+    if key_file.exists():
+        key = key_file.read_text().strip()
+        parsed = parse_key(key)
+        if parsed and await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM awooop_api_key WHERE key_id = $1 AND revoked_at IS NULL)", parsed[0]
+        ):
+            return key
+    issued = await bootstrap_admin(conn)
+    key_file.write_text(issued.key + "\n")
+    key_file.chmod(0o600)
+    return issued.key
 
 
 def _terminate_on_sigterm(signum: int, frame: Any) -> None:
@@ -179,7 +191,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             redis = "embedded"
         try:
             applied = asyncio.run(migrate.migrate(settings.database_url))
-            key = asyncio.run(_dev_key(settings.database_url, data_dir / DEV_KEY_FILE))
+            key = asyncio.run(_dev_store(settings.database_url, data_dir / DEV_KEY_FILE))
             # the saga's key at the gateway (and the scheduler's at the saga), unless one is configured
             internal = settings.internal_api_key or asyncio.run(
                 _internal_key(settings.database_url, data_dir / INTERNAL_KEY_FILE)
@@ -228,7 +240,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def redact(url: str) -> str:
     """url without its password, for printing."""
-    from urllib.parse import urlsplit, urlunsplit
+    from urllib.parse import urlunsplit
 
     parts = urlsplit(url)
     if not parts.password:
@@ -252,6 +264,31 @@ DEV_DEFAULTS = {"reaper_interval": 2.0}
 def _dev_defaults(settings: Any) -> Any:
     unset = {k: v for k, v in DEV_DEFAULTS.items() if f"AWOOOP_{k.upper()}" not in os.environ}
     return settings.with_(**unset)
+
+
+def client_exports(settings: Any, key: str) -> list[str]:
+    """The shell lines that give a second terminal what this process knows: the venv's programs
+    (awooop, grpcurl, python) on PATH, the key, the store for `awooop admin`, and the listeners
+    the CLI and SDK would not guess (a host or ports other than the defaults), as the settings they
+    read: AWOOOP_HOST and AWOOOP_<SERVICE>_PORT, AWOOOP_HTTP_PORT."""
+    from services.common.settings import Settings
+
+    lines = [
+        f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH",
+        f"export AWOOOP_API_KEY={key}",
+    ]
+    if urlsplit(settings.database_url).password:  # a password is never printed: the URL you gave has it
+        lines.append(f"export AWOOOP_DATABASE_URL=...  # yours, with its password: {redact(settings.database_url)}")
+    else:
+        lines.append(f"export AWOOOP_DATABASE_URL={shlex.quote(settings.database_url)}")
+    defaults = Settings()
+    if client_host(settings.host) != defaults.host:  # the address a client dials (0.0.0.0: loopback)
+        lines.append(f"export AWOOOP_HOST={shlex.quote(client_host(settings.host))}")
+    for name in [*UP_SERVICES, "http"]:
+        port = getattr(settings, f"{name}_port")
+        if port != getattr(defaults, f"{name}_port"):
+            lines.append(f"export AWOOOP_{name.upper()}_PORT={port}")
+    return lines
 
 
 def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[str], console: str = "") -> str:
@@ -280,7 +317,10 @@ def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[st
         " (AWOOOP_REAPER_INTERVAL, AWOOOP_LEASE_TTL)",
         "",
         f"  dev admin key (admin in every project): {key}",
-        f"  export AWOOOP_API_KEY={key}",
+        "  demo       project demo has a deployment api in the reference gateway, for python examples/worker.py",
+        "",
+        "In another terminal, paste these first (then the commands below, the README's and `awooop admin` work):",
+        *(f"  {line}" for line in client_exports(settings, key)),
         "",
         "Try:",
         f"  grpcurl {flags} {ingest} list",

@@ -110,8 +110,8 @@ def run_fields(run: common_pb2.Run, style: FieldStyle = TERMINAL) -> list[tuple[
         rows.append(("failure", " ".join(x for x in (run.error_code, run.failure_reason) if x)))
     if run.approval_summary:
         rows.append((style.approval_label, run.approval_summary))
-    if run.HasField("approval_expires_at"):
-        rows.append(("approval expires", when(run.approval_expires_at)))
+    if run.HasField("approval_expires_at") and run.status == common_pb2.RUN_STATUS_WAITING_APPROVAL:
+        rows.append(("approval expires", when(run.approval_expires_at)))  # a decided token expires no more
     if run.approval_decided_by:
         rows.append(("decided by", run.approval_decided_by))
     saga = saga_name(run.saga_status)

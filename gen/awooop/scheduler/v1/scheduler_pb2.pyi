@@ -779,6 +779,7 @@ class DecideApprovalRequest(_message.Message):
     APPROVAL_TOKEN_FIELD_NUMBER: _builtins.int
     DECISION_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run waiting for approval."""
     approval_token: _builtins.str
@@ -787,6 +788,12 @@ class DecideApprovalRequest(_message.Message):
     """Approve or reject."""
     reason: _builtins.str
     """Why (for the audit log)."""
+    validate_only: _builtins.bool
+    """Only check, decide nothing: the token, its expiry and the caller's approver role are checked
+    as a decision would check them (the same errors), and the run is answered unchanged; nothing
+    is written. decision may be left unset. The console shows an approval link's Approve/Reject
+    form only for a token that would work.
+    """
     def __init__(
         self,
         *,
@@ -794,10 +801,11 @@ class DecideApprovalRequest(_message.Message):
         approval_token: _builtins.str = ...,
         decision: Global___Decision.ValueType = ...,
         reason: _builtins.str = ...,
+        validate_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_token", b"approval_token", "decision", b"decision", "reason", b"reason", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_token", b"approval_token", "decision", b"decision", "reason", b"reason", "run_id", b"run_id", "validate_only", b"validate_only"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
