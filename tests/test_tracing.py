@@ -346,3 +346,44 @@ async def test_a_refused_rpc_s_server_span_carries_the_code_it_was_answered_with
     spans = [s for s in memory.get_finished_spans() if s.name == "/awooop.ingest.v1.IngestService/IngestEvent"]
     assert [s.attributes["rpc.grpc.status_code"] for s in spans if s.attributes] == [3, 16]
     assert all(s.status.status_code is trace.StatusCode.UNSET and not s.events for s in spans)  # the caller's
+
+
+def test_with_tracing_off_no_server_interceptor_is_installed() -> None:
+    tracing.configure(None)
+    assert tracing.server_interceptors() == [] and tracing.client_interceptors() == []
+
+
+def test_the_sampler_is_the_standard_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.1")
+    tracing.configure(None)
+    assert tracing.configure_from_env("awooop-test")
+    try:
+        assert tracing.provider.sampler.get_description().startswith("ParentBased{root:TraceIdRatioBased{0.1}")
+        assert len(tracing.server_interceptors()) == 1
+    finally:
+        tracing.shutdown()
+    assert tracing.provider is None
+
+
+def test_services_and_the_sdk_import_no_library_s_private_module() -> None:
+    """Only public APIs of libraries: no `import x._y` / `from x._y import` (a private module
+    changes without notice between releases)."""
+    import ast
+
+    from tests.harness.helpers import ROOT
+
+    found = []
+    for tree in ("services", "sdk"):
+        for path in sorted((ROOT / tree).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                for name in names:
+                    if not name.startswith(("services", "awooop")) and any(
+                        part.startswith("_") and part != "__future__" for part in name.split(".")
+                    ):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert not found, found
