@@ -11,10 +11,10 @@ Only unary-unary handlers are wrapped: every awooop RPC is unary. Health and ref
 
 With tracing on, opentelemetry-instrumentation-grpc's server interceptor comes before this one
 (services/common/tracing.py): its span is current around everything here, and it sees the
-answer through the servicer context it wraps. So a failure is answered by setting the code,
-details and trailing metadata on that context and returning (what `abort_with_status` sends, but
-without raising through the span, which would record grpc's AbortError as an exception and end
-the span only after the caller holds the answer).
+answer through the servicer context it wraps, whose `abort` it records (code and status) but
+not `abort_with_status` (grpc's goes to the unwrapped context). So a failure is answered with
+`abort` and the status's parts: an abort, not a returned code, because only an abort is sent
+trailers-only, which a client's retry policy may retry (UNAVAILABLE / OVERLOADED).
 """
 
 from __future__ import annotations
@@ -72,15 +72,6 @@ def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
         if key == "authorization" and isinstance(value, str):  # only "-bin" keys carry bytes
             found = value
     return found
-
-
-def answer(context: grpc.aio.ServicerContext[Any, Any], status: grpc.Status) -> None:
-    """Sets the call's answer to `status`, sent when the handler returns: the same as
-    `abort_with_status`, seen by a tracing context wrapper (it records `set_code`, with the
-    details set first as its status description)."""
-    context.set_trailing_metadata(status.trailing_metadata)
-    context.set_details(status.details)
-    context.set_code(status.code)
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
@@ -195,7 +186,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 if run_token is not None:
                     RUN_ID.reset(run_token)
             assert failure is not None  # the try either returned, raised, or set it
-            answer(context, failure.to_status())
-            return None  # grpc sends no message with a non-OK code
+            status = failure.to_status()
+            await context.abort(status.code, status.details, status.trailing_metadata)
 
         return handle
