@@ -14,7 +14,7 @@ import subprocess
 import sys
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -383,11 +383,13 @@ class Probe(ingest_pb2_grpc.IngestServiceServicer):
 
 @pytest.fixture
 async def probe(settings: Settings) -> AsyncIterator[tuple[grpc.aio.Channel, int]]:
-    """A real server with the interceptor and the Probe servicer (plus reflection, for grpcurl)."""
+    """A real server with the interceptor and the Probe servicer (plus reflection, for grpcurl),
+    and tracing's interceptor before it as the runtime installs it (none while tracing is off)."""
     from grpc_reflection.v1alpha import reflection
 
     pool = await create_pool(settings)
-    server = grpc.aio.server(interceptors=[ServiceInterceptor(Authenticator(pool, 0), access_log=False)])
+    interceptors = [*tracing.server_interceptors(), ServiceInterceptor(Authenticator(pool, 0), access_log=False)]
+    server = grpc.aio.server(interceptors=interceptors)
     ingest_pb2_grpc.add_IngestServiceServicer_to_server(Probe(), server)
     reflection.enable_server_reflection([INGEST, reflection.SERVICE_NAME], server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -441,38 +443,53 @@ async def test_a_bug_is_internal_without_leaking_and_a_dead_store_is_unavailable
     await expect_error(stub.IngestEvents(batch("store"), metadata=md), grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE")
 
 
-async def test_with_tracing_on_a_bug_s_span_records_it_and_has_ended_when_the_caller_holds_the_answer(
-    probe, make_key
-) -> None:
+@pytest.fixture
+def traced() -> Iterator[Any]:
+    """Tracing on, spans kept in memory (before `probe`: its server gets tracing's interceptor)."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    from opentelemetry.trace import StatusCode
 
     memory = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracing.configure(provider)  # before the probe server's first call: its handlers are traced
+    tracing.configure(provider)
     try:
-        ch, _ = probe
-        md = await make_key("traced-bug", {"p": ["admin"]})
-        stub = ingest_pb2_grpc.IngestServiceStub(ch)
-        for project, code in (("p", grpc.StatusCode.INTERNAL), ("store", grpc.StatusCode.UNAVAILABLE)):
-            request = ingest_pb2.IngestEventsRequest(events=[ingest_pb2.IngestEventRequest(project_id=project)])
-            with pytest.raises(grpc.aio.AioRpcError) as answered:
-                await stub.IngestEvents(request, metadata=md)
-            assert answered.value.code() == code
-            (span,) = memory.get_finished_spans()  # ended before the status was sent
-            memory.clear()
-            assert span.attributes is not None and span.attributes["rpc.grpc.status_code"] == code.value[0]
-            assert span.status.status_code is StatusCode.ERROR
-            if code is grpc.StatusCode.INTERNAL:  # a bug: its exception is on the span, not in the answer
-                assert [e.name for e in span.events] == ["exception"]
-                assert span.events[0].attributes and span.events[0].attributes["exception.type"] == "KeyError"
-            else:  # an outage answered as such is no unhandled exception
-                assert not span.events
+        yield memory
     finally:
         tracing.configure(None)
+
+
+async def test_with_tracing_on_a_bug_s_span_records_it_and_has_ended_when_the_caller_holds_the_answer(
+    traced, probe, make_key
+) -> None:
+    from opentelemetry.trace import StatusCode
+
+    memory = traced
+    ch, _ = probe
+    md = await make_key("traced-bug", {"p": ["admin"]})
+    stub = ingest_pb2_grpc.IngestServiceStub(ch)
+    for project, code in (("p", grpc.StatusCode.INTERNAL), ("store", grpc.StatusCode.UNAVAILABLE)):
+        request = ingest_pb2.IngestEventsRequest(events=[ingest_pb2.IngestEventRequest(project_id=project)])
+        with pytest.raises(grpc.aio.AioRpcError) as answered:
+            await stub.IngestEvents(request, metadata=md)
+        assert answered.value.code() == code
+
+        # the span ends as grpc's abort returns, just after the status was sent
+        async def ended() -> Any:
+            return memory.get_finished_spans()
+
+        (span,) = await eventually(ended, what="the call's server span")
+        memory.clear()
+        assert span.attributes is not None and span.attributes["rpc.grpc.status_code"] == code.value[0]
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.status.description == f"{code}:{answered.value.details()}"
+        # beside grpc's AbortError (the instrumentation records the abort that answers the call)
+        raised = [e.attributes["exception.type"] for e in span.events if e.attributes and e.name == "exception"]
+        if code is grpc.StatusCode.INTERNAL:  # a bug: its exception is on the span, not in the answer
+            assert raised[0] == "KeyError" and "secret internals" not in (answered.value.details() or "")
+        else:  # an outage answered as such is no unhandled exception
+            assert "KeyError" not in raised
 
 
 async def test_deadline_is_reported_as_deadline_exceeded(probe, make_key) -> None:

@@ -1,4 +1,4 @@
-"""The one server interceptor: authentication, error mapping, metrics and access log.
+"""The service interceptor: authentication, error mapping, metrics and access log.
 
 Handlers raise ServiceError (or let a store failure propagate); this turns it into a
 status with google.rpc details. A method the servicer does not implement (the generated
@@ -8,6 +8,13 @@ leaking the exception text.
 
 Only unary-unary handlers are wrapped: every awooop RPC is unary. Health and reflection
 (streaming, and public: docs/architecture.md, "Security and errors") pass through untouched.
+
+With tracing on, opentelemetry-instrumentation-grpc's server interceptor comes before this one
+(services/common/tracing.py): its span is current around everything here, and it sees the
+answer through the servicer context it wraps, whose `abort` it records (code and status) but
+not `abort_with_status` (grpc's goes to the unwrapped context). So a failure is answered with
+`abort` and the status's parts: an abort, not a returned code, because only an abort is sent
+trailers-only, which a client's retry policy may retry (UNAVAILABLE / OVERLOADED).
 """
 
 from __future__ import annotations
@@ -56,6 +63,15 @@ def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], A
             return Malformed(str(exc)[:200] or type(exc).__name__)
 
     return decode
+
+
+def _authorization(context: grpc.aio.ServicerContext[Any, Any]) -> str | None:
+    """The call's `authorization` metadata (the last one, should several come)."""
+    found = None
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization" and isinstance(value, str):  # only "-bin" keys carry bytes
+            found = value
+    return found
 
 
 class ServiceInterceptor(grpc.aio.ServerInterceptor):
@@ -107,7 +123,6 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         limit = self.max_concurrent_rpcs
         rpc = RpcMetrics(method)  # grpc_server_* children of this method, bound once
         run_of = run_id_getter(method)  # log lines of its RPCs carry the run the request names
-        spans = tracing.server_spans(method)  # None while tracing is off
 
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             started = time.perf_counter()
@@ -121,23 +136,13 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             self.in_flight += 1
             named = run_of is not None and type(request) is not Malformed  # a Malformed request names nothing
             run_token = RUN_ID.set(run_of(request)) if named else None  # type: ignore[misc]
-            # the call's metadata, read once (when either needs it) for its server span and its auth
-            md: dict[str, str | bytes] = (
-                {k: v for k, v in (context.invocation_metadata() or ())}
-                if spans is not None or authenticator is not None
-                else {}
-            )
-            # the RPC's server span, current around the rest (the log line carries its trace_id)
-            call_span = spans.start(context, md) if spans is not None else None
-            unhandled: Exception | None = None
             try:
                 if limit and self.in_flight > limit:
                     raise errors.overloaded(limit)
                 if type(request) is Malformed:  # answered like any bad input: counted, logged, ErrorInfo
                     raise errors.malformed_request(method, request.detail)
                 if authenticator is not None:
-                    auth = md.get("authorization")  # text metadata (only "-bin" keys carry bytes)
-                    principal = await authenticator.authenticate(auth if isinstance(auth, str) else None)
+                    principal = await authenticator.authenticate(_authorization(context))
                     principal_id = principal.principal_id
                     token = set_principal(principal)
                 return await inner(request, context)
@@ -157,8 +162,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 failure = store_error(exc)
                 if failure is None:
                     log.exception("unhandled error in %s", method)
+                    tracing.record_exception(exc)  # on the call's span (tracing on), not in the answer
                     failure = errors.internal()
-                    unhandled = exc
             finally:
                 self.in_flight -= 1
                 if failure is not None:
@@ -180,11 +185,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                     )
                 if run_token is not None:
                     RUN_ID.reset(run_token)
-                if call_span is not None:
-                    # before the status is sent: a caller holding the answer finds the span ended
-                    details = failure.message if failure is not None else context.details()
-                    call_span.end(grpc.StatusCode[code], details, unhandled)
             assert failure is not None  # the try either returned, raised, or set it
-            await context.abort_with_status(failure.to_status())
+            status = failure.to_status()
+            await context.abort(status.code, status.details, status.trailing_metadata)
 
         return handle

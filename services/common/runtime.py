@@ -180,7 +180,7 @@ class Runtime:
                 start_metrics(s.host, s.metrics_port)
             except OSError as exc:
                 raise SystemExit(f"port {s.metrics_port} on {s.host}: {exc.strerror}: set AWOOOP_METRICS_PORT") from exc
-        # OTEL_* variables (or a provider a test configured); off: no span wrapper, no cost
+        # OTEL_* variables (or a provider a test configured); off: no tracing interceptor, no cost
         if tracing.configure_from_env("awooop" if len(self.services) > 1 else f"awooop-{self.services[0]}"):
             log.info("tracing on", extra={"exporter": tracing.exporter_name()})
         pool = await create_pool(s)
@@ -202,7 +202,8 @@ class Runtime:
             interceptor = ServiceInterceptor(
                 authenticator, s.access_log, authenticate=not parts.public, max_concurrent_rpcs=s.max_concurrent_rpcs
             )
-            server = grpc.aio.server(interceptors=[interceptor], options=options)
+            # tracing's interceptor (none while off) outside ours: its span covers the whole call
+            server = grpc.aio.server(interceptors=[*tracing.server_interceptors(), interceptor], options=options)
             for add, servicer in parts.servicers:
                 add(servicer, server)
             preset_grpc_metrics(parts.service_names)

@@ -381,7 +381,7 @@ OTEL_DOC = [
     "| `OTEL_SERVICE_NAME` | `awooop-<service>` (`awooop` for several in one process) | the resource's service.name |",
     "| `OTEL_RESOURCE_ATTRIBUTES` | (empty) | more resource attributes, `key=value,...` |",
     "| `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG` | `parentbased_always_on` | "
-    "sampling, e.g. `parentbased_traceidratio` with `0.1` |",
+    "the SDK's sampler; in production `parentbased_traceidratio` with `0.1` (docs/operations.md, Tracing) |",
     "| `OTEL_SDK_DISABLED` | `false` | `true` turns tracing off whatever else is set |",
 ]
 

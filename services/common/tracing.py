@@ -6,8 +6,14 @@ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), and OTEL_SDK_DISABLED is not true. The OTLP
 reads its own variables (endpoint, headers, timeout, certificate), the sampler
 OTEL_TRACES_SAMPLER(_ARG), the resource OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES.
 
-Off costs nothing: no server span is started and every helper here returns at its first test of
-`tracer` (module global, None while off).
+Everything is the maintained packages' public API: the server spans are
+opentelemetry-instrumentation-grpc's aio server interceptor (`server_interceptors`, health and
+reflection left out), the client spans its aio client interceptors, the export the SDK's
+BatchSpanProcessor with opentelemetry-exporter-otlp-proto-grpc's OTLPSpanExporter.
+
+Off costs nothing: no interceptor is installed (a server's interceptors are chosen when it is
+built, so configure tracing before) and every helper here returns at its first test of `tracer`
+(module global, None while off).
 
 The run's trace: the span that created the run (IngestEvent / CreateRun server span, a
 child of the caller's W3C `traceparent` metadata, or a new trace) is stored with the run
@@ -24,6 +30,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import grpc
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -33,7 +40,6 @@ SCOPE = "awooop"
 provider: Any = None  # the TracerProvider in use (None: tracing off)
 tracer: trace.Tracer | None = None
 _owned = False  # configured from the environment here (so shut down here)
-_server_spans: tuple[Any, Any] | None = None  # (provider, its LeanAioServerInterceptor)
 
 
 def env_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -71,15 +77,15 @@ def configure_from_env(default_service_name: str) -> bool:
     if os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "console":
         exporter = ConsoleSpanExporter()
     else:
-        from services.common.otlp import LeanOTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        exporter = LeanOTLPSpanExporter()
+        exporter = OTLPSpanExporter()  # endpoint, headers, TLS, timeout: OTEL_EXPORTER_OTLP_*
     # OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES (read by Resource.create) name the service;
     # without them the SDK says unknown_service, and the default here names it instead
     resource = Resource.create()
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": default_service_name}))
-    tp = TracerProvider(resource=resource)
+    tp = TracerProvider(resource=resource)  # its sampler: OTEL_TRACES_SAMPLER(_ARG)
     tp.add_span_processor(BatchSpanProcessor(exporter))
     configure(tp)
     _owned = True
@@ -103,19 +109,29 @@ def shutdown() -> None:
         configure(None)
 
 
-def server_spans(method: str) -> Any:
-    """The starter of `method`'s server spans (tracing_grpc.MethodSpans: the
-    opentelemetry-instrumentation-grpc aio interceptor's span, lean), which the service interceptor
-    asks once per method and uses around each call (no interceptor of its own, so no layer per
-    call). None while tracing is off."""
-    global _server_spans
+def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
+    """The server interceptor that gives each served call its span (none while off):
+    opentelemetry-instrumentation-grpc's, first in a server's list so that the service
+    interceptor, its access log and the handler run inside the span. Health and reflection, which
+    the service interceptor leaves untouched too, get none (a probe every few seconds would
+    otherwise be much of the trace volume)."""
     if provider is None:
-        return None
-    if _server_spans is None or _server_spans[0] is not provider:
-        from services.common import tracing_grpc
+        return []
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
-        _server_spans = (provider, tracing_grpc.server_interceptor(provider))
-    return _server_spans[1].spans_of(method)
+    from services.common.interceptor import PUBLIC_PREFIXES  # (it imports this module)
+
+    def traced(details: grpc.HandlerCallDetails) -> bool:
+        return not details.method.startswith(PUBLIC_PREFIXES)
+
+    return [aio_server_interceptor(tracer_provider=provider, filter_=traced)]  # type: ignore[no-untyped-call]
+
+
+def record_exception(exc: BaseException) -> None:
+    """Records an exception nothing answered (a bug, answered INTERNAL) on the current span:
+    the server span of the call (the interceptor records only what escapes the handler)."""
+    if tracer is not None:
+        trace.get_current_span().record_exception(exc)
 
 
 def client_interceptors() -> list[Any]:
