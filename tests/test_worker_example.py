@@ -79,7 +79,8 @@ async def test_readme_worker_runs_a_run_through_approval(start_services: Any, ma
 
         await eventually(completed, timeout=30, what="the run to complete after approval")
         proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        # an idle worker stops when its long-poll in flight ends (claim_wait, 20 s by default)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
     finally:
         if proc.returncode is None:
             proc.kill()
