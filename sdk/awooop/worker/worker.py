@@ -224,6 +224,7 @@ class Worker:
             self.stop()  # also after a fatal error: handlers see ctx.stopping, the grace counts from now
             self.completions.release_held()
             await self._shutdown()
+            unsettled = self._log_unsettled()  # logged even when a fatal error ends the worker
             heartbeats.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeats
@@ -233,7 +234,8 @@ class Worker:
                 await self.client.close()
             self._running = False
             log.info("worker stopped", extra={"worker_id": self.worker_id})
-        self._raise_unsettled()
+        if unsettled:
+            raise WorkerError(unsettled)
 
     # --- claiming ---
 
@@ -608,11 +610,12 @@ class Worker:
             return  # no answer: a call that ended unanswered has its runs handed back by the scheduler
         self._accept(response.runs)
 
-    def _raise_unsettled(self) -> None:
-        """Runs held at the stop that are neither ended nor handed back: logged, and run() fails."""
+    def _log_unsettled(self) -> str:
+        """Logs the runs held at the stop that are neither ended nor handed back; the error for
+        run() to raise ("" when there are none)."""
         left = sorted({*self._unsettled, *self._held})
         if not left:
-            return
+            return ""
         names = ", ".join(f"{run_id} (attempt {attempt})" for run_id, attempt in left)
         log.error(
             "could not settle %d runs before stopping; they stay RUNNING until their lease expires: %s",
@@ -620,7 +623,7 @@ class Worker:
             names,
             extra={"worker_id": self.worker_id, "runs": [run_id for run_id, _ in left]},
         )
-        raise WorkerError(f"could not settle {len(left)} runs before stopping: {names}")
+        return f"could not settle {len(left)} runs before stopping: {names}"
 
 
 def _granted_ttl(claimed: scheduler_pb2.ClaimedRun) -> float | None:
