@@ -629,7 +629,7 @@ async def test_sigterm_settles_every_run_when_completion_and_hand_back_calls_tim
     async with scheduler_proxy(suite) as proxy:
         proxy.add("CompleteRuns", rpc_proxy.hang(), *[rpc_proxy.lose_answer()] * 4)
         proxy.add("ReleaseRun", rpc_proxy.hang(), *[rpc_proxy.fail()] * 4)
-        async with worker_process(suite, tmp_path, scheduler=proxy.address, grace=3.0, call_timeout=2.0) as worker:
+        async with worker_process(suite, tmp_path, scheduler=proxy.address, grace=3.0, call_timeout=3.0) as worker:
             await worker.handlers_started(2)
             rc = await worker.sigterm()
         assert proxy.faulted["CompleteRuns"] == 5 and proxy.faulted["ReleaseRun"] == 5, worker.text()
