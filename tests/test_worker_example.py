@@ -95,7 +95,8 @@ async def test_readme_worker_runs_the_demo_story_to_completed_and_to_compensated
 
         await eventually(completed, timeout=30, what="the approved run to complete")
         os.killpg(worker.pid, signal.SIGTERM)
-        assert await asyncio.wait_for(worker.wait(), 30) == 0
+        # an idle worker stops when its long-poll in flight ends (claim_wait, 20 s by default)
+        assert await asyncio.wait_for(worker.wait(), 60) == 0
     finally:
         if worker is not None and worker.returncode is None:
             os.killpg(worker.pid, signal.SIGKILL)

@@ -7,6 +7,7 @@ process handing its leases back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,9 @@ from awooop.worker import (
     to_struct,
 )
 from services.common.runtime import Runtime
+from tests.harness import rpc_proxy
 from tests.harness.helpers import ROOT, eventually, key_of
+from tests.harness.rpc_proxy import RpcProxy
 
 PROJECT = "wp"
 
@@ -508,62 +512,175 @@ async def test_rpc_errors_are_decoded(suite: Suite) -> None:
 
 WORKER_SCRIPT = textwrap.dedent(
     """
-    import asyncio, json, sys
+    import asyncio, logging, sys
     from awooop.worker import Worker
 
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+
     async def handle(ctx):
+        print("handler-started", ctx.input.get("mode"), ctx.run_id, flush=True)
         if ctx.input.get("mode") == "finish":
             await ctx.stopping.wait()          # finishes inside the shutdown grace period
             return {"finished_during_grace": True}
         await asyncio.Event().wait()           # never finishes: released after the grace period
 
-    asyncio.run(Worker(handle, projects=[sys.argv[1]], concurrency=2, lease_ttl=60, heartbeat_interval=1,
-                       shutdown_grace=1.0, claim_wait=2).run())
+    project, grace, call_timeout = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+    asyncio.run(Worker(handle, projects=[project], concurrency=2, lease_ttl=60, heartbeat_interval=1,
+                       shutdown_grace=grace, call_timeout=call_timeout, claim_wait=2).run())
     """
 )
+STARTED = "handler-started"
 
 
-async def test_sigterm_finishes_or_releases_every_lease(suite: Suite, db: Any, tmp_path: Path) -> None:
-    finish, hold = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
+@dataclass
+class WorkerProcess:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    async def handlers_started(self, n: int) -> None:
+        """Waits until n handlers run: the worker holds those runs (the database alone cannot
+        tell: it says RUNNING as soon as the claim commits, before the worker has the answer)."""
+
+        async def started() -> bool:
+            return self.text().count(STARTED) >= n
+
+        await eventually(started, timeout=30, what=f"{n} handlers started")
+
+    async def sigterm(self) -> int:
+        """SIGTERM; the exit code."""
+        self.proc.send_signal(signal.SIGTERM)
+        return await asyncio.to_thread(self.proc.wait, 30)
+
+
+@contextlib.asynccontextmanager
+async def worker_process(
+    suite: Suite, tmp_path: Path, *, scheduler: str | None = None, grace: float = 1.0, call_timeout: float = 10.0
+) -> AsyncIterator[WorkerProcess]:
+    """A real worker process (WORKER_SCRIPT) on the suite's scheduler or on `scheduler` (a proxy)."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER_SCRIPT)
     env = {
         **os.environ,
         "AWOOOP_API_KEY": suite.worker_key,
-        "AWOOOP_SCHEDULER_ADDR": suite.scheduler,
+        "AWOOOP_SCHEDULER_ADDR": scheduler or suite.scheduler,
         "AWOOOP_SAGA_ADDR": suite.saga,
     }
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(script), PROJECT], env=env, cwd=ROOT, stdout=out, stderr=out)
+        args = [sys.executable, str(script), PROJECT, str(grace), str(call_timeout)]
+        proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=out, stderr=out)
     try:
-
-        async def both_running() -> bool:
-            n = await db.fetchval(
-                "SELECT count(*) FROM awooop_run_state WHERE project_id=$1 AND status='RUNNING'", PROJECT
-            )
-            return bool(n == 2)
-
-        await eventually(both_running, timeout=30, what="both runs claimed")
-        proc.send_signal(signal.SIGTERM)
-        rc = await asyncio.to_thread(proc.wait, 30)
+        yield WorkerProcess(proc, log)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert rc == 0, log.read_text()
-    rows = {
-        str(r["run_id"]): r
-        for r in await db.fetch(
-            "SELECT run_id, status, attempt_count, released_count, lease_until, worker_id, output "
-            "FROM awooop_run_state WHERE project_id=$1",
-            PROJECT,
-        )
-    }
-    # right after the process exited, with a 60 s lease: only a hand-back can explain PENDING
-    assert rows[finish]["status"] == "COMPLETED"
-    assert json.loads(rows[finish]["output"]) == {"finished_during_grace": True}
-    held = rows[hold]
-    assert held["status"] == "PENDING" and held["lease_until"] is None and held["worker_id"] is None
-    assert held["attempt_count"] == 1 and held["released_count"] == 1  # the attempt is not counted as used
-    last = (await suite.history(hold))[-1]
+            proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def scheduler_proxy(suite: Suite) -> AsyncIterator[RpcProxy]:
+    proxy = await RpcProxy(suite.scheduler).start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
+
+
+async def run_rows(db: Any) -> dict[str, Any]:
+    rows = await db.fetch(
+        "SELECT run_id, status, attempt_count, released_count, lease_until, worker_id, output "
+        "FROM awooop_run_state WHERE project_id=$1",
+        PROJECT,
+    )
+    return {str(r["run_id"]): r for r in rows}
+
+
+async def assert_handed_back(suite: Suite, row: Any) -> None:
+    """PENDING again right after the worker exited, with a 60 s lease: only a hand-back explains it."""
+    assert row["status"] == "PENDING" and row["lease_until"] is None and row["worker_id"] is None
+    assert row["attempt_count"] == 1 and row["released_count"] == 1  # the attempt is not counted as used
+    last = (await suite.history(str(row["run_id"])))[-1]
     assert last.action == "RELEASED" and "shutting down" in last.reason
+
+
+async def test_sigterm_finishes_or_releases_every_lease(suite: Suite, db: Any, tmp_path: Path) -> None:
+    finish, hold = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
+    async with worker_process(suite, tmp_path) as worker:
+        await worker.handlers_started(2)
+        rc = await worker.sigterm()
+    assert rc == 0, worker.text()
+    rows = await run_rows(db)
+    assert rows[finish]["status"] == "COMPLETED", worker.text()
+    assert json.loads(rows[finish]["output"]) == {"finished_during_grace": True}
+    await assert_handed_back(suite, rows[hold])
+
+
+async def test_sigterm_settles_every_run_when_completion_and_hand_back_calls_time_out_or_fail(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    """Each settling call first hangs until its deadline (a scheduler that answers late), then
+    fails UNAVAILABLE more often than the channel's own retries cover (the completion's
+    failures come after the scheduler did it: the answer is lost). Every run still ends
+    completed or handed back, inside the shutdown's budget."""
+    finish, hold = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
+    async with scheduler_proxy(suite) as proxy:
+        proxy.add("CompleteRuns", rpc_proxy.hang(), *[rpc_proxy.lose_answer()] * 4)
+        proxy.add("ReleaseRun", rpc_proxy.hang(), *[rpc_proxy.fail()] * 4)
+        async with worker_process(suite, tmp_path, scheduler=proxy.address, grace=3.0, call_timeout=3.0) as worker:
+            await worker.handlers_started(2)
+            rc = await worker.sigterm()
+        assert proxy.faulted["CompleteRuns"] == 5 and proxy.faulted["ReleaseRun"] == 5, worker.text()
+    assert rc == 0, worker.text()
+    rows = await run_rows(db)
+    assert rows[finish]["status"] == "COMPLETED", worker.text()
+    assert json.loads(rows[finish]["output"]) == {"finished_during_grace": True}
+    await assert_handed_back(suite, rows[hold])
+
+
+async def test_a_claim_answer_arriving_after_sigterm_is_handed_back(suite: Suite, db: Any, tmp_path: Path) -> None:
+    """The scheduler claimed both runs, then SIGTERM comes before its answer reaches the worker.
+    The worker must not drop the answer (the runs would stay RUNNING until their lease
+    expires): it waits for it and hands both runs back without starting their handlers."""
+    runs = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
+    async with scheduler_proxy(suite) as proxy:
+        proxy.add("ClaimRuns", rpc_proxy.hold_answer())
+        async with worker_process(suite, tmp_path, scheduler=proxy.address) as worker:
+
+            async def claimed() -> bool:
+                return proxy.answered.is_set()
+
+            await eventually(claimed, timeout=30, what="the scheduler to answer the claim")
+            worker.proc.send_signal(signal.SIGTERM)
+
+            async def stopping() -> bool:  # the SDK logs its stop; an older one cancels the claim instead
+                return "worker stopping" in worker.text() or proxy.cancelled["ClaimRuns"] > 0
+
+            await eventually(stopping, timeout=30, what="the worker to begin stopping")
+            proxy.release.set()
+            rc = await asyncio.to_thread(worker.proc.wait, 30)
+    assert rc == 0, worker.text()
+    assert STARTED not in worker.text()
+    rows = await run_rows(db)
+    for run_id in runs:
+        await assert_handed_back(suite, rows[run_id])
+
+
+async def test_runs_the_worker_cannot_settle_make_it_exit_non_zero_naming_them(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    """The scheduler refuses every completion and hand-back through the whole grace period: the
+    process must not exit 0 as if all were well, and its log names the runs left RUNNING."""
+    runs = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
+    async with scheduler_proxy(suite) as proxy:
+        proxy.always["CompleteRuns"] = proxy.always["ReleaseRun"] = rpc_proxy.fail()
+        async with worker_process(suite, tmp_path, scheduler=proxy.address, grace=1.0, call_timeout=1.0) as worker:
+            await worker.handlers_started(2)
+            rc = await worker.sigterm()
+    text = worker.text()
+    assert rc != 0, text
+    assert "could not settle 2 runs" in text and all(run_id in text for run_id in runs), text
+    rows = await run_rows(db)
+    assert all(rows[run_id]["status"] == "RUNNING" for run_id in runs)

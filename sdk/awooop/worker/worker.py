@@ -16,8 +16,17 @@
   Heartbeat. An uncaught
   exception fails the attempt as retryable (the scheduler retries while attempts are left).
 - Shutdown (SIGTERM, SIGINT or stop()): stop claiming, give running handlers `shutdown_grace`
-  seconds to finish, then cancel the rest and hand their leases back with ReleaseRun, so the
-  runs are claimable again immediately instead of after a lease timeout.
+  seconds (from the stop) to finish, then cancel the rest and hand their leases back with
+  ReleaseRun, so the runs are claimable again immediately instead of after a lease timeout.
+  Every run held then is settled before run() returns: completed, failed, handed back (or no
+  longer ours: LEASE_LOST). Settling calls that end UNAVAILABLE / DEADLINE_EXCEEDED are sent
+  again (settling.py) until `call_timeout` after the grace (ending calls; a run that still cannot
+  be ended is handed back instead) or twice that (hand-backs). A ClaimRuns in flight at the stop
+  is not cancelled: the scheduler may have claimed runs for it already and a cancelled call
+  would drop its answer, leaving them RUNNING until their lease expires. Its answer is awaited
+  (it ends by its own wait) and the runs it brings, like any claimed while stopping, are handed
+  back unstarted. Runs that could not be settled are logged and run() raises WorkerError
+  (a non-zero exit).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +48,7 @@ import grpc
 from opentelemetry import trace
 
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import metrics, tracing
+from awooop.worker import metrics, settling, tracing
 from awooop.worker.claim_ids import ClaimIds
 from awooop.worker.client import DEFAULT_TIMEOUT, Client
 from awooop.worker.completions import CompletionBatcher
@@ -73,6 +82,9 @@ class _Held:
     renewed_until: float  # monotonic time by which the lease surely ends without a renewal
     task: asyncio.Task[None] | None = None
     stop_reason: str | None = None
+    # the handler returned or raised: the run is being ended (completed, failed), never cancelled
+    handler_done: bool = False
+    settled: bool = False  # ended, handed back or no longer ours: nothing is left to tell the scheduler
 
     @property
     def key(self) -> tuple[str, int]:
@@ -164,6 +176,10 @@ class Worker:
         self.completions.set_carrier(lambda: self._awaiting_slot and not self._stopping.is_set(), self._slot_freed.set)
         self._running = False
         self._claim_ids = ClaimIds()  # a claim whose answer was lost is retried with its id
+        self._stopped_at: float | None = None  # monotonic time of the stop: the grace counts from it
+        self._claim: asyncio.Future[Any] | None = None  # a ClaimRuns in flight at the stop: its runs go back
+        self._returning: list[asyncio.Task[None]] = []  # hand-backs of runs claimed while stopping
+        self._unsettled: list[tuple[str, int]] = []  # leases that could be neither ended nor handed back
 
     # --- public ---
 
@@ -178,7 +194,14 @@ class Worker:
 
     def stop(self) -> None:
         """Asks the worker to stop: no new claims; running handlers finish or are released."""
+        if self._stopping.is_set():
+            return
+        self._stopped_at = time.monotonic()
         self._stopping.set()
+        log.info(
+            "worker stopping: no new claims; handlers finish or are handed back",
+            extra={"worker_id": self.worker_id, "held": len(self._held), "grace_s": self.shutdown_grace},
+        )
 
     async def run(self, *, install_signal_handlers: bool = True) -> None:
         """Claims and handles runs until stop(), SIGTERM or SIGINT; then shuts down cleanly."""
@@ -200,8 +223,10 @@ class Worker:
         try:
             await self._claim_loop()
         finally:
+            self.stop()  # also after a fatal error: handlers see ctx.stopping, the grace counts from now
             self.completions.release_held()
             await self._shutdown()
+            unsettled = self._log_unsettled()  # logged even when a fatal error ends the worker
             heartbeats.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeats
@@ -211,6 +236,8 @@ class Worker:
                 await self.client.close()
             self._running = False
             log.info("worker stopped", extra={"worker_id": self.worker_id})
+        if unsettled:
+            raise WorkerError(unsettled)
 
     # --- claiming ---
 
@@ -246,8 +273,9 @@ class Worker:
             claim = asyncio.ensure_future(
                 self.client.call(self.client.scheduler.ClaimRuns, request, timeout=self.claim_wait + self.call_timeout)
             )
-            if not await self._until_stopping(claim):
-                break  # stopping while waiting for work: the in-flight claim was cancelled
+            if not await self._until_stopping(claim, cancel=False):
+                self._claim = claim  # stopping: its answer is handed back (see the module's docstring)
+                break
             try:
                 response = claim.result()
             except AwooopError as err:
@@ -261,8 +289,7 @@ class Worker:
                 continue
             self._claim_ids.answered()
             backoff = 0.2
-            for claimed in response.runs:
-                self._start(claimed)
+            self._accept(response.runs)
             if response.runs or self.claim_wait <= 0 or time.monotonic() - sent_at >= self.claim_wait / 2:
                 early = 0
                 continue
@@ -303,11 +330,11 @@ class Worker:
             return
         self._claim_ids.answered()
         self.completions.settle(carried, response.completed)
-        for claimed in response.runs:
-            self._start(claimed)
+        self._accept(response.runs)
 
-    async def _until_stopping(self, aw: Any) -> bool:
-        """Awaits aw unless stop() comes first (then cancels it). True when aw finished."""
+    async def _until_stopping(self, aw: Any, *, cancel: bool = True) -> bool:
+        """Awaits aw unless stop() comes first (then cancels it, unless cancel=False: it goes on).
+        True when aw finished."""
         task = asyncio.ensure_future(aw)
         stop = asyncio.ensure_future(self._stopping.wait())
         try:
@@ -316,10 +343,28 @@ class Worker:
             stop.cancel()
         if task.done():
             return True
+        if not cancel:
+            return False
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, AwooopError):
             await task
         return False
+
+    def _accept(self, runs: Iterable[scheduler_pb2.ClaimedRun]) -> None:
+        """Starts a handler for each claimed run; once stopping, hands them back unstarted."""
+        for claimed in runs:
+            if self._stopping.is_set():
+                task = asyncio.create_task(self._return_claimed(claimed), name=f"awooop-return-{claimed.lease.run_id}")
+                self._returning.append(task)
+            else:
+                self._start(claimed)
+
+    async def _return_claimed(self, claimed: scheduler_pb2.ClaimedRun) -> None:
+        self.stats.claimed += 1
+        ctx = RunContext(self.client, claimed, self.worker_id, self._stopping, self.completions, tracer=self.tracer)
+        ctx.log.info("claimed while stopping; handing it back unstarted", extra={"worker_id": self.worker_id})
+        if not await self._hand_back(ctx):
+            self._unsettled.append((ctx.run_id, ctx.attempt))
 
     def _start(self, claimed: scheduler_pb2.ClaimedRun) -> None:
         ctx = RunContext(self.client, claimed, self.worker_id, self._stopping, self.completions, tracer=self.tracer)
@@ -350,81 +395,140 @@ class Worker:
             await self._execute_traced(h)
 
     async def _execute_traced(self, h: _Held) -> None:
-        ctx = h.ctx
         try:
-            try:
-                output = await self.handler(ctx)
-            except asyncio.CancelledError:
-                if h.stop_reason is None:
-                    raise  # not ours: the event loop is going away
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-                await self._after_stop(h)
-                return
-            except LeaseLost:
-                self._count("lost")
-                ctx.log.warning("lease lost; handler stopped")
-                return
-            except RunFinished as exc:
-                ctx.log.error("handler kept using a finished run: %s", exc)
-                return
-            except Exception as exc:
-                if ctx.finished:
-                    ctx.log.exception("handler raised after the run was %s", ctx.outcome)
-                    return
-                ctx.log.exception("handler raised; failing the attempt (retryable)")
-                await self._final(
-                    ctx,
-                    "failed",
-                    ctx.fail(f"{type(exc).__name__}: {exc}", retryable=True, error_code="E-WORKER-HANDLER"),
-                )
-                return
-            if h.stop_reason is not None:  # the handler swallowed our cancellation
-                await self._after_stop(h)
-            elif ctx.finished:
-                self._count(ctx.outcome or "completed")
-            else:
-                await self._final(ctx, "completed", ctx.complete(_as_output(output)))
+            h.settled = await self._handle(h)
         finally:
             self._held.pop(h.key, None)
             metrics.HELD.set(len(self._held))
             self._slot_freed.set()
+            if not h.settled and self._stopping.is_set():
+                self._unsettled.append(h.key)
 
-    async def _final(self, ctx: RunContext, outcome: str, call: Any) -> None:
+    async def _handle(self, h: _Held) -> bool:
+        """Runs the handler and ends the run by its outcome. True when the run is settled."""
+        ctx = h.ctx
         try:
-            await call
+            try:
+                output = await self.handler(ctx)
+            finally:
+                h.handler_done = True
+        except asyncio.CancelledError:
+            if h.stop_reason is None:
+                raise  # not ours: the event loop is going away
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            return await self._after_stop(h)
+        except LeaseLost:
+            self._count("lost")
+            ctx.log.warning("lease lost; handler stopped")
+            return True
+        except RunFinished as exc:
+            ctx.log.error("handler kept using a finished run: %s", exc)
+            return True
+        except Exception as exc:
+            if ctx.finished:
+                ctx.log.exception("handler raised after the run was %s", ctx.outcome)
+                return True
+            ctx.log.exception("handler raised; failing the attempt (retryable)")
+            reason = f"{type(exc).__name__}: {exc}"
+            return await self._final(
+                h, "failed", lambda: ctx.fail(reason, retryable=True, error_code="E-WORKER-HANDLER")
+            )
+        if h.stop_reason is not None:  # the handler swallowed our cancellation
+            return await self._after_stop(h)
+        if ctx.finished:
+            self._count(ctx.outcome or "completed")
+            return True
+        result = _as_output(output)
+        return await self._final(h, "completed", lambda: ctx.complete(result))
+
+    async def _final(self, h: _Held, outcome: str, end: Callable[[], Awaitable[Any]]) -> bool:
+        """Ends the run with end() (sent again after UNAVAILABLE / DEADLINE_EXCEEDED while the
+        lease lasts, or the shutdown allows). One that cannot be ended while stopping is handed
+        back. True when settled."""
+        ctx = h.ctx
+        try:
+            await settling.until(lambda: self._ending_deadline(h), lambda _timeout: end())
             self._count(outcome)
+            return True
         except LeaseLost:
             self._count("lost")
             ctx.log.warning("lease lost before the run could be %s", outcome)
+            return True
         except AwooopError as err:
-            self._count("error")
-            ctx.log.error("could not record the run as %s: %s", outcome, err)
+            if not self._stopping.is_set():
+                self._count("error")
+                ctx.log.error("could not record the run as %s: %s", outcome, err)
+                return False
+            ctx.log.warning("could not record the run as %s (%s); handing it back", outcome, err)
+            return await self._hand_back(ctx)
 
-    async def _after_stop(self, h: _Held) -> None:
+    async def _after_stop(self, h: _Held) -> bool:
+        """Tells the scheduler why the handler was stopped. True when settled."""
         ctx, lease = h.ctx, h.ctx.lease
+        if h.stop_reason == LOST:
+            self._count("lost")
+            metrics.LEASES_LOST.inc()
+            ctx.log.warning("lease lost; handler cancelled")
+            return True
+        if h.stop_reason == SHUTDOWN:
+            return await self._hand_back(ctx)
         try:
-            if h.stop_reason == LOST:
-                self._count("lost")
-                metrics.LEASES_LOST.inc()
-                ctx.log.warning("lease lost; handler cancelled")
-            elif h.stop_reason == CANCEL:
-                await self.client.call(
-                    self.client.scheduler.AcknowledgeCancel, scheduler_pb2.AcknowledgeCancelRequest(lease=lease)
-                )
-                self._count("cancelled")
-                ctx.log.info("cancel requested; handler cancelled and cancel acknowledged")
-            elif h.stop_reason == SHUTDOWN:
-                await self.client.call(
-                    self.client.scheduler.ReleaseRun,
-                    scheduler_pb2.ReleaseRunRequest(lease=lease, reason=f"worker {self.worker_id} shutting down"),
-                )
-                self._count("released")
-                ctx.log.info("worker shutting down; lease handed back")
+            await settling.until(
+                self._settle_deadline,
+                lambda timeout: self.client.call(
+                    self.client.scheduler.AcknowledgeCancel,
+                    scheduler_pb2.AcknowledgeCancelRequest(lease=lease),
+                    timeout=min(timeout, self.call_timeout),
+                ),
+            )
         except AwooopError as err:
             self._count("lost" if isinstance(err, LeaseLost) else "error")
             ctx.log.warning("after stopping the handler (%s): %s", h.stop_reason, err)
+            return isinstance(err, LeaseLost)
+        self._count("cancelled")
+        ctx.log.info("cancel requested; handler cancelled and cancel acknowledged")
+        return True
+
+    async def _hand_back(self, ctx: RunContext) -> bool:
+        """ReleaseRun (the attempt is not counted), sent again after UNAVAILABLE /
+        DEADLINE_EXCEEDED until the shutdown's settle deadline. True when settled."""
+        request = scheduler_pb2.ReleaseRunRequest(lease=ctx.lease, reason=f"worker {self.worker_id} shutting down")
+        try:
+            await settling.until(
+                self._settle_deadline,
+                lambda timeout: self.client.call(
+                    self.client.scheduler.ReleaseRun, request, timeout=min(timeout, self.call_timeout)
+                ),
+            )
+        except LeaseLost as err:  # released by an earlier try whose answer was lost, or reaped meanwhile
+            self._count("lost")
+            ctx.log.warning("hand-back: lease no longer ours: %s", err)
+            return True
+        except AwooopError as err:
+            self._count("error")
+            ctx.log.error("could not hand the run back: %s", err)
+            return False
+        self._count("released")
+        ctx.log.info("worker shutting down; lease handed back")
+        return True
+
+    # --- deadlines ---
+
+    def _grace_end(self) -> float:
+        return (self._stopped_at or time.monotonic()) + self.shutdown_grace
+
+    def _settle_deadline(self) -> float:
+        """Hand-backs are tried until then: two call timeouts after the grace."""
+        return self._grace_end() + 2 * self.call_timeout
+
+    def _ending_deadline(self, h: _Held) -> float:
+        """Ending calls are tried again while the lease surely lasts; when stopping, until one call
+        timeout after the grace (the other leaves time for a hand-back)."""
+        if self._stopping.is_set():
+            return self._grace_end() + self.call_timeout
+        return h.renewed_until
 
     def _count(self, outcome: str) -> None:
         metrics.RUNS.labels(outcome).inc()
@@ -433,8 +537,8 @@ class Worker:
             setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
 
     def _stop_handler(self, h: _Held, reason: str) -> None:
-        if h.stop_reason is not None or h.ctx.finished or h.task is None or h.task.done():
-            return  # already stopping, or the run is being completed/failed/handed over right now
+        if h.stop_reason is not None or h.ctx.finished or h.handler_done or h.task is None or h.task.done():
+            return  # already stopping, or the run is being completed/failed/handed over (or retried) now
         h.stop_reason = reason
         h.task.cancel()
 
@@ -489,15 +593,47 @@ class Worker:
     # --- shutdown ---
 
     async def _shutdown(self) -> None:
+        """Gives handlers the rest of the grace, stops the others, and waits until every run held
+        is settled (or its settling gave up); hands back what an in-flight claim brings meanwhile."""
+        claim = asyncio.ensure_future(self._return_in_flight_claim())
         tasks = [h.task for h in self._held.values() if h.task is not None]
         if tasks:
             log.info("waiting for running handlers", extra={"handlers": len(tasks), "grace_s": self.shutdown_grace})
-            await asyncio.wait(tasks, timeout=self.shutdown_grace)
+            await asyncio.wait(tasks, timeout=max(0.0, self._grace_end() - time.monotonic()))
         for h in list(self._held.values()):
             self._stop_handler(h, SHUTDOWN)
         rest = [h.task for h in self._held.values() if h.task is not None and not h.task.done()]
         if rest:
-            await asyncio.wait(rest, timeout=self.call_timeout * 2)
+            # each settles by its deadline; the extra call timeout bounds a handler that ignores cancellation
+            await asyncio.wait(rest, timeout=max(0.0, self._settle_deadline() + self.call_timeout - time.monotonic()))
+        await claim
+        if self._returning:
+            await asyncio.wait(self._returning)
+
+    async def _return_in_flight_claim(self) -> None:
+        """Awaits the ClaimRuns in flight at the stop and hands back the runs it claimed."""
+        if self._claim is None:
+            return
+        try:
+            response = await self._claim
+        except AwooopError:
+            return  # no answer: a call that ended unanswered has its runs handed back by the scheduler
+        self._accept(response.runs)
+
+    def _log_unsettled(self) -> str:
+        """Logs the runs held at the stop that are neither ended nor handed back; the error for
+        run() to raise ("" when there are none)."""
+        left = sorted({*self._unsettled, *self._held})
+        if not left:
+            return ""
+        names = ", ".join(f"{run_id} (attempt {attempt})" for run_id, attempt in left)
+        log.error(
+            "could not settle %d runs before stopping; they stay RUNNING until their lease expires: %s",
+            len(left),
+            names,
+            extra={"worker_id": self.worker_id, "runs": [run_id for run_id, _ in left]},
+        )
+        return f"could not settle {len(left)} runs before stopping: {names}"
 
 
 def _granted_ttl(claimed: scheduler_pb2.ClaimedRun) -> float | None:
