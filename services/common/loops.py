@@ -117,6 +117,32 @@ async def each_run(
     return done
 
 
+async def in_batches(
+    name: str,
+    actor: str,
+    pool: asyncpg.Pool,
+    batch: int,
+    statement: Callable[[uuid.UUID | None, int], Awaitable[list[asyncpg.Record]]],
+    due_sql: str,
+    settle: Callable[[list[asyncpg.Record]], None],
+) -> None:
+    """Runs statement(None, batch) until a batch comes back short, settling each batch's rows. A
+    batch that fails for its data is run again one run at a time: due_sql ($1 limit) lists the
+    runs a batch would take, and statement(run_id, 1) restricts the same statement to one."""
+    while True:
+        try:
+            rows = await statement(None, batch)
+        except Exception as exc:
+            if not poisoned(exc):
+                raise
+            ids = [r["run_id"] for r in await pool.fetch(due_sql, batch)]
+            settle(await each_run(name, actor, pool, ids, lambda run_id: statement(run_id, 1)))
+            return
+        settle(rows)
+        if len(rows) < batch:
+            return
+
+
 def poisoned(exc: BaseException) -> bool:
     """The statement failed for its data, not for the store: worth retrying row by row."""
     return store_error(exc) is None and not isinstance(exc, asyncio.CancelledError)

@@ -329,23 +329,15 @@ SELECT run_id FROM awooop_run_state
 async def expire_approvals(pool: asyncpg.Pool, saga: SagaNudger, batch: int = SWEEP_BATCH) -> int:
     """One sweep: fails every expired approval (in batches); returns how many. A batch that
     fails for one run's data is swept again one run at a time (that run skipped and noted)."""
-    total = 0
+    settled: list[int] = []
 
     async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
         return await pool.fetch(SWEEP_SQL, size, SWEEP_ACTOR, only)
 
-    while True:
-        try:
-            rows = await statement(None, batch)
-        except Exception as exc:
-            if not loops.poisoned(exc):
-                raise
-            ids = [r["run_id"] for r in await pool.fetch(DUE_SQL, batch)]
-            rows = await loops.each_run(SWEEP_LOOP, SWEEP_ACTOR, pool, ids, lambda run_id: statement(run_id, 1))
-            return total + _settle(rows, saga)
-        total += _settle(rows, saga)
-        if len(rows) < batch:
-            return total
+    await loops.in_batches(
+        SWEEP_LOOP, SWEEP_ACTOR, pool, batch, statement, DUE_SQL, lambda rows: settled.append(_settle(rows, saga))
+    )
+    return sum(settled)
 
 
 def _settle(rows: list[asyncpg.Record], saga: SagaNudger) -> int:

@@ -129,20 +129,10 @@ async def reap(
             pool, REAP_SQL, size, REAPER_ACTOR, RUN_READY_CHANNEL, policy_defaults, only
         )
 
-    while True:
-        try:
-            rows = await statement(None, batch)
-        except Exception as exc:
-            if not loops.poisoned(exc):
-                raise
-            ids = [r["run_id"] for r in await pool.fetch(EXPIRED_SQL, batch)]
-            _settle(
-                await loops.each_run(LOOP, REAPER_ACTOR, pool, ids, lambda run_id: statement(run_id, 1)), counts, saga
-            )
-            return ReapResult(**counts)
-        _settle(rows, counts, saga)
-        if len(rows) < batch:
-            return ReapResult(**counts)
+    await loops.in_batches(
+        LOOP, REAPER_ACTOR, pool, batch, statement, EXPIRED_SQL, lambda rows: _settle(rows, counts, saga)
+    )
+    return ReapResult(**counts)
 
 
 def _settle(rows: list[asyncpg.Record], counts: dict[str, int], saga: SagaNudger) -> None:
