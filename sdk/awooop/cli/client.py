@@ -123,15 +123,24 @@ def service_of(method: str) -> str:
     return "gateway" if area == "tools" else area
 
 
-def explain_unavailable(err: AwooopError, client: Client) -> str | None:
-    """For a call that never reached the service: one line saying what to change. A served
-    UNAVAILABLE (STORE_UNAVAILABLE) carries a reason and is left as the server said it."""
+def _address_of(err: AwooopError, client: Client) -> tuple[str, str, str, str, str] | None:
+    """For an error the server did not explain (no awooop reason): the service called, its
+    address, where that address came from, and the flag and variable that set it."""
     service = service_of(err.method)
     if err.reason or service not in client.sources:
         return None
     addr, source = client.sources[service]
     flag, var = f"--{service}", f"AWOOOP_{service.upper()}_ADDR"
-    origin = {"argument": flag, "default": "the default"}.get(source, source)
+    return service, addr, {"argument": flag, "default": "the default"}.get(source, source), flag, var
+
+
+def explain_unavailable(err: AwooopError, client: Client) -> str | None:
+    """For a call that never reached the service: one line saying what to change. A served
+    UNAVAILABLE (STORE_UNAVAILABLE) carries a reason and is left as the server said it."""
+    where = _address_of(err, client)
+    if where is None:
+        return None
+    service, addr, origin, flag, var = where
     text = err.details.message.lower()
     if "handshake" in text and ("wrong_version_number" in text or "tsi_protocol_failure" in text):
         return (
@@ -152,12 +161,10 @@ def explain_unavailable(err: AwooopError, client: Client) -> str | None:
 def explain_unimplemented(err: AwooopError, client: Client) -> str | None:
     """grpc's own `Method not found!` (no awooop reason): the address is most likely another
     service's port, so name the address, where it came from and how to change it."""
-    service = service_of(err.method)
-    if err.reason or service not in client.sources:
+    where = _address_of(err, client)
+    if where is None:
         return None
-    addr, source = client.sources[service]
-    flag, var = f"--{service}", f"AWOOOP_{service.upper()}_ADDR"
-    origin = {"argument": flag, "default": "the default"}.get(source, source)
+    service, addr, origin, flag, var = where
     method = err.method.rsplit("/", 1)[-1]
     return (
         f"error: UNIMPLEMENTED: the server at {addr} does not serve the {service} service ({method}): "
