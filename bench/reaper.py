@@ -97,7 +97,7 @@ async def _time_statement(pool: asyncpg.Pool, reaper: Any, expired: int, repeats
         async with pool.acquire() as conn:
             await conn.execute(RESET_EXPIRED_SQL, expired)
             t0 = time.perf_counter()
-            rows = await conn.fetch(reaper.REAP_SQL, reaper.REAP_BATCH, reaper.REAPER_ACTOR, _channel(), policy)
+            rows = await conn.fetch(reaper.REAP_SQL, reaper.REAP_BATCH, reaper.REAPER_ACTOR, _channel(), policy, None)
             times.append((time.perf_counter() - t0) * 1000)
         if len(rows) != min(expired, reaper.REAP_BATCH):
             raise RuntimeError(f"reaper statement reaped {len(rows)} runs, expected {expired}")
@@ -112,6 +112,7 @@ async def _time_statement(pool: asyncpg.Pool, reaper: Any, expired: int, repeats
                 reaper.REAPER_ACTOR,
                 _channel(),
                 policy,
+                None,  # any run, not one
             )
         finally:
             await tx.rollback()
