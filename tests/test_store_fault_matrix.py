@@ -404,15 +404,20 @@ async def schedule_tick(env: Env, fault: Fault) -> None:
 SCALE = "k8s_scale_deployment"
 
 
-async def begin_step(env: Env, fault: Fault) -> None:
-    (c,) = await env.claimed()
-    req = saga_pb2.BeginStepRequest(
-        lease=c.lease,
+def begin_scale(lease: common_pb2.LeaseToken) -> saga_pb2.BeginStepRequest:
+    """The tool step the saga rows journal: scale api to 3."""
+    return saga_pb2.BeginStepRequest(
+        lease=lease,
         step_id="scale",
         step_type=common_pb2.STEP_TYPE_TOOL_CALL,
         tool_id=SCALE,
         tool_params=struct({"deployment": "api", "replicas": 3}),
     )
+
+
+async def begin_step(env: Env, fault: Fault) -> None:
+    (c,) = await env.claimed()
+    req = begin_scale(c.lease)
     await env.faulted(journal.BEGIN_SQL, fault, lambda: env.saga.BeginStep(req))
     again = await env.saga.BeginStep(req)
     # run it, with the step's key. A pending row of this attempt answers RETRY by design
@@ -427,15 +432,7 @@ async def begin_step(env: Env, fault: Fault) -> None:
 
 async def complete_step(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
-    await env.saga.BeginStep(
-        saga_pb2.BeginStepRequest(
-            lease=c.lease,
-            step_id="scale",
-            step_type=common_pb2.STEP_TYPE_TOOL_CALL,
-            tool_id=SCALE,
-            tool_params=struct({"deployment": "api", "replicas": 3}),
-        )
-    )
+    await env.saga.BeginStep(begin_scale(c.lease))
     req = saga_pb2.CompleteStepRequest(
         lease=c.lease,
         step_id="scale",
@@ -465,15 +462,7 @@ async def record_step(env: Env, fault: Fault) -> None:
 
 async def fail_step(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
-    await env.saga.BeginStep(
-        saga_pb2.BeginStepRequest(
-            lease=c.lease,
-            step_id="scale",
-            step_type=common_pb2.STEP_TYPE_TOOL_CALL,
-            tool_id=SCALE,
-            tool_params=struct({"deployment": "api", "replicas": 3}),
-        )
-    )
+    await env.saga.BeginStep(begin_scale(c.lease))
     req = saga_pb2.FailStepRequest(lease=c.lease, step_id="scale", error="quota exceeded")
     await env.faulted(journal.FAIL_SQL, fault, lambda: env.saga.FailStep(req))
     again = await env.saga.FailStep(req)
