@@ -844,6 +844,20 @@ async def test_a_saga_without_a_key_is_not_serving_says_what_to_set_and_compensa
     assert len(key_lines(caplog, "AWOOOP_INTERNAL_API_KEY is not set")) == 1  # one line, not one per pass
 
 
+async def key_restored_then_compensated(h: Harness, db: asyncpg.Connection, run_id: str, key_id: str) -> None:
+    """The revoked key valid again: the saga is SERVING and the waiting request compensates the
+    scale once (api back to 1 replica)."""
+    await db.execute("UPDATE awooop_api_key SET revoked_at = NULL WHERE key_id = $1", key_id)
+
+    async def compensated() -> bool:
+        return await h.request_done(run_id) and await h.saga_status(run_id) == "compensated"
+
+    await eventually(compensated, timeout=15, what="the compensation once the key is accepted")
+    assert await h.saga_health() == SERVING
+    assert await h.compensation_calls(run_id) == [("scale-api", "executed")]
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 1
+
+
 async def test_a_key_the_gateway_refuses_is_not_serving_and_compensation_resumes_once_it_is_accepted(
     start_services, channels, make_key, db, caplog
 ) -> None:
@@ -870,15 +884,7 @@ async def test_a_key_the_gateway_refuses_is_not_serving_and_compensation_resumes
     assert await h.compensation_calls(run_id) == []
 
     # the key becomes valid (here: the revocation undone): SERVING again, and the request is driven
-    await db.execute("UPDATE awooop_api_key SET revoked_at = NULL WHERE key_id = $1", key_id)
-
-    async def compensated() -> bool:
-        return await h.request_done(run_id) and await h.saga_status(run_id) == "compensated"
-
-    await eventually(compensated, timeout=15, what="the compensation once the key is accepted")
-    assert await h.saga_health() == SERVING
-    assert await h.compensation_calls(run_id) == [("scale-api", "executed")]
-    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 1
+    await key_restored_then_compensated(h, db, run_id, key_id)
 
 
 async def test_a_compensation_refused_unauthenticated_logs_an_error_counts_it_and_waits_for_the_key(
@@ -930,15 +936,7 @@ async def test_a_compensation_refused_unauthenticated_logs_an_error_counts_it_an
     assert await h.statuses(run_id) == {"scale-api": "compensating"}  # started, nothing ran: called again later
     assert await db.fetchval("SELECT count(*) FROM awooop_saga_alert WHERE run_id = $1", run_id) == 0
 
-    await db.execute("UPDATE awooop_api_key SET revoked_at = NULL WHERE key_id = $1", key_id)
-
-    async def compensated() -> bool:
-        return await h.request_done(run_id) and await h.saga_status(run_id) == "compensated"
-
-    await eventually(compensated, timeout=15, what="the compensation once the key is accepted again")
-    assert await h.saga_health() == SERVING
-    assert await h.compensation_calls(run_id) == [("scale-api", "executed")]
-    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 1
+    await key_restored_then_compensated(h, db, run_id, key_id)
 
 
 async def test_awooop_serve_saga_without_a_key_fails_its_healthcheck_and_logs_what_to_set(
