@@ -72,6 +72,13 @@ def test_the_worker_package_installs_a_grpc_client_and_nothing_of_the_server(wor
         "from awooop.worker import Worker, RunContext, ToolClient\n"
         "from awooop.scheduler.v1 import scheduler_pb2\n"
         "assert importlib.util.find_spec('services') is None\n"
+        # without the tracing extra, a tracer_provider is refused with what to install, not ignored
+        "try:\n"
+        "    Worker(lambda ctx: None, projects=['demo'], tracer_provider=object())\n"
+        "except ValueError as exc:\n"
+        "    assert \"pip install 'awooop-worker[tracing]'\" in str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('a tracer_provider without OpenTelemetry was accepted')\n"
         "print(awooop.worker.__file__)\n"
     )
     out = run([python, "-I", "-c", probe], cwd=worker_venv)
