@@ -21,8 +21,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-# only what the package is built from (see [tool.setuptools] in pyproject.toml)
+# only what the packages are built from (see [tool.setuptools] in pyproject.toml and in
+# packages/worker/pyproject.toml: the client package awooop-worker, which the server requires)
 COPY pyproject.toml README.md ./
+COPY packages ./packages
 COPY gen ./gen
 COPY sdk ./sdk
 COPY services ./services
@@ -32,7 +34,7 @@ RUN --mount=type=secret,id=ca,required=false \
     [ -n "$PIP_EXTRA_INDEX_URL" ] || unset PIP_EXTRA_INDEX_URL; \
     [ -n "$PIP_TRUSTED_HOST" ] || unset PIP_TRUSTED_HOST; \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
-    pip install . \
+    pip install ./packages/worker . \
  && useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin awooop \
  && install -d -o 10001 -m 0700 /var/lib/awooop/keys
 

@@ -313,16 +313,20 @@ def test_the_files_the_image_copies_build_a_complete_package(tmp_path: Path) -> 
             shutil.copytree(origin, src / path, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy(origin, src / path)
-    out = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), "."],
-        cwd=src,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    (wheel,) = tmp_path.glob("awooop-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
+    # the server package and the client package it requires (packages/worker), as the image installs them
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)]
+    for project in ("packages/worker", "."):
+        out = subprocess.run(
+            [*pip_wheel, project],
+            cwd=src,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr
+    (server,) = tmp_path.glob("awooop-*.whl")
+    (client,) = tmp_path.glob("awooop_worker-*.whl")
+    names = set(zipfile.ZipFile(server).namelist()) | set(zipfile.ZipFile(client).namelist())
     for needed in (
         "awooop/cli/main.py",
         "awooop/cli/health.py",

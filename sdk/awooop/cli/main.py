@@ -1,5 +1,6 @@
 """`awooop`: the command line. Server-side commands (serve, up, migrate, admin) import the
-services lazily so the client-side commands stay light."""
+services lazily so the client-side commands stay light, and so that the client-only package
+(awooop-worker, packages/worker) can ship this command: there they say what to install."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[
     flow.register,
     demo.register,
 ]
+
+
+# top-level modules only the server package (`awooop`) installs
+SERVER_MODULES = {"services", "asyncpg", "redis", "aiohttp", "jinja2", "croniter"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `awooop config | head`: the reader left, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in SERVER_MODULES:
+            raise
+        print(
+            f"error: `awooop {args.command}` needs the server package (pip install awooop); "
+            f"this installation is the client-only awooop-worker (missing: {exc.name})",
+            file=sys.stderr,
+        )
+        return 2
     return int(result or 0)
 
 

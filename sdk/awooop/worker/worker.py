@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from opentelemetry import trace
 
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import metrics, settling, tracing
@@ -386,7 +385,7 @@ class Worker:
             "awooop.worker.run",
             traceparent=ctx.traceparent,
             attributes=attributes,
-            kind=trace.SpanKind.CONSUMER,
+            kind="CONSUMER",
             claimed_since_ns=ctx.claimable_since_ns,
         ) as span:
             if span is not None:  # the run's log lines name its trace

@@ -1,0 +1,165 @@
+"""The client package a worker pod installs (packages/worker, `awooop-worker`), installed from its
+wheel into a fresh venv as a platform team would: it brings a gRPC client and protobuf only (no
+database, cache, web or template library, no `services` package), and from that venv alone the
+README's worker (examples/worker.py) runs the demo story against real services to COMPLETED and
+to compensated, decided with that venv's `awooop runs approve|reject`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tests.harness.helpers import ROOT, eventually
+from tests.harness.up import fresh_terminal_env, start_up
+
+# what `pip install awooop-worker` may bring: the package, grpcio and what it needs
+ALLOWED = {
+    "awooop-worker",
+    "grpcio",
+    "grpcio-status",
+    "grpcio-health-checking",
+    "protobuf",
+    "googleapis-common-protos",
+    "typing-extensions",  # grpcio's own requirement
+    "pip",
+    "setuptools",  # what the venv starts with
+}
+# named for the failure message: the server's libraries that must stay out of a worker pod
+SERVER_ONLY = {"awooop", "asyncpg", "redis", "aiohttp", "jinja2", "croniter", "cryptography", "prometheus-client"}
+
+
+def run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_") and k != "VIRTUAL_ENV"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def worker_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with only the awooop-worker wheel (built from packages/worker) and its requirements."""
+    tmp = tmp_path_factory.mktemp("worker-package")
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp)]
+    built = run([*pip_wheel, str(ROOT / "packages" / "worker")])
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp.glob("awooop_worker-*.whl")
+    venv = tmp / "venv"
+    made = run([sys.executable, "-m", "venv", str(venv)])
+    assert made.returncode == 0, made.stderr
+    installed = run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)], cwd=tmp)
+    assert installed.returncode == 0, installed.stderr
+    return venv
+
+
+def test_the_worker_package_installs_a_grpc_client_and_nothing_of_the_server(worker_venv: Path) -> None:
+    python = str(worker_venv / "bin" / "python")
+    listed = run([python, "-m", "pip", "list", "--format", "json"])
+    assert listed.returncode == 0, listed.stderr
+    names = {d["name"].lower().replace("_", "-") for d in json.loads(listed.stdout)}
+    assert not names & SERVER_ONLY, f"the worker package pulled {names & SERVER_ONLY}"
+    assert not {n for n in names if n.startswith("opentelemetry")}, names
+    assert names <= ALLOWED, f"unexpected distributions: {names - ALLOWED}"
+    # outside the repository (-I: no cwd or PYTHON* variables on the path): the venv's copy only
+    probe = (
+        "import importlib.util, awooop.worker\n"
+        "from awooop.worker import Worker, RunContext, ToolClient\n"
+        "from awooop.scheduler.v1 import scheduler_pb2\n"
+        "assert importlib.util.find_spec('services') is None\n"
+        # without the tracing extra, a tracer_provider is refused with what to install, not ignored
+        "try:\n"
+        "    Worker(lambda ctx: None, projects=['demo'], tracer_provider=object())\n"
+        "except ValueError as exc:\n"
+        "    assert \"pip install 'awooop-worker[tracing]'\" in str(exc), exc\n"
+        "else:\n"
+        "    raise AssertionError('a tracer_provider without OpenTelemetry was accepted')\n"
+        "print(awooop.worker.__file__)\n"
+    )
+    out = run([python, "-I", "-c", probe], cwd=worker_venv)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith(str(worker_venv)), out.stdout
+    # the client half of the command works; the server half says what to install instead of a traceback
+    awooop = str(worker_venv / "bin" / "awooop")
+    assert run([awooop, "runs", "--help"]).returncode == 0
+    served = run([awooop, "serve", "ingest"])
+    assert served.returncode == 2, served.stderr
+    assert "needs the server package (pip install awooop)" in served.stderr
+    assert "Traceback" not in served.stderr
+
+
+async def status_of(db: asyncpg.Connection, run_id: str) -> tuple[str, str]:
+    row = await db.fetchrow("SELECT status, saga_status FROM awooop_run_state WHERE run_id = $1", run_id)
+    return (row["status"], row["saga_status"]) if row else ("", "")
+
+
+async def test_the_readme_worker_runs_from_the_worker_package_alone(
+    worker_venv: Path, db_dsn: str, redis_url: str, db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    up = await start_up(
+        tmp_path / "data",
+        tmp_path,
+        AWOOOP_DATABASE_URL=db_dsn,
+        AWOOOP_REDIS_URL=redis_url,
+        AWOOOP_REDIS_PREFIX=f"awooop:{uuid.uuid4().hex}:",
+    )
+    # after the banner's export lines: the worker venv first, so `python` and `awooop` are its own
+    first = f"export PATH={worker_venv / 'bin'}:$PATH"
+    worker: asyncio.subprocess.Process | None = None
+    try:
+        with open(tmp_path / "worker.err", "wb") as err:
+            worker = await asyncio.create_subprocess_exec(
+                "bash",
+                "-c",
+                up.shell(f"{first}\npython examples/worker.py"),
+                env=fresh_terminal_env(),
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                start_new_session=True,
+            )
+        _, send_event, _ = up.try_commands()
+
+        async def story(update_id: str) -> tuple[str, str]:
+            out = await up.paste(send_event.replace('"update_id":1001', f'"update_id":{update_id}'))
+            assert out.returncode == 0, out.stderr
+            run_id = json.loads(out.stdout)["outcomes"][0]["run_id"]
+            assert worker is not None and worker.stdout is not None
+            try:
+                line = (await asyncio.wait_for(worker.stdout.readline(), 60)).decode().strip()
+            except TimeoutError:
+                raise AssertionError((tmp_path / "worker.err").read_text(errors="replace")) from None
+            assert line.startswith(f"awooop runs approve {run_id} --token "), line
+            return run_id, line
+
+        rejected, line = await story("2001")
+        out = await up.paste(f"{first}\n" + line.replace("awooop runs approve ", "awooop runs reject ", 1))
+        assert out.returncode == 0, out.stderr
+
+        async def compensated() -> bool:
+            return await status_of(db, rejected) == ("FAILED", "compensated")
+
+        await eventually(compensated, timeout=30, what="the rejected run's compensation")
+
+        approved, line = await story("2002")
+        out = await up.paste(f"{first}\n{line}")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == f"run {approved} approved: now RESUMED"
+
+        async def completed() -> bool:
+            return (await status_of(db, approved))[0] == "COMPLETED"
+
+        await eventually(completed, timeout=30, what="the approved run to complete")
+        os.killpg(worker.pid, signal.SIGTERM)
+        assert await asyncio.wait_for(worker.wait(), 60) == 0, (tmp_path / "worker.err").read_text()
+    finally:
+        if worker is not None and worker.returncode is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            await worker.wait()
+        code = await up.stop()
+    assert code == 0, up.err()
