@@ -7,6 +7,7 @@ lease, named as the run lease is."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -17,7 +18,8 @@ from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
-from services.common import sql
+from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
+from services.common import migrate, sql
 from services.common.runstate import COMPENSATABLE, RunStatus
 from services.common.sagastate import (
     PLANNED,
@@ -34,7 +36,8 @@ from services.common.sagastate import (
     Transition,
     Trigger,
 )
-from tests.harness.helpers import ROOT
+from tests.harness.helpers import ROOT, eventually, service_key
+from tests.harness.saga import struct
 
 SAGA = ROOT / "services" / "saga"
 SAGA_SQL = sorted(SAGA.glob("*.sql"))
@@ -206,3 +209,75 @@ async def test_the_compensation_request_lease_has_the_run_lease_names_and_types(
         assert columns[("awooop_compensation_request", name)] == columns[("awooop_run_state", name)], name
     assert ("awooop_compensation_request", "claimed_by") not in columns
     assert ("awooop_compensation_request", "attempts") not in columns
+
+
+async def test_a_request_held_across_the_rename_is_taken_over_and_its_undo_runs_once(
+    start_services: Any, channels: Any, db: Any
+) -> None:
+    """Migration 0140 renames the lease columns in place. A saga replica of the earlier version
+    that held a request when it was stopped for the upgrade (its step left `compensating`, its
+    gateway call made) is taken over by a new one when the lease expires: the step is undone once
+    (the gateway replays the call the old replica made), and the new lease is the next attempt."""
+    # the store before 0140: the two columns under their old names
+    await db.execute(
+        """ALTER TABLE awooop_compensation_request RENAME COLUMN worker_id TO claimed_by;
+           ALTER TABLE awooop_compensation_request RENAME COLUMN attempt_count TO attempts;
+           DELETE FROM awooop_schema_migrations WHERE version = 140"""
+    )
+    gw_rt = await start_services("gateway")
+    gw = tools_pb2_grpc.ToolGatewayServiceStub(channels(gw_rt.ports["gateway"], await service_key(gw_rt)))
+    await db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ('p', 'api', 1)")
+    run_id = await db.fetchval(
+        "INSERT INTO awooop_run_state (project_id, channel_type, status, attempt_count) "
+        "VALUES ('p', 'api', 'FAILED', 1) RETURNING run_id"
+    )
+    undo = {"tool_id": "k8s_scale_deployment", "params": {"deployment": "api", "replicas": 1}}
+    await db.execute(
+        """INSERT INTO awooop_saga_step (run_id, step_id, project_id, seq, step_type, tool_id, status,
+                                         compensation_cmd, attempt, completed_at)
+           VALUES ($1, 'scale', 'p', 1, 'tool_call', 'k8s_scale_deployment', 'compensating', $2, 1, now())""",
+        run_id,
+        json.dumps(undo),
+    )
+    await db.execute("UPDATE awooop_run_state SET saga_status = 'compensating' WHERE run_id = $1", run_id)
+    # the old replica's call went through (the deployment was at 3), then it was stopped
+    await db.execute("UPDATE awooop_refgw_deployment SET replicas = 3 WHERE name = 'api'")
+    key = f"{run_id}:scale:compensate"
+    await gw.ExecuteTool(
+        tools_pb2.ExecuteToolRequest(
+            tool_id="k8s_scale_deployment", params=struct(undo["params"]), idempotency_key=key, project_id="p"
+        )
+    )
+    await db.execute(
+        """INSERT INTO awooop_compensation_request
+                  (run_id, project_id, trigger, status, claimed_by, lease_until, attempts)
+           VALUES ($1, 'p', 'step_failed', 'running', 'saga-old', now() + interval '1 second', 1)""",
+        run_id,
+    )
+
+    assert [m for m in await migrate.apply(db) if m.startswith("0140")] == ["0140_compensation_lease_names.sql"]
+    assert dict(
+        await db.fetchrow("SELECT worker_id, attempt_count FROM awooop_compensation_request WHERE run_id = $1", run_id)
+    ) == {"worker_id": "saga-old", "attempt_count": 1}
+
+    gw_addr = f"127.0.0.1:{gw_rt.ports['gateway']}"
+    await start_services("saga", gateway_addr=gw_addr, compensation_interval=0.2)
+
+    async def done() -> bool:
+        status = await db.fetchval("SELECT status FROM awooop_compensation_request WHERE run_id = $1", run_id)
+        return bool(status == RequestStatus.DONE)
+
+    await eventually(done, timeout=20, what="the new saga to take the request over and finish it")
+    req = await db.fetchrow(
+        "SELECT worker_id, attempt_count FROM awooop_compensation_request WHERE run_id = $1", run_id
+    )
+    assert req["worker_id"] != "saga-old" and req["attempt_count"] == 2
+    assert await db.fetchval("SELECT status FROM awooop_saga_step WHERE run_id = $1", run_id) == StepStatus.COMPENSATED
+    assert await db.fetchval("SELECT saga_status FROM awooop_run_state WHERE run_id = $1", run_id) == (
+        SagaStatus.COMPENSATED
+    )
+    outcomes = await db.fetch(
+        "SELECT outcome FROM awooop_refgw_request WHERE idempotency_key = $1 ORDER BY request_id", key
+    )
+    assert [r["outcome"] for r in outcomes] == ["executed", "replayed"]
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 1
