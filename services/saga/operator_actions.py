@@ -133,12 +133,12 @@ async def resolve(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id
         )
         if step is None:
             await _refuse_step(conn, run_id, step_id, "resolve the compensation of")
-        now = run.saga_status
+        after = run.saga_status
         # no driver holds the request (none, or done) and nothing is left failed or to undo
         unheld = req_status is None or req_status == RequestStatus.DONE
         if unheld and not await conn.fetchval(OPEN_LEFT.sql, *OPEN_LEFT.args(run_id=run_id)):
             await saga_status.resolved(conn, run_id)
-            now = SagaStatus.COMPENSATED
+            after = SagaStatus.COMPENSATED
         await audit(
             conn,
             project_id=run.project_id,
@@ -146,8 +146,8 @@ async def resolve(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id
             actor=principal.actor,
             action=SagaAudit.RESOLVED,
             from_status=run.saga_status,
-            to_status=now,
+            to_status=after,
             reason=reason,
             details={"step_id": step_id, "tool_id": step["tool_id"]},
         )
-    return Resolved(step, now)
+    return Resolved(step, after)
