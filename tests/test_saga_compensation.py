@@ -195,6 +195,14 @@ class Harness:
     async def saga_status(self, run_id: str) -> str:
         return str(await self.db.fetchval("SELECT saga_status FROM awooop_run_state WHERE run_id = $1", run_id))
 
+    async def request_lease(self, run_id: str) -> tuple[str, int]:
+        """(worker_id, attempt_count) of the run's compensation request: the driver's fencing token."""
+        row = await self.db.fetchrow(
+            "SELECT worker_id, attempt_count FROM awooop_compensation_request WHERE run_id = $1", run_id
+        )
+        assert row is not None
+        return row["worker_id"], row["attempt_count"]
+
     async def request_done(self, run_id: str) -> bool:
         return bool(
             await self.db.fetchval("SELECT status = 'done' FROM awooop_compensation_request WHERE run_id = $1", run_id)
@@ -741,6 +749,9 @@ async def test_killing_the_saga_mid_compensation_finishes_the_rest_without_repea
         first.kill()
     assert await h.statuses(run_id) == {"s1-kb": "completed", "s2-cm": "compensating", "s3-scale": "compensated"}
     assert await h.saga_status(run_id) == "compensating"
+    # the request is held under the killed replica's lease, named as a run's: worker_id, attempt_count
+    crashed, attempt = await h.request_lease(run_id)
+    assert crashed.startswith("saga-") and attempt == 1
 
     second = await spawn_services(["saga"], env, tmp_path, name="saga-2")
     try:
@@ -751,6 +762,9 @@ async def test_killing_the_saga_mid_compensation_finishes_the_rest_without_repea
         await eventually(finished, timeout=20, what="the restarted saga to finish the compensation")
     finally:
         second.terminate()
+    # taken over once its lease expired: another worker_id, the next attempt (the old token is stale)
+    took_over, attempt = await h.request_lease(run_id)
+    assert took_over != crashed and took_over.startswith("saga-") and attempt >= 2
     assert await h.statuses(run_id) == {"s1-kb": "compensated", "s2-cm": "compensated", "s3-scale": "compensated"}
     assert await h.saga_status(run_id) == "compensated"
     # never twice: one execution per compensation; s2 was asked again and replayed, s3 never again

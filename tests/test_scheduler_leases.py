@@ -388,7 +388,7 @@ async def test_compensation_request_is_sent_to_the_real_saga_service(start_servi
     # the saga service was kicked (its own loop sleeps for an hour): it takes the request up
     async def driven() -> bool:
         req = await comp_request(db, run_id)
-        return req is not None and req["attempts"] > 0
+        return req is not None and req["attempt_count"] > 0
 
     await eventually(driven, what="the saga driver to pick the request up")
 
@@ -418,7 +418,7 @@ async def test_a_lost_saga_rpc_loses_no_compensation(start_services, channels, d
 
     async def driven() -> bool:
         row = await comp_request(db, run_id)
-        return row is not None and row["attempts"] > 0
+        return row is not None and row["attempt_count"] > 0
 
     await eventually(driven, what="the saga's recovery loop to take the request")
 

@@ -418,7 +418,7 @@ def begin_scale(lease: common_pb2.LeaseToken) -> saga_pb2.BeginStepRequest:
 async def begin_step(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     req = begin_scale(c.lease)
-    await env.faulted(journal.BEGIN_SQL, fault, lambda: env.saga.BeginStep(req))
+    await env.faulted(journal.BEGIN.sql, fault, lambda: env.saga.BeginStep(req))
     again = await env.saga.BeginStep(req)
     # run it, with the step's key. A pending row of this attempt answers RETRY by design
     # (tests/test_saga.py: the service cannot tell a lost answer from a step already under way);
@@ -441,7 +441,7 @@ async def complete_step(env: Env, fault: Fault) -> None:
             tool_id=SCALE, params=struct({"deployment": "api", "replicas": 1})
         ),
     )
-    await env.faulted(journal.COMPLETE_SQL, fault, lambda: env.saga.CompleteStep(req))
+    await env.faulted(journal.COMPLETE.sql, fault, lambda: env.saga.CompleteStep(req))
     again = await env.saga.CompleteStep(req)
     assert again.step.status == common_pb2.STEP_STATUS_COMPLETED
     (step,) = await env.steps(c.run.run_id)
@@ -453,7 +453,7 @@ async def record_step(env: Env, fault: Fault) -> None:
     req = saga_pb2.RecordStepRequest(
         lease=c.lease, step_id="think", step_type=common_pb2.STEP_TYPE_LLM_CALL, result=struct({"plan": "scale"})
     )
-    await env.faulted(journal.RECORD_SQL, fault, lambda: env.saga.RecordStep(req))
+    await env.faulted(journal.RECORD.sql, fault, lambda: env.saga.RecordStep(req))
     again = await env.saga.RecordStep(req)
     assert again.step.status == common_pb2.STEP_STATUS_COMPLETED
     (step,) = await env.steps(c.run.run_id)
@@ -464,7 +464,7 @@ async def fail_step(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     await env.saga.BeginStep(begin_scale(c.lease))
     req = saga_pb2.FailStepRequest(lease=c.lease, step_id="scale", error="quota exceeded")
-    await env.faulted(journal.FAIL_SQL, fault, lambda: env.saga.FailStep(req))
+    await env.faulted(journal.FAIL.sql, fault, lambda: env.saga.FailStep(req))
     again = await env.saga.FailStep(req)
     assert again.step.status == common_pb2.STEP_STATUS_FAILED
     (step,) = await env.steps(c.run.run_id)
@@ -475,7 +475,7 @@ async def compensation_mark(env: Env, fault: Fault) -> None:
     """The saga's compensation driver (no caller): the transaction that marks a step
     `compensating` before the gateway call (the durable intent) fails or commits unheard; once
     the request's lease expires the driver takes it again, and the gateway executes the undo once."""
-    await _compensation(env, fault, driver.MARK_SQL, gateway_calls=["executed"])
+    await _compensation(env, fault, driver.MARK.sql, gateway_calls=["executed"])
 
 
 async def compensation_record(env: Env, fault: Fault) -> None:
@@ -483,7 +483,7 @@ async def compensation_record(env: Env, fault: Fault) -> None:
     call fails or commits unheard. Rolled back, the step is still `compensating` and the driver
     sends the same key again: the gateway replays instead of executing twice."""
     calls = ["executed", "replayed"] if fault is Fault.BEFORE else ["executed"]
-    await _compensation(env, fault, driver.COMPENSATED_SQL, gateway_calls=calls)
+    await _compensation(env, fault, driver.COMPENSATED.sql, gateway_calls=calls)
 
 
 async def _compensation(env: Env, fault: Fault, needle: str, gateway_calls: list[str]) -> None:

@@ -14,6 +14,7 @@ from google.protobuf import timestamp_pb2
 from awooop.common.v1 import common_pb2
 from services.common.db import Row
 from services.common.runstate import RunStatus
+from services.common.sagastate import SagaStatus
 from services.common.validate import to_struct
 
 # Postgres NOTIFY channel: payload is the project_id that has a claimable run. Sent when a run
@@ -23,13 +24,12 @@ from services.common.validate import to_struct
 RUN_READY_CHANNEL = "awooop_run_ready"
 
 CHANNELS = ("telegram", "alertmanager", "gitea", "line", "api")
-SAGA_STATUSES = ("in_progress", "not_needed", "compensating", "compensated", "compensation_failed")
 
 
 # enum values by store string, read once: the Run builder is on every claim's hot path
 _STATUS_PB = {v.value: common_pb2.RunStatus.Value(f"RUN_STATUS_{v.value}") for v in RunStatus}
 _CHANNEL_PB = {v: common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{v.upper()}") for v in CHANNELS}
-_SAGA_PB = {v: common_pb2.SagaStatus.Value(f"SAGA_STATUS_{v.upper()}") for v in SAGA_STATUSES}
+_SAGA_PB = {v.value: common_pb2.SagaStatus.Value(f"SAGA_STATUS_{v.value.upper()}") for v in SagaStatus}
 
 
 def _enum(known: Mapping[str, int], value: str, name: str) -> int:

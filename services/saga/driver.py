@@ -4,8 +4,9 @@ an end, in reverse step order, through the ToolGateway contract.
 Durability: requests live in awooop_compensation_request. A replica claims open ones with
 FOR UPDATE SKIP LOCKED (pending, or running with an expired lease), so any number of replicas
 may run this loop and a crashed replica's work is taken over after settings.compensation_lease.
-The claim's fencing token is (claimed_by, attempts): every write re-checks it, so a replica that
-lost its claim writes nothing.
+The request's lease is named as the run lease is (worker_id, attempt_count, lease_until;
+migration 0140): (worker_id, attempt_count) is the fencing token every write re-checks, so a
+replica that lost its lease writes nothing. The statements are in driver.sql.
 
 Never twice: before calling the gateway a step is marked 'compensating' (durable intent). A
 crash then leaves it 'compensating'; the next owner calls the gateway again with the SAME
@@ -32,22 +33,27 @@ import grpc
 from opentelemetry.trace import Status, StatusCode
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
-from services.common import loops, tracing
+from services.common import loops, sql, tracing
 from services.common.audit import audit
-from services.common.compensatable import compensatable_step
 from services.common.db import Conn, store_error
 from services.common.jsonvalues import struct_dict
 from services.common.observability import RUN_ID
 from services.common.peers import peer_channel
-from services.common.runstate import COMPENSATABLE, sql_list
 from services.common.runtime import AppContext
+from services.common.sagastate import SAGA_TRANSITIONS, SagaAction, SagaAudit, SagaStatus, StepStatus
 from services.common.validate import to_struct
+from services.saga import saga_status
 from services.saga.gateway_auth import HOW, GatewayAuth
-from services.saga.metrics import COMPENSATION_RUNS, COMPENSATIONS, GATEWAY_LATENCY, GATEWAY_UNAUTHENTICATED
+from services.saga.metrics import (
+    COMPENSATION_RUNS,
+    COMPENSATIONS,
+    GATEWAY_LATENCY,
+    GATEWAY_UNAUTHENTICATED,
+    SKIPPED,
+    UndoOutcome,
+)
 from services.saga.notifier import LOOP as ALERTS_LOOP
 from services.saga.notifier import Notifier
-from services.saga.saga_status import SET_COMPENSATING_SQL, lock_run
-from services.saga.steps import STEP_COLUMNS
 
 log = logging.getLogger("awooop.saga.driver")
 
@@ -59,83 +65,24 @@ MAX_ROUNDS = 10  # re-reads of the eligible steps per claim (retries re-open ste
 TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 GATEWAY_TRIES = 3
 GATEWAY_BACKOFF = (0.2, 0.5)
-NOT_COMPENSATED_LISTED = 100  # cap of the list of skipped steps in the audit details
 
-CLAIM_SQL = f"""
-UPDATE awooop_compensation_request c
-   SET status = 'running', claimed_by = $1, lease_until = now() + make_interval(secs => $2),
-       attempts = c.attempts + 1, updated_at = now()
- WHERE c.run_id IN (
-        SELECT q.run_id FROM awooop_compensation_request q
-          JOIN awooop_run_state r ON r.run_id = q.run_id
-         WHERE (q.status = 'pending' OR (q.status = 'running' AND q.lease_until < now()))
-           AND r.status IN ({sql_list(COMPENSATABLE)})
-         ORDER BY q.created_at LIMIT $3
-           FOR UPDATE OF q SKIP LOCKED)
-RETURNING c.run_id, c.project_id, c.trigger, c.reason, c.attempts
-"""
-# $1 run_id, $2 claimed_by, $3 attempts (the claim's fencing token)
-FENCE_SQL = """
-SELECT 1 FROM awooop_compensation_request
- WHERE run_id = $1 AND claimed_by = $2 AND attempts = $3 AND status = 'running'
-   FOR UPDATE
-"""
-RENEW_SQL = """
-UPDATE awooop_compensation_request SET lease_until = now() + make_interval(secs => $4), updated_at = now()
- WHERE run_id = $1 AND claimed_by = $2 AND attempts = $3 AND status = 'running'
-RETURNING 1
-"""
-# the gateway refused our key: the request waits unclaimed until the key works (GatewayAuth), and
-# its step left 'compensating' is called again then, with the same idempotency key
-RELEASE_SQL = """
-UPDATE awooop_compensation_request SET status = 'pending', claimed_by = NULL, lease_until = NULL, updated_at = now()
- WHERE run_id = $1 AND claimed_by = $2 AND attempts = $3 AND status = 'running'
-"""
-DONE_SQL = """
-UPDATE awooop_compensation_request SET status = 'done', lease_until = NULL, updated_at = now()
- WHERE run_id = $1
-"""
-# A step the driver still has to compensate.
-ELIGIBLE = compensatable_step()
-ELIGIBLE_SQL = f"SELECT step_id, tool_id, seq FROM awooop_saga_step WHERE run_id = $1 AND {ELIGIBLE} ORDER BY seq DESC"
-NOT_COMPENSATED_SQL = f"""
-SELECT step_id, step_type, tool_id, status,
-       CASE WHEN status = 'pending' THEN 'outcome unknown (never completed)'
-            WHEN step_type <> 'tool_call' THEN step_type || ' steps are not compensated'
-            ELSE 'no compensation command' END AS why
-  FROM awooop_saga_step
- WHERE run_id = $1 AND status IN ('completed', 'pending') AND NOT ({ELIGIBLE})
- ORDER BY seq DESC LIMIT {NOT_COMPENSATED_LISTED}
-"""
-TRACEPARENT_SQL = "SELECT traceparent FROM awooop_run_state WHERE run_id = $1"
-FINISH_SQL = """
-UPDATE awooop_run_state
-   SET saga_status = CASE WHEN EXISTS (SELECT 1 FROM awooop_saga_step
-                                        WHERE run_id = $1 AND status = 'compensation_failed')
-                          THEN 'compensation_failed' ELSE 'compensated' END,
-       compensation_completed_at = now(), updated_at = now()
- WHERE run_id = $1
-RETURNING saga_status
-"""
-NOT_NEEDED_SQL = "UPDATE awooop_run_state SET saga_status = 'not_needed', updated_at = now() WHERE run_id = $1"
-MARK_SQL = f"""
-UPDATE awooop_saga_step SET status = 'compensating'
- WHERE run_id = $1 AND step_id = $2 AND {ELIGIBLE}
-RETURNING {STEP_COLUMNS}
-"""
-COMPENSATED_SQL = """
-UPDATE awooop_saga_step SET status = 'compensated', compensated_at = now(), error = NULL
- WHERE run_id = $1 AND step_id = $2 AND status = 'compensating'
-RETURNING step_id
-"""
-COMPENSATION_FAILED_SQL = """
-UPDATE awooop_saga_step SET status = 'compensation_failed', error = $3
- WHERE run_id = $1 AND step_id = $2 AND status = 'compensating'
-RETURNING step_id
-"""
-ALERT_SQL = """
-INSERT INTO awooop_saga_alert (project_id, run_id, step_id, tool_id, error) VALUES ($1, $2, $3, $4, $5)
-"""
+Q = sql.load(__file__, "driver.sql")
+CLAIM = Q["ClaimCompensationRequests"]
+FENCE = Q["FenceCompensationRequest"]
+RENEW = Q["RenewCompensationLease"]
+RELEASE = Q["ReleaseCompensationRequest"]
+FINISH = Q["FinishCompensationRequest"]
+COMPENSATABLE_STEPS = Q["CompensatableSteps"]
+NOT_COMPENSATED = Q["StepsNotCompensated"]
+MARK = Q["MarkStepCompensating"]
+COMPENSATED = Q["StepCompensated"]
+COMPENSATION_FAILED = Q["StepCompensationFailed"]
+ALERT = Q["InsertAlert"]
+TRACEPARENT = Q["RunTraceparent"]
+
+# the saga statuses the driver starts, or skips, a compensation from
+STARTS_FROM = SAGA_TRANSITIONS[SagaAction.START].allowed_from
+SKIPS_FROM = SAGA_TRANSITIONS[SagaAction.SKIP].allowed_from
 
 
 @dataclass(frozen=True)
@@ -144,7 +91,7 @@ class Claim:
     project_id: str
     trigger: str
     reason: str | None
-    token: int  # the request's attempts after this claim
+    attempt: int  # the request's attempt_count after this claim: with worker_id, the fencing token
 
 
 @dataclass(frozen=True)
@@ -156,7 +103,7 @@ class Outcome:
     refused: bool = False  # the gateway refused our key (UNAUTHENTICATED): nothing ran
 
 
-class LostClaim(Exception):
+class LeaseLost(Exception):
     """Another replica took the request over (our lease expired); stop touching it."""
 
 
@@ -164,7 +111,8 @@ class KeyRefused(Exception):
     """The gateway refused AWOOOP_INTERNAL_API_KEY; the request was handed back to wait for a key."""
 
 
-def replica_id() -> str:
+def worker_id() -> str:
+    """This replica's worker_id on the requests it holds."""
     return f"saga-{socket.gethostname()[:60]}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
@@ -174,7 +122,7 @@ class CompensationDriver:
         self.settings = ctx.settings
         self.pool = ctx.pool
         self.notifier = notifier
-        self.me = replica_id()
+        self.worker_id = worker_id()
         self._kick = asyncio.Event()
         self._channel: grpc.aio.Channel | None = None
         self._stub: tools_pb2_grpc.ToolGatewayServiceAsyncStub | None = None
@@ -237,8 +185,11 @@ class CompensationDriver:
             await self._channel.close()
 
     async def run_pass(self) -> int:
-        rows = await self.pool.fetch(CLAIM_SQL, self.me, float(self.settings.compensation_lease), BATCH)
-        claims = [Claim(r["run_id"], r["project_id"], r["trigger"], r["reason"], r["attempts"]) for r in rows]
+        rows = await self.pool.fetch(
+            CLAIM.sql,
+            *CLAIM.args(worker_id=self.worker_id, lease_ttl=float(self.settings.compensation_lease), batch=BATCH),
+        )
+        claims = [Claim(r["run_id"], r["project_id"], r["trigger"], r["reason"], r["attempt_count"]) for r in rows]
         await asyncio.gather(*(self._drive_logged(c) for c in claims))
         return len(claims)
 
@@ -246,8 +197,8 @@ class CompensationDriver:
         token = RUN_ID.set(str(claim.run_id))  # log lines of this compensation carry its run_id
         try:
             await self._drive_traced(claim)
-        except LostClaim:
-            log.warning("compensation claim lost to another replica", extra={"run_id": str(claim.run_id)})
+        except LeaseLost:
+            log.warning("compensation lease lost to another replica", extra={"run_id": str(claim.run_id)})
         except KeyRefused:
             pass  # logged at error level where the gateway refused; the request waits for the key
         except asyncio.CancelledError:
@@ -266,7 +217,7 @@ class CompensationDriver:
         if tracing.tracer is None:
             await self.drive(claim)
             return
-        parent = await self.pool.fetchval(TRACEPARENT_SQL, claim.run_id)
+        parent = await self.pool.fetchval(TRACEPARENT.sql, *TRACEPARENT.args(run_id=claim.run_id))
         attributes = {"awooop.run_id": str(claim.run_id), "awooop.trigger": claim.trigger}
         with tracing.span("awooop.saga.compensate", parent=parent, attributes=attributes):
             await self.drive(claim)
@@ -282,29 +233,33 @@ class CompensationDriver:
                 await self._compensate_step(claim, step)
         log.warning("compensation still has work after %d rounds; next pass continues", MAX_ROUNDS)
 
+    def _lease(self, claim: Claim) -> dict[str, object]:
+        """The fencing token's parameters: this replica holds the request at this attempt."""
+        return {"run_id": claim.run_id, "worker_id": self.worker_id, "attempt": claim.attempt}
+
     async def _fence(self, conn: Conn, claim: Claim) -> None:
-        if await conn.fetchval(FENCE_SQL, claim.run_id, self.me, claim.token) is None:
-            raise LostClaim()
+        if await conn.fetchval(FENCE.sql, *FENCE.args(**self._lease(claim))) is None:
+            raise LeaseLost()
 
     async def _settle(self, claim: Claim) -> list[asyncpg.Record]:
         """Under the run and request locks: the steps left to compensate (marking the saga
         'compensating' when work starts), or, when none is left, the end of the request."""
         async with self.pool.acquire() as conn, conn.transaction():
-            run = await lock_run(conn, claim.run_id)
+            run = await saga_status.lock_run(conn, claim.run_id)
             await self._fence(conn, claim)
             assert run is not None  # a request names an existing run (foreign key)
-            steps = await conn.fetch(ELIGIBLE_SQL, claim.run_id)
+            steps = await conn.fetch(COMPENSATABLE_STEPS.sql, *COMPENSATABLE_STEPS.args(run_id=claim.run_id))
             if steps:
-                if run.saga_status != "compensating":
-                    await conn.execute(SET_COMPENSATING_SQL, claim.run_id)
+                if run.saga_status in STARTS_FROM:
+                    await saga_status.start(conn, claim.run_id)
                     await audit(
                         conn,
                         project_id=claim.project_id,
                         run_id=claim.run_id,
                         actor=ACTOR,
-                        action="SAGA_COMPENSATION_STARTED",
+                        action=SagaAudit.STARTED,
                         from_status=run.saga_status,
-                        to_status="compensating",
+                        to_status=SagaStatus.COMPENSATING,
                         reason=claim.reason,
                         details={
                             "trigger": claim.trigger,
@@ -312,57 +267,55 @@ class CompensationDriver:
                             "not_compensated": await self._not_compensated(conn, claim),
                         },
                     )
-                await conn.fetchval(
-                    RENEW_SQL, claim.run_id, self.me, claim.token, float(self.settings.compensation_lease)
-                )
+                await self._renew(claim, conn)
                 return list(steps)
-            if run.saga_status == "compensating":
-                final = await conn.fetchval(FINISH_SQL, claim.run_id)
+            if run.saga_status == SagaStatus.COMPENSATING:
+                final = await saga_status.end(conn, claim.run_id)
                 await audit(
                     conn,
                     project_id=claim.project_id,
                     run_id=claim.run_id,
                     actor=ACTOR,
-                    action="SAGA_COMPENSATION_ENDED",
-                    from_status="compensating",
+                    action=SagaAudit.ENDED,
+                    from_status=SagaStatus.COMPENSATING,
                     to_status=final,
                     details={"trigger": claim.trigger},
                 )
                 COMPENSATION_RUNS.labels(final).inc()
-            elif run.saga_status in ("in_progress", "not_needed"):
+            elif run.saga_status in SKIPS_FROM:
                 # seed ADR-119 D6: nothing compensatable (for example a CANCELLED run with only
                 # llm_call steps, or only irreversible tools) just ends; the saga says not_needed.
-                await conn.execute(NOT_NEEDED_SQL, claim.run_id)
+                await saga_status.skip(conn, claim.run_id)
                 await audit(
                     conn,
                     project_id=claim.project_id,
                     run_id=claim.run_id,
                     actor=ACTOR,
-                    action="SAGA_COMPENSATION_SKIPPED",
+                    action=SagaAudit.SKIPPED,
                     from_status=run.saga_status,
-                    to_status="not_needed",
+                    to_status=SagaStatus.NOT_NEEDED,
                     reason="no compensatable steps (seed ADR-119 D6)",
                     details={"trigger": claim.trigger, "not_compensated": await self._not_compensated(conn, claim)},
                 )
-                COMPENSATION_RUNS.labels("skipped").inc()
-            await conn.execute(DONE_SQL, claim.run_id)
+                COMPENSATION_RUNS.labels(SKIPPED).inc()
+            await conn.execute(FINISH.sql, *FINISH.args(run_id=claim.run_id))
             return []
 
     async def _not_compensated(self, conn: Conn, claim: Claim) -> list[dict[str, Any]]:
-        rows = await conn.fetch(NOT_COMPENSATED_SQL, claim.run_id)
+        rows = await conn.fetch(NOT_COMPENSATED.sql, *NOT_COMPENSATED.args(run_id=claim.run_id))
         return [{"step_id": r["step_id"], "tool_id": r["tool_id"], "why": r["why"]} for r in rows]
 
     async def _renew(self, claim: Claim, conn: Conn | asyncpg.Pool | None = None) -> None:
         renewed = await (conn or self.pool).fetchval(
-            RENEW_SQL, claim.run_id, self.me, claim.token, float(self.settings.compensation_lease)
+            RENEW.sql, *RENEW.args(**self._lease(claim), lease_ttl=float(self.settings.compensation_lease))
         )
         if renewed is None:
-            raise LostClaim()
+            raise LeaseLost()
 
     async def _compensate_step(self, claim: Claim, step: asyncpg.Record) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
             await self._renew(claim, conn)
-            marked = await conn.fetchrow(MARK_SQL, claim.run_id, step["step_id"])
+            marked = await conn.fetchrow(MARK.sql, *MARK.args(run_id=claim.run_id, step_id=step["step_id"]))
         if marked is None:
             return  # resolved or changed meanwhile
         cmd = marked["compensation_cmd"]
@@ -370,25 +323,28 @@ class CompensationDriver:
         with tracing.span("awooop.saga.compensate_step", attributes=attributes) as span:
             outcome = await self._call_gateway(claim, marked["step_id"], cmd)
             if span is not None:
-                span.set_attribute("awooop.outcome", "compensated" if outcome.ok else "failed")
+                span.set_attribute("awooop.outcome", UndoOutcome.COMPENSATED if outcome.ok else UndoOutcome.FAILED)
                 if not outcome.ok:
                     span.set_status(Status(StatusCode.ERROR, outcome.error[:256]))
         if outcome.refused:
-            await self.pool.execute(RELEASE_SQL, claim.run_id, self.me, claim.token)
+            await self.pool.execute(RELEASE.sql, *RELEASE.args(**self._lease(claim)))
             raise KeyRefused()
         alert = False
         async with self.pool.acquire() as conn, conn.transaction():
             await self._fence(conn, claim)
             if outcome.ok:
-                if await conn.fetchval(COMPENSATED_SQL, claim.run_id, marked["step_id"]) is not None:
+                done = await conn.fetchval(
+                    COMPENSATED.sql, *COMPENSATED.args(run_id=claim.run_id, step_id=marked["step_id"])
+                )
+                if done is not None:
                     await audit(
                         conn,
                         project_id=claim.project_id,
                         run_id=claim.run_id,
                         actor=ACTOR,
-                        action="SAGA_STEP_COMPENSATED",
-                        from_status="completed",
-                        to_status="compensated",
+                        action=SagaAudit.STEP_COMPENSATED,
+                        from_status=StepStatus.COMPLETED,
+                        to_status=StepStatus.COMPENSATED,
                         reason=cmd.get("reason"),
                         details={
                             "step_id": marked["step_id"],
@@ -397,24 +353,34 @@ class CompensationDriver:
                             "result": outcome.result or {},
                         },
                     )
-                    COMPENSATIONS.labels("replayed" if outcome.replayed else "compensated").inc()
-            elif await conn.fetchval(COMPENSATION_FAILED_SQL, claim.run_id, marked["step_id"], outcome.error):
+                    COMPENSATIONS.labels(UndoOutcome.REPLAYED if outcome.replayed else UndoOutcome.COMPENSATED).inc()
+            elif await conn.fetchval(
+                COMPENSATION_FAILED.sql,
+                *COMPENSATION_FAILED.args(run_id=claim.run_id, step_id=marked["step_id"], error=outcome.error),
+            ):
                 # seed ADR-119 D4: a failure does not stop the others; audit + escalate
                 await audit(
                     conn,
                     project_id=claim.project_id,
                     run_id=claim.run_id,
                     actor=ACTOR,
-                    action="SAGA_COMPENSATION_FAILED",
-                    from_status="completed",
-                    to_status="compensation_failed",
+                    action=SagaAudit.FAILED,
+                    from_status=StepStatus.COMPLETED,
+                    to_status=StepStatus.COMPENSATION_FAILED,
                     reason=outcome.error,
                     details={"step_id": marked["step_id"], "tool_id": marked["tool_id"], "compensation_cmd": cmd},
                 )
                 await conn.execute(
-                    ALERT_SQL, claim.project_id, claim.run_id, marked["step_id"], cmd.get("tool_id"), outcome.error
+                    ALERT.sql,
+                    *ALERT.args(
+                        project_id=claim.project_id,
+                        run_id=claim.run_id,
+                        step_id=marked["step_id"],
+                        tool_id=cmd.get("tool_id"),
+                        error=outcome.error,
+                    ),
                 )
-                COMPENSATIONS.labels("failed").inc()
+                COMPENSATIONS.labels(UndoOutcome.FAILED).inc()
                 # an error: a completed side effect stays in place until someone retries or resolves it
                 log.error(
                     "compensation failed",

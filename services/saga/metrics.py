@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from services.common.observability import preset
+from services.common.sagastate import SagaStatus
+
+
+class UndoOutcome(StrEnum):
+    """awooop_saga_compensation_steps_total{outcome}: what became of one step's undo."""
+
+    COMPENSATED = "compensated"  # the gateway ran it
+    REPLAYED = "replayed"  # the gateway answered the first run's result (the same idempotency key)
+    FAILED = "failed"  # the gateway answered an error: the step is compensation_failed
+
+
+# awooop_saga_compensation_runs_total{status}: a request ended with nothing to undo
+SKIPPED = "skipped"
 
 STEP_WRITES = Counter("awooop_saga_step_writes_total", "Journal writes by operation and outcome", ["op", "outcome"])
 COMPENSATIONS = Counter("awooop_saga_compensation_steps_total", "Compensation commands run, by outcome", ["outcome"])
@@ -40,7 +55,7 @@ for _op, _outcomes in (
     ("fail", ("ok",)),
 ):
     preset(STEP_WRITES, (_op,), _outcomes)
-preset(COMPENSATIONS, ("compensated", "replayed", "failed"))
-preset(COMPENSATION_RUNS, ("compensated", "compensation_failed", "skipped"))
+preset(COMPENSATIONS, tuple(UndoOutcome))
+preset(COMPENSATION_RUNS, (SagaStatus.COMPENSATED, SagaStatus.COMPENSATION_FAILED, SKIPPED))
 preset(GATEWAY_AUTH_PROBES, ("accepted", "refused", "no_answer"))
 preset(ALERTS, ("redis", "telegram"), ("ok", "error"))

@@ -21,14 +21,14 @@ from typing import Any
 
 import asyncpg
 
-from services.common import loops
+from services.common import loops, sql
 from services.common.runtime import AppContext
+from services.common.sagastate import StepStatus
 from services.saga.metrics import ALERTS
 
 log = logging.getLogger("awooop.saga.notifier")
 
 MAX_ATTEMPTS = 10  # delivery passes per alert before it is given up (and logged)
-CLAIM_SECONDS = 60  # an alert claimed by a replica that died is retried after this
 BATCH = 20
 LOOP = "saga.alerts"
 STREAM_MAXLEN = 10000  # approximate cap of the Redis stream
@@ -37,27 +37,9 @@ TELEGRAM_BACKOFF = (0.3, 1.0)
 TELEGRAM_TIMEOUT = 5.0
 TELEGRAM_MAX_TEXT = 4096  # Telegram's limit for one message
 
-CLAIM_SQL = f"""
-UPDATE awooop_saga_alert a
-   SET claimed_until = now() + interval '{CLAIM_SECONDS} seconds', attempts = a.attempts + 1
- WHERE a.alert_id IN (
-        SELECT alert_id FROM awooop_saga_alert
-         WHERE done_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
-         ORDER BY alert_id LIMIT $1
-         FOR UPDATE SKIP LOCKED)
-RETURNING a.alert_id, a.project_id, a.run_id, a.step_id, a.tool_id, a.error, a.created_at,
-          a.redis_sent_at, a.telegram_sent_at, a.attempts
-"""
-
-FINISH_SQL = """
-UPDATE awooop_saga_alert
-   SET redis_sent_at = COALESCE(redis_sent_at, CASE WHEN $2 THEN now() END),
-       telegram_sent_at = COALESCE(telegram_sent_at, CASE WHEN $3 THEN now() END),
-       last_error = $4,
-       claimed_until = NULL,
-       done_at = CASE WHEN $5 THEN now() END
- WHERE alert_id = $1
-"""
+Q = sql.load(__file__, "notifier.sql")
+CLAIM = Q["ClaimAlerts"]  # an alert claimed by a replica that died is retried after 60 seconds
+FINISH = Q["FinishAlert"]
 
 
 def alert_text(row: Any) -> str:
@@ -108,7 +90,7 @@ class Notifier:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def deliver_pending(self) -> int:
-        rows = await self.ctx.pool.fetch(CLAIM_SQL, BATCH)
+        rows = await self.ctx.pool.fetch(CLAIM.sql, *CLAIM.args(batch=BATCH))
         for row in rows:
             try:
                 await self._deliver(row)
@@ -137,18 +119,20 @@ class Notifier:
             )
             done = True
         await self.ctx.pool.execute(
-            FINISH_SQL,
-            row["alert_id"],
-            redis_ok and self.ctx.cache.enabled,
-            telegram_ok and self.telegram_enabled,
-            "; ".join(problems) or None,
-            done,
+            FINISH.sql,
+            *FINISH.args(
+                alert_id=row["alert_id"],
+                redis_sent=redis_ok and self.ctx.cache.enabled,
+                telegram_sent=telegram_ok and self.telegram_enabled,
+                last_error="; ".join(problems) or None,
+                done=done,
+            ),
         )
 
     async def _to_redis(self, row: asyncpg.Record) -> bool:
         fields = {
             "alert_id": str(row["alert_id"]),
-            "kind": "compensation_failed",
+            "kind": StepStatus.COMPENSATION_FAILED.value,  # the alert's kind: the step status it reports
             "project_id": row["project_id"],
             "run_id": str(row["run_id"]),
             "step_id": row["step_id"],

@@ -1,17 +1,22 @@
-"""Writes of a run's saga_status (in_progress -> compensating -> compensated |
-compensation_failed), shared by the driver and the operator actions."""
+"""The saga's writes of a run's saga_status (sagastate.SAGA_TRANSITIONS: in_progress ->
+compensating -> compensated | compensation_failed, or not_needed), shared by the driver and the
+operator actions, and the run row lock they take first. The statements are in saga_status.sql."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.common import sql
 from services.common.db import Conn
+from services.common.runstate import RunStatus
+from services.common.sagastate import SagaStatus
 
-# Lock order, shared by the driver and the operator actions so they never deadlock: the run
-# row, then the request row, then step rows.
-LOCK_RUN_SQL = """
-SELECT project_id, status, saga_status FROM awooop_run_state WHERE run_id = $1 FOR NO KEY UPDATE
-"""
+Q = sql.load(__file__, "saga_status.sql")
+LOCK_RUN = Q["LockRun"]
+START = Q["StartCompensation"]
+END = Q["EndCompensation"]
+SKIP = Q["SkipCompensation"]
+RESOLVED = Q["ResolvedCompensation"]
 
 
 @dataclass(frozen=True)
@@ -19,20 +24,34 @@ class LockedRun:
     """The run row as compensation reads it, locked for the rest of the transaction."""
 
     project_id: str
-    status: str
-    saga_status: str
+    status: RunStatus
+    saga_status: SagaStatus
 
 
 async def lock_run(conn: Conn, run_id: object) -> LockedRun | None:
-    """Locks the run row (None: no such run)."""
-    row = await conn.fetchrow(LOCK_RUN_SQL, run_id)
-    return None if row is None else LockedRun(row["project_id"], row["status"], row["saga_status"])
+    """Locks the run row (None: no such run). Lock order, shared by the driver and the operator
+    actions so they never deadlock: the run row, then the request row, then step rows."""
+    row = await conn.fetchrow(LOCK_RUN.sql, *LOCK_RUN.args(run_id=run_id))
+    if row is None:
+        return None
+    return LockedRun(row["project_id"], RunStatus(row["status"]), SagaStatus(row["saga_status"]))
 
 
-# The compensation of the run starts (or starts again, after RetryCompensation): $1 run_id.
-SET_COMPENSATING_SQL = """
-UPDATE awooop_run_state
-   SET saga_status = 'compensating', compensation_started_at = COALESCE(compensation_started_at, now()),
-       compensation_completed_at = NULL, updated_at = now()
- WHERE run_id = $1
-"""
+async def start(conn: Conn, run_id: object) -> None:
+    """The compensation starts, or starts again after RetryCompensation."""
+    await conn.execute(START.sql, *START.args(run_id=run_id))
+
+
+async def end(conn: Conn, run_id: object) -> SagaStatus:
+    """No step is left to undo: compensated, or compensation_failed when an undo failed."""
+    return SagaStatus(await conn.fetchval(END.sql, *END.args(run_id=run_id)))
+
+
+async def skip(conn: Conn, run_id: object) -> None:
+    """Nothing to undo (seed ADR-119 D6): not_needed."""
+    await conn.execute(SKIP.sql, *SKIP.args(run_id=run_id))
+
+
+async def resolved(conn: Conn, run_id: object) -> None:
+    """An operator resolved the last failed step, nothing is left: compensated."""
+    await conn.execute(RESOLVED.sql, *RESOLVED.args(run_id=run_id))

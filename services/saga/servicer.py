@@ -15,6 +15,7 @@ from services.common import errors
 from services.common.auth import current_principal
 from services.common.limits import MAX_ID, MAX_TEXT
 from services.common.runs import saga_status_to_pb, ts
+from services.common.sagastate import Trigger
 from services.common.settings import Settings
 from services.common.validate import Violations
 from services.saga import journal, operator_actions
@@ -173,7 +174,9 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         v.enum("trigger", request.trigger, saga_pb2.CompensationTrigger)
         reason = v.text("reason", request.reason, max_len=MAX_TEXT)
         v.raise_if_any()
-        trigger = saga_pb2.CompensationTrigger.Name(request.trigger).removeprefix("COMPENSATION_TRIGGER_").lower()
+        trigger = Trigger(
+            saga_pb2.CompensationTrigger.Name(request.trigger).removeprefix("COMPENSATION_TRIGGER_").lower()
+        )
         done = await operator_actions.request(self.pool, current_principal(), run_id, trigger, reason)
         self.driver.kick()
         return saga_pb2.CompensateResponse(

@@ -1,7 +1,8 @@
 """Journal entries: the store's strings <-> protobuf enums, a row of awooop_saga_step ->
 common.v1.SagaStep, and JSON values as callers meant them (integral numbers stay integers).
 
-Statuses and step types are stored lower-case, exactly as seed ADR-119 D1 writes them.
+Statuses and step types are stored lower-case, exactly as seed ADR-119 D1 writes them; they are
+declared in services/common/sagastate.py.
 """
 
 from __future__ import annotations
@@ -12,19 +13,15 @@ from typing import Any
 from awooop.common.v1 import common_pb2
 from services.common.db import Row
 from services.common.runs import ts
+from services.common.sagastate import StepType
 from services.common.validate import to_struct
 
-STEP_TYPES = ("llm_call", "tool_call", "approval_request", "callback")
-STEP_STATUSES = ("pending", "completed", "failed", "compensating", "compensated", "compensation_failed", "resolved")
 # Tools whose side effects cannot be undone (seed ADR-119 D3, D6): never carry a compensation command.
 IRREVERSIBLE_TOOLS = ("k8s_exec_pod",)
 
-STEP_COLUMNS = """step_id, step_type, tool_id, tool_params, status, result, error, compensation_cmd, attempt, seq,
-    started_at, completed_at, compensated_at, resolved_by, resolution_reason"""
 
-
-def step_type_from_pb(value: int) -> str:
-    return common_pb2.StepType.Name(value).removeprefix("STEP_TYPE_").lower()  # type: ignore[arg-type]
+def step_type_from_pb(value: int) -> StepType:
+    return StepType(common_pb2.StepType.Name(value).removeprefix("STEP_TYPE_").lower())  # type: ignore[arg-type]
 
 
 def step_type_to_pb(value: str) -> int:
