@@ -82,6 +82,7 @@ class _Key:
     stored: StoredKey | None = None  # the live key row after the first event
     legacy: _Legacy | None = None
     window: tuple[dt.datetime, dt.datetime] | None = None  # a key row's created_at and expires_at now
+    recorded: StoredKey | None = None  # an old-rule key to record (its replay passed)
 
 
 class ApiEvents:
@@ -115,19 +116,18 @@ class ApiEvents:
         else:
             raise errors.store_unavailable("idempotency keys changed under the request; retry")
 
-        legacy = [k for k in keys if k.legacy is not None and not isinstance(answers[k.event], errors.ServiceError)]
-        if legacy:
-            await self._record_legacy(legacy, events, fps, principal)
-
-        for i, j in enumerate(slot):
+        for i, j in enumerate(slot):  # the repeats, in the order sent
             k = keys[j]
             if i == k.event:
                 continue
             if k.stored is not None:
                 answers[i] = _replayed(scopes[i], k.stored, fps[i], self.settings.policy_version, k.allowed)
-            else:
-                assert k.legacy is not None  # only an old-rule key that was refused leaves no key row
-                answers[i] = self._legacy_answer(scopes[i], events[i], k.legacy, k.allowed)
+            else:  # only an old-rule key whose earlier events were refused has no key row yet
+                answers[i] = self._legacy(k, i, scopes[i], events[i], fps[i])
+
+        recorded = [k for k in keys if k.recorded is not None]
+        if recorded:
+            await self._record_legacy(recorded, events, principal)
         return answers  # type: ignore[return-value]  # every event is answered
 
     async def _statement(
@@ -201,14 +201,17 @@ class ApiEvents:
                 answers[i] = _replayed(self._scope(e, principal), k.stored, fps[i], s.policy_version, k.allowed)
             elif r["legacy_run_id"] is not None:
                 k.legacy = _Legacy(str(r["legacy_run_id"]), r["legacy_input"], r["legacy_max_attempts"])
-                answers[i] = self._legacy_answer(self._scope(e, principal), e, k.legacy, k.allowed)
+                answers[i] = self._legacy(k, i, self._scope(e, principal), e, fps[i])
             else:
                 left.append(n)
         return left
 
-    def _legacy_answer(self, scope: idempotency.Scope, e: NewEvent, legacy: _Legacy, allowed: bool) -> Answer:
-        """An old-rule key's replay: the membership, then the fingerprint against the run's fields."""
-        if not allowed:
+    def _legacy(self, k: _Key, i: int, scope: idempotency.Scope, e: NewEvent, fp: str) -> Answer:
+        """An old-rule key's replay: the membership, then the fingerprint against the run's fields.
+        The first that passes leaves the key row its replays meet (recorded after the batch)."""
+        legacy = k.legacy
+        assert legacy is not None and k.window is not None
+        if not k.allowed:
             return idempotency.no_longer_authorized(scope)
         # the run stored its effective max_attempts; a request that leaves it unset (0) asked for
         # whatever the policy gave, so only a different explicit value differs
@@ -220,29 +223,24 @@ class ApiEvents:
                 differs="fingerprint",
                 operation=OPERATION,
             )
+        snapshot = _snapshot(legacy.run_id, legacy=True)
+        k.stored = k.recorded = StoredKey(fp, self.settings.policy_version, snapshot, legacy.run_id, *k.window)
         return (legacy.run_id, True)
 
-    async def _record_legacy(
-        self, keys: list[_Key], events: Sequence[NewEvent], fps: list[str], principal: Principal
-    ) -> None:
+    async def _record_legacy(self, keys: list[_Key], events: Sequence[NewEvent], principal: Principal) -> None:
         """Records the replayed old-rule keys (one statement), so later replays take the ordinary path."""
+        rows = [(events[k.event], k.recorded) for k in keys if k.recorded is not None]  # one project and key per k
         s = self.settings
-        stored = []
-        for k in keys:
-            assert k.legacy is not None and k.window is not None
-            run_id = k.legacy.run_id
-            k.stored = StoredKey(fps[k.event], s.policy_version, _snapshot(run_id, legacy=True), run_id, *k.window)
-            stored.append(k.stored)
         st = RECORD_LEGACY_KEYS
         await fetch_again_on_deadlock(
             self.pool,
             st.sql,
             *st.args(
-                project_id=[events[k.event].project_id for k in keys],
-                key=[events[k.event].provider_event_id for k in keys],
-                fingerprint=[x.fingerprint for x in stored],
-                snapshot=[x.snapshot for x in stored],
-                resource_id=[x.resource_id for x in stored],
+                project_id=[e.project_id for e, _ in rows],
+                key=[e.provider_event_id for e, _ in rows],
+                fingerprint=[x.fingerprint for _, x in rows],
+                snapshot=[x.snapshot for _, x in rows],
+                resource_id=[x.resource_id for _, x in rows],
                 principal_type=principal.principal_type,
                 principal_id=principal.principal_id,
                 operation=OPERATION,
