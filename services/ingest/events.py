@@ -227,8 +227,8 @@ class EventIngestor:
 
 
 def refused(exc: errors.ServiceError) -> bool:
-    """An API event's own refusal (a conflicting key, a revoked caller's replay, a same-key wait
-    past the deadline): it answers that event alone. An outage or a bug fails the whole call."""
+    """An API event's own refusal (a conflicting key, a revoked caller's replay): it answers that
+    event alone. An outage or a bug fails the whole call."""
     return exc.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL)
 
 
