@@ -6,7 +6,8 @@ Fairness: the ceiling (health Check) and IngestEvent run through the same load g
 processes, channels and concurrency, against the same server process, in interleaved rounds.
 The raw-SQL baseline calls the service's own store function (services.ingest.store.ingest(),
 one INGEST_SQL statement per batch) on its own fresh database, with the same batches and
-concurrency.
+concurrency. The bulk API figure sends 128 API-channel events (seed 003's per-principal keys)
+and 128 Telegram events per IngestEvents call to the same server, alternating calls, one in flight.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import asyncio
 import json
 import os
 import secrets
+import statistics
+import time
 from typing import Any
 
 from bench import cpu, env, procs, rss
@@ -23,6 +26,10 @@ from bench.loadgen import HealthCheck, LoadResult, Unexpected, run_load
 from bench.report import Figure
 
 PROJECT = "bench"
+# the bulk API figure: events per IngestEvents call, and alternating call pairs measured
+API_BATCH = 128
+API_PAIRS, API_PAIRS_QUICK = 40, 12
+API_WARMUP_PAIRS = 3
 PAYLOAD = {"message": {"chat": {"id": 4242, "type": "private"}, "text": "deploy web-7 finished", "date": 1760000000}}
 
 
@@ -35,8 +42,8 @@ def ingest_event(pb: Any, project_id: str, event_id: str) -> Any:
     payload.update(PAYLOAD)
     return pb.IngestEventRequest(
         project_id=project_id,
-        # a channel-dedupe channel: API-channel events take seed 003's per-principal key engine
-        # (one transaction each, docs/channels.md), which is not the path these figures measure
+        # a channel-dedupe channel: API-channel events take seed 003's per-principal key table
+        # (docs/channels.md), which the bulk API figure measures
         channel_type=common_pb2.CHANNEL_TYPE_TELEGRAM,
         provider_event_id=event_id,
         payload=payload,
@@ -253,6 +260,71 @@ def _fast_path_metrics(svc: procs.Service) -> dict[str, float]:
     }
 
 
+async def _api_batch(stores: env.Stores, cfg: Config, fig: Figure) -> None:
+    """IngestEvents with API_BATCH fresh API-channel keys against the same call with API_BATCH fresh
+    Telegram ids, on one server, alternating calls (one in flight), so drift hits both alike;
+    the figure is the median API call's seconds over the median Telegram call's."""
+    import grpc
+    from google.protobuf import struct_pb2
+
+    from awooop.common.v1 import common_pb2
+    from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
+
+    dsn = await stores.create_database("ingest_api")
+    svc = await procs.spawn("ingest", procs.service_env(dsn, stores.redis_url, stores.redis_prefix + "a:"))
+    try:
+        md = await env.bench_key(dsn, PROJECT, ("ingest",))
+        payload = struct_pb2.Struct()
+        payload.update(PAYLOAD)
+        label = secrets.token_hex(3)
+
+        def batch(channel: int, call: int) -> Any:
+            return ingest_pb2.IngestEventsRequest(
+                events=[
+                    ingest_pb2.IngestEventRequest(
+                        project_id=PROJECT,
+                        channel_type=channel,
+                        provider_event_id=f"{label}-{call}-{i}",
+                        payload=payload,
+                    )
+                    for i in range(API_BATCH)
+                ]
+            )
+
+        seconds: dict[str, list[float]] = {"api": [], "telegram": []}
+        channels = {"api": common_pb2.CHANNEL_TYPE_API, "telegram": common_pb2.CHANNEL_TYPE_TELEGRAM}
+        pairs = API_PAIRS_QUICK if cfg.quick else API_PAIRS
+        async with grpc.aio.insecure_channel(svc.address) as ch:
+            stub = ingest_pb2_grpc.IngestServiceStub(ch)
+            for n in range(API_WARMUP_PAIRS + pairs):
+                # the order within a pair alternates too: neither kind always follows the other
+                order = ("api", "telegram") if n % 2 else ("telegram", "api")
+                for kind in order:
+                    req = batch(channels[kind], n)
+                    start = time.perf_counter()
+                    r = await stub.IngestEvents(req, metadata=md, timeout=60)
+                    took = time.perf_counter() - start
+                    fresh = [o for x in r.results for o in x.outcomes if not o.duplicate]
+                    if len(r.results) != API_BATCH or len(fresh) != API_BATCH:
+                        raise RuntimeError(f"{kind} batch: {len(fresh)} new runs for {API_BATCH} fresh events")
+                    if n >= API_WARMUP_PAIRS:
+                        seconds[kind].append(took)
+        api, tg = statistics.median(seconds["api"]), statistics.median(seconds["telegram"])
+        fig.measured(
+            api,
+            tg,
+            pairs=pairs,
+            events_per_call=API_BATCH,
+            api_ms={"p50": round(api * 1000, 2), "max": round(max(seconds["api"]) * 1000, 2)},
+            telegram_ms={"p50": round(tg * 1000, 2), "max": round(max(seconds["telegram"]) * 1000, 2)},
+            api_calls_ms=[round(x * 1000, 2) for x in seconds["api"]],
+            telegram_calls_ms=[round(x * 1000, 2) for x in seconds["telegram"]],
+        )
+        rss.record("ingest", svc, f"after bulk API ingest ({API_BATCH} per call)")
+    finally:
+        svc.stop()
+
+
 def declare(cfg: Config) -> list[Figure]:
     unique = Figure(
         "ingest_unique",
@@ -294,13 +366,23 @@ def declare(cfg: Config) -> list[Figure]:
         baseline_label=f"the service's own insert, raw over asyncpg, {cfg.batch_concurrency} in flight",
         baseline_unit="events/s",
     )
-    return [unique, dup, dup_memory, batch]
+    api_batch = Figure(
+        "ingest_api_batch",
+        f"seconds per IngestEvents call, {API_BATCH} API-channel events (seed 003 keys)",
+        "s",
+        "ratio_le",
+        3.0,
+        "≤ 3 ×",
+        baseline_label=f"the same call with {API_BATCH} Telegram events, same server, alternating calls",
+        baseline_unit="s",
+    )
+    return [unique, dup, dup_memory, batch, api_batch]
 
 
 async def run(
     stores: env.Stores, cfg: Config, figures: list[Figure], sweep: dict[str, list[dict[str, Any]]]
 ) -> list[Figure]:
-    unique, dup, dup_memory, batch = figures
+    unique, dup, dup_memory, batch, api_batch = figures
     label = secrets.token_hex(3)
     sweep.setdefault("health Check (transport ceiling)", [])
     sweep.setdefault("IngestEvent, unique ids", [])
@@ -406,6 +488,7 @@ async def run(
                 batch.note = f"raw-SQL baseline unavailable: {exc}"
         except NotImplementedError as exc:
             batch.status, batch.note = "not implemented", str(exc)
+        await _api_batch(stores, cfg, api_batch)
     finally:
         for s in services:
             s.stop()

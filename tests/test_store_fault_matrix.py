@@ -40,6 +40,7 @@ from services.common.db import store_error
 from services.common.retry_policy import DEFAULTS_JSON
 from services.common.runtime import Runtime
 from services.common.settings import Settings
+from services.ingest import api_channel
 from services.ingest import store as ingest_store
 from services.saga import driver, journal
 from services.scheduler import approvals, batch_complete, leases, schedules, transitions
@@ -177,7 +178,7 @@ async def ingest_api_event(env: Env, fault: Fault) -> None:
     req = ingest_pb2.IngestEventRequest(
         project_id=P, channel_type=common_pb2.CHANNEL_TYPE_API, provider_event_id="order-1", payload=struct({"n": 1})
     )
-    await env.faulted(ingest_store.API_EVENT_RUN_SQL, fault, lambda: env.ingest.IngestEvent(req))
+    await env.faulted(api_channel.INGEST_API_EVENTS.sql, fault, lambda: env.ingest.IngestEvent(req))
     again = await env.ingest.IngestEvent(req)
     (run,) = await env.runs()
     assert again.outcomes[0].run_id == str(run["run_id"])
@@ -193,7 +194,7 @@ async def http_api_event(env: Env, fault: Fault) -> None:
         async with aiohttp.ClientSession() as http, http.post(url, json={"n": 1}, headers=headers) as r:
             return r.status, await r.json(content_type=None)
 
-    rule = env.proxy.arm(ingest_store.API_EVENT_RUN_SQL, fault)
+    rule = env.proxy.arm(api_channel.INGEST_API_EVENTS.sql, fault)
     status, doc = await post()
     assert rule.fired.is_set() and not rule.failed_instead
     # RFC 9457 problem document carrying the same reason as gRPC's ErrorInfo

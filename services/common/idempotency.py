@@ -21,17 +21,22 @@ What happens, all in ONE transaction on one connection:
    wait that outlives it is DEADLINE_EXCEEDED (never INTERNAL).
 2. The key row is read in a new statement (so it sees what the previous holder committed).
    An expired row (expires_at <= now()) is deleted and treated as absent.
-3. Row present -> replay, in this order: `recheck(conn)` (the caller's current membership, read
-   fresh; False -> PERMISSION_DENIED / FORBIDDEN and nothing from the snapshot leaves), then the
-   policy version and the request fingerprint (a mismatch -> ALREADY_EXISTS / IDEMPOTENCY_CONFLICT
-   with metadata first_seen_at, expires_at and differs=fingerprint|policy_version), then the stored
-   snapshot with replayed=True.
+3. Row present -> `replay()`, in this order: `recheck(conn)` (the caller's current membership,
+   read fresh; False -> PERMISSION_DENIED / FORBIDDEN and nothing from the snapshot leaves), then
+   the policy version and the request fingerprint (a mismatch -> ALREADY_EXISTS /
+   IDEMPOTENCY_CONFLICT with metadata first_seen_at, expires_at and differs=fingerprint|policy_version),
+   then the stored snapshot with replayed=True.
 4. Row absent -> `execute(conn, window)` performs the mutation on the same connection (its audit
    rows too) and returns the serialized response; the key row (fingerprint, policy version,
    snapshot, resource id, created_at = now(), expires_at = now() + ttl) is inserted; both commit
    together. `window` carries those two timestamps so the snapshot can include them.
 A unique violation on the key row cannot happen under the lock; should one ever occur the whole
 transaction is retried once (and then replays), so it never reaches a caller.
+
+Batches of API-channel events take the same rules a whole batch at a time, in one statement
+(services/ingest/api_channel.py): there the key table's unique index serializes a scope instead
+of the advisory lock (seed 003 allows either), and each event's replay is decided by the same
+`replay()`.
 
 Expired rows are also removed in bounded batches by the ingest service's retention loop.
 """
@@ -49,7 +54,7 @@ from typing import Any
 import asyncpg
 from google.protobuf import timestamp_pb2
 
-from services.common import errors
+from services.common import errors, sql
 from services.common.db import Conn
 
 # Leave the server this much of the caller's deadline to answer after a lock wait.
@@ -107,26 +112,55 @@ def fingerprint(payload: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-LOCK_SQL = """SELECT pg_advisory_xact_lock(hashtextextended($2, 0))
-  FROM (SELECT set_config('lock_timeout', $1, true)) AS t"""
+Q = sql.load(__file__, "idempotency.sql")
+LOCK_SCOPE = Q["LockScope"]
+LOOKUP_KEY = Q["LookupKey"]
+INSERT_KEY = Q["InsertKey"]
 
-# One row always: the key's columns (NULL when absent or expired) and the window a new key gets.
-LOOKUP_SQL = """WITH expired AS (
-    DELETE FROM awooop_idempotency_key
-     WHERE project_id = $1 AND principal_type = $2 AND principal_id = $3 AND operation = $4 AND key = $5
-       AND expires_at <= now()
-)
-SELECT k.request_fingerprint, k.policy_version, k.response_snapshot, k.resource_id, k.created_at, k.expires_at,
-       now() AS window_start, now() + make_interval(secs => $6) AS window_end
-  FROM (SELECT 1) AS one
-  LEFT JOIN awooop_idempotency_key k
-    ON k.project_id = $1 AND k.principal_type = $2 AND k.principal_id = $3 AND k.operation = $4 AND k.key = $5
-   AND k.expires_at > now()"""
 
-INSERT_SQL = """INSERT INTO awooop_idempotency_key
-    (project_id, principal_type, principal_id, operation, key, request_fingerprint, policy_version,
-     response_snapshot, resource_id, created_at, expires_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"""
+@dataclass(frozen=True, slots=True)
+class StoredKey:
+    """A live key row: what the first request of a scope left for its replays."""
+
+    fingerprint: str
+    policy_version: str
+    snapshot: bytes
+    resource_id: str | None
+    created_at: dt.datetime
+    expires_at: dt.datetime
+
+
+def no_longer_authorized(scope: Scope) -> errors.ServiceError:
+    """The refusal of a replay whose caller lost its membership since the key was stored."""
+    return errors.forbidden(
+        f"principal {scope.principal_id} is no longer authorized for {scope.operation} in project {scope.project_id}",
+        project_id=scope.project_id,
+        operation=scope.operation,
+    )
+
+
+def replay(scope: Scope, stored: StoredKey, *, fingerprint: str, policy_version: str, allowed: bool) -> Outcome:
+    """Seed 003's answer to a request whose scope has a live key, in this order: the caller's
+    membership read fresh from the store (`allowed`; False -> FORBIDDEN and nothing from the
+    snapshot leaves), then the policy version and the fingerprint (-> IDEMPOTENCY_CONFLICT), then
+    the stored snapshot with replayed=True. Raises the refusal as a ServiceError."""
+    if not allowed:
+        raise no_longer_authorized(scope)
+    differs = []
+    if stored.policy_version != policy_version:
+        differs.append("policy_version")
+    if stored.fingerprint != fingerprint:
+        differs.append("fingerprint")
+    if differs:
+        raise errors.idempotency_conflict(
+            f"idempotency key was first used at {_iso(stored.created_at)} with a different "
+            f"{' and '.join(d.replace('_', ' ') for d in differs)}; use a new key for a different request",
+            first_seen_at=_iso(stored.created_at),
+            expires_at=_iso(stored.expires_at),
+            differs=",".join(differs),
+            operation=scope.operation,
+        )
+    return Outcome(stored.snapshot, True, stored.created_at, stored.expires_at, stored.resource_id)
 
 
 async def run_idempotent(
@@ -171,53 +205,47 @@ async def _attempt(
     deadline: float | None,
 ) -> Outcome:
     s = scope
-    key_args = (s.project_id, s.principal_type, s.principal_id, s.operation, s.key)
+    key = {
+        "project_id": s.project_id,
+        "principal_type": s.principal_type,
+        "principal_id": s.principal_id,
+        "operation": s.operation,
+        "key": s.key,
+    }
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(LOCK_SQL, _lock_timeout(deadline), s.lock_name())
-        row = await conn.fetchrow(LOOKUP_SQL, *key_args, float(ttl))
+        await conn.execute(
+            LOCK_SCOPE.sql, *LOCK_SCOPE.args(lock_timeout=_lock_timeout(deadline), lock_name=s.lock_name())
+        )
+        row = await conn.fetchrow(LOOKUP_KEY.sql, *LOOKUP_KEY.args(**key, ttl=float(ttl)))
         assert row is not None
         if row["request_fingerprint"] is not None:
-            return await _replay(conn, s, row, fp, policy_version, recheck)
+            stored = StoredKey(
+                row["request_fingerprint"],
+                row["policy_version"],
+                row["response_snapshot"],
+                row["resource_id"],
+                row["created_at"],
+                row["expires_at"],
+            )
+            return replay(s, stored, fingerprint=fp, policy_version=policy_version, allowed=await recheck(conn))
         window = KeyWindow(row["window_start"], row["window_end"])
         done = await execute(conn, window)
         try:
             await conn.execute(
-                INSERT_SQL,
-                *key_args,
-                fp,
-                policy_version,
-                done.snapshot,
-                done.resource_id,
-                window.created_at,
-                window.expires_at,
+                INSERT_KEY.sql,
+                *INSERT_KEY.args(
+                    **key,
+                    fingerprint=fp,
+                    policy_version=policy_version,
+                    snapshot=done.snapshot,
+                    resource_id=done.resource_id,
+                    created_at=window.created_at,
+                    expires_at=window.expires_at,
+                ),
             )
         except asyncpg.UniqueViolationError:
             raise _KeyRace() from None  # leaving the block rolls the whole attempt back
         return Outcome(done.snapshot, False, window.created_at, window.expires_at, done.resource_id)
-
-
-async def _replay(conn: Conn, s: Scope, row: asyncpg.Record, fp: str, policy_version: str, recheck: Recheck) -> Outcome:
-    if not await recheck(conn):
-        raise errors.forbidden(
-            f"principal {s.principal_id} is no longer authorized for {s.operation} in project {s.project_id}",
-            project_id=s.project_id,
-            operation=s.operation,
-        )
-    differs = []
-    if row["policy_version"] != policy_version:
-        differs.append("policy_version")
-    if row["request_fingerprint"] != fp:
-        differs.append("fingerprint")
-    if differs:
-        raise errors.idempotency_conflict(
-            f"idempotency key was first used at {_iso(row['created_at'])} with a different "
-            f"{' and '.join(d.replace('_', ' ') for d in differs)}; use a new key for a different request",
-            first_seen_at=_iso(row["created_at"]),
-            expires_at=_iso(row["expires_at"]),
-            differs=",".join(differs),
-            operation=s.operation,
-        )
-    return Outcome(row["response_snapshot"], True, row["created_at"], row["expires_at"], row["resource_id"])
 
 
 def _lock_timeout(deadline: float | None) -> str:

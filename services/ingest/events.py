@@ -150,24 +150,21 @@ class EventIngestor:
         if others:
             for i, o in zip(others, await self._channel([events[i] for i in others], principal_id, actor), strict=True):
                 out[i] = o
+        api = [i for i, e in enumerate(events) if e.channel == "api"]
         ready: set[str] = set()
-        try:
-            for i, e in enumerate(events):
-                if e.channel != "api":
-                    continue
-                try:
-                    run_id, duplicate = await self.api.ingest(e, principal)
-                except errors.ServiceError as exc:
-                    if not refused(exc):
-                        raise
-                    out[i] = exc
-                    continue
-                if not duplicate:
-                    ready.add(e.project_id)
-                (metrics.DUPLICATE if duplicate else metrics.CREATED)[e.channel].inc()
-                out[i] = Outcome(run_id, e.provider_event_id, duplicate)
+        try:  # one statement for the whole batch (api_channel.py); each event answered alone
+            answers = await self.api.ingest([events[i] for i in api], principal, ready)
         finally:  # the runs created before an outage are claimable all the same
             self.notifier.ready(ready)
+        for i, answer in zip(api, answers, strict=True):
+            if isinstance(answer, errors.ServiceError):
+                if not refused(answer):
+                    raise answer
+                out[i] = answer
+                continue
+            run_id, duplicate = answer
+            (metrics.DUPLICATE if duplicate else metrics.CREATED)["api"].inc()
+            out[i] = Outcome(run_id, events[i].provider_event_id, duplicate)
         return out  # type: ignore[return-value]  # every slot is filled: api or not
 
     async def drain(self) -> None:
@@ -230,8 +227,8 @@ class EventIngestor:
 
 
 def refused(exc: errors.ServiceError) -> bool:
-    """An API event's own refusal (a conflicting key, a revoked caller's replay, a same-key wait
-    past the deadline): it answers that event alone. An outage or a bug fails the whole call."""
+    """An API event's own refusal (a conflicting key, a revoked caller's replay): it answers that
+    event alone. An outage or a bug fails the whole call."""
     return exc.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL)
 
 
