@@ -17,6 +17,7 @@ import {
 import { AwooopError } from "./errors";
 import { SagaServiceClient } from "./gen/awooop/saga/v1/saga";
 import { SchedulerServiceClient } from "./gen/awooop/scheduler/v1/scheduler";
+import { ToolGatewayServiceClient } from "./gen/awooop/tools/v1/tools";
 import { address, apiKey, channelTarget, tlsFromEnv } from "./settings";
 
 export const DEFAULT_TIMEOUT = 10; // seconds
@@ -53,7 +54,7 @@ export type Unary<Req, Res> = (
 
 // The unary methods of a generated client, and their request and response types (inferred from
 // the last overload, which is the (request, metadata, options, callback) one).
-type GrpcClient = SchedulerServiceClient | SagaServiceClient;
+type GrpcClient = SchedulerServiceClient | SagaServiceClient | ToolGatewayServiceClient;
 // (`any` here only matches "some request and response": the callback's parameter makes the
 // types invariant, so no narrower type matches every method.)
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -72,6 +73,8 @@ export interface ClientOptions {
   /** Addresses; default AWOOOP_<SERVICE>_ADDR, else AWOOOP_<SERVICE>_PORT on AWOOOP_HOST, else the `awooop up` ports. */
   scheduler?: string;
   saga?: string;
+  /** The tool gateway (ToolClient): AWOOOP_GATEWAY_ADDR, ... 127.0.0.1:50054. */
+  gateway?: string;
   /** Deadline of a call without its own, in seconds (default 10). */
   timeout?: number;
   /** TLS to the services; default AWOOOP_TLS, or on when a CA file is given. */
@@ -82,16 +85,24 @@ export interface ClientOptions {
   channelOptions?: ChannelOptions;
 }
 
-/** Typed clients for the scheduler and the saga service, with the key and a deadline on every call. */
+/**
+ * Typed clients for the scheduler, the saga service and the tool gateway, with the key and a
+ * deadline on every call. (A channel connects on its first call: an unused one costs nothing.)
+ */
 export class Client {
   readonly scheduler: SchedulerServiceClient;
   readonly saga: SagaServiceClient;
-  readonly addresses: Readonly<{ scheduler: string; saga: string }>;
+  readonly gateway: ToolGatewayServiceClient;
+  readonly addresses: Readonly<{ scheduler: string; saga: string; gateway: string }>;
   readonly timeout: number;
   private readonly metadata: Metadata;
 
   constructor(options: ClientOptions = {}) {
-    this.addresses = { scheduler: address("scheduler", options.scheduler), saga: address("saga", options.saga) };
+    this.addresses = {
+      scheduler: address("scheduler", options.scheduler),
+      saga: address("saga", options.saga),
+      gateway: address("gateway", options.gateway),
+    };
     this.timeout = options.timeout ?? DEFAULT_TIMEOUT;
     const caFile = options.caFile ?? (process.env.AWOOOP_TLS_CA_FILE || undefined);
     const tls = options.tls ?? (Boolean(caFile) || tlsFromEnv());
@@ -101,6 +112,7 @@ export class Client {
     const channelOptions = { ...CHANNEL_OPTIONS, ...options.channelOptions };
     this.scheduler = new SchedulerServiceClient(channelTarget(this.addresses.scheduler), creds, channelOptions);
     this.saga = new SagaServiceClient(channelTarget(this.addresses.saga), creds, channelOptions);
+    this.gateway = new ToolGatewayServiceClient(channelTarget(this.addresses.gateway), creds, channelOptions);
     this.metadata = new Metadata();
     const key = apiKey(options.key);
     if (key) this.metadata.set("authorization", `Bearer ${key}`);
@@ -128,9 +140,10 @@ export class Client {
     });
   }
 
-  /** Closes both channels (calls in flight fail CANCELLED). */
+  /** Closes the channels (calls in flight fail CANCELLED). */
   close(): void {
     this.scheduler.close();
     this.saga.close();
+    this.gateway.close();
   }
 }

@@ -15,6 +15,8 @@ export type {
   StepOptions,
   StopReason,
 } from "./context";
+export { ToolClient } from "./tools";
+export type { ToolClientOptions } from "./tools";
 export { Client, CHANNEL_OPTIONS, DEFAULT_TIMEOUT } from "./client";
 export type { ClientOptions, RequestOf, ResponseOf, UnaryMethod } from "./client";
 export { AwooopError, LeaseLost, RunFinished, WorkerError, LEASE_LOST, INVALID_TRANSITION, reasonName } from "./errors";
@@ -25,3 +27,4 @@ export type { Service } from "./settings";
 export * as common from "./gen/awooop/common/v1/common";
 export * as scheduler from "./gen/awooop/scheduler/v1/scheduler";
 export * as saga from "./gen/awooop/saga/v1/saga";
+export * as tools from "./gen/awooop/tools/v1/tools";
