@@ -58,7 +58,7 @@ class Suite:
     def saga(self) -> str:
         return f"127.0.0.1:{self.rt.ports['saga']}"
 
-    async def create_runs(self, *inputs: dict[str, Any]) -> list[str]:
+    async def create_runs(self, *inputs: dict[str, Any], **kw: Any) -> list[str]:
         out: list[str] = []
         for given in inputs:
             resp = await self.admin.call(
@@ -69,6 +69,7 @@ class Suite:
                     provider_event_id=f"evt-{os.urandom(6).hex()}",
                     payload=to_struct({"n": len(out)}),
                     input=to_struct(given),
+                    **kw,
                 ),
             )
             out.append(resp.outcomes[0].run_id)
@@ -337,6 +338,16 @@ async def test_an_approval_resumes_the_handler_and_skips_completed_steps(suite: 
         ("approval", "approval_request", "completed"),
         ("apply", "callback", "completed"),
     ]
+
+
+async def test_a_handler_that_throws_fails_the_attempt_until_attempts_are_used(suite: Suite, tmp_path: Path) -> None:
+    [run_id] = await suite.create_runs({"mode": "throw"}, max_attempts=2)
+    async with node_worker(suite, tmp_path) as worker:
+        await eventually(lambda: suite.status_is(run_id, common_pb2.RUN_STATUS_FAILED), timeout=30, what="failed")
+        assert await worker.sigterm() == 0, worker.text()
+    assert [e["attempt"] for e in worker.events() if e["event"] == "handler-started"] == [1, 2]
+    run = await suite.run(run_id)
+    assert run.error_code == "E-WORKER-HANDLER" and "Error: bad input on attempt 2" in run.failure_reason
 
 
 async def test_a_key_without_the_worker_role_makes_the_worker_exit_non_zero(

@@ -28,3 +28,13 @@ export function aborted(signal: AbortSignal): Promise<void> {
   if (signal.aborted) return Promise.resolve();
   return new Promise((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
 }
+
+/** Waits for `promise`, at most `seconds` (no timer is left behind either way). */
+export async function within(promise: Promise<unknown>, seconds: number): Promise<void> {
+  const timer = new AbortController();
+  try {
+    await Promise.race([promise, sleep(seconds, timer.signal)]);
+  } finally {
+    timer.abort();
+  }
+}

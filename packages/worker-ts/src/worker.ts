@@ -25,7 +25,7 @@ import { describe, HandlerStopped, RunContext, type Handler, type Json, type Sto
 import { AwooopError, LeaseLost, RunFinished, WorkerError } from "./errors";
 import { LeaseOutcome, type ClaimedRun, type ClaimRunsResponse } from "./gen/awooop/scheduler/v1/scheduler";
 import * as settling from "./settling";
-import { aborted, duration, now, sleep } from "./time";
+import { aborted, duration, now, sleep, within } from "./time";
 
 // errors no retry will fix: the worker stops instead of spinning
 const FATAL_CODES: readonly Code[] = [Code.UNAUTHENTICATED, Code.PERMISSION_DENIED, Code.INVALID_ARGUMENT];
@@ -534,13 +534,13 @@ export class Worker {
     const running = [...this.held.values()].map((h) => h.done);
     if (running.length > 0) {
       this.log("info", "waiting for running handlers", { handlers: running.length, grace_s: this.shutdownGrace });
-      await Promise.race([Promise.all(running), sleep(this.graceEnd() - now())]);
+      await within(Promise.all(running), this.graceEnd() - now());
     }
     for (const h of this.held.values()) this.stopHandler(h, "shutdown");
     const rest = [...this.held.values()].map((h) => h.done);
     if (rest.length > 0) {
       // each settles by its deadline; the extra call timeout bounds a settling call that hangs
-      await Promise.race([Promise.all(rest), sleep(this.settleDeadline() + this.callTimeout - now())]);
+      await within(Promise.all(rest), this.settleDeadline() + this.callTimeout - now());
     }
     await claim;
     await Promise.all(this.returning);
