@@ -33,7 +33,9 @@ from services.common.runtime import Runtime
 from tests.harness import rpc_proxy
 from tests.harness.helpers import eventually, key_of
 from tests.harness.rpc_proxy import RpcProxy
+from tests.harness.scheduler import audit_actions, claims_waiting
 from tests.harness.ts_package import build_package, need
+from tests.harness.wire import HoldingProxy
 
 PROJECT = "tsw"
 
@@ -338,6 +340,45 @@ async def test_an_approval_resumes_the_handler_and_skips_completed_steps(suite: 
         ("approval", "approval_request", "completed"),
         ("apply", "callback", "completed"),
     ]
+
+
+async def test_a_claim_whose_answer_was_lost_is_retried_with_its_id_and_handled_under_its_lease(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    """The scheduler claims the run but the answer never arrives (a stalled network: the claim's
+    deadline passes). The worker sends the claim again with the same claim id, and the scheduler
+    answers it with that claim's lease: the run is handled at once, in its first attempt, instead
+    of staying RUNNING until its 600 s lease expires."""
+    proxy = await HoldingProxy(suite.rt.ports["scheduler"]).start()
+    try:
+        async with node_worker(
+            suite, tmp_path, scheduler=f"127.0.0.1:{proxy.port}", leaseTtl=600, claimWait=1, callTimeout=2
+        ) as worker:
+            await eventually(lambda: claims_waiting(1), what="the worker's long-poll")
+            proxy.held = True
+            [run_id] = await suite.create_runs({"mode": "quick"})
+            await eventually(
+                lambda: suite.status_is(run_id, common_pb2.RUN_STATUS_RUNNING), what="the scheduler to claim it"
+            )
+
+            async def claim_failed() -> bool:
+                return "claim failed; retrying" in worker.log()
+
+            await eventually(claim_failed, timeout=20, what="the worker's claim to fail (its answer was lost)")
+            assert not [e for e in worker.events() if e["event"] == "handler-started"]
+            await proxy.reset()  # the network comes back
+            await eventually(
+                lambda: suite.status_is(run_id, common_pb2.RUN_STATUS_COMPLETED),
+                timeout=20,
+                what="the run handled under the lost claim's lease",
+            )
+            assert await worker.sigterm() == 0, worker.text()
+    finally:
+        await proxy.close()
+    started = [(e["run_id"], e["attempt"]) for e in worker.events() if e["event"] == "handler-started"]
+    assert started == [(run_id, 1)]
+    assert (await audit_actions(db, run_id)).count("CLAIMED") == 1
+    assert await db.fetchval("SELECT count(DISTINCT claim_id) FROM awooop_claim_answer") == 1
 
 
 async def test_a_handler_that_throws_fails_the_attempt_until_attempts_are_used(suite: Suite, tmp_path: Path) -> None:

@@ -62,6 +62,8 @@ async function handle(ctx: RunContext): Promise<Json | undefined> {
       emit({ event: "stopped", run_id: ctx.runId, why: (ctx.signal.reason as HandlerStopped).why });
       return undefined;
     }
+    case "quick":
+      return { ok: true };
     case "throw": // an uncaught error: the attempt fails, retryable
       throw new Error(`bad input on attempt ${ctx.attempt}`);
     case "stale": // waits for SIGUSR2, then writes with a token that may have moved on
