@@ -21,7 +21,7 @@ import { status as Code } from "@grpc/grpc-js";
 import { Client, DEFAULT_TIMEOUT, type ClientOptions } from "./client";
 import { ClaimIds } from "./claimIds";
 import { CompletionBatcher } from "./completions";
-import { describe, HandlerStopped, RunContext, type Handler, type Json, type StopReason } from "./context";
+import { describe, RunContext, type Handler, type Json, type StopReason } from "./context";
 import { AwooopError, LeaseLost, RunFinished, WorkerError } from "./errors";
 import { LeaseOutcome, type ClaimedRun, type ClaimRunsResponse } from "./gen/awooop/scheduler/v1/scheduler";
 import * as settling from "./settling";
