@@ -2,8 +2,9 @@
 services (ingest, scheduler, saga, gateway; real Postgres and Redis): a worker SIGKILLed inside a
 tool step whose run is reaped and finished by another worker (the step retried with the same
 idempotency key), a claim whose answer was lost retried with its claim id, lease loss and cancel
-reaching the handler through ctx.signal at the next heartbeat, a throwing handler failing its attempts, a stale token's LEASE_LOST from the handler's own call, approvals that resume the
-handler with completed steps skipped, and SIGTERM: handlers finish in the grace period or are
+reaching the handler through ctx.signal at the next heartbeat, a throwing handler failing its
+attempts, a stale token's LEASE_LOST from the handler's own call, approvals that resume the handler
+with completed steps skipped, and SIGTERM: handlers finish in the grace period or are
 handed back, settling calls retried through hangs and UNAVAILABLE, a claim answered after the
 signal handed back, and a non-zero exit naming the runs it could not settle.
 
