@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -380,6 +381,33 @@ async def test_a_claim_whose_answer_was_lost_is_retried_with_its_id_and_handled_
     assert started == [(run_id, 1)]
     assert (await audit_actions(db, run_id)).count("CLAIMED") == 1
     assert await db.fetchval("SELECT count(DISTINCT claim_id) FROM awooop_claim_answer") == 1
+
+
+async def test_one_bad_completion_in_a_batch_does_not_fail_the_others(suite: Suite, tmp_path: Path) -> None:
+    """Three handlers return at once: the first completion goes alone, the other two share the
+    next CompleteRuns call, where one output is over AWOOOP_MAX_PAYLOAD_BYTES. The scheduler
+    refuses that call as a whole (INVALID_ARGUMENT); the worker sends its items one by one, so
+    only the oversized run's completion fails."""
+    first, second, oversized = await suite.create_runs(
+        {"mode": "together"}, {"mode": "together"}, {"mode": "together", "output_bytes": 300 * 1024}
+    )
+    async with node_worker(suite, tmp_path, concurrency=3) as worker:
+        for run_id in (first, second, oversized):
+            await worker.event("waiting", run_id=run_id)
+        worker.proc.send_signal(signal.SIGUSR2)
+        for run_id in (first, second):
+            done = functools.partial(suite.status_is, run_id, common_pb2.RUN_STATUS_COMPLETED)
+            await eventually(done, timeout=20, what=f"{run_id} completed")
+
+        async def refused() -> bool:
+            return "could not record the run as completed" in worker.log()
+
+        await eventually(refused, timeout=20, what="the oversized completion refused")
+        assert await worker.sigterm() == 0, worker.text()
+    refusals = [json.loads(line) for line in worker.log().splitlines() if "could not record the run" in line]
+    assert [(r["run_id"], r["error"].split(":")[0]) for r in refusals] == [(oversized, "AwooopError")], refusals
+    assert "INVALID_ARGUMENT" in refusals[0]["error"] and "output" in refusals[0]["error"], refusals
+    assert worker.stats()["completed"] == 2 and worker.stats()["completeRunsCalls"] == 2
 
 
 async def test_a_handler_that_throws_fails_the_attempt_until_attempts_are_used(suite: Suite, tmp_path: Path) -> None:

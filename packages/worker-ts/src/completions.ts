@@ -1,6 +1,9 @@
 // Completions share CompleteRuns calls: while one call is in flight, the runs that finish
 // meanwhile wait and go together in the next (no timers). Each caller still gets its own run's
-// answer or error (LeaseLost for a stale token), as CompleteRun would give it.
+// answer or error (LeaseLost for a stale token), as CompleteRun would give it. A batch refused as
+// INVALID_ARGUMENT (one bad item, e.g. an oversized output) is sent again item by item with
+// CompleteRun, so only the bad item's caller gets the error; a failure of the whole call
+// (scheduler unreachable) goes to every caller in it.
 import { status as Code } from "@grpc/grpc-js";
 import { AwooopError, LEASE_LOST, LeaseLost } from "./errors";
 import type { Client } from "./client";
@@ -60,10 +63,24 @@ export class CompletionBatcher {
         p.reject(new Kind(CODES[reason] ?? Code.UNKNOWN, reason, message, { run_id: p.request.lease?.runId ?? "" }, [], "CompleteRuns"));
       });
     } catch (err) {
-      for (const p of batch) p.reject(err);
+      if (err instanceof AwooopError && err.code === Code.INVALID_ARGUMENT && batch.length > 1) {
+        await Promise.all(batch.map((p) => this.completeOne(p)));
+      } else {
+        for (const p of batch) p.reject(err);
+      }
     } finally {
       this.inFlight = false;
       void this.flush();
+    }
+  }
+
+  private async completeOne(p: Pending): Promise<void> {
+    try {
+      const resp = await this.client.call(this.client.scheduler, "completeRun", p.request);
+      if (resp.run === undefined) throw new Error("CompleteRun answered no run");
+      p.resolve(resp.run);
+    } catch (err) {
+      p.reject(err);
     }
   }
 }

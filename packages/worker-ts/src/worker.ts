@@ -77,6 +77,8 @@ export interface WorkerStats {
   claimsSent: number;
   claimErrors: number;
   earlyEmptyClaims: number;
+  /** CompleteRuns calls (completions that finish while one is in flight share the next). */
+  completeRunsCalls: number;
 }
 
 type Outcome = "completed" | "failed" | "waitingApproval" | "lost" | "cancelled" | "released" | "errors";
@@ -123,6 +125,7 @@ export class Worker {
     claimsSent: 0,
     claimErrors: 0,
     earlyEmptyClaims: 0,
+    completeRunsCalls: 0,
   };
   private readonly concurrency: number;
   private readonly leaseTtl: number | undefined;
@@ -215,6 +218,7 @@ export class Worker {
     for (const sig of signals) process.off(sig, onSignal);
     if (this.ownClient) this.client.close();
     this.running = false;
+    this.stats.completeRunsCalls = this.completions.calls;
     this.log("info", "worker stopped", { worker_id: this.workerId });
     if (failure !== undefined) throw failure;
     if (unsettled) throw new WorkerError(unsettled);

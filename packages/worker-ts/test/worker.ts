@@ -62,6 +62,10 @@ async function handle(ctx: RunContext): Promise<Json | undefined> {
       emit({ event: "stopped", run_id: ctx.runId, why: (ctx.signal.reason as HandlerStopped).why });
       return undefined;
     }
+    case "together": // waits for SIGUSR2, then returns an output of output_bytes characters (or a small one)
+      emit({ event: "waiting", run_id: ctx.runId });
+      await wentOn;
+      return typeof ctx.input.output_bytes === "number" ? { big: "x".repeat(ctx.input.output_bytes) } : { ok: true };
     case "quick":
       return { ok: true };
     case "throw": // an uncaught error: the attempt fails, retryable
