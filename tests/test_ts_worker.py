@@ -3,7 +3,8 @@ services (ingest, scheduler, saga, gateway; real Postgres and Redis): a worker S
 tool step whose run is reaped and finished by another worker (the step retried with the same
 idempotency key), a claim whose answer was lost retried with its claim id, lease loss and cancel
 reaching the handler through ctx.signal at the next heartbeat, a throwing handler failing its
-attempts, a stale token's LEASE_LOST from the handler's own call, approvals that resume the handler
+attempts, a stale token's LEASE_LOST from the handler's own call, a full worker's completions
+carried by its claims and one bad completion failing only its own run, approvals that resume the handler
 with completed steps skipped, and SIGTERM: handlers finish in the grace period or are
 handed back, settling calls retried through hangs and UNAVAILABLE, a claim answered after the
 signal handed back, and a non-zero exit naming the runs it could not settle.
@@ -383,11 +384,27 @@ async def test_a_claim_whose_answer_was_lost_is_retried_with_its_id_and_handled_
     assert await db.fetchval("SELECT count(DISTINCT claim_id) FROM awooop_claim_answer") == 1
 
 
+async def test_a_full_workers_completions_ride_on_its_next_claim(suite: Suite, db: Any, tmp_path: Path) -> None:
+    """Concurrency 1 and four runs waiting: each run that finishes is completed by the ClaimRuns
+    that claims the next (ClaimRunsRequest.complete), so no CompleteRuns call is needed."""
+    runs = await suite.create_runs(*[{"mode": "quick"}] * 4)
+    async with node_worker(suite, tmp_path, concurrency=1) as worker:
+        for run_id in runs:
+            done = functools.partial(suite.status_is, run_id, common_pb2.RUN_STATUS_COMPLETED)
+            await eventually(done, timeout=20, what=f"{run_id} completed")
+        assert await worker.sigterm() == 0, worker.text()
+    stats = worker.stats()
+    assert stats["completed"] == 4 and stats["completionsCarried"] == 4 and stats["completeRunsCalls"] == 0, stats
+    for run_id in runs:
+        assert (await suite.run(run_id)).output["ok"] is True
+        assert (await audit_actions(db, run_id)).count("COMPLETED") == 1
+
+
 async def test_one_bad_completion_in_a_batch_does_not_fail_the_others(suite: Suite, tmp_path: Path) -> None:
-    """Three handlers return at once: the first completion goes alone, the other two share the
-    next CompleteRuns call, where one output is over AWOOOP_MAX_PAYLOAD_BYTES. The scheduler
-    refuses that call as a whole (INVALID_ARGUMENT); the worker sends its items one by one, so
-    only the oversized run's completion fails."""
+    """Three handlers of a full worker return at once, one output over AWOOOP_MAX_PAYLOAD_BYTES.
+    Their completions ride on the next ClaimRuns, which the scheduler refuses as a whole
+    (INVALID_ARGUMENT); sent again with CompleteRuns, refused as a whole again; then item by item
+    (CompleteRun), so only the oversized run's completion fails."""
     first, second, oversized = await suite.create_runs(
         {"mode": "together"}, {"mode": "together"}, {"mode": "together", "output_bytes": 300 * 1024}
     )
@@ -407,7 +424,7 @@ async def test_one_bad_completion_in_a_batch_does_not_fail_the_others(suite: Sui
     refusals = [json.loads(line) for line in worker.log().splitlines() if "could not record the run" in line]
     assert [(r["run_id"], r["error"].split(":")[0]) for r in refusals] == [(oversized, "AwooopError")], refusals
     assert "INVALID_ARGUMENT" in refusals[0]["error"] and "output" in refusals[0]["error"], refusals
-    assert worker.stats()["completed"] == 2 and worker.stats()["completeRunsCalls"] == 2
+    assert worker.stats()["completed"] == 2 and worker.stats()["completeRunsCalls"] == 1, worker.stats()
 
 
 async def test_a_handler_that_throws_fails_the_attempt_until_attempts_are_used(suite: Suite, tmp_path: Path) -> None:

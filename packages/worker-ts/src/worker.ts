@@ -20,7 +20,7 @@ import { hostname } from "node:os";
 import { status as Code } from "@grpc/grpc-js";
 import { Client, DEFAULT_TIMEOUT, type ClientOptions } from "./client";
 import { ClaimIds } from "./claimIds";
-import { CompletionBatcher } from "./completions";
+import { CompletionBatcher, type PendingCompletion } from "./completions";
 import { describe, RunContext, type Handler, type Json, type StopReason } from "./context";
 import { AwooopError, LeaseLost, RunFinished, WorkerError } from "./errors";
 import { LeaseOutcome, type ClaimedRun, type ClaimRunsResponse } from "./gen/awooop/scheduler/v1/scheduler";
@@ -79,6 +79,8 @@ export interface WorkerStats {
   earlyEmptyClaims: number;
   /** CompleteRuns calls (completions that finish while one is in flight share the next). */
   completeRunsCalls: number;
+  /** Completions carried by a ClaimRuns (a full worker's finished runs ride on its next claim). */
+  completionsCarried: number;
 }
 
 type Outcome = "completed" | "failed" | "waitingApproval" | "lost" | "cancelled" | "released" | "errors";
@@ -126,6 +128,7 @@ export class Worker {
     claimErrors: 0,
     earlyEmptyClaims: 0,
     completeRunsCalls: 0,
+    completionsCarried: 0,
   };
   private readonly concurrency: number;
   private readonly leaseTtl: number | undefined;
@@ -140,6 +143,7 @@ export class Worker {
   private readonly held = new Map<string, Held>();
   private readonly stopping = new AbortController();
   private slotFreed = new AbortController();
+  private awaitingSlot = false; // the claim loop waits for a slot: completions ride on its claim
   private running = false;
   private stoppedAt: number | undefined; // monotonic time of the stop: the grace counts from it
   private inFlightClaim: Promise<ClaimRunsResponse> | undefined; // a claim in flight at the stop
@@ -167,6 +171,10 @@ export class Worker {
     this.ownClient = options.client === undefined;
     this.client = options.client ?? new Client({ ...options, timeout: this.callTimeout });
     this.completions = new CompletionBatcher(this.client);
+    this.completions.setCarrier(
+      () => this.awaitingSlot && !this.stopping.signal.aborted,
+      () => this.slotFreed.abort(),
+    );
   }
 
   /** `${runId} (attempt n)` of every lease held now. */
@@ -211,6 +219,7 @@ export class Worker {
       failure = err;
     }
     this.stop(); // also after a fatal error: handlers see ctx.stopping, the grace counts from now
+    this.completions.releaseHeld();
     await this.shutdown();
     const unsettled = this.logUnsettled();
     heartbeatsDone.abort();
@@ -219,6 +228,7 @@ export class Worker {
     if (this.ownClient) this.client.close();
     this.running = false;
     this.stats.completeRunsCalls = this.completions.calls;
+    this.stats.completionsCarried = this.completions.carried;
     this.log("info", "worker stopped", { worker_id: this.workerId });
     if (failure !== undefined) throw failure;
     if (unsettled) throw new WorkerError(unsettled);
@@ -230,10 +240,18 @@ export class Worker {
     let backoff = 0.2;
     let early = 0; // long-polls in a row answered empty well before their wait
     while (!this.stopping.signal.aborted) {
-      const free = this.concurrency - this.held.size;
+      // runs whose completion waits for this claim are done: their slots are free
+      const free = this.concurrency - this.held.size + this.completions.heldCount;
       if (free <= 0) {
         this.slotFreed = new AbortController();
+        this.awaitingSlot = true;
         await Promise.race([aborted(this.slotFreed.signal), aborted(this.stopping.signal)]);
+        this.awaitingSlot = false;
+        continue;
+      }
+      const carried = this.completions.take();
+      if (carried.length > 0) {
+        await this.claimCarrying(carried, free);
         continue;
       }
       const { id, maxRuns } = this.claimIds.next(Math.min(free, 100));
@@ -290,6 +308,44 @@ export class Worker {
       const pause = Math.min(0.05 * 2 ** early, 2, this.claimWait) * (0.5 + Math.random() / 2);
       await sleep(pause, this.stopping.signal);
     }
+  }
+
+  /**
+   * One ClaimRuns that also completes the carried runs. It does not wait for work (a call carrying
+   * completions answers once they are applied), so it is awaited to the end, stop or not: the
+   * completions' callers get their answers.
+   */
+  private async claimCarrying(carried: PendingCompletion[], free: number): Promise<void> {
+    const { id, maxRuns } = this.claimIds.next(Math.min(free, 100));
+    this.stats.claimsSent += 1;
+    let resp: ClaimRunsResponse;
+    try {
+      resp = await this.client.call(this.client.scheduler, "claimRuns", {
+        workerId: this.workerId,
+        projectIds: [...this.projects],
+        maxRuns,
+        wait: undefined,
+        leaseTtl: duration(this.leaseTtl),
+        complete: carried.map((p) => p.request),
+        claimId: id,
+      });
+    } catch (err) {
+      if (!(err instanceof AwooopError)) throw err;
+      this.claimIds.answered(err);
+      this.stats.claimErrors += 1;
+      // bad input: the completions go again with CompleteRuns, and the next claim, without them,
+      // tells whether the claim itself was bad (then fatal, as always)
+      this.completions.claimFailed(carried, err);
+      if (err.code !== Code.INVALID_ARGUMENT) {
+        if (FATAL_CODES.includes(err.code)) throw new WorkerError(`ClaimRuns: ${err.message}`);
+        this.log("warn", "claim failed; retrying", { error: err.message });
+        await sleep(0.2, this.stopping.signal);
+      }
+      return;
+    }
+    this.claimIds.answered();
+    this.completions.settle(carried, resp.completed);
+    this.accept(resp.runs);
   }
 
   /** Starts a handler for each claimed run; once stopping, hands them back unstarted. */
