@@ -113,7 +113,7 @@ export class Worker {
   readonly workerId: string;
   readonly projects: readonly string[];
   readonly client: Client;
-  readonly stats: WorkerStats = {
+  private readonly counts: Omit<WorkerStats, "completeRunsCalls" | "completionsCarried"> = {
     claimed: 0,
     completed: 0,
     failed: 0,
@@ -127,8 +127,6 @@ export class Worker {
     claimsSent: 0,
     claimErrors: 0,
     earlyEmptyClaims: 0,
-    completeRunsCalls: 0,
-    completionsCarried: 0,
   };
   private readonly concurrency: number;
   private readonly leaseTtl: number | undefined;
@@ -175,6 +173,11 @@ export class Worker {
       () => this.awaitingSlot && !this.stopping.signal.aborted,
       () => this.slotFreed.abort(),
     );
+  }
+
+  /** What the worker did so far. */
+  get stats(): WorkerStats {
+    return { ...this.counts, completeRunsCalls: this.completions.calls, completionsCarried: this.completions.carried };
   }
 
   /** `${runId} (attempt n)` of every lease held now. */
@@ -227,8 +230,6 @@ export class Worker {
     for (const sig of signals) process.off(sig, onSignal);
     if (this.ownClient) this.client.close();
     this.running = false;
-    this.stats.completeRunsCalls = this.completions.calls;
-    this.stats.completionsCarried = this.completions.carried;
     this.log("info", "worker stopped", { worker_id: this.workerId });
     if (failure !== undefined) throw failure;
     if (unsettled) throw new WorkerError(unsettled);
@@ -256,7 +257,7 @@ export class Worker {
       }
       const { id, maxRuns } = this.claimIds.next(Math.min(free, 100));
       const sentAt = now();
-      this.stats.claimsSent += 1;
+      this.counts.claimsSent += 1;
       const claim = this.client.call(
         this.client.scheduler,
         "claimRuns",
@@ -287,7 +288,7 @@ export class Worker {
         if (!(err instanceof AwooopError)) throw err;
         this.claimIds.answered(err);
         if (FATAL_CODES.includes(err.code)) throw new WorkerError(`ClaimRuns: ${err.message}`);
-        this.stats.claimErrors += 1;
+        this.counts.claimErrors += 1;
         this.log("warn", "claim failed; retrying", { error: err.message, backoff_s: backoff });
         await sleep(backoff, this.stopping.signal);
         backoff = Math.min(backoff * 2, 5);
@@ -304,7 +305,7 @@ export class Worker {
       // empty long before the wait was over: a scheduler ending its long-polls (draining) or one
       // that cannot wait; back off so this is no claim storm
       early += 1;
-      this.stats.earlyEmptyClaims += 1;
+      this.counts.earlyEmptyClaims += 1;
       const pause = Math.min(0.05 * 2 ** early, 2, this.claimWait) * (0.5 + Math.random() / 2);
       await sleep(pause, this.stopping.signal);
     }
@@ -317,7 +318,7 @@ export class Worker {
    */
   private async claimCarrying(carried: PendingCompletion[], free: number): Promise<void> {
     const { id, maxRuns } = this.claimIds.next(Math.min(free, 100));
-    this.stats.claimsSent += 1;
+    this.counts.claimsSent += 1;
     let resp: ClaimRunsResponse;
     try {
       resp = await this.client.call(this.client.scheduler, "claimRuns", {
@@ -332,7 +333,7 @@ export class Worker {
     } catch (err) {
       if (!(err instanceof AwooopError)) throw err;
       this.claimIds.answered(err);
-      this.stats.claimErrors += 1;
+      this.counts.claimErrors += 1;
       // bad input: the completions go again with CompleteRuns, and the next claim, without them,
       // tells whether the claim itself was bad (then fatal, as always)
       this.completions.claimFailed(carried, err);
@@ -351,7 +352,7 @@ export class Worker {
   /** Starts a handler for each claimed run; once stopping, hands them back unstarted. */
   private accept(runs: ClaimedRun[]): void {
     for (const claimed of runs) {
-      this.stats.claimed += 1;
+      this.counts.claimed += 1;
       const ctx = new RunContext(this.client, claimed, this.workerId, this.stopping.signal, this.completions);
       if (this.stopping.signal.aborted) {
         this.log("info", "claimed while stopping; handing it back unstarted", { run_id: ctx.runId });
@@ -522,7 +523,7 @@ export class Worker {
   }
 
   private count(outcome: Outcome): void {
-    this.stats[outcome] += 1;
+    this.counts[outcome] += 1;
   }
 
   private stopHandler(h: Held, reason: StopReason): void {
@@ -552,7 +553,7 @@ export class Worker {
     for (let i = 0; i < live.length; i += HEARTBEAT_BATCH) {
       const batch = live.slice(i, i + HEARTBEAT_BATCH);
       const sentAt = now();
-      this.stats.heartbeatsSent += 1;
+      this.counts.heartbeatsSent += 1;
       let resp;
       try {
         resp = await this.client.call(this.client.scheduler, "heartbeat", {
@@ -580,7 +581,7 @@ export class Worker {
           this.stopHandler(h, "cancel_requested");
         } else if (renewal.outcome === LeaseOutcome.LEASE_OUTCOME_RENEWED) {
           h.renewedUntil = sentAt + h.ttl;
-          this.stats.leasesRenewed += 1;
+          this.counts.leasesRenewed += 1;
         }
       }
     }
