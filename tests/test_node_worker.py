@@ -1,130 +1,145 @@
-"""examples/node-worker (a worker in Node with @grpc/grpc-js and @grpc/proto-loader on protos/) as a
-real process against the real services: a long-poll claim woken by a new run, a heartbeat, a tool
-step with compensation, an LLM step, completion, and LEASE_LOST read from google.rpc.ErrorInfo."""
+"""examples/node-worker (a TypeScript worker on the @awooop/worker package, packages/worker-ts)
+built and run as a real node process against the real services, addressed as the Python SDK and
+the CLI are (AWOOOP_*_ADDR, or AWOOOP_*_PORT): the demo story of examples/worker.py. A run's
+handler diagnoses, scales `api` through the reference gateway with a compensation, and asks for
+approval, printing the `awooop runs approve` line; the rejected run is compensated (api back to
+1 replica), the approved one COMPLETED on its second claim without scaling again; SIGTERM then
+stops the worker with exit code 0."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import shutil
+import signal
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
+from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from awooop.worker import to_struct
-from tests.harness.helpers import ROOT
+from tests.harness.helpers import ROOT, eventually
+from tests.harness.ts_package import NPM_QUIET, build_package, need, npm
 
 EXAMPLE = ROOT / "examples" / "node-worker"
-
-
-def _need(program: str) -> str:
-    found = shutil.which(program)
-    if found is None:
-        if os.environ.get("CI") == "true":  # CI installs Node (.ci/install-debian); missing is a failure there
-            pytest.fail(f"{program} is not installed")
-        pytest.skip(f"{program} is not installed")
-    return found
+PROJECT = "node"
 
 
 @pytest.fixture(scope="module")
-def node_modules() -> str:
-    """`npm ci` in the example's own directory, from its committed package-lock.json."""
-    node, npm = _need("node"), _need("npm")
-    out = subprocess.run(
-        [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-        cwd=EXAMPLE,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 0, out.stderr
-    return node
-
-
-async def _next_event(stdout: asyncio.StreamReader, timeout: float = 30) -> dict[str, Any]:
-    line = await asyncio.wait_for(stdout.readline(), timeout)
-    assert line, "the node worker exited early"
-    return json.loads(line)  # type: ignore[no-any-return]
+def example() -> Path:
+    """The package built, then the example as its README says: `npm ci && npm run build`."""
+    build_package()
+    npm("ci", *NPM_QUIET, cwd=EXAMPLE)
+    npm("run", "build", cwd=EXAMPLE)
+    return EXAMPLE
 
 
 @pytest.mark.parametrize("addressed_by", ["ADDR", "PORT"])
-async def test_node_worker_runs_a_run_and_reads_lease_lost(
-    addressed_by: str, node_modules: str, start_services: Any, make_key: Any, db: Any, channels: Any
+async def test_node_worker_runs_the_demo_story_to_compensated_and_to_completed(
+    addressed_by: str, example: Path, start_services: Any, make_key: Any, db: Any, channels: Any, tmp_path: Path
 ) -> None:
-    rt = await start_services("ingest", "scheduler", "saga")
-    md = await make_key("node-team", {"node": ["ingest", "worker"]})
+    gw = await start_services("gateway")
+    rt = await start_services(
+        "ingest", "scheduler", "saga", gateway_addr=f"127.0.0.1:{gw.ports['gateway']}", compensation_interval=0.2
+    )
+    ports = rt.ports | {"gateway": gw.ports["gateway"]}
+    await db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 1)", PROJECT)
+    worker_md = await make_key("node-team", {PROJECT: ["ingest", "worker"]})
+    admin_md = await make_key("boss", {PROJECT: ["admin"]})
     # the settings the Python SDK and the CLI read: an address, or the port the service listens on
     where = {
-        f"AWOOOP_{s.upper()}_{addressed_by}": f"127.0.0.1:{rt.ports[s]}" if addressed_by == "ADDR" else str(rt.ports[s])
-        for s in ("scheduler", "saga")
+        f"AWOOOP_{s.upper()}_{addressed_by}": f"127.0.0.1:{ports[s]}" if addressed_by == "ADDR" else str(ports[s])
+        for s in ("scheduler", "saga", "gateway")
     }
     env = (
         {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
         | where
-        | {
-            "AWOOOP_API_KEY": md[0][1].removeprefix("Bearer "),
-            "AWOOOP_PROJECT": "node",
-            "AWOOOP_RUNS": "1",
-        }
+        | {"AWOOOP_API_KEY": worker_md[0][1].removeprefix("Bearer "), "AWOOOP_PROJECT": PROJECT}
     )
-    proc = await asyncio.create_subprocess_exec(
-        node_modules, "worker.js", cwd=EXAMPLE, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    ingest = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
+    scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+
+    async def replicas() -> int:
+        return await db.fetchval(  # type: ignore[no-any-return]
+            "SELECT replicas FROM awooop_refgw_deployment WHERE project_id = $1 AND name = 'api'", PROJECT
+        )
+
+    async def run_row(run_id: str) -> Any:
+        return await db.fetchrow("SELECT status, saga_status, output FROM awooop_run_state WHERE run_id = $1", run_id)
+
+    err_log = tmp_path / "worker.err"
+    with open(err_log, "wb") as err:
+        proc = await asyncio.create_subprocess_exec(
+            need("node"), "dist/worker.js", cwd=example, env=env, stdout=subprocess.PIPE, stderr=err
+        )
     try:
         assert proc.stdout is not None
-        assert (await _next_event(proc.stdout))["event"] == "started"
-        # the worker is (or is about to be) in its long-poll; the new run wakes it
-        ingest = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
-        created = await ingest.IngestEvent(
-            ingest_pb2.IngestEventRequest(
-                project_id="node", channel_type=common_pb2.CHANNEL_TYPE_TELEGRAM, payload=to_struct({"update_id": 41})
-            ),
-            metadata=md,
-        )
-        run_id = created.outcomes[0].run_id
 
-        events: dict[str, dict[str, Any]] = {}
-        while "lease_lost" not in events:
-            event = await _next_event(proc.stdout)
-            assert event["event"] not in ("error", "unexpected_success"), event
-            events[event["event"]] = event
-        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        async def story(update_id: int, decision: scheduler_pb2.Decision.ValueType) -> str:
+            """A new event's run: the worker prints the approve line; the run is decided as asked."""
+            created = await ingest.IngestEvent(
+                ingest_pb2.IngestEventRequest(
+                    project_id=PROJECT,
+                    channel_type=common_pb2.CHANNEL_TYPE_TELEGRAM,
+                    payload=to_struct({"update_id": update_id}),
+                ),
+                metadata=worker_md,
+            )
+            run_id: str = created.outcomes[0].run_id
+            assert proc.stdout is not None
+            try:
+                line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode().strip()
+            except TimeoutError:
+                raise AssertionError(err_log.read_text(errors="replace")) from None
+            assert line.startswith(f"awooop runs approve {run_id} --token "), (line, err_log.read_text())
+            assert (await run_row(run_id))["status"] == "WAITING_APPROVAL"
+            assert await replicas() == 3  # scaled through the gateway before asking
+            await scheduler.DecideApproval(
+                scheduler_pb2.DecideApprovalRequest(
+                    run_id=run_id, approval_token=line.rsplit(" ", 1)[1], decision=decision, reason="tested"
+                ),
+                metadata=admin_md,
+            )
+            return run_id
+
+        # rejected: the saga runs the scale's compensation (the TS worker's command) through the gateway
+        rejected = await story(41, scheduler_pb2.DECISION_REJECT)
+
+        async def compensated() -> bool:
+            return bool((await run_row(rejected))["saga_status"] == "compensated")
+
+        await eventually(compensated, timeout=30, what="the rejected run compensated")
+        assert (await run_row(rejected))["status"] == "FAILED" and await replicas() == 1
+
+        # approved: claimed again, the done steps skipped, completed with the handler's output
+        approved = await story(42, scheduler_pb2.DECISION_APPROVE)
+
+        async def completed() -> bool:
+            return bool((await run_row(approved))["status"] == "COMPLETED")
+
+        await eventually(completed, timeout=30, what="the approved run completed")
+        assert json.loads((await run_row(approved))["output"]) == {"kept": {"deployment": "api", "replicas": 3}}
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0, err_log.read_text()
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
 
-    assert events["claimed"]["run_id"] == run_id and events["claimed"]["input"] == {"update_id": 41}
-    assert events["heartbeat"]["outcome"] == "LEASE_OUTCOME_RENEWED"  # enums as strings (proto-loader enums: String)
-    assert events["begin_step"]["action"] == "STEP_ACTION_EXECUTE"
-    assert events["begin_step"]["idempotency_key"] == f"{run_id}:scale"
-    assert events["record_step"] == {
-        "event": "record_step",
-        "step_id": "diagnose",
-        "recorded": True,
-        "status": "STEP_STATUS_COMPLETED",
-    }
-    assert events["completed"]["status"] == "RUN_STATUS_COMPLETED"
-    # a lost lease: an outcome in Heartbeat's body, an error with ErrorInfo from other calls
-    assert events["heartbeat_after_complete"]["outcome"] == "LEASE_OUTCOME_LEASE_LOST"
-    lost = events["lease_lost"]
-    assert lost["code_name"] == "FAILED_PRECONDITION" and lost["reason"] == "LEASE_LOST", lost
-    assert lost["domain"] == "awooop" and lost["metadata"]["run_id"] == run_id, lost
-
-    # what the store holds: the run completed, the tool step with its undo command, the LLM step
-    row = await db.fetchrow("SELECT status, output FROM awooop_run_state WHERE run_id = $1", run_id)
-    assert row["status"] == "COMPLETED" and json.loads(row["output"]) == {"scaled_to": 3}
-    steps = {
-        r["step_id"]: r
-        for r in await db.fetch(
-            "SELECT step_id, step_type, status, compensation_cmd FROM awooop_saga_step WHERE run_id = $1", run_id
-        )
-    }
-    assert set(steps) == {"scale", "diagnose"}
-    assert steps["scale"]["step_type"] == "tool_call" and steps["scale"]["status"] == "completed"
-    assert json.loads(steps["scale"]["compensation_cmd"])["tool_id"] == "k8s_scale_deployment"
-    assert steps["diagnose"]["step_type"] == "llm_call" and steps["diagnose"]["status"] == "completed"
+    # the approved run scaled once: its second attempt skipped the journaled steps
+    steps = await db.fetch(
+        "SELECT step_id, step_type, status, attempt FROM awooop_saga_step WHERE run_id = $1 ORDER BY seq", approved
+    )
+    assert [(s["step_id"], s["step_type"], s["status"], s["attempt"]) for s in steps] == [
+        ("diagnose", "llm_call", "completed", 1),
+        ("scale", "tool_call", "completed", 1),
+        ("approval", "approval_request", "completed", 2),
+    ]
+    calls = await db.fetchrow(
+        "SELECT count(*) AS keys, sum(replays) AS replays FROM awooop_refgw_call WHERE project_id = $1", PROJECT
+    )
+    assert (calls["keys"], calls["replays"]) == (3, 0)  # two scales and one compensation, each run once

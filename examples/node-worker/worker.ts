@@ -1,0 +1,46 @@
+// A complete awooop worker in TypeScript: journaled steps, a tool call with compensation, an
+// approval (the same story as examples/worker.py, with @awooop/worker).
+//
+//   AWOOOP_API_KEY          a key with the worker role in the project
+//   AWOOOP_SCHEDULER_ADDR   else AWOOOP_SCHEDULER_PORT on AWOOOP_HOST, else 127.0.0.1:50052
+//   AWOOOP_SAGA_ADDR        else AWOOOP_SAGA_PORT on AWOOOP_HOST, else 127.0.0.1:50053
+//   AWOOOP_GATEWAY_ADDR     else AWOOOP_GATEWAY_PORT on AWOOOP_HOST, else 127.0.0.1:50054
+//   AWOOOP_PROJECT          default demo
+import { ToolClient, Worker, type CompensationCommand, type Json, type RunContext } from "@awooop/worker";
+
+const tools = new ToolClient(); // the tool gateway
+
+// how to undo the scale if the run is rejected or fails
+function scaleBack(result: Json): CompensationCommand {
+  return {
+    toolId: "k8s_scale_deployment",
+    params: { deployment: result.deployment, replicas: result.previous_replicas },
+    reason: "scale back",
+  };
+}
+
+async function handle(ctx: RunContext): Promise<Json | undefined> {
+  const target = { deployment: "api", replicas: 3 };
+  await ctx.step("diagnose", () => ({ cause: "cpu saturated" }), { stepType: "llm_call" });
+  await ctx.step("scale", tools.execute, { toolId: "k8s_scale_deployment", params: target, compensation: scaleBack });
+  const approval = await ctx.requestApproval("Keep api at 3 replicas?");
+  if (!approval.granted) {
+    // the run now waits; once approved this handler runs again, done steps skipped
+    console.log(`awooop runs approve ${ctx.runId} --token ${approval.token}`);
+    return undefined;
+  }
+  return { kept: target };
+}
+
+// stops cleanly on SIGTERM / SIGINT: running handlers finish or are handed back
+const worker = new Worker(handle, { projects: [process.env.AWOOOP_PROJECT || "demo"], concurrency: 8 });
+worker.run().then(
+  () => {
+    tools.close();
+    process.exit(0);
+  },
+  (err: unknown) => {
+    console.error(String(err)); // e.g. runs it could not settle, named
+    process.exit(1);
+  },
+);

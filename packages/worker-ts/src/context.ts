@@ -1,0 +1,446 @@
+// RunContext: what a handler gets for one claimed run.
+//
+// Journaled steps (seed ADR-119 D2): `await ctx.step(stepId, fn, options)`. A step completed by an
+// earlier attempt is skipped and its recorded result returned; a step an earlier attempt left
+// pending (it may or may not have happened) runs again with the same idempotency key, so the tool
+// can recognise the repeat. Every call carries the lease's fencing token.
+//
+// Tool calls are journaled twice: BeginStep before they run (the pending record a crash mid-call
+// leaves behind) and CompleteStep after. Steps without side effects (llm_call, callback) are
+// journaled once, after they ran, with RecordStep; which of them an earlier attempt completed is
+// read from the journal once per attempt (never on a run's first attempt, whose journal is empty).
+//
+// JavaScript cannot cancel a promise: the worker stops a handler by aborting `ctx.signal` (lease
+// lost, cancel requested, shutdown). From then on every ctx call throws HandlerStopped, and the
+// worker no longer waits for the handler: pass `ctx.signal` (or `call.signal`) to what you await.
+import type { Client } from "./client";
+import type { CompletionBatcher } from "./completions";
+import { AwooopError, JOURNAL_TOO_LARGE, LeaseLost, RunFinished } from "./errors";
+import { RunStatus, StepStatus, StepType, type LeaseToken, type Run, type SagaStep } from "./gen/awooop/common/v1/common";
+import { StepAction } from "./gen/awooop/saga/v1/saga";
+import type { ClaimedRun } from "./gen/awooop/scheduler/v1/scheduler";
+import { duration } from "./time";
+
+/** A JSON object (a google.protobuf.Struct): inputs, outputs, step params and results. */
+export type Json = { [key: string]: unknown };
+
+export type StepKind = "llm_call" | "tool_call" | "approval_request" | "callback";
+export type StepActionName = "execute" | "skip" | "retry";
+/** Why the worker stopped a handler. */
+export type StopReason = "lease_lost" | "cancel_requested" | "shutdown";
+
+const STEP_TYPES: Readonly<Record<StepKind, StepType>> = {
+  llm_call: StepType.STEP_TYPE_LLM_CALL,
+  tool_call: StepType.STEP_TYPE_TOOL_CALL,
+  approval_request: StepType.STEP_TYPE_APPROVAL_REQUEST,
+  callback: StepType.STEP_TYPE_CALLBACK,
+};
+const ACTIONS: Readonly<Partial<Record<StepAction, StepActionName>>> = {
+  [StepAction.STEP_ACTION_EXECUTE]: "execute",
+  [StepAction.STEP_ACTION_SKIP]: "skip",
+  [StepAction.STEP_ACTION_RETRY]: "retry",
+};
+// step kinds journaled once, after they ran (RecordStep)
+const RECORDED_AFTER: readonly StepKind[] = ["llm_call", "callback"];
+
+/** What a step function receives. Pass idempotencyKey to the tool: it is the same on every attempt. */
+export interface StepCall {
+  runId: string;
+  projectId: string;
+  stepId: string;
+  idempotencyKey: string;
+  toolId: string;
+  params: Json;
+  attempt: number;
+  /** An earlier attempt began this step and did not record its end. */
+  retry: boolean;
+  /** Aborted when the worker stops the handler: pass it to the tool call. */
+  signal: AbortSignal;
+}
+
+/** How to undo a completed tool step when the run later fails, is rejected or cancelled. */
+export interface CompensationCommand {
+  toolId: string;
+  params?: Json;
+  reason?: string;
+}
+
+export type Compensation =
+  | CompensationCommand
+  | ((result: Json) => CompensationCommand | null | undefined)
+  | null
+  | undefined;
+
+export interface StepOptions {
+  /** Default: tool_call when toolId is given, else callback. */
+  stepType?: StepKind;
+  toolId?: string;
+  params?: Json;
+  /** Tool calls only: a command, or a function of the step's result returning one (or null). */
+  compensation?: Compensation;
+}
+
+export type StepFn = (call: StepCall) => Json | null | undefined | void | Promise<Json | null | undefined | void>;
+
+/**
+ * granted: the approver approved (the run was resumed): go on. Otherwise the approval was requested
+ * now: hand `token` to the approver and return; the run waits without a lease.
+ */
+export interface Approval {
+  granted: boolean;
+  token: string;
+  expiresAt?: Date;
+  decidedBy: string;
+}
+
+/** Thrown by every ctx call once the worker stopped the handler (ctx.signal's reason). */
+export class HandlerStopped extends Error {
+  constructor(readonly why: StopReason) {
+    super(`handler stopped: ${why}`);
+    this.name = "HandlerStopped";
+  }
+}
+
+/** One claimed run: its input, its lease, journaled steps and the run's end. */
+export class RunContext {
+  readonly run: Run;
+  /** The fencing token (runId, attempt): every call below carries it. */
+  readonly lease: LeaseToken;
+  /** An earlier attempt already ran (the journal may hold completed steps). */
+  readonly resumed: boolean;
+  /** The run's input (for channel events, the provider's payload). */
+  readonly input: Json;
+  /** stepId -> execute | skip | retry, in the order this attempt met them. */
+  readonly actions: Record<string, StepActionName> = {};
+  /** completed | failed | waiting_approval, once the run left the handler's hands. */
+  outcome: string | undefined;
+  /** W3C traceparent of the run's trace ("" when the scheduler traced nothing). */
+  readonly traceparent: string;
+  private readonly controller = new AbortController();
+  // the journal as this attempt knows it (stepId -> entry), for steps journaled after they ran;
+  // undefined until read. A first attempt's journal is empty: nothing to read.
+  private journal: Map<string, SagaStep> | undefined;
+  private journalTooLarge = false;
+
+  constructor(
+    readonly client: Client,
+    claimed: ClaimedRun,
+    readonly workerId: string,
+    /** Aborted when the worker shuts down: finish within its grace period or be handed back. */
+    readonly stopping: AbortSignal,
+    private readonly completions?: CompletionBatcher,
+  ) {
+    if (claimed.run === undefined || claimed.lease === undefined) throw new Error("a claimed run without run or lease");
+    this.run = claimed.run;
+    this.lease = claimed.lease;
+    this.resumed = claimed.resumed;
+    this.traceparent = claimed.traceparent;
+    this.input = (claimed.run.input ?? {}) as Json;
+    this.journal = this.attempt > 1 || this.resumed ? undefined : new Map();
+  }
+
+  get runId(): string {
+    return this.lease.runId;
+  }
+  get projectId(): string {
+    return this.run.projectId;
+  }
+  get attempt(): number {
+    return this.lease.attempt;
+  }
+  get finished(): boolean {
+    return this.outcome !== undefined;
+  }
+  /** Aborted (reason: a HandlerStopped) when the worker stops this handler: lease lost, cancel requested, shutdown. */
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  /** The worker's: stops the handler (every ctx call throws HandlerStopped from now on). */
+  stop(why: StopReason): void {
+    this.controller.abort(new HandlerStopped(why));
+  }
+
+  private live(what: string): void {
+    this.signal.throwIfAborted();
+    if (this.outcome !== undefined) {
+      throw new RunFinished(`${what}: run ${this.runId} already ${this.outcome}; the handler should return`);
+    }
+  }
+
+  // --- journaled steps ---
+
+  /**
+   * Runs fn at most once per run (per stepId) and returns its result. fn may be sync or async and
+   * returns an object (nothing means {}). If fn throws, the step is journaled failed and the error
+   * rethrown; if the handler is stopped inside a tool call's fn, the step stays pending on purpose
+   * (the next attempt retries it with the same idempotency key).
+   */
+  async step(stepId: string, fn: StepFn, options: StepOptions = {}): Promise<Json> {
+    this.live(`step ${stepId}`);
+    const kind: StepKind = options.stepType ?? (options.toolId ? "tool_call" : "callback");
+    if (!(kind in STEP_TYPES)) throw new TypeError(`stepType must be one of ${Object.keys(STEP_TYPES).join(", ")}`);
+    const params = { ...(options.params ?? {}) };
+    if (RECORDED_AFTER.includes(kind) && !options.toolId && !this.journalTooLarge) {
+      const known = await this.known(stepId);
+      if (!this.journalTooLarge && (known === undefined || (known.stepType === STEP_TYPES[kind] && !known.toolId))) {
+        return this.recordedStep(stepId, kind, fn, params, known);
+      }
+      // journaled as another kind of step: BeginStep below answers why that is refused (and a
+      // journal too large to read whole is asked about step by step, with BeginStep)
+    }
+    const begin = await this.client.call(this.client.saga, "beginStep", {
+      lease: this.lease,
+      stepId,
+      stepType: STEP_TYPES[kind],
+      toolId: options.toolId ?? "",
+      toolParams: options.toolId || Object.keys(params).length > 0 ? params : undefined,
+    });
+    const action = ACTIONS[begin.action] ?? "execute";
+    this.actions[stepId] = action;
+    if (action === "skip") return (begin.step?.result ?? {}) as Json;
+    const call = this.stepCall(stepId, begin.idempotencyKey, options.toolId ?? "", params, action === "retry");
+    let result: Json;
+    let cmd: CompensationCommand | null | undefined;
+    try {
+      result = asResult(await fn(call), stepId);
+      const comp = options.compensation;
+      cmd = typeof comp === "function" ? comp(result) : comp;
+    } catch (err) {
+      if (!this.signal.aborted && !(err instanceof LeaseLost) && !(err instanceof RunFinished)) {
+        await this.client
+          .call(this.client.saga, "failStep", { lease: this.lease, stepId, error: describe(err) })
+          .catch(() => undefined); // the error that matters is fn's
+      }
+      throw err;
+    }
+    await this.client.call(this.client.saga, "completeStep", {
+      lease: this.lease,
+      stepId,
+      result,
+      compensationCmd: cmd ? { toolId: String(cmd.toolId), params: cmd.params ?? {}, reason: cmd.reason ?? "" } : undefined,
+    });
+    return result;
+  }
+
+  /** This step's journal entry from an earlier attempt, if any (the journal is read once). */
+  private async known(stepId: string): Promise<SagaStep | undefined> {
+    if (this.journal === undefined) {
+      try {
+        const resp = await this.client.call(this.client.saga, "getJournal", { runId: this.runId });
+        this.journal = new Map(resp.steps.map((s) => [s.stepId, s]));
+      } catch (err) {
+        if (!(err instanceof AwooopError) || err.reason !== JOURNAL_TOO_LARGE) throw err;
+        this.journalTooLarge = true;
+        return undefined;
+      }
+    }
+    return this.journal.get(stepId);
+  }
+
+  /** A step without side effects: skipped when completed, else run and journaled once (RecordStep). */
+  private async recordedStep(
+    stepId: string,
+    kind: StepKind,
+    fn: StepFn,
+    params: Json,
+    known: SagaStep | undefined,
+  ): Promise<Json> {
+    if (known?.status === StepStatus.STEP_STATUS_COMPLETED) {
+      this.actions[stepId] = "skip";
+      return (known.result ?? {}) as Json;
+    }
+    const action: StepActionName = known !== undefined ? "retry" : "execute";
+    this.actions[stepId] = action;
+    const call = this.stepCall(stepId, `${this.runId}:${stepId}`, "", params, action === "retry");
+    const base = {
+      lease: this.lease,
+      stepId,
+      stepType: STEP_TYPES[kind],
+      params: Object.keys(params).length > 0 ? params : undefined,
+    };
+    let result: Json;
+    try {
+      result = asResult(await fn(call), stepId);
+    } catch (err) {
+      if (!this.signal.aborted && !(err instanceof LeaseLost) && !(err instanceof RunFinished)) {
+        await this.record({ ...base, error: describe(err) }).catch(() => undefined);
+      }
+      throw err;
+    }
+    const resp = await this.record({ ...base, result, error: "" });
+    return resp.recorded ? result : ((resp.step?.result ?? {}) as Json); // the first recorded result stands
+  }
+
+  private async record(request: {
+    lease: LeaseToken;
+    stepId: string;
+    stepType: StepType;
+    params: Json | undefined;
+    result?: Json;
+    error: string;
+  }) {
+    const resp = await this.client.call(this.client.saga, "recordStep", request);
+    if (this.journal !== undefined && resp.step !== undefined) this.journal.set(request.stepId, resp.step);
+    return resp;
+  }
+
+  private stepCall(stepId: string, idempotencyKey: string, toolId: string, params: Json, retry: boolean): StepCall {
+    return {
+      runId: this.runId,
+      projectId: this.projectId,
+      stepId,
+      idempotencyKey,
+      toolId,
+      params,
+      attempt: this.attempt,
+      retry,
+      signal: this.signal,
+    };
+  }
+
+  // --- approvals ---
+
+  /**
+   * Journaled approval. Resolves granted when this approval was already given (the run was approved
+   * and claimed again); otherwise asks for it: the lease is released, the run waits in
+   * WAITING_APPROVAL, and the returned token must reach the approver. Reject or expiry fails the run
+   * and compensates it; approval resumes it and the handler runs again from the top, completed
+   * steps skipped, and this call then resolves granted. `ttl` in seconds (default: the server's, 15 min).
+   */
+  async requestApproval(summary: string, options: { stepId?: string; ttl?: number } = {}): Promise<Approval> {
+    const stepId = options.stepId ?? "approval";
+    this.live("requestApproval");
+    const begin = await this.client.call(this.client.saga, "beginStep", {
+      lease: this.lease,
+      stepId,
+      stepType: StepType.STEP_TYPE_APPROVAL_REQUEST,
+      toolId: "",
+    });
+    const action = ACTIONS[begin.action] ?? "execute";
+    this.actions[stepId] = action;
+    if (action === "skip") {
+      return { granted: true, token: "", decidedBy: String(begin.step?.result?.decided_by ?? "") };
+    }
+    if (action === "retry" && (await this.approvedSince(begin.step?.startedAt))) {
+      const decidedBy = this.run.approvalDecidedBy;
+      await this.client.call(this.client.saga, "completeStep", {
+        lease: this.lease,
+        stepId,
+        result: { approved: true, decided_by: decidedBy },
+      });
+      return { granted: true, token: "", decidedBy };
+    }
+    const resp = await this.ending("waiting_approval", () =>
+      this.client.call(this.client.scheduler, "requestApproval", {
+        lease: this.lease,
+        summary,
+        ttl: duration(options.ttl),
+      }),
+    );
+    return { granted: false, token: resp.approvalToken, expiresAt: resp.expiresAt, decidedBy: "" };
+  }
+
+  /**
+   * Was the run approved after this approval step was first journaled? (A pending approval step is
+   * also what a crash between BeginStep and RequestApproval leaves behind.) Timestamps arrive as
+   * Dates (milliseconds): an approval in the very millisecond the step began counts.
+   */
+  private async approvedSince(startedAt: Date | undefined): Promise<boolean> {
+    if (!this.run.approvalDecidedBy) return false;
+    const history = await this.client.call(this.client.scheduler, "getRunHistory", { runId: this.runId });
+    const since = startedAt?.getTime() ?? 0;
+    return history.events.some(
+      (e) =>
+        e.fromStatus === RunStatus.RUN_STATUS_WAITING_APPROVAL &&
+        e.toStatus === RunStatus.RUN_STATUS_RESUMED &&
+        (e.at?.getTime() ?? 0) >= since,
+    );
+  }
+
+  // --- waiting on a slow tool ---
+
+  /**
+   * `await ctx.waitTool("tool", async () => ...)`: the run is WAITING_TOOL while fn runs (the lease
+   * is still renewed), RUNNING again after it, also when fn throws.
+   */
+  async waitTool<T>(toolId: string, fn: () => Promise<T>): Promise<T> {
+    this.live("waitTool");
+    await this.client.call(this.client.scheduler, "waitTool", { lease: this.lease, toolId });
+    let value: T;
+    try {
+      value = await fn();
+    } catch (err) {
+      if (!(err instanceof LeaseLost) && this.outcome === undefined && !this.signal.aborted) {
+        await this.client.call(this.client.scheduler, "resumeTool", { lease: this.lease }).catch(() => undefined);
+      }
+      throw err;
+    }
+    if (this.outcome === undefined) await this.client.call(this.client.scheduler, "resumeTool", { lease: this.lease });
+    return value;
+  }
+
+  // --- the run's end ---
+
+  /**
+   * Marks the run as leaving the handler's hands while the ending call is in flight (the worker
+   * then neither renews nor stops it). If the call is refused, the run is still ours: unmark it so
+   * the worker can fail it, hand it back or honour a cancel as usual.
+   */
+  private async ending<T>(outcome: string, end: () => Promise<T>): Promise<T> {
+    this.outcome = outcome;
+    try {
+      return await end();
+    } catch (err) {
+      if (!(err instanceof LeaseLost)) this.outcome = undefined;
+      throw err;
+    }
+  }
+
+  /** RUNNING -> COMPLETED with output. (Returning an object from the handler does the same.) */
+  async complete(output: Json = {}): Promise<Run> {
+    this.live("complete");
+    const request = { lease: this.lease, output };
+    return this.ending("completed", async () => {
+      if (this.completions !== undefined) return this.completions.complete(request);
+      const resp = await this.client.call(this.client.scheduler, "completeRun", request);
+      return resp.run as Run;
+    });
+  }
+
+  /**
+   * Fails this attempt: retryable with attempts left -> PENDING again after a backoff (retryAfter
+   * seconds, else the run's retry policy's); otherwise FAILED, and the saga compensates completed steps.
+   */
+  async fail(
+    reason: string,
+    options: { retryable?: boolean; errorCode?: string; retryAfter?: number } = {},
+  ): Promise<Run> {
+    this.live("fail");
+    return this.ending("failed", async () => {
+      const resp = await this.client.call(this.client.scheduler, "failRun", {
+        lease: this.lease,
+        reason: reason.slice(0, 4096),
+        errorCode: (options.errorCode ?? "").slice(0, 64),
+        retryable: options.retryable ?? false,
+        retryAfter: duration(options.retryAfter),
+      });
+      return resp.run as Run;
+    });
+  }
+}
+
+/** `Type: message` of a thrown value, as the journal and FailRun record it. */
+export function describe(err: unknown): string {
+  const text = err instanceof Error ? `${err.name}: ${err.message}` : `Error: ${String(err)}`;
+  return text.slice(0, 4096);
+}
+
+function asResult(value: unknown, stepId: string): Json {
+  if (value === null || value === undefined) return {};
+  if (typeof value === "object" && !Array.isArray(value)) return value as Json;
+  throw new TypeError(`step ${stepId} must return an object (or nothing), not ${Array.isArray(value) ? "an array" : typeof value}`);
+}
+
+/** The handler: runs once per claim; its returned object (or nothing) completes the run. */
+export type Handler = (ctx: RunContext) => Promise<Json | null | undefined | void>;

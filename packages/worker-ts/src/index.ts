@@ -1,0 +1,30 @@
+// @awooop/worker: a typed awooop worker for Node (see README.md).
+export { Worker, defaultWorkerId, jsonLogger } from "./worker";
+export type { Logger, LogLevel, WorkerOptions, WorkerStats } from "./worker";
+export { RunContext, HandlerStopped, describe } from "./context";
+export type {
+  Approval,
+  Compensation,
+  CompensationCommand,
+  Handler,
+  Json,
+  StepActionName,
+  StepCall,
+  StepFn,
+  StepKind,
+  StepOptions,
+  StopReason,
+} from "./context";
+export { ToolClient } from "./tools";
+export type { ToolClientOptions } from "./tools";
+export { Client, CHANNEL_OPTIONS, DEFAULT_TIMEOUT } from "./client";
+export type { ClientOptions, RequestOf, ResponseOf, UnaryMethod } from "./client";
+export { AwooopError, LeaseLost, RunFinished, WorkerError, LEASE_LOST, INVALID_TRANSITION, reasonName } from "./errors";
+export type { FieldViolation } from "./errors";
+export { address, apiKey, channelTarget, DEFAULT_PORTS } from "./settings";
+export type { Service } from "./settings";
+// the generated contracts, for calls the worker does not wrap
+export * as common from "./gen/awooop/common/v1/common";
+export * as scheduler from "./gen/awooop/scheduler/v1/scheduler";
+export * as saga from "./gen/awooop/saga/v1/saga";
+export * as tools from "./gen/awooop/tools/v1/tools";

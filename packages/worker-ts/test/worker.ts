@@ -1,0 +1,107 @@
+// The worker tests/test_ts_worker.py runs as a real process: a Worker from this package (imported
+// as a user would, from the built package) whose handler does what each run's input.mode asks.
+// Events go to stdout as JSON lines; the worker's own log to stderr.
+//
+//   node test/dist/worker.js '{"projects": ["wp"], "leaseTtl": 30, ...}'   (WorkerOptions as JSON)
+import { HandlerStopped, Worker, type Json, type RunContext, type WorkerOptions } from "@awooop/worker";
+
+const emit = (event: Json): void => {
+  process.stdout.write(`${JSON.stringify(event)}\n`);
+};
+
+/** Resolves when signal aborts. */
+const until = (signal: AbortSignal): Promise<void> =>
+  new Promise((resolve) => (signal.aborted ? resolve() : signal.addEventListener("abort", () => resolve(), { once: true })));
+
+// SIGUSR2 lets a test tell a waiting handler to go on
+let goOn: () => void = () => undefined;
+const wentOn = new Promise<void>((resolve) => (goOn = resolve));
+process.on("SIGUSR2", () => goOn());
+
+async function scale(ctx: RunContext): Promise<Json> {
+  await ctx.step("diagnose", () => ({ cause: "cpu saturated" }), { stepType: "llm_call" });
+  const scaled = await ctx.step(
+    "scale",
+    async (call) => {
+      emit({ event: "inside-scale", run_id: ctx.runId, attempt: ctx.attempt, key: call.idempotencyKey, retry: call.retry });
+      if (ctx.input.block_attempt === ctx.attempt) {
+        await until(call.signal); // a tool call that takes long: stopped only by the worker
+        const why = call.signal.reason instanceof HandlerStopped ? call.signal.reason.why : String(call.signal.reason);
+        emit({ event: "step-aborted", run_id: ctx.runId, attempt: ctx.attempt, why });
+        throw call.signal.reason;
+      }
+      return { deployment: "api", previous_replicas: 1, replicas: 3 };
+    },
+    {
+      toolId: "k8s_scale_deployment",
+      params: { deployment: "api", replicas: 3 },
+      compensation: (result) => ({
+        toolId: "k8s_scale_deployment",
+        params: { deployment: result.deployment, replicas: result.previous_replicas },
+        reason: "scale back",
+      }),
+    },
+  );
+  return { attempt: ctx.attempt, replicas: scaled.replicas };
+}
+
+async function handle(ctx: RunContext): Promise<Json | undefined> {
+  const mode = String(ctx.input.mode ?? "scale");
+  emit({ event: "handler-started", mode, run_id: ctx.runId, attempt: ctx.attempt, resumed: ctx.resumed });
+  switch (mode) {
+    case "finish": // finishes inside the shutdown grace period
+      await until(ctx.stopping);
+      return { finished_during_grace: true };
+    case "hold": // never finishes (and ignores every signal): handed back after the grace period
+      await new Promise(() => undefined);
+      return undefined;
+    case "cancel": {
+      await ctx.step("prepare", () => ({ ok: true }));
+      emit({ event: "prepared", run_id: ctx.runId });
+      await until(ctx.signal);
+      emit({ event: "stopped", run_id: ctx.runId, why: (ctx.signal.reason as HandlerStopped).why });
+      return undefined;
+    }
+    case "together": // waits for SIGUSR2, then returns an output of output_bytes characters (or a small one)
+      emit({ event: "waiting", run_id: ctx.runId });
+      await wentOn;
+      return typeof ctx.input.output_bytes === "number" ? { big: "x".repeat(ctx.input.output_bytes) } : { ok: true };
+    case "quick":
+      return { ok: true };
+    case "throw": // an uncaught error: the attempt fails, retryable
+      throw new Error(`bad input on attempt ${ctx.attempt}`);
+    case "stale": // waits for SIGUSR2, then writes with a token that may have moved on
+      emit({ event: "waiting", run_id: ctx.runId });
+      await wentOn;
+      await ctx.step("late", () => ({ written: true }));
+      return { should: "not complete" };
+    case "approval": {
+      await ctx.step("prepare", () => ({ prepared: true }));
+      const approval = await ctx.requestApproval("Apply the change?", { ttl: 120 });
+      emit({ event: "actions", run_id: ctx.runId, attempt: ctx.attempt, actions: ctx.actions });
+      if (!approval.granted) {
+        emit({ event: "approval-requested", run_id: ctx.runId, token: approval.token });
+        return undefined;
+      }
+      await ctx.step("apply", () => ({ applied: true }));
+      return { approved_by: approval.decidedBy };
+    }
+    default:
+      return scale(ctx);
+  }
+}
+
+const options = JSON.parse(process.argv[2] ?? "{}") as WorkerOptions;
+const worker = new Worker(handle, options);
+emit({ event: "started", worker_id: worker.workerId });
+worker.run().then(
+  () => {
+    emit({ event: "exited", stats: worker.stats });
+    process.exit(0);
+  },
+  (err: unknown) => {
+    process.stderr.write(`${err instanceof Error ? `${err.name}: ${err.message}` : String(err)}\n`);
+    emit({ event: "exited", stats: worker.stats, error: String(err) });
+    process.exit(1);
+  },
+);

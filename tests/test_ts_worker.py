@@ -1,0 +1,566 @@
+"""The TypeScript worker package (packages/worker-ts) as real node processes against the real
+services (ingest, scheduler, saga, gateway; real Postgres and Redis): a worker SIGKILLed inside a
+tool step whose run is reaped and finished by another worker (the step retried with the same
+idempotency key), a claim whose answer was lost retried with its claim id, lease loss and cancel
+reaching the handler through ctx.signal at the next heartbeat, a throwing handler failing its
+attempts, a stale token's LEASE_LOST from the handler's own call, a full worker's completions
+carried by its claims and one bad completion failing only its own run, approvals that resume the handler
+with completed steps skipped, and SIGTERM: handlers finish in the grace period or are
+handed back, settling calls retried through hangs and UNAVAILABLE, a claim answered after the
+signal handed back, and a non-zero exit naming the runs it could not settle.
+
+The handler is packages/worker-ts/test/worker.ts: each run's input.mode says what it does."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from awooop.common.v1 import common_pb2
+from awooop.ingest.v1 import ingest_pb2
+from awooop.scheduler.v1 import scheduler_pb2
+from awooop.worker import Client, to_struct
+from services.common.runtime import Runtime
+from tests.harness import rpc_proxy
+from tests.harness.helpers import eventually, key_of
+from tests.harness.rpc_proxy import RpcProxy
+from tests.harness.scheduler import audit_actions, claims_waiting
+from tests.harness.ts_package import build_package, need
+from tests.harness.wire import HoldingProxy
+
+PROJECT = "tsw"
+
+
+@pytest.fixture(scope="module")
+def package() -> Path:
+    return build_package()
+
+
+@dataclass
+class Suite:
+    rt: Runtime
+    worker_key: str
+    admin: Client
+    package: Path
+
+    @property
+    def scheduler(self) -> str:
+        return f"127.0.0.1:{self.rt.ports['scheduler']}"
+
+    @property
+    def saga(self) -> str:
+        return f"127.0.0.1:{self.rt.ports['saga']}"
+
+    async def create_runs(self, *inputs: dict[str, Any], **kw: Any) -> list[str]:
+        out: list[str] = []
+        for given in inputs:
+            resp = await self.admin.call(
+                self.admin.ingest.IngestEvent,
+                ingest_pb2.IngestEventRequest(
+                    project_id=PROJECT,
+                    channel_type=common_pb2.CHANNEL_TYPE_API,
+                    provider_event_id=f"evt-{os.urandom(6).hex()}",
+                    payload=to_struct({"n": len(out)}),
+                    input=to_struct(given),
+                    **kw,
+                ),
+            )
+            out.append(resp.outcomes[0].run_id)
+        return out
+
+    async def run(self, run_id: str) -> common_pb2.Run:
+        return (await self.admin.call(self.admin.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id))).run
+
+    async def history(self, run_id: str) -> list[scheduler_pb2.RunEvent]:
+        resp = await self.admin.call(
+            self.admin.scheduler.GetRunHistory, scheduler_pb2.GetRunHistoryRequest(run_id=run_id)
+        )
+        return list(resp.events)
+
+    async def status_is(self, run_id: str, status: int) -> bool:
+        return (await self.run(run_id)).status == status
+
+
+@pytest.fixture
+async def suite(start_services: Any, make_key: Any, package: Path) -> AsyncIterator[Suite]:
+    gw = await start_services("gateway")
+    rt = await start_services(
+        "ingest",
+        "scheduler",
+        "saga",
+        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
+        reaper_interval=0.1,
+        retry_backoff=0.05,
+        compensation_interval=0.2,
+        auth_cache_seconds=0,
+    )
+    worker_key = key_of(await make_key("ts-pod", {PROJECT: ["worker"]}, "service"))
+    admin_key = key_of(await make_key("boss", {PROJECT: ["admin"]}))
+    admin = Client(
+        key=admin_key,
+        ingest=f"127.0.0.1:{rt.ports['ingest']}",
+        scheduler=f"127.0.0.1:{rt.ports['scheduler']}",
+        saga=f"127.0.0.1:{rt.ports['saga']}",
+    )
+    yield Suite(rt, worker_key, admin, package)
+    await admin.close()
+
+
+@dataclass
+class NodeWorker:
+    """A real node process running the package's test worker; events on stdout, its log on stderr."""
+
+    proc: subprocess.Popen[bytes]
+    out: Path
+    err: Path
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.out.read_text().splitlines() if line.startswith("{")]
+
+    def log(self) -> str:
+        return self.err.read_text()
+
+    def text(self) -> str:
+        return f"stdout:\n{self.out.read_text()}\nstderr:\n{self.log()}"
+
+    async def event(self, kind: str, *, timeout: float = 30, **match: Any) -> dict[str, Any]:
+        """The first event of that kind (with those fields), waited for."""
+
+        async def found() -> dict[str, Any]:  # {}: not yet
+            assert self.proc.poll() is None or any(e["event"] == kind for e in self.events()), self.text()
+            return next(
+                (e for e in self.events() if e["event"] == kind and all(e.get(k) == v for k, v in match.items())),
+                {},
+            )
+
+        return await eventually(found, timeout=timeout, what=f"event {kind} {match}")
+
+    async def sigterm(self) -> int:
+        """SIGTERM; the exit code."""
+        self.proc.send_signal(signal.SIGTERM)
+        return await asyncio.to_thread(self.proc.wait, 60)
+
+    def stats(self) -> dict[str, int]:
+        return next(e for e in self.events() if e["event"] == "exited")["stats"]  # type: ignore[no-any-return]
+
+
+@contextlib.asynccontextmanager
+async def node_worker(
+    suite: Suite, tmp_path: Path, name: str = "w", *, scheduler: str | None = None, **options: Any
+) -> AsyncIterator[NodeWorker]:
+    """A node worker on the suite's services (or on `scheduler`: a proxy); options are WorkerOptions."""
+    config = {"projects": [PROJECT], "concurrency": 1, "leaseTtl": 30, "heartbeatInterval": 0.3, "claimWait": 2}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {
+        "AWOOOP_API_KEY": suite.worker_key,
+        "AWOOOP_SCHEDULER_ADDR": scheduler or suite.scheduler,
+        "AWOOOP_SAGA_ADDR": suite.saga,
+    }
+    out, err = tmp_path / f"{name}.out", tmp_path / f"{name}.err"
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        proc = subprocess.Popen(
+            [need("node"), "test/dist/worker.js", json.dumps(config | options)],
+            cwd=suite.package,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    worker = NodeWorker(proc, out, err)
+    try:
+        yield worker
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def scheduler_proxy(suite: Suite) -> AsyncIterator[RpcProxy]:
+    proxy = await RpcProxy(suite.scheduler).start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
+
+
+async def steps_of(db: Any, run_id: str) -> dict[str, Any]:
+    rows = await db.fetch(
+        "SELECT step_id, step_type, status, attempt, compensation_cmd FROM awooop_saga_step "
+        "WHERE run_id = $1 ORDER BY seq",
+        run_id,
+    )
+    return {r["step_id"]: r for r in rows}
+
+
+async def test_a_worker_killed_mid_step_has_its_run_reaped_and_finished_by_another(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    """SIGKILL inside the tool step: nothing settles the run, so it stays RUNNING until its 2 s
+    lease expires; the reaper takes it back and a second worker finishes it, skipping the LLM step
+    the first completed and retrying the pending tool step with the same idempotency key."""
+    [run_id] = await suite.create_runs({"mode": "scale", "block_attempt": 1})
+    async with node_worker(suite, tmp_path, "first", leaseTtl=2, heartbeatInterval=0.5) as first:
+        inside = await first.event("inside-scale", run_id=run_id)
+        first.proc.kill()
+        first.proc.wait()
+    assert inside["attempt"] == 1 and inside["retry"] is False
+    assert (await suite.run(run_id)).status == common_pb2.RUN_STATUS_RUNNING  # killed: nobody settled it
+
+    async with node_worker(suite, tmp_path, "second", leaseTtl=30) as second:
+        await eventually(
+            lambda: suite.status_is(run_id, common_pb2.RUN_STATUS_COMPLETED), timeout=30, what="finished by another"
+        )
+        retried = await second.event("inside-scale", run_id=run_id)
+        assert await second.sigterm() == 0, second.text()
+    assert retried["attempt"] == 2 and retried["retry"] is True
+    assert retried["key"] == inside["key"] == f"{run_id}:scale"
+    run = await suite.run(run_id)
+    assert run.attempt_count == 2 and dict(run.output) == {"attempt": 2, "replicas": 3}
+    assert "REAPED" in [e.action for e in await suite.history(run_id)]
+    steps = await steps_of(db, run_id)
+    assert list(steps) == ["diagnose", "scale"]
+    assert steps["diagnose"]["attempt"] == 1 and steps["diagnose"]["status"] == "completed"  # skipped on attempt 2
+    assert steps["scale"]["step_type"] == "tool_call" and steps["scale"]["status"] == "completed"
+    assert json.loads(steps["scale"]["compensation_cmd"]) == {
+        "tool_id": "k8s_scale_deployment",
+        "params": {"deployment": "api", "replicas": 1},
+        "reason": "scale back",
+    }
+
+
+async def test_lease_loss_aborts_the_handler_at_the_next_heartbeat_and_the_pending_step_is_retried(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    """The reaper takes the run back while attempt 1 waits inside a tool call on nothing but
+    call.signal: only a heartbeat answering LEASE_LOST can abort it. Attempt 2 (the same worker,
+    its slot free again) finds the step pending and runs it again with the same key."""
+    [run_id] = await suite.create_runs({"mode": "scale", "block_attempt": 1})
+    async with node_worker(suite, tmp_path) as worker:
+        await worker.event("inside-scale", run_id=run_id, attempt=1)
+
+        async def reaped() -> bool:
+            # make the lease look expired until the real reaper has taken the run (a heartbeat in
+            # between renews it, hence the loop)
+            await db.execute(
+                "UPDATE awooop_run_state SET lease_until = now() - interval '1 second' "
+                "WHERE run_id = $1 AND status = 'RUNNING' AND attempt_count = 1",
+                run_id,
+            )
+            return bool(
+                await db.fetchval("SELECT reaped_at IS NOT NULL FROM awooop_run_state WHERE run_id = $1", run_id)
+            )
+
+        await eventually(reaped, timeout=20, what="the reaper to take the run")
+        aborted = await worker.event("step-aborted", run_id=run_id)
+        retried = await worker.event("inside-scale", run_id=run_id, attempt=2)
+        await eventually(lambda: suite.status_is(run_id, common_pb2.RUN_STATUS_COMPLETED), timeout=20, what="done")
+        assert await worker.sigterm() == 0, worker.text()
+    assert aborted == {"event": "step-aborted", "run_id": run_id, "attempt": 1, "why": "lease_lost"}
+    assert retried["retry"] is True and retried["key"] == f"{run_id}:scale"
+    assert worker.stats()["lost"] == 1 and worker.stats()["completed"] == 1
+    run = await suite.run(run_id)
+    assert run.attempt_count == 2 and run.output["attempt"] == 2
+
+
+async def test_a_stale_token_answers_lease_lost_and_the_worker_leaves_the_run_alone(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    """Heartbeats far apart: the handler's own journal write is what meets the moved-on token.
+    It fails LEASE_LOST (a LeaseLost error); the worker neither fails nor completes the run."""
+    [run_id] = await suite.create_runs({"mode": "stale"})
+    async with node_worker(suite, tmp_path, heartbeatInterval=20, leaseTtl=60) as worker:
+        await worker.event("waiting", run_id=run_id)
+        # another claim took over: the fencing token moved on
+        await db.execute("UPDATE awooop_run_state SET attempt_count = attempt_count + 1 WHERE run_id = $1", run_id)
+        worker.proc.send_signal(signal.SIGUSR2)
+
+        async def lost() -> bool:
+            return "lease lost; handler stopped" in worker.log()
+
+        await eventually(lost, timeout=20, what="lease lost")
+        assert await worker.sigterm() == 0, worker.text()
+    assert worker.stats()["lost"] == 1 and worker.stats()["failed"] == 0
+    run = await suite.run(run_id)
+    assert run.status == common_pb2.RUN_STATUS_RUNNING and run.attempt_count == 2
+    assert await db.fetchval("SELECT count(*) FROM awooop_saga_step WHERE run_id = $1", run_id) == 0
+
+
+async def test_a_cancel_request_aborts_the_handler_and_is_acknowledged(suite: Suite, tmp_path: Path) -> None:
+    [run_id] = await suite.create_runs({"mode": "cancel"})
+    async with node_worker(suite, tmp_path) as worker:
+        await worker.event("prepared", run_id=run_id)
+        resp = await suite.admin.call(
+            suite.admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=run_id, reason="operator says stop")
+        )
+        assert resp.run.cancel_requested and resp.run.status == common_pb2.RUN_STATUS_RUNNING
+        stopped = await worker.event("stopped", run_id=run_id)
+        await eventually(lambda: suite.status_is(run_id, common_pb2.RUN_STATUS_CANCELLED), timeout=20, what="ack")
+        assert await worker.sigterm() == 0, worker.text()
+    assert stopped["why"] == "cancel_requested"
+    assert worker.stats()["cancelled"] == 1
+    last = (await suite.history(run_id))[-1]
+    assert last.action == "CANCELLED" and last.to_status == common_pb2.RUN_STATUS_CANCELLED
+    assert "ts-pod" in last.actor  # acknowledged by the worker's principal
+
+
+async def test_an_approval_resumes_the_handler_and_skips_completed_steps(suite: Suite, db: Any, tmp_path: Path) -> None:
+    [run_id] = await suite.create_runs({"mode": "approval"})
+    async with node_worker(suite, tmp_path) as worker:
+        requested = await worker.event("approval-requested", run_id=run_id)
+        run = await suite.run(run_id)
+        assert run.status == common_pb2.RUN_STATUS_WAITING_APPROVAL and run.approval_summary == "Apply the change?"
+        await suite.admin.call(
+            suite.admin.scheduler.DecideApproval,
+            scheduler_pb2.DecideApprovalRequest(
+                run_id=run_id,
+                approval_token=requested["token"],
+                decision=scheduler_pb2.DECISION_APPROVE,
+                reason="looks right",
+            ),
+        )
+        await eventually(lambda: suite.status_is(run_id, common_pb2.RUN_STATUS_COMPLETED), timeout=20, what="done")
+        assert await worker.sigterm() == 0, worker.text()
+    assert [e["actions"] for e in worker.events() if e["event"] == "actions"] == [
+        {"prepare": "execute", "approval": "execute"},
+        {"prepare": "skip", "approval": "retry"},
+    ]
+    assert [e["resumed"] for e in worker.events() if e["event"] == "handler-started"] == [False, True]
+    assert (await suite.run(run_id)).output["approved_by"] == "boss"
+    steps = await steps_of(db, run_id)
+    assert [(s["step_id"], s["step_type"], s["status"]) for s in steps.values()] == [
+        ("prepare", "callback", "completed"),
+        ("approval", "approval_request", "completed"),
+        ("apply", "callback", "completed"),
+    ]
+
+
+async def test_a_claim_whose_answer_was_lost_is_retried_with_its_id_and_handled_under_its_lease(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    """The scheduler claims the run but the answer never arrives (a stalled network: the claim's
+    deadline passes). The worker sends the claim again with the same claim id, and the scheduler
+    answers it with that claim's lease: the run is handled at once, in its first attempt, instead
+    of staying RUNNING until its 600 s lease expires."""
+    proxy = await HoldingProxy(suite.rt.ports["scheduler"]).start()
+    try:
+        async with node_worker(
+            suite, tmp_path, scheduler=f"127.0.0.1:{proxy.port}", leaseTtl=600, claimWait=1, callTimeout=2
+        ) as worker:
+            await eventually(lambda: claims_waiting(1), what="the worker's long-poll")
+            proxy.held = True
+            [run_id] = await suite.create_runs({"mode": "quick"})
+            await eventually(
+                lambda: suite.status_is(run_id, common_pb2.RUN_STATUS_RUNNING), what="the scheduler to claim it"
+            )
+
+            async def claim_failed() -> bool:
+                return "claim failed; retrying" in worker.log()
+
+            await eventually(claim_failed, timeout=20, what="the worker's claim to fail (its answer was lost)")
+            assert not [e for e in worker.events() if e["event"] == "handler-started"]
+            await proxy.reset()  # the network comes back
+            await eventually(
+                lambda: suite.status_is(run_id, common_pb2.RUN_STATUS_COMPLETED),
+                timeout=20,
+                what="the run handled under the lost claim's lease",
+            )
+            assert await worker.sigterm() == 0, worker.text()
+    finally:
+        await proxy.close()
+    started = [(e["run_id"], e["attempt"]) for e in worker.events() if e["event"] == "handler-started"]
+    assert started == [(run_id, 1)]
+    assert (await audit_actions(db, run_id)).count("CLAIMED") == 1
+    assert await db.fetchval("SELECT count(DISTINCT claim_id) FROM awooop_claim_answer") == 1
+
+
+async def test_a_full_workers_completions_ride_on_its_next_claim(suite: Suite, db: Any, tmp_path: Path) -> None:
+    """Concurrency 1 and four runs waiting: each run that finishes is completed by the ClaimRuns
+    that claims the next (ClaimRunsRequest.complete), so no CompleteRuns call is needed."""
+    runs = await suite.create_runs(*[{"mode": "quick"}] * 4)
+    async with node_worker(suite, tmp_path, concurrency=1) as worker:
+        for run_id in runs:
+            done = functools.partial(suite.status_is, run_id, common_pb2.RUN_STATUS_COMPLETED)
+            await eventually(done, timeout=20, what=f"{run_id} completed")
+        assert await worker.sigterm() == 0, worker.text()
+    stats = worker.stats()
+    assert stats["completed"] == 4 and stats["completionsCarried"] == 4 and stats["completeRunsCalls"] == 0, stats
+    for run_id in runs:
+        assert (await suite.run(run_id)).output["ok"] is True
+        assert (await audit_actions(db, run_id)).count("COMPLETED") == 1
+
+
+async def test_one_bad_completion_in_a_batch_does_not_fail_the_others(suite: Suite, tmp_path: Path) -> None:
+    """Three handlers of a full worker return at once, one output over AWOOOP_MAX_PAYLOAD_BYTES.
+    Their completions ride on the next ClaimRuns, which the scheduler refuses as a whole
+    (INVALID_ARGUMENT); sent again with CompleteRuns, refused as a whole again; then item by item
+    (CompleteRun), so only the oversized run's completion fails."""
+    first, second, oversized = await suite.create_runs(
+        {"mode": "together"}, {"mode": "together"}, {"mode": "together", "output_bytes": 300 * 1024}
+    )
+    async with node_worker(suite, tmp_path, concurrency=3) as worker:
+        for run_id in (first, second, oversized):
+            await worker.event("waiting", run_id=run_id)
+        worker.proc.send_signal(signal.SIGUSR2)
+        for run_id in (first, second):
+            done = functools.partial(suite.status_is, run_id, common_pb2.RUN_STATUS_COMPLETED)
+            await eventually(done, timeout=20, what=f"{run_id} completed")
+
+        async def refused() -> bool:
+            return "could not record the run as completed" in worker.log()
+
+        await eventually(refused, timeout=20, what="the oversized completion refused")
+        assert await worker.sigterm() == 0, worker.text()
+    refusals = [json.loads(line) for line in worker.log().splitlines() if "could not record the run" in line]
+    assert [(r["run_id"], r["error"].split(":")[0]) for r in refusals] == [(oversized, "AwooopError")], refusals
+    assert "INVALID_ARGUMENT" in refusals[0]["error"] and "output" in refusals[0]["error"], refusals
+    assert worker.stats()["completed"] == 2 and worker.stats()["completeRunsCalls"] == 1, worker.stats()
+
+
+async def test_a_handler_that_throws_fails_the_attempt_until_attempts_are_used(suite: Suite, tmp_path: Path) -> None:
+    [run_id] = await suite.create_runs({"mode": "throw"}, max_attempts=2)
+    async with node_worker(suite, tmp_path) as worker:
+        await eventually(lambda: suite.status_is(run_id, common_pb2.RUN_STATUS_FAILED), timeout=30, what="failed")
+        assert await worker.sigterm() == 0, worker.text()
+    assert [e["attempt"] for e in worker.events() if e["event"] == "handler-started"] == [1, 2]
+    run = await suite.run(run_id)
+    assert run.error_code == "E-WORKER-HANDLER" and "Error: bad input on attempt 2" in run.failure_reason
+
+
+async def test_a_key_without_the_worker_role_makes_the_worker_exit_non_zero(
+    suite: Suite, make_key: Any, tmp_path: Path
+) -> None:
+    suite.worker_key = key_of(await make_key("intruder", {"elsewhere": ["worker"]}))
+    async with node_worker(suite, tmp_path) as worker:
+        rc = await asyncio.to_thread(worker.proc.wait, 30)
+    assert rc == 1 and "WorkerError: ClaimRuns: PERMISSION_DENIED" in worker.log(), worker.text()
+
+
+# --- SIGTERM ---
+
+
+async def run_rows(db: Any) -> dict[str, Any]:
+    rows = await db.fetch(
+        "SELECT run_id, status, attempt_count, released_count, lease_until, worker_id, output "
+        "FROM awooop_run_state WHERE project_id = $1",
+        PROJECT,
+    )
+    return {str(r["run_id"]): r for r in rows}
+
+
+async def assert_handed_back(suite: Suite, row: Any) -> None:
+    """PENDING again right after the worker exited, with a 60 s lease: only a hand-back explains it."""
+    assert row["status"] == "PENDING" and row["lease_until"] is None and row["worker_id"] is None
+    assert row["attempt_count"] == 1 and row["released_count"] == 1  # the attempt is not counted as used
+    last = (await suite.history(str(row["run_id"])))[-1]
+    assert last.action == "RELEASED" and "shutting down" in last.reason
+
+
+SIGTERM_OPTIONS: dict[str, Any] = {
+    "concurrency": 2,
+    "leaseTtl": 60,
+    "heartbeatInterval": 1,
+    "shutdownGrace": 1,
+    "callTimeout": 10,
+}
+
+
+async def handlers_started(worker: NodeWorker, n: int) -> None:
+    """n handlers run: the worker holds those runs (the database says RUNNING as soon as the
+    claim commits, before the worker has the answer)."""
+
+    async def started() -> bool:
+        return sum(e["event"] == "handler-started" for e in worker.events()) >= n  # type: ignore[no-any-return]
+
+    await eventually(started, timeout=30, what=f"{n} handlers started")
+
+
+async def test_sigterm_finishes_or_hands_back_every_lease(suite: Suite, db: Any, tmp_path: Path) -> None:
+    finish, hold = await suite.create_runs({"mode": "finish"}, {"mode": "hold"})
+    async with node_worker(suite, tmp_path, **SIGTERM_OPTIONS) as worker:
+        await handlers_started(worker, 2)
+        rc = await worker.sigterm()
+    assert rc == 0, worker.text()
+    rows = await run_rows(db)
+    assert rows[finish]["status"] == "COMPLETED", worker.text()
+    assert json.loads(rows[finish]["output"]) == {"finished_during_grace": True}
+    await assert_handed_back(suite, rows[hold])
+    assert worker.stats()["completed"] == 1 and worker.stats()["released"] == 1
+
+
+async def test_sigterm_settles_every_run_when_settling_calls_hang_or_fail_unavailable(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    """Each settling call first hangs until its deadline, then fails UNAVAILABLE more often than
+    the channel's own retries cover (the completion's failures come after the scheduler did it:
+    the answer is lost). The worker sends them again with backoff: every run still ends completed
+    or handed back."""
+    finish, hold = await suite.create_runs({"mode": "finish"}, {"mode": "hold"})
+    async with scheduler_proxy(suite) as proxy:
+        proxy.add("CompleteRuns", rpc_proxy.hang(), *[rpc_proxy.lose_answer()] * 4)
+        proxy.add("ReleaseRun", rpc_proxy.hang(), *[rpc_proxy.fail()] * 4)
+        options = SIGTERM_OPTIONS | {"shutdownGrace": 3, "callTimeout": 3}
+        async with node_worker(suite, tmp_path, scheduler=proxy.address, **options) as worker:
+            await handlers_started(worker, 2)
+            rc = await worker.sigterm()
+        assert proxy.faulted["CompleteRuns"] == 5 and proxy.faulted["ReleaseRun"] == 5, worker.text()
+    assert rc == 0, worker.text()
+    rows = await run_rows(db)
+    assert rows[finish]["status"] == "COMPLETED", worker.text()
+    assert json.loads(rows[finish]["output"]) == {"finished_during_grace": True}
+    await assert_handed_back(suite, rows[hold])
+
+
+async def test_a_claim_answer_arriving_after_sigterm_is_handed_back(suite: Suite, db: Any, tmp_path: Path) -> None:
+    """The scheduler claimed both runs, then SIGTERM comes before its answer reaches the worker:
+    the worker waits for the answer and hands both runs back without starting their handlers."""
+    runs = await suite.create_runs({"mode": "finish"}, {"mode": "hold"})
+    async with scheduler_proxy(suite) as proxy:
+        proxy.add("ClaimRuns", rpc_proxy.hold_answer())
+        async with node_worker(suite, tmp_path, scheduler=proxy.address, **SIGTERM_OPTIONS) as worker:
+
+            async def claimed() -> bool:
+                return proxy.answered.is_set()
+
+            await eventually(claimed, timeout=30, what="the scheduler to answer the claim")
+            worker.proc.send_signal(signal.SIGTERM)
+
+            async def stopping() -> bool:
+                return "worker stopping" in worker.log()
+
+            await eventually(stopping, timeout=30, what="the worker to begin stopping")
+            proxy.release.set()
+            rc = await asyncio.to_thread(worker.proc.wait, 30)
+        assert proxy.cancelled["ClaimRuns"] == 0
+    assert rc == 0, worker.text()
+    assert not [e for e in worker.events() if e["event"] == "handler-started"], worker.text()
+    rows = await run_rows(db)
+    for run_id in runs:
+        await assert_handed_back(suite, rows[run_id])
+
+
+async def test_runs_the_worker_cannot_settle_make_it_exit_non_zero_naming_them(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    runs = await suite.create_runs({"mode": "finish"}, {"mode": "hold"})
+    async with scheduler_proxy(suite) as proxy:
+        proxy.always["CompleteRuns"] = proxy.always["ReleaseRun"] = rpc_proxy.fail(grpc.StatusCode.UNAVAILABLE)
+        options = SIGTERM_OPTIONS | {"callTimeout": 1}
+        async with node_worker(suite, tmp_path, scheduler=proxy.address, **options) as worker:
+            await handlers_started(worker, 2)
+            rc = await worker.sigterm()
+    text = worker.log()
+    assert rc == 1, worker.text()
+    assert "could not settle 2 runs" in text and all(run_id in text for run_id in runs), text
+    rows = await run_rows(db)
+    assert all(rows[run_id]["status"] == "RUNNING" for run_id in runs)
