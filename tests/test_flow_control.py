@@ -404,7 +404,7 @@ async def test_a_paused_project_is_skipped_its_leases_finish_and_resume_wakes_wa
     # nor is it counted as claimable: the queue gauges and CountRuns skip it as the claim does
     counts = await f.sched.CountRuns(pb.CountRunsRequest(project_id="p"), metadata=f.admin)
     assert not counts.HasField("oldest_claimable_created_at")
-    sampled = {(r["project_id"], r["status"]): r["claimable"] for r in await db.fetch(queue.SAMPLE_SQL)}
+    sampled = {(r["project_id"], r["status"]): r["claimable"] for r in await db.fetch(queue.SAMPLE.sql)}
     assert sampled[("p", "PENDING")] == 0 and sampled[("q", "PENDING")] == 1
     assert await f.claim() == []  # skipped, alone ...
     (c,) = await f.claim(["p", "q"], max_runs=5)  # ... or beside another project
