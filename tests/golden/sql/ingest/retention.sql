@@ -28,14 +28,14 @@ DELETE FROM awooop_idempotency_key
 -- CASCADE). A run is kept while anything may still answer with it: its event's dedupe row (a
 -- provider retry replays the run), an unexpired idempotency key naming it (a CreateRun retry),
 -- a compensation that is not done, an alert not yet delivered, or a saga that is compensating or
--- failed to compensate (saga_status other than in_progress and compensated: an operator still
--- has to act on it).
+-- failed to compensate (an operator still has to act on it). A run that ended with nothing to
+-- undo has saga_status not_needed (a completed run always; migration 0080): it goes too.
 WITH victims AS (
     SELECT r.run_id
       FROM awooop_run_state r
      WHERE r.status IN ('COMPLETED', 'FAILED', 'CANCELLED')
        AND r.updated_at < now() - make_interval(secs => $1)
-       AND r.saga_status IN ('in_progress', 'compensated')
+       AND r.saga_status IN ('in_progress', 'not_needed', 'compensated')
        AND NOT EXISTS (SELECT 1 FROM awooop_channel_event_dedupe d
                         WHERE d.project_id = r.project_id AND d.channel_type = r.channel_type
                           AND d.provider_event_id = r.provider_event_id)
