@@ -14,6 +14,10 @@ schedule's first tick is the first after the now() of the transaction that write
 
 Catch-up: when a pass finds ticks missed (the scheduler was down), it fires only the latest
 missed tick and skips the older ones; next_tick is then the first tick after now.
+
+A schedule has no status column, so no declared states: whether it is due (next_tick <= now()),
+resting after a failed tick (last_error_at within ERROR_RETRY) or spent (next_tick 'infinity',
+NEVER here, with last_error saying why) is read from its columns by DueSchedules.
 """
 
 from __future__ import annotations
