@@ -154,7 +154,7 @@ class Env:
 
 async def ingest_event(env: Env, fault: Fault) -> None:
     req = tg_event(P, 1)
-    await env.faulted(ingest_store.INGEST.sql, fault, lambda: env.ingest.IngestEvent(req))
+    await env.faulted(ingest_store.STORE_EVENTS.sql, fault, lambda: env.ingest.IngestEvent(req))
     again = await env.ingest.IngestEvent(req)
     (run,) = await env.runs()  # exactly one run
     assert again.outcomes[0].run_id == str(run["run_id"])
@@ -165,7 +165,7 @@ async def ingest_event(env: Env, fault: Fault) -> None:
 
 async def ingest_events(env: Env, fault: Fault) -> None:
     req = ingest_pb2.IngestEventsRequest(events=[tg_event(P, i) for i in (1, 2, 3)])
-    await env.faulted(ingest_store.INGEST.sql, fault, lambda: env.ingest.IngestEvents(req))
+    await env.faulted(ingest_store.STORE_EVENTS.sql, fault, lambda: env.ingest.IngestEvents(req))
     again = await env.ingest.IngestEvents(req)
     runs = await env.runs()
     assert len(runs) == 3

@@ -1,5 +1,5 @@
 """The ingest service's store side: the first-arrival statement for channel events
-(IngestEvents, store.sql) and the run of a CreateRun.
+(StoreEvents, store.sql) and the run of a CreateRun.
 
 Run ids are generated here (uuid4) so the statement can join the inserted dedupe rows to
 their runs without a second key lookup.
@@ -22,8 +22,8 @@ from services.ingest.parsing import NewEvent, NewRun
 Executor = asyncpg.Pool | Conn
 
 Q = sql.load(__file__, "store.sql")
-INGEST = Q["IngestEvents"]
-FIND = Q["FindEvents"]
+STORE_EVENTS = Q["StoreEvents"]
+FIND_STORED = Q["FindStoredEvents"]
 CREATE_RUN = Q["CreateRun"]
 
 # The run of an API-channel event (seed 003 rules, services/ingest/api_channel.py), with its
@@ -92,8 +92,8 @@ async def ingest(
         # Postgres still report one, the statement runs again (ON CONFLICT makes it idempotent)
         rows = await fetch_again_on_deadlock(
             db,
-            INGEST.sql,
-            *INGEST.args(
+            STORE_EVENTS.sql,
+            *STORE_EVENTS.args(
                 ords=list(range(len(ev))),
                 project_ids=[e.project_id for e in ev],
                 channels=[e.channel for e in ev],
@@ -122,8 +122,8 @@ async def ingest(
         if missing:
             # committed by a concurrent request after our statement's snapshot: read it now
             found = await db.fetch(
-                FIND.sql,
-                *FIND.args(
+                FIND_STORED.sql,
+                *FIND_STORED.args(
                     ords=missing,
                     project_ids=[ev[i].project_id for i in missing],
                     channels=[ev[i].channel for i in missing],

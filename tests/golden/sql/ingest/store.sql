@@ -1,4 +1,4 @@
--- name: IngestEvents
+-- name: StoreEvents
 -- params: ords, project_ids, channels, provider_event_ids, run_ids, inputs, max_attempts, not_befores, priorities, retry_policies, concurrency_keys, traceparents, policy_defaults, principal_id, actor, retention
 -- The whole first-arrival path for any number of events in ONE statement (so one round trip
 -- and one transaction): dedupe rows ON CONFLICT DO NOTHING, a PENDING run and a RUN_CREATED
@@ -12,7 +12,7 @@
 -- Rows are inserted in key order so that two batches sharing keys lock them in the same order
 -- and cannot deadlock. The final join sees dedupe rows committed before the statement began; a
 -- row committed by a concurrent request while we waited on it shows up as run_id NULL and is
--- read by FindEvents in a follow-up statement.
+-- read by FindStoredEvents in a follow-up statement.
 -- A new run's max_attempts: the request's (0: unset), else its effective retry policy's
 -- (:policy_defaults, then its project's, then its own; services/common/retry_policy.py).
 -- :concurrency_keys holds each run's keys joined by spaces (unnest takes no ragged arrays).
@@ -65,9 +65,9 @@ SELECT ev.ord,
    AND d.project_id = ev.project_id AND d.channel_type = ev.channel_type
    AND d.provider_event_id = ev.provider_event_id
 
--- name: FindEvents
+-- name: FindStoredEvents
 -- params: retention, ords, project_ids, channels, provider_event_ids
--- The run of each event whose dedupe row a concurrent request committed after IngestEvents took
+-- The run of each event whose dedupe row a concurrent request committed after StoreEvents took
 -- its snapshot, with the seconds that row has left before retention (:retention) prunes it.
 SELECT t.ord, d.run_id,
        extract(epoch FROM d.created_at + make_interval(secs => $1) - now())::float8 AS ttl_left
@@ -79,7 +79,7 @@ SELECT t.ord, d.run_id,
 -- params: project_id, input, max_attempts, policy_defaults, retry_policy, principal_id, not_before, priority, concurrency_keys, traceparent, actor, idempotency_key
 -- A PENDING run of the API channel (CreateRun) with its RUN_CREATED audit row, in one statement;
 -- the idempotency key is recorded in the audit row (the run has no provider_event_id: its dedupe
--- is the idempotency key table). max_attempts as IngestEvents'; a requested delay (:not_before)
+-- is the idempotency key table). max_attempts as StoreEvents'; a requested delay (:not_before)
 -- is the run's wait_reason 'delayed'. Returns the run's columns (services/common/runs.py RUN_COLUMNS).
 WITH run AS (
     INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by, not_before, wait_reason,
