@@ -1,16 +1,19 @@
-"""The statuses that the reads, gauges, redrive and retention write out in their statements are the
-declared ones (services/common/runstate.py): the statements no longer build their status lists
-from runstate at import, so a change to a declared set must show up here as a failure."""
+"""What the reads, gauges, redrive and retention write out in their statements stays one rule:
+their status lists are the declared sets (services/common/runstate.py), and every statement that
+answers a run answers the same columns. The statements no longer build these pieces from Python at
+import, so a change to one copy must show up here as a failure."""
 
 from __future__ import annotations
 
 import re
 
+import asyncpg
+
 from services.common import runstate
 from services.common.runstate import TRANSITIONS, Action
 from services.common.sql import Statement
-from services.ingest import retention
-from services.scheduler import metrics, overview, queue, redrive
+from services.ingest import retention, store
+from services.scheduler import metrics, overview, queue, reads, redrive
 
 _IN = re.compile(r"\bstatus IN \(([^)]*)\)")
 
@@ -39,3 +42,14 @@ def test_redrive_takes_and_gives_the_declared_statuses() -> None:
 
 def test_retention_takes_finished_runs_only() -> None:
     assert _status_lists(retention.PRUNE_RUNS) == [set(runstate.TERMINAL)]
+
+
+async def test_every_statement_that_answers_a_run_answers_the_same_columns(db: asyncpg.Connection) -> None:
+    """GetRun, both ListRuns pages and CreateRun write the run's column list out (run_to_pb reads
+    it by name): the copies must not drift apart. Prepared, not executed."""
+    answered = {}
+    for st in (reads.GET, reads.LIST_FIRST, reads.LIST_AFTER, store.CREATE_RUN):
+        answered[st.name] = [a.name for a in (await db.prepare(st.sql)).get_attributes()]
+    first = answered[reads.GET.name]
+    assert len(set(first)) == len(first)
+    assert {name: sorted(cols) for name, cols in answered.items()} == {name: sorted(first) for name in answered}
