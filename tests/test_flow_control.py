@@ -120,7 +120,7 @@ async def test_project_defaults_and_non_retryable_codes_fail_at_once(start_servi
         ),
         metadata=f.creator,
     )
-    event_run = (await run_row(db, ev.outcomes[0].run_id))
+    event_run = await run_row(db, ev.outcomes[0].run_id)
     assert event_run["max_attempts"] == 5
     other = await f.create("q-run", project="q")
     assert other.max_attempts == 3  # q has no settings: the service's
@@ -202,7 +202,9 @@ async def test_a_delayed_run_is_claimed_from_not_before_by_a_waiting_worker(
     # IngestEvent takes not_before too
     resp = await f.ingest.IngestEvent(
         ingest_pb2.IngestEventRequest(
-            project_id="p", channel_type=common_pb2.CHANNEL_TYPE_API, provider_event_id="later-event",
+            project_id="p",
+            channel_type=common_pb2.CHANNEL_TYPE_API,
+            provider_event_id="later-event",
             not_before=at(3600),
         ),
         metadata=f.creator,
@@ -291,7 +293,7 @@ async def test_a_full_key_parks_runs_and_a_freed_slot_wakes_a_waiting_worker(
     assert {c.run.run_id for c in got} == {first.run_id, free.run_id}  # mutual exclusion on the key
     parked = (await f.sched.GetRun(pb.GetRunRequest(run_id=second.run_id), metadata=f.worker)).run
     assert parked.status == common_pb2.RUN_STATUS_PENDING and parked.wait_reason == "key_busy"
-    listed = (await f.sched.ListConcurrencyLimits(pb.ListConcurrencyLimitsRequest(project_id="p"), metadata=f.worker))
+    listed = await f.sched.ListConcurrencyLimits(pb.ListConcurrencyLimitsRequest(project_id="p"), metadata=f.worker)
     assert [(x.key, x.running, x.waiting) for x in listed.limits] == [("k8s:deployment/api", 1, 1)]
 
     waiting = asyncio.ensure_future(f.claim(wait=dur(20)))
@@ -372,10 +374,13 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_a_keys_limit
         assert worst["llm:provider-x"] == 2, worst  # the limit was reached, so the test could fail
         rows = await db.fetch("SELECT key, running FROM awooop_concurrency_limit")
         assert {r["key"]: r["running"] for r in rows} == {**{k: 0 for k in limits}, "llm:rated": 0}
-        starts = [r["created_at"] for r in await db.fetch(
-            """SELECT a.created_at FROM awooop_audit_log a JOIN awooop_run_state r USING (run_id)
+        starts = [
+            r["created_at"]
+            for r in await db.fetch(
+                """SELECT a.created_at FROM awooop_audit_log a JOIN awooop_run_state r USING (run_id)
                 WHERE a.action = 'CLAIMED' AND r.concurrency_keys = '{llm:rated}' ORDER BY a.created_at"""
-        )]
+            )
+        ]
         # 12 starts at 4 per window need 3 fixed windows, each opened at least a second after the
         # one before (CLAIMED rows carry their transaction's start, up to a lock wait earlier)
         assert len(starts) == 12 and (starts[-1] - starts[0]).total_seconds() >= 1.9, starts
@@ -404,7 +409,7 @@ async def test_a_paused_project_is_skipped_its_leases_finish_and_resume_wakes_wa
     # nor is it counted as claimable: the queue gauges and CountRuns skip it as the claim does
     counts = await f.sched.CountRuns(pb.CountRunsRequest(project_id="p"), metadata=f.admin)
     assert not counts.HasField("oldest_claimable_created_at")
-    sampled = {(r["project_id"], r["status"]): r["claimable"] for r in await db.fetch(queue.SAMPLE_SQL)}
+    sampled = {(r["project_id"], r["status"]): r["claimable"] for r in await db.fetch(queue.SAMPLE.sql)}
     assert sampled[("p", "PENDING")] == 0 and sampled[("q", "PENDING")] == 1
     assert await f.claim() == []  # skipped, alone ...
     (c,) = await f.claim(["p", "q"], max_runs=5)  # ... or beside another project
@@ -418,9 +423,12 @@ async def test_a_paused_project_is_skipped_its_leases_finish_and_resume_wakes_wa
     assert not resumed.flow.paused
     (c,) = await asyncio.wait_for(waiting, 30)  # nothing lost, and woken by the resume
     assert c.run.run_id == queued.run_id
-    actions = [r["action"] for r in await db.fetch(
-        "SELECT action FROM awooop_audit_log WHERE run_id IS NULL AND project_id = 'p' ORDER BY audit_id"
-    )]
+    actions = [
+        r["action"]
+        for r in await db.fetch(
+            "SELECT action FROM awooop_audit_log WHERE run_id IS NULL AND project_id = 'p' ORDER BY audit_id"
+        )
+    ]
     assert actions == ["PROJECT_PAUSED", "PROJECT_RESUMED"]
 
 
@@ -481,8 +489,9 @@ async def test_a_schedule_creates_one_run_per_tick_across_two_replicas_and_catch
     bad_tz = pb.SetScheduleRequest(schedule=pb.Schedule(project_id="p", name="d", cron="0 6 * * *", time_zone="Mars/X"))
     await expect_error(f.sched.SetSchedule(bad_tz, metadata=f.admin), grpc.StatusCode.INVALID_ARGUMENT)
     await expect_error(
-        f.sched.SetSchedule(pb.SetScheduleRequest(schedule=pb.Schedule(project_id="p", name="x", cron="* * * * *")),
-                            metadata=f.outsider),
+        f.sched.SetSchedule(
+            pb.SetScheduleRequest(schedule=pb.Schedule(project_id="p", name="x", cron="* * * * *")), metadata=f.outsider
+        ),
         grpc.StatusCode.PERMISSION_DENIED,
     )
 
@@ -513,14 +522,14 @@ async def test_a_schedule_creates_one_run_per_tick_across_two_replicas_and_catch
     assert dedupe == len(rows)
 
     # downtime: the daily schedule missed a week of ticks; only the latest fires
-    await db.execute(
-        "UPDATE awooop_schedule SET next_tick = now() - interval '7 days' WHERE name = 'daily-report'"
-    )
+    await db.execute("UPDATE awooop_schedule SET next_tick = now() - interval '7 days' WHERE name = 'daily-report'")
 
     async def caught_up() -> int:
-        return int(await db.fetchval(
-            "SELECT count(*) FROM awooop_run_state WHERE provider_event_id LIKE 'schedule:daily-report:%'"
-        ))
+        return int(
+            await db.fetchval(
+                "SELECT count(*) FROM awooop_run_state WHERE provider_event_id LIKE 'schedule:daily-report:%'"
+            )
+        )
 
     await eventually(caught_up, timeout=30, what="the catch-up tick")
     nxt = await db.fetchval("SELECT next_tick FROM awooop_schedule WHERE name = 'daily-report'")
@@ -552,8 +561,9 @@ async def test_a_rate_key_starts_at_most_its_rate_per_window_and_wakes_a_waiting
     assert await f.claim(max_runs=10) == []
     claimed = [c for _ in range(4) for c in await f.claim(max_runs=10, wait=dur(10)) if c][:4]
     assert len(claimed) == 4
-    times = [r["created_at"] for r in await db.fetch(
-        "SELECT created_at FROM awooop_audit_log WHERE action = 'CLAIMED' ORDER BY created_at"
-    )]
+    times = [
+        r["created_at"]
+        for r in await db.fetch("SELECT created_at FROM awooop_audit_log WHERE action = 'CLAIMED' ORDER BY created_at")
+    ]
     # 3 + 3 + 1 starts: three fixed windows, each opened at least a period after the one before
     assert len(times) == 7 and (times[-1] - times[0]).total_seconds() >= 1.9, times

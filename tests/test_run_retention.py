@@ -141,3 +141,35 @@ async def test_a_pruned_run_answers_not_found_and_its_event_replays_stay_correct
     assert await retention.prune_runs(rt.ctx.pool, retention=1.0, batch=100) == 0
     replay = await ingest.CreateRun(req, metadata=md)
     assert replay.run.run_id == created.run.run_id
+
+
+async def test_runs_that_really_ended_are_pruned(
+    start_services: Any, channels: Any, make_key: Any, db: asyncpg.Connection
+) -> None:
+    """Runs finished through the services carry the saga status their end gave them (a completed
+    run, and a failed one with nothing to undo: not_needed), and retention takes them."""
+    rt = await start_services("ingest", "scheduler", run_retention=1.0, prune_interval=3600)
+    md = await make_key("alice", {PROJECT: ["ingest", "worker"]})
+    ingest = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
+    sched = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+    await ingest.IngestEvents(
+        ingest_pb2.IngestEventsRequest(events=[tg_event(PROJECT, 81), tg_event(PROJECT, 82)]), metadata=md
+    )
+    claimed = await sched.ClaimRuns(
+        scheduler_pb2.ClaimRunsRequest(worker_id="w", project_ids=[PROJECT], max_runs=2), metadata=md
+    )
+    done, failed = claimed.runs
+    await sched.CompleteRun(scheduler_pb2.CompleteRunRequest(lease=done.lease), metadata=md)
+    await sched.FailRun(scheduler_pb2.FailRunRequest(lease=failed.lease, reason="no", retryable=False), metadata=md)
+    ended = [uuid.UUID(done.run.run_id), uuid.UUID(failed.run.run_id)]
+    rows = await db.fetch("SELECT status, saga_status FROM awooop_run_state WHERE run_id = ANY($1)", ended)
+    assert sorted((r["status"], r["saga_status"]) for r in rows) == [
+        ("COMPLETED", "not_needed"),
+        ("FAILED", "not_needed"),
+    ]
+    # past retention, and their events' dedupe rows pruned: nothing answers with them any more
+    await db.execute("UPDATE awooop_run_state SET updated_at = now() - interval '1 day' WHERE run_id = ANY($1)", ended)
+    await db.execute("DELETE FROM awooop_channel_event_dedupe WHERE run_id = ANY($1)", ended)
+    assert rt.ctx is not None
+    assert await retention.prune_runs(rt.ctx.pool, retention=1.0, batch=100) == 2
+    assert await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE run_id = ANY($1)", ended) == 0

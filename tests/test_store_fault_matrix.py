@@ -155,7 +155,7 @@ class Env:
 
 async def ingest_event(env: Env, fault: Fault) -> None:
     req = tg_event(P, 1)
-    await env.faulted(ingest_store.INGEST_SQL, fault, lambda: env.ingest.IngestEvent(req))
+    await env.faulted(ingest_store.STORE_EVENTS.sql, fault, lambda: env.ingest.IngestEvent(req))
     again = await env.ingest.IngestEvent(req)
     (run,) = await env.runs()  # exactly one run
     assert again.outcomes[0].run_id == str(run["run_id"])
@@ -166,7 +166,7 @@ async def ingest_event(env: Env, fault: Fault) -> None:
 
 async def ingest_events(env: Env, fault: Fault) -> None:
     req = ingest_pb2.IngestEventsRequest(events=[tg_event(P, i) for i in (1, 2, 3)])
-    await env.faulted(ingest_store.INGEST_SQL, fault, lambda: env.ingest.IngestEvents(req))
+    await env.faulted(ingest_store.STORE_EVENTS.sql, fault, lambda: env.ingest.IngestEvents(req))
     again = await env.ingest.IngestEvents(req)
     runs = await env.runs()
     assert len(runs) == 3
@@ -211,7 +211,7 @@ async def http_api_event(env: Env, fault: Fault) -> None:
 
 async def create_run(env: Env, fault: Fault) -> None:
     req = ingest_pb2.CreateRunRequest(project_id=P, idempotency_key="order-1", input=struct({"n": 1}))
-    await env.faulted(ingest_store.CREATE_RUN_SQL, fault, lambda: env.ingest.CreateRun(req))
+    await env.faulted(ingest_store.CREATE_RUN.sql, fault, lambda: env.ingest.CreateRun(req))
     again = await env.ingest.CreateRun(req)
     (run,) = await env.runs()
     assert again.run.run_id == str(run["run_id"])
@@ -374,7 +374,7 @@ async def set_schedule(env: Env, fault: Fault) -> None:
     req = spb.SetScheduleRequest(
         schedule=spb.Schedule(project_id=P, name="nightly", cron="0 3 * * *", time_zone="UTC", input=struct({"n": 1}))
     )
-    await env.faulted(schedules.SET_SQL, fault, lambda: env.sched.SetSchedule(req))
+    await env.faulted(schedules.SET.sql, fault, lambda: env.sched.SetSchedule(req))
     again = await env.sched.SetSchedule(req)
     rows = await env.db.fetch("SELECT name, next_tick FROM awooop_schedule WHERE project_id = $1", P)
     assert [(r["name"], r["next_tick"]) for r in rows] == [("nightly", again.schedule.next_tick.ToDatetime(dt.UTC))]
@@ -388,7 +388,7 @@ async def schedule_tick(env: Env, fault: Fault) -> None:
            VALUES ($1, 'nightly', '0 3 * * *', 'UTC', '{"n": 1}', now() - interval '1 minute', 'test')""",
         P,
     )
-    rule = env.proxy.arm(schedules.ADVANCE_SQL, fault)
+    rule = env.proxy.arm(schedules.ADVANCE.sql, fault)
     with pytest.raises(Exception) as failed:
         await schedules.tick(env.pool, policy_defaults=DEFAULTS_JSON)
     mapped = store_error(failed.value)

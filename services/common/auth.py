@@ -17,11 +17,15 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from services.common import errors
+from services.common import errors, sql
 from services.common.db import Conn
 from services.common.keyids import LiveKeyIds
 from services.common.observability import AUTH_FAILURES
 from services.common.principals import ALL_PROJECTS, hash_secret, parse_key
+
+Q = sql.load(__file__, "auth.sql")
+LOAD_KEY = Q["LoadKey"]
+HAS_ROLE_NOW = Q["HasRoleNow"]
 
 # admin implies every role
 IMPLIED = {"admin": {"ingest", "worker", "approver", "admin"}}
@@ -119,14 +123,7 @@ class Authenticator:
         return principal
 
     async def _load(self, key_id: str) -> tuple[bytes | None, Principal | None]:
-        rows = await self.pool.fetch(
-            """SELECT k.secret_sha256, p.principal_id, p.principal_type, m.project_id, m.role
-                 FROM awooop_api_key k
-                 JOIN awooop_principal p USING (principal_id)
-                 LEFT JOIN awooop_project_member m ON m.principal_id = p.principal_id
-                WHERE k.key_id = $1 AND k.revoked_at IS NULL""",
-            key_id,
-        )
+        rows = await self.pool.fetch(LOAD_KEY.sql, *LOAD_KEY.args(key_id=key_id))
         if not rows:
             return None, None
         roles: dict[str, set[str]] = {}
@@ -151,10 +148,7 @@ async def has_role_now(conn: Conn, principal: Principal, project_id: str, role: 
     wanted = [r for r, implied in IMPLIED.items() if role in implied] + [role]
     return bool(
         await conn.fetchval(
-            """SELECT EXISTS (SELECT 1 FROM awooop_project_member
-                               WHERE principal_id = $1 AND project_id = ANY($2::text[]) AND role = ANY($3::text[]))""",
-            principal.principal_id,
-            [project_id, ALL_PROJECTS],
-            wanted,
+            HAS_ROLE_NOW.sql,
+            *HAS_ROLE_NOW.args(principal_id=principal.principal_id, projects=[project_id, ALL_PROJECTS], roles=wanted),
         )
     )

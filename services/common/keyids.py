@@ -18,7 +18,9 @@ import time
 
 import asyncpg
 
-LIVE_KEY_IDS_SQL = "SELECT key_id FROM awooop_api_key WHERE revoked_at IS NULL"
+from services.common import sql
+
+LIVE_KEY_IDS = sql.load(__file__, "keyids.sql")["LiveKeyIds"]
 
 
 class LiveKeyIds:
@@ -47,5 +49,5 @@ class LiveKeyIds:
             await asyncio.sleep(delay)
         self._started_at = time.monotonic()
         self.refreshes += 1
-        rows = await self.pool.fetch(LIVE_KEY_IDS_SQL)
+        rows = await self.pool.fetch(LIVE_KEY_IDS.sql)
         self._ids = frozenset(r["key_id"] for r in rows)

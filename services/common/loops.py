@@ -24,10 +24,9 @@ from typing import Any
 import asyncpg
 from prometheus_client import Counter
 
-from services.common.audit import AUDIT_INSERT
+from services.common import sql
 from services.common.db import store_error
 from services.common.observability import LOOP_RUNS, preset
-from services.common.runstate import Audit
 
 log = logging.getLogger("awooop.loops")
 
@@ -76,18 +75,7 @@ def row_failed(name: str, row: str, exc: BaseException) -> None:
     )
 
 
-# The error goes on the run's history once: not again while its newest entry is this same error.
-# $1 run, $2 actor (the loop's), $3 the error, $4 the loop.
-RUN_ERROR_SQL = f"""
-{AUDIT_INSERT}
-SELECT r.project_id, r.run_id, $2, '{Audit.LOOP_ERROR}', r.status, NULL, $3, jsonb_build_object('loop', $4::text)
-  FROM awooop_run_state r
- WHERE r.run_id = $1
-   AND NOT EXISTS (SELECT 1
-                     FROM (SELECT action, reason FROM awooop_audit_log
-                            WHERE run_id = $1 ORDER BY audit_id DESC LIMIT 1) newest
-                    WHERE newest.action = '{Audit.LOOP_ERROR}' AND newest.reason = $3)
-"""
+RUN_ERROR = sql.load(__file__, "loops.sql")["RecordLoopError"]
 
 MAX_ERROR_TEXT = 500
 
@@ -113,7 +101,9 @@ async def each_run(
             done += await one(run_id)
         except Exception as exc:
             row_failed(name, f"run {run_id}", exc)
-            await pool.execute(RUN_ERROR_SQL, run_id, actor, describe(exc), name)
+            await pool.execute(
+                RUN_ERROR.sql, *RUN_ERROR.args(run_id=run_id, actor=actor, error=describe(exc), loop=name)
+            )
     return done
 
 

@@ -14,6 +14,18 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from services.common import sql
+
+Q = sql.load(__file__, "principals.sql")
+CREATE_PRINCIPAL = Q["CreatePrincipal"]
+ISSUE_KEY = Q["IssueKey"]
+REVOKE_KEY = Q["RevokeKey"]
+GRANT_ROLE = Q["GrantRole"]
+REVOKE_ROLE = Q["RevokeRole"]
+LIST_PRINCIPALS = Q["ListPrincipals"]
+LIST_KEYS = Q["ListKeys"]
+SERVICE_KEY_VALID = Q["ServiceKeyValid"]
+
 ROLES = ("ingest", "worker", "approver", "admin")
 PRINCIPAL_TYPES = ("user", "service")
 ALL_PROJECTS = "*"
@@ -46,12 +58,8 @@ async def create_principal(
     if principal_type not in PRINCIPAL_TYPES:
         raise ValueError(f"principal_type must be one of {PRINCIPAL_TYPES}")
     await conn.execute(
-        """INSERT INTO awooop_principal (principal_id, principal_type, display_name)
-           VALUES ($1, $2, $3)
-           ON CONFLICT (principal_id) DO UPDATE SET display_name = EXCLUDED.display_name""",
-        principal_id,
-        principal_type,
-        display_name,
+        CREATE_PRINCIPAL.sql,
+        *CREATE_PRINCIPAL.args(principal_id=principal_id, principal_type=principal_type, display_name=display_name),
     )
 
 
@@ -59,12 +67,8 @@ async def issue_key(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str, 
     key_id = secrets.token_hex(8)
     secret = secrets.token_urlsafe(32).replace("_", "-")
     status = await conn.execute(
-        """INSERT INTO awooop_api_key (key_id, principal_id, secret_sha256, label)
-           SELECT $1, principal_id, $3, $4 FROM awooop_principal WHERE principal_id = $2""",
-        key_id,
-        principal_id,
-        hash_secret(secret),
-        label,
+        ISSUE_KEY.sql,
+        *ISSUE_KEY.args(key_id=key_id, principal_id=principal_id, secret_sha256=hash_secret(secret), label=label),
     )
     if status.endswith(" 0"):
         raise LookupError(f"principal {principal_id} does not exist")
@@ -72,9 +76,7 @@ async def issue_key(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str, 
 
 
 async def revoke_key(conn: asyncpg.Connection | asyncpg.Pool, key_id: str) -> bool:
-    status = await conn.execute(
-        "UPDATE awooop_api_key SET revoked_at = now() WHERE key_id = $1 AND revoked_at IS NULL", key_id
-    )
+    status = await conn.execute(REVOKE_KEY.sql, *REVOKE_KEY.args(key_id=key_id))
     return not status.endswith(" 0")
 
 
@@ -83,11 +85,7 @@ async def grant_role(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str,
         raise ValueError(f"role must be one of {ROLES}")
     try:
         await conn.execute(
-            """INSERT INTO awooop_project_member (project_id, principal_id, role) VALUES ($1, $2, $3)
-               ON CONFLICT DO NOTHING""",
-            project_id,
-            principal_id,
-            role,
+            GRANT_ROLE.sql, *GRANT_ROLE.args(project_id=project_id, principal_id=principal_id, role=role)
         )
     except asyncpg.ForeignKeyViolationError:
         raise LookupError(f"principal {principal_id} does not exist") from None
@@ -98,26 +96,13 @@ async def revoke_role(
 ) -> int:
     """Removes one role, or every role when role is None; returns rows removed."""
     status = await conn.execute(
-        """DELETE FROM awooop_project_member
-            WHERE principal_id = $1 AND project_id = $2 AND ($3::text IS NULL OR role = $3)""",
-        principal_id,
-        project_id,
-        role,
+        REVOKE_ROLE.sql, *REVOKE_ROLE.args(principal_id=principal_id, project_id=project_id, role=role)
     )
     return int(status.split()[-1])
 
 
 async def list_principals(conn: asyncpg.Connection | asyncpg.Pool) -> list[asyncpg.Record]:
-    return await conn.fetch(
-        """SELECT p.principal_id, p.principal_type, p.display_name,
-                  COALESCE(array_agg(m.project_id || ':' || m.role ORDER BY m.project_id, m.role)
-                           FILTER (WHERE m.role IS NOT NULL), '{}') AS roles,
-                  (SELECT count(*) FROM awooop_api_key k
-                    WHERE k.principal_id = p.principal_id AND k.revoked_at IS NULL) AS active_keys
-             FROM awooop_principal p
-             LEFT JOIN awooop_project_member m USING (principal_id)
-            GROUP BY p.principal_id ORDER BY p.principal_id"""
-    )
+    return await conn.fetch(LIST_PRINCIPALS.sql)
 
 
 async def bootstrap_admin(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str = "dev-admin") -> IssuedKey:
@@ -129,12 +114,7 @@ async def bootstrap_admin(conn: asyncpg.Connection | asyncpg.Pool, principal_id:
 
 async def list_keys(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str | None = None) -> list[asyncpg.Record]:
     """Key ids with label and dates (never a secret), newest first; one principal's or all."""
-    return await conn.fetch(
-        """SELECT key_id, principal_id, label, created_at, revoked_at FROM awooop_api_key
-            WHERE $1::text IS NULL OR principal_id = $1
-            ORDER BY created_at DESC, key_id""",
-        principal_id,
-    )
+    return await conn.fetch(LIST_KEYS.sql, *LIST_KEYS.args(principal_id=principal_id))
 
 
 # The internal service principal: the saga presents its key to the tool gateway (which needs a
@@ -142,15 +122,6 @@ async def list_keys(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str |
 # admin in every project.
 INTERNAL_PRINCIPAL = "awooop-internal"
 INTERNAL_ROLE = "admin"
-# $1 key_id, $2 sha256(secret), $3 principal, $4 role: the key is live, and its principal still
-# holds the role in every project
-SERVICE_KEY_VALID_SQL = """
-SELECT EXISTS (
-    SELECT 1 FROM awooop_api_key k
-      JOIN awooop_project_member m ON m.principal_id = k.principal_id
-     WHERE k.key_id = $1 AND k.secret_sha256 = $2 AND k.revoked_at IS NULL
-       AND k.principal_id = $3 AND m.project_id = '*' AND m.role = $4)
-"""
 
 
 async def service_key_valid(conn: asyncpg.Connection, key: str, principal_id: str = INTERNAL_PRINCIPAL) -> bool:
@@ -158,7 +129,14 @@ async def service_key_valid(conn: asyncpg.Connection, key: str, principal_id: st
     if parsed is None:
         return False
     key_id, secret = parsed
-    return bool(await conn.fetchval(SERVICE_KEY_VALID_SQL, key_id, hash_secret(secret), principal_id, INTERNAL_ROLE))
+    return bool(
+        await conn.fetchval(
+            SERVICE_KEY_VALID.sql,
+            *SERVICE_KEY_VALID.args(
+                key_id=key_id, secret_sha256=hash_secret(secret), principal_id=principal_id, role=INTERNAL_ROLE
+            ),
+        )
+    )
 
 
 async def ensure_service_key(

@@ -22,31 +22,19 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from services.common import sql
+
 TOKEN_BYTES = 32
 # token_urlsafe(32): 43 characters of base64url. A cookie of anything else (longer, or bytes that
 # are not UTF-8, which aiohttp hands over as lone surrogates) is not ours: no session, no query.
 TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 PRUNE_BATCH = 1000
 
-INSERT_SQL = """
-INSERT INTO awooop_console_session (session_hash, key_ciphertext, key_nonce, key_label, expires_at)
-VALUES ($1, $2, $3, $4, now() + make_interval(secs => $5))
-RETURNING expires_at"""
-
-# A live session, touched in the same statement that reads it.
-GET_SQL = """
-UPDATE awooop_console_session SET last_seen_at = now()
- WHERE session_hash = $1 AND revoked_at IS NULL AND expires_at > now()
-RETURNING key_ciphertext, key_nonce, key_label, expires_at"""
-
-REVOKE_SQL = """
-UPDATE awooop_console_session SET revoked_at = now() WHERE session_hash = $1 AND revoked_at IS NULL"""
-
-PRUNE_SQL = """
-DELETE FROM awooop_console_session WHERE session_hash IN (
-    SELECT session_hash FROM awooop_console_session
-     WHERE expires_at < now() - interval '1 day' OR revoked_at < now() - interval '1 day'
-     LIMIT $1)"""
+Q = sql.load(__file__, "sessions.sql")
+CREATE = Q["CreateSession"]
+TOUCH = Q["TouchSession"]
+REVOKE = Q["RevokeSession"]
+PRUNE = Q["PruneSessions"]
 
 
 @dataclass(frozen=True)
@@ -91,13 +79,18 @@ class SessionStore:
         nonce = os.urandom(12)
         ciphertext = _aead(token).encrypt(nonce, api_key.encode(), _digest(token))
         label = key_label(api_key)
-        expires = await self.pool.fetchval(INSERT_SQL, _digest(token), ciphertext, nonce, label, self.ttl)
+        expires = await self.pool.fetchval(
+            CREATE.sql,
+            *CREATE.args(
+                session_hash=_digest(token), key_ciphertext=ciphertext, key_nonce=nonce, key_label=label, ttl=self.ttl
+            ),
+        )
         return token, Session(api_key, label, expires, csrf_for(token))
 
     async def get(self, token: str) -> Session | None:
         if not TOKEN_RE.fullmatch(token):
             return None
-        row = await self.pool.fetchrow(GET_SQL, _digest(token))
+        row = await self.pool.fetchrow(TOUCH.sql, *TOUCH.args(session_hash=_digest(token)))
         if row is None:
             return None
         try:
@@ -108,13 +101,13 @@ class SessionStore:
 
     async def revoke(self, token: str) -> None:
         if TOKEN_RE.fullmatch(token):
-            await self.pool.execute(REVOKE_SQL, _digest(token))
+            await self.pool.execute(REVOKE.sql, *REVOKE.args(session_hash=_digest(token)))
 
     async def prune(self) -> int:
         """Deletes sessions that ended more than a day ago; returns how many."""
         total = 0
         while True:
-            status = await self.pool.execute(PRUNE_SQL, PRUNE_BATCH)
+            status = await self.pool.execute(PRUNE.sql, *PRUNE.args(batch=PRUNE_BATCH))
             n = int(status.split()[-1])
             total += n
             if n < PRUNE_BATCH:

@@ -26,8 +26,9 @@ import grpc
 from prometheus_client import Counter
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
-from services.common import errors
+from services.common import errors, sql
 from services.common.auth import current_principal
+from services.common.db import Conn
 from services.common.limits import MAX_ID, MAX_IDEMPOTENCY_KEY, MAX_TEXT
 from services.common.observability import preset
 from services.common.validate import Violations, to_struct
@@ -39,23 +40,14 @@ CALLS = Counter("awooop_gateway_calls_total", "Reference gateway calls by tool a
 preset(CALLS, (*TOOLS, "unknown"), ("executed", "replayed", "error"))
 MAX_DELAY_MS = 60000
 
-LOG_SQL = """INSERT INTO awooop_refgw_request (project_id, idempotency_key, tool_id) VALUES ($1, $2, $3)
-             RETURNING request_id"""
-OUTCOME_SQL = """UPDATE awooop_refgw_request SET outcome = $2, error = $3, finished_at = now()
-                  WHERE request_id = $1"""
-LOCK_SQL = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
-RECORDED_SQL = """SELECT tool_id, result FROM awooop_refgw_call WHERE project_id = $1 AND idempotency_key = $2"""
-REPLAYED_SQL = """UPDATE awooop_refgw_call SET replays = replays + 1 WHERE project_id = $1 AND idempotency_key = $2"""
-RECORD_SQL = """INSERT INTO awooop_refgw_call (project_id, idempotency_key, tool_id, params, result, run_id, reason)
-                VALUES ($1, $2, $3, $4, $5, $6, $7)"""
-FAULT_SQL = """
-UPDATE awooop_refgw_fault SET remaining = remaining - 1
- WHERE (project_id, tool_id) = (
-        SELECT project_id, tool_id FROM awooop_refgw_fault
-         WHERE tool_id = $2 AND project_id IN ($1, '*') AND (remaining IS NULL OR remaining > 0)
-         ORDER BY project_id = '*' LIMIT 1)
-RETURNING code, message
-"""
+Q = sql.load(__file__, "servicer.sql")
+LOG = Q["LogRequest"]
+OUTCOME = Q["RecordOutcome"]
+LOCK = Q["LockKey"]
+RECORDED = Q["RecordedCall"]
+REPLAYED = Q["CountReplay"]
+RECORD = Q["RecordCall"]
+FAULT = Q["TakeFault"]
 
 
 class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
@@ -114,21 +106,26 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
                 f"principal {principal.principal_id} has no role in project {project_id}", project_id=project_id
             )
 
-        request_id = await self.pool.fetchval(LOG_SQL, project_id, key, tool_id)
+        request_id = await self.pool.fetchval(
+            LOG.sql, *LOG.args(project_id=project_id, idempotency_key=key, tool_id=tool_id)
+        )
         try:
             result, replayed = await self._once(project_id, key, tool_id, params, run_id, reason, delay, simulated)
         except errors.ServiceError as exc:
-            await self.pool.execute(OUTCOME_SQL, request_id, "failed", exc.message)
+            await self._outcome(request_id, "failed", exc.message)
             raise
         except BaseException as exc:
             await asyncio.shield(self._log_failure(request_id, repr(exc)))
             raise
-        await self.pool.execute(OUTCOME_SQL, request_id, "replayed" if replayed else "executed", None)
+        await self._outcome(request_id, "replayed" if replayed else "executed", None)
         return result, replayed
+
+    async def _outcome(self, request_id: int, outcome: str, error: str | None) -> None:
+        await self.pool.execute(OUTCOME.sql, *OUTCOME.args(request_id=request_id, outcome=outcome, error=error))
 
     async def _log_failure(self, request_id: int, text: str) -> None:
         try:
-            await self.pool.execute(OUTCOME_SQL, request_id, "failed", text[:4096])
+            await self._outcome(request_id, "failed", text[:4096])
         except Exception:
             log.warning("could not record a failed gateway call", exc_info=True)
 
@@ -147,29 +144,44 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
             await asyncio.sleep(delay_ms / 1000)
         async with self.pool.acquire() as conn:
             async with conn.transaction():
-                await conn.execute(LOCK_SQL, f"{project_id}/{key}")
-                recorded = await conn.fetchrow(RECORDED_SQL, project_id, key)
+                recorded = await _lock_and_read(conn, project_id, key)
                 if recorded is not None:
                     if recorded["tool_id"] != tool_id:
                         raise errors.idempotency_conflict(
                             f"idempotency key {key} was used for {recorded['tool_id']}, not {tool_id}",
                             idempotency_key=key,
                         )
-                    await conn.execute(REPLAYED_SQL, project_id, key)
+                    await conn.execute(REPLAYED.sql, *REPLAYED.args(project_id=project_id, idempotency_key=key))
                     return recorded["result"], True
             # injected faults are consumed outside the tool's transaction so the count survives the failure
-            fault = await conn.fetchrow(FAULT_SQL, project_id, tool_id)
+            fault = await conn.fetchrow(FAULT.sql, *FAULT.args(project_id=project_id, tool_id=tool_id))
             if fault is not None:
                 code = getattr(grpc.StatusCode, fault["code"])
                 raise errors.ServiceError(code, errors.TOOL_FAILED, fault["message"], metadata={"tool_id": tool_id})
             if simulated is not None:
                 raise tool_failed(str(simulated) or "simulated failure", tool_id=tool_id, simulated="true")
             async with conn.transaction():
-                await conn.execute(LOCK_SQL, f"{project_id}/{key}")
-                recorded = await conn.fetchrow(RECORDED_SQL, project_id, key)
+                recorded = await _lock_and_read(conn, project_id, key)
                 if recorded is not None:  # a concurrent call with the same key ran it meanwhile
-                    await conn.execute(REPLAYED_SQL, project_id, key)
+                    await conn.execute(REPLAYED.sql, *REPLAYED.args(project_id=project_id, idempotency_key=key))
                     return recorded["result"], True
                 result = await TOOLS[tool_id](conn, project_id, params)
-                await conn.execute(RECORD_SQL, project_id, key, tool_id, params, result, run_id, reason or None)
+                await conn.execute(
+                    RECORD.sql,
+                    *RECORD.args(
+                        project_id=project_id,
+                        idempotency_key=key,
+                        tool_id=tool_id,
+                        params=params,
+                        result=result,
+                        run_id=run_id,
+                        reason=reason or None,
+                    ),
+                )
                 return result, False
+
+
+async def _lock_and_read(conn: Conn, project_id: str, key: str) -> asyncpg.Record | None:
+    """Takes the key's lock for the transaction, then reads its recorded success (if any)."""
+    await conn.execute(LOCK.sql, *LOCK.args(lock_name=f"{project_id}/{key}"))
+    return await conn.fetchrow(RECORDED.sql, *RECORDED.args(project_id=project_id, idempotency_key=key))

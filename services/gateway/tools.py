@@ -21,13 +21,25 @@ from typing import Any
 
 import grpc
 
-from services.common import errors
+from services.common import errors, sql
 from services.common.db import Conn
 from services.common.validate import TOKEN_RE, Violations
 
 NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")  # k8s-style names and kinds
 TABLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 MAX_REPLICAS = 10000
+
+Q = sql.load(__file__, "tools.sql")
+LOCK_DEPLOYMENT = Q["LockDeployment"]
+SCALE = Q["ScaleDeployment"]
+CREATE_RESOURCE = Q["CreateResource"]
+PUT_DEPLOYMENT = Q["PutDeployment"]
+DELETE_RESOURCE = Q["DeleteResource"]
+DELETE_DEPLOYMENT = Q["DeleteDeployment"]
+INSERT_ROW = Q["InsertRow"]
+DELETE_ROW = Q["DeleteRow"]
+WRITE_KNOWLEDGE = Q["WriteKnowledge"]
+DELETE_KNOWLEDGE = Q["DeleteKnowledge"]
 
 Tool = Callable[[Conn, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -59,17 +71,10 @@ async def k8s_scale_deployment(conn: Conn, project_id: str, params: dict[str, An
     name = _name(v, params, "deployment")
     replicas = _int(v, params, "replicas", 0, MAX_REPLICAS)
     v.raise_if_any()
-    previous = await conn.fetchval(
-        "SELECT replicas FROM awooop_refgw_deployment WHERE project_id = $1 AND name = $2 FOR UPDATE", project_id, name
-    )
+    previous = await conn.fetchval(LOCK_DEPLOYMENT.sql, *LOCK_DEPLOYMENT.args(project_id=project_id, name=name))
     if previous is None:
         raise tool_failed(f"deployment {name} not found", deployment=name)
-    await conn.execute(
-        "UPDATE awooop_refgw_deployment SET replicas = $3, updated_at = now() WHERE project_id = $1 AND name = $2",
-        project_id,
-        name,
-        replicas,
-    )
+    await conn.execute(SCALE.sql, *SCALE.args(project_id=project_id, name=name, replicas=replicas))
     return {"deployment": name, "replicas": replicas, "previous_replicas": previous}
 
 
@@ -83,22 +88,13 @@ async def k8s_create_resource(conn: Conn, project_id: str, params: dict[str, Any
     replicas = _int(v, spec if isinstance(spec, dict) else {}, "replicas", 0, MAX_REPLICAS, default=1)
     v.raise_if_any()
     created = await conn.fetchval(
-        """INSERT INTO awooop_refgw_resource (project_id, kind, name, spec) VALUES ($1, $2, $3, $4)
-           ON CONFLICT DO NOTHING RETURNING true""",
-        project_id,
-        kind,
-        name,
-        spec,
+        CREATE_RESOURCE.sql, *CREATE_RESOURCE.args(project_id=project_id, kind=kind, name=name, spec=spec)
     )
     if not created:
         raise tool_failed(f"{kind} {name} already exists", kind=kind, name=name)
     if kind == "Deployment":
         await conn.execute(
-            """INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, $2, $3)
-               ON CONFLICT (project_id, name) DO UPDATE SET replicas = EXCLUDED.replicas, updated_at = now()""",
-            project_id,
-            name,
-            replicas,
+            PUT_DEPLOYMENT.sql, *PUT_DEPLOYMENT.args(project_id=project_id, name=name, replicas=replicas)
         )
     return {"kind": kind, "name": name, "created": True}
 
@@ -109,13 +105,10 @@ async def k8s_delete_resource(conn: Conn, project_id: str, params: dict[str, Any
     name = _name(v, params, "name")
     v.raise_if_any()
     deleted = await conn.fetchval(
-        "DELETE FROM awooop_refgw_resource WHERE project_id = $1 AND kind = $2 AND name = $3 RETURNING true",
-        project_id,
-        kind,
-        name,
+        DELETE_RESOURCE.sql, *DELETE_RESOURCE.args(project_id=project_id, kind=kind, name=name)
     )
     if kind == "Deployment":
-        await conn.execute("DELETE FROM awooop_refgw_deployment WHERE project_id = $1 AND name = $2", project_id, name)
+        await conn.execute(DELETE_DEPLOYMENT.sql, *DELETE_DEPLOYMENT.args(project_id=project_id, name=name))
     # already gone counts as done: a compensation's goal is the state, not the act
     return {"kind": kind, "name": name, "deleted": bool(deleted)}
 
@@ -134,10 +127,7 @@ async def pg_mutate(conn: Conn, project_id: str, params: dict[str, Any]) -> dict
             v.add("params.row", "required for INSERT: an object")
         v.raise_if_any()
         inserted = await conn.fetchval(
-            "INSERT INTO awooop_refgw_row (project_id, table_name, data) VALUES ($1, $2, $3) RETURNING row_id",
-            project_id,
-            table,
-            row,
+            INSERT_ROW.sql, *INSERT_ROW.args(project_id=project_id, table_name=table, data=row)
         )
         return {"table": table, "inserted_id": str(inserted)}
     row_id = params.get("id")
@@ -149,10 +139,7 @@ async def pg_mutate(conn: Conn, project_id: str, params: dict[str, Any]) -> dict
         v.add("params.id", "required for DELETE: the inserted_id (a UUID)")
     v.raise_if_any()
     deleted = await conn.fetchval(
-        "DELETE FROM awooop_refgw_row WHERE project_id = $1 AND table_name = $2 AND row_id = $3 RETURNING true",
-        project_id,
-        table,
-        parsed,
+        DELETE_ROW.sql, *DELETE_ROW.args(project_id=project_id, table_name=table, row_id=parsed)
     )
     return {"table": table, "id": str(parsed), "deleted": bool(deleted)}
 
@@ -166,12 +153,8 @@ async def knowledge_write(conn: Conn, project_id: str, params: dict[str, Any]) -
         v.add("params.content", "required")
     v.raise_if_any()
     created = await conn.fetchval(
-        """INSERT INTO awooop_refgw_knowledge (project_id, entry_id, content) VALUES ($1, $2, $3)
-           ON CONFLICT (project_id, entry_id) DO UPDATE SET content = EXCLUDED.content
-           RETURNING (xmax = 0)""",
-        project_id,
-        entry_id,
-        params["content"],
+        WRITE_KNOWLEDGE.sql,
+        *WRITE_KNOWLEDGE.args(project_id=project_id, entry_id=entry_id, content=params["content"]),
     )
     return {"entry_id": entry_id, "created": bool(created)}
 
@@ -183,9 +166,7 @@ async def knowledge_delete(conn: Conn, project_id: str, params: dict[str, Any]) 
         v.add("params.entry_id", "required: 1-128 characters")
     v.raise_if_any()
     deleted = await conn.fetchval(
-        "DELETE FROM awooop_refgw_knowledge WHERE project_id = $1 AND entry_id = $2 RETURNING true",
-        project_id,
-        entry_id,
+        DELETE_KNOWLEDGE.sql, *DELETE_KNOWLEDGE.args(project_id=project_id, entry_id=entry_id)
     )
     return {"entry_id": entry_id, "deleted": bool(deleted)}
 

@@ -16,39 +16,18 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from services.common import sql
+
 WEBHOOK_CHANNELS = ("telegram", "alertmanager", "gitea", "line")
 MAX_GRACE_SECONDS = 30 * 24 * 3600.0
 MAX_SECRET = 256  # Telegram's secret_token limit; LINE channel secrets are 32 hex characters
 
-COLUMNS = """project_id, channel_type, name, created_at, rotated_at,
-       CASE WHEN previous_expires_at > now() THEN previous_expires_at END AS previous_expires_at"""
-
-CREATE_SQL = f"""
-INSERT INTO awooop_channel_endpoint (project_id, channel_type, name, secret, created_by)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (project_id, channel_type, name) DO NOTHING
-RETURNING {COLUMNS}"""
-
-LIST_SQL = f"""
-SELECT {COLUMNS} FROM awooop_channel_endpoint WHERE project_id = $1 ORDER BY channel_type, name"""
-
-# One statement: the current secret becomes the previous one until now() + grace.
-ROTATE_SQL = """
-UPDATE awooop_channel_endpoint
-   SET previous_secret = secret, previous_expires_at = now() + make_interval(secs => $5),
-       secret = $4, rotated_at = now()
- WHERE project_id = $1 AND channel_type = $2 AND name = $3
-RETURNING project_id, channel_type, name, created_at, rotated_at, previous_expires_at"""
-
-REMOVE_SQL = "DELETE FROM awooop_channel_endpoint WHERE project_id = $1 AND channel_type = $2 AND name = $3"
-
-# What verification needs: the secrets valid now, and for how long the previous one still is.
-SECRETS_SQL = """
-SELECT secret,
-       CASE WHEN previous_expires_at > now() THEN previous_secret END AS previous_secret,
-       extract(epoch FROM previous_expires_at - now())::float8 AS previous_left
-  FROM awooop_channel_endpoint
- WHERE project_id = $1 AND channel_type = $2 AND name = $3"""
+Q = sql.load(__file__, "endpoints.sql")
+CREATE = Q["CreateEndpoint"]
+LIST = Q["ListEndpoints"]
+ROTATE = Q["RotateEndpoint"]
+REMOVE = Q["RemoveEndpoint"]
+SECRETS = Q["EndpointSecrets"]
 
 
 def new_secret() -> str:
@@ -80,23 +59,29 @@ async def create(
     db: asyncpg.Pool, project_id: str, channel: str, name: str, secret: str, created_by: str
 ) -> EndpointRow | None:
     """The new endpoint, or None when one of that name exists."""
-    r = await db.fetchrow(CREATE_SQL, project_id, channel, name, secret, created_by)
+    r = await db.fetchrow(
+        CREATE.sql,
+        *CREATE.args(project_id=project_id, channel=channel, name=name, secret=secret, created_by=created_by),
+    )
     return None if r is None else _row(r)
 
 
 async def list_all(db: asyncpg.Pool, project_id: str) -> list[EndpointRow]:
-    return [_row(r) for r in await db.fetch(LIST_SQL, project_id)]
+    return [_row(r) for r in await db.fetch(LIST.sql, *LIST.args(project_id=project_id))]
 
 
 async def rotate(
     db: asyncpg.Pool, project_id: str, channel: str, name: str, secret: str, grace: float
 ) -> EndpointRow | None:
-    r = await db.fetchrow(ROTATE_SQL, project_id, channel, name, secret, float(grace))
+    r = await db.fetchrow(
+        ROTATE.sql,
+        *ROTATE.args(project_id=project_id, channel=channel, name=name, secret=secret, grace=float(grace)),
+    )
     return None if r is None else _row(r)
 
 
 async def remove(db: asyncpg.Pool, project_id: str, channel: str, name: str) -> bool:
-    status = await db.execute(REMOVE_SQL, project_id, channel, name)
+    status = await db.execute(REMOVE.sql, *REMOVE.args(project_id=project_id, channel=channel, name=name))
     return not status.endswith(" 0")
 
 
@@ -131,7 +116,7 @@ class Directory:
         hit = self._cache.get(key)
         if not fresh and hit is not None and hit[0] > now:
             return hit[1]
-        r = await self.pool.fetchrow(SECRETS_SQL, project_id, channel, name)
+        r = await self.pool.fetchrow(SECRETS.sql, *SECRETS.args(project_id=project_id, channel=channel, name=name))
         found = None
         if r is not None:
             left = r["previous_left"] or 0.0

@@ -22,55 +22,17 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from services.common import sql
 from services.common.cache import Cache
 from services.common.settings import Settings
 from services.ingest import dedupe_cache, metrics
 
 MAX_BATCHES_PER_PASS = 20
 
-PRUNE_DEDUPE_SQL = """
-DELETE FROM awooop_channel_event_dedupe
- WHERE dedupe_id IN (SELECT dedupe_id FROM awooop_channel_event_dedupe
-                      WHERE created_at < now() - make_interval(secs => $1)
-                      ORDER BY created_at
-                      LIMIT $2
-                        FOR UPDATE SKIP LOCKED)
-RETURNING project_id, channel_type, provider_event_id
-"""
-
-PRUNE_KEYS_SQL = """
-DELETE FROM awooop_idempotency_key
- WHERE idempotency_id IN (SELECT idempotency_id FROM awooop_idempotency_key
-                           WHERE expires_at <= now()
-                           ORDER BY expires_at
-                           LIMIT $1
-                             FOR UPDATE SKIP LOCKED)
-"""
-
-
-PRUNE_RUNS_SQL = """
-WITH victims AS (
-    SELECT r.run_id
-      FROM awooop_run_state r
-     WHERE r.status IN ('COMPLETED', 'FAILED', 'CANCELLED')
-       AND r.updated_at < now() - make_interval(secs => $1)
-       AND r.saga_status IN ('in_progress', 'compensated')
-       AND NOT EXISTS (SELECT 1 FROM awooop_channel_event_dedupe d
-                        WHERE d.project_id = r.project_id AND d.channel_type = r.channel_type
-                          AND d.provider_event_id = r.provider_event_id)
-       AND NOT EXISTS (SELECT 1 FROM awooop_idempotency_key k
-                        WHERE k.resource_id = r.run_id::text AND k.expires_at > now())
-       AND NOT EXISTS (SELECT 1 FROM awooop_compensation_request c
-                        WHERE c.run_id = r.run_id AND c.status <> 'done')
-       AND NOT EXISTS (SELECT 1 FROM awooop_saga_alert a WHERE a.run_id = r.run_id AND a.done_at IS NULL)
-     ORDER BY r.updated_at
-     LIMIT $2
-       FOR UPDATE OF r SKIP LOCKED
-), audit AS (
-    DELETE FROM awooop_audit_log l USING victims v WHERE l.run_id = v.run_id
-)
-DELETE FROM awooop_run_state r USING victims v WHERE r.run_id = v.run_id
-"""
+Q = sql.load(__file__, "retention.sql")
+PRUNE_DEDUPE = Q["PruneDedupe"]
+PRUNE_KEYS = Q["PruneIdempotencyKeys"]
+PRUNE_RUNS = Q["PruneRuns"]
 
 
 @dataclass(slots=True)
@@ -84,7 +46,7 @@ async def prune_dedupe(pool: asyncpg.Pool, cache: Cache, *, retention: float, ba
     """Deletes expired dedupe rows (and their Redis keys); returns how many."""
     total = 0
     for _ in range(MAX_BATCHES_PER_PASS):
-        rows = await pool.fetch(PRUNE_DEDUPE_SQL, float(retention), batch)
+        rows = await pool.fetch(PRUNE_DEDUPE.sql, *PRUNE_DEDUPE.args(retention=float(retention), batch=batch))
         if rows:
             total += len(rows)
             metrics.PRUNED.labels("awooop_channel_event_dedupe").inc(len(rows))
@@ -98,7 +60,7 @@ async def prune_idempotency_keys(pool: asyncpg.Pool, *, batch: int) -> int:
     """Deletes expired idempotency keys; returns how many."""
     total = 0
     for _ in range(MAX_BATCHES_PER_PASS):
-        status = await pool.execute(PRUNE_KEYS_SQL, batch)
+        status = await pool.execute(PRUNE_KEYS.sql, *PRUNE_KEYS.args(batch=batch))
         n = int(status.split()[-1])
         if n:
             total += n
@@ -114,7 +76,7 @@ async def prune_runs(pool: asyncpg.Pool, *, retention: float, batch: int) -> int
         return 0
     total = 0
     for _ in range(MAX_BATCHES_PER_PASS):
-        status = await pool.execute(PRUNE_RUNS_SQL, float(retention), batch)
+        status = await pool.execute(PRUNE_RUNS.sql, *PRUNE_RUNS.args(retention=float(retention), batch=batch))
         n = int(status.split()[-1])
         if n:
             total += n

@@ -1,10 +1,5 @@
-"""The ingest service's SQL.
-
-INGEST_SQL is the whole first-arrival path for any number of events in ONE statement (so one
-round trip and one transaction): dedupe rows ON CONFLICT DO NOTHING, a PENDING run and a
-RUN_CREATED audit row for each dedupe row actually inserted, and the existing run_id for
-each event that was already there. The dedupe row and
-its run are written by the same statement, so neither ever exists without the other.
+"""The ingest service's store side: the first-arrival statement for channel events
+(StoreEvents, store.sql) and the run of a CreateRun.
 
 Run ids are generated here (uuid4) so the statement can join the inserted dedupe rows to
 their runs without a second key lookup.
@@ -19,111 +14,38 @@ from dataclasses import dataclass
 import asyncpg
 from asyncpg.pgproto.pgproto import UUID
 
-from services.common import errors
-from services.common.audit import AUDIT_INSERT
+from services.common import errors, sql
 from services.common.db import Conn, fetch_again_on_deadlock
-from services.common.retry_policy import DEFAULTS_JSON, effective_sql, max_attempts_sql
-from services.common.run_options import WAIT_DELAYED
-from services.common.runs import RUN_COLUMNS
-from services.common.runstate import Audit, RunStatus
+from services.common.retry_policy import DEFAULTS_JSON
 from services.ingest.parsing import NewEvent, NewRun
 
 Executor = asyncpg.Pool | Conn
 
-# The wake-up NOTIFY is not part of these statements: it is sent after the commit
-# (services/ingest/wakeup.py explains why).
+Q = sql.load(__file__, "store.sql")
+STORE_EVENTS = Q["StoreEvents"]
+FIND_STORED = Q["FindStoredEvents"]
+CREATE_RUN = Q["CreateRun"]
 
-# A statement's runs are created a microsecond apart in the order of its events, so the claim
-# (oldest created_at first) hands out the events of one delivery (LINE sends several) and of
-# one batch in the order they were sent, not in whatever order equal timestamps come back.
-# Rows are inserted in key order so that two batches sharing keys lock them in the same order
-# and cannot deadlock. The final join sees dedupe rows committed before the statement began;
-# a row committed by a concurrent request while we waited on it shows up as run_id NULL and is
-# read by FIND_SQL in a follow-up statement.
-INGEST_SQL = f"""
-WITH ev AS (
-    -- $16 (traceparents) is NULL while tracing is off: unnest pads it with NULLs
-    SELECT * FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[], $5::uuid[], $6::text[], $7::int[],
-                         $11::timestamptz[], $12::int[], $13::text[], $15::text[], $16::varchar[])
-        AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts, not_before, priority,
-             retry_policy, concurrency_keys, traceparent)
-),
-ins AS (
-    INSERT INTO awooop_channel_event_dedupe (project_id, channel_type, provider_event_id, run_id)
-    SELECT project_id, channel_type, provider_event_id, run_id FROM ev
-     ORDER BY project_id, channel_type, provider_event_id
-    ON CONFLICT (project_id, channel_type, provider_event_id) DO NOTHING
-    RETURNING run_id
-),
-new_runs AS (
-    INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, input, max_attempts, created_by,
-                                  created_at, updated_at, not_before, wait_reason, priority, retry_policy,
-                                  concurrency_keys, traceparent)
-    SELECT ev.run_id, ev.project_id, ev.channel_type, ev.provider_event_id, ev.input::jsonb,
-           {max_attempts_sql("ev.max_attempts", effective_sql("ev.project_id", "ev.retry_policy::jsonb", "$14"))}, $8,
-           now() + ev.ord * interval '1 microsecond', now() + ev.ord * interval '1 microsecond',
-           ev.not_before, CASE WHEN ev.not_before IS NOT NULL THEN '{WAIT_DELAYED}' END, ev.priority,
-           ev.retry_policy::jsonb, string_to_array(ev.concurrency_keys, ' '), ev.traceparent
-      FROM ev JOIN ins USING (run_id)
-    RETURNING run_id, project_id, channel_type, provider_event_id
-),
-audited AS (
-    {AUDIT_INSERT}
-    SELECT project_id, run_id, $9, '{Audit.RUN_CREATED}', NULL, '{RunStatus.PENDING}', NULL,
-           jsonb_build_object('channel_type', channel_type, 'provider_event_id', provider_event_id)
-      FROM new_runs
-)
-SELECT ev.ord,
-       COALESCE(ins.run_id, d.run_id) AS run_id,
-       ins.run_id IS NOT NULL AS created,
-       extract(epoch FROM d.created_at + make_interval(secs => $10) - now())::float8 AS ttl_left
-  FROM ev
-  LEFT JOIN ins USING (run_id)
-  LEFT JOIN awooop_channel_event_dedupe d
-    ON ins.run_id IS NULL
-   AND d.project_id = ev.project_id AND d.channel_type = ev.channel_type
-   AND d.provider_event_id = ev.provider_event_id
-"""
-
-FIND_SQL = """
-SELECT t.ord, d.run_id, extract(epoch FROM d.created_at + make_interval(secs => $5) - now())::float8 AS ttl_left
-  FROM unnest($1::int[], $2::varchar[], $3::varchar[], $4::varchar[])
-       AS t(ord, project_id, channel_type, provider_event_id)
-  JOIN awooop_channel_event_dedupe d USING (project_id, channel_type, provider_event_id)
-"""
-
-CREATE_RUN_SQL = f"""
-WITH run AS (
-    INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by, not_before, wait_reason,
-                                  priority, retry_policy, concurrency_keys, traceparent)
-    VALUES ($1::text, 'api', $2::text::jsonb,
-            {max_attempts_sql("$3::int", effective_sql("$1::text", "$9::text::jsonb", "$10"))}, $4,
-            $7, CASE WHEN $7::timestamptz IS NOT NULL THEN '{WAIT_DELAYED}' END, $8, $9::text::jsonb, $11::text[], $12)
-    RETURNING {RUN_COLUMNS}
-),
-audited AS (
-    {AUDIT_INSERT}
-    SELECT project_id, run_id, $5, '{Audit.RUN_CREATED}', NULL, '{RunStatus.PENDING}', NULL,
-           jsonb_build_object('channel_type', 'api', 'idempotency_key', $6::text)
-      FROM run
-)
-SELECT * FROM run
-"""
-
-# The run of an API-channel event (seed 003 rules, services/ingest/api_channel.py), with its audit row;
-# its flow options as CREATE_RUN_SQL's ($8 not_before, $9 priority, $10 retry policy, $11 defaults, $12 keys).
-API_EVENT_RUN_SQL = f"""
+# The run of an API-channel event (seed 003 rules, services/ingest/api_channel.py), with its
+# RUN_CREATED audit row; max_attempts and flow options as CreateRun's. Positional ($1 project,
+# $2 provider event id, $3 input, $4 max_attempts, $5 principal, $6 actor, $7 traceparent,
+# $8 not_before, $9 priority, $10 retry policy, $11 policy defaults, $12 keys) because
+# api_channel.py, its only caller, is being rewritten on another branch: it moves into that
+# module's named statements there.
+API_EVENT_RUN_SQL = """
 WITH run AS (
     INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, input, max_attempts, created_by,
                                   traceparent, not_before, wait_reason, priority, retry_policy, concurrency_keys)
     VALUES ($1::text, 'api', $2, $3::text::jsonb,
-            {max_attempts_sql("$4::int", effective_sql("$1::text", "$10::text::jsonb", "$11"))}, $5, $7,
-            $8, CASE WHEN $8::timestamptz IS NOT NULL THEN '{WAIT_DELAYED}' END, $9, $10::text::jsonb, $12::text[])
+            COALESCE(NULLIF($4::int, 0), (($11::text::jsonb
+        || COALESCE((SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = $1::text), '{}')
+        || COALESCE($10::text::jsonb, '{}'))->>'max_attempts')::int), $5, $7,
+            $8, CASE WHEN $8::timestamptz IS NOT NULL THEN 'delayed' END, $9, $10::text::jsonb, $12::text[])
     RETURNING run_id, project_id
 ),
 audited AS (
-    {AUDIT_INSERT}
-    SELECT project_id, run_id, $6, '{Audit.RUN_CREATED}', NULL, '{RunStatus.PENDING}', NULL,
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, run_id, $6, 'RUN_CREATED', NULL, 'PENDING', NULL,
            jsonb_build_object('channel_type', 'api', 'provider_event_id', $2::text)
       FROM run
 )
@@ -153,7 +75,12 @@ class Stored:
 
 
 async def ingest(
-    db: Executor, events: Sequence[NewEvent], *, principal_id: str, actor: str, retention: float,
+    db: Executor,
+    events: Sequence[NewEvent],
+    *,
+    principal_id: str,
+    actor: str,
+    retention: float,
     defaults_json: str = DEFAULTS_JSON,
 ) -> list[Stored]:
     """Stores events whose keys are distinct; result[i] answers events[i]."""
@@ -165,24 +92,26 @@ async def ingest(
         # Postgres still report one, the statement runs again (ON CONFLICT makes it idempotent)
         rows = await fetch_again_on_deadlock(
             db,
-            INGEST_SQL,
-            list(range(len(ev))),
-            [e.project_id for e in ev],
-            [e.channel for e in ev],
-            [e.provider_event_id for e in ev],
-            new_run_ids(len(ev)),
-            [e.input_json for e in ev],
-            [e.max_attempts for e in ev],
-            principal_id,
-            actor,
-            float(retention),
-            [e.options.not_before for e in ev],
-            [e.options.priority for e in ev],
-            [e.options.retry_policy_json for e in ev],
-            defaults_json,
-            # a run's keys joined by spaces (keys are tokens without spaces): unnest takes no ragged arrays
-            [" ".join(e.options.concurrency_keys) or None for e in ev],
-            [e.traceparent for e in ev] if any(e.traceparent for e in ev) else None,
+            STORE_EVENTS.sql,
+            *STORE_EVENTS.args(
+                ords=list(range(len(ev))),
+                project_ids=[e.project_id for e in ev],
+                channels=[e.channel for e in ev],
+                provider_event_ids=[e.provider_event_id for e in ev],
+                run_ids=new_run_ids(len(ev)),
+                inputs=[e.input_json for e in ev],
+                max_attempts=[e.max_attempts for e in ev],
+                not_befores=[e.options.not_before for e in ev],
+                priorities=[e.options.priority for e in ev],
+                retry_policies=[e.options.retry_policy_json for e in ev],
+                # a run's keys joined by spaces (keys are tokens without spaces): unnest takes no ragged arrays
+                concurrency_keys=[" ".join(e.options.concurrency_keys) or None for e in ev],
+                traceparents=[e.traceparent for e in ev] if any(e.traceparent for e in ev) else None,
+                policy_defaults=defaults_json,
+                principal_id=principal_id,
+                actor=actor,
+                retention=float(retention),
+            ),
         )
         missing: list[int] = []
         for r in rows:
@@ -193,12 +122,14 @@ async def ingest(
         if missing:
             # committed by a concurrent request after our statement's snapshot: read it now
             found = await db.fetch(
-                FIND_SQL,
-                missing,
-                [ev[i].project_id for i in missing],
-                [ev[i].channel for i in missing],
-                [ev[i].provider_event_id for i in missing],
-                float(retention),
+                FIND_STORED.sql,
+                *FIND_STORED.args(
+                    ords=missing,
+                    project_ids=[ev[i].project_id for i in missing],
+                    channels=[ev[i].channel for i in missing],
+                    provider_event_ids=[ev[i].provider_event_id for i in missing],
+                    retention=float(retention),
+                ),
             )
             for r in found:
                 out[pending[r["ord"]]] = Stored(str(r["run_id"]), False, r["ttl_left"])
@@ -220,19 +151,21 @@ async def create_run(
     """Inserts a PENDING API run with its audit row (traceparent: the creating span's); returns the run row."""
     o = run.options
     row = await conn.fetchrow(
-        CREATE_RUN_SQL,
-        run.project_id,
-        run.input_json,
-        run.max_attempts,
-        principal_id,
-        actor,
-        run.key,
-        o.not_before,
-        o.priority,
-        o.retry_policy_json,
-        defaults_json,
-        o.keys_param,
-        traceparent,
+        CREATE_RUN.sql,
+        *CREATE_RUN.args(
+            project_id=run.project_id,
+            input=run.input_json,
+            max_attempts=run.max_attempts,
+            principal_id=principal_id,
+            actor=actor,
+            idempotency_key=run.key,
+            not_before=o.not_before,
+            priority=o.priority,
+            retry_policy=o.retry_policy_json,
+            policy_defaults=defaults_json,
+            concurrency_keys=o.keys_param,
+            traceparent=traceparent,
+        ),
     )
     assert row is not None
     return row

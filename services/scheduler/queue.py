@@ -1,11 +1,7 @@
 """The queue gauges: unfinished runs by project and status, claimable runs, and the age of the
-oldest claimable run per project, counted by one statement every AWOOOP_QUEUE_METRICS_INTERVAL
-seconds (a periodic count, not work on the claim path).
-
-The statement reads only unfinished runs: its status filter is the union of the predicates of
-the partial indexes awooop_run_claim_idx (PENDING, RESUMED), awooop_run_leased_idx (RUNNING,
-WAITING_TOOL) and awooop_run_approval_idx (WAITING_APPROVAL), so its cost follows the backlog,
-not the history of finished runs. Every replica samples; alert on max by (project)."""
+oldest claimable run per project, counted by one statement (SampleQueue, queue.sql) every
+AWOOOP_QUEUE_METRICS_INTERVAL seconds (a periodic count, not work on the claim path). It reads
+only unfinished runs (metrics.UNFINISHED). Every replica samples; alert on max by (project)."""
 
 from __future__ import annotations
 
@@ -14,20 +10,10 @@ from collections import defaultdict
 
 import asyncpg
 
+from services.common import sql
 from services.scheduler import metrics
-from services.scheduler.claiming import CLAIMABLE_NOW, READY_SINCE, not_paused
 
-SAMPLE_SQL = f"""
-SELECT project_id, status, count(*) AS n,
-       count(*) FILTER (WHERE claimable) AS claimable,
-       COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(ready_since) FILTER (WHERE claimable)), 0)::float8
-           AS oldest
-  FROM (SELECT project_id, status, ({CLAIMABLE_NOW} AND {not_paused("r.project_id")}) AS claimable,
-               {READY_SINCE} AS ready_since
-          FROM awooop_run_state r
-         WHERE status IN ({", ".join(f"'{s}'" for s in metrics.UNFINISHED)})) unfinished
- GROUP BY project_id, status
-"""
+SAMPLE = sql.load(__file__, "queue.sql")["SampleQueue"]
 
 
 class QueueSampler:
@@ -36,7 +22,7 @@ class QueueSampler:
         self.seen: set[str] = set()  # project labels exported so far: kept, at 0 when emptied
 
     async def sample(self) -> None:
-        rows = await self.pool.fetch(SAMPLE_SQL)
+        rows = await self.pool.fetch(SAMPLE.sql)
         runs: dict[tuple[str, str], int] = defaultdict(int)
         claimable: dict[str, int] = defaultdict(int)
         oldest: dict[str, float] = defaultdict(float)

@@ -12,38 +12,18 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.common import errors
+from services.common import errors, sql
 from services.common.access import check_run_access
 from services.common.auth import Principal
-from services.common.runs import RUN_COLUMNS
 
 ANY_ROLE = ("ingest", "worker", "approver", "admin")
 HISTORY_LIMIT = 1000  # events returned by GetRunHistory (a run's history is short: one row per change)
 
-GET_SQL = f"SELECT {RUN_COLUMNS} FROM awooop_run_state WHERE run_id = $1"
-
-# Newest first, keyset-paginated on (created_at DESC, run_id) to follow awooop_run_list_idx.
-# $1 project, $2 statuses (NULL: all), $3 limit, $4 channels (NULL: all), $5 created at or after,
-# $6 created before, $7 provider event id (NULL: any), $8 saga statuses (NULL: all); next pages:
-# $9 created_at, $10 run_id of the last row.
-LIST_FILTER = """project_id = $1 AND ($2::text[] IS NULL OR status = ANY($2::text[]))
-   AND ($4::text[] IS NULL OR channel_type = ANY($4::text[]))
-   AND ($5::timestamptz IS NULL OR created_at >= $5) AND ($6::timestamptz IS NULL OR created_at < $6)
-   AND ($7::text IS NULL OR provider_event_id = $7)
-   AND ($8::text[] IS NULL OR saga_status = ANY($8::text[]))"""
-
-LIST_FIRST_SQL = f"""
-SELECT {RUN_COLUMNS} FROM awooop_run_state
- WHERE {LIST_FILTER}
- ORDER BY created_at DESC, run_id
- LIMIT $3"""
-
-LIST_AFTER_SQL = f"""
-SELECT {RUN_COLUMNS} FROM awooop_run_state
- WHERE {LIST_FILTER}
-   AND created_at <= $9 AND (created_at < $9 OR run_id > $10)
- ORDER BY created_at DESC, run_id
- LIMIT $3"""
+Q = sql.load(__file__, "reads.sql")
+GET = Q["GetRun"]
+LIST_FIRST = Q["ListRunsFirst"]
+LIST_AFTER = Q["ListRunsAfter"]
+HISTORY = Q["RunHistory"]
 
 
 @dataclass(frozen=True)
@@ -57,23 +37,20 @@ class RunFilter:
     provider_event_id: str | None = None
     saga_statuses: list[str] | None = None
 
-    def args(self) -> tuple[object, ...]:
-        return (self.channels, self.created_after, self.created_before, self.provider_event_id, self.saga_statuses)
-
-
-# The run's project comes with the events, so one round trip answers and authorizes.
-HISTORY_SQL = """
-SELECT r.project_id AS run_project, a.created_at, a.action, a.from_status, a.to_status, a.actor, a.reason, a.details
-  FROM awooop_run_state r
-  LEFT JOIN LATERAL (
-        SELECT * FROM awooop_audit_log a WHERE a.run_id = r.run_id ORDER BY a.audit_id LIMIT $2
-  ) a ON true
- WHERE r.run_id = $1
- ORDER BY a.audit_id"""
+    def args(self) -> dict[str, object]:
+        """The filters as ListRunsFirst/ListRunsAfter name them."""
+        return {
+            "statuses": self.statuses,
+            "channels": self.channels,
+            "created_after": self.created_after,
+            "created_before": self.created_before,
+            "provider_event_id": self.provider_event_id,
+            "saga_statuses": self.saga_statuses,
+        }
 
 
 async def get_run(pool: asyncpg.Pool, principal: Principal, run_id: str) -> asyncpg.Record:
-    row = await pool.fetchrow(GET_SQL, run_id)
+    row = await pool.fetchrow(GET.sql, *GET.args(run_id=run_id))
     if row is None:
         raise errors.not_found("run", run_id)
     check_run_access(principal, row["project_id"], ANY_ROLE, run_id)
@@ -113,10 +90,19 @@ async def list_runs(
 ) -> tuple[list[asyncpg.Record], str]:
     """A page of runs and the next page's token ('' on the last page)."""
     if after is None:
-        rows = await pool.fetch(LIST_FIRST_SQL, project_id, where.statuses, page_size + 1, *where.args())
+        rows = await pool.fetch(
+            LIST_FIRST.sql, *LIST_FIRST.args(project_id=project_id, page_rows=page_size + 1, **where.args())
+        )
     else:
         rows = await pool.fetch(
-            LIST_AFTER_SQL, project_id, where.statuses, page_size + 1, *where.args(), after[0], after[1]
+            LIST_AFTER.sql,
+            *LIST_AFTER.args(
+                project_id=project_id,
+                page_rows=page_size + 1,
+                after_created_at=after[0],
+                after_run_id=after[1],
+                **where.args(),
+            ),
         )
     if len(rows) <= page_size:
         return list(rows), ""
@@ -126,7 +112,7 @@ async def list_runs(
 
 
 async def history(pool: asyncpg.Pool, principal: Principal, run_id: str) -> list[asyncpg.Record]:
-    rows = await pool.fetch(HISTORY_SQL, run_id, HISTORY_LIMIT)
+    rows = await pool.fetch(HISTORY.sql, *HISTORY.args(run_id=run_id, max_events=HISTORY_LIMIT))
     if not rows:
         raise errors.not_found("run", run_id)
     check_run_access(principal, rows[0]["run_project"], ANY_ROLE, run_id)

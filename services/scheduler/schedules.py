@@ -5,10 +5,19 @@ Every scheduler replica runs the tick pass (AWOOOP_SCHEDULE_INTERVAL). A pass lo
 schedules with FOR UPDATE SKIP LOCKED, fires each one's tick as an event through the ingest
 statement (channel 'api', provider_event_id 'schedule:<name>:<tick>'), moves next_tick on and
 commits, all in one transaction. Two replicas never fire a schedule at once, and should they
-ever fire the same tick, the event dedupe makes it one run.
+ever fire the same tick, the event dedupe makes it one run. That statement is the ingest
+service's own (services/ingest/store.py), the one place a service imports another
+(docs/architecture.md says why).
+
+Every time is the store's: a pass fires and computes the next tick from its now(), and a new
+schedule's first tick is the first after the now() of the transaction that writes it.
 
 Catch-up: when a pass finds ticks missed (the scheduler was down), it fires only the latest
 missed tick and skips the older ones; next_tick is then the first tick after now.
+
+A schedule has no status column, so no declared states: whether it is due (next_tick <= now()),
+resting after a failed tick (last_error_at within ERROR_RETRY) or spent (next_tick 'infinity',
+NEVER here, with last_error saying why) is read from its columns by DueSchedules.
 """
 
 from __future__ import annotations
@@ -23,8 +32,7 @@ from typing import Any
 import asyncpg
 from croniter import croniter
 
-from services.common import loops
-from services.common.audit import AUDIT_INSERT
+from services.common import loops, sql
 from services.common.db import Conn
 from services.common.runs import RUN_READY_CHANNEL
 from services.ingest import store
@@ -33,9 +41,6 @@ from services.ingest.parsing import NewEvent
 log = logging.getLogger(__name__)
 
 SCHEDULER_ACTOR = "system:schedules"
-SCHEDULE_SET = "SCHEDULE_SET"
-SCHEDULE_DELETED = "SCHEDULE_DELETED"
-DUE_BATCH = 100
 
 
 MAX_CRON = 256  # awooop_schedule.cron
@@ -44,6 +49,16 @@ MAX_TIME_ZONE = 64  # awooop_schedule.time_zone; IANA names are at most about 30
 # past) is tried again this much later, with the error on the schedule, instead of every pass.
 ERROR_RETRY = dt.timedelta(hours=1)
 LOOP = "scheduler.schedules"
+
+Q = sql.load(__file__, "schedules.sql")
+DUE = Q["DueSchedules"]
+NOTIFY = Q["NotifyRunReady"]
+ADVANCE = Q["AdvanceSchedule"]
+FAILED = Q["ScheduleFailed"]
+DB_NOW = Q["DatabaseNow"]
+SET = Q["SetSchedule"]
+DELETE = Q["DeleteSchedule"]
+LIST = Q["ListSchedules"]
 
 
 class ScheduleError(ValueError):
@@ -114,29 +129,6 @@ def event_id(name: str, tick: dt.datetime) -> str:
     return f"schedule:{name}:{tick.astimezone(dt.UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
 
 
-# Due schedules; one whose last tick failed waits ERROR_RETRY ($1) before it is tried again.
-DUE_SQL = f"""
-SELECT project_id, name, cron, time_zone, input::text AS input, next_tick, now() AS now
-  FROM awooop_schedule
- WHERE next_tick <= now() AND (last_error_at IS NULL OR last_error_at <= now() - $1::interval)
- ORDER BY next_tick
- LIMIT {DUE_BATCH}
-   FOR UPDATE SKIP LOCKED
-"""
-
-# $3 the next tick ('infinity' when there is none; $4 then says so, else NULL clears the error)
-ADVANCE_SQL = """
-UPDATE awooop_schedule
-   SET next_tick = $3, last_error = $4, last_error_at = CASE WHEN $4::text IS NOT NULL THEN now() END,
-       updated_at = now()
- WHERE project_id = $1 AND name = $2
-"""
-
-FAILED_SQL = """
-UPDATE awooop_schedule SET last_error = $3, last_error_at = now(), updated_at = now()
- WHERE project_id = $1 AND name = $2
-"""
-
 NEVER = dt.datetime.max.replace(tzinfo=dt.UTC)  # stored as 'infinity'
 
 
@@ -146,13 +138,15 @@ async def tick(pool: asyncpg.Pool, *, policy_defaults: str) -> int:
     and the pass goes on for every other schedule."""
     created = 0
     async with pool.acquire() as conn, conn.transaction():
-        for r in await conn.fetch(DUE_SQL, ERROR_RETRY):
+        for r in await conn.fetch(DUE.sql, *DUE.args(error_retry=ERROR_RETRY)):
             try:
                 async with conn.transaction():
                     created += await _fire(conn, r, policy_defaults)
             except Exception as exc:
                 loops.row_failed(LOOP, f"schedule {r['name']!r} of project {r['project_id']!r}", exc)
-                await conn.execute(FAILED_SQL, r["project_id"], r["name"], loops.describe(exc))
+                await conn.execute(
+                    FAILED.sql, *FAILED.args(project_id=r["project_id"], name=r["name"], error=loops.describe(exc))
+                )
     return created
 
 
@@ -176,43 +170,14 @@ async def _fire(conn: Conn, r: asyncpg.Record, policy_defaults: str) -> int:
         defaults_json=policy_defaults,
     )
     if stored.created:
-        await conn.execute("SELECT pg_notify($1, $2)", RUN_READY_CHANNEL, r["project_id"])
-    await conn.execute(ADVANCE_SQL, r["project_id"], r["name"], nxt, error)
+        await conn.execute(NOTIFY.sql, *NOTIFY.args(channel=RUN_READY_CHANNEL, project_id=r["project_id"]))
+    await conn.execute(
+        ADVANCE.sql, *ADVANCE.args(project_id=r["project_id"], name=r["name"], next_tick=nxt, error=error)
+    )
     return 1 if stored.created else 0
 
 
 # --- management ----------------------------------------------------------------------------------
-
-SET_SQL = f"""
-WITH s AS (
-    INSERT INTO awooop_schedule (project_id, name, cron, time_zone, input, next_tick, created_by)
-    VALUES ($1::text, $2::text, $3, $4, $5::text::jsonb, $6, $7)
-    ON CONFLICT (project_id, name) DO UPDATE
-       SET cron = EXCLUDED.cron, time_zone = EXCLUDED.time_zone, input = EXCLUDED.input,
-           next_tick = EXCLUDED.next_tick, last_error = NULL, last_error_at = NULL, updated_at = now()
-    RETURNING project_id, name, cron, time_zone, input, next_tick, last_error, last_error_at
-),
-aud AS (
-    {AUDIT_INSERT}
-    SELECT project_id, NULL, $7, '{SCHEDULE_SET}', NULL, NULL, NULL,
-           jsonb_build_object('name', name, 'cron', cron, 'time_zone', time_zone)
-      FROM s
-)
-SELECT * FROM s
-"""
-
-DELETE_SQL = f"""
-WITH d AS (DELETE FROM awooop_schedule WHERE project_id = $1::text AND name = $2::text RETURNING project_id, name),
-aud AS (
-    {AUDIT_INSERT}
-    SELECT project_id, NULL, $3, '{SCHEDULE_DELETED}', NULL, NULL, NULL, jsonb_build_object('name', name) FROM d
-)
-SELECT count(*) AS n FROM d
-"""
-
-LIST_SQL = """SELECT project_id, name, cron, time_zone, input, next_tick, last_error, last_error_at
-                FROM awooop_schedule
-               WHERE project_id = $1 ORDER BY name"""
 
 
 @dataclass(frozen=True)
@@ -239,17 +204,31 @@ def _schedule(r: asyncpg.Record) -> Schedule:
 async def set_schedule(
     pool: asyncpg.Pool, project_id: str, name: str, cron: str, time_zone: str, input_json: str, actor: str
 ) -> Schedule:
-    """Creates or replaces a schedule; its first tick is the first after now (raises ScheduleError)."""
+    """Creates or replaces a schedule; its first tick is the first after the store's now()
+    (raises ScheduleError)."""
     check_cron(cron)
-    first = next_after(cron, time_zone, dt.datetime.now(dt.UTC))
-    row = await pool.fetchrow(SET_SQL, project_id, name, cron, time_zone, input_json, first, actor)
+    async with pool.acquire() as conn, conn.transaction():
+        now: dt.datetime = await conn.fetchval(DB_NOW.sql)
+        first = next_after(cron, time_zone, now)
+        row = await conn.fetchrow(
+            SET.sql,
+            *SET.args(
+                project_id=project_id,
+                name=name,
+                cron=cron,
+                time_zone=time_zone,
+                input=input_json,
+                next_tick=first,
+                actor=actor,
+            ),
+        )
     assert row is not None
     return _schedule(row)
 
 
 async def delete_schedule(pool: asyncpg.Pool, project_id: str, name: str, actor: str) -> bool:
-    return bool(await pool.fetchval(DELETE_SQL, project_id, name, actor))
+    return bool(await pool.fetchval(DELETE.sql, *DELETE.args(project_id=project_id, name=name, actor=actor)))
 
 
 async def list_schedules(pool: asyncpg.Pool, project_id: str) -> list[Schedule]:
-    return [_schedule(r) for r in await pool.fetch(LIST_SQL, project_id)]
+    return [_schedule(r) for r in await pool.fetch(LIST.sql, *LIST.args(project_id=project_id))]

@@ -1,0 +1,55 @@
+-- name: GetRun
+-- One run's columns (services/common/runs.py RUN_COLUMNS, the order run_to_pb reads).
+SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
+    attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
+    cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
+    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
+    wait_reason, concurrency_keys, wait_key FROM awooop_run_state WHERE run_id = :run_id
+
+-- name: ListRunsFirst
+-- The first page of ListRuns: a project's runs newest first, keyset-paginated on
+-- (created_at DESC, run_id) to follow awooop_run_list_idx, :page_rows rows. Each filter is NULL
+-- for "all": :statuses, :channels, created at or after :created_after and before
+-- :created_before, :provider_event_id, :saga_statuses.
+SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
+    attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
+    cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
+    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
+    wait_reason, concurrency_keys, wait_key FROM awooop_run_state
+ WHERE project_id = :project_id AND (:statuses::text[] IS NULL OR status = ANY(:statuses::text[]))
+   AND (:channels::text[] IS NULL OR channel_type = ANY(:channels::text[]))
+   AND (:created_after::timestamptz IS NULL OR created_at >= :created_after)
+   AND (:created_before::timestamptz IS NULL OR created_at < :created_before)
+   AND (:provider_event_id::text IS NULL OR provider_event_id = :provider_event_id)
+   AND (:saga_statuses::text[] IS NULL OR saga_status = ANY(:saga_statuses::text[]))
+ ORDER BY created_at DESC, run_id
+ LIMIT :page_rows
+
+-- name: ListRunsAfter
+-- The next pages of ListRuns: ListRunsFirst after the last row of the previous page
+-- (:after_created_at, :after_run_id).
+SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
+    attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
+    cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
+    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
+    wait_reason, concurrency_keys, wait_key FROM awooop_run_state
+ WHERE project_id = :project_id AND (:statuses::text[] IS NULL OR status = ANY(:statuses::text[]))
+   AND (:channels::text[] IS NULL OR channel_type = ANY(:channels::text[]))
+   AND (:created_after::timestamptz IS NULL OR created_at >= :created_after)
+   AND (:created_before::timestamptz IS NULL OR created_at < :created_before)
+   AND (:provider_event_id::text IS NULL OR provider_event_id = :provider_event_id)
+   AND (:saga_statuses::text[] IS NULL OR saga_status = ANY(:saga_statuses::text[]))
+   AND created_at <= :after_created_at AND (created_at < :after_created_at OR run_id > :after_run_id)
+ ORDER BY created_at DESC, run_id
+ LIMIT :page_rows
+
+-- name: RunHistory
+-- A run's audit rows, oldest first, at most :max_events. The run's project comes with the events
+-- (one row with NULL events when it has none), so one round trip answers and authorizes.
+SELECT r.project_id AS run_project, a.created_at, a.action, a.from_status, a.to_status, a.actor, a.reason, a.details
+  FROM awooop_run_state r
+  LEFT JOIN LATERAL (
+        SELECT * FROM awooop_audit_log a WHERE a.run_id = r.run_id ORDER BY a.audit_id LIMIT :max_events
+  ) a ON true
+ WHERE r.run_id = :run_id
+ ORDER BY a.audit_id

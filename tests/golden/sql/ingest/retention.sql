@@ -1,0 +1,53 @@
+-- name: PruneDedupe
+-- params: retention, batch
+-- One batch of dedupe rows older than :retention seconds, oldest first; the victims are chosen
+-- with FOR UPDATE SKIP LOCKED, so replicas pruning at once never wait on each other or delete a
+-- row twice. Returns the keys, whose Redis copies go next.
+DELETE FROM awooop_channel_event_dedupe
+ WHERE dedupe_id IN (SELECT dedupe_id FROM awooop_channel_event_dedupe
+                      WHERE created_at < now() - make_interval(secs => $1)
+                      ORDER BY created_at
+                      LIMIT $2
+                        FOR UPDATE SKIP LOCKED)
+RETURNING project_id, channel_type, provider_event_id
+
+-- name: PruneIdempotencyKeys
+-- params: batch
+-- One batch of idempotency keys past expires_at, chosen as PruneDedupe's.
+DELETE FROM awooop_idempotency_key
+ WHERE idempotency_id IN (SELECT idempotency_id FROM awooop_idempotency_key
+                           WHERE expires_at <= now()
+                           ORDER BY expires_at
+                           LIMIT $1
+                             FOR UPDATE SKIP LOCKED)
+
+-- name: PruneRuns
+-- params: retention, batch
+-- One batch of finished runs (COMPLETED, FAILED, CANCELLED) last changed more than :retention
+-- seconds ago, with their audit rows (journal, compensation request and alerts go by ON DELETE
+-- CASCADE). A run is kept while anything may still answer with it: its event's dedupe row (a
+-- provider retry replays the run), an unexpired idempotency key naming it (a CreateRun retry),
+-- a compensation that is not done, an alert not yet delivered, or a saga that is compensating or
+-- failed to compensate (an operator still has to act on it). A run that ended with nothing to
+-- undo has saga_status not_needed (a completed run always; migration 0080): it goes too.
+WITH victims AS (
+    SELECT r.run_id
+      FROM awooop_run_state r
+     WHERE r.status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+       AND r.updated_at < now() - make_interval(secs => $1)
+       AND r.saga_status IN ('in_progress', 'not_needed', 'compensated')
+       AND NOT EXISTS (SELECT 1 FROM awooop_channel_event_dedupe d
+                        WHERE d.project_id = r.project_id AND d.channel_type = r.channel_type
+                          AND d.provider_event_id = r.provider_event_id)
+       AND NOT EXISTS (SELECT 1 FROM awooop_idempotency_key k
+                        WHERE k.resource_id = r.run_id::text AND k.expires_at > now())
+       AND NOT EXISTS (SELECT 1 FROM awooop_compensation_request c
+                        WHERE c.run_id = r.run_id AND c.status <> 'done')
+       AND NOT EXISTS (SELECT 1 FROM awooop_saga_alert a WHERE a.run_id = r.run_id AND a.done_at IS NULL)
+     ORDER BY r.updated_at
+     LIMIT $2
+       FOR UPDATE OF r SKIP LOCKED
+), audit AS (
+    DELETE FROM awooop_audit_log l USING victims v WHERE l.run_id = v.run_id
+)
+DELETE FROM awooop_run_state r USING victims v WHERE r.run_id = v.run_id

@@ -1,0 +1,46 @@
+-- name: GetProjectFlow
+-- params: project_id
+-- A project's flow settings (no row: the defaults).
+SELECT retry_policy, weight, paused FROM awooop_project_flow WHERE project_id = $1
+
+-- name: SetProjectFlow
+-- params: project_id, retry_policy, weight, actor
+-- Sets a project's retry policy (:retry_policy, JSON text) and claim weight, with its
+-- PROJECT_FLOW_SET audit row.
+WITH upd AS (
+    INSERT INTO awooop_project_flow (project_id, retry_policy, weight, updated_by)
+    VALUES ($1, $2::text::jsonb, $3, $4)
+    ON CONFLICT (project_id) DO UPDATE
+       SET retry_policy = EXCLUDED.retry_policy, weight = EXCLUDED.weight,
+           updated_by = EXCLUDED.updated_by, updated_at = now()
+    RETURNING project_id, retry_policy, weight, paused
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, NULL, $4, 'PROJECT_FLOW_SET', NULL, NULL, NULL,
+           jsonb_build_object('retry_policy', retry_policy, 'weight', weight)
+      FROM upd
+)
+SELECT retry_policy, weight, paused FROM upd
+
+-- name: PauseProject
+-- params: project_id, paused, actor, reason
+-- Pauses (:paused true) or resumes a project, with its PROJECT_PAUSED or PROJECT_RESUMED audit
+-- row. Resuming wakes the project's waiting claims (the NOTIFY is sent at commit).
+WITH upd AS (
+    INSERT INTO awooop_project_flow (project_id, paused, paused_at, updated_by)
+    VALUES ($1::text, $2, CASE WHEN $2 THEN now() END, $3)
+    ON CONFLICT (project_id) DO UPDATE
+       SET paused = EXCLUDED.paused, paused_at = EXCLUDED.paused_at,
+           updated_by = EXCLUDED.updated_by, updated_at = now()
+    RETURNING project_id, retry_policy, weight, paused
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, NULL, $3, CASE WHEN $2 THEN 'PROJECT_PAUSED' ELSE 'PROJECT_RESUMED' END,
+           NULL, NULL, NULLIF($4, ''), '{}'::jsonb
+      FROM upd
+)
+SELECT retry_policy, weight, paused,
+       (SELECT pg_notify('awooop_run_ready', $1::text) WHERE NOT $2) IS NULL AS quiet
+  FROM upd

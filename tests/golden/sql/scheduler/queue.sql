@@ -1,0 +1,25 @@
+-- name: SampleQueue
+-- params: (none)
+-- The queue gauges: unfinished runs by project and status, how many of them are claimable now,
+-- and the age of the oldest claimable run (by the time it became claimable: its last state
+-- change, or the end of its retry backoff or delay; GREATEST ignores a NULL not_before).
+-- Claimable is the claim's own test (services/scheduler/claims: a claimable status, not before
+-- its time, attempts left, its project not paused), written out here.
+-- It reads only unfinished runs: the status filter is the union of the predicates of the partial
+-- indexes awooop_run_claim_idx (PENDING, RESUMED), awooop_run_leased_idx (RUNNING, WAITING_TOOL)
+-- and awooop_run_approval_idx (WAITING_APPROVAL), so its cost follows the backlog, not the
+-- history of finished runs.
+SELECT project_id, status, count(*) AS n,
+       count(*) FILTER (WHERE claimable) AS claimable,
+       COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(ready_since) FILTER (WHERE claimable)), 0)::float8
+           AS oldest
+  FROM (SELECT project_id, status,
+               (status IN ('PENDING', 'RESUMED')
+                AND (not_before IS NULL OR not_before <= now())
+                AND attempt_count - released_count < max_attempts
+                AND NOT EXISTS (SELECT 1 FROM awooop_project_flow f WHERE f.project_id = r.project_id AND f.paused))
+                   AS claimable,
+               GREATEST(updated_at, not_before) AS ready_since
+          FROM awooop_run_state r
+         WHERE status IN ('PENDING', 'RESUMED', 'RUNNING', 'WAITING_TOOL', 'WAITING_APPROVAL')) unfinished
+ GROUP BY project_id, status

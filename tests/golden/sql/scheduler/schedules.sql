@@ -1,0 +1,75 @@
+-- name: DueSchedules
+-- params: error_retry
+-- The schedules due now, locked for this pass (another replica's pass skips them), at most 100
+-- (the rest wait for the next pass). One whose last tick failed waits :error_retry before it is
+-- tried again. now() is the pass's clock: the tick fired and the next one are computed from it.
+SELECT project_id, name, cron, time_zone, input::text AS input, next_tick, now() AS now
+  FROM awooop_schedule
+ WHERE next_tick <= now() AND (last_error_at IS NULL OR last_error_at <= now() - $1::interval)
+ ORDER BY next_tick
+ LIMIT 100
+   FOR UPDATE SKIP LOCKED
+
+-- name: NotifyRunReady
+-- params: channel, project_id
+-- The wake-up of the claims waiting on the project (sent at the commit of the pass).
+SELECT pg_notify($1, $2)
+
+-- name: AdvanceSchedule
+-- params: next_tick, error, project_id, name
+-- After a fired tick: :next_tick is the next one ('infinity' when there is none; :error then
+-- says why, else NULL clears the schedule's last error).
+UPDATE awooop_schedule
+   SET next_tick = $1, last_error = $2,
+       last_error_at = CASE WHEN $2::text IS NOT NULL THEN now() END, updated_at = now()
+ WHERE project_id = $3 AND name = $4
+
+-- name: ScheduleFailed
+-- params: error, project_id, name
+-- A tick that failed (rolled back alone): the error goes on the schedule, next_tick stays.
+UPDATE awooop_schedule SET last_error = $1, last_error_at = now(), updated_at = now()
+ WHERE project_id = $2 AND name = $3
+
+-- name: DatabaseNow
+-- params: (none)
+-- The store's clock, which every timestamp of a schedule comes from: SetSchedule's first tick
+-- is computed (in Python: cron is croniter's) from this now(), read in SetSchedule's transaction.
+SELECT now()
+
+-- name: SetSchedule
+-- params: project_id, name, cron, time_zone, input, next_tick, actor
+-- Creates or replaces a schedule (clearing its last error) with its SCHEDULE_SET audit row.
+WITH s AS (
+    INSERT INTO awooop_schedule (project_id, name, cron, time_zone, input, next_tick, created_by)
+    VALUES ($1::text, $2::text, $3, $4, $5::text::jsonb, $6, $7)
+    ON CONFLICT (project_id, name) DO UPDATE
+       SET cron = EXCLUDED.cron, time_zone = EXCLUDED.time_zone, input = EXCLUDED.input,
+           next_tick = EXCLUDED.next_tick, last_error = NULL, last_error_at = NULL, updated_at = now()
+    RETURNING project_id, name, cron, time_zone, input, next_tick, last_error, last_error_at
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, NULL, $7, 'SCHEDULE_SET', NULL, NULL, NULL,
+           jsonb_build_object('name', name, 'cron', cron, 'time_zone', time_zone)
+      FROM s
+)
+SELECT * FROM s
+
+-- name: DeleteSchedule
+-- params: project_id, name, actor
+-- Deletes a schedule with its SCHEDULE_DELETED audit row; n is 0 when there was none.
+WITH d AS (
+    DELETE FROM awooop_schedule WHERE project_id = $1::text AND name = $2::text RETURNING project_id, name
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, NULL, $3, 'SCHEDULE_DELETED', NULL, NULL, NULL, jsonb_build_object('name', name) FROM d
+)
+SELECT count(*) AS n FROM d
+
+-- name: ListSchedules
+-- params: project_id
+SELECT project_id, name, cron, time_zone, input, next_tick, last_error, last_error_at
+  FROM awooop_schedule
+ WHERE project_id = $1
+ ORDER BY name
