@@ -5,7 +5,7 @@ asyncpg, and the concurrency sweep behind the plot.
 Fairness: the ceiling (health Check) and IngestEvent run through the same load generator,
 processes, channels and concurrency, against the same server process, in interleaved rounds.
 The raw-SQL baseline calls the service's own store function (services.ingest.store.ingest(),
-one INGEST_SQL statement per batch) on its own fresh database, with the same batches and
+one StoreEvents statement per batch) on its own fresh database, with the same batches and
 concurrency. The bulk API figure sends 128 API-channel events (seed 003's per-principal keys)
 and 128 Telegram events per IngestEvents call to the same server, alternating calls, one in flight.
 """
@@ -119,7 +119,7 @@ class BatchIngest(_IngestCaller):
 
 class SqlBatch:
     """The raw-store baseline: the ingest service's own store call, services.ingest.store.ingest(),
-    which runs INGEST_SQL (dedupe rows, runs and audit rows for the whole batch in ONE
+    which runs StoreEvents (dedupe rows, runs and audit rows for the whole batch in ONE
     statement) for `batch` fresh events, straight over asyncpg with one connection per
     in-flight statement: no gRPC, no protobuf, no validation, no auth, no Redis."""
 

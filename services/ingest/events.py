@@ -2,12 +2,12 @@
 
 Per call: the events' keys are looked up in the process's own memory of recent answers
 (recent.RecentKeys), then in Redis (a hit is a committed duplicate, answered without Postgres);
-the misses go to Postgres (store.INGEST_SQL), whose unique constraint decides; what Postgres
+the misses go to Postgres (store.sql: StoreEvents), whose unique constraint decides; what Postgres
 answered is then cached for the next duplicate, and the projects with new runs are handed to
 the wake-up notifier.
 
 Concurrent calls share round trips (services/ingest/coalesce.py): lookups of calls arriving
-together go in one MGET, their misses in one INGEST_SQL statement (per calling principal,
+together go in one MGET, their misses in one StoreEvents statement (per calling principal,
 which the statement records as the runs' creator), their cache writes in one command. Two
 occurrences of one key in a flush, from one call or two, are one event: the first creates
 the run and the others are its duplicates.

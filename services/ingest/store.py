@@ -26,31 +26,6 @@ STORE_EVENTS = Q["StoreEvents"]
 FIND_STORED = Q["FindStoredEvents"]
 CREATE_RUN = Q["CreateRun"]
 
-# The run of an API-channel event (seed 003 rules, services/ingest/api_channel.py), with its
-# RUN_CREATED audit row; max_attempts and flow options as CreateRun's. Positional ($1 project,
-# $2 provider event id, $3 input, $4 max_attempts, $5 principal, $6 actor, $7 traceparent,
-# $8 not_before, $9 priority, $10 retry policy, $11 policy defaults, $12 keys) because
-# api_channel.py, its only caller, is being rewritten on another branch: it moves into that
-# module's named statements there.
-API_EVENT_RUN_SQL = """
-WITH run AS (
-    INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, input, max_attempts, created_by,
-                                  traceparent, not_before, wait_reason, priority, retry_policy, concurrency_keys)
-    VALUES ($1::text, 'api', $2, $3::text::jsonb,
-            COALESCE(NULLIF($4::int, 0), (($11::text::jsonb
-        || COALESCE((SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = $1::text), '{}')
-        || COALESCE($10::text::jsonb, '{}'))->>'max_attempts')::int), $5, $7,
-            $8, CASE WHEN $8::timestamptz IS NOT NULL THEN 'delayed' END, $9, $10::text::jsonb, $12::text[])
-    RETURNING run_id, project_id
-),
-audited AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, $6, 'RUN_CREATED', NULL, 'PENDING', NULL,
-           jsonb_build_object('channel_type', 'api', 'provider_event_id', $2::text)
-      FROM run
-)
-SELECT run_id FROM run"""
-
 # Attempts at an event whose dedupe row vanished between the insert and the follow-up read
 # (only retention pruning can do that); in practice the second attempt always settles it.
 MAX_ATTEMPTS = 3
