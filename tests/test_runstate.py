@@ -34,6 +34,7 @@ from services.common.runstate import (
     fenced_refusal,
 )
 from services.common.validate import to_struct
+from services.scheduler import hand_back
 from tests.harness.helpers import ROOT, expect_error, reason_of
 from tests.harness.scheduler import Sched, audit_actions, insert_runs, lease, make_sched, run_row, snapshot
 
@@ -99,6 +100,10 @@ async def _act(s: Sched, action: Action, run_id: str) -> Any:
     if action is Action.CLAIM:
         await s.claim("w2")
         return None
+    if action is Action.HAND_BACK:  # the claim of attempt 1 (from PENDING) did not deliver it
+        claimed = {"run_id": uuid.UUID(run_id), "attempt_count": 1, "from_status": RunStatus.PENDING.value}
+        await hand_back.hand_back(s.db, [claimed], "w1", "test", hand_back.NO_ROOM)
+        return None
     if action is Action.REAP:
         await s.reap()
         return None
@@ -133,7 +138,7 @@ async def test_every_status_and_action_pair_does_what_the_table_says(
         )
         last = audit[-1]
         assert len(audit) == before[1] + 1, audit  # one audit row for the change
-        outcome = next(o for o in t.outcomes if o.audit == last["action"])
+        outcome = next(o for o in t.outcomes if (o.audit, o.to or status) == (last["action"], row["status"]))
         assert row["status"] == (outcome.to or status), (row["status"], outcome)
         assert (last["from_status"], last["to_status"]) == (status, row["status"])
         return
@@ -148,8 +153,8 @@ async def test_every_status_and_action_pair_does_what_the_table_says(
         assert err is None, err.details()
         return
     # (a fail is replayed only when the audit log holds that attempt's FailRun; none was written here)
-    if action in (Action.CLAIM, Action.REAP, Action.EXPIRE_APPROVAL, Action.REDRIVE):
-        return  # a background pass simply does not pick the run
+    if action in (Action.CLAIM, Action.HAND_BACK, Action.REAP, Action.EXPIRE_APPROVAL, Action.REDRIVE):
+        return  # a background pass (or the claim's own hand-back) simply does not pick the run
     assert err is not None, (status, action)
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
     want = fenced_refusal(status, True, False) if t.fenced else Refusal.INVALID_TRANSITION
@@ -191,7 +196,8 @@ def test_the_named_sets_partition_as_declared() -> None:
             assert t.allowed_from == (RunStatus.FAILED,)
             continue
         assert not set(t.allowed_from) & set(TERMINAL), f"{t.action} leaves a terminal status"
-        assert t.outcomes and len({o.audit for o in t.outcomes}) == len(t.outcomes), t.action
+        # an outcome is told apart by its audit action and the status it ends in
+        assert t.outcomes and len({(o.audit, o.to) for o in t.outcomes}) == len(t.outcomes), t.action
 
 
 def test_the_protobuf_enum_names_every_status() -> None:
