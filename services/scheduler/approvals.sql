@@ -42,8 +42,10 @@ upd AS (
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, CASE status WHEN 'WAITING_APPROVAL' THEN 'APPROVAL_REQUESTED' END, from_status, status, NULLIF(:summary, ''),
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || jsonb_build_object('expires_at', approval_expires_at)
+    SELECT project_id, run_id, :actor,
+           CASE status WHEN 'WAITING_APPROVAL' THEN 'APPROVAL_REQUESTED' END, from_status, status, NULLIF(:summary, ''),
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
+           || jsonb_build_object('expires_at', approval_expires_at)
       FROM upd
 )
 SELECT cur.*, upd.*,
@@ -147,7 +149,8 @@ aud AS (
            jsonb_build_object('attempt', attempt_count, 'error_code', error_code)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger, jsonb_build_object('trigger', trigger)
+    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
       FROM comp
 ),
 notified AS (
@@ -215,7 +218,8 @@ aud AS (
                               'expired_at', approval_expires_at)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger, jsonb_build_object('trigger', trigger)
+    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
       FROM comp
 )
 SELECT upd.run_id, upd.failure_reason, comp.trigger

@@ -5,7 +5,7 @@
 -- allow (`upd`), and in the same statement write the audit row (`aud`), record a compensation
 -- request (`comp`) and NOTIFY waiting claimers (`notified`). The statement always returns the
 -- locked row's current state too (cur_*), so when nothing changed (run_id NULL) the error is chosen
--- without a second round trip (fragments.fenced_refusal).
+-- without a second round trip (refusals.py).
 --
 -- The fence, in every fenced write: the token (:run_id, :attempt) names the current attempt, the
 -- status is one :allowed (the transition's allowed_from in services/common/runstate.py), and the
@@ -72,9 +72,9 @@ SELECT cur.*, upd.*,
 -- released_count); retryable while a cancel is pending ends it CANCELLED; else FAILED. The delay
 -- is the caller's (:retry_after > 0), else the policy's for this many attempts used
 -- (awooop_retry_delay). The policy (awooop_effective_retry_policy: the service's :policy JSON, its
--- project's, the run's own) is merged once per statement (`pol`). The retry test reads the row
--- being updated (r), not `pol`: a cancel committed while this statement waited for the row lock
--- is seen there.
+-- project's, the run's own) is merged once per statement (`pol`, with `never`: the policy never
+-- retries this error code). The rest of the retry test reads the row being updated (r), not
+-- `pol`: a cancel committed while this statement waited for the row lock is seen there.
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
            cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
@@ -84,26 +84,27 @@ WITH cur AS (
        FOR UPDATE
 ),
 pol AS (
-    SELECT awooop_effective_retry_policy(:policy, cur.cur_project, r.retry_policy) AS p
+    SELECT e.p, COALESCE(e.p->'non_retryable_error_codes', '[]'::jsonb) ? COALESCE(NULLIF(:error_code, ''), '') AS never
       FROM cur JOIN awooop_run_state r ON r.run_id = cur.cur_run_id
+     CROSS JOIN LATERAL (SELECT awooop_effective_retry_policy(:policy, cur.cur_project, r.retry_policy)) AS e(p)
 ),
 upd AS (
     UPDATE awooop_run_state r
-       SET status = CASE WHEN (:retryable AND NOT (COALESCE((SELECT p FROM pol)->'non_retryable_error_codes', '[]'::jsonb)
-                                           ? COALESCE(NULLIF(:error_code, ''), ''))
-                               AND NOT r.cancel_requested AND r.attempt_count - r.released_count < r.max_attempts) THEN 'PENDING'
+       SET status = CASE WHEN :retryable AND NOT (SELECT never FROM pol) AND NOT r.cancel_requested
+                               AND r.attempt_count - r.released_count < r.max_attempts THEN 'PENDING'
                          WHEN :retryable AND r.cancel_requested THEN 'CANCELLED'
                          ELSE 'FAILED' END,
-           not_before = CASE WHEN (:retryable AND NOT (COALESCE((SELECT p FROM pol)->'non_retryable_error_codes', '[]'::jsonb)
-                                           ? COALESCE(NULLIF(:error_code, ''), ''))
-                               AND NOT r.cancel_requested AND r.attempt_count - r.released_count < r.max_attempts)
-                             THEN now() + make_interval(secs => CASE WHEN :retry_after::float8 > 0 THEN :retry_after::float8
+           not_before = CASE WHEN :retryable AND NOT (SELECT never FROM pol) AND NOT r.cancel_requested
+                                  AND r.attempt_count - r.released_count < r.max_attempts
+                             THEN now() + make_interval(secs => CASE WHEN :retry_after::float8 > 0
+                                                                     THEN :retry_after::float8
                                                                      ELSE awooop_retry_delay((SELECT p FROM pol),
-                                                                              r.attempt_count - r.released_count) END) END,
-           wait_reason = CASE WHEN (:retryable AND NOT (COALESCE((SELECT p FROM pol)->'non_retryable_error_codes', '[]'::jsonb)
-                                           ? COALESCE(NULLIF(:error_code, ''), ''))
-                               AND NOT r.cancel_requested AND r.attempt_count - r.released_count < r.max_attempts) THEN 'backoff' END,
-           lease_until = NULL, worker_id = NULL, failure_reason = :reason, error_code = NULLIF(:error_code, ''), updated_at = now()
+                                                                              r.attempt_count - r.released_count) END)
+                        END,
+           wait_reason = CASE WHEN :retryable AND NOT (SELECT never FROM pol) AND NOT r.cancel_requested
+                                   AND r.attempt_count - r.released_count < r.max_attempts THEN 'backoff' END,
+           lease_until = NULL, worker_id = NULL, failure_reason = :reason, error_code = NULLIF(:error_code, ''),
+           updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
        AND r.attempt_count = :attempt
@@ -118,7 +119,8 @@ upd AS (
 ),
 comp AS (
     INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
-    SELECT u.run_id, u.project_id, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END, u.failure_reason
+    SELECT u.run_id, u.project_id, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END,
+           u.failure_reason
       FROM upd u
      WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
     ON CONFLICT (run_id) DO NOTHING
@@ -126,12 +128,16 @@ comp AS (
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, CASE status WHEN 'PENDING' THEN 'RETRY_SCHEDULED' WHEN 'CANCELLED' THEN 'CANCELLED' WHEN 'FAILED' THEN 'FAILED' END, from_status, status, :reason,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || jsonb_build_object('retryable', :retryable::boolean, 'error_code', error_code,
-                                                                                 'not_before', not_before, 'max_attempts', max_attempts)
+    SELECT project_id, run_id, :actor,
+           CASE status WHEN 'PENDING' THEN 'RETRY_SCHEDULED' WHEN 'CANCELLED' THEN 'CANCELLED' WHEN 'FAILED' THEN 'FAILED' END,
+           from_status, status, :reason,
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
+           || jsonb_build_object('retryable', :retryable::boolean, 'error_code', error_code, 'not_before', not_before,
+                                 'max_attempts', max_attempts)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger, jsonb_build_object('trigger', trigger)
+    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
       FROM comp
 ),
 notified AS (
@@ -184,11 +190,14 @@ comp AS (
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, CASE status WHEN 'PENDING' THEN 'RELEASED' WHEN 'CANCELLED' THEN 'CANCELLED' END, from_status, status, NULLIF(:reason, ''),
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || jsonb_build_object('released', true)
+    SELECT project_id, run_id, :actor,
+           CASE status WHEN 'PENDING' THEN 'RELEASED' WHEN 'CANCELLED' THEN 'CANCELLED' END, from_status, status, NULLIF(:reason, ''),
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
+           || jsonb_build_object('released', true)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger, jsonb_build_object('trigger', trigger)
+    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
       FROM comp
 ),
 notified AS (
@@ -227,8 +236,10 @@ upd AS (
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, CASE status WHEN 'WAITING_TOOL' THEN 'WAITING_TOOL' END, from_status, status, NULLIF(:tool_id, ''),
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || jsonb_build_object('tool_id', :tool_id::text)
+    SELECT project_id, run_id, :actor,
+           CASE status WHEN 'WAITING_TOOL' THEN 'WAITING_TOOL' END, from_status, status, NULLIF(:tool_id, ''),
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
+           || jsonb_build_object('tool_id', :tool_id::text)
       FROM upd
 )
 SELECT cur.*, upd.*,
@@ -310,11 +321,13 @@ comp AS (
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, CASE status WHEN 'CANCELLED' THEN 'CANCELLED' END, from_status, status, 'cancel acknowledged by the worker',
+    SELECT project_id, run_id, :actor,
+           CASE status WHEN 'CANCELLED' THEN 'CANCELLED' END, from_status, status, 'cancel acknowledged by the worker',
            jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || '{}'::jsonb
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger, jsonb_build_object('trigger', trigger)
+    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
       FROM comp
 )
 SELECT cur.*, upd.*,
@@ -371,7 +384,8 @@ aud AS (
            from_status, status, :reason, jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger, jsonb_build_object('trigger', trigger)
+    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
       FROM comp
 )
 SELECT cur.*, upd.*, (SELECT trigger FROM comp LIMIT 1) AS comp_trigger

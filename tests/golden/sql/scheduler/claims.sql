@@ -1,11 +1,11 @@
 -- name: ClaimRunsOneProject
 -- params: principal, worker_id, claim_id, project, lease_secs, actor, sorted_projects
 -- slots: max_runs=10
--- A claim of one project (:project) for :worker_id, leases of :lease_secs. The claimed rows come back oldest first (the run columns,
--- from_status, claim_wait: seconds since the run became claimable), and every row carries
--- `parked` (runs this statement parked behind full keys) and `recorded` (an answer was recorded
--- for the claim id before: nothing was claimed, the call replays it). No runs claimed: one row with
--- NULL run columns.
+-- A claim of one project (:project) for :worker_id, leases of :lease_secs seconds. The claimed
+-- rows come back oldest first (the run columns, from_status, claim_wait: seconds since the run
+-- became claimable), and every row carries `parked` (runs this statement parked behind full keys)
+-- and `recorded` (an answer was recorded for the claim id before: nothing was claimed, the call
+-- replays it). No runs claimed: one row with NULL run columns.
 --
 -- prior: the answer recorded for (principal, worker id, claim id), one primary-key probe
 -- (services/scheduler/claim_answers.py); when there is one, the scans never start (a one-time
@@ -26,7 +26,7 @@
 -- when every one of its limited keys has a free slot and starts left in its rate window; then it
 -- takes one of each. awooop_grant_keys (migration 0120) locks the picked runs' limited keys in key
 -- order, decides them in claim order, writes the keys' counts and returns the runs it refused,
--- each with the key it waits on (picked runs without keys never reach it). A refused run is
+-- each with the key it waits on; a claim whose picked runs carry no keys does not call it. A refused run is
 -- parked: behind a busy key (not_before 'infinity', wait_reason key_busy: after every ready run in
 -- the claim index, so later claims never scan it, until the trigger of migration 0120 wakes it when
 -- the key frees a slot) or until the key's rate window ends (rate_limited). The key rows' locks
@@ -113,42 +113,14 @@ SELECT claimed.*, x.*
 -- name: ClaimRunsProjects
 -- params: principal, worker_id, claim_id, projects, lease_secs, actor, sorted_projects
 -- slots: max_runs=10, count=3
--- A claim of 3 distinct projects (:projects) for :worker_id, leases of :lease_secs. The claimed rows come back oldest first (the run columns,
--- from_status, claim_wait: seconds since the run became claimable), and every row carries
--- `parked` (runs this statement parked behind full keys) and `recorded` (an answer was recorded
--- for the claim id before: nothing was claimed, the call replays it). No runs claimed: one row with
--- NULL run columns.
---
--- prior: the answer recorded for (principal, worker id, claim id), one primary-key probe
--- (services/scheduler/claim_answers.py); when there is one, the scans never start (a one-time
--- filter). recorded: the claimed runs as (run_id, attempt) pairs and the claim's parameters,
--- inserted only when the claim took runs and carries a claim id (an empty claim records nothing,
--- so a long-poll's next round or a retry claims as usual).
---
--- picked: one lateral scan per project (each as the one-project claim's), then max_runs
--- of those interleaved by the projects' weights. Fairness: the k-th run of a project sorts at
+-- ClaimRunsOneProject (read its comment) for 3 distinct projects (:projects); only `picked`
+-- differs. One lateral scan per project (each as the one-project claim's), then max_runs of those
+-- interleaved by the projects' weights. Fairness: the k-th run of a project sorts at
 -- (k - 1 + e) / weight, e drawn per project and claim from Exp(1): the first run goes to a project
 -- with probability weight / total weight, and a claim of several runs interleaves the projects by
 -- weight, so a backlog in one project never holds back another's runs. Rows locked by the lateral
--- scans but not kept are released when the statement's transaction ends.
--- A queued run is claimable past its not_before (a retry backoff or a requested delay) with
--- attempts left (ReleaseRun and approval hand-backs are not spent attempts: attempt_count -
--- released_count); higher priority first, then the earliest due (not_before, else creation).
--- awooop_run_claim_idx is (project_id, priority DESC, due), so the scan reads the runs in that
--- order and stops after max_runs ready ones; equality on project_id keeps the index order, so
--- the cost does not grow with the backlog (`project_id = ANY(...)` would sort every pending run
--- of the projects on each claim). A paused project's runs are skipped (PauseProject).
---
--- blocked / parked / go: concurrency keys (docs/flow-control.md). A picked run is granted only
--- when every one of its limited keys has a free slot and starts left in its rate window; then it
--- takes one of each. awooop_grant_keys (migration 0120) locks the picked runs' limited keys in key
--- order, decides them in claim order, writes the keys' counts and returns the runs it refused,
--- each with the key it waits on (picked runs without keys never reach it). A refused run is
--- parked: behind a busy key (not_before 'infinity', wait_reason key_busy: after every ready run in
--- the claim index, so later claims never scan it, until the trigger of migration 0120 wakes it when
--- the key frees a slot) or until the key's rate window ends (rate_limited). The key rows' locks
--- order this claim against a release of the same keys, so a run is never parked behind a key that
--- has room.
+-- scans but not kept are released when the statement's transaction ends. A paused project is left
+-- out of the projects scanned.
 WITH prior AS MATERIALIZED (
     SELECT 1 FROM awooop_claim_answer
      WHERE principal = $1::text AND worker_id = $2 AND claim_id = $3::text

@@ -40,16 +40,16 @@ SELECT cur.*, upd.*,
   FROM cur LEFT JOIN upd ON true
 
 -- name: FailRun
--- params: run_id, policy, retryable, error_code, retry_after, reason, attempt, allowed, worker_projects, actor
+-- params: run_id, error_code, policy, retryable, retry_after, reason, attempt, allowed, worker_projects, actor
 -- The failure is retried (PENDING after a backoff, wait_reason backoff) only when :retryable, the
 -- run's retry policy does not name its :error_code as non-retryable, no cancel is pending, and
 -- attempts are left (ReleaseRun hand-backs do not count: attempts used = attempt_count -
 -- released_count); retryable while a cancel is pending ends it CANCELLED; else FAILED. The delay
 -- is the caller's (:retry_after > 0), else the policy's for this many attempts used
 -- (awooop_retry_delay). The policy (awooop_effective_retry_policy: the service's :policy JSON, its
--- project's, the run's own) is merged once per statement (`pol`). The retry test reads the row
--- being updated (r), not `pol`: a cancel committed while this statement waited for the row lock
--- is seen there.
+-- project's, the run's own) is merged once per statement (`pol`, with `never`: the policy never
+-- retries this error code). The rest of the retry test reads the row being updated (r), not
+-- `pol`: a cancel committed while this statement waited for the row lock is seen there.
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
            cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
@@ -59,26 +59,27 @@ WITH cur AS (
        FOR UPDATE
 ),
 pol AS (
-    SELECT awooop_effective_retry_policy($2, cur.cur_project, r.retry_policy) AS p
+    SELECT e.p, COALESCE(e.p->'non_retryable_error_codes', '[]'::jsonb) ? COALESCE(NULLIF($2, ''), '') AS never
       FROM cur JOIN awooop_run_state r ON r.run_id = cur.cur_run_id
+     CROSS JOIN LATERAL (SELECT awooop_effective_retry_policy($3, cur.cur_project, r.retry_policy)) AS e(p)
 ),
 upd AS (
     UPDATE awooop_run_state r
-       SET status = CASE WHEN ($3 AND NOT (COALESCE((SELECT p FROM pol)->'non_retryable_error_codes', '[]'::jsonb)
-                                           ? COALESCE(NULLIF($4, ''), ''))
-                               AND NOT r.cancel_requested AND r.attempt_count - r.released_count < r.max_attempts) THEN 'PENDING'
-                         WHEN $3 AND r.cancel_requested THEN 'CANCELLED'
+       SET status = CASE WHEN $4 AND NOT (SELECT never FROM pol) AND NOT r.cancel_requested
+                               AND r.attempt_count - r.released_count < r.max_attempts THEN 'PENDING'
+                         WHEN $4 AND r.cancel_requested THEN 'CANCELLED'
                          ELSE 'FAILED' END,
-           not_before = CASE WHEN ($3 AND NOT (COALESCE((SELECT p FROM pol)->'non_retryable_error_codes', '[]'::jsonb)
-                                           ? COALESCE(NULLIF($4, ''), ''))
-                               AND NOT r.cancel_requested AND r.attempt_count - r.released_count < r.max_attempts)
-                             THEN now() + make_interval(secs => CASE WHEN $5::float8 > 0 THEN $5::float8
+           not_before = CASE WHEN $4 AND NOT (SELECT never FROM pol) AND NOT r.cancel_requested
+                                  AND r.attempt_count - r.released_count < r.max_attempts
+                             THEN now() + make_interval(secs => CASE WHEN $5::float8 > 0
+                                                                     THEN $5::float8
                                                                      ELSE awooop_retry_delay((SELECT p FROM pol),
-                                                                              r.attempt_count - r.released_count) END) END,
-           wait_reason = CASE WHEN ($3 AND NOT (COALESCE((SELECT p FROM pol)->'non_retryable_error_codes', '[]'::jsonb)
-                                           ? COALESCE(NULLIF($4, ''), ''))
-                               AND NOT r.cancel_requested AND r.attempt_count - r.released_count < r.max_attempts) THEN 'backoff' END,
-           lease_until = NULL, worker_id = NULL, failure_reason = $6, error_code = NULLIF($4, ''), updated_at = now()
+                                                                              r.attempt_count - r.released_count) END)
+                        END,
+           wait_reason = CASE WHEN $4 AND NOT (SELECT never FROM pol) AND NOT r.cancel_requested
+                                   AND r.attempt_count - r.released_count < r.max_attempts THEN 'backoff' END,
+           lease_until = NULL, worker_id = NULL, failure_reason = $6, error_code = NULLIF($2, ''),
+           updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
        AND r.attempt_count = $7
@@ -93,7 +94,8 @@ upd AS (
 ),
 comp AS (
     INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
-    SELECT u.run_id, u.project_id, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END, u.failure_reason
+    SELECT u.run_id, u.project_id, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END,
+           u.failure_reason
       FROM upd u
      WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
     ON CONFLICT (run_id) DO NOTHING
@@ -101,12 +103,16 @@ comp AS (
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, $10, CASE status WHEN 'PENDING' THEN 'RETRY_SCHEDULED' WHEN 'CANCELLED' THEN 'CANCELLED' WHEN 'FAILED' THEN 'FAILED' END, from_status, status, $6,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || jsonb_build_object('retryable', $3::boolean, 'error_code', error_code,
-                                                                                 'not_before', not_before, 'max_attempts', max_attempts)
+    SELECT project_id, run_id, $10,
+           CASE status WHEN 'PENDING' THEN 'RETRY_SCHEDULED' WHEN 'CANCELLED' THEN 'CANCELLED' WHEN 'FAILED' THEN 'FAILED' END,
+           from_status, status, $6,
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
+           || jsonb_build_object('retryable', $4::boolean, 'error_code', error_code, 'not_before', not_before,
+                                 'max_attempts', max_attempts)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, $10, 'COMPENSATION_REQUESTED', NULL, NULL, trigger, jsonb_build_object('trigger', trigger)
+    SELECT project_id, run_id, $10, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
       FROM comp
 ),
 notified AS (
@@ -160,11 +166,14 @@ comp AS (
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, $5, CASE status WHEN 'PENDING' THEN 'RELEASED' WHEN 'CANCELLED' THEN 'CANCELLED' END, from_status, status, NULLIF($6, ''),
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || jsonb_build_object('released', true)
+    SELECT project_id, run_id, $5,
+           CASE status WHEN 'PENDING' THEN 'RELEASED' WHEN 'CANCELLED' THEN 'CANCELLED' END, from_status, status, NULLIF($6, ''),
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
+           || jsonb_build_object('released', true)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, $5, 'COMPENSATION_REQUESTED', NULL, NULL, trigger, jsonb_build_object('trigger', trigger)
+    SELECT project_id, run_id, $5, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
       FROM comp
 ),
 notified AS (
@@ -204,8 +213,10 @@ upd AS (
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, $5, CASE status WHEN 'WAITING_TOOL' THEN 'WAITING_TOOL' END, from_status, status, NULLIF($6, ''),
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || jsonb_build_object('tool_id', $6::text)
+    SELECT project_id, run_id, $5,
+           CASE status WHEN 'WAITING_TOOL' THEN 'WAITING_TOOL' END, from_status, status, NULLIF($6, ''),
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
+           || jsonb_build_object('tool_id', $6::text)
       FROM upd
 )
 SELECT cur.*, upd.*,
@@ -289,11 +300,13 @@ comp AS (
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, $5, CASE status WHEN 'CANCELLED' THEN 'CANCELLED' END, from_status, status, 'cancel acknowledged by the worker',
+    SELECT project_id, run_id, $5,
+           CASE status WHEN 'CANCELLED' THEN 'CANCELLED' END, from_status, status, 'cancel acknowledged by the worker',
            jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || '{}'::jsonb
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, $5, 'COMPENSATION_REQUESTED', NULL, NULL, trigger, jsonb_build_object('trigger', trigger)
+    SELECT project_id, run_id, $5, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
       FROM comp
 )
 SELECT cur.*, upd.*,
@@ -351,7 +364,8 @@ aud AS (
            from_status, status, $2, jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, $4, 'COMPENSATION_REQUESTED', NULL, NULL, trigger, jsonb_build_object('trigger', trigger)
+    SELECT project_id, run_id, $4, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
       FROM comp
 )
 SELECT cur.*, upd.*, (SELECT trigger FROM comp LIMIT 1) AS comp_trigger

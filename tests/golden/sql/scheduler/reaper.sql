@@ -71,7 +71,8 @@ aud AS (
                               'lease_until', prev_lease_until)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, $4, 'COMPENSATION_REQUESTED', NULL, NULL, trigger, jsonb_build_object('trigger', trigger)
+    SELECT project_id, run_id, $4, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
       FROM comp
 ),
 notified AS (
