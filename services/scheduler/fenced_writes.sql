@@ -17,7 +17,7 @@
 -- still counts (the reaper and the write serialize on the row lock, and the token keeps any later
 -- attempt safe).
 --
--- comp: a run that ended FAILED or CANCELLED with steps to undo (awooop_has_steps_to_undo,
+-- comp: a run that ended FAILED or CANCELLED with steps to undo (awooop_step_to_undo,
 -- migration 0135) gets its compensation request in the same transaction as the state change
 -- (docs/architecture.md, "Saga"); its COMPENSATION_REQUESTED audit row follows the change's.
 -- notified: one NOTIFY per project that got a claimable run (Postgres folds identical
@@ -72,7 +72,7 @@ SELECT cur.*, upd.*,
 -- released_count); retryable while a cancel is pending ends it CANCELLED; else FAILED. The delay
 -- is the caller's (:retry_after > 0), else the policy's for this many attempts used
 -- (awooop_retry_delay). The policy (awooop_effective_retry_policy: the service's :policy JSON, its
--- project's, the run's own) is merged once per statement (`pol`, with `never`: the policy never
+-- project's, the run's own) is merged once per statement (`pol`; `no_retry`: the policy never
 -- retries this error code). The rest of the retry test reads the row being updated (r), not
 -- `pol`: a cancel committed while this statement waited for the row lock is seen there.
 WITH cur AS (
@@ -84,24 +84,29 @@ WITH cur AS (
        FOR UPDATE
 ),
 pol AS (
-    SELECT e.p, COALESCE(e.p->'non_retryable_error_codes', '[]'::jsonb) ? COALESCE(NULLIF(:error_code, ''), '') AS never
+    SELECT awooop_effective_retry_policy(
+               :policy, (SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = cur.cur_project),
+               r.retry_policy) AS p
       FROM cur JOIN awooop_run_state r ON r.run_id = cur.cur_run_id
-     CROSS JOIN LATERAL (SELECT awooop_effective_retry_policy(:policy, cur.cur_project, r.retry_policy)) AS e(p)
+),
+no_retry AS (
+    SELECT COALESCE(p->'non_retryable_error_codes', '[]'::jsonb) ? COALESCE(NULLIF(:error_code, ''), '') AS never
+      FROM pol
 ),
 upd AS (
     UPDATE awooop_run_state r
-       SET status = CASE WHEN :retryable AND NOT (SELECT never FROM pol) AND NOT r.cancel_requested
+       SET status = CASE WHEN :retryable AND NOT (SELECT never FROM no_retry) AND NOT r.cancel_requested
                                AND r.attempt_count - r.released_count < r.max_attempts THEN 'PENDING'
                          WHEN :retryable AND r.cancel_requested THEN 'CANCELLED'
                          ELSE 'FAILED' END,
-           not_before = CASE WHEN :retryable AND NOT (SELECT never FROM pol) AND NOT r.cancel_requested
+           not_before = CASE WHEN :retryable AND NOT (SELECT never FROM no_retry) AND NOT r.cancel_requested
                                   AND r.attempt_count - r.released_count < r.max_attempts
                              THEN now() + make_interval(secs => CASE WHEN :retry_after::float8 > 0
                                                                      THEN :retry_after::float8
                                                                      ELSE awooop_retry_delay((SELECT p FROM pol),
                                                                               r.attempt_count - r.released_count) END)
                         END,
-           wait_reason = CASE WHEN :retryable AND NOT (SELECT never FROM pol) AND NOT r.cancel_requested
+           wait_reason = CASE WHEN :retryable AND NOT (SELECT never FROM no_retry) AND NOT r.cancel_requested
                                    AND r.attempt_count - r.released_count < r.max_attempts THEN 'backoff' END,
            lease_until = NULL, worker_id = NULL, failure_reason = :reason, error_code = NULLIF(:error_code, ''),
            updated_at = now()
@@ -122,7 +127,8 @@ comp AS (
     SELECT u.run_id, u.project_id, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END,
            u.failure_reason
       FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -184,7 +190,8 @@ comp AS (
     INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
     SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
       FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -315,7 +322,8 @@ comp AS (
     INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
     SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
       FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -373,7 +381,8 @@ comp AS (
     INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
     SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
       FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),

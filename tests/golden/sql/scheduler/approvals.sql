@@ -116,7 +116,8 @@ comp AS (
     INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
     SELECT u.run_id, u.project_id, CASE WHEN u.expired THEN 'approval_expired' ELSE 'approval_rejected' END, u.failure_reason
       FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -192,7 +193,8 @@ comp AS (
     INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
     SELECT u.run_id, u.project_id, 'approval_expired', u.failure_reason
       FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),

@@ -40,14 +40,14 @@ SELECT cur.*, upd.*,
   FROM cur LEFT JOIN upd ON true
 
 -- name: FailRun
--- params: run_id, error_code, policy, retryable, retry_after, reason, attempt, allowed, worker_projects, actor
+-- params: run_id, policy, error_code, retryable, retry_after, reason, attempt, allowed, worker_projects, actor
 -- The failure is retried (PENDING after a backoff, wait_reason backoff) only when :retryable, the
 -- run's retry policy does not name its :error_code as non-retryable, no cancel is pending, and
 -- attempts are left (ReleaseRun hand-backs do not count: attempts used = attempt_count -
 -- released_count); retryable while a cancel is pending ends it CANCELLED; else FAILED. The delay
 -- is the caller's (:retry_after > 0), else the policy's for this many attempts used
 -- (awooop_retry_delay). The policy (awooop_effective_retry_policy: the service's :policy JSON, its
--- project's, the run's own) is merged once per statement (`pol`, with `never`: the policy never
+-- project's, the run's own) is merged once per statement (`pol`; `no_retry`: the policy never
 -- retries this error code). The rest of the retry test reads the row being updated (r), not
 -- `pol`: a cancel committed while this statement waited for the row lock is seen there.
 WITH cur AS (
@@ -59,26 +59,31 @@ WITH cur AS (
        FOR UPDATE
 ),
 pol AS (
-    SELECT e.p, COALESCE(e.p->'non_retryable_error_codes', '[]'::jsonb) ? COALESCE(NULLIF($2, ''), '') AS never
+    SELECT awooop_effective_retry_policy(
+               $2, (SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = cur.cur_project),
+               r.retry_policy) AS p
       FROM cur JOIN awooop_run_state r ON r.run_id = cur.cur_run_id
-     CROSS JOIN LATERAL (SELECT awooop_effective_retry_policy($3, cur.cur_project, r.retry_policy)) AS e(p)
+),
+no_retry AS (
+    SELECT COALESCE(p->'non_retryable_error_codes', '[]'::jsonb) ? COALESCE(NULLIF($3, ''), '') AS never
+      FROM pol
 ),
 upd AS (
     UPDATE awooop_run_state r
-       SET status = CASE WHEN $4 AND NOT (SELECT never FROM pol) AND NOT r.cancel_requested
+       SET status = CASE WHEN $4 AND NOT (SELECT never FROM no_retry) AND NOT r.cancel_requested
                                AND r.attempt_count - r.released_count < r.max_attempts THEN 'PENDING'
                          WHEN $4 AND r.cancel_requested THEN 'CANCELLED'
                          ELSE 'FAILED' END,
-           not_before = CASE WHEN $4 AND NOT (SELECT never FROM pol) AND NOT r.cancel_requested
+           not_before = CASE WHEN $4 AND NOT (SELECT never FROM no_retry) AND NOT r.cancel_requested
                                   AND r.attempt_count - r.released_count < r.max_attempts
                              THEN now() + make_interval(secs => CASE WHEN $5::float8 > 0
                                                                      THEN $5::float8
                                                                      ELSE awooop_retry_delay((SELECT p FROM pol),
                                                                               r.attempt_count - r.released_count) END)
                         END,
-           wait_reason = CASE WHEN $4 AND NOT (SELECT never FROM pol) AND NOT r.cancel_requested
+           wait_reason = CASE WHEN $4 AND NOT (SELECT never FROM no_retry) AND NOT r.cancel_requested
                                    AND r.attempt_count - r.released_count < r.max_attempts THEN 'backoff' END,
-           lease_until = NULL, worker_id = NULL, failure_reason = $6, error_code = NULLIF($2, ''),
+           lease_until = NULL, worker_id = NULL, failure_reason = $6, error_code = NULLIF($3, ''),
            updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
@@ -97,7 +102,8 @@ comp AS (
     SELECT u.run_id, u.project_id, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END,
            u.failure_reason
       FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -160,7 +166,8 @@ comp AS (
     INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
     SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
       FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -294,7 +301,8 @@ comp AS (
     INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
     SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
       FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -353,7 +361,8 @@ comp AS (
     INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
     SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
       FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),

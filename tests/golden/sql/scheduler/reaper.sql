@@ -24,7 +24,9 @@
 -- NOTIFY are written by the same statement (as in fenced_writes.sql).
 WITH expired AS (
     SELECT s.run_id, s.status, s.worker_id, s.lease_until,
-           awooop_effective_retry_policy($1, s.project_id, s.retry_policy) AS policy
+           awooop_effective_retry_policy(
+               $1, (SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = s.project_id),
+               s.retry_policy) AS policy
       FROM awooop_run_state s
      WHERE s.status IN ('RUNNING', 'WAITING_TOOL') AND s.lease_until < now() AND ($2::uuid IS NULL OR s.run_id = $2)
      LIMIT $3
@@ -55,7 +57,8 @@ comp AS (
     INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
     SELECT u.run_id, u.project_id, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END, u.failure_reason
       FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND awooop_has_steps_to_undo(u.run_id)
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
