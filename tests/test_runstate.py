@@ -263,3 +263,25 @@ async def test_the_partial_indexes_cover_exactly_the_named_sets(db: Any) -> None
         definition = await db.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = $1", name)
         assert definition is not None, name
         assert set(re.findall(r"'([A-Z_]+)'", definition)) == {s.value for s in statuses}, definition
+
+
+def test_the_named_statements_write_only_declared_statuses_and_sets() -> None:
+    """The scheduler's statements (services/scheduler/*.sql) write the store's status and audit
+    values as literals: each one quoted there is declared here (RunStatus or Audit), and each list
+    of statuses they test is one of the declared sets or a transition's allowed-from statuses."""
+    from services.common import runstate, sql
+
+    declared = {s.value for s in STATUSES} | {a.value for a in runstate.Audit}
+    sets = {frozenset(CLAIMABLE), frozenset(LEASED), frozenset(TERMINAL), frozenset(CANCELLABLE)}
+    sets |= {frozenset(runstate.COMPENSATABLE), frozenset(runstate.WAITING)}
+    sets |= {frozenset(t.allowed_from) for t in TRANSITIONS.values()}
+    files = sql.statement_files(ROOT / "services" / "scheduler")
+    assert files
+    for path in files:
+        text = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("--"))
+        for literal in re.findall(r"'([A-Z][A-Z_]+)'", text):
+            assert literal in declared, f"{path.name}: '{literal}' is not a declared status or audit action"
+        for listed in re.findall(r"\bIN \(('[A-Z_]+'(?:, '[A-Z_]+')*)\)", text):
+            statuses = frozenset(re.findall(r"'([A-Z_]+)'", listed))
+            if statuses <= {s.value for s in STATUSES} and len(statuses) > 1:
+                assert statuses in sets, f"{path.name}: IN ({listed}) is no declared set of statuses"

@@ -105,6 +105,8 @@ class Audit(StrEnum):
     LOOP_ERROR = "LOOP_ERROR"
     # not a status change: a repeated RequestApproval of the same lease replaced a token never seen
     APPROVAL_TOKEN_REISSUED = "APPROVAL_TOKEN_REISSUED"
+    # not a run's change: a project's concurrency or rate limit of a key was set or removed
+    CONCURRENCY_LIMIT_SET = "CONCURRENCY_LIMIT_SET"
 
 
 @dataclass(frozen=True)

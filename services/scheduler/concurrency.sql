@@ -3,7 +3,7 @@
 -- parks what it cannot grant (claims.sql); the trigger of migration 0120 gives a slot back when a
 -- run with the key leaves its lease and wakes the runs parked on it (wait_key). A parked run is
 -- queued (PENDING/RESUMED) with not_before 'infinity'. Each change writes a CONCURRENCY_LIMIT_SET
--- audit row (concurrency.py's CONCURRENCY_LIMIT_SET).
+-- audit row (runstate.Audit).
 
 -- name: SetConcurrencyLimit
 -- :max_running (NULL: none), :max_starts (NULL: none) per :per_secs seconds for (:project_id,
