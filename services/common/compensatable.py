@@ -3,9 +3,8 @@ compensation request when a run ends with such steps) and the saga driver (which
 a completed tool call with an undo command. 'compensating' counts too: a compensating call
 was started and its outcome is not recorded yet, so the driver calls again with the same key.
 
-In SQL the rule is migration 0135's awooop_step_to_undo (per step), which the scheduler's
-statements call; this fragment remains for the saga's statements until they are named and call
-the function too (issue 26)."""
+The scheduler's named statements write the condition out (services/scheduler/*.sql, `comp`);
+this fragment remains for the saga's statements until they are named (issue 26)."""
 
 from __future__ import annotations
 

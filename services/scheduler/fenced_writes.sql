@@ -17,8 +17,9 @@
 -- still counts (the reaper and the write serialize on the row lock, and the token keeps any later
 -- attempt safe).
 --
--- comp: a run that ended FAILED or CANCELLED with steps to undo (awooop_step_to_undo,
--- migration 0135) gets its compensation request in the same transaction as the state change
+-- comp: a run that ended FAILED or CANCELLED with steps to undo (a completed tool call with an undo
+-- command, or one whose undo was started: services/common/compensatable.py) gets its compensation
+-- request in the same transaction as the state change
 -- (docs/architecture.md, "Saga"); its COMPENSATION_REQUESTED audit row follows the change's.
 -- notified: one NOTIFY per project that got a claimable run (Postgres folds identical
 -- notifications of one transaction); the final SELECT reads it, since a read-only CTE nobody
@@ -128,7 +129,8 @@ comp AS (
            u.failure_reason
       FROM upd u
      WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
+                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
+                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -191,7 +193,8 @@ comp AS (
     SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
       FROM upd u
      WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
+                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
+                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -323,7 +326,8 @@ comp AS (
     SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
       FROM upd u
      WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
+                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
+                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -382,7 +386,8 @@ comp AS (
     SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
       FROM upd u
      WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND awooop_step_to_undo(s.step_type, s.compensation_cmd, s.status))
+                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
+                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),

@@ -1,6 +1,6 @@
--- Rules several named statements share, written once as SQL functions (issue 26: no statement
--- text is assembled across modules). services/scheduler/fenced_writes.sql, reaper.sql and
--- approvals.sql call them.
+-- The retry policy's rules, written once as SQL functions for the named statements that apply
+-- them (issue 26: no statement text is assembled across modules):
+-- services/scheduler/fenced_writes.sql (FailRun) and reaper.sql.
 
 -- The retry policy a run follows (services/common/retry_policy.py): the service's defaults
 -- (JSON text, settings AWOOOP_RETRY_*), overridden by its project's (awooop_project_flow's
@@ -22,16 +22,4 @@ RETURNS FLOAT8 LANGUAGE sql VOLATILE PARALLEL SAFE AS $$
                  (policy->>'initial_backoff')::float8
                  * power((policy->>'multiplier')::float8, greatest(failures - 1, 0)))
            * (1 - (policy->>'jitter')::float8 * random())
-$$;
-
--- A journal step a compensation undoes (services/common/compensatable.py): a completed tool call
--- with an undo command; 'compensating' counts too (a compensating call was started and its outcome
--- is not recorded yet, so the driver calls again with the same key). A run that ends FAILED or
--- CANCELLED with such a step gets a compensation request in the same statement
--- (services/scheduler/*.sql, `comp`). A plain expression: Postgres inlines it, so a scan of steps
--- plans as if the conditions were written out.
-CREATE FUNCTION awooop_step_to_undo(step_type TEXT, compensation_cmd JSONB, status TEXT)
-RETURNS BOOLEAN LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT step_type = 'tool_call' AND compensation_cmd IS NOT NULL AND compensation_cmd <> 'null'::jsonb
-           AND status IN ('completed', 'compensating')
 $$;
