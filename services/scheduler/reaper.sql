@@ -3,10 +3,10 @@
 -- name: ReapExpiredLeases
 -- RUNNING / WAITING_TOOL runs whose lease expired go back to PENDING while attempts are left, else
 -- FAILED "Max retry attempts exceeded" (seed 000 D3; error code E-RUN-MAX-ATTEMPTS); a run with a
--- pending cancel becomes CANCELLED instead. WAITING_APPROVAL holds
--- no lease and is never touched. Up to :batch runs; :only_run one run only (NULL: any; the pass's
--- fallback when a batch failed for one run's data); :policy the service's retry policy (JSON
--- text); :channel the wake-up channel.
+-- pending cancel becomes CANCELLED instead. WAITING_APPROVAL holds no lease and is never touched.
+-- Up to :batch runs; :only_run one run only (NULL: any; the pass's fallback when a batch failed
+-- for one run's data); :policy the service's retry policy (JSON text); :channel the wake-up
+-- channel.
 --
 -- `expired` picks expired leases with FOR UPDATE SKIP LOCKED (replicas take disjoint rows and never
 -- wait on a worker's write). Locking re-checks expiry in this same statement: a row whose
