@@ -1,7 +1,7 @@
 """Flow control (docs/flow-control.md): the claim statement's cost with runs it must not read,
 the lateness of delayed runs, and dispatch latency.
 
-- claim_cost_busy_key: the single-project claim statement (claiming.claim_sql, 10 runs, rolled
+- claim_cost_busy_key: the single-project claim statement (claims.sql ClaimRunsOneProject, 10 runs, rolled
   back so every execution sees the same rows) of a project with 1,000 ready runs and 10,000
   parked on a busy concurrency key, against the same statement for a project with the same
   1,000 ready runs and none parked.
@@ -42,7 +42,8 @@ from bench.config import Config
 from bench.ingest import ingest_event
 from bench.loadgen import run_processes, split
 from bench.report import Figure
-from services.scheduler import claiming
+from services.common import sql
+from services.scheduler import claim_answers, claiming
 
 PROJECT = "bench"
 MAX_BATCH = 1000  # IngestEvents' limit per call
@@ -103,24 +104,30 @@ BIG = "other-big"
 READY = 1000
 
 
-async def _once_ms(conn: asyncpg.Connection, sql: str, arg: Any) -> float:
+def _claim_args(st: sql.Statement, arg: Any) -> tuple[Any, ...]:
+    """A claim statement's parameters (no claim id) for the project(s) arg."""
+    projects = {"project": arg} if isinstance(arg, str) else {"projects": arg}
+    return st.args(**projects, lease_secs=60.0, worker_id="bench-w", actor="bench", **claim_answers.NO_KEY)
+
+
+async def _once_ms(conn: asyncpg.Connection, st: sql.Statement, arg: Any) -> float:
     """Milliseconds of one claim statement, in a transaction rolled back after it."""
     tr = conn.transaction()
     await tr.start()
     t0 = time.perf_counter()
-    await conn.fetch(sql, arg, 60.0, "bench-w", "bench")
+    await conn.fetch(st.sql, *_claim_args(st, arg))
     ms = (time.perf_counter() - t0) * 1000
     await tr.rollback()
     return ms
 
 
-async def _explain(conn: asyncpg.Connection, sql: str, arg: Any) -> dict[str, Any]:
+async def _explain(conn: asyncpg.Connection, st: sql.Statement, arg: Any) -> dict[str, Any]:
     """Buffers and rows of one execution (EXPLAIN ANALYZE, rolled back): the work it does."""
     tr = conn.transaction()
     await tr.start()
     try:
         (plan,) = json.loads(
-            await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, arg, 60.0, "bench-w", "bench")
+            await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + st.sql, *_claim_args(st, arg))
         )
     finally:
         await tr.rollback()
@@ -156,17 +163,17 @@ async def _claim_costs(stores: env.Stores, cfg: Config, figures: dict[str, Figur
             await conn.execute(READY_SQL, project, n)
         await conn.execute(PARKED_SQL, PROJECT, PARKED)
         await conn.execute("VACUUM ANALYZE awooop_run_state")
-        single = claiming.claim_sql(1, 10)
-        multi = claiming.claim_sql(2, 10)
-        sides: dict[str, tuple[str, Any]] = {
+        single = claiming.claim_statement(1, 10)
+        multi = claiming.claim_statement(2, 10)
+        sides: dict[str, tuple[sql.Statement, Any]] = {
             "busy": (single, PROJECT),
             "plain": (single, PLAIN),
             "big": (multi, [PLAIN, BIG]),
             "small": (multi, [PLAIN, SMALL]),
         }
-        for sql, arg in sides.values():  # warm: past asyncpg's five custom plans to the generic one
+        for st, arg in sides.values():  # warm: past asyncpg's five custom plans to the generic one
             for _ in range(10):
-                await _once_ms(conn, sql, arg)
+                await _once_ms(conn, st, arg)
         times: dict[str, list[float]] = {name: [] for name in sides}
         for r in range(rounds):
             await conn.execute("VACUUM awooop_run_state, awooop_audit_log")

@@ -3,7 +3,7 @@ services/scheduler/reaper.py, executed over the service's own pool setup).
 
 - Statement cost with many finished runs: the same database holds `reaper_expired` RUNNING
   runs with expired leases plus first 10k, then 1M finished runs (COMPLETED / FAILED /
-  CANCELLED, seeded with one INSERT ... SELECT generate_series). REAP_SQL (one batch) is
+  CANCELLED, seeded with one INSERT ... SELECT generate_series). ReapExpiredLeases (reaper.sql, one batch) is
   timed several times at each size, the expired runs being put back between executions
   (untimed); the median is the figure. EXPLAIN (ANALYZE, BUFFERS) of one execution at each
   size is kept, rolled back, as the secondary output.
@@ -90,6 +90,15 @@ async def _settle(seed: asyncpg.Connection) -> None:
         pass
 
 
+def _reap_args(reaper: Any, policy: str) -> tuple[Any, ...]:
+    """One batch of the reaper's statement, any run (not one)."""
+    return tuple(
+        reaper.REAP.args(
+            batch=reaper.REAP_BATCH, actor=reaper.REAPER_ACTOR, channel=_channel(), policy=policy, only_run=None
+        )
+    )
+
+
 async def _time_statement(pool: asyncpg.Pool, reaper: Any, expired: int, repeats: int, policy: str) -> dict[str, Any]:
     """Median of `repeats` executions of the reaper's statement with `expired` leases to take."""
     times = []
@@ -97,7 +106,7 @@ async def _time_statement(pool: asyncpg.Pool, reaper: Any, expired: int, repeats
         async with pool.acquire() as conn:
             await conn.execute(RESET_EXPIRED_SQL, expired)
             t0 = time.perf_counter()
-            rows = await conn.fetch(reaper.REAP_SQL, reaper.REAP_BATCH, reaper.REAPER_ACTOR, _channel(), policy, None)
+            rows = await conn.fetch(reaper.REAP.sql, *_reap_args(reaper, policy))
             times.append((time.perf_counter() - t0) * 1000)
         if len(rows) != min(expired, reaper.REAP_BATCH):
             raise RuntimeError(f"reaper statement reaped {len(rows)} runs, expected {expired}")
@@ -106,14 +115,7 @@ async def _time_statement(pool: asyncpg.Pool, reaper: Any, expired: int, repeats
         tx = conn.transaction()
         await tx.start()
         try:
-            plan = await conn.fetch(
-                "EXPLAIN (ANALYZE, BUFFERS) " + reaper.REAP_SQL,
-                reaper.REAP_BATCH,
-                reaper.REAPER_ACTOR,
-                _channel(),
-                policy,
-                None,  # any run, not one
-            )
+            plan = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + reaper.REAP.sql, *_reap_args(reaper, policy))
         finally:
             await tx.rollback()
     return {

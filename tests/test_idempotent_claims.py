@@ -267,19 +267,21 @@ async def test_a_bad_claim_id_is_invalid_argument_naming_the_field(s: Sched, cla
     assert [c.lease.run_id for c in ok.runs] == [rid]
 
 
-def test_the_claim_statements_without_a_claim_id_are_unchanged() -> None:
-    """A claim without claim_id pays nothing for the feature: its statements read and write no
-    answer."""
-    from services.scheduler import batch_complete, claiming
+async def test_a_claim_without_a_claim_id_records_no_answer(s: Sched) -> None:
+    """A claim without claim_id runs the same statement with its key NULL (claims.sql): it finds
+    no answer recorded and records none, with or without completions."""
+    (first, second) = await insert_runs(s.db, "p", 2)
+    got = await s.stub.ClaimRuns(pb.ClaimRunsRequest(worker_id="w1", project_ids=["p"], max_runs=1), metadata=s.worker)
+    assert [c.lease.run_id for c in got.runs] == [first]
+    done = pb.CompleteRunRequest(lease=got.runs[0].lease)
+    again = await s.stub.ClaimRuns(
+        pb.ClaimRunsRequest(worker_id="w1", project_ids=["p"], max_runs=1, complete=[done]), metadata=s.worker
+    )
+    assert [c.lease.run_id for c in again.runs] == [second] and len(again.completed) == 1
+    assert await s.db.fetchval(f"SELECT count(*) FROM {claim_answers.TABLE}") == 0
 
-    for sql in (claiming.claim_sql(1, 10), claiming.claim_sql(3, 10), batch_complete.complete_and_claim_sql(1, 10)):
-        assert claim_answers.TABLE not in sql
-    assert claim_answers.TABLE in claiming.claim_sql(1, 10, answered=True)
 
-
-async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_answer(
-    s: Sched, db_dsn: str
-) -> None:
+async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_answer(s: Sched, db_dsn: str) -> None:
     """Behind a transaction-mode pooler the claim runs as a PL/pgSQL function
     (services/common/server_plans.py): the racing retry's unique violation still names the
     answer's key, so it is run again and replays."""
@@ -287,11 +289,12 @@ async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_an
     from services.scheduler import claiming
 
     await insert_runs(s.db, "p", 4)
-    sql = claiming.claim_sql(1, 2, answered=True)
+    st = claiming.claim_statement(1, 2)
     first, second = [await asyncpg.connect(db_dsn, statement_cache_size=0) for _ in range(2)]
     try:
-        call = await server_plans.ensure(first, sql)
-        args = ("p", LEASE, "w1", "test", "service:worker-1", "racing", ["p"])
+        call = await server_plans.ensure(first, st.sql)
+        key = claim_answers.ClaimKey("service:worker-1", "w1", "racing", ("p",), 2, LEASE)
+        args = st.args(project="p", lease_secs=LEASE, worker_id="w1", actor="test", **key.params())
         tx = first.transaction()
         await tx.start()
         took = [r["run_id"] for r in await first.fetch(call, *args)]

@@ -34,6 +34,7 @@ from services.common.runstate import (
     fenced_refusal,
 )
 from services.common.validate import to_struct
+from services.scheduler import hand_back
 from tests.harness.helpers import ROOT, expect_error, reason_of
 from tests.harness.scheduler import Sched, audit_actions, insert_runs, lease, make_sched, run_row, snapshot
 
@@ -99,6 +100,10 @@ async def _act(s: Sched, action: Action, run_id: str) -> Any:
     if action is Action.CLAIM:
         await s.claim("w2")
         return None
+    if action is Action.HAND_BACK:  # the claim of attempt 1 (from PENDING) did not deliver it
+        claimed = {"run_id": uuid.UUID(run_id), "attempt_count": 1, "from_status": RunStatus.PENDING.value}
+        await hand_back.hand_back(s.db, [claimed], "w1", "test", hand_back.NO_ROOM)
+        return None
     if action is Action.REAP:
         await s.reap()
         return None
@@ -133,7 +138,7 @@ async def test_every_status_and_action_pair_does_what_the_table_says(
         )
         last = audit[-1]
         assert len(audit) == before[1] + 1, audit  # one audit row for the change
-        outcome = next(o for o in t.outcomes if o.audit == last["action"])
+        outcome = next(o for o in t.outcomes if (o.audit, o.to or status) == (last["action"], row["status"]))
         assert row["status"] == (outcome.to or status), (row["status"], outcome)
         assert (last["from_status"], last["to_status"]) == (status, row["status"])
         return
@@ -148,8 +153,8 @@ async def test_every_status_and_action_pair_does_what_the_table_says(
         assert err is None, err.details()
         return
     # (a fail is replayed only when the audit log holds that attempt's FailRun; none was written here)
-    if action in (Action.CLAIM, Action.REAP, Action.EXPIRE_APPROVAL, Action.REDRIVE):
-        return  # a background pass simply does not pick the run
+    if action in (Action.CLAIM, Action.HAND_BACK, Action.REAP, Action.EXPIRE_APPROVAL, Action.REDRIVE):
+        return  # a background pass (or the claim's own hand-back) simply does not pick the run
     assert err is not None, (status, action)
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()
     want = fenced_refusal(status, True, False) if t.fenced else Refusal.INVALID_TRANSITION
@@ -191,7 +196,8 @@ def test_the_named_sets_partition_as_declared() -> None:
             assert t.allowed_from == (RunStatus.FAILED,)
             continue
         assert not set(t.allowed_from) & set(TERMINAL), f"{t.action} leaves a terminal status"
-        assert t.outcomes and len({o.audit for o in t.outcomes}) == len(t.outcomes), t.action
+        # an outcome is told apart by its audit action and the status it ends in
+        assert t.outcomes and len({(o.audit, o.to) for o in t.outcomes}) == len(t.outcomes), t.action
 
 
 def test_the_protobuf_enum_names_every_status() -> None:
@@ -257,3 +263,25 @@ async def test_the_partial_indexes_cover_exactly_the_named_sets(db: Any) -> None
         definition = await db.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = $1", name)
         assert definition is not None, name
         assert set(re.findall(r"'([A-Z_]+)'", definition)) == {s.value for s in statuses}, definition
+
+
+def test_the_named_statements_write_only_declared_statuses_and_sets() -> None:
+    """The scheduler's statements (services/scheduler/*.sql) write the store's status and audit
+    values as literals: each one quoted there is declared here (RunStatus or Audit), and each list
+    of statuses they test is one of the declared sets or a transition's allowed-from statuses."""
+    from services.common import runstate, sql
+
+    declared = {s.value for s in STATUSES} | {a.value for a in runstate.Audit}
+    sets = {frozenset(CLAIMABLE), frozenset(LEASED), frozenset(TERMINAL), frozenset(CANCELLABLE)}
+    sets |= {frozenset(runstate.COMPENSATABLE), frozenset(runstate.WAITING)}
+    sets |= {frozenset(t.allowed_from) for t in TRANSITIONS.values()}
+    files = sql.statement_files(ROOT / "services" / "scheduler")
+    assert files
+    for path in files:
+        text = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("--"))
+        for literal in re.findall(r"'([A-Z][A-Z_]+)'", text):
+            assert literal in declared, f"{path.name}: '{literal}' is not a declared status or audit action"
+        for listed in re.findall(r"\bIN \(('[A-Z_]+'(?:, '[A-Z_]+')*)\)", text):
+            statuses = frozenset(re.findall(r"'([A-Z_]+)'", listed))
+            if statuses <= {s.value for s in STATUSES} and len(statuses) > 1:
+                assert statuses in sets, f"{path.name}: IN ({listed}) is no declared set of statuses"

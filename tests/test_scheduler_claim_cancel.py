@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY
 
 from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
-from services.scheduler import budget
+from services.scheduler import hand_back
 from tests.harness.helpers import eventually
 from tests.harness.infra import key_on
 from tests.harness.pgcluster import PgCluster, create_migrated_db
@@ -211,7 +211,7 @@ async def test_a_claim_that_commits_after_its_call_ended_is_handed_back_at_once_
         reason = await conn.fetchval(
             "SELECT reason FROM awooop_audit_log WHERE run_id = $1 AND action = 'RELEASED'", uuid.UUID(run_id)
         )
-        assert reason == budget.CALLER_GONE
+        assert reason == hand_back.CALLER_GONE
         assert (REGISTRY.get_sample_value("awooop_scheduler_claim_undelivered_total") or 0) >= 1
     finally:
         await conn.close()

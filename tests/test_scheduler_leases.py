@@ -164,15 +164,27 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
     )
     ids = await insert_runs(s.db, "p", 3)
     await s.db.execute("ANALYZE awooop_run_state")
-    statements = {
-        "claim": (claiming.claim_sql(1, 10), "('p', 60.0, 'w1', 'test')"),
-        "complete and claim": (
-            batch_complete.complete_and_claim_sql(1, 10),
-            f"(ARRAY{[str(i) for i in ids]}::uuid[], '{{1,1,1}}', ARRAY['{{}}', '{{}}', '{{}}'],"
-            " '{RUNNING}', NULL, 'test', 'p', 60.0, 'w1')",
-        ),
+    # the parameters as SQL literals, by name (a claim without a claim id: its key NULL)
+    literals = {
+        "project": "'p'",
+        "lease_secs": "60.0",
+        "worker_id": "'w1'",
+        "actor": "'test'",
+        "principal": "NULL",
+        "claim_id": "NULL",
+        "sorted_projects": "NULL",
+        "run_ids": f"ARRAY{[str(i) for i in ids]}::uuid[]",
+        "attempts": "'{1,1,1}'",
+        "outputs": "ARRAY['{}', '{}', '{}']",
+        "allowed": "'{RUNNING}'",
+        "worker_projects": "NULL",
     }
-    for name, (sql, args) in statements.items():
+    statements = {
+        "claim": claiming.claim_statement(1, 10),
+        "complete and claim": batch_complete.complete_and_claim_statement(1, 10),
+    }
+    for name, st in statements.items():
+        sql, args = st.sql, "(" + ", ".join(literals[p] for p in st.params) + ")"
         async with s.db.transaction():
             await s.db.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             await s.db.execute(f"PREPARE generic_claim AS {sql}")
@@ -185,9 +197,9 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
 async def test_the_multi_project_claim_settles_on_its_generic_plan(s: Sched) -> None:
     """A worker claiming for several projects sends one prepared statement per call; after its
     five custom plans Postgres must keep the generic one, not plan the statement on every call.
-    Without the projects' count in the text (claiming.claim_ctes) it planned per call on these
-    statistics: its generic plan costed ten projects' scans."""
-    from services.scheduler import claiming
+    Without the projects' count in the text (claims.sql ClaimRunsProjects, {{count}}) it planned
+    per call on these statistics: its generic plan costed ten projects' scans."""
+    from services.scheduler import claim_answers, claiming
 
     await s.db.execute(
         """INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, status, not_before, created_at)
@@ -197,11 +209,13 @@ async def test_the_multi_project_claim_settles_on_its_generic_plan(s: Sched) -> 
                   generate_series(1, v.n) AS g"""
     )
     await s.db.execute("VACUUM ANALYZE awooop_run_state")
-    sql = claiming.claim_sql(2, 10)
+    st = claiming.claim_statement(2, 10)
+    sql = st.sql
     for projects in [["q", "big"]] * 6 + [["q", "small"]] * 6:
         tr = s.db.transaction()
         await tr.start()
-        assert len(await s.db.fetch(sql, projects, 60.0, "w1", "test")) == 10
+        args = st.args(projects=projects, lease_secs=60.0, worker_id="w1", actor="test", **claim_answers.NO_KEY)
+        assert len(await s.db.fetch(sql, *args)) == 10
         await tr.rollback()
     plans = await s.db.fetchrow(
         "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1", sql

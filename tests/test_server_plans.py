@@ -17,14 +17,21 @@ import pytest
 from services.common import server_plans
 from services.common.db import create_pool
 from services.common.settings import Settings
-from services.scheduler import claiming, leases
-from services.scheduler.batch_complete import COMPLETE_MANY_SQL
+from services.scheduler import claim_answers, claiming, leases
+from services.scheduler.batch_complete import COMPLETE_MANY
 from tests.harness.helpers import eventually
 from tests.harness.pgbouncer import PgBouncer, start_pgbouncer
 from tests.harness.scheduler import insert_runs
 
 PROJECT = "plans"
-CLAIM = claiming.claim_sql(1, 5)
+CLAIM_STATEMENT = claiming.claim_statement(1, 5)
+CLAIM = CLAIM_STATEMENT.sql
+
+
+def _claim_args(project: str, worker_id: str) -> tuple[object, ...]:
+    return CLAIM_STATEMENT.args(
+        project=project, lease_secs=30.0, worker_id=worker_id, actor="test", **claim_answers.NO_KEY
+    )
 
 
 @pytest.fixture
@@ -70,7 +77,7 @@ async def test_the_claim_cycle_runs_through_its_functions_behind_pgbouncer_and_h
         run_ids = set(await insert_runs(db, PROJECT, 60))
         # the first claim (of a project without runs) runs the plain statement and starts
         # creating its function
-        await pool.fetch(CLAIM, "nothing-here", 30.0, "warm-up", "test")
+        await pool.fetch(CLAIM, *_claim_args("nothing-here", "warm-up"))
         plans = await _plans(pool)
         await plans.wait()
         assert plans.ready == 1
@@ -79,15 +86,26 @@ async def test_the_claim_cycle_runs_through_its_functions_behind_pgbouncer_and_h
 
         async def worker(w: int) -> None:  # claim -> heartbeat -> complete, concurrently
             for _ in range(20):
-                rows = await pool.fetch(CLAIM, PROJECT, 30.0, f"w{w}", "test")
+                rows = await pool.fetch(CLAIM, *_claim_args(PROJECT, f"w{w}"))
                 rows = [r for r in rows if r["run_id"] is not None]
                 if not rows:
                     return
                 claimed.extend(r["run_id"] for r in rows)
                 ids, attempts = [r["run_id"] for r in rows], [r["attempt_count"] for r in rows]
-                renewed = await pool.fetch(leases.HEARTBEAT_SQL, ids, attempts, f"w{w}", 30.0, None)
+                beat = leases.HEARTBEAT.args(
+                    run_ids=ids, attempts=attempts, worker_id=f"w{w}", lease_secs=30.0, worker_projects=None
+                )
+                renewed = await pool.fetch(leases.HEARTBEAT.sql, *beat)
                 assert len(renewed) == len(rows)
-                done = await pool.fetch(COMPLETE_MANY_SQL, ids, attempts, ["{}"] * len(ids), ["RUNNING"], None, "test")
+                items = COMPLETE_MANY.args(
+                    run_ids=ids,
+                    attempts=attempts,
+                    outputs=["{}"] * len(ids),
+                    allowed=["RUNNING"],
+                    worker_projects=None,
+                    actor="test",
+                )
+                done = await pool.fetch(COMPLETE_MANY.sql, *items)
                 assert all(r["run_id"] is not None for r in done)
 
         await asyncio.gather(*(worker(w) for w in range(6)))
@@ -128,10 +146,10 @@ async def test_without_create_privilege_the_statement_stays_plain_and_says_so_on
         _pooled(settings, bouncer, db_dsn).with_(database_direct_url=db_dsn.replace("postgres@", f"{role}@", 1))
     )
     try:
-        first = await pool.fetch(CLAIM, PROJECT, 30.0, "w", "test")
+        first = await pool.fetch(CLAIM, *_claim_args(PROJECT, "w"))
         plans = await _plans(pool)
         await plans.wait()
-        again = await pool.fetch(claiming.claim_sql(1, 5), "other", 30.0, "w", "test")
+        again = await pool.fetch(CLAIM, *_claim_args("other", "w"))
     finally:
         await pool.close()
         await db.execute(f"DROP ROLE {role}")
@@ -147,14 +165,14 @@ async def test_a_dropped_function_falls_back_to_the_plain_statement(
 ) -> None:
     pool = await create_pool(_pooled(settings, bouncer, db_dsn))
     try:
-        await pool.fetch(CLAIM, PROJECT, 30.0, "w", "test")
+        await pool.fetch(CLAIM, *_claim_args(PROJECT, "w"))
         plans = await _plans(pool)
         await plans.wait()
         assert plans.ready == 1
         (name,) = await db.fetchrow("SELECT proname FROM pg_proc WHERE proname LIKE 'awooop_plan_%'")
         await db.execute(f"DROP FUNCTION {name}")
         (run_id,) = await insert_runs(db, PROJECT, 1)
-        rows = await pool.fetch(CLAIM, PROJECT, 30.0, "w", "test")  # the call fails; the plain statement runs
+        rows = await pool.fetch(CLAIM, *_claim_args(PROJECT, "w"))  # the call fails; the plain statement runs
         assert [str(r["run_id"]) for r in rows] == [run_id]
         assert plans.ready == 0
     finally:

@@ -237,7 +237,7 @@ async def claim_runs(env: Env, fault: Fault) -> None:
 async def heartbeat(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     req = spb.HeartbeatRequest(worker_id="w1", leases=[c.lease])
-    await env.faulted(leases.HEARTBEAT_SQL, fault, lambda: env.sched.Heartbeat(req))
+    await env.faulted(leases.HEARTBEAT.sql, fault, lambda: env.sched.Heartbeat(req))
     again = await env.sched.Heartbeat(req)
     assert [r.outcome for r in again.renewals] == [spb.LEASE_OUTCOME_RENEWED]
     row = await env.run(c.run.run_id)
@@ -257,7 +257,7 @@ async def complete_run(env: Env, fault: Fault) -> None:
 async def complete_runs(env: Env, fault: Fault) -> None:
     claimed = await env.claimed(2)
     req = spb.CompleteRunsRequest(runs=[spb.CompleteRunRequest(lease=c.lease) for c in claimed])
-    await env.faulted(batch_complete.COMPLETE_MANY_SQL, fault, lambda: env.sched.CompleteRuns(req))
+    await env.faulted(batch_complete.COMPLETE_MANY.sql, fault, lambda: env.sched.CompleteRuns(req))
     again = await env.sched.CompleteRuns(req)
     assert [(r.run.run_id, r.run.status, r.error_reason) for r in again.results] == [
         (c.run.run_id, common_pb2.RUN_STATUS_COMPLETED, "") for c in claimed
@@ -320,7 +320,7 @@ async def acknowledge_cancel(env: Env, fault: Fault) -> None:
 async def cancel_run(env: Env, fault: Fault) -> None:
     (run_id,) = await env.pending_runs(1)
     req = spb.CancelRunRequest(run_id=run_id, reason="not needed")
-    await env.faulted(transitions.CANCEL_SQL, fault, lambda: env.sched.CancelRun(req))
+    await env.faulted(transitions.CANCEL.sql, fault, lambda: env.sched.CancelRun(req))
     again = await env.sched.CancelRun(req)
     assert again.run.status == common_pb2.RUN_STATUS_CANCELLED
     assert await env.audits("CANCELLED") == 1
@@ -355,7 +355,7 @@ async def _waiting_approval(env: Env) -> tuple[str, str]:
 async def _decide(env: Env, fault: Fault, decision: spb.Decision.ValueType, status: str, audit: str) -> None:
     run_id, token = await _waiting_approval(env)
     req = spb.DecideApprovalRequest(run_id=run_id, approval_token=token, decision=decision, reason="looked at it")
-    await env.faulted(approvals.DECIDE_SQL, fault, lambda: env.sched.DecideApproval(req))
+    await env.faulted(approvals.DECIDE.sql, fault, lambda: env.sched.DecideApproval(req))
     again = await env.sched.DecideApproval(req)
     assert common_pb2.RunStatus.Name(again.run.status) == f"RUN_STATUS_{status}"
     assert (await env.run(run_id))["status"] == status

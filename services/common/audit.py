@@ -6,15 +6,16 @@ from typing import Any
 
 import asyncpg
 
+from services.common import sql
 from services.common.db import Conn
 
-# The audit row's columns, in the order every INSERT of the project writes them (an
-# `AUDIT_INSERT SELECT ...` or `VALUES` lists exactly these).
+INSERT = sql.load(__file__, "audit.sql")["InsertAuditRow"]
+
+# The audit row's columns, in the order every INSERT writes them: for the statements not yet
+# named (services/common/sql.py) that still put theirs together from this.
 AUDIT_INSERT = (
     "INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)"
 )
-
-AUDIT_SQL = f"{AUDIT_INSERT} VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
 
 
 async def audit(
@@ -30,4 +31,14 @@ async def audit(
     details: dict[str, Any] | None = None,
 ) -> None:
     """One audit row. Call it inside the transaction of the change it records."""
-    await conn.execute(AUDIT_SQL, project_id, run_id, actor, action, from_status, to_status, reason, details or {})
+    args = INSERT.args(
+        project_id=project_id,
+        run_id=run_id,
+        actor=actor,
+        action=action,
+        from_status=from_status,
+        to_status=to_status,
+        reason=reason,
+        details=details or {},
+    )
+    await conn.execute(INSERT.sql, *args)

@@ -1,7 +1,10 @@
 """Which journal steps a compensation undoes, shared by the scheduler (which records a
 compensation request when a run ends with such steps) and the saga driver (which undoes them):
 a completed tool call with an undo command. 'compensating' counts too: a compensating call
-was started and its outcome is not recorded yet, so the driver calls again with the same key."""
+was started and its outcome is not recorded yet, so the driver calls again with the same key.
+
+The scheduler's named statements write the condition out (services/scheduler/*.sql, `comp`);
+this fragment remains for the saga's statements until they are named (issue 26)."""
 
 from __future__ import annotations
 

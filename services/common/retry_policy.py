@@ -102,7 +102,11 @@ def to_pb(policy: Policy) -> common_pb2.RetryPolicy:
     return pb
 
 
-# --- SQL (the rules above, written once) ---------------------------------------------------
+# --- SQL ---------------------------------------------------------------------------------
+# The rules above as SQL are the functions of migration 0135: awooop_effective_retry_policy
+# (defaults, then project, then run) and awooop_retry_delay (the n-th failure's wait); the
+# scheduler's statements call them (services/scheduler/fenced_writes.sql, reaper.sql). The two
+# fragments below remain for ingest's insert statements until they are named (issue 26).
 
 
 def effective_sql(project_sql: str, run_policy_sql: str, defaults_sql: str) -> str:
@@ -110,19 +114,6 @@ def effective_sql(project_sql: str, run_policy_sql: str, defaults_sql: str) -> s
     return f"""({defaults_sql}::text::jsonb
         || COALESCE((SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = {project_sql}), '{{}}')
         || COALESCE({run_policy_sql}, '{{}}'))"""
-
-
-def delay_sql(policy_sql: str, failures_sql: str) -> str:
-    """Seconds the failures_sql-th failure waits under the policy."""
-    return f"""(least(({policy_sql}->>'{MAX_DELAY}')::float8,
-              ({policy_sql}->>'{INITIAL}')::float8
-              * power(({policy_sql}->>'{MULTIPLIER}')::float8, greatest({failures_sql} - 1, 0)))
-        * (1 - ({policy_sql}->>'{JITTER}')::float8 * random()))"""
-
-
-def non_retryable_sql(policy_sql: str, code_sql: str) -> str:
-    """The error code is one the policy never retries."""
-    return f"(COALESCE({policy_sql}->'{NON_RETRYABLE}', '[]'::jsonb) ? COALESCE({code_sql}, ''))"
 
 
 def max_attempts_sql(requested_sql: str, policy_sql: str) -> str:

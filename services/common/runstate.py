@@ -2,15 +2,16 @@
 and every transition with the statuses it may start from, where it may end, whether it is
 fenced by the lease token, and the audit action it writes.
 
-This module is the one place these facts are declared. The SQL guards and audit actions of
-the scheduler's statements, the allowed-from lists they bind, and the error of a refused
-transition are built from it; the CHECK constraint of migration 0001, the protobuf RunStatus
-enum and the README's diagram are checked against it (tests/test_runstate.py), and a test
-runs every (status, action) pair against the real store.
+This module is the one place these facts are declared. The fenced writes bind their
+allowed-from lists from it, and the error of a refused transition is chosen by it; the CHECK
+constraint of migration 0001, the protobuf RunStatus enum and the README's diagram are checked
+against it, and a test runs every (status, action) pair against the real store, so the named
+statements' guards and audit actions (services/scheduler/*.sql) are held to it
+(tests/test_runstate.py).
 
-A transition is one SQL statement (scheduler/transitions.py, approvals.py, reaper.py,
-claiming.py, batch_complete.py): its `WHERE` allows exactly `allowed_from`, its `SET`
-chooses one of `outcomes`, and it writes the outcome's audit row in the same statement.
+A transition is one SQL statement (services/scheduler/fenced_writes.sql, claims.sql,
+approvals.sql, reaper.sql): its `WHERE` allows exactly `allowed_from`, its `SET` chooses one of
+`outcomes`, and it writes the outcome's audit row in the same statement.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Action(StrEnum):
     """What may happen to a run (the RPC or background pass in brackets)."""
 
     CLAIM = "claim"  # ClaimRuns, CompleteRuns' claim
+    HAND_BACK = "hand_back"  # ClaimRuns, of claimed runs it does not deliver (scheduler/hand_back.py)
     COMPLETE = "complete"  # CompleteRun, CompleteRuns
     FAIL = "fail"  # FailRun
     RELEASE = "release"  # ReleaseRun
@@ -103,6 +105,8 @@ class Audit(StrEnum):
     LOOP_ERROR = "LOOP_ERROR"
     # not a status change: a repeated RequestApproval of the same lease replaced a token never seen
     APPROVAL_TOKEN_REISSUED = "APPROVAL_TOKEN_REISSUED"
+    # not a run's change: a project's concurrency or rate limit of a key was set or removed
+    CONCURRENCY_LIMIT_SET = "CONCURRENCY_LIMIT_SET"
 
 
 @dataclass(frozen=True)
@@ -142,11 +146,6 @@ class Transition:
                 return o.audit
         raise KeyError(f"{self.action} never ends in {to}")
 
-    def audit_case(self, column: str = "status") -> str:
-        """SQL: the audit action for the row's new status (`CASE status WHEN ... END`)."""
-        whens = " ".join(f"WHEN '{o.to}' THEN '{o.audit}'" for o in self.outcomes if o.to is not None)
-        return f"CASE {column} {whens} END"
-
 
 def _t(
     action: Action,
@@ -168,6 +167,14 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.RUNNING, Audit.CLAIMED, "past not_before (backoff, delay), attempts left; a new lease and token"),
             fenced=False,
             describe="claim",
+        ),
+        _t(
+            Action.HAND_BACK,
+            [S.RUNNING],
+            Outcome(S.PENDING, Audit.RELEASED, "claimed from PENDING; not delivered; the attempt is not spent"),
+            Outcome(S.RESUMED, Audit.RELEASED, "claimed from RESUMED; not delivered; the attempt is not spent"),
+            fenced=False,
+            describe="hand back",
         ),
         _t(
             Action.COMPLETE,
@@ -302,7 +309,7 @@ def fenced_refusal(status: str, token_is_current: bool, lease_was_reaped: bool) 
     return Refusal.INVALID_TRANSITION
 
 
-# --- SQL pieces of the rules above (each defined once) ------------------------------------
+# --- SQL pieces of the rules above, for statements not yet named (services/common/sql.py) ----
 
 
 def sql_list(statuses: Iterable[str]) -> str:
@@ -314,7 +321,3 @@ def attempts_left(alias: str = "") -> str:
     """A run has attempts left: hand-backs (ReleaseRun, approval) are not spent attempts."""
     a = f"{alias}." if alias else ""
     return f"{a}attempt_count - {a}released_count < {a}max_attempts"
-
-
-# The SET items that end a lease (the run keeps its attempt_count, the token of the next claim).
-DROP_LEASE = "lease_until = NULL, worker_id = NULL"

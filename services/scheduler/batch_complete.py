@@ -1,14 +1,12 @@
-"""CompleteRuns: many CompleteRun calls in ONE statement.
+"""CompleteRuns: many CompleteRun calls in ONE statement (claims.sql CompleteRuns), and the
+claim that carries completions (claims.sql CompleteAndClaimOneProject / CompleteAndClaimProjects).
 
-Per item the rules are CompleteRun's (transitions.COMPLETE): the same SET list, the same
-fence (token, status, role; fragments.fence_where) and the same audit row, and when an item
-changed nothing its error is chosen from the locked row by the same helper
-(fragments.fenced_refusal). The batch is not atomic: each item succeeds or fails on its own.
-
-Rows are locked in run_id order, so overlapping batches running at the same time wait for
-each other instead of deadlocking. A run named twice is completed at most once: the first
-item whose token names the current attempt wins, and the others are answered as if they had
-arrived one after the other (before the winner: the pre-state; after it: COMPLETED).
+Per item the rules are CompleteRun's (fenced_writes.sql CompleteRun): the same SET list, fence
+and audit row, and when an item changed nothing its error is chosen from the locked row by the
+same helper (refusals.fenced_refusal). The batch is not atomic: each item succeeds or fails on
+its own. A run named twice is completed at most once: the first item whose token names the
+current attempt wins, and the others are answered as if they had arrived one after the other
+(before the winner: the pre-state; after it: COMPLETED).
 """
 
 from __future__ import annotations
@@ -20,135 +18,34 @@ from typing import Any
 
 import asyncpg
 
-from services.common import errors
+from services.common import errors, sql
 from services.common.access import check_run_access, projects_with
-from services.common.audit import AUDIT_INSERT
 from services.common.auth import Principal
 from services.common.db import Row, fetch_again_on_deadlock
-from services.common.runs import RUN_COLUMNS
-from services.common.runstate import Audit, RunStatus
+from services.common.runstate import RunStatus
 from services.common.server_plans import keep_plan
-from services.scheduler import budget, claim_answers, metrics, replays
+from services.scheduler import claim_answers, hand_back, metrics, replays
 from services.scheduler.claim_answers import ClaimKey
-from services.scheduler.claiming import Claim, claim_ctes, hand_back_undelivered, projects_arg
-from services.scheduler.fragments import (
-    CUR_COLUMNS,
-    FENCED_AUDIT_DETAILS,
-    RUN_COLUMNS_R,
-    complete_set,
-    fence_where,
-    fenced_refusal,
-)
+from services.scheduler.claiming import Claim, projects_args
+from services.scheduler.refusals import fenced_refusal
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.transitions import COMPLETE, WORKER_ROLE, Changed, settled
 
-
-def complete_ctes(*, claiming: bool) -> str:
-    """$1 run ids, $2 attempts, $3 outputs (JSON text), all in request order; $4 allowed statuses,
-    $5 projects where the caller is a worker (NULL: all), $6 actor. The locked rows (`cur`), the
-    concurrency keys the statement locks (`held_keys`), the winning item per run (`win`), the
-    completed rows (`upd`) and their audit rows (`aud`).
-
-    held_keys: the locked runs' keys (with claiming, the picked runs' too), locked in key order in
-    one pass before `upd` starts; the triggers that give the completed runs' slots back, and the
-    claim's awooop_grant_keys, then find them held. Taken run by run, in the order the rows
-    happen to be updated, they could close a cycle (a deadlock) with a claim or a batch sharing
-    the keys."""
-    picked = ""
-    if claiming:
-        picked = "\n             UNION ALL SELECT p.project_id, k FROM picked p CROSS JOIN LATERAL unnest(p.ckeys) AS k"
-    return f"""items AS (
-    SELECT t.item, t.run_id, t.attempt, t.output::jsonb AS output
-      FROM unnest($1::uuid[], $2::int[], $3::text[]) WITH ORDINALITY AS t(run_id, attempt, output, item)
-),
-cur AS (
-    SELECT {CUR_COLUMNS}, concurrency_keys AS cur_keys
-      FROM awooop_run_state
-     WHERE run_id IN (SELECT run_id FROM items)
-     ORDER BY run_id
-       FOR UPDATE
-),
-held_keys AS MATERIALIZED (
-    SELECT l.project_id, l.key FROM awooop_concurrency_limit l
-     WHERE (l.project_id, l.key) IN (
-             SELECT c.cur_project, k FROM cur c CROSS JOIN LATERAL unnest(c.cur_keys) AS k{picked})
-     ORDER BY l.project_id, l.key
-       FOR UPDATE
-),
-win AS (
-    SELECT DISTINCT ON (it.run_id) it.item, it.run_id, it.attempt, it.output, cur.cur_status, cur.cur_worker
-      FROM items it JOIN cur ON cur.cur_run_id = it.run_id
-     WHERE it.attempt = cur.cur_attempt
-     ORDER BY it.run_id, it.item
-),
-upd AS (
-    UPDATE awooop_run_state r
-       SET {complete_set("w.output")}, updated_at = now()
-      FROM win w
-     WHERE r.run_id = w.run_id
-       AND {fence_where("w.attempt", "$4::text[]", "$5::text[]")}
-       AND (SELECT count(*) FROM held_keys) >= 0
- RETURNING {RUN_COLUMNS_R}, w.cur_status AS from_status, w.item AS upd_item, w.cur_worker AS prev_worker
-),
-aud AS (
-    {AUDIT_INSERT}
-    SELECT project_id, run_id, $6, '{Audit.COMPLETED}', from_status, status, NULL, {FENCED_AUDIT_DETAILS}
-      FROM upd
-)"""
-
-
-def complete_items_select(extra: str = "") -> str:
-    """One row per item, in order: the locked row's state (cur_*; NULL when the run does not
-    exist) and, when this item completed the run, the changed row (run_id not NULL); extra: more
-    columns."""
-    return f"""SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger, NULL::float8 AS claim_wait{extra}
-  FROM items it
-  LEFT JOIN cur ON cur.cur_run_id = it.run_id
-  LEFT JOIN upd ON upd.upd_item = it.item"""
-
-
-COMPLETE_ITEMS_SELECT = complete_items_select()
-
-COMPLETE_MANY_SQL = keep_plan(f"""
-WITH {complete_ctes(claiming=False)}
-{COMPLETE_ITEMS_SELECT}
- ORDER BY it.item
-""")
-
-
-# claimed's columns but claim_wait, which goes last (under the first branch's claim_wait)
-CLAIMED_COLUMNS = ", ".join(f"claimed.{c.strip()}" for c in RUN_COLUMNS.split(","))
+Q = sql.load(__file__, "claims.sql")
+COMPLETE_MANY = Q["CompleteRuns"]
+keep_plan(COMPLETE_MANY.sql)
 
 
 @functools.lru_cache(maxsize=512)
-def complete_and_claim_sql(count: int, max_runs: int, *, answered: bool = False) -> str:
-    """ClaimRuns carrying completions: COMPLETE_MANY_SQL's parameters, then $7 project(s), $8
-    lease seconds, $9 worker id (actor: $6); max_runs and count as claiming.claim_ctes. answered
-    (a claim with a claim id): $10 principal, $11 claim id, $12 sorted projects, and every row
-    carries `recorded` (an answer was recorded for the claim id before: nothing was claimed).
-
-    One statement, one commit: the items are completed first (the claim's scan starts after
-    `cur` locked them: a one-time filter), then up to max_runs runs are claimed. The two never
-    touch the same row: `upd` changes rows that are RUNNING in the statement's snapshot, the
-    claim rows that are PENDING/RESUMED in it. Rows with item NULL are the claimed runs
-    (oldest first), after the items' rows in item order. RECURSIVE (nothing recurses) lets
-    held_keys name `picked`, which comes later in the list: the statement locks the keys of the
-    runs it completes and of those it picks in one ordered pass."""
-    answer = ("$10", "$11") if answered else None
-    recorded = f", {claim_answers.RECORDED}" if answered else ""
-    ctes = claim_ctes(
-        "$7", max_runs, "$8", "$9", "$6", count=count, after="(SELECT count(*) FROM cur) >= 0", answered=answer
-    )
-    return keep_plan(f"""
-WITH RECURSIVE {complete_ctes(claiming=True)},
-{ctes}
-{complete_items_select(recorded)}
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, {CLAIMED_COLUMNS}, claimed.from_status,
-       NULL, NULL, NULL, claimed.claim_wait{recorded}
-  FROM claimed
- ORDER BY item, created_at
-""")
+def complete_and_claim_statement(count: int, max_runs: int) -> sql.Statement:
+    """CompleteRuns, then the claim of `count` distinct projects for up to max_runs runs, in one
+    statement (claims.sql; the numbers are written into the text as the claim's)."""
+    if count == 1:
+        st = Q["CompleteAndClaimOneProject"].variant(max_runs=max_runs)
+    else:
+        st = Q["CompleteAndClaimProjects"].variant(max_runs=max_runs, count=count)
+    keep_plan(st.sql)
+    return st
 
 
 @dataclass(frozen=True)
@@ -165,7 +62,7 @@ async def complete_many(
     CompleteRun would have raised for that item."""
     # the runs' triggers give their keys' slots back in the order the rows are updated, which a
     # batch cannot fix: should two such statements deadlock, the one aborted changed nothing
-    rows = await fetch_again_on_deadlock(pool, COMPLETE_MANY_SQL, *_params(principal, items))
+    rows = await fetch_again_on_deadlock(pool, COMPLETE_MANY.sql, *COMPLETE_MANY.args(**_params(principal, items)))
     return await _with_replays(pool, items, _outcomes(principal, items, rows, saga))
 
 
@@ -184,13 +81,14 @@ async def complete_and_claim(
     """complete_many, then a claim (claiming.claim_once), in one statement: the items' outcomes
     in order, and the claim (its rows oldest first; with a claim key whose answer is recorded,
     that answer: the items are still completed, or replayed, as always)."""
-    count, arg = projects_arg(projects)
-    sql = complete_and_claim_sql(count, max_runs, answered=key is not None)
-    params = (*_params(principal, items), arg, lease_ttl, worker_id, *(key.params() if key is not None else ()))
+    count, named = projects_args(projects)
+    st = complete_and_claim_statement(count, max_runs)
+    keyed = key.params() if key is not None else claim_answers.NO_KEY
+    args = st.args(**_params(principal, items), **named, lease_secs=lease_ttl, worker_id=worker_id, **keyed)
     for again in (True, False):
         try:
             # as complete_many (a deadlock aborts the statement whole: nothing completed, nothing claimed)
-            rows = await fetch_again_on_deadlock(pool, sql, *params)
+            rows = await fetch_again_on_deadlock(pool, st.sql, *args)
             break
         except asyncpg.exceptions.UniqueViolationError as err:
             # a concurrent call of the claim id recorded its answer first: this statement changed
@@ -209,20 +107,21 @@ async def complete_and_claim(
     except Exception:
         # the claim is committed, but the call answers an error (a replay read failed): its runs
         # go back now instead of waiting RUNNING for their lease to expire
-        await hand_back_undelivered(pool, claim.taken, worker_id, principal.actor, budget.ANSWER_FAILED)
+        await hand_back.undelivered(pool, claim.taken, worker_id, principal.actor, hand_back.ANSWER_FAILED)
         raise
     return outcomes, claim
 
 
-def _params(principal: Principal, items: list[Item]) -> tuple[Any, ...]:
-    return (
-        [it.run_id for it in items],
-        [it.attempt for it in items],
-        [json.dumps(it.output, separators=(",", ":")) for it in items],
-        list(COMPLETE.allowed),
-        projects_with(principal, WORKER_ROLE),
-        principal.actor,
-    )
+def _params(principal: Principal, items: list[Item]) -> dict[str, Any]:
+    """CompleteRuns' parameters by name."""
+    return {
+        "run_ids": [it.run_id for it in items],
+        "attempts": [it.attempt for it in items],
+        "outputs": [json.dumps(it.output, separators=(",", ":")) for it in items],
+        "allowed": list(COMPLETE.allowed),
+        "worker_projects": projects_with(principal, WORKER_ROLE),
+        "actor": principal.actor,
+    }
 
 
 def _outcomes(

@@ -3,14 +3,16 @@ answer in its own statement, so a retry of a claim whose answer was lost (a clie
 dropped connection, a scheduler that died after the commit) answers the same leases at once
 instead of claiming more and leaving the first runs RUNNING until their lease expires.
 
-The claim statement (claiming.claim_ctes with `answered`) gains two CTEs:
+Every claim statement of claims.sql has two CTEs for it:
 
 - `prior`: the answer already recorded for (principal, worker id, claim id), one primary-key
   probe; when there is one, the claim's scans do not start (a one-time filter) and the
   statement reports it (`recorded`), and the call answers replay() instead;
 - `recorded`: the claimed runs as (run_id, attempt) pairs and the claim's parameters, inserted
-  only when the claim took runs (an empty claim records nothing, so a long-poll's next round or
-  a retry claims as usual).
+  only when the claim carries a claim id and took runs (an empty claim records nothing, so a
+  long-poll's next round or a retry claims as usual).
+
+A claim without a claim id runs the same statement with the key's parameters NULL (NO_KEY).
 
 Concurrent calls with one claim id (retries racing their first attempt) each claim other runs
 (SKIP LOCKED), and the second INSERT of the key waits for the first call's commit and then fails
@@ -30,17 +32,16 @@ from typing import Any
 
 import asyncpg
 
-from services.common import errors
-from services.common.runstate import LEASED, sql_list
-from services.scheduler.fragments import RUN_COLUMNS_R
+from services.common import errors, sql
+
+Q = sql.load(__file__, "claims.sql")
+REPLAY = Q["ReplayClaimAnswer"]
+PRUNE = Q["PruneClaimAnswers"]
 
 TABLE = "awooop_claim_answer"
 PRIMARY_KEY = f"{TABLE}_pkey"
-
-# the claim's scans start only when no answer is recorded for its key yet
-NOT_RECORDED = "NOT EXISTS (SELECT 1 FROM prior)"
-# the statement's report that an answer was recorded before it (it then claimed nothing)
-RECORDED = "EXISTS (SELECT 1 FROM prior) AS recorded"
+# the claim statements' key parameters of a claim without a claim id
+NO_KEY: dict[str, Any] = {"principal": None, "claim_id": None, "sorted_projects": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,31 +56,9 @@ class ClaimKey:
     max_runs: int
     lease_ttl: float
 
-    def params(self) -> tuple[Any, ...]:
-        """The values of the statement parameters named by answer_ctes' principal, claim_id and
-        projects (in that order)."""
-        return self.principal, self.claim_id, list(self.projects)
-
-
-def answer_ctes(
-    *, principal: str, claim_id: str, projects: str, worker_id: str, max_runs: int, lease_secs: str
-) -> tuple[str, str]:
-    """(`prior`, `recorded`): the CTE reading the key's recorded answer (put it before `picked`)
-    and the one recording this claim's answer (after `claimed`), with the given SQL for each
-    parameter (max_runs: written into the text, as the claim's own LIMIT)."""
-    prior = f"""prior AS MATERIALIZED (
-    SELECT 1 FROM {TABLE}
-     WHERE principal = {principal}::text AND worker_id = {worker_id} AND claim_id = {claim_id}::text
-)"""
-    recorded = f"""recorded AS (
-    INSERT INTO {TABLE} (principal, worker_id, claim_id, project_ids, max_runs, lease_ttl, run_ids, attempts,
-                         expires_at)
-    SELECT {principal}::text, {worker_id}, {claim_id}::text, {projects}::text[], {int(max_runs)}, {lease_secs},
-           array_agg(run_id), array_agg(attempt_count), now() + make_interval(secs => {lease_secs})
-      FROM claimed
-    HAVING count(*) > 0
-)"""
-    return prior, recorded
+    def params(self) -> dict[str, Any]:
+        """The claim statements' key parameters (NO_KEY's names)."""
+        return {"principal": self.principal, "claim_id": self.claim_id, "sorted_projects": list(self.projects)}
 
 
 def recorded_meanwhile(err: asyncpg.exceptions.UniqueViolationError) -> bool:
@@ -88,28 +67,12 @@ def recorded_meanwhile(err: asyncpg.exceptions.UniqueViolationError) -> bool:
     return getattr(err, "constraint_name", None) == PRIMARY_KEY
 
 
-# The recorded answer's parameters, and its runs that still hold the lease it granted, in the
-# claim's answer order (as claiming.claim_sql). One row with NULL run columns when none does.
-REPLAY_SQL = f"""
-SELECT a.project_ids AS first_projects, a.max_runs AS first_max_runs, a.lease_ttl AS first_lease_ttl,
-       a.created_at AS first_claimed_at, c.*
-  FROM {TABLE} a
-  LEFT JOIN LATERAL (
-       SELECT {RUN_COLUMNS_R}, NULL::text AS from_status, NULL::float8 AS claim_wait
-         FROM unnest(a.run_ids, a.attempts) AS t(run_id, attempt)
-         JOIN awooop_run_state r ON r.run_id = t.run_id
-        WHERE r.attempt_count = t.attempt AND r.status IN ({sql_list(LEASED)}) AND r.worker_id = a.worker_id
-  ) c ON true
- WHERE a.principal = $1 AND a.worker_id = $2 AND a.claim_id = $3
- ORDER BY c.priority DESC, c.created_at
-"""
-
-
 async def replay(pool: asyncpg.Pool, key: ClaimKey) -> list[asyncpg.Record]:
     """The runs of the key's recorded answer that still hold its leases (claimed rows without
     from_status and claim_wait). A claim id first used with other parameters is refused with
     IDEMPOTENCY_CONFLICT; an answer pruned meanwhile answers no runs."""
-    rows = await pool.fetch(REPLAY_SQL, key.principal, key.worker_id, key.claim_id)
+    args = REPLAY.args(principal=key.principal, worker_id=key.worker_id, claim_id=key.claim_id)
+    rows = await pool.fetch(REPLAY.sql, *args)
     if not rows:
         return []
     first = rows[0]
@@ -133,17 +96,6 @@ async def replay(pool: asyncpg.Pool, key: ClaimKey) -> list[asyncpg.Record]:
     return [r for r in rows if r["run_id"] is not None]
 
 
-# Answers whose lease would have expired unrenewed: a batch per statement, picked with SKIP
-# LOCKED so that replicas prune disjoint rows. $1 batch size.
-PRUNE_SQL = f"""
-DELETE FROM {TABLE}
- WHERE (principal, worker_id, claim_id) IN (
-        SELECT principal, worker_id, claim_id FROM {TABLE}
-         WHERE expires_at < now()
-         LIMIT $1
-           FOR UPDATE SKIP LOCKED)
-"""
-
 MAX_BATCHES_PER_PASS = 20
 
 
@@ -151,7 +103,7 @@ async def prune(pool: asyncpg.Pool, *, batch: int) -> int:
     """Deletes expired claim answers (at most MAX_BATCHES_PER_PASS batches); the number deleted."""
     total = 0
     for _ in range(MAX_BATCHES_PER_PASS):
-        status = await pool.execute(PRUNE_SQL, batch)
+        status = await pool.execute(PRUNE.sql, *PRUNE.args(batch=batch))
         n = int(status.split()[-1])
         total += n
         if n < batch:

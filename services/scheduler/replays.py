@@ -28,32 +28,20 @@ from __future__ import annotations
 
 import asyncpg
 
+from services.common import sql
 from services.common.db import Row
-from services.common.runs import RUN_COLUMNS
-from services.common.runstate import LEASED, TRANSITIONS, Action, RunStatus, sql_list
-from services.scheduler.fragments import lease_was_reaped
+from services.common.runstate import TRANSITIONS, Action, RunStatus
+from services.scheduler.refusals import lease_was_reaped
 
-RUNS_SQL = f"""SELECT {RUN_COLUMNS},
-       (SELECT trigger FROM awooop_compensation_request c WHERE c.run_id = r.run_id) AS comp_trigger
-  FROM awooop_run_state r
- WHERE run_id = ANY($1::uuid[])"""
-
-FAILED_BY_SQL = """SELECT EXISTS (
-    SELECT 1 FROM awooop_audit_log
-     WHERE run_id = $1 AND details ? 'retryable' AND (details->>'attempt')::int = $2
-       AND from_status IN ('RUNNING', 'WAITING_TOOL'))"""
-
-
-RELEASED_BY_SQL = f"""SELECT EXISTS (
-    SELECT 1 FROM awooop_audit_log
-     WHERE run_id = $1 AND details ? 'released' AND (details->>'attempt')::int = $2
-       AND from_status IN ({sql_list(LEASED)}))"""
-
+Q = sql.load(__file__, "replays.sql")
+RUNS, FAILED_BY, RELEASED_BY, WROTE, CANCELLED_BY = (
+    Q[name] for name in ("CurrentRuns", "FailedBy", "ReleasedBy", "Wrote", "CancelledBy")
+)
 
 _COMPLETED_INTO = TRANSITIONS[Action.COMPLETE].replays_from
 _FAILED_INTO = TRANSITIONS[Action.FAIL].replays_from
 _RELEASED_INTO = TRANSITIONS[Action.RELEASE].replays_from
-CANCEL_AUDITS = [o.audit for o in TRANSITIONS[Action.CANCEL].outcomes]
+_CANCEL_AUDITS = [o.audit.value for o in TRANSITIONS[Action.CANCEL].outcomes]
 
 
 def completed_by(cur: Row, attempt: int) -> bool:
@@ -66,19 +54,13 @@ async def failed_by(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int) -> 
         return False
     if cur["cur_status"] != RunStatus.PENDING and lease_was_reaped(cur):  # a reaped lease's FailRun never committed
         return False
-    return bool(await pool.fetchval(FAILED_BY_SQL, run_id, attempt))
+    return bool(await pool.fetchval(FAILED_BY.sql, *FAILED_BY.args(run_id=run_id, attempt=attempt)))
 
 
 async def released_by(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int) -> bool:
     if cur["cur_attempt"] != attempt or cur["cur_status"] not in _RELEASED_INTO:
         return False
-    return bool(await pool.fetchval(RELEASED_BY_SQL, run_id, attempt))
-
-
-WROTE_SQL = f"""SELECT EXISTS (
-    SELECT 1 FROM awooop_audit_log
-     WHERE run_id = $1 AND action = ANY($3::text[]) AND (details->>'attempt')::int = $2
-       AND from_status IN ({sql_list(LEASED)}))"""
+    return bool(await pool.fetchval(RELEASED_BY.sql, *RELEASED_BY.args(run_id=run_id, attempt=attempt)))
 
 
 async def wrote(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int, action: Action) -> bool:
@@ -87,23 +69,21 @@ async def wrote(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int, action:
     if cur["cur_attempt"] != attempt or cur["cur_status"] not in t.replays_from:
         return False
     audits = [t.audit_for(status) for status in t.replays_from]
-    return bool(await pool.fetchval(WROTE_SQL, run_id, attempt, audits))
-
-
-# CancelRun is no lease's write: its repeat is recognised by its actor. The run is CANCELLED and
-# this actor's CancelRun cancelled it, or asked its worker to (which then did).
-CANCELLED_BY_SQL = f"""SELECT EXISTS (
-    SELECT 1 FROM awooop_audit_log
-     WHERE run_id = $1 AND actor = $2 AND action IN ({sql_list(CANCEL_AUDITS)}))"""
+    args = WROTE.args(run_id=run_id, attempt=attempt, audit_actions=audits)
+    return bool(await pool.fetchval(WROTE.sql, *args))
 
 
 async def cancelled_by(pool: asyncpg.Pool, cur: Row, run_id: str, actor: str) -> bool:
     if cur["cur_status"] not in TRANSITIONS[Action.CANCEL].replays_from:
         return False
-    return bool(await pool.fetchval(CANCELLED_BY_SQL, run_id, actor))
+    return bool(
+        await pool.fetchval(
+            CANCELLED_BY.sql, *CANCELLED_BY.args(run_id=run_id, actor=actor, audit_actions=_CANCEL_AUDITS)
+        )
+    )
 
 
 async def current_rows(pool: asyncpg.Pool, run_ids: list[str]) -> dict[str, asyncpg.Record]:
     """run id -> the run as it is now (RUN_COLUMNS and comp_trigger)."""
-    rows = await pool.fetch(RUNS_SQL, run_ids)
+    rows = await pool.fetch(RUNS.sql, *RUNS.args(run_ids=run_ids))
     return {str(r["run_id"]): r for r in rows}

@@ -4,7 +4,6 @@ approvals, reaper, reads); errors are raised as ServiceError and mapped by the i
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 from collections.abc import Callable, Sequence
@@ -37,6 +36,7 @@ from services.scheduler import (
     claim_answers,
     claiming,
     concurrency,
+    hand_back,
     leases,
     metrics,
     overview,
@@ -167,7 +167,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 principal.actor, worker_id, claim_id, tuple(sorted(projects)), max_runs, lease_ttl
             )
         if items:  # complete, then claim, in one statement; never waits (see the proto)
-            outcomes, claim = await claiming.to_the_end(
+            outcomes, claim = await hand_back.to_the_end(
                 self.pool,
                 lambda: batch_complete.complete_and_claim(
                     self.pool,
@@ -215,29 +215,19 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     async def _deliverable(
         self, claim: claiming.Claim, room: int, worker_id: str, actor: str, gone: Callable[[], bool]
     ) -> list[scheduler_pb2.ClaimedRun]:
-        """The claimed runs that fit the answer; the others go back to the queue at once, and
-        all of them when the caller's deadline passed while they were claimed or the call is
-        cancelled while the others go back (a call cancelled while claiming never gets here:
-        claiming.to_the_end hands its runs back). A replayed claim changes nothing: its runs
-        fitted the first answer, and they stay with the claim whether this answer arrives or not."""
-        rows = claim.rows
-        if claim.replayed:
-            replayed = _claimed(rows)
-            return replayed[: budget.fit_claimed(replayed, room)]
-        if rows and gone():
-            await claiming.hand_back_undelivered(self.pool, rows, worker_id, actor)
-            return []
-        claimed = _claimed(rows)
-        n = budget.fit_claimed(claimed, room)
-        if n < len(claimed):
-            overflow = asyncio.ensure_future(budget.hand_back(self.pool, rows[n:], worker_id, actor))
-            try:
-                back = await asyncio.shield(overflow)  # one statement, never cancelled half-way
-            except asyncio.CancelledError:  # the call ended meanwhile: the runs that fit go back too
-                await claiming.hand_back_undelivered(self.pool, rows[:n], worker_id, actor)
-                raise
-            metrics.CLAIM_HANDED_BACK.inc(back)
-        return claimed[:n]
+        """The claimed runs that fit the answer (hand_back.deliver hands the others back)."""
+        answers = _claimed(claim.rows)
+        n = await hand_back.deliver(
+            self.pool,
+            claim.rows,
+            answers,
+            replayed=claim.replayed,
+            room=room,
+            worker_id=worker_id,
+            actor=actor,
+            gone=gone,
+        )
+        return answers[:n]
 
     async def Heartbeat(
         self, request: scheduler_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext[Any, Any]

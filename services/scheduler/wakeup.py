@@ -24,8 +24,12 @@ from collections.abc import Callable, Iterable, Iterator
 
 import asyncpg
 
+from services.common import sql
 from services.common.runs import RUN_READY_CHANNEL
 from services.scheduler import metrics
+
+Q = sql.load(__file__, "wakeup.sql")
+PROBE, PING = Q["ProbeNotify"], Q["Ping"]
 
 log = logging.getLogger("awooop.scheduler.wakeup")
 
@@ -105,7 +109,7 @@ class RunReadyListener:
         try:
             sender = await asyncpg.connect(self.dsn, timeout=self.connect_timeout, statement_cache_size=0)
             try:
-                await sender.execute("SELECT pg_notify($1, $2)", PROBE_CHANNEL, token)
+                await sender.execute(PROBE.sql, *PROBE.args(channel=PROBE_CHANNEL, token=token))
             finally:
                 await sender.close()
             try:
@@ -177,7 +181,7 @@ class RunReadyListener:
                 gone.cancel()
             if self.stopping.is_set() or lost.is_set():
                 return
-            await conn.fetchval("SELECT 1", timeout=self.connect_timeout)
+            await conn.fetchval(PING.sql, timeout=self.connect_timeout)
         if lost.is_set():
             raise ConnectionError("LISTEN connection closed")
 

@@ -1,0 +1,385 @@
+-- name: CompleteRun
+-- params: run_id, output, attempt, allowed, worker_projects, actor
+-- RUNNING -> COMPLETED with :output (JSON), the lease dropped. A completed run is never compensated
+-- (Compensate takes FAILED and CANCELLED runs only), so its saga ends here: not_needed. (Failed and
+-- cancelled runs with nothing to undo get not_needed from the trigger of migration 0080.)
+-- CompleteRuns (claims.sql) writes the same SET list, fence and audit row per item.
+WITH cur AS (
+    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
+           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
+           worker_id AS cur_worker
+      FROM awooop_run_state
+     WHERE run_id = $1
+       FOR UPDATE
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET status = 'COMPLETED', output = $2::jsonb, lease_until = NULL, worker_id = NULL,
+           failure_reason = NULL, error_code = NULL, not_before = NULL, saga_status = 'not_needed', updated_at = now()
+      FROM cur
+     WHERE r.run_id = cur.cur_run_id
+       AND r.attempt_count = $3
+       AND (r.status = ANY($4::text[])) IS TRUE
+       AND ($5::text[] IS NULL OR r.project_id = ANY($5::text[]))
+ RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
+           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
+           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
+           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
+           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, run_id, $6, 'COMPLETED', from_status, status, NULL,
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || '{}'::jsonb
+      FROM upd
+)
+SELECT cur.*, upd.*,
+       NULL::text AS comp_trigger,
+       0::bigint AS notified
+  FROM cur LEFT JOIN upd ON true
+
+-- name: FailRun
+-- params: run_id, policy, error_code, retryable, retry_after, reason, attempt, allowed, worker_projects, actor
+-- The failure is retried (PENDING after a backoff, wait_reason backoff) only when :retryable, the
+-- run's retry policy does not name its :error_code as non-retryable, no cancel is pending, and
+-- attempts are left (ReleaseRun hand-backs do not count: attempts used = attempt_count -
+-- released_count); retryable while a cancel is pending ends it CANCELLED; else FAILED. The delay
+-- is the caller's (:retry_after > 0), else the policy's for this many attempts used
+-- (awooop_retry_delay). The policy (awooop_effective_retry_policy: the service's :policy JSON, its
+-- project's, the run's own) is merged once per statement (`pol`; `no_retry`: the policy never
+-- retries this error code). The rest of the retry test reads the row being updated (r), not
+-- `pol`: a cancel committed while this statement waited for the row lock is seen there.
+WITH cur AS (
+    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
+           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
+           worker_id AS cur_worker
+      FROM awooop_run_state
+     WHERE run_id = $1
+       FOR UPDATE
+),
+pol AS (
+    SELECT awooop_effective_retry_policy(
+               $2, (SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = cur.cur_project),
+               r.retry_policy) AS p
+      FROM cur JOIN awooop_run_state r ON r.run_id = cur.cur_run_id
+),
+no_retry AS (
+    SELECT COALESCE(p->'non_retryable_error_codes', '[]'::jsonb) ? COALESCE(NULLIF($3, ''), '') AS never
+      FROM pol
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET status = CASE WHEN $4 AND NOT (SELECT never FROM no_retry) AND NOT r.cancel_requested
+                               AND r.attempt_count - r.released_count < r.max_attempts THEN 'PENDING'
+                         WHEN $4 AND r.cancel_requested THEN 'CANCELLED'
+                         ELSE 'FAILED' END,
+           not_before = CASE WHEN $4 AND NOT (SELECT never FROM no_retry) AND NOT r.cancel_requested
+                                  AND r.attempt_count - r.released_count < r.max_attempts
+                             THEN now() + make_interval(secs => CASE WHEN $5::float8 > 0
+                                                                     THEN $5::float8
+                                                                     ELSE awooop_retry_delay((SELECT p FROM pol),
+                                                                              r.attempt_count - r.released_count) END)
+                        END,
+           wait_reason = CASE WHEN $4 AND NOT (SELECT never FROM no_retry) AND NOT r.cancel_requested
+                                   AND r.attempt_count - r.released_count < r.max_attempts THEN 'backoff' END,
+           lease_until = NULL, worker_id = NULL, failure_reason = $6, error_code = NULLIF($3, ''),
+           updated_at = now()
+      FROM cur
+     WHERE r.run_id = cur.cur_run_id
+       AND r.attempt_count = $7
+       AND (r.status = ANY($8::text[])) IS TRUE
+       AND ($9::text[] IS NULL OR r.project_id = ANY($9::text[]))
+ RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
+           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
+           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
+           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
+           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
+),
+comp AS (
+    INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
+    SELECT u.run_id, u.project_id, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END,
+           u.failure_reason
+      FROM upd u
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
+                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id, project_id, trigger
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, run_id, $10,
+           CASE status WHEN 'PENDING' THEN 'RETRY_SCHEDULED' WHEN 'CANCELLED' THEN 'CANCELLED' WHEN 'FAILED' THEN 'FAILED' END,
+           from_status, status, $6,
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
+           || jsonb_build_object('retryable', $4::boolean, 'error_code', error_code, 'not_before', not_before,
+                                 'max_attempts', max_attempts)
+      FROM upd
+    UNION ALL
+    SELECT project_id, run_id, $10, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
+      FROM comp
+),
+notified AS (
+    SELECT count(pg_notify('awooop_run_ready', project_id)) AS n
+      FROM (SELECT DISTINCT project_id FROM upd WHERE status = 'PENDING') p
+)
+SELECT cur.*, upd.*,
+       (SELECT trigger FROM comp LIMIT 1) AS comp_trigger,
+       (SELECT n FROM notified) AS notified
+  FROM cur LEFT JOIN upd ON true
+
+-- name: ReleaseRun
+-- params: run_id, attempt, allowed, worker_projects, actor, reason
+-- The worker hands the run back: PENDING again, the attempt not spent (released_count + 1). A
+-- hand-back while a cancel is pending ends the run CANCELLED: re-queuing would ignore the cancel.
+-- The audit details carry `released`, the mark a repeat of this ReleaseRun finds (replays.sql
+-- ReleasedBy); a claim's hand-back of undelivered runs (claims.sql HandBackUndelivered) does not.
+WITH cur AS (
+    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
+           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
+           worker_id AS cur_worker
+      FROM awooop_run_state
+     WHERE run_id = $1
+       FOR UPDATE
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
+           released_count = r.released_count + 1, lease_until = NULL, worker_id = NULL, not_before = NULL,
+           failure_reason = CASE WHEN r.cancel_requested THEN COALESCE(r.failure_reason, 'cancelled')
+                                 ELSE r.failure_reason END, updated_at = now()
+      FROM cur
+     WHERE r.run_id = cur.cur_run_id
+       AND r.attempt_count = $2
+       AND (r.status = ANY($3::text[])) IS TRUE
+       AND ($4::text[] IS NULL OR r.project_id = ANY($4::text[]))
+ RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
+           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
+           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
+           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
+           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
+),
+comp AS (
+    INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
+    SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
+      FROM upd u
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
+                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id, project_id, trigger
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, run_id, $5,
+           CASE status WHEN 'PENDING' THEN 'RELEASED' WHEN 'CANCELLED' THEN 'CANCELLED' END, from_status, status, NULLIF($6, ''),
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
+           || jsonb_build_object('released', true)
+      FROM upd
+    UNION ALL
+    SELECT project_id, run_id, $5, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
+      FROM comp
+),
+notified AS (
+    SELECT count(pg_notify('awooop_run_ready', project_id)) AS n
+      FROM (SELECT DISTINCT project_id FROM upd WHERE status = 'PENDING') p
+)
+SELECT cur.*, upd.*,
+       (SELECT trigger FROM comp LIMIT 1) AS comp_trigger,
+       (SELECT n FROM notified) AS notified
+  FROM cur LEFT JOIN upd ON true
+
+-- name: WaitTool
+-- params: run_id, attempt, allowed, worker_projects, actor, tool_id
+-- RUNNING -> WAITING_TOOL: the lease is kept (heartbeats go on) while a tool (:tool_id) answers.
+WITH cur AS (
+    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
+           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
+           worker_id AS cur_worker
+      FROM awooop_run_state
+     WHERE run_id = $1
+       FOR UPDATE
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET status = 'WAITING_TOOL', updated_at = now()
+      FROM cur
+     WHERE r.run_id = cur.cur_run_id
+       AND r.attempt_count = $2
+       AND (r.status = ANY($3::text[])) IS TRUE
+       AND ($4::text[] IS NULL OR r.project_id = ANY($4::text[]))
+ RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
+           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
+           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
+           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
+           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, run_id, $5,
+           CASE status WHEN 'WAITING_TOOL' THEN 'WAITING_TOOL' END, from_status, status, NULLIF($6, ''),
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
+           || jsonb_build_object('tool_id', $6::text)
+      FROM upd
+)
+SELECT cur.*, upd.*,
+       NULL::text AS comp_trigger,
+       0::bigint AS notified
+  FROM cur LEFT JOIN upd ON true
+
+-- name: ResumeTool
+-- params: run_id, attempt, allowed, worker_projects, actor
+-- WAITING_TOOL -> RUNNING: the tool answered; same lease.
+WITH cur AS (
+    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
+           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
+           worker_id AS cur_worker
+      FROM awooop_run_state
+     WHERE run_id = $1
+       FOR UPDATE
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET status = 'RUNNING', updated_at = now()
+      FROM cur
+     WHERE r.run_id = cur.cur_run_id
+       AND r.attempt_count = $2
+       AND (r.status = ANY($3::text[])) IS TRUE
+       AND ($4::text[] IS NULL OR r.project_id = ANY($4::text[]))
+ RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
+           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
+           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
+           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
+           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, run_id, $5, CASE status WHEN 'RUNNING' THEN 'TOOL_RETURNED' END, from_status, status, NULL,
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || '{}'::jsonb
+      FROM upd
+)
+SELECT cur.*, upd.*,
+       NULL::text AS comp_trigger,
+       0::bigint AS notified
+  FROM cur LEFT JOIN upd ON true
+
+-- name: AcknowledgeCancel
+-- params: run_id, attempt, allowed, worker_projects, actor
+-- The worker ends its leased run as the requested cancel asks: CANCELLED, the lease dropped. Only
+-- when a cancel was requested (cur_cancel tells the caller which refusal it was).
+WITH cur AS (
+    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
+           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
+           worker_id AS cur_worker
+      FROM awooop_run_state
+     WHERE run_id = $1
+       FOR UPDATE
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET status = 'CANCELLED', lease_until = NULL, worker_id = NULL, not_before = NULL,
+           failure_reason = COALESCE(r.failure_reason, 'cancelled'), error_code = NULL, updated_at = now()
+      FROM cur
+     WHERE r.run_id = cur.cur_run_id
+       AND r.attempt_count = $2
+       AND (r.status = ANY($3::text[])) IS TRUE
+       AND ($4::text[] IS NULL OR r.project_id = ANY($4::text[]))
+       AND r.cancel_requested
+ RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
+           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
+           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
+           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
+           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
+),
+comp AS (
+    INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
+    SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
+      FROM upd u
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
+                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id, project_id, trigger
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, run_id, $5,
+           CASE status WHEN 'CANCELLED' THEN 'CANCELLED' END, from_status, status, 'cancel acknowledged by the worker',
+           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || '{}'::jsonb
+      FROM upd
+    UNION ALL
+    SELECT project_id, run_id, $5, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
+      FROM comp
+)
+SELECT cur.*, upd.*,
+       (SELECT trigger FROM comp LIMIT 1) AS comp_trigger,
+       0::bigint AS notified
+  FROM cur LEFT JOIN upd ON true
+
+-- name: CancelRun
+-- params: run_id, reason, cancel_projects, actor
+-- CancelRun (no lease; :cancel_projects: the projects where the caller may cancel, NULL: all).
+-- Queued and waiting runs end CANCELLED at once; a leased run gets cancel_requested (delivered in
+-- the Heartbeat reply) and ends when its worker acknowledges or its lease is reaped. The statuses
+-- are runstate's LEASED and CANCELLABLE. Same cur / upd / comp / aud shape as the fenced writes.
+WITH cur AS (
+    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status,
+           status IN ('RUNNING', 'WAITING_TOOL') AS leased
+      FROM awooop_run_state
+     WHERE run_id = $1
+       FOR UPDATE
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET status = CASE WHEN cur.leased THEN r.status ELSE 'CANCELLED' END,
+           cancel_requested = cur.leased OR r.cancel_requested,
+           lease_until = CASE WHEN cur.leased THEN r.lease_until END,
+           worker_id = CASE WHEN cur.leased THEN r.worker_id END,
+           error_code = CASE WHEN cur.leased THEN r.error_code END,
+           failure_reason = $2,
+           approval_token_hash = NULL,
+           not_before = NULL,
+           updated_at = now()
+      FROM cur
+     WHERE r.run_id = cur.cur_run_id
+       AND cur.cur_status IN ('PENDING', 'RUNNING', 'WAITING_TOOL', 'WAITING_APPROVAL', 'RESUMED')
+       AND ($3::text[] IS NULL OR r.project_id = ANY($3::text[]))
+ RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
+           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
+           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
+           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
+           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+           cur.cur_status AS from_status
+),
+comp AS (
+    INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
+    SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
+      FROM upd u
+     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
+                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
+                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id, project_id, trigger
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT project_id, run_id, $4,
+           CASE status WHEN 'CANCELLED' THEN 'CANCELLED' ELSE 'CANCEL_REQUESTED' END,
+           from_status, status, $2, jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id)
+      FROM upd
+    UNION ALL
+    SELECT project_id, run_id, $4, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
+           jsonb_build_object('trigger', trigger)
+      FROM comp
+)
+SELECT cur.*, upd.*, (SELECT trigger FROM comp LIMIT 1) AS comp_trigger
+  FROM cur LEFT JOIN upd ON true

@@ -1,0 +1,45 @@
+-- name: CurrentRuns
+-- params: run_ids
+-- The runs as they are now (the run columns and the compensation request's trigger).
+SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
+       attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
+       cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
+       compensation_started_at, compensation_completed_at, created_at, updated_at, not_before,
+       traceparent, priority, wait_reason, concurrency_keys, wait_key,
+       (SELECT trigger FROM awooop_compensation_request c WHERE c.run_id = r.run_id) AS comp_trigger
+  FROM awooop_run_state r
+ WHERE run_id = ANY($1::uuid[])
+
+-- name: FailedBy
+-- params: run_id, attempt
+-- The holder of :attempt failed :run_id (only FailRun writes `retryable` into its details).
+SELECT EXISTS (
+    SELECT 1 FROM awooop_audit_log
+     WHERE run_id = $1 AND details ? 'retryable' AND (details->>'attempt')::int = $2
+       AND from_status IN ('RUNNING', 'WAITING_TOOL'))
+
+-- name: ReleasedBy
+-- params: run_id, attempt
+-- The holder of :attempt released :run_id (only ReleaseRun writes `released`; a claim's hand-back
+-- of undelivered runs does not).
+SELECT EXISTS (
+    SELECT 1 FROM awooop_audit_log
+     WHERE run_id = $1 AND details ? 'released' AND (details->>'attempt')::int = $2
+       AND from_status IN ('RUNNING', 'WAITING_TOOL'))
+
+-- name: Wrote
+-- params: run_id, audit_actions, attempt
+-- The holder of :attempt wrote one of :audit_actions (WaitTool, ResumeTool, AcknowledgeCancel)
+-- from a leased status.
+SELECT EXISTS (
+    SELECT 1 FROM awooop_audit_log
+     WHERE run_id = $1 AND action = ANY($2::text[]) AND (details->>'attempt')::int = $3
+       AND from_status IN ('RUNNING', 'WAITING_TOOL'))
+
+-- name: CancelledBy
+-- params: run_id, actor, audit_actions
+-- CancelRun is no lease's write: its repeat is recognised by its actor. :actor cancelled the run,
+-- or asked its worker to (which then did): :audit_actions, the audit actions of CancelRun's outcomes.
+SELECT EXISTS (
+    SELECT 1 FROM awooop_audit_log
+     WHERE run_id = $1 AND actor = $2 AND action = ANY($3::text[]))
