@@ -11,12 +11,6 @@ from services.common.db import Conn
 
 INSERT = sql.load(__file__, "audit.sql")["InsertAuditRow"]
 
-# The audit row's columns, in the order every INSERT writes them: for the statements not yet
-# named (services/common/sql.py) that still put theirs together from this.
-AUDIT_INSERT = (
-    "INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)"
-)
-
 
 async def audit(
     conn: Conn | asyncpg.Pool,

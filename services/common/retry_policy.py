@@ -102,20 +102,3 @@ def to_pb(policy: Policy) -> common_pb2.RetryPolicy:
     return pb
 
 
-# --- SQL ---------------------------------------------------------------------------------
-# The rules above as SQL are the functions of migration 0135: awooop_effective_retry_policy
-# (defaults, then project, then run) and awooop_retry_delay (the n-th failure's wait); the
-# scheduler's statements call them (services/scheduler/fenced_writes.sql, reaper.sql). The two
-# fragments below remain for ingest's insert statements until they are named (issue 26).
-
-
-def effective_sql(project_sql: str, run_policy_sql: str, defaults_sql: str) -> str:
-    """The policy a run follows: service defaults (JSON text), then its project's, then its own."""
-    return f"""({defaults_sql}::text::jsonb
-        || COALESCE((SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = {project_sql}), '{{}}')
-        || COALESCE({run_policy_sql}, '{{}}'))"""
-
-
-def max_attempts_sql(requested_sql: str, policy_sql: str) -> str:
-    """A new run's max_attempts: the request's (0: unset), else the policy's."""
-    return f"COALESCE(NULLIF({requested_sql}, 0), ({policy_sql}->>'{MAX_ATTEMPTS}')::int)"

@@ -309,15 +309,3 @@ def fenced_refusal(status: str, token_is_current: bool, lease_was_reaped: bool) 
     return Refusal.INVALID_TRANSITION
 
 
-# --- SQL pieces of the rules above, for statements not yet named (services/common/sql.py) ----
-
-
-def sql_list(statuses: Iterable[str]) -> str:
-    """The statuses as an SQL list of literals: `'RUNNING', 'WAITING_TOOL'`."""
-    return ", ".join(f"'{s}'" for s in statuses)
-
-
-def attempts_left(alias: str = "") -> str:
-    """A run has attempts left: hand-backs (ReleaseRun, approval) are not spent attempts."""
-    a = f"{alias}." if alias else ""
-    return f"{a}attempt_count - {a}released_count < {a}max_attempts"

@@ -24,7 +24,6 @@ from typing import Any, NamedTuple
 import asyncpg
 
 from services.common import sql
-from services.common.runstate import TRANSITIONS, Action, attempts_left, sql_list
 from services.common.server_plans import keep_plan
 from services.scheduler import claim_answers, hand_back, metrics
 from services.scheduler.claim_answers import ClaimKey
@@ -34,23 +33,6 @@ Q = sql.load(__file__, "claims.sql")
 CLAIM_ONE_PROJECT = Q["ClaimRunsOneProject"]
 CLAIM_PROJECTS = Q["ClaimRunsProjects"]
 SECONDS_UNTIL_READY = Q["SecondsUntilReady"]
-
-# Kept for queue.py and overview.py (the queue gauges and CountRuns count what a claim would take)
-# until their statements are named too; claims.sql writes the same conditions out.
-# claimable now: queued, past any retry backoff, attempts left
-CLAIMABLE_NOW = f"""status IN ({sql_list(TRANSITIONS[Action.CLAIM].allowed_from)})
-       AND (not_before IS NULL OR not_before <= now())
-       AND {attempts_left()}"""
-# when a claimable run became claimable: its last state change (queued, re-queued, resumed) or
-# the end of its retry backoff (GREATEST ignores a NULL not_before)
-READY_SINCE = "GREATEST(updated_at, not_before)"
-
-
-def not_paused(project_sql: str) -> str:
-    """SQL: the project named by project_sql is not paused (PauseProject). A claim skips a paused
-    project's runs, so the queue gauges and CountRuns do not count them as claimable either."""
-    return f"NOT EXISTS (SELECT 1 FROM awooop_project_flow f WHERE f.project_id = {project_sql} AND f.paused)"
-
 
 @functools.lru_cache(maxsize=512)
 def claim_statement(count: int, max_runs: int) -> sql.Statement:

@@ -18,7 +18,7 @@
 -- attempt safe).
 --
 -- comp: a run that ended FAILED or CANCELLED with steps to undo (a completed tool call with an undo
--- command, or one whose undo was started: services/common/compensatable.py) gets its compensation
+-- command, or one whose undo was started: awooop_step_compensatable, migration 0141) gets its compensation
 -- request in the same transaction as the state change
 -- (docs/architecture.md, "Saga"); its COMPENSATION_REQUESTED audit row follows the change's.
 -- notified: one NOTIFY per project that got a claimable run (Postgres folds identical
@@ -129,8 +129,7 @@ comp AS (
            u.failure_reason
       FROM upd u
      WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
-                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
+                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -193,8 +192,7 @@ comp AS (
     SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
       FROM upd u
      WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
-                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
+                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -326,8 +324,7 @@ comp AS (
     SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
       FROM upd u
      WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
-                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
+                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -386,8 +383,7 @@ comp AS (
     SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
       FROM upd u
      WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
-                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
+                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
