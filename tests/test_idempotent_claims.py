@@ -277,12 +277,10 @@ def test_the_claim_statements_without_a_claim_id_are_unchanged() -> None:
     assert claim_answers.TABLE in claiming.claim_sql(1, 10, answered=True)
 
 
-async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_answer(
-    s: Sched, db_dsn: str
-) -> None:
-    """Behind a transaction-mode pooler the claim runs as a PL/pgSQL function
-    (services/common/server_plans.py): the racing retry's unique violation still names the
-    answer's key, so it is run again and replays."""
+async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_answer(s: Sched, db_dsn: str) -> None:
+    """Behind a transaction-mode pooler the claim runs as the PL/pgSQL function the migration
+    created (services/common/server_plans.py): the racing retry's unique violation still names
+    the answer's key, so it is run again and replays."""
     from services.common import server_plans
     from services.scheduler import claiming
 
@@ -290,8 +288,8 @@ async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_an
     sql = claiming.claim_sql(1, 2, answered=True)
     first, second = [await asyncpg.connect(db_dsn, statement_cache_size=0) for _ in range(2)]
     try:
-        call = await server_plans.ensure(first, sql)
         args = ("p", LEASE, "w1", "test", "service:worker-1", "racing", ["p"])
+        call = server_plans.call_text(server_plans.function_name(sql), len(args))
         tx = first.transaction()
         await tx.start()
         took = [r["run_id"] for r in await first.fetch(call, *args)]
