@@ -105,9 +105,10 @@ class StoreConnection(asyncpg.Connection):
     marked), execute (marked; a transaction's BEGIN/COMMIT/ROLLBACK go through it too),
     executemany and fetchmany (marked). Not covered, and why that does not matter: prepare() and
     its PreparedStatement, cursor() and the copy_* methods, which no service runs on a pool
-    connection (prepare only in server_plans.describe, on the migration's own connection); and
-    what asyncpg runs for itself (type introspection in the pool's init), whose failure fails
-    the connect, so the connection never enters the pool."""
+    connection (prepare only in server_plans.describe, on the migration's own connection). What
+    asyncpg runs for itself (introspecting a type it meets) runs inside the public call that
+    needed it, so its failures are marked with that call's; in the pool's init, a failure fails
+    the connect, and the connection never enters the pool."""
 
     broken: bool = False
     plans: ServerPlans | None = None
