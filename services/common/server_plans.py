@@ -256,8 +256,8 @@ class ServerPlans:
             self._warned_missing = True
             log.warning(
                 "no server-side plan function %s for a hot statement: it is planned on every call. "
-                "`awooop migrate` with this release creates them (claims over several projects have none); "
-                "the role of AWOOOP_DATABASE_URL needs EXECUTE on them",
+                "`awooop migrate` with this release creates them (claims over several projects have none), "
+                "and a service reads them when it starts; the role of AWOOOP_DATABASE_URL needs EXECUTE on them",
                 name,
             )
         return None
