@@ -134,6 +134,29 @@ async def test_two_releases_migrating_at_once_create_each_function_once(db_dsn: 
     assert sorted(names) == sorted({server_plans.function_name(s) for s in [*hot, changed]})
 
 
+async def test_without_create_privilege_the_migration_step_succeeds_and_says_so_once(
+    db: asyncpg.Connection, db_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    role = f"nocreate_{uuid.uuid4().hex[:8]}"
+    await db.execute(f"CREATE ROLE {role} LOGIN")
+    await db.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    for sql in (CLAIM, leases.HEARTBEAT_SQL):
+        await db.execute(f"DROP FUNCTION {server_plans.function_name(sql)}")
+    caplog.set_level(logging.WARNING, logger="awooop.migrate")
+    conn = await asyncpg.connect(db_dsn.replace("postgres@", f"{role}@", 1), statement_cache_size=0)
+    try:
+        done = await migrate.create_plan_functions(conn, verify=False)
+    finally:
+        await conn.close()
+        await db.execute(f"DROP ROLE {role}")
+    assert done.created == [] and done.replaced == []
+    refused = dict(done.skipped)
+    assert {server_plans.function_name(CLAIM), server_plans.function_name(leases.HEARTBEAT_SQL)} <= set(refused)
+    assert all("InsufficientPrivilege" in why for why in refused.values()), refused
+    warnings = [r.getMessage() for r in caplog.records if "no plan function" in r.getMessage()]
+    assert len(warnings) == 1 and "InsufficientPrivilege" in warnings[0], warnings
+
+
 async def test_the_claim_cycle_runs_through_the_functions_behind_pgbouncer_and_hands_out_each_run_once(
     db_dsn: str, db: asyncpg.Connection, settings: Settings
 ) -> None:

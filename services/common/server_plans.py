@@ -172,7 +172,7 @@ async def create_functions(conn: asyncpg.Connection, statements: Iterable[str], 
             out.unchanged += 1
     shapes: dict[str, tuple[list[str], list[tuple[str, str]]]] = {}
     try:
-        shapes.update(zip(todo, await describe(conn, todo), strict=True))
+        shapes.update(zip(todo, await describe(conn, todo) if todo else [], strict=True))
     except asyncpg.PostgresError:  # some statement cannot be described: each on its own, to know which
         for sql in todo:
             try:
