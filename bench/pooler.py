@@ -1,9 +1,10 @@
 """The services through PgBouncer in transaction mode against the same services connected
 directly, in the same run: IngestEvent with unique ids (the insert path) and the claim cycle
 (bench/claims.py's drain). Through the pooler the services run as documented for it:
-AWOOOP_DB_STATEMENT_CACHE=false, LISTEN on AWOOOP_DATABASE_DIRECT_URL (and so the hot statements
-as server-side plan functions, services/common/server_plans.py). PgBouncer gets as many server
-connections as one service process' pool (AWOOOP_DB_POOL_MAX, 10)."""
+AWOOOP_DB_STATEMENT_CACHE=false, LISTEN on AWOOOP_DATABASE_DIRECT_URL, and so the hot statements
+as the server-side plan functions the migration of each fresh database created
+(services/common/server_plans.py). PgBouncer gets as many server connections as one service
+process' pool (AWOOOP_DB_POOL_MAX, 10)."""
 
 from __future__ import annotations
 

@@ -282,9 +282,9 @@ async def test_a_claim_without_a_claim_id_records_no_answer(s: Sched) -> None:
 
 
 async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_answer(s: Sched, db_dsn: str) -> None:
-    """Behind a transaction-mode pooler the claim runs as a PL/pgSQL function
-    (services/common/server_plans.py): the racing retry's unique violation still names the
-    answer's key, so it is run again and replays."""
+    """Behind a transaction-mode pooler the claim runs as the PL/pgSQL function the migration
+    created (services/common/server_plans.py): the racing retry's unique violation still names
+    the answer's key, so it is run again and replays."""
     from services.common import server_plans
     from services.scheduler import claiming
 
@@ -292,9 +292,9 @@ async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_an
     st = claiming.claim_statement(1, 2)
     first, second = [await asyncpg.connect(db_dsn, statement_cache_size=0) for _ in range(2)]
     try:
-        call = await server_plans.ensure(first, st.sql)
         key = claim_answers.ClaimKey("service:worker-1", "w1", "racing", ("p",), 2, LEASE)
         args = st.args(project="p", lease_secs=LEASE, worker_id="w1", actor="test", **key.params())
+        call = server_plans.call_text(server_plans.function_name(st.sql), len(args))
         tx = first.transaction()
         await tx.start()
         took = [r["run_id"] for r in await first.fetch(call, *args)]

@@ -7,8 +7,8 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeAlias
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -18,6 +18,7 @@ from services.common.server_plans import STALE, ServerPlans
 from services.common.settings import Settings
 
 log = logging.getLogger("awooop.db")
+T = TypeVar("T")
 
 
 class Row(Protocol):
@@ -53,6 +54,8 @@ async def _init_connection(conn: asyncpg.Connection, plans: ServerPlans | None =
     )
     async with conn.transaction():
         await conn.fetchrow(_LEARN_ARRAYS_SQL)
+    if plans is not None and plans.needs_learning:  # the pool's first connection (or after a stale call)
+        await plans.learn(conn)
 
 
 # Errors after which a connection must not be handed out again: it points at a server that
@@ -95,7 +98,17 @@ class StoreConnection(asyncpg.Connection):
     next acquire opens a fresh one (to the new primary after a failover).
 
     With plans (the statement cache off), a statement marked with server_plans.keep_plan runs
-    as a call of its function once that exists (services/common/server_plans.py)."""
+    as a call of its function when the store has one (services/common/server_plans.py).
+
+    Only public methods are overridden (asyncpg documents subclassing Connection through the
+    pool's connection_class). Covered: fetch, fetchrow and fetchval (routed to the functions and
+    marked), execute (marked; a transaction's BEGIN/COMMIT/ROLLBACK go through it too),
+    executemany and fetchmany (marked). Not covered, and why that does not matter: prepare() and
+    its PreparedStatement, cursor() and the copy_* methods, which no service runs on a pool
+    connection (prepare only in server_plans.describe, on the migration's own connection). What
+    asyncpg runs for itself (introspecting a type it meets) runs inside the public call that
+    needed it, so its failures are marked with that call's; in the pool's init, a failure fails
+    the connect, and the connection never enters the pool."""
 
     broken: bool = False
     plans: ServerPlans | None = None
@@ -105,40 +118,67 @@ class StoreConnection(asyncpg.Connection):
             self.broken = True
             _note_failure(exc)
 
-    async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
+    async def _marking(self, run: Awaitable[T]) -> T:
         try:
-            return await super().execute(query, *args, timeout=timeout)
+            return await run
         except Exception as exc:
             self._mark(exc)
             raise
 
-    async def _execute(self, query: str, args: Any, limit: int, timeout: float | None, **kwargs: Any) -> Any:
+    async def _routed(self, query: str, nargs: int, run: Callable[[str], Awaitable[T]]) -> T:
+        """run(query), or run(the call of query's function) when there is one; a call that fails
+        as stale runs the plain statement (unless it aborted the caller's transaction)."""
         plans = self.plans
-        # return_status: execute() answers the command tag, which a call would change to SELECT's
-        call = None if plans is None or kwargs.get("return_status") else plans.call_for(query)
+        if plans is None:
+            return await self._marking(run(query))
+        if plans.needs_learning and not self.is_in_transaction():
+            await self._marking(plans.learn(self))
+        call = plans.call_for(query, nargs)
         if call is not None:
             try:
-                return await super()._execute(call, args, limit, timeout, **kwargs)  # type: ignore[misc]
+                return await run(call)
             except STALE as exc:
-                assert plans is not None
                 plans.stale(query, exc)
                 if self.is_in_transaction():  # the caller's transaction is aborted: it fails as it is
                     raise
             except Exception as exc:
                 self._mark(exc)
                 raise
-        try:
-            return await super()._execute(query, args, limit, timeout, **kwargs)  # type: ignore[misc]  # private: not in the stubs
-        except Exception as exc:
-            self._mark(exc)
-            raise
+        return await self._marking(run(query))
 
-    async def _executemany(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await super()._executemany(*args, **kwargs)  # type: ignore[misc]  # private: not in the stubs
-        except Exception as exc:
-            self._mark(exc)
-            raise
+    async def fetch(
+        self, query: str, *args: object, timeout: float | None = None, record_class: Any = None
+    ) -> list[Any]:
+        def run(q: str) -> Awaitable[list[Any]]:
+            return asyncpg.Connection.fetch(self, q, *args, timeout=timeout, record_class=record_class)
+
+        return await self._routed(query, len(args), run)
+
+    async def fetchrow(self, query: str, *args: object, timeout: float | None = None, record_class: Any = None) -> Any:
+        def run(q: str) -> Awaitable[Any]:
+            return asyncpg.Connection.fetchrow(self, q, *args, timeout=timeout, record_class=record_class)
+
+        return await self._routed(query, len(args), run)
+
+    async def fetchval(self, query: str, *args: object, column: int = 0, timeout: float | None = None) -> Any:
+        def run(q: str) -> Awaitable[Any]:
+            return asyncpg.Connection.fetchval(self, q, *args, column=column, timeout=timeout)
+
+        return await self._routed(query, len(args), run)
+
+    # execute answers the command tag, which a call of the function would change to SELECT's: plain
+    async def execute(self, query: str, *args: object, timeout: float | None = None) -> str:
+        return await self._marking(super().execute(query, *args, timeout=timeout))
+
+    async def executemany(
+        self, command: str, args: Iterable[Sequence[object]], *, timeout: float | None = None
+    ) -> None:
+        await self._marking(super().executemany(command, args, timeout=timeout))
+
+    async def fetchmany(
+        self, query: str, args: Iterable[Any], *, timeout: float | None = None, record_class: Any = None
+    ) -> list[Any]:
+        return await self._marking(super().fetchmany(query, args, timeout=timeout, record_class=record_class))
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -189,12 +229,9 @@ def _connector(settings: Settings) -> Callable[..., Awaitable[asyncpg.Connection
 async def create_pool(settings: Settings, dsn: str | None = None) -> asyncpg.Pool:
     """A pool that starts even when the store is down (min_size connections are
     opened lazily on failure) so the service can answer UNAVAILABLE instead of crashing."""
-    # behind a transaction-mode pooler: the hot statements' plans are kept in server-side functions
-    plans = (
-        ServerPlans(settings.direct_url, settings.db_connect_timeout)
-        if settings.db_server_plans and not settings.db_statement_cache
-        else None
-    )
+    # behind a transaction-mode pooler: the hot statements run as the functions the migration
+    # step created, which keep their plans per server connection
+    plans = ServerPlans() if settings.db_server_plans and not settings.db_statement_cache else None
     kwargs: dict[str, Any] = dict(
         dsn=dsn or settings.database_url,
         min_size=0,

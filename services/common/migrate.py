@@ -1,8 +1,10 @@
-"""Applies the ordered SQL files in services/common/migrations exactly once each.
+"""Applies the ordered SQL files in services/common/migrations exactly once each, then creates
+the plan functions of this release's hot statements (services/common/server_plans.py).
 
 Each file runs in its own transaction together with its row in awooop_schema_migrations;
 a session advisory lock makes concurrent `awooop migrate` runs (several replicas starting
-with AWOOOP_MIGRATE_ON_START) wait for each other instead of racing.
+with AWOOOP_MIGRATE_ON_START, or two releases during a rolling deploy) wait for each other
+instead of racing.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 from importlib import resources
 
 import asyncpg
+
+from services.common import hot_statements, server_plans
 
 log = logging.getLogger("awooop.migrate")
 
@@ -63,13 +67,35 @@ async def apply(conn: asyncpg.Connection) -> list[str]:
                 )
             log.info("applied migration", extra={"migration": m.name})
             applied.append(m.name)
+        await create_plan_functions(conn, verify=bool(applied))
         return applied
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
 
 
+async def create_plan_functions(conn: asyncpg.Connection, *, verify: bool) -> server_plans.Created:
+    """The plan functions of this release's hot statements: those missing are created; with
+    verify (migrations were just applied, so types may have changed) the others are checked too.
+    A statement no function can be made of is logged and runs plain; the migration succeeds."""
+    done = await server_plans.create_functions(conn, hot_statements.statements(), verify=verify)
+    if done.created or done.replaced:
+        log.info(
+            "created plan functions",
+            extra={"plan_functions_created": len(done.created), "plan_functions_replaced": len(done.replaced)},
+        )
+    if done.skipped:  # one line, however many (no CREATE privilege would refuse them all)
+        name, why = done.skipped[0]
+        log.warning(
+            "%d hot statements have no plan function (the first, %s: %s); they run plain behind a pooler",
+            len(done.skipped),
+            name,
+            why,
+        )
+    return done
+
+
 async def migrate(dsn: str) -> list[str]:
-    conn = await asyncpg.connect(dsn)
+    conn = await asyncpg.connect(dsn, statement_cache_size=0)  # describing hot statements: unnamed
     try:
         return await apply(conn)
     finally:

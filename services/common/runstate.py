@@ -107,6 +107,15 @@ class Audit(StrEnum):
     APPROVAL_TOKEN_REISSUED = "APPROVAL_TOKEN_REISSUED"
     # not a run's change: a project's concurrency or rate limit of a key was set or removed
     CONCURRENCY_LIMIT_SET = "CONCURRENCY_LIMIT_SET"
+    # not a run's change: a project's flow settings (SetProjectFlow), its pause and resume
+    PROJECT_FLOW_SET = "PROJECT_FLOW_SET"
+    PROJECT_PAUSED = "PROJECT_PAUSED"
+    PROJECT_RESUMED = "PROJECT_RESUMED"
+    # not a run's change: an operator redrove a set of runs (each redriven run has its REDRIVEN row)
+    RUNS_REDRIVEN = "RUNS_REDRIVEN"
+    # not a run's change: a cron schedule was set or deleted
+    SCHEDULE_SET = "SCHEDULE_SET"
+    SCHEDULE_DELETED = "SCHEDULE_DELETED"
 
 
 @dataclass(frozen=True)

@@ -65,14 +65,14 @@ def _env(name: str, default: Any, cast: type, environ: Mapping[str, str] | None 
 class Settings:
     # --- store and cache ---
     database_url: str = ""  # Postgres DSN; empty: `awooop up` starts an embedded Postgres, `serve` refuses to start
-    # session connection for LISTEN, migrations, `awooop admin` and creating the plan functions
-    # (AWOOOP_DB_SERVER_PLANS) when AWOOOP_DATABASE_URL goes through a transaction-mode pooler
-    # (PgBouncer); empty: AWOOOP_DATABASE_URL
+    # session connection for LISTEN, migrations (which create the plan functions of
+    # AWOOOP_DB_SERVER_PLANS) and `awooop admin` when AWOOOP_DATABASE_URL goes through a
+    # transaction-mode pooler (PgBouncer); empty: AWOOOP_DATABASE_URL
     database_direct_url: str = ""
     # asyncpg's prepared statement cache; false behind a transaction-mode pooler (PgBouncer before 1.21)
     db_statement_cache: bool = True
-    # with the statement cache off, run the hot statements (claim, complete, heartbeat) as
-    # server-side functions, created on first use through the direct URL, so their plans are kept
+    # with the statement cache off, run the hot statements (claim, complete, heartbeat) as the
+    # server-side functions `awooop migrate` creates, so their plans are kept; without one, plain
     db_server_plans: bool = True
     redis_url: str = ""  # empty: `awooop up` starts an embedded Redis; services run without Redis
     # AWOOOP_REDIS_URL names one node of a Redis Cluster: use the cluster client (keys carry a

@@ -117,8 +117,7 @@ comp AS (
     SELECT u.run_id, u.project_id, CASE WHEN u.expired THEN 'approval_expired' ELSE 'approval_rejected' END, u.failure_reason
       FROM upd u
      WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
-                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
+                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
@@ -195,8 +194,7 @@ comp AS (
     SELECT u.run_id, u.project_id, 'approval_expired', u.failure_reason
       FROM upd u
      WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND s.step_type = 'tool_call' AND s.compensation_cmd IS NOT NULL
-                     AND s.compensation_cmd <> 'null'::jsonb AND s.status IN ('completed', 'compensating'))
+                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, project_id, trigger
 ),
