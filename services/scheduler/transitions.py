@@ -307,13 +307,15 @@ def settled(row: asyncpg.Record, saga: SagaNudger) -> Changed:
 
 # --- CancelRun -----------------------------------------------------------------------------
 
-# Queued and waiting runs end at once; a leased run gets cancel_requested (delivered in the
+# Queued and waiting runs (parked ones too) end at once; a leased run gets cancel_requested (delivered in the
 # Heartbeat reply) and ends when its worker acknowledges or its lease is reaped.
 # $1 run_id, $2 projects where the caller may cancel (NULL: all), $3 actor, $4 reason.
 CANCEL_SQL = f"""
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status,
-           status IN ({sql_list(LEASED)}) AS leased
+           -- a run parked on a durable wait is WAITING_TOOL without a worker: no heartbeat would
+           -- deliver a cancel request, so it ends at once like a queued run
+           status IN ({sql_list(LEASED)}) AND worker_id IS NOT NULL AS leased
       FROM awooop_run_state
      WHERE run_id = $1
        FOR UPDATE
