@@ -106,6 +106,7 @@ class Audit(StrEnum):
     WAIT_PARKED = "WAIT_PARKED"
     WAIT_COMPLETED = "WAIT_COMPLETED"
     WAIT_TIMED_OUT = "WAIT_TIMED_OUT"
+    WAIT_ENDED = "WAIT_ENDED"  # a wait's outcome while nobody was parked on it (no status change)
     # not a status change: written beside one that ended FAILED/CANCELLED with steps to undo
     COMPENSATION_REQUESTED = "COMPENSATION_REQUESTED"
     # not a status change: a background loop's statement failed on this run and skipped it
@@ -301,15 +302,17 @@ TRANSITIONS: dict[Action, Transition] = {
         ),
         _t(
             Action.COMPLETE_WAIT,
-            [S.WAITING_TOOL],
+            CANCELLABLE,
             Outcome(S.PENDING, Audit.WAIT_COMPLETED, "parked on this open wait (no lease); the first outcome wins"),
+            Outcome(None, Audit.WAIT_ENDED, "not parked on it: the wait ends, the run's handler finds the outcome"),
             fenced=False,
             describe="complete a wait of",
         ),
         _t(
             Action.EXPIRE_WAIT,
-            [S.WAITING_TOOL],
+            CANCELLABLE,
             Outcome(S.PENDING, Audit.WAIT_TIMED_OUT, "parked on an open wait whose time is up"),
+            Outcome(None, Audit.WAIT_ENDED, "not parked on it: the wait ends timed out, the run stays"),
             fenced=False,
             describe="time out a wait of",
         ),

@@ -18,6 +18,7 @@ import asyncpg
 from aiohttp import web
 
 from services.common import errors, jsonvalues, sql
+from services.common.runstate import TRANSITIONS, Action
 from services.common.settings import Settings
 from services.ingest.http import parse_body, problem
 
@@ -47,7 +48,7 @@ def add_routes(app: web.Application, pool: asyncpg.Pool, settings: Settings) -> 
         try:
             return web.json_response(answer(row))
         except errors.ServiceError as exc:
-            if exc.reason != errors.WAIT_CLOSED:
+            if exc.reason not in (errors.WAIT_CLOSED, errors.INVALID_TRANSITION):
                 raise
             # FAILED_PRECONDITION over gRPC; over HTTP the state conflicts with the request
             return problem(409, exc.message, reason=exc.reason, extra=exc.metadata)
@@ -60,12 +61,15 @@ def answer(row: Any) -> dict[str, Any]:
     middleware answers it as a problem document)."""
     wait_id = str(row["wait_id"])
     outcome = row["outcome"]
+    if outcome == "expired":
+        raise errors.wait_closed(wait_id, f"wait {wait_id} timed out", outcome="timed_out")
     if outcome == "closed":
         first = row["wait_status"]
         raise errors.wait_closed(wait_id, f"wait {wait_id} already {first}", outcome=first)
     if outcome == "not_a_token":
         raise errors.not_found("wait", "(token)")
-    if outcome == "run_ended":
-        status = row["run_status"]
-        raise errors.wait_closed(wait_id, f"the run of wait {wait_id} is {status}", status=status)
+    if outcome == "run_ended":  # the table's refusal, as CompleteWait answers it
+        raise errors.invalid_transition(
+            str(row["run_id"]), row["run_status"], TRANSITIONS[Action.COMPLETE_WAIT].describe
+        )
     return {"wait_id": wait_id, "run_id": str(row["run_id"]), "status": row["wait_status"], "resumed": row["resumed"]}

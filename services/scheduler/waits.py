@@ -122,7 +122,8 @@ async def park(pool: asyncpg.Pool, principal: Principal, run_id: str, attempt: i
 
 async def complete(pool: asyncpg.Pool, principal: Principal, wait_id: str, result: dict[str, Any]) -> Row:
     """CompleteWait: the wait's one outcome (awooop_end_wait). NOT_FOUND for an unknown wait or
-    one outside the caller's projects; WAIT_CLOSED naming the first outcome, or the run's end."""
+    one outside the caller's projects; WAIT_CLOSED naming the first outcome; INVALID_TRANSITION
+    when the run is over."""
     row = await pool.fetchrow(
         COMPLETE.sql,
         *COMPLETE.args(
@@ -145,13 +146,17 @@ def ended(row: Row, wait_id: str) -> Row:
         raise errors.not_found("wait", wait_id)
     if outcome == "not_a_token":
         raise errors.wait_closed(wait_id, f"wait {wait_id} is a sleep: it ends only when its time is up", kind="sleep")
+    if outcome == "expired":
+        raise errors.wait_closed(
+            wait_id, f"wait {wait_id} timed out at {row['expires_at'].isoformat()}", outcome="timed_out"
+        )
     if outcome == "closed":
         first = row["wait_status"]
         by = f" by {row['completed_by']}" if row["completed_by"] else ""
         at = f" at {row['completed_at'].isoformat()}" if row["completed_at"] else ""
         raise errors.wait_closed(wait_id, f"wait {wait_id} already {first}{by}{at}", outcome=first)
-    status = row["run_status"]
-    raise errors.wait_closed(wait_id, f"the run {row['run_id']} of wait {wait_id} is {status}", status=status)
+    # the run is over: the table's refusal (runstate COMPLETE_WAIT is allowed from CANCELLABLE only)
+    raise errors.invalid_transition(str(row["run_id"]), row["run_status"], TRANSITIONS[Action.COMPLETE_WAIT].describe)
 
 
 def callback_url(base: str, token: str) -> str:

@@ -37,8 +37,10 @@ CREATE INDEX awooop_wait_due_idx ON awooop_wait (expires_at) WHERE status = 'ope
 -- same order), so no two of these can deadlock. p_projects: the projects where the caller may
 -- complete waits (NULL: every project); a wait outside them is not_found, as an unknown one.
 -- Answers one row: outcome 'ended' (this call decided the wait; resumed: its run was parked on it
--- and is PENDING again), 'not_found', 'not_a_token' (a sleep ends only by its time), 'closed' (an
--- earlier outcome stands: wait_status says which) or 'run_ended' (the run is over: run_status).
+-- and is PENDING again), 'expired' (a completion found the wait's time up and ended it timed_out
+-- instead; resumed likewise), 'not_found', 'not_a_token' (a sleep ends only by its time), 'closed' (an
+-- earlier outcome stands: wait_status says which) or 'run_ended' (the run is over: run_status; a
+-- timeout still ends the wait, unaudited, so the sweep moves on).
 CREATE FUNCTION awooop_end_wait(p_wait_id UUID, p_status TEXT, p_result JSONB, p_actor TEXT, p_projects TEXT[])
 RETURNS TABLE (outcome TEXT, wait_id UUID, run_id UUID, project_id VARCHAR, wait_status VARCHAR, run_status VARCHAR,
                resumed BOOLEAN, result JSONB, completed_by VARCHAR, completed_at TIMESTAMPTZ, expires_at TIMESTAMPTZ,
@@ -48,6 +50,7 @@ DECLARE
     w awooop_wait%ROWTYPE;
     r RECORD;
     parked BOOLEAN;
+    late BOOLEAN;
     audit_action TEXT := CASE p_status WHEN 'timed_out' THEN 'WAIT_TIMED_OUT' ELSE 'WAIT_COMPLETED' END;
 BEGIN
     SELECT * INTO w FROM awooop_wait aw WHERE aw.wait_id = p_wait_id FOR UPDATE;
@@ -69,6 +72,14 @@ BEGIN
                             w.completed_at, w.expires_at, w.kind, w.step_id;
         RETURN;
     END IF;
+    -- a completion that arrives after the wait's time is up commits the timeout instead (as a
+    -- DecideApproval that finds its token expired does) and is refused, naming it
+    late := p_status = 'completed' AND w.expires_at <= now();
+    IF late THEN
+        p_status := 'timed_out';
+        p_result := NULL;
+        audit_action := 'WAIT_TIMED_OUT';
+    END IF;
     UPDATE awooop_wait aw SET status = p_status, result = p_result, completed_by = p_actor, completed_at = now()
      WHERE aw.wait_id = p_wait_id;
     parked := r.status = 'WAITING_TOOL' AND r.worker_id IS NULL AND w.parked_attempt = r.attempt_count;
@@ -77,12 +88,14 @@ BEGIN
          WHERE rs.run_id = w.run_id;
         PERFORM pg_notify('awooop_run_ready', w.project_id);
     END IF;
+    -- WAIT_COMPLETED / WAIT_TIMED_OUT re-queued the run parked on the wait; WAIT_ENDED: nobody
+    -- was parked on it (the handler has not reached its wait yet), the run stays where it is
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT w.project_id, w.run_id, p_actor, audit_action, r.status,
+    SELECT w.project_id, w.run_id, p_actor, CASE WHEN parked THEN audit_action ELSE 'WAIT_ENDED' END, r.status,
            CASE WHEN parked THEN 'PENDING' ELSE r.status END, w.step_id,
-           jsonb_build_object('wait_id', w.wait_id, 'kind', w.kind, 'resumed', parked)
+           jsonb_build_object('wait_id', w.wait_id, 'kind', w.kind, 'outcome', p_status, 'resumed', parked)
      WHERE r.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED');
-    RETURN QUERY SELECT 'ended'::text, w.wait_id, w.run_id, w.project_id, p_status::varchar,
+    RETURN QUERY SELECT CASE WHEN late THEN 'expired' ELSE 'ended' END, w.wait_id, w.run_id, w.project_id, p_status::varchar,
                         (CASE WHEN parked THEN 'PENDING' ELSE r.status END)::varchar, parked, p_result, p_actor::varchar,
                         now(), w.expires_at, w.kind, w.step_id;
 END

@@ -63,8 +63,8 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     ERROR_REASON_SHUTTING_DOWN: _ErrorReason.ValueType  # 19
     """The replica is draining (UNAVAILABLE); the call may be retried on another replica at once."""
     ERROR_REASON_WAIT_CLOSED: _ErrorReason.ValueType  # 20
-    """A durable wait already has its outcome (completed or timed out), or its run is over
-    (FAILED_PRECONDITION); metadata `wait_id`, `outcome` (the first outcome) or `status` (the run's).
+    """A durable wait already has its outcome (FAILED_PRECONDITION): metadata `wait_id` and
+    `outcome` (the first outcome: completed or timed_out), or `kind` sleep (a sleep takes no completion).
     """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
@@ -115,7 +115,7 @@ ERROR_REASON_HISTORY_TOO_LARGE: ErrorReason.ValueType  # 18
 ERROR_REASON_SHUTTING_DOWN: ErrorReason.ValueType  # 19
 """The replica is draining (UNAVAILABLE); the call may be retried on another replica at once."""
 ERROR_REASON_WAIT_CLOSED: ErrorReason.ValueType  # 20
-"""A durable wait already has its outcome (completed or timed out), or its run is over
-(FAILED_PRECONDITION); metadata `wait_id`, `outcome` (the first outcome) or `status` (the run's).
+"""A durable wait already has its outcome (FAILED_PRECONDITION): metadata `wait_id` and
+`outcome` (the first outcome: completed or timed_out), or `kind` sleep (a sleep takes no completion).
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015
