@@ -246,8 +246,10 @@ async def test_a_parked_run_survives_sigkill_and_resumes_through_its_callback_ur
     assert text.count(f"ran start-tool {run_id}") == 1
     [path] = re.findall(r"callback (\S+)", text)
     assert path.startswith("/v1/waits/")  # no AWOOOP_WAIT_CALLBACK_BASE_URL here: the path
-    # parked means nothing the reaper could take: ten of its 0.1 s passes later it is still parked
+    # parked means nothing the reaper could take, and nothing written: ten of its 0.1 s passes
+    # later the row is the same row version
     start = await db.fetchval("SELECT clock_timestamp()")
+    version = await db.fetchval("SELECT xmin::text FROM awooop_run_state WHERE run_id = $1", uuid.UUID(run_id))
 
     async def passes() -> bool:
         return bool(await db.fetchval("SELECT clock_timestamp() > $1::timestamptz + interval '1 second'", start))
@@ -255,6 +257,7 @@ async def test_a_parked_run_survives_sigkill_and_resumes_through_its_callback_ur
     await eventually(passes, timeout=10, what="ten reaper intervals")
     row = await _row(db, run_id)
     assert _parked(row) and row["attempt_count"] == 2 and row["released_count"] == 2  # attempts used: 0
+    assert await db.fetchval("SELECT xmin::text FROM awooop_run_state WHERE run_id = $1", uuid.UUID(run_id)) == version
     assert "REAPED" not in await _audit(db, run_id)
 
     second_log = tmp_path / "second.log"
@@ -518,3 +521,34 @@ async def test_unknown_and_other_projects_waits_are_not_found_and_sleeps_take_no
     with pytest.raises(AwooopError) as bad:
         await suite.complete_wait("not-a-uuid", {})
     assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_completion_before_the_handler_waits_is_kept_and_a_repeated_create_replaces_the_token(
+    suite: Suite, db: Any
+) -> None:
+    suite.parks += 1
+    [run_id] = await suite.create_runs(1, priority=suite.parks)
+    c = suite.worker_client
+    claimed = await c.call(
+        c.scheduler.ClaimRuns, scheduler_pb2.ClaimRunsRequest(worker_id="early", project_ids=[PROJECT], max_runs=1)
+    )
+    [lease] = [r.lease for r in claimed.runs if r.lease.run_id == run_id]
+    request = scheduler_pb2.CreateWaitRequest(lease=lease, step_id="w", timeout=_duration(600))
+    first = await c.call(c.scheduler.CreateWait, request)
+    again = await c.call(c.scheduler.CreateWait, request)  # its answer lost, say: the same wait, a new token
+    assert first.created and not again.created and again.wait.wait_id == first.wait.wait_id
+    assert again.token and again.token != first.token
+    status, _ = await _post(suite.http + first.callback_url, {"old": True})
+    assert status == 404  # the replaced token names no wait
+    status, body = await _post(suite.http + again.callback_url, {"early": True})
+    assert status == 200 and body["resumed"] is False, body  # nobody parked on it yet
+    assert (await _row(db, run_id))["status"] == "RUNNING"
+    answer = await c.call(
+        c.scheduler.AwaitWait, scheduler_pb2.AwaitWaitRequest(lease=lease, wait_id=first.wait.wait_id)
+    )
+    assert not answer.parked and answer.wait.status == scheduler_pb2.WAIT_STATUS_COMPLETED
+    assert dict(answer.wait.result) == {"early": True}
+    assert (await _row(db, run_id))["status"] == "RUNNING"  # the run goes on under its lease
+    assert (await _audit(db, run_id))[-1] == "WAIT_ENDED"
+    ended = await c.call(c.scheduler.CreateWait, request)
+    assert ended.token == "" and ended.callback_url == ""  # an ended wait issues no token
