@@ -552,3 +552,53 @@ async def test_a_completion_before_the_handler_waits_is_kept_and_a_repeated_crea
     assert (await _audit(db, run_id))[-1] == "WAIT_ENDED"
     ended = await c.call(c.scheduler.CreateWait, request)
     assert ended.token == "" and ended.callback_url == ""  # an ended wait issues no token
+
+
+# --- event waits ------------------------------------------------------------------------------
+
+
+async def test_an_api_event_with_the_correlation_key_satisfies_a_wait_also_one_that_arrived_just_before(
+    suite: Suite, db: Any
+) -> None:
+    async def send_event(key: str, **payload: Any) -> str:
+        resp = await suite.admin.call(
+            suite.admin.ingest.IngestEvent,
+            ingest_pb2.IngestEventRequest(
+                project_id=PROJECT,
+                channel_type=common_pb2.CHANNEL_TYPE_API,
+                provider_event_id=f"evt-{os.urandom(6).hex()}",
+                payload=to_struct({"correlation_key": key, **payload}),
+            ),
+        )
+        return resp.outcomes[0].run_id
+
+    early_event = await send_event("order-1", paid=True)  # before the wait exists: its look-back finds it
+    [waiting] = await suite.create_runs(1, input=to_struct({"order": "order-2"}))
+    [late_waiter] = await suite.create_runs(1, input=to_struct({"order": "order-1"}))
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        if "correlation_key" in ctx.input:  # the events are runs of their own
+            return {"event": True}
+        event = await ctx.wait_for_event(ctx.input["order"], timeout=60, lookback=120)
+        return {"paid": event["payload"]["paid"], "event_run": event["run_id"]}
+
+    worker = suite.worker(handler, concurrency=4)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+
+    async def done(run_id: str) -> bool:
+        return (await _row(db, run_id))["status"] == "COMPLETED"
+
+    await eventually(lambda: done(late_waiter), timeout=30, what="the look-back found the earlier event")
+    assert (await _row(db, late_waiter))["output"] == {"paid": True, "event_run": early_event}
+
+    async def parked() -> bool:
+        return _parked(await _row(db, waiting))
+
+    await eventually(parked, timeout=30, what="waiting for order-2")
+    await send_event("order-3", paid=False)  # another key: nothing happens
+    later_event = await send_event("order-2", paid=False)
+    await eventually(lambda: done(waiting), timeout=30, what="the event resumed the run")
+    await _stop(worker, task)
+    assert (await _row(db, waiting))["output"] == {"paid": False, "event_run": later_event}
+    audit = await _audit(db, waiting)
+    assert audit.count("WAIT_COMPLETED") == 1, audit

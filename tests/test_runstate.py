@@ -107,6 +107,13 @@ async def _expire_wait(s: Sched, run_id: str) -> None:
     await eventually(due, timeout=5, what="the wait due")
     await waits.expire(s.pool)
 
+    async def ended() -> bool:  # ours, or the service's sweep that held it (SKIP LOCKED) meanwhile
+        return bool(
+            await s.db.fetchval("SELECT status <> 'open' FROM awooop_wait WHERE run_id = $1", uuid.UUID(run_id))
+        )
+
+    await eventually(ended, timeout=5, what="the wait ended")
+
 
 async def _act(s: Sched, action: Action, run_id: str) -> Any:
     """Tries the action on the run; returns the RPC's error, or None."""

@@ -57,7 +57,7 @@ def build(ctx: AppContext) -> ServiceParts:
         )
 
     async def wait_sweep_loop() -> None:
-        await periodic(waits.SWEEP_LOOP, s.wait_sweep_interval, lambda: waits.expire(ctx.pool), ctx.stopping)
+        await periodic(waits.SWEEP_LOOP, s.wait_sweep_interval, lambda: waits.sweep(ctx.pool), ctx.stopping)
 
     async def claim_answers_loop() -> None:
         await periodic(

@@ -60,6 +60,8 @@ MAX_RETRY_AFTER = 86400.0
 MAX_APPROVAL_TTL = 7 * 86400.0
 MAX_APPROVAL_TOKEN = 256
 MAX_WAIT_TIMEOUT = 366 * 86400.0
+MAX_LOOKBACK = 86400.0  # an event wait's look-back
+DEFAULT_LOOKBACK = 300.0
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
 INT32_MAX = 2**31 - 1
@@ -118,7 +120,12 @@ def _deadline_passed(context: grpc.aio.ServicerContext[Any, Any]) -> Callable[[]
     return passed
 
 
-_WAIT_KINDS = {"token": scheduler_pb2.WAIT_KIND_TOKEN, "sleep": scheduler_pb2.WAIT_KIND_SLEEP}
+_WAIT_KINDS = {
+    "token": scheduler_pb2.WAIT_KIND_TOKEN,
+    "sleep": scheduler_pb2.WAIT_KIND_SLEEP,
+    "event": scheduler_pb2.WAIT_KIND_EVENT,
+}
+_WAIT_KIND_NAMES = {v: k for k, v in _WAIT_KINDS.items()}
 _WAIT_STATUSES = {
     "open": scheduler_pb2.WAIT_STATUS_OPEN,
     "completed": scheduler_pb2.WAIT_STATUS_COMPLETED,
@@ -493,18 +500,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         run_id, attempt = _lease(v, "lease", request.lease)
         step_id = v.token("step_id", request.step_id, max_len=MAX_ID)
         kind = request.kind or scheduler_pb2.WAIT_KIND_TOKEN
-        v.check(kind in (scheduler_pb2.WAIT_KIND_TOKEN, scheduler_pb2.WAIT_KIND_SLEEP), "kind", "TOKEN or SLEEP")
+        v.check(kind in _WAIT_KIND_NAMES, "kind", "TOKEN, SLEEP or EVENT")
         timeout = request.timeout.seconds + request.timeout.nanos / 1e9
         v.check(0 < timeout <= MAX_WAIT_TIMEOUT, "timeout", f"required, between 0 and {MAX_WAIT_TIMEOUT:g} seconds")
+        match = None
+        if kind == scheduler_pb2.WAIT_KIND_EVENT:
+            channel = request.match_channel or common_pb2.CHANNEL_TYPE_API
+            v.check(channel in common_pb2.ChannelType.values(), "match_channel", "a known CHANNEL_TYPE")
+            key = v.token("correlation_key", request.correlation_key, max_len=MAX_PROVIDER_EVENT_ID)
+            lookback = v.duration("lookback", request.lookback, max_seconds=MAX_LOOKBACK, default=DEFAULT_LOOKBACK)
+            if channel in common_pb2.ChannelType.values():
+                match = waits.EventMatch(channel_from_pb(channel), key, lookback)
         v.raise_if_any()
         created = await waits.create(
-            self.pool,
-            current_principal(),
-            run_id,
-            attempt,
-            step_id,
-            "sleep" if kind == scheduler_pb2.WAIT_KIND_SLEEP else "token",
-            timeout,
+            self.pool, current_principal(), run_id, attempt, step_id, _WAIT_KIND_NAMES[kind], timeout, match
         )
         url = waits.callback_url(self.settings.wait_callback_base_url, created.token) if created.token else ""
         return scheduler_pb2.CreateWaitResponse(

@@ -36,15 +36,28 @@ COMPLETE = Q["CompleteWait"]
 EXPIRE = Q["ExpireWaits"]
 DUE = Q["DueWaitRuns"]
 RUN_STATE = Q["RunState"]
+MATCH = Q["MatchEventWaits"]
+MATCHED = Q["MatchedEventWaitRuns"]
 
 # who may complete a wait by RPC: the workers of its project (a tool worker posting its result)
 # and the role of systems that feed events in (ingest); admin implies both
 COMPLETE_ROLES = (WORKER_ROLE, "ingest")
-KINDS = ("token", "sleep")
+KINDS = ("token", "sleep", "event")
 CALLBACK_PATH = "/v1/waits/"
 SWEEP_LOOP = "scheduler.wait_sweep"
 SWEEP_ACTOR = "system:wait-sweep"
+EVENTS_ACTOR = "system:wait-events"
 SWEEP_BATCH = 500
+
+
+@dataclass(frozen=True)
+class EventMatch:
+    """What an event wait waits for: an event of `channel` whose payload's "correlation_key" is
+    `correlation_key`, arrived at most `lookback` seconds before the wait was created, or later."""
+
+    channel: str
+    correlation_key: str
+    lookback: float
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,7 @@ async def create(
     step_id: str,
     kind: str,
     timeout: float,
+    match: EventMatch | None = None,
 ) -> Created:
     """The wait step_id of the caller's RUNNING run (created, or found again); an open token wait
     gets a new token. NOT_FOUND / LEASE_LOST / INVALID_TRANSITION when the lease does not hold."""
@@ -76,6 +90,9 @@ async def create(
             kind=kind,
             token_hash=digest,
             timeout=timeout,
+            match_channel=match.channel if match else None,
+            match_key=match.correlation_key if match else None,
+            lookback=match.lookback if match else 0.0,
         ),
     )
     if row is None:
@@ -164,6 +181,25 @@ def callback_url(base: str, token: str) -> str:
 
 
 # --- the timeout sweep -----------------------------------------------------------------------
+
+
+async def sweep(pool: asyncpg.Pool, batch: int = SWEEP_BATCH) -> int:
+    """One pass of the scheduler's wait loop: event waits matched first (an event that arrived
+    in time wins over the timeout of the same pass), then timeouts. Returns the waits ended."""
+    return await match_events(pool, batch) + await expire(pool, batch)
+
+
+async def match_events(pool: asyncpg.Pool, batch: int = SWEEP_BATCH) -> int:
+    """Open event waits that an event satisfies end completed with it (MatchEventWaits)."""
+    done: list[int] = []
+
+    async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
+        return await pool.fetch(MATCH.sql, *MATCH.args(only=only, batch=size, actor=EVENTS_ACTOR))
+
+    await loops.in_batches(
+        SWEEP_LOOP, EVENTS_ACTOR, pool, batch, statement, MATCHED.sql, lambda rows: done.append(len(rows))
+    )
+    return sum(done)
 
 
 async def expire(pool: asyncpg.Pool, batch: int = SWEEP_BATCH) -> int:

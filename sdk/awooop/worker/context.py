@@ -445,6 +445,33 @@ class RunContext:
             raise WaitTimeout(token)
         return result
 
+    async def wait_for_event(
+        self,
+        correlation_key: str,
+        *,
+        timeout: float,
+        lookback: float = 300.0,
+        channel: str = "api",
+        step_id: str | None = None,
+    ) -> Json:
+        """The first event of `channel` (an API event by default) whose payload's
+        "correlation_key" is `correlation_key`, arrived at most `lookback` seconds before this
+        wait was first created or later: {"run_id", "provider_event_id", "payload", "arrived_at"}.
+        The run parks until it arrives (matched by the scheduler's wait sweep); WaitTimeout when
+        none did in `timeout` seconds."""
+        self._live("wait_for_event")
+        kind = common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{channel.upper()}")
+        token = await waits.create(
+            self,
+            timeout,
+            self._wait_step_id("event", step_id),
+            scheduler_pb2.WAIT_KIND_EVENT,
+            correlation_key=correlation_key,
+            channel=kind,
+            lookback=lookback,
+        )
+        return await self.wait(token)
+
     async def sleep(self, seconds: float, *, step_id: str | None = None) -> None:
         """A durable sleep: the run parks until `seconds` have passed since the first attempt
         that reached this call, then goes on (a sleep always ends by its time)."""

@@ -68,11 +68,23 @@ def _duration(seconds: float) -> duration_pb2.Duration:
     return d
 
 
-async def create(ctx: RunContext, timeout: float, step_id: str, kind: scheduler_pb2.WaitKind.ValueType) -> WaitToken:
-    resp = await ctx.client.call(
-        ctx.client.scheduler.CreateWait,
-        scheduler_pb2.CreateWaitRequest(lease=ctx.lease, step_id=step_id, kind=kind, timeout=_duration(timeout)),
-    )
+async def create(
+    ctx: RunContext,
+    timeout: float,
+    step_id: str,
+    kind: scheduler_pb2.WaitKind.ValueType,
+    *,
+    correlation_key: str = "",
+    channel: common_pb2.ChannelType.ValueType = common_pb2.CHANNEL_TYPE_API,
+    lookback: float = 0.0,
+) -> WaitToken:
+    request = scheduler_pb2.CreateWaitRequest(lease=ctx.lease, step_id=step_id, kind=kind, timeout=_duration(timeout))
+    if kind == scheduler_pb2.WAIT_KIND_EVENT:
+        request.match_channel = channel
+        request.correlation_key = correlation_key
+        if lookback > 0:
+            request.lookback.CopyFrom(_duration(lookback))
+    resp = await ctx.client.call(ctx.client.scheduler.CreateWait, request)
     w = resp.wait
     token = WaitToken(w.wait_id, step_id, w.expires_at.ToDatetime(dt.UTC), resp.token, resp.callback_url)
     if resp.created:
@@ -89,7 +101,11 @@ async def create(ctx: RunContext, timeout: float, step_id: str, kind: scheduler_
     return token
 
 
-_KIND_NAMES = {scheduler_pb2.WAIT_KIND_TOKEN: "token", scheduler_pb2.WAIT_KIND_SLEEP: "sleep"}
+_KIND_NAMES = {
+    scheduler_pb2.WAIT_KIND_TOKEN: "token",
+    scheduler_pb2.WAIT_KIND_SLEEP: "sleep",
+    scheduler_pb2.WAIT_KIND_EVENT: "event",
+}
 
 
 async def outcome(ctx: RunContext, token: WaitToken) -> tuple[bool, dict[str, Any]]:

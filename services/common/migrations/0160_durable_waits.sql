@@ -13,23 +13,36 @@ CREATE TABLE awooop_wait (
     project_id      VARCHAR(64)  NOT NULL,
     run_id          UUID         NOT NULL REFERENCES awooop_run_state (run_id) ON DELETE CASCADE,
     step_id         VARCHAR(128) NOT NULL,
-    kind            VARCHAR(16)  NOT NULL CHECK (kind IN ('token', 'sleep')),
+    kind            VARCHAR(16)  NOT NULL CHECK (kind IN ('token', 'sleep', 'event')),
     status          VARCHAR(16)  NOT NULL DEFAULT 'open' CHECK (status IN ('open', 'completed', 'timed_out')),
     token_hash      BYTEA,
     expires_at      TIMESTAMPTZ  NOT NULL,
     result          JSONB,
     completed_by    VARCHAR(160),
     parked_attempt  INT,
+    -- an event wait: the channel and correlation key of the event it waits for, and the earliest
+    -- arrival it takes (its look-back: an event that came just before the wait counts)
+    match_channel   VARCHAR(32),
+    match_key       VARCHAR(256),
+    match_since     TIMESTAMPTZ,
     created_at      TIMESTAMPTZ  NOT NULL DEFAULT now(),
     completed_at    TIMESTAMPTZ,
     UNIQUE (run_id, step_id),
-    CHECK ((kind = 'token') = (token_hash IS NOT NULL))
+    CHECK ((kind = 'token') = (token_hash IS NOT NULL)),
+    CHECK ((kind = 'event') = (match_key IS NOT NULL AND match_channel IS NOT NULL AND match_since IS NOT NULL))
 );
 
 -- the callback URL's lookup (a token names one wait)
 CREATE UNIQUE INDEX awooop_wait_token_idx ON awooop_wait (token_hash) WHERE token_hash IS NOT NULL;
 -- the timeout sweep's scan: only open waits, earliest due first
 CREATE INDEX awooop_wait_due_idx ON awooop_wait (expires_at) WHERE status = 'open';
+-- the event matcher's scan: open event waits
+CREATE INDEX awooop_wait_event_idx ON awooop_wait (created_at) WHERE status = 'open' AND kind = 'event';
+
+-- Events that carry a correlation key (an API event whose payload has "correlation_key"), found
+-- by the event matcher. Partial: other events (nearly all) pay nothing for it.
+CREATE INDEX awooop_run_correlation_idx ON awooop_run_state (project_id, channel_type, (input ->> 'correlation_key'), created_at)
+    WHERE input ? 'correlation_key';
 
 -- The one rule for ending a wait, shared by CompleteWait (scheduler), the callback URL (ingest)
 -- and the timeout sweep: the first outcome wins, and a run parked on the wait is re-queued in the
@@ -63,10 +76,10 @@ BEGIN
     SELECT rs.status, rs.worker_id, rs.attempt_count INTO r
       FROM awooop_run_state rs WHERE rs.run_id = w.run_id FOR UPDATE;
     -- a run that is over takes no completion; its waits still time out (so the sweep moves on)
-    IF w.status <> 'open' OR (p_status = 'completed' AND w.kind <> 'token')
+    IF w.status <> 'open' OR (p_status = 'completed' AND w.kind = 'sleep')
        OR (p_status = 'completed' AND r.status IN ('COMPLETED', 'FAILED', 'CANCELLED')) THEN
         RETURN QUERY SELECT CASE WHEN w.status <> 'open' THEN 'closed'
-                                 WHEN w.kind <> 'token' AND p_status = 'completed' THEN 'not_a_token'
+                                 WHEN w.kind = 'sleep' AND p_status = 'completed' THEN 'not_a_token'
                                  ELSE 'run_ended' END,
                             w.wait_id, w.run_id, w.project_id, w.status, r.status, false, w.result, w.completed_by,
                             w.completed_at, w.expires_at, w.kind, w.step_id;

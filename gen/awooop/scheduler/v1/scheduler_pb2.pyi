@@ -85,6 +85,10 @@ class _WaitKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WaitKind.Val
     """A token: completed by CompleteWait or its callback URL, or timed out."""
     WAIT_KIND_SLEEP: _WaitKind.ValueType  # 2
     """A sleep: ends when its time is up."""
+    WAIT_KIND_EVENT: _WaitKind.ValueType  # 3
+    """An event: completed by the first event of `match_channel` whose payload's "correlation_key"
+    is `correlation_key`, arrived since `lookback` before the wait was created (or CompleteWait).
+    """
 
 class WaitKind(_WaitKind, metaclass=_WaitKindEnumTypeWrapper):
     """What a durable wait waits for."""
@@ -95,6 +99,10 @@ WAIT_KIND_TOKEN: WaitKind.ValueType  # 1
 """A token: completed by CompleteWait or its callback URL, or timed out."""
 WAIT_KIND_SLEEP: WaitKind.ValueType  # 2
 """A sleep: ends when its time is up."""
+WAIT_KIND_EVENT: WaitKind.ValueType  # 3
+"""An event: completed by the first event of `match_channel` whose payload's "correlation_key"
+is `correlation_key`, arrived since `lookback` before the wait was created (or CompleteWait).
+"""
 Global___WaitKind: _TypeAlias = WaitKind  # noqa: Y015
 
 class _WaitStatus:
@@ -2122,17 +2130,30 @@ class CreateWaitRequest(_message.Message):
     STEP_ID_FIELD_NUMBER: _builtins.int
     KIND_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
+    MATCH_CHANNEL_FIELD_NUMBER: _builtins.int
+    CORRELATION_KEY_FIELD_NUMBER: _builtins.int
+    LOOKBACK_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
     """The handler's name for the wait (1-128 chars), unique per run."""
     kind: Global___WaitKind.ValueType
     """Token (default) or sleep."""
+    match_channel: _common_pb2.ChannelType.ValueType
+    """WAIT_KIND_EVENT: the channel of the event (default CHANNEL_TYPE_API)."""
+    correlation_key: _builtins.str
+    """WAIT_KIND_EVENT: the payload's "correlation_key" to match (1-256 printable chars), required."""
     @_builtins.property
     def lease(self) -> _common_pb2.LeaseToken:
         """Fencing token of a RUNNING run."""
 
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
-        """How long until it times out (1 s to 366 days)."""
+        """How long until it times out (up to 366 days)."""
+
+    @_builtins.property
+    def lookback(self) -> _duration_pb2.Duration:
+        """WAIT_KIND_EVENT: how long before the wait's creation a matching event still counts (default
+        300 s, at most 1 day), so one that arrives just before the wait is registered is not missed.
+        """
 
     def __init__(
         self,
@@ -2141,10 +2162,13 @@ class CreateWaitRequest(_message.Message):
         step_id: _builtins.str = ...,
         kind: Global___WaitKind.ValueType = ...,
         timeout: _duration_pb2.Duration | None = ...,
+        match_channel: _common_pb2.ChannelType.ValueType = ...,
+        correlation_key: _builtins.str = ...,
+        lookback: _duration_pb2.Duration | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "timeout", b"timeout"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "lookback", b"lookback", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kind", b"kind", "lease", b"lease", "step_id", b"step_id", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_key", b"correlation_key", "kind", b"kind", "lease", b"lease", "lookback", b"lookback", "match_channel", b"match_channel", "step_id", b"step_id", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

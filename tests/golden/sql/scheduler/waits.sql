@@ -1,6 +1,7 @@
 -- name: CreateWait
--- params: run_id, attempt, projects, step_id, kind, token_hash, timeout
--- The wait named :step_id of the caller's run, created open with its expiry, or the one an
+-- params: run_id, attempt, projects, step_id, kind, token_hash, timeout, match_channel, match_key, lookback
+-- The wait named :step_id of the caller's run, created open with its expiry (an event wait with
+-- its match: channel, correlation key and the look-back its events may arrive in), or the one an
 -- earlier attempt (or an earlier call of this attempt) created: the handler runs again from the
 -- top after a resume and must find the same wait. An open token wait gets a new token
 -- (:token_hash) in place of one whose answer may have been lost (the attempt that received it
@@ -12,9 +13,13 @@ WITH lease AS (
      WHERE run_id = $1 AND attempt_count = $2 AND status = 'RUNNING'
        AND ($3::text[] IS NULL OR project_id = ANY($3::text[]))
 )
-INSERT INTO awooop_wait AS w (project_id, run_id, step_id, kind, token_hash, expires_at)
+INSERT INTO awooop_wait AS w (project_id, run_id, step_id, kind, token_hash, expires_at, match_channel, match_key,
+                               match_since)
 SELECT l.project_id, l.run_id, $4::text, $5::text, CASE WHEN $5::text = 'token' THEN $6::bytea END,
-       now() + make_interval(secs => $7)
+       now() + make_interval(secs => $7),
+       CASE WHEN $5::text = 'event' THEN $8::text END,
+       CASE WHEN $5::text = 'event' THEN $9::text END,
+       CASE WHEN $5::text = 'event' THEN now() - make_interval(secs => $10) END
   FROM lease l
 ON CONFLICT (run_id, step_id) DO UPDATE
    SET token_hash = CASE WHEN w.status = 'open' AND w.kind = 'token' THEN EXCLUDED.token_hash ELSE w.token_hash END
@@ -89,6 +94,45 @@ SELECT e.*
          LIMIT $2
            FOR UPDATE SKIP LOCKED) due,
        LATERAL awooop_end_wait(due.wait_id, 'timed_out', NULL, $3, NULL) e
+
+-- name: MatchEventWaits
+-- params: only, batch, actor
+-- The event matcher: each open event wait takes the earliest event of its project and channel
+-- whose payload carries its correlation key and that arrived since the wait's look-back began,
+-- and ends completed with it (awooop_end_wait: the first outcome wins, a parked run resumes).
+-- Every event is a run of its own (the channel's run), so the event is read from the run it
+-- created: its payload is the run's input. SKIP LOCKED batches, as ExpireWaits.
+SELECT e.*
+  FROM (SELECT w.wait_id, m.run_id AS event_run_id, m.provider_event_id, m.input, m.created_at AS arrived_at
+          FROM awooop_wait w
+          JOIN LATERAL (SELECT r.run_id, r.provider_event_id, r.input, r.created_at
+                          FROM awooop_run_state r
+                         WHERE r.project_id = w.project_id AND r.channel_type = w.match_channel
+                           AND r.input ? 'correlation_key' AND (r.input ->> 'correlation_key') = w.match_key
+                           AND r.created_at >= w.match_since AND r.run_id <> w.run_id
+                         ORDER BY r.created_at
+                         LIMIT 1) m ON true
+         WHERE w.status = 'open' AND w.kind = 'event' AND ($1::uuid IS NULL OR w.run_id = $1)
+         ORDER BY w.created_at
+         LIMIT $2
+           FOR UPDATE OF w SKIP LOCKED) hit,
+       LATERAL awooop_end_wait(hit.wait_id, 'completed',
+                               jsonb_build_object('run_id', hit.event_run_id, 'provider_event_id', hit.provider_event_id,
+                                                  'payload', hit.input, 'arrived_at', hit.arrived_at),
+                               $3, NULL) e
+
+-- name: MatchedEventWaitRuns
+-- params: batch
+-- The runs whose event waits a matcher batch would end, for ending them one run at a time.
+SELECT w.run_id
+  FROM awooop_wait w
+ WHERE w.status = 'open' AND w.kind = 'event'
+   AND EXISTS (SELECT 1 FROM awooop_run_state r
+                WHERE r.project_id = w.project_id AND r.channel_type = w.match_channel
+                  AND r.input ? 'correlation_key' AND (r.input ->> 'correlation_key') = w.match_key
+                  AND r.created_at >= w.match_since AND r.run_id <> w.run_id)
+ ORDER BY w.created_at
+ LIMIT $1
 
 -- name: DueWaitRuns
 -- params: batch
