@@ -38,6 +38,10 @@ class Config:
     reaper_expired: int = 1000  # RUNNING runs with expired leases present in each cost run
     reaper_repeats: int = 5
     reap_pass: int = 10_000  # expired leases reaped in one pass
+    # durable waits
+    waits_parked: int = 10_000  # parked runs (each with its open wait) in the table
+    waits_claimable: int = 20_000  # PENDING runs the claim takes its batches from
+    waits_repeats: int = 41
     # crash
     crash_lease_ttl: float = 2.0
     crash_reaper_interval: float = 0.5

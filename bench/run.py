@@ -35,6 +35,7 @@ GROUPS: dict[str, str] = {
     "claims": "bench.claims",
     "journal": "bench.journal",
     "reaper": "bench.reaper",
+    "waits": "bench.waits",
     "crash": "bench.crash",
     "pooler": "bench.pooler",
     "retention": "bench.retention",

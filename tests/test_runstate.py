@@ -34,8 +34,8 @@ from services.common.runstate import (
     fenced_refusal,
 )
 from services.common.validate import to_struct
-from services.scheduler import hand_back
-from tests.harness.helpers import ROOT, expect_error, reason_of
+from services.scheduler import hand_back, waits
+from tests.harness.helpers import ROOT, eventually, expect_error, reason_of
 from tests.harness.scheduler import Sched, audit_actions, insert_runs, lease, make_sched, run_row, snapshot
 
 TOKEN = "t" * 43  # an approval token as RequestApproval issues them (token_urlsafe(32))
@@ -71,7 +71,48 @@ async def _put_in(s: Sched, status: RunStatus, action: Action) -> str:
         hashlib.sha256(TOKEN.encode()).digest(),
         action is Action.EXPIRE_APPROVAL,
     )
+    if action in (Action.PARK, Action.COMPLETE_WAIT, Action.EXPIRE_WAIT):
+        # a durable wait of the run; for its completion or timeout a WAITING_TOOL run is parked on
+        # it (no lease), as AwaitWait leaves it. The sweep's wait comes due in a second, so the
+        # snapshot before the action is taken before any sweep can end it.
+        parked = status is RunStatus.WAITING_TOOL and action is not Action.PARK
+        if parked:
+            await s.db.execute(
+                "UPDATE awooop_run_state SET worker_id = NULL, lease_until = NULL WHERE run_id = $1", uuid.UUID(run_id)
+            )
+        await s.db.execute(
+            """INSERT INTO awooop_wait (project_id, run_id, step_id, kind, token_hash, expires_at, parked_attempt)
+               VALUES ('p', $1, 'w', 'token', $2, now() + make_interval(secs => $3), $4)""",
+            uuid.UUID(run_id),
+            hashlib.sha256(run_id.encode()).digest(),
+            1.0 if action is Action.EXPIRE_WAIT else 600.0,
+            1 if parked else None,
+        )
     return run_id
+
+
+async def _wait_of(s: Sched, run_id: str) -> str:
+    return str(await s.db.fetchval("SELECT wait_id FROM awooop_wait WHERE run_id = $1", uuid.UUID(run_id)))
+
+
+async def _expire_wait(s: Sched, run_id: str) -> None:
+    """The timeout sweep, once the run's wait is due (the service's own sweep may end it first:
+    either way it ends once)."""
+
+    async def due() -> bool:
+        return bool(
+            await s.db.fetchval("SELECT expires_at <= now() FROM awooop_wait WHERE run_id = $1", uuid.UUID(run_id))
+        )
+
+    await eventually(due, timeout=5, what="the wait due")
+    await waits.expire(s.pool)
+
+    async def ended() -> bool:  # ours, or the service's sweep that held it (SKIP LOCKED) meanwhile
+        return bool(
+            await s.db.fetchval("SELECT status <> 'open' FROM awooop_wait WHERE run_id = $1", uuid.UUID(run_id))
+        )
+
+    await eventually(ended, timeout=5, what="the wait ended")
 
 
 async def _act(s: Sched, action: Action, run_id: str) -> Any:
@@ -97,6 +138,7 @@ async def _act(s: Sched, action: Action, run_id: str) -> Any:
         ),
         Action.CANCEL: lambda: s.stub.CancelRun(pb.CancelRunRequest(run_id=run_id), metadata=s.approver),
     }
+    wait_id = await _wait_of(s, run_id) if action in (Action.PARK, Action.COMPLETE_WAIT) else ""
     if action is Action.CLAIM:
         await s.claim("w2")
         return None
@@ -110,6 +152,13 @@ async def _act(s: Sched, action: Action, run_id: str) -> Any:
     if action is Action.EXPIRE_APPROVAL:
         await s.expire_approvals()
         return None
+    if action is Action.EXPIRE_WAIT:
+        await _expire_wait(s, run_id)
+        return None
+    if action is Action.PARK:
+        calls[action] = lambda: s.stub.AwaitWait(pb.AwaitWaitRequest(lease=tok, wait_id=wait_id), metadata=w)
+    if action is Action.COMPLETE_WAIT:
+        calls[action] = lambda: s.stub.CompleteWait(pb.CompleteWaitRequest(wait_id=wait_id), metadata=w)
     if action is Action.REDRIVE:  # a bulk operator action: refused statuses are simply not picked
         await s.stub.RedriveRuns(pb.RedriveRunsRequest(project_id="p"), metadata=s.admin)
         return None
@@ -153,7 +202,14 @@ async def test_every_status_and_action_pair_does_what_the_table_says(
         assert err is None, err.details()
         return
     # (a fail is replayed only when the audit log holds that attempt's FailRun; none was written here)
-    if action in (Action.CLAIM, Action.HAND_BACK, Action.REAP, Action.EXPIRE_APPROVAL, Action.REDRIVE):
+    if action in (
+        Action.CLAIM,
+        Action.HAND_BACK,
+        Action.REAP,
+        Action.EXPIRE_APPROVAL,
+        Action.REDRIVE,
+        Action.EXPIRE_WAIT,
+    ):
         return  # a background pass (or the claim's own hand-back) simply does not pick the run
     assert err is not None, (status, action)
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION, err.details()

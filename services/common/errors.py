@@ -44,6 +44,7 @@ UNIMPLEMENTED = reason(errors_pb2.ERROR_REASON_UNIMPLEMENTED)
 TOOL_FAILED = reason(errors_pb2.ERROR_REASON_TOOL_FAILED)
 JOURNAL_TOO_LARGE = reason(errors_pb2.ERROR_REASON_JOURNAL_TOO_LARGE)
 HISTORY_TOO_LARGE = reason(errors_pb2.ERROR_REASON_HISTORY_TOO_LARGE)
+WAIT_CLOSED = reason(errors_pb2.ERROR_REASON_WAIT_CLOSED)
 
 
 class ServiceError(Exception):
@@ -161,6 +162,14 @@ def approval_invalid(run_id: str) -> ServiceError:
     )
 
 
+def wait_closed(wait_id: str, message: str, **metadata: str) -> ServiceError:
+    """A durable wait that already has its outcome (metadata `outcome`) or whose run is over
+    (metadata `status`): a second outcome is refused, naming the first."""
+    return ServiceError(
+        grpc.StatusCode.FAILED_PRECONDITION, WAIT_CLOSED, message, metadata={"wait_id": wait_id, **metadata}
+    )
+
+
 def store_unavailable(detail: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.UNAVAILABLE, STORE_UNAVAILABLE, f"store unavailable: {detail}", metadata={"retry": "true"}
@@ -176,6 +185,8 @@ def overloaded(limit: int) -> ServiceError:
         f"server overloaded: {limit} RPCs in flight (AWOOOP_MAX_CONCURRENT_RPCS); retry with backoff",
         metadata={"retry": "true", "limit": str(limit)},
     )
+
+
 def shutting_down(message: str) -> ServiceError:
     """This replica is draining: the client's retry policy sends the call to another one."""
     return ServiceError(grpc.StatusCode.UNAVAILABLE, SHUTTING_DOWN, message, metadata={"retry": "true"})

@@ -49,6 +49,9 @@ CLAIMABLE: tuple[RunStatus, ...] = (S.PENDING, S.RESUMED)
 # journal accepts writes only in these.
 LEASED: tuple[RunStatus, ...] = (S.RUNNING, S.WAITING_TOOL)
 # Waiting for something outside the worker: a tool's answer (leased) or a person (not leased).
+# A run parked on a durable wait (a token, a sleep) is WAITING_TOOL with no lease: worker_id and
+# lease_until are NULL, so neither the heartbeat (it matches the worker) nor the reaper (it needs
+# lease_until < now()) touch it, and its attempt's token was spent when it parked (PARK).
 WAITING: tuple[RunStatus, ...] = (S.WAITING_TOOL, S.WAITING_APPROVAL)
 # Ended: no transition leaves them, except an operator's RedriveRuns requeuing FAILED runs.
 TERMINAL: tuple[RunStatus, ...] = (S.COMPLETED, S.FAILED, S.CANCELLED)
@@ -76,6 +79,9 @@ class Action(StrEnum):
     CANCEL = "cancel"  # CancelRun
     REAP = "reap"  # the reaper, on an expired lease
     REDRIVE = "redrive"  # RedriveRuns (an operator's bulk requeue of failed runs)
+    PARK = "park"  # AwaitWait (a durable wait: scheduler/waits.py)
+    COMPLETE_WAIT = "complete_wait"  # CompleteWait, or the wait's callback URL
+    EXPIRE_WAIT = "expire_wait"  # the wait timeout sweep
 
 
 class Audit(StrEnum):
@@ -99,6 +105,10 @@ class Audit(StrEnum):
     REAPED_FAILED = "REAPED_FAILED"
     REAPED_CANCELLED = "REAPED_CANCELLED"
     REDRIVEN = "REDRIVEN"
+    WAIT_PARKED = "WAIT_PARKED"
+    WAIT_COMPLETED = "WAIT_COMPLETED"
+    WAIT_TIMED_OUT = "WAIT_TIMED_OUT"
+    WAIT_ENDED = "WAIT_ENDED"  # a wait's outcome while nobody was parked on it (no status change)
     # not a status change: written beside one that ended FAILED/CANCELLED with steps to undo
     COMPENSATION_REQUESTED = "COMPENSATION_REQUESTED"
     # not a status change: a background loop's statement failed on this run and skipped it
@@ -294,6 +304,33 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.PENDING, Audit.REDRIVEN, "matches the operator's filter, nothing to compensate; fresh attempts"),
             fenced=False,
             describe="redrive",
+        ),
+        _t(
+            Action.PARK,
+            [S.RUNNING],
+            Outcome(
+                S.WAITING_TOOL,
+                Audit.WAIT_PARKED,
+                "the wait is open, no cancel pending; the lease is released and the attempt's token spent",
+            ),
+            fenced=True,
+            describe="park on a wait",
+        ),
+        _t(
+            Action.COMPLETE_WAIT,
+            CANCELLABLE,
+            Outcome(S.PENDING, Audit.WAIT_COMPLETED, "parked on this open wait (no lease); the first outcome wins"),
+            Outcome(None, Audit.WAIT_ENDED, "not parked on it: the wait ends, the run's handler finds the outcome"),
+            fenced=False,
+            describe="complete a wait of",
+        ),
+        _t(
+            Action.EXPIRE_WAIT,
+            CANCELLABLE,
+            Outcome(S.PENDING, Audit.WAIT_TIMED_OUT, "parked on an open wait whose time is up"),
+            Outcome(None, Audit.WAIT_ENDED, "not parked on it: the wait ends timed out, the run stays"),
+            fenced=False,
+            describe="time out a wait of",
         ),
     )
 }

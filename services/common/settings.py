@@ -152,6 +152,10 @@ class Settings:
     retry_jitter: float = 0.2  # retry policy: fraction of a delay taken off at random (0-1)
     approval_ttl: float = 900.0  # life of an approval token (15 min); then E-APPROVAL-002
     approval_sweep_interval: float = 30.0  # how often expired approvals are failed
+    wait_sweep_interval: float = 1.0  # how often durable waits past their timeout (and sleeps) are ended
+    # what a durable wait's callback URL starts with (ingest's public HTTP address, e.g.
+    # https://hooks.example.com); empty: the URL is the path only, /v1/waits/<token>
+    wait_callback_base_url: str = ""
     max_claim_wait: float = 60.0  # longest a ClaimRuns long-poll may wait for work
     queue_metrics_interval: float = 15.0  # how often runs by project and status are counted for /metrics (0: off)
     metrics_max_projects: int = 100  # projects with their own metrics label; later ones share project="_other"

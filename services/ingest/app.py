@@ -7,7 +7,7 @@ from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from services.common.auth import Authenticator
 from services.common.loops import periodic
 from services.common.runtime import AppContext, ServiceParts
-from services.ingest import retention
+from services.ingest import retention, wait_callbacks
 from services.ingest.http import HttpIngest
 from services.ingest.servicer import IngestServicer
 from services.ingest.wakeup import Notifier
@@ -31,11 +31,14 @@ def build(ctx: AppContext) -> ServiceParts:
 
     # the HTTP side calls the same logic objects as the gRPC servicer
     http = HttpIngest(s, servicer.events, servicer.directory, Authenticator(ctx.pool, s.auth_cache_seconds))
+    http_app = http.app() if s.http_port else None
+    if http_app is not None:  # durable waits' callback URLs
+        wait_callbacks.add_routes(http_app, ctx.pool, s)
 
     return ServiceParts(
         servicers=[(ingest_pb2_grpc.add_IngestServiceServicer_to_server, servicer)],
         service_names=[SERVICE_NAME],
         background=[wakeup_loop, retention_loop],
         on_stop=[servicer.events.drain],
-        http_app=http.app() if s.http_port else None,
+        http_app=http_app,
     )

@@ -1,7 +1,7 @@
 """Wires the scheduler service into the runtime: the servicer, the LISTEN connection for
 claim wake-ups, and its background loops (the stale-lease reaper, the approval expiry sweep,
-the queue gauges' sampler, the schedules' ticks and the pruning of recorded claim answers),
-each safe to run in several replicas at once."""
+the durable waits' timeout sweep, the queue gauges' sampler, the schedules' ticks and the
+pruning of recorded claim answers), each safe to run in several replicas at once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import retry_policy
 from services.common.loops import periodic
 from services.common.runtime import AppContext, ServiceParts
-from services.scheduler import approvals, claim_answers, metrics, reaper, schedules
+from services.scheduler import approvals, claim_answers, metrics, reaper, schedules, waits
 from services.scheduler.queue import QueueSampler
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.servicer import SchedulerServicer
@@ -56,6 +56,9 @@ def build(ctx: AppContext) -> ServiceParts:
             ctx.stopping,
         )
 
+    async def wait_sweep_loop() -> None:
+        await periodic(waits.SWEEP_LOOP, s.wait_sweep_interval, lambda: waits.sweep(ctx.pool), ctx.stopping)
+
     async def claim_answers_loop() -> None:
         await periodic(
             "scheduler.claim_answers",
@@ -71,6 +74,14 @@ def build(ctx: AppContext) -> ServiceParts:
     return ServiceParts(
         servicers=[(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(ctx, listener, saga))],
         service_names=[SERVICE_NAME],
-        background=[listen, reap_loop, approval_sweep_loop, queue_metrics_loop, schedule_loop, claim_answers_loop],
+        background=[
+            listen,
+            reap_loop,
+            approval_sweep_loop,
+            queue_metrics_loop,
+            schedule_loop,
+            claim_answers_loop,
+            wait_sweep_loop,
+        ],
         on_stop=[listener.close, saga.close],
     )

@@ -45,6 +45,7 @@ from services.scheduler import (
     redrive,
     schedules,
     transitions,
+    waits,
 )
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.wakeup import RunReadyListener
@@ -58,6 +59,9 @@ MAX_LEASE_TTL = 3600.0  # seconds
 MAX_RETRY_AFTER = 86400.0
 MAX_APPROVAL_TTL = 7 * 86400.0
 MAX_APPROVAL_TOKEN = 256
+MAX_WAIT_TIMEOUT = 366 * 86400.0
+MAX_LOOKBACK = 86400.0  # an event wait's look-back
+DEFAULT_LOOKBACK = 300.0
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
 INT32_MAX = 2**31 - 1
@@ -114,6 +118,39 @@ def _deadline_passed(context: grpc.aio.ServicerContext[Any, Any]) -> Callable[[]
         return remaining is not None and remaining <= 0
 
     return passed
+
+
+_WAIT_KINDS = {
+    "token": scheduler_pb2.WAIT_KIND_TOKEN,
+    "sleep": scheduler_pb2.WAIT_KIND_SLEEP,
+    "event": scheduler_pb2.WAIT_KIND_EVENT,
+}
+_WAIT_KIND_NAMES = {v: k for k, v in _WAIT_KINDS.items()}
+_WAIT_STATUSES = {
+    "open": scheduler_pb2.WAIT_STATUS_OPEN,
+    "completed": scheduler_pb2.WAIT_STATUS_COMPLETED,
+    "timed_out": scheduler_pb2.WAIT_STATUS_TIMED_OUT,
+}
+
+
+def _wait_pb(row: Any, *, run_id: str = "", project_id: str = "", status: str = "") -> scheduler_pb2.Wait:
+    """A wait from a row of waits.sql or awooop_end_wait (whose columns differ a little)."""
+    keys = row.keys()
+    w = scheduler_pb2.Wait(
+        wait_id=str(row["wait_id"]),
+        run_id=str(row["run_id"]) if "run_id" in keys else run_id,
+        project_id=row["project_id"] if "project_id" in keys else project_id,
+        step_id=row["step_id"],
+        kind=_WAIT_KINDS[row["kind"]],
+        status=_WAIT_STATUSES[status or row["status"]],
+        completed_by=row["completed_by"] or "",
+    )
+    set_time(w.expires_at, row["expires_at"])
+    if row["completed_at"] is not None:
+        set_time(w.completed_at, row["completed_at"])
+    if row["result"] is not None:
+        w.result.CopyFrom(to_struct(row["result"]))
+    return w
 
 
 def _status_of(value: str | None) -> int:
@@ -442,6 +479,63 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         changed = await transitions.cancel(self.pool, current_principal(), run_id, reason, saga=self.saga)
         return scheduler_pb2.CancelRunResponse(
             run=run_to_pb(changed.row), compensation_requested=changed.compensation_requested
+        )
+
+    # --- durable waits (waits.py) -------------------------------------------------------------
+
+    async def CreateWait(
+        self, request: scheduler_pb2.CreateWaitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.CreateWaitResponse:
+        v = Violations()
+        run_id, attempt = _lease(v, "lease", request.lease)
+        step_id = v.token("step_id", request.step_id, max_len=MAX_ID)
+        kind = request.kind or scheduler_pb2.WAIT_KIND_TOKEN
+        v.check(kind in _WAIT_KIND_NAMES, "kind", "TOKEN, SLEEP or EVENT")
+        timeout = request.timeout.seconds + request.timeout.nanos / 1e9
+        v.check(0 < timeout <= MAX_WAIT_TIMEOUT, "timeout", f"required, between 0 and {MAX_WAIT_TIMEOUT:g} seconds")
+        match = None
+        if kind == scheduler_pb2.WAIT_KIND_EVENT:
+            channel = request.match_channel or common_pb2.CHANNEL_TYPE_API
+            v.check(channel in common_pb2.ChannelType.values(), "match_channel", "a known CHANNEL_TYPE")
+            key = v.token("correlation_key", request.correlation_key, max_len=MAX_PROVIDER_EVENT_ID)
+            lookback = v.duration("lookback", request.lookback, max_seconds=MAX_LOOKBACK, default=DEFAULT_LOOKBACK)
+            if channel in common_pb2.ChannelType.values():
+                match = waits.EventMatch(channel_from_pb(channel), key, lookback)
+        v.raise_if_any()
+        created = await waits.create(
+            self.pool, current_principal(), run_id, attempt, step_id, _WAIT_KIND_NAMES[kind], timeout, match
+        )
+        url = waits.callback_url(self.settings.wait_callback_base_url, created.token) if created.token else ""
+        return scheduler_pb2.CreateWaitResponse(
+            wait=_wait_pb(created.wait), token=created.token, callback_url=url, created=created.created
+        )
+
+    async def AwaitWait(
+        self, request: scheduler_pb2.AwaitWaitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.AwaitWaitResponse:
+        v = Violations()
+        run_id, attempt = _lease(v, "lease", request.lease)
+        wait_id = v.uuid("wait_id", request.wait_id)
+        v.raise_if_any()
+        parked, row = await waits.park(self.pool, current_principal(), run_id, attempt, wait_id)
+        if parked:
+            metrics.TRANSITIONS.labels(RunStatus.WAITING_TOOL).inc()
+        return scheduler_pb2.AwaitWaitResponse(
+            parked=parked, wait=_wait_pb(row, run_id=run_id, project_id=row["cur_project"], status=row["wait_status"])
+        )
+
+    async def CompleteWait(
+        self, request: scheduler_pb2.CompleteWaitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.CompleteWaitResponse:
+        v = Violations()
+        wait_id = v.uuid("wait_id", request.wait_id)
+        result = v.struct("result", request.result, max_bytes=self.settings.max_step_result_bytes)
+        v.raise_if_any()
+        row = await waits.complete(self.pool, current_principal(), wait_id, result)
+        if row["resumed"]:
+            metrics.TRANSITIONS.labels(RunStatus.PENDING).inc()
+        return scheduler_pb2.CompleteWaitResponse(
+            wait=_wait_pb(row, status=row["wait_status"]), resumed=bool(row["resumed"])
         )
 
     # --- reads -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from awooop.worker.context import Approval, RunContext, StepCall
 from awooop.worker.errors import AwooopError, ErrorDetails, LeaseLost, RunFinished, details_of
 from awooop.worker.structs import from_struct, to_struct
 from awooop.worker.tools import ToolClient
+from awooop.worker.waits import RunParked, WaitTimeout, WaitToken
 from awooop.worker.worker import Worker, WorkerError, run_worker
 
 __all__ = [
@@ -27,8 +28,11 @@ __all__ = [
     "LeaseLost",
     "RunContext",
     "RunFinished",
+    "RunParked",
     "StepCall",
     "ToolClient",
+    "WaitTimeout",
+    "WaitToken",
     "Worker",
     "WorkerError",
     "details_of",

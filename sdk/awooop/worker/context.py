@@ -30,11 +30,12 @@ from google.protobuf import duration_pb2
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import metrics, tracing
+from awooop.worker import metrics, tracing, waits
 from awooop.worker.client import Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.errors import JOURNAL_TOO_LARGE, AwooopError, LeaseLost, RunFinished
 from awooop.worker.structs import from_struct, to_struct
+from awooop.worker.waits import WaitTimeout, WaitToken
 
 log = logging.getLogger("awooop.worker")
 
@@ -137,6 +138,7 @@ class RunContext:
         # ran; None until read. A first attempt's journal is empty: nothing to read.
         self._journal: dict[str, common_pb2.SagaStep] | None = None if (self.attempt > 1 or self.resumed) else {}
         self._journal_too_large = False  # GetJournal answered JOURNAL_TOO_LARGE: use BeginStep instead
+        self._wait_numbers: dict[str, int] = {}  # durable waits' step ids numbered per kind, in call order
         self.log = logging.LoggerAdapter(log, {"run_id": self.run_id, "attempt": self.attempt})
 
     @property
@@ -417,6 +419,65 @@ class RunContext:
             raise
         if self.outcome is None:
             await self.client.call(self.client.scheduler.ResumeTool, scheduler_pb2.ResumeToolRequest(lease=self.lease))
+
+    # --- durable waits (waits.py) ---
+
+    def _wait_step_id(self, kind: str, step_id: str | None) -> str:
+        if step_id:
+            return step_id
+        n = self._wait_numbers[kind] = self._wait_numbers.get(kind, 0) + 1
+        return f"{kind}-{n}"
+
+    async def create_wait(self, timeout: float, *, step_id: str | None = None) -> WaitToken:
+        """A wait token any system completes: `token.callback_url` (POST a JSON object) or the
+        CompleteWait RPC with `token.wait_id`. It times out after `timeout` seconds. On a later
+        attempt the same call (same step_id, or the same place in call order) finds the same wait."""
+        self._live("create_wait")
+        return await waits.create(self, timeout, self._wait_step_id("wait", step_id), scheduler_pb2.WAIT_KIND_TOKEN)
+
+    async def wait(self, token: WaitToken) -> Json:
+        """The completion's result. While the wait is open the run parks (no lease, no worker
+        slot) and the handler unwinds; it runs again from the top once the wait ends, and this
+        call then returns at once. Raises WaitTimeout when the wait timed out instead."""
+        self._live("wait")
+        completed, result = await waits.outcome(self, token)
+        if not completed:
+            raise WaitTimeout(token)
+        return result
+
+    async def wait_for_event(
+        self,
+        correlation_key: str,
+        *,
+        timeout: float,
+        lookback: float = 300.0,
+        channel: str = "api",
+        step_id: str | None = None,
+    ) -> Json:
+        """The first event of `channel` (an API event by default) whose payload's
+        "correlation_key" is `correlation_key`, arrived at most `lookback` seconds before this
+        wait was first created or later: {"run_id", "provider_event_id", "payload", "arrived_at"}.
+        The run parks until it arrives (matched by the scheduler's wait sweep); WaitTimeout when
+        none did in `timeout` seconds."""
+        self._live("wait_for_event")
+        kind = common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{channel.upper()}")
+        token = await waits.create(
+            self,
+            timeout,
+            self._wait_step_id("event", step_id),
+            scheduler_pb2.WAIT_KIND_EVENT,
+            correlation_key=correlation_key,
+            channel=kind,
+            lookback=lookback,
+        )
+        return await self.wait(token)
+
+    async def sleep(self, seconds: float, *, step_id: str | None = None) -> None:
+        """A durable sleep: the run parks until `seconds` have passed since the first attempt
+        that reached this call, then goes on (a sleep always ends by its time)."""
+        self._live("sleep")
+        token = await waits.create(self, seconds, self._wait_step_id("sleep", step_id), scheduler_pb2.WAIT_KIND_SLEEP)
+        await waits.outcome(self, token)
 
     # --- the run's end ---
 

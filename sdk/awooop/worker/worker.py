@@ -53,6 +53,7 @@ from awooop.worker.client import DEFAULT_TIMEOUT, Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.context import Handler, RunContext, _duration
 from awooop.worker.errors import AwooopError, LeaseLost, RunFinished
+from awooop.worker.waits import TIMED_OUT_CODE, RunParked, WaitTimeout
 
 log = logging.getLogger("awooop.worker")
 
@@ -425,12 +426,18 @@ class Worker:
         except RunFinished as exc:
             ctx.log.error("handler kept using a finished run: %s", exc)
             return True
+        except RunParked:  # parked on a durable wait: no longer ours until the wait ends
+            self._count("parked")
+            return True
         except Exception as exc:
             if ctx.finished:
                 ctx.log.exception("handler raised after the run was %s", ctx.outcome)
                 return True
-            ctx.log.exception("handler raised; failing the attempt (retryable)")
             reason = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, WaitTimeout):  # a wait's time ran out and the handler did not go on: fail it
+                ctx.log.warning("handler left a wait timeout uncaught; failing the run")
+                return await self._final(h, "failed", lambda: ctx.fail(reason, error_code=TIMED_OUT_CODE))
+            ctx.log.exception("handler raised; failing the attempt (retryable)")
             return await self._final(
                 h, "failed", lambda: ctx.fail(reason, retryable=True, error_code="E-WORKER-HANDLER")
             )

@@ -62,6 +62,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A run's state history does not fit in one response."""
     ERROR_REASON_SHUTTING_DOWN: _ErrorReason.ValueType  # 19
     """The replica is draining (UNAVAILABLE); the call may be retried on another replica at once."""
+    ERROR_REASON_WAIT_CLOSED: _ErrorReason.ValueType  # 20
+    """A durable wait already has its outcome (FAILED_PRECONDITION): metadata `wait_id` and
+    `outcome` (the first outcome: completed or timed_out), or `kind` sleep (a sleep takes no completion).
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed. Every non-OK status carries a google.rpc.ErrorInfo with domain
@@ -110,4 +114,8 @@ ERROR_REASON_HISTORY_TOO_LARGE: ErrorReason.ValueType  # 18
 """A run's state history does not fit in one response."""
 ERROR_REASON_SHUTTING_DOWN: ErrorReason.ValueType  # 19
 """The replica is draining (UNAVAILABLE); the call may be retried on another replica at once."""
+ERROR_REASON_WAIT_CLOSED: ErrorReason.ValueType  # 20
+"""A durable wait already has its outcome (FAILED_PRECONDITION): metadata `wait_id` and
+`outcome` (the first outcome: completed or timed_out), or `kind` sleep (a sleep takes no completion).
+"""
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -73,6 +73,66 @@ DECISION_REJECT: Decision.ValueType  # 2
 """Fail the run and compensate."""
 Global___Decision: _TypeAlias = Decision  # noqa: Y015
 
+class _WaitKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WaitKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WaitKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WAIT_KIND_UNSPECIFIED: _WaitKind.ValueType  # 0
+    """Not set."""
+    WAIT_KIND_TOKEN: _WaitKind.ValueType  # 1
+    """A token: completed by CompleteWait or its callback URL, or timed out."""
+    WAIT_KIND_SLEEP: _WaitKind.ValueType  # 2
+    """A sleep: ends when its time is up."""
+    WAIT_KIND_EVENT: _WaitKind.ValueType  # 3
+    """An event: completed by the first event of `match_channel` whose payload's "correlation_key"
+    is `correlation_key`, arrived since `lookback` before the wait was created (or CompleteWait).
+    """
+
+class WaitKind(_WaitKind, metaclass=_WaitKindEnumTypeWrapper):
+    """What a durable wait waits for."""
+
+WAIT_KIND_UNSPECIFIED: WaitKind.ValueType  # 0
+"""Not set."""
+WAIT_KIND_TOKEN: WaitKind.ValueType  # 1
+"""A token: completed by CompleteWait or its callback URL, or timed out."""
+WAIT_KIND_SLEEP: WaitKind.ValueType  # 2
+"""A sleep: ends when its time is up."""
+WAIT_KIND_EVENT: WaitKind.ValueType  # 3
+"""An event: completed by the first event of `match_channel` whose payload's "correlation_key"
+is `correlation_key`, arrived since `lookback` before the wait was created (or CompleteWait).
+"""
+Global___WaitKind: _TypeAlias = WaitKind  # noqa: Y015
+
+class _WaitStatus:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WaitStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WaitStatus.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WAIT_STATUS_UNSPECIFIED: _WaitStatus.ValueType  # 0
+    """Not set."""
+    WAIT_STATUS_OPEN: _WaitStatus.ValueType  # 1
+    """Nothing has ended it yet."""
+    WAIT_STATUS_COMPLETED: _WaitStatus.ValueType  # 2
+    """Completed with a result."""
+    WAIT_STATUS_TIMED_OUT: _WaitStatus.ValueType  # 3
+    """Its time ran out (for a sleep: the normal end)."""
+
+class WaitStatus(_WaitStatus, metaclass=_WaitStatusEnumTypeWrapper):
+    """Where a durable wait is."""
+
+WAIT_STATUS_UNSPECIFIED: WaitStatus.ValueType  # 0
+"""Not set."""
+WAIT_STATUS_OPEN: WaitStatus.ValueType  # 1
+"""Nothing has ended it yet."""
+WAIT_STATUS_COMPLETED: WaitStatus.ValueType  # 2
+"""Completed with a result."""
+WAIT_STATUS_TIMED_OUT: WaitStatus.ValueType  # 3
+"""Its time ran out (for a sleep: the normal end)."""
+Global___WaitStatus: _TypeAlias = WaitStatus  # noqa: Y015
+
 @_typing.final
 class ClaimRunsRequest(_message.Message):
     """A claim for work."""
@@ -1995,3 +2055,273 @@ class DeleteScheduleResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DeleteScheduleResponse: _TypeAlias = DeleteScheduleResponse  # noqa: Y015
+
+@_typing.final
+class Wait(_message.Message):
+    """A durable wait of a run (table awooop_wait)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAIT_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    COMPLETED_BY_FIELD_NUMBER: _builtins.int
+    COMPLETED_AT_FIELD_NUMBER: _builtins.int
+    wait_id: _builtins.str
+    """Its id (CompleteWait takes it)."""
+    run_id: _builtins.str
+    """The run that waits."""
+    project_id: _builtins.str
+    """The run's project."""
+    step_id: _builtins.str
+    """The handler's name for the wait, unique per run."""
+    kind: Global___WaitKind.ValueType
+    """Token or sleep."""
+    status: Global___WaitStatus.ValueType
+    """Open, completed or timed out."""
+    completed_by: _builtins.str
+    """Who ended it (a principal, or system:wait-sweep for a timeout)."""
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When it times out."""
+
+    @_builtins.property
+    def result(self) -> _struct_pb2.Struct:
+        """The completion's result (completed only)."""
+
+    @_builtins.property
+    def completed_at(self) -> _timestamp_pb2.Timestamp:
+        """When it ended."""
+
+    def __init__(
+        self,
+        *,
+        wait_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        project_id: _builtins.str = ...,
+        step_id: _builtins.str = ...,
+        kind: Global___WaitKind.ValueType = ...,
+        status: Global___WaitStatus.ValueType = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        result: _struct_pb2.Struct | None = ...,
+        completed_by: _builtins.str = ...,
+        completed_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "expires_at", b"expires_at", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "completed_by", b"completed_by", "expires_at", b"expires_at", "kind", b"kind", "project_id", b"project_id", "result", b"result", "run_id", b"run_id", "status", b"status", "step_id", b"step_id", "wait_id", b"wait_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Wait: _TypeAlias = Wait  # noqa: Y015
+
+@_typing.final
+class CreateWaitRequest(_message.Message):
+    """Creates or finds a wait."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    MATCH_CHANNEL_FIELD_NUMBER: _builtins.int
+    CORRELATION_KEY_FIELD_NUMBER: _builtins.int
+    LOOKBACK_FIELD_NUMBER: _builtins.int
+    step_id: _builtins.str
+    """The handler's name for the wait (1-128 chars), unique per run."""
+    kind: Global___WaitKind.ValueType
+    """Token (default) or sleep."""
+    match_channel: _common_pb2.ChannelType.ValueType
+    """WAIT_KIND_EVENT: the channel of the event (default CHANNEL_TYPE_API)."""
+    correlation_key: _builtins.str
+    """WAIT_KIND_EVENT: the payload's "correlation_key" to match (1-256 printable chars), required."""
+    @_builtins.property
+    def lease(self) -> _common_pb2.LeaseToken:
+        """Fencing token of a RUNNING run."""
+
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """How long until it times out (up to 366 days)."""
+
+    @_builtins.property
+    def lookback(self) -> _duration_pb2.Duration:
+        """WAIT_KIND_EVENT: how long before the wait's creation a matching event still counts (default
+        300 s, at most 1 day), so one that arrives just before the wait is registered is not missed.
+        """
+
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.LeaseToken | None = ...,
+        step_id: _builtins.str = ...,
+        kind: Global___WaitKind.ValueType = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+        match_channel: _common_pb2.ChannelType.ValueType = ...,
+        correlation_key: _builtins.str = ...,
+        lookback: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "lookback", b"lookback", "timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_key", b"correlation_key", "kind", b"kind", "lease", b"lease", "lookback", b"lookback", "match_channel", b"match_channel", "step_id", b"step_id", "timeout", b"timeout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWaitRequest: _TypeAlias = CreateWaitRequest  # noqa: Y015
+
+@_typing.final
+class CreateWaitResponse(_message.Message):
+    """The wait and, when issued by this call, its token."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAIT_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    CALLBACK_URL_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    token: _builtins.str
+    """The one-time callback token (empty for a sleep and for a wait that has ended). An open
+    wait asked for again gets a new token, which replaces the earlier one.
+    """
+    callback_url: _builtins.str
+    """The callback URL of the token (AWOOOP_WAIT_CALLBACK_BASE_URL + /v1/waits/<token>): a POST
+    with a JSON object body completes the wait with that body as its result.
+    """
+    created: _builtins.bool
+    """True when this call created the wait."""
+    @_builtins.property
+    def wait(self) -> Global___Wait:
+        """The wait (an existing one when step_id was used before)."""
+
+    def __init__(
+        self,
+        *,
+        wait: Global___Wait | None = ...,
+        token: _builtins.str = ...,
+        callback_url: _builtins.str = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["wait", b"wait"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["callback_url", b"callback_url", "created", b"created", "token", b"token", "wait", b"wait"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateWaitResponse: _TypeAlias = CreateWaitResponse  # noqa: Y015
+
+@_typing.final
+class AwaitWaitRequest(_message.Message):
+    """Parks the run on a wait."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    WAIT_ID_FIELD_NUMBER: _builtins.int
+    wait_id: _builtins.str
+    """One of this run's waits."""
+    @_builtins.property
+    def lease(self) -> _common_pb2.LeaseToken:
+        """Fencing token of a RUNNING run; spent when the run parks."""
+
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.LeaseToken | None = ...,
+        wait_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "wait_id", b"wait_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AwaitWaitRequest: _TypeAlias = AwaitWaitRequest  # noqa: Y015
+
+@_typing.final
+class AwaitWaitResponse(_message.Message):
+    """Parked, or the wait's outcome."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARKED_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
+    parked: _builtins.bool
+    """True: the run is WAITING_TOOL without a lease; stop the handler. False: the wait had ended."""
+    @_builtins.property
+    def wait(self) -> Global___Wait:
+        """The wait (its outcome when parked is false)."""
+
+    def __init__(
+        self,
+        *,
+        parked: _builtins.bool = ...,
+        wait: Global___Wait | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["wait", b"wait"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["parked", b"parked", "wait", b"wait"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AwaitWaitResponse: _TypeAlias = AwaitWaitResponse  # noqa: Y015
+
+@_typing.final
+class CompleteWaitRequest(_message.Message):
+    """Completes a token wait."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAIT_ID_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    wait_id: _builtins.str
+    """The wait."""
+    @_builtins.property
+    def result(self) -> _struct_pb2.Struct:
+        """The result the waiting handler receives."""
+
+    def __init__(
+        self,
+        *,
+        wait_id: _builtins.str = ...,
+        result: _struct_pb2.Struct | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result", b"result", "wait_id", b"wait_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteWaitRequest: _TypeAlias = CompleteWaitRequest  # noqa: Y015
+
+@_typing.final
+class CompleteWaitResponse(_message.Message):
+    """The completed wait."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAIT_FIELD_NUMBER: _builtins.int
+    RESUMED_FIELD_NUMBER: _builtins.int
+    resumed: _builtins.bool
+    """True when its run was parked on it and is PENDING again."""
+    @_builtins.property
+    def wait(self) -> Global___Wait:
+        """The wait, COMPLETED."""
+
+    def __init__(
+        self,
+        *,
+        wait: Global___Wait | None = ...,
+        resumed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["wait", b"wait"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["resumed", b"resumed", "wait", b"wait"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteWaitResponse: _TypeAlias = CompleteWaitResponse  # noqa: Y015

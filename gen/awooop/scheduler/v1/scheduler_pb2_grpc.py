@@ -95,6 +95,21 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.AcknowledgeCancelRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.AcknowledgeCancelResponse.FromString,
                 _registered_method=True)
+        self.CreateWait = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/CreateWait',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CreateWaitRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CreateWaitResponse.FromString,
+                _registered_method=True)
+        self.AwaitWait = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/AwaitWait',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitWaitRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitWaitResponse.FromString,
+                _registered_method=True)
+        self.CompleteWait = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/CompleteWait',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteWaitRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteWaitResponse.FromString,
+                _registered_method=True)
         self.GetRun = channel.unary_unary(
                 '/awooop.scheduler.v1.SchedulerService/GetRun',
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunRequest.SerializeToString,
@@ -262,6 +277,30 @@ class SchedulerServiceServicer:
 
     def AcknowledgeCancel(self, request, context):
         """The lease holder acknowledges a requested cancel: -> CANCELLED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateWait(self, request, context):
+        """Creates (or finds, by step_id) a durable wait of the caller's run, a token any system may
+        complete or a sleep; returns it with a one-time callback token. Worker role, fencing token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AwaitWait(self, request, context):
+        """Parks the caller's run on an open wait: RUNNING -> WAITING_TOOL without a lease (the
+        attempt's token is spent); an ended wait answers its outcome instead. Worker role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteWait(self, request, context):
+        """Completes an open token wait with a result; a run parked on it becomes PENDING. Worker or
+        tool role in the wait's project; a second outcome is FAILED_PRECONDITION / WAIT_CLOSED.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -437,6 +476,21 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.AcknowledgeCancel,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.AcknowledgeCancelRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.AcknowledgeCancelResponse.SerializeToString,
+            ),
+            'CreateWait': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateWait,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CreateWaitRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CreateWaitResponse.SerializeToString,
+            ),
+            'AwaitWait': grpc.unary_unary_rpc_method_handler(
+                    servicer.AwaitWait,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitWaitRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitWaitResponse.SerializeToString,
+            ),
+            'CompleteWait': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteWait,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteWaitRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteWaitResponse.SerializeToString,
             ),
             'GetRun': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRun,
@@ -839,6 +893,87 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/AcknowledgeCancel',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.AcknowledgeCancelRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.AcknowledgeCancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateWait(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/CreateWait',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CreateWaitRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CreateWaitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AwaitWait(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/AwaitWait',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitWaitRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.AwaitWaitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteWait(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/CompleteWait',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteWaitRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteWaitResponse.FromString,
             options,
             channel_credentials,
             insecure,

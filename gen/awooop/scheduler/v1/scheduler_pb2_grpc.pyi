@@ -69,6 +69,18 @@ class SchedulerServiceStub:
     """Cancels a run: queued or waiting runs at once; a leased run gets cancel_requested."""
     AcknowledgeCancel: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.AcknowledgeCancelRequest, _scheduler_pb2.AcknowledgeCancelResponse]
     """The lease holder acknowledges a requested cancel: -> CANCELLED."""
+    CreateWait: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CreateWaitRequest, _scheduler_pb2.CreateWaitResponse]
+    """Creates (or finds, by step_id) a durable wait of the caller's run, a token any system may
+    complete or a sleep; returns it with a one-time callback token. Worker role, fencing token.
+    """
+    AwaitWait: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.AwaitWaitRequest, _scheduler_pb2.AwaitWaitResponse]
+    """Parks the caller's run on an open wait: RUNNING -> WAITING_TOOL without a lease (the
+    attempt's token is spent); an ended wait answers its outcome instead. Worker role.
+    """
+    CompleteWait: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteWaitRequest, _scheduler_pb2.CompleteWaitResponse]
+    """Completes an open token wait with a result; a run parked on it becomes PENDING. Worker or
+    tool role in the wait's project; a second outcome is FAILED_PRECONDITION / WAIT_CLOSED.
+    """
     GetRun: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetRunRequest, _scheduler_pb2.GetRunResponse]
     """Reads one run."""
     ListRuns: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListRunsRequest, _scheduler_pb2.ListRunsResponse]
@@ -145,6 +157,18 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Cancels a run: queued or waiting runs at once; a leased run gets cancel_requested."""
     AcknowledgeCancel: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.AcknowledgeCancelRequest, _scheduler_pb2.AcknowledgeCancelResponse]  # type: ignore[assignment]
     """The lease holder acknowledges a requested cancel: -> CANCELLED."""
+    CreateWait: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CreateWaitRequest, _scheduler_pb2.CreateWaitResponse]  # type: ignore[assignment]
+    """Creates (or finds, by step_id) a durable wait of the caller's run, a token any system may
+    complete or a sleep; returns it with a one-time callback token. Worker role, fencing token.
+    """
+    AwaitWait: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.AwaitWaitRequest, _scheduler_pb2.AwaitWaitResponse]  # type: ignore[assignment]
+    """Parks the caller's run on an open wait: RUNNING -> WAITING_TOOL without a lease (the
+    attempt's token is spent); an ended wait answers its outcome instead. Worker role.
+    """
+    CompleteWait: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteWaitRequest, _scheduler_pb2.CompleteWaitResponse]  # type: ignore[assignment]
+    """Completes an open token wait with a result; a run parked on it becomes PENDING. Worker or
+    tool role in the wait's project; a second outcome is FAILED_PRECONDITION / WAIT_CLOSED.
+    """
     GetRun: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetRunRequest, _scheduler_pb2.GetRunResponse]  # type: ignore[assignment]
     """Reads one run."""
     ListRuns: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListRunsRequest, _scheduler_pb2.ListRunsResponse]  # type: ignore[assignment]
@@ -290,6 +314,36 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.AcknowledgeCancelResponse, _abc.Awaitable[_scheduler_pb2.AcknowledgeCancelResponse]]:
         """The lease holder acknowledges a requested cancel: -> CANCELLED."""
+
+    @_abc_1.abstractmethod
+    def CreateWait(
+        self,
+        request: _scheduler_pb2.CreateWaitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.CreateWaitResponse, _abc.Awaitable[_scheduler_pb2.CreateWaitResponse]]:
+        """Creates (or finds, by step_id) a durable wait of the caller's run, a token any system may
+        complete or a sleep; returns it with a one-time callback token. Worker role, fencing token.
+        """
+
+    @_abc_1.abstractmethod
+    def AwaitWait(
+        self,
+        request: _scheduler_pb2.AwaitWaitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.AwaitWaitResponse, _abc.Awaitable[_scheduler_pb2.AwaitWaitResponse]]:
+        """Parks the caller's run on an open wait: RUNNING -> WAITING_TOOL without a lease (the
+        attempt's token is spent); an ended wait answers its outcome instead. Worker role.
+        """
+
+    @_abc_1.abstractmethod
+    def CompleteWait(
+        self,
+        request: _scheduler_pb2.CompleteWaitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.CompleteWaitResponse, _abc.Awaitable[_scheduler_pb2.CompleteWaitResponse]]:
+        """Completes an open token wait with a result; a run parked on it becomes PENDING. Worker or
+        tool role in the wait's project; a second outcome is FAILED_PRECONDITION / WAIT_CLOSED.
+        """
 
     @_abc_1.abstractmethod
     def GetRun(

@@ -325,12 +325,14 @@ SELECT cur.*, upd.*,
 -- name: CancelRun
 -- params: run_id, reason, cancel_projects, actor
 -- CancelRun (no lease; :cancel_projects: the projects where the caller may cancel, NULL: all).
--- Queued and waiting runs end CANCELLED at once; a leased run gets cancel_requested (delivered in
+-- Queued and waiting runs (parked ones too) end CANCELLED at once; a leased run gets cancel_requested (delivered in
 -- the Heartbeat reply) and ends when its worker acknowledges or its lease is reaped. The statuses
 -- are runstate's LEASED and CANCELLABLE. Same cur / upd / comp / aud shape as the fenced writes.
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status,
-           status IN ('RUNNING', 'WAITING_TOOL') AS leased
+           -- a run parked on a durable wait is WAITING_TOOL without a worker: no heartbeat would
+           -- deliver a cancel request, so it ends at once like a queued run
+           status IN ('RUNNING', 'WAITING_TOOL') AND worker_id IS NOT NULL AS leased
       FROM awooop_run_state
      WHERE run_id = $1
        FOR UPDATE

@@ -1,0 +1,10 @@
+-- The durable waits' callback URL (services/ingest/wait_callbacks.py).
+
+-- name: CompleteWaitByToken
+-- The wait whose token hashes to :token_hash, completed with the body as its result: the same
+-- rule as the scheduler's CompleteWait (awooop_end_wait, migration 0160), so the first outcome
+-- wins whichever path posts it. No row: no wait has this token.
+SELECT e.*
+  FROM awooop_wait w,
+       LATERAL awooop_end_wait(w.wait_id, 'completed', :result::jsonb, :actor, NULL) e
+ WHERE w.token_hash = :token_hash::bytea

@@ -1,0 +1,217 @@
+"""Durable waits (issue 27; docs/architecture.md "Durable waits"): a run parks on a wait and holds
+no lease, no worker slot and no connection until the wait ends.
+
+A wait is a token any system completes (CompleteWait, or its callback URL on ingest's HTTP
+server) or a sleep; both time out at `expires_at` (for a sleep that is its normal end). A run
+parks on an open wait with AwaitWait (runstate PARK: RUNNING -> WAITING_TOOL without a lease, the
+attempt's token spent); the wait's one outcome, completed or timed out, puts a parked run back to
+PENDING in the same transaction, with the wake-up NOTIFY, and the handler runs again from the
+top: its finished steps skip and the wait answers its outcome at once.
+
+Ending a wait is one SQL function (awooop_end_wait, migration 0160) shared by CompleteWait, the
+callback route and the timeout sweep, so the first outcome wins whichever path posts it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from services.common import errors, loops, sql
+from services.common.access import check_run_access, projects_with
+from services.common.auth import Principal
+from services.common.db import Row
+from services.common.runstate import TRANSITIONS, Action
+from services.scheduler.approvals import new_token
+from services.scheduler.refusals import fenced_refusal
+from services.scheduler.transitions import WORKER_ROLE
+
+Q = sql.load(__file__, "waits.sql")
+CREATE = Q["CreateWait"]
+PARK = Q["ParkOnWait"]
+COMPLETE = Q["CompleteWait"]
+EXPIRE = Q["ExpireWaits"]
+DUE = Q["DueWaitRuns"]
+RUN_STATE = Q["RunState"]
+MATCH = Q["MatchEventWaits"]
+MATCHED = Q["MatchedEventWaitRuns"]
+
+# who may complete a wait by RPC: the workers of its project (a tool worker posting its result)
+# and the role of systems that feed events in (ingest); admin implies both
+COMPLETE_ROLES = (WORKER_ROLE, "ingest")
+KINDS = ("token", "sleep", "event")
+CALLBACK_PATH = "/v1/waits/"
+SWEEP_LOOP = "scheduler.wait_sweep"
+SWEEP_ACTOR = "system:wait-sweep"
+EVENTS_ACTOR = "system:wait-events"
+SWEEP_BATCH = 500
+
+
+@dataclass(frozen=True)
+class EventMatch:
+    """What an event wait waits for: an event of `channel` whose payload's "correlation_key" is
+    `correlation_key`, arrived at most `lookback` seconds before the wait was created, or later."""
+
+    channel: str
+    correlation_key: str
+    lookback: float
+
+
+@dataclass(frozen=True)
+class Created:
+    wait: Row
+    token: str  # "" when this call issued none (a sleep, or a wait that has ended)
+    created: bool
+
+
+async def create(
+    pool: asyncpg.Pool,
+    principal: Principal,
+    run_id: str,
+    attempt: int,
+    step_id: str,
+    kind: str,
+    timeout: float,
+    match: EventMatch | None = None,
+) -> Created:
+    """The wait step_id of the caller's RUNNING run (created, or found again); an open token wait
+    gets a new token. NOT_FOUND / LEASE_LOST / INVALID_TRANSITION when the lease does not hold."""
+    token, digest = new_token()
+    row = await pool.fetchrow(
+        CREATE.sql,
+        *CREATE.args(
+            run_id=run_id,
+            attempt=attempt,
+            projects=projects_with(principal, WORKER_ROLE),
+            step_id=step_id,
+            kind=kind,
+            token_hash=digest,
+            timeout=timeout,
+            match_channel=match.channel if match else None,
+            match_key=match.correlation_key if match else None,
+            lookback=match.lookback if match else 0.0,
+        ),
+    )
+    if row is None:
+        await _refuse_lease(pool, principal, run_id, attempt, TRANSITIONS[Action.PARK].describe)
+    assert row is not None
+    return Created(row, token if row["issued"] else "", bool(row["created"]))
+
+
+async def _refuse_lease(pool: asyncpg.Pool, principal: Principal, run_id: str, attempt: int, action: str) -> None:
+    """Raises the error of a fenced call that found no lease (the same choice as any fenced write)."""
+    cur = await pool.fetchrow(RUN_STATE.sql, *RUN_STATE.args(run_id=run_id))
+    if cur is None:
+        raise errors.not_found("run", run_id)
+    check_run_access(principal, cur["cur_project"], WORKER_ROLE, run_id)
+    raise fenced_refusal(cur, run_id, attempt, action)
+
+
+async def park(pool: asyncpg.Pool, principal: Principal, run_id: str, attempt: int, wait_id: str) -> tuple[bool, Row]:
+    """(True, wait): the run is parked on its open wait. (False, wait): the wait had ended (its
+    outcome is in the row) and the run goes on under its lease."""
+    row = await pool.fetchrow(
+        PARK.sql,
+        *PARK.args(
+            run_id=run_id,
+            attempt=attempt,
+            wait_id=wait_id,
+            projects=projects_with(principal, WORKER_ROLE),
+            actor=principal.actor,
+        ),
+    )
+    if row is None:
+        raise errors.not_found("run", run_id)
+    check_run_access(principal, row["cur_project"], WORKER_ROLE, run_id)
+    if row["wait_id"] is None:
+        raise errors.not_found("wait", wait_id, run_id=run_id)
+    if row["parked"]:
+        return True, row
+    if row["wait_status"] != "open" and row["cur_attempt"] == attempt and row["cur_status"] == "RUNNING":
+        return False, row  # ended before the run waited: the handler takes the outcome at once
+    if row["cur_cancel"] and row["cur_attempt"] == attempt and row["cur_status"] == "RUNNING":
+        raise errors.invalid_transition(run_id, row["cur_status"], "park on a wait while a cancel is pending for")
+    raise fenced_refusal(row, run_id, attempt, TRANSITIONS[Action.PARK].describe)
+
+
+async def complete(pool: asyncpg.Pool, principal: Principal, wait_id: str, result: dict[str, Any]) -> Row:
+    """CompleteWait: the wait's one outcome (awooop_end_wait). NOT_FOUND for an unknown wait or
+    one outside the caller's projects; WAIT_CLOSED naming the first outcome; INVALID_TRANSITION
+    when the run is over."""
+    row = await pool.fetchrow(
+        COMPLETE.sql,
+        *COMPLETE.args(
+            wait_id=wait_id,
+            result=result,
+            actor=principal.actor,
+            projects=projects_with(principal, COMPLETE_ROLES),
+        ),
+    )
+    assert row is not None  # the function always answers one row
+    return ended(row, wait_id)
+
+
+def ended(row: Row, wait_id: str) -> Row:
+    """The row of awooop_end_wait when this call decided the wait; else its refusal."""
+    outcome = row["outcome"]
+    if outcome == "ended":
+        return row
+    if outcome == "not_found":
+        raise errors.not_found("wait", wait_id)
+    if outcome == "not_a_token":
+        raise errors.wait_closed(wait_id, f"wait {wait_id} is a sleep: it ends only when its time is up", kind="sleep")
+    if outcome == "expired":
+        raise errors.wait_closed(
+            wait_id, f"wait {wait_id} timed out at {row['expires_at'].isoformat()}", outcome="timed_out"
+        )
+    if outcome == "closed":
+        first = row["wait_status"]
+        by = f" by {row['completed_by']}" if row["completed_by"] else ""
+        at = f" at {row['completed_at'].isoformat()}" if row["completed_at"] else ""
+        raise errors.wait_closed(wait_id, f"wait {wait_id} already {first}{by}{at}", outcome=first)
+    # the run is over: the table's refusal (runstate COMPLETE_WAIT is allowed from CANCELLABLE only)
+    raise errors.invalid_transition(str(row["run_id"]), row["run_status"], TRANSITIONS[Action.COMPLETE_WAIT].describe)
+
+
+def callback_url(base: str, token: str) -> str:
+    return f"{base.rstrip('/')}{CALLBACK_PATH}{token}"
+
+
+# --- the timeout sweep -----------------------------------------------------------------------
+
+
+async def sweep(pool: asyncpg.Pool, batch: int = SWEEP_BATCH) -> int:
+    """One pass of the scheduler's wait loop: event waits matched first (an event that arrived
+    in time wins over the timeout of the same pass), then timeouts. Returns the waits ended."""
+    return await match_events(pool, batch) + await expire(pool, batch)
+
+
+async def match_events(pool: asyncpg.Pool, batch: int = SWEEP_BATCH) -> int:
+    """Open event waits that an event satisfies end completed with it (MatchEventWaits)."""
+    done: list[int] = []
+
+    async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
+        return await pool.fetch(MATCH.sql, *MATCH.args(only=only, batch=size, actor=EVENTS_ACTOR))
+
+    await loops.in_batches(
+        SWEEP_LOOP, EVENTS_ACTOR, pool, batch, statement, MATCHED.sql, lambda rows: done.append(len(rows))
+    )
+    return sum(done)
+
+
+async def expire(pool: asyncpg.Pool, batch: int = SWEEP_BATCH) -> int:
+    """One sweep: every open wait past its expiry ends timed_out (runs parked on them resume);
+    returns how many. A batch that fails for one run's data is swept again one run at a time
+    (that run skipped and noted)."""
+    done: list[int] = []
+
+    async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
+        return await pool.fetch(EXPIRE.sql, *EXPIRE.args(only=only, batch=size, actor=SWEEP_ACTOR))
+
+    await loops.in_batches(
+        SWEEP_LOOP, SWEEP_ACTOR, pool, batch, statement, DUE.sql, lambda rows: done.append(len(rows))
+    )
+    return sum(done)

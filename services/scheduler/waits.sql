@@ -1,0 +1,148 @@
+-- Durable waits' statements (services/scheduler/waits.py; docs/architecture.md "Durable waits").
+-- Locks are taken wait first, then run, in every statement that takes both (and in
+-- awooop_end_wait, migration 0160), so parks, completions and the sweep never deadlock.
+
+-- name: CreateWait
+-- The wait named :step_id of the caller's run, created open with its expiry (an event wait with
+-- its match: channel, correlation key and the look-back its events may arrive in), or the one an
+-- earlier attempt (or an earlier call of this attempt) created: the handler runs again from the
+-- top after a resume and must find the same wait. An open token wait gets a new token
+-- (:token_hash) in place of one whose answer may have been lost (the attempt that received it
+-- crashed before it parked), as a repeated RequestApproval does; `issued` says whether the
+-- caller's token is now the wait's. The lease is checked, not locked: a wait written for a run
+-- whose lease was lost meanwhile is found by the run's next attempt, which is what it is for.
+WITH lease AS (
+    SELECT run_id, project_id FROM awooop_run_state
+     WHERE run_id = :run_id AND attempt_count = :attempt AND status = 'RUNNING'
+       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[]))
+)
+INSERT INTO awooop_wait AS w (project_id, run_id, step_id, kind, token_hash, expires_at, match_channel, match_key,
+                               match_since)
+SELECT l.project_id, l.run_id, :step_id::text, :kind::text, CASE WHEN :kind::text = 'token' THEN :token_hash::bytea END,
+       now() + make_interval(secs => :timeout),
+       CASE WHEN :kind::text = 'event' THEN :match_channel::text END,
+       CASE WHEN :kind::text = 'event' THEN :match_key::text END,
+       CASE WHEN :kind::text = 'event' THEN now() - make_interval(secs => :lookback) END
+  FROM lease l
+ON CONFLICT (run_id, step_id) DO UPDATE
+   SET token_hash = CASE WHEN w.status = 'open' AND w.kind = 'token' THEN EXCLUDED.token_hash ELSE w.token_hash END
+RETURNING w.wait_id, w.run_id, w.project_id, w.step_id, w.kind, w.status, w.expires_at, w.result, w.completed_by,
+          w.completed_at, w.created_at, (w.xmax = 0) AS created, COALESCE(w.token_hash = :token_hash, false) AS issued
+
+-- name: ParkOnWait
+-- The caller's run parks on its wait: RUNNING -> WAITING_TOOL with no lease (runstate PARK). The
+-- attempt's token is spent (attempt_count + 1) so nothing the parked attempt still sends (a
+-- heartbeat, a journal write, a FailRun) can touch the run; released_count + 2 keeps the attempts
+-- used (attempt_count - released_count) where the claim left them minus this one, as an approval
+-- hand-back does. Parks only while the wait is open; an ended wait answers its outcome instead
+-- (the run goes on). `w` is locked before the run (`cur` reads it first).
+WITH w AS (
+    SELECT wait_id, run_id, status, kind, expires_at, result, completed_by, completed_at, step_id
+      FROM awooop_wait
+     WHERE wait_id = :wait_id AND run_id = :run_id
+       FOR UPDATE
+),
+cur AS (
+    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
+           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
+           worker_id AS cur_worker
+      FROM awooop_run_state
+     WHERE run_id = :run_id AND (SELECT count(*) FROM w) >= 0
+       FOR UPDATE
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET status = 'WAITING_TOOL', lease_until = NULL, worker_id = NULL,
+           attempt_count = r.attempt_count + 1, released_count = r.released_count + 2, updated_at = now()
+      FROM cur, w
+     WHERE r.run_id = cur.cur_run_id AND r.attempt_count = :attempt AND r.status = 'RUNNING'
+       AND (:projects::text[] IS NULL OR r.project_id = ANY(:projects::text[]))
+       AND NOT r.cancel_requested AND w.status = 'open'
+ RETURNING r.run_id, r.project_id, r.attempt_count, cur.cur_worker AS prev_worker
+),
+parked AS (
+    UPDATE awooop_wait aw SET parked_attempt = upd.attempt_count
+      FROM upd
+     WHERE aw.wait_id = :wait_id
+ RETURNING aw.wait_id
+),
+aud AS (
+    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+    SELECT upd.project_id, upd.run_id, :actor, 'WAIT_PARKED', 'RUNNING', 'WAITING_TOOL', w.step_id,
+           jsonb_build_object('attempt', :attempt::int, 'worker_id', prev_worker, 'wait_id', w.wait_id,
+                              'kind', w.kind, 'expires_at', w.expires_at)
+      FROM upd, w
+)
+SELECT cur.*, (SELECT count(*) FROM parked) > 0 AS parked, w.wait_id, w.status AS wait_status, w.kind, w.expires_at,
+       w.result, w.completed_by, w.completed_at, w.step_id
+  FROM cur LEFT JOIN w ON true
+
+-- name: CompleteWait
+-- A wait ended by the RPC CompleteWait: the first outcome wins (awooop_end_wait).
+SELECT * FROM awooop_end_wait(:wait_id, 'completed', :result, :actor, :projects::text[])
+
+-- name: ExpireWaits
+-- The timeout sweep: open waits past their expiry end timed_out, and runs parked on them are
+-- re-queued (the handler sees the timeout). SKIP LOCKED batches, so several scheduler replicas
+-- sweep without waiting on each other; :only restricts it to one run's waits (the pass's fallback
+-- when a batch failed for one run's data).
+SELECT e.*
+  FROM (SELECT wait_id
+          FROM awooop_wait
+         WHERE status = 'open' AND expires_at <= now() AND (:only::uuid IS NULL OR run_id = :only)
+         ORDER BY expires_at
+         LIMIT :batch
+           FOR UPDATE SKIP LOCKED) due,
+       LATERAL awooop_end_wait(due.wait_id, 'timed_out', NULL, :actor, NULL) e
+
+-- name: MatchEventWaits
+-- The event matcher: each open event wait takes the earliest event of its project and channel
+-- whose payload carries its correlation key and that arrived since the wait's look-back began,
+-- and ends completed with it (awooop_end_wait: the first outcome wins, a parked run resumes).
+-- Every event is a run of its own (the channel's run), so the event is read from the run it
+-- created: its payload is the run's input. SKIP LOCKED batches, as ExpireWaits.
+SELECT e.*
+  FROM (SELECT w.wait_id, m.run_id AS event_run_id, m.provider_event_id, m.input, m.created_at AS arrived_at
+          FROM awooop_wait w
+          JOIN LATERAL (SELECT r.run_id, r.provider_event_id, r.input, r.created_at
+                          FROM awooop_run_state r
+                         WHERE r.project_id = w.project_id AND r.channel_type = w.match_channel
+                           AND r.input ? 'correlation_key' AND (r.input ->> 'correlation_key') = w.match_key
+                           AND r.created_at >= w.match_since AND r.run_id <> w.run_id
+                         ORDER BY r.created_at
+                         LIMIT 1) m ON true
+         WHERE w.status = 'open' AND w.kind = 'event' AND (:only::uuid IS NULL OR w.run_id = :only)
+         ORDER BY w.created_at
+         LIMIT :batch
+           FOR UPDATE OF w SKIP LOCKED) hit,
+       LATERAL awooop_end_wait(hit.wait_id, 'completed',
+                               jsonb_build_object('run_id', hit.event_run_id, 'provider_event_id', hit.provider_event_id,
+                                                  'payload', hit.input, 'arrived_at', hit.arrived_at),
+                               :actor, NULL) e
+
+-- name: MatchedEventWaitRuns
+-- The runs whose event waits a matcher batch would end, for ending them one run at a time.
+SELECT w.run_id
+  FROM awooop_wait w
+ WHERE w.status = 'open' AND w.kind = 'event'
+   AND EXISTS (SELECT 1 FROM awooop_run_state r
+                WHERE r.project_id = w.project_id AND r.channel_type = w.match_channel
+                  AND r.input ? 'correlation_key' AND (r.input ->> 'correlation_key') = w.match_key
+                  AND r.created_at >= w.match_since AND r.run_id <> w.run_id)
+ ORDER BY w.created_at
+ LIMIT :batch
+
+-- name: DueWaitRuns
+-- The runs whose waits a sweep batch would end, for ending them one run at a time.
+SELECT run_id
+  FROM awooop_wait
+ WHERE status = 'open' AND expires_at <= now()
+ ORDER BY expires_at
+ LIMIT :batch
+
+-- name: RunState
+-- The run's state when CreateWait found no lease, to choose its error as a fenced write does.
+SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
+       reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at
+  FROM awooop_run_state
+ WHERE run_id = :run_id::uuid

@@ -1,0 +1,604 @@
+"""Durable waits against the real services (ingest with its HTTP server, scheduler, saga, gateway;
+real Postgres and Redis; real worker processes): a run parks on a wait holding no lease, survives
+its worker's SIGKILL, is resumed through the callback URL by another worker that skips the
+finished steps; timeouts reach the handler (and, uncaught, fail and compensate the run); sleeps
+resume; 200 parked runs hold nothing and all resume; and every race for a wait's outcome
+(completion twice, completion vs timeout, completion vs cancel) has one winner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+import grpc
+import pytest
+from google.protobuf import duration_pb2
+
+from awooop.common.v1 import common_pb2
+from awooop.ingest.v1 import ingest_pb2
+from awooop.scheduler.v1 import scheduler_pb2
+from awooop.tools.v1 import tools_pb2
+from awooop.worker import AwooopError, Client, RunContext, ToolClient, WaitTimeout, Worker, to_struct
+from services.common import errors
+from services.common.runtime import Runtime
+from services.scheduler import waits
+from tests.harness.helpers import ROOT, eventually, key_of
+
+PROJECT = "dw"
+OTHER = "dw-other"
+
+
+@dataclass
+class Suite:
+    rt: Runtime
+    worker_key: str
+    admin: Client
+    worker_client: Client
+    other: Client  # a worker of another project
+    parks: int = 0  # park_one's runs so far: each new one outranks the older (requeued) ones
+
+    @property
+    def scheduler(self) -> str:
+        return f"127.0.0.1:{self.rt.ports['scheduler']}"
+
+    @property
+    def saga(self) -> str:
+        return f"127.0.0.1:{self.rt.ports['saga']}"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.rt.http_ports['ingest']}"
+
+    def worker(self, handler: Any, **kw: Any) -> Worker:
+        kw.setdefault("heartbeat_interval", 0.2)
+        kw.setdefault("lease_ttl", 30)
+        kw.setdefault("claim_wait", 1)
+        return Worker(handler, projects=[PROJECT], key=self.worker_key, scheduler=self.scheduler, saga=self.saga, **kw)
+
+    async def create_runs(self, n: int, **kw: Any) -> list[str]:
+        resp = await self.admin.call(
+            self.admin.ingest.IngestEvents,
+            ingest_pb2.IngestEventsRequest(
+                events=[
+                    ingest_pb2.IngestEventRequest(
+                        project_id=PROJECT,
+                        channel_type=common_pb2.CHANNEL_TYPE_API,
+                        provider_event_id=f"evt-{os.urandom(6).hex()}",
+                        payload=to_struct({"n": i}),
+                        **kw,
+                    )
+                    for i in range(n)
+                ]
+            ),
+        )
+        return [r.outcomes[0].run_id for r in resp.results]
+
+    async def run(self, run_id: str) -> common_pb2.Run:
+        return (await self.admin.call(self.admin.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id))).run
+
+    async def complete_wait(self, wait_id: str, result: dict[str, Any], client: Client | None = None) -> Any:
+        c = client or self.worker_client
+        return await c.call(
+            c.scheduler.CompleteWait, scheduler_pb2.CompleteWaitRequest(wait_id=wait_id, result=to_struct(result))
+        )
+
+    async def park_one(self, timeout: float = 600.0, kind: int = scheduler_pb2.WAIT_KIND_TOKEN) -> tuple[str, Any]:
+        """A run claimed by hand, a wait created and the run parked on it: (run_id, CreateWaitResponse)."""
+        self.parks += 1
+        [run_id] = await self.create_runs(1, priority=self.parks)
+        c = self.worker_client
+        claimed = await c.call(
+            c.scheduler.ClaimRuns,
+            scheduler_pb2.ClaimRunsRequest(worker_id="hand", project_ids=[PROJECT], max_runs=1),
+        )
+        [lease] = [r.lease for r in claimed.runs if r.lease.run_id == run_id]
+        request = scheduler_pb2.CreateWaitRequest(lease=lease, step_id="w", kind=kind, timeout=_duration(timeout))  # type: ignore[arg-type]
+        created = await c.call(c.scheduler.CreateWait, request)
+        parked = await c.call(
+            c.scheduler.AwaitWait, scheduler_pb2.AwaitWaitRequest(lease=lease, wait_id=created.wait.wait_id)
+        )
+        assert parked.parked
+        return run_id, (created, lease)
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+@pytest.fixture
+async def suite(start_services: Any, make_key: Any) -> Any:
+    gw = await start_services("gateway")
+    rt = await start_services(
+        "ingest",
+        "scheduler",
+        "saga",
+        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
+        reaper_interval=0.1,
+        retry_backoff=0.05,
+        compensation_interval=0.2,
+        wait_sweep_interval=0.2,
+        auth_cache_seconds=0,
+    )
+    rt.ports["gateway"] = gw.ports["gateway"]
+    worker_key = key_of(await make_key("dw-worker", {PROJECT: ["worker"]}, "service"))
+    other_key = key_of(await make_key("dw-other", {OTHER: ["worker"]}, "service"))
+    admin_key = key_of(await make_key("dw-boss", {PROJECT: ["admin"]}))
+    addrs = {
+        "ingest": f"127.0.0.1:{rt.ports['ingest']}",
+        "scheduler": f"127.0.0.1:{rt.ports['scheduler']}",
+        "saga": f"127.0.0.1:{rt.ports['saga']}",
+        "gateway": f"127.0.0.1:{rt.ports['gateway']}",
+    }
+    admin = Client(key=admin_key, **addrs)
+    worker_client = Client(key=worker_key, **addrs)
+    other = Client(key=other_key, **addrs)
+    yield Suite(rt, worker_key, admin, worker_client, other)
+    for c in (admin, worker_client, other):
+        await c.close()
+
+
+async def _stop(worker: Worker, task: asyncio.Task[None]) -> None:
+    worker.stop()
+    await asyncio.wait_for(task, 30)
+
+
+async def _row(db: asyncpg.Connection, run_id: str) -> dict[str, Any]:
+    row = await db.fetchrow(
+        "SELECT status, worker_id, lease_until, attempt_count, released_count, output, error_code, saga_status"
+        " FROM awooop_run_state WHERE run_id = $1",
+        uuid.UUID(run_id),
+    )
+    assert row is not None
+    out = dict(row)
+    out["output"] = json.loads(out["output"]) if out["output"] is not None else None  # no jsonb codec here
+    return out
+
+
+async def _audit(db: asyncpg.Connection, run_id: str) -> list[str]:
+    rows = await db.fetch("SELECT action FROM awooop_audit_log WHERE run_id = $1 ORDER BY audit_id", uuid.UUID(run_id))
+    return [r["action"] for r in rows]
+
+
+async def _post(url: str, body: Any) -> tuple[int, dict[str, Any]]:
+    async with aiohttp.ClientSession() as s, s.post(url, json=body) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+def _parked(row: Any) -> bool:
+    return bool(row["status"] == "WAITING_TOOL" and row["worker_id"] is None and row["lease_until"] is None)
+
+
+# --- a parked run survives its worker, resumes through the callback URL ------------------------
+
+WORKER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, logging, sys
+    from awooop.worker import Worker
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+
+    def side_effect(name):
+        def fn(call):
+            print("ran", name, call.run_id, flush=True)
+            return {"done": name}
+        return fn
+
+    async def handle(ctx):
+        await ctx.step("start-tool", side_effect("start-tool"))
+        token = await ctx.create_wait(timeout=300)
+        if token.callback_url:
+            print("callback", token.callback_url, flush=True)
+        result = await ctx.wait(token)
+        await ctx.step("after", side_effect("after"))
+        return {"tool_result": result}
+
+    asyncio.run(Worker(handle, projects=[sys.argv[1]], lease_ttl=30, heartbeat_interval=0.5, claim_wait=1).run())
+    """
+)
+
+
+@contextlib.asynccontextmanager
+async def worker_process(suite: Suite, log: Path) -> AsyncIterator[subprocess.Popen[bytes]]:
+    script = log.parent / "worker.py"
+    script.write_text(WORKER_SCRIPT)
+    env = {**os.environ, "AWOOOP_API_KEY": suite.worker_key, "AWOOOP_SCHEDULER_ADDR": suite.scheduler,
+           "AWOOOP_SAGA_ADDR": suite.saga}  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(script), PROJECT], env=env, cwd=ROOT, stdout=out, stderr=out)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_a_parked_run_survives_sigkill_and_resumes_through_its_callback_url_on_another_worker(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    [run_id] = await suite.create_runs(1)
+    first_log = tmp_path / "first.log"
+    async with worker_process(suite, first_log) as first:
+
+        async def parked() -> bool:
+            return _parked(await _row(db, run_id))
+
+        await eventually(parked, timeout=30, what="the run parked")
+        first.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(first.wait, 10)
+    text = first_log.read_text()
+    assert text.count(f"ran start-tool {run_id}") == 1
+    [path] = re.findall(r"callback (\S+)", text)
+    assert path.startswith("/v1/waits/")  # no AWOOOP_WAIT_CALLBACK_BASE_URL here: the path
+    # parked means nothing the reaper could take, and nothing written: ten of its 0.1 s passes
+    # later the row is the same row version
+    start = await db.fetchval("SELECT clock_timestamp()")
+    version = await db.fetchval("SELECT xmin::text FROM awooop_run_state WHERE run_id = $1", uuid.UUID(run_id))
+
+    async def passes() -> bool:
+        return bool(await db.fetchval("SELECT clock_timestamp() > $1::timestamptz + interval '1 second'", start))
+
+    await eventually(passes, timeout=10, what="ten reaper intervals")
+    row = await _row(db, run_id)
+    assert _parked(row) and row["attempt_count"] == 2 and row["released_count"] == 2  # attempts used: 0
+    assert await db.fetchval("SELECT xmin::text FROM awooop_run_state WHERE run_id = $1", uuid.UUID(run_id)) == version
+    assert "REAPED" not in await _audit(db, run_id)
+
+    second_log = tmp_path / "second.log"
+    async with worker_process(suite, second_log) as second:
+        status, body = await _post(suite.http + path, {"build": "green", "n": 7})
+        assert status == 200 and body["resumed"] is True and body["status"] == "completed", body
+
+        async def done() -> bool:
+            return (await _row(db, run_id))["status"] == "COMPLETED"
+
+        await eventually(done, timeout=30, what="resumed and completed")
+        second.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(second.wait, 30)
+    row = await _row(db, run_id)
+    assert row["output"] == {"tool_result": {"build": "green", "n": 7}}
+    text = second_log.read_text()
+    assert f"ran start-tool {run_id}" not in text and text.count(f"ran after {run_id}") == 1
+    steps = await db.fetch(
+        "SELECT step_id, status FROM awooop_saga_step WHERE run_id = $1 ORDER BY seq", uuid.UUID(run_id)
+    )
+    assert [(s["step_id"], s["status"]) for s in steps] == [
+        ("start-tool", "completed"),
+        ("wait-1", "completed"),
+        ("wait-1:outcome", "completed"),
+        ("after", "completed"),
+    ]
+    audit = await _audit(db, run_id)
+    assert audit.count("WAIT_PARKED") == 1 and audit.count("WAIT_COMPLETED") == 1
+    # single use: the same URL again names the first outcome
+    status, body = await _post(suite.http + path, {"again": True})
+    assert status == 409 and body["reason"] == errors.WAIT_CLOSED and body["outcome"] == "completed", body
+    status, body = await _post(suite.http + "/v1/waits/" + "x" * 43, {})
+    assert status == 404, body
+
+
+# --- timeouts and sleeps ----------------------------------------------------------------------
+
+
+async def test_a_timeout_reaches_the_handler_and_uncaught_fails_and_compensates_the_run(suite: Suite, db: Any) -> None:
+    await suite.admin.call(
+        suite.admin.gateway.ExecuteTool,
+        tools_pb2.ExecuteToolRequest(
+            tool_id="k8s_create_resource",
+            params=to_struct({"kind": "Deployment", "name": "api", "spec": {"replicas": 2}}),
+            idempotency_key="setup",
+            project_id=PROJECT,
+        ),
+    )
+    uncaught, caught, sleeper = await suite.create_runs(3)
+    tools = ToolClient(f"127.0.0.1:{suite.rt.ports['gateway']}", key=suite.worker_key)
+    seen: dict[str, list[str]] = {}
+
+    def undo(result: dict[str, Any]) -> dict[str, Any]:
+        params = {"deployment": "api", "replicas": result["previous_replicas"]}
+        return {"tool_id": "k8s_scale_deployment", "params": params, "reason": "undo"}
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        seen.setdefault(ctx.run_id, []).append("start")
+        if ctx.run_id == sleeper:
+            await ctx.sleep(0.5)
+            return {"slept": True}
+        if ctx.run_id == uncaught:
+            await ctx.step(
+                "scale",
+                tools.execute,
+                tool_id="k8s_scale_deployment",
+                params={"deployment": "api", "replicas": 5},
+                compensation=undo,
+            )
+        token = await ctx.create_wait(timeout=0.5)
+        try:
+            await ctx.wait(token)
+        except WaitTimeout:
+            seen[ctx.run_id].append("timeout")
+            if ctx.run_id == uncaught:
+                raise
+            return {"gave_up": True}
+        return {"unexpected": True}
+
+    worker = suite.worker(handler, concurrency=3)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+
+    async def settled() -> bool:
+        rows = [await _row(db, r) for r in (uncaught, caught, sleeper)]
+        return rows[0]["saga_status"] == "compensated" and all(r["status"] == "COMPLETED" for r in rows[1:])
+
+    await eventually(settled, timeout=30, what="timeouts seen, compensation done")
+    await _stop(worker, task)
+    await tools.close()
+    row = await _row(db, uncaught)
+    assert row["status"] == "FAILED" and row["error_code"] == "E-WAIT-TIMEOUT"
+    assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE project_id=$1", PROJECT) == 2
+    assert (await _row(db, caught))["output"] == {"gave_up": True}
+    assert (await _row(db, sleeper))["output"] == {"slept": True}
+    # each handler ran twice: parked, then resumed by the sweep's timeout
+    assert seen == {uncaught: ["start", "start", "timeout"], caught: ["start", "start", "timeout"],
+                    sleeper: ["start", "start"]}  # fmt: skip
+    for run_id in (uncaught, caught, sleeper):
+        audit = await _audit(db, run_id)
+        assert audit.count("WAIT_PARKED") == 1 and audit.count("WAIT_TIMED_OUT") == 1, audit
+
+
+# --- many parked runs -------------------------------------------------------------------------
+
+
+async def test_200_parked_runs_hold_no_lease_and_all_resume_when_completed(suite: Suite, db: Any) -> None:
+    run_ids = await suite.create_runs(200)
+    wait_ids: dict[str, str] = {}
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        token = await ctx.create_wait(timeout=600)
+        wait_ids[ctx.run_id] = token.wait_id
+        return {"got": await ctx.wait(token)}
+
+    worker = suite.worker(handler, concurrency=50)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+
+    async def all_parked() -> bool:
+        n = await db.fetchval(
+            "SELECT count(*) FROM awooop_run_state WHERE project_id = $1 AND status = 'WAITING_TOOL'"
+            " AND worker_id IS NULL AND lease_until IS NULL",
+            PROJECT,
+        )
+        return bool(n == 200)
+
+    await eventually(all_parked, timeout=60, what="200 runs parked")
+    assert worker.held == []  # no worker slot taken: the worker holds nothing
+    assert await db.fetchval("SELECT count(*) FROM awooop_wait WHERE project_id=$1 AND status='open'", PROJECT) == 200
+    await asyncio.gather(*(suite.complete_wait(wait_ids[r], {"r": r}) for r in run_ids))
+
+    async def all_done() -> bool:
+        n = await db.fetchval(
+            "SELECT count(*) FROM awooop_run_state WHERE project_id = $1 AND status = 'COMPLETED'", PROJECT
+        )
+        return bool(n == 200)
+
+    await eventually(all_done, timeout=60, what="200 runs resumed and completed")
+    await _stop(worker, task)
+    outputs = await db.fetch("SELECT run_id, output FROM awooop_run_state WHERE project_id = $1", PROJECT)
+    assert {str(o["run_id"]): json.loads(o["output"]) for o in outputs} == {r: {"got": {"r": r}} for r in run_ids}
+
+
+# --- one outcome under races ------------------------------------------------------------------
+
+
+async def test_a_completion_posted_many_times_at_once_has_one_winner(suite: Suite, db: Any) -> None:
+    run_id, (created, _) = await suite.park_one()
+    wait_id, path = created.wait.wait_id, created.callback_url
+
+    async def by_rpc(i: int) -> str:
+        try:
+            resp = await suite.complete_wait(wait_id, {"by": f"rpc-{i}"})
+        except AwooopError as err:
+            assert err.code == grpc.StatusCode.FAILED_PRECONDITION and err.reason == errors.WAIT_CLOSED, err
+            assert err.details.metadata["outcome"] == "completed"
+            return "refused"
+        assert resp.resumed
+        return "won"
+
+    async def by_url(i: int) -> str:
+        status, body = await _post(suite.http + path, {"by": f"url-{i}"})
+        if status == 409:
+            assert body["reason"] == errors.WAIT_CLOSED and body["outcome"] == "completed", body
+            return "refused"
+        assert status == 200, body
+        return "won"
+
+    outcomes = await asyncio.gather(*(by_rpc(i) for i in range(8)), *(by_url(i) for i in range(8)))
+    assert outcomes.count("won") == 1, outcomes
+    assert (await _row(db, run_id))["status"] == "PENDING"
+    assert (await _audit(db, run_id)).count("WAIT_COMPLETED") == 1
+
+
+async def test_completion_racing_the_timeout_has_one_winner(suite: Suite, db: Any, db_dsn: str) -> None:
+    for _ in range(5):
+        run_id, (created, _) = await suite.park_one(timeout=1.0)
+        wait_id = created.wait.wait_id
+        expires = created.wait.expires_at.ToNanoseconds() / 1e9
+
+        async def due(expires: float = expires) -> bool:
+            return bool(await db.fetchval("SELECT extract(epoch FROM now())") >= expires - 0.05)
+
+        await eventually(due, timeout=5, what="the wait nearly due")
+
+        async def complete(i: int, wait_id: str = wait_id) -> str:
+            try:
+                await suite.complete_wait(wait_id, {"i": i})
+            except AwooopError as err:
+                assert err.reason == errors.WAIT_CLOSED, err
+                return err.details.metadata["outcome"]
+            return "won"
+
+        pool = await asyncpg.create_pool(db_dsn, min_size=1, max_size=3)
+        try:
+            results = await asyncio.gather(*(complete(i) for i in range(6)), *(waits.expire(pool) for _ in range(3)))
+        finally:
+            await pool.close()
+        final = await db.fetchval("SELECT status FROM awooop_wait WHERE wait_id = $1", uuid.UUID(wait_id))
+        audit = await _audit(db, run_id)
+        assert audit.count("WAIT_COMPLETED") + audit.count("WAIT_TIMED_OUT") == 1, audit
+        completions = results[:6]
+        if final == "completed":  # a completion won: the others name it, the sweeps found nothing
+            assert completions.count("won") == 1 and completions.count("completed") == 5, results
+            assert results[6:] == [0, 0, 0], results
+        else:  # the timeout won (by a sweep, or by a completion that found the time up)
+            assert final == "timed_out" and completions.count("timed_out") == 6, results
+        assert (await _row(db, run_id))["status"] == "PENDING"
+
+
+async def test_cancel_reaches_a_parked_run_at_once_and_a_racing_completion_loses_cleanly(suite: Suite, db: Any) -> None:
+    # alone: one CancelRun ends the parked run
+    run_id, (created, lease) = await suite.park_one()
+    resp = await suite.admin.call(suite.admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=run_id))
+    assert resp.run.status == common_pb2.RUN_STATUS_CANCELLED
+    with pytest.raises(AwooopError) as refused:
+        await suite.complete_wait(created.wait.wait_id, {"late": True})
+    assert refused.value.reason == errors.INVALID_TRANSITION and refused.value.details.metadata["status"] == "CANCELLED"
+    # the parked attempt's token is spent: nothing it still sends touches the run
+    with pytest.raises(AwooopError) as lost:
+        await suite.worker_client.call(
+            suite.worker_client.scheduler.FailRun, scheduler_pb2.FailRunRequest(lease=lease, reason="late")
+        )
+    assert lost.value.reason == errors.LEASE_LOST
+    # racing: the run ends CANCELLED whichever commits first, and is never claimed again
+    for _ in range(5):
+        run_id, (created, _) = await suite.park_one()
+
+        async def cancel(run_id: str = run_id) -> str:
+            await suite.admin.call(suite.admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=run_id))
+            return "cancelled"
+
+        async def complete(wait_id: str = created.wait.wait_id) -> str:
+            try:
+                await suite.complete_wait(wait_id, {"x": 1})
+            except AwooopError as err:
+                assert err.reason == errors.INVALID_TRANSITION and err.details.metadata["status"] == "CANCELLED"
+                return "refused"
+            return "completed"
+
+        results = await asyncio.gather(cancel(), complete())
+        audit = await _audit(db, run_id)
+        assert (await _row(db, run_id))["status"] == "CANCELLED"
+        assert audit.count("WAIT_COMPLETED") == (1 if results[1] == "completed" else 0), (results, audit)
+        assert audit[-1] == "CANCELLED" and "CLAIMED" not in audit[audit.index("WAIT_PARKED") :], audit
+
+
+# --- the boundary ------------------------------------------------------------------------------
+
+
+async def test_unknown_and_other_projects_waits_are_not_found_and_sleeps_take_no_completion(suite: Suite) -> None:
+    _, (created, _) = await suite.park_one()
+    for wait_id, client in ((str(uuid.uuid4()), suite.worker_client), (created.wait.wait_id, suite.other)):
+        with pytest.raises(AwooopError) as nf:
+            await suite.complete_wait(wait_id, {}, client)
+        assert nf.value.code == grpc.StatusCode.NOT_FOUND
+    _, (sleep, _) = await suite.park_one(kind=scheduler_pb2.WAIT_KIND_SLEEP)
+    assert sleep.token == "" and sleep.callback_url == ""
+    with pytest.raises(AwooopError) as closed:
+        await suite.complete_wait(sleep.wait.wait_id, {})
+    assert closed.value.reason == errors.WAIT_CLOSED and closed.value.details.metadata["kind"] == "sleep"
+    with pytest.raises(AwooopError) as bad:
+        await suite.complete_wait("not-a-uuid", {})
+    assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_completion_before_the_handler_waits_is_kept_and_a_repeated_create_replaces_the_token(
+    suite: Suite, db: Any
+) -> None:
+    suite.parks += 1
+    [run_id] = await suite.create_runs(1, priority=suite.parks)
+    c = suite.worker_client
+    claimed = await c.call(
+        c.scheduler.ClaimRuns, scheduler_pb2.ClaimRunsRequest(worker_id="early", project_ids=[PROJECT], max_runs=1)
+    )
+    [lease] = [r.lease for r in claimed.runs if r.lease.run_id == run_id]
+    request = scheduler_pb2.CreateWaitRequest(lease=lease, step_id="w", timeout=_duration(600))
+    first = await c.call(c.scheduler.CreateWait, request)
+    again = await c.call(c.scheduler.CreateWait, request)  # its answer lost, say: the same wait, a new token
+    assert first.created and not again.created and again.wait.wait_id == first.wait.wait_id
+    assert again.token and again.token != first.token
+    status, _ = await _post(suite.http + first.callback_url, {"old": True})
+    assert status == 404  # the replaced token names no wait
+    status, body = await _post(suite.http + again.callback_url, {"early": True})
+    assert status == 200 and body["resumed"] is False, body  # nobody parked on it yet
+    assert (await _row(db, run_id))["status"] == "RUNNING"
+    answer = await c.call(
+        c.scheduler.AwaitWait, scheduler_pb2.AwaitWaitRequest(lease=lease, wait_id=first.wait.wait_id)
+    )
+    assert not answer.parked and answer.wait.status == scheduler_pb2.WAIT_STATUS_COMPLETED
+    assert dict(answer.wait.result) == {"early": True}
+    assert (await _row(db, run_id))["status"] == "RUNNING"  # the run goes on under its lease
+    assert (await _audit(db, run_id))[-1] == "WAIT_ENDED"
+    ended = await c.call(c.scheduler.CreateWait, request)
+    assert ended.token == "" and ended.callback_url == ""  # an ended wait issues no token
+
+
+# --- event waits ------------------------------------------------------------------------------
+
+
+async def test_an_api_event_with_the_correlation_key_satisfies_a_wait_also_one_that_arrived_just_before(
+    suite: Suite, db: Any
+) -> None:
+    async def send_event(key: str, **payload: Any) -> str:
+        resp = await suite.admin.call(
+            suite.admin.ingest.IngestEvent,
+            ingest_pb2.IngestEventRequest(
+                project_id=PROJECT,
+                channel_type=common_pb2.CHANNEL_TYPE_API,
+                provider_event_id=f"evt-{os.urandom(6).hex()}",
+                payload=to_struct({"correlation_key": key, **payload}),
+            ),
+        )
+        return resp.outcomes[0].run_id
+
+    early_event = await send_event("order-1", paid=True)  # before the wait exists: its look-back finds it
+    [waiting] = await suite.create_runs(1, input=to_struct({"order": "order-2"}))
+    [late_waiter] = await suite.create_runs(1, input=to_struct({"order": "order-1"}))
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        if "correlation_key" in ctx.input:  # the events are runs of their own
+            return {"event": True}
+        event = await ctx.wait_for_event(ctx.input["order"], timeout=60, lookback=120)
+        return {"paid": event["payload"]["paid"], "event_run": event["run_id"]}
+
+    worker = suite.worker(handler, concurrency=4)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+
+    async def done(run_id: str) -> bool:
+        return (await _row(db, run_id))["status"] == "COMPLETED"
+
+    await eventually(lambda: done(late_waiter), timeout=30, what="the look-back found the earlier event")
+    assert (await _row(db, late_waiter))["output"] == {"paid": True, "event_run": early_event}
+
+    async def parked() -> bool:
+        return _parked(await _row(db, waiting))
+
+    await eventually(parked, timeout=30, what="waiting for order-2")
+    await send_event("order-3", paid=False)  # another key: nothing happens
+    later_event = await send_event("order-2", paid=False)
+    await eventually(lambda: done(waiting), timeout=30, what="the event resumed the run")
+    await _stop(worker, task)
+    assert (await _row(db, waiting))["output"] == {"paid": False, "event_run": later_event}
+    audit = await _audit(db, waiting)
+    assert audit.count("WAIT_COMPLETED") == 1, audit
