@@ -34,22 +34,57 @@ async def test_flow_set_show_limit_and_runs_show_says_why_a_run_waits(
     client = Client(key=admin_key, **addrs)
     try:
         out = await _cli(
-            rt, admin_key, tmp_path, "flow", "set", "--project", PROJECT, "--initial-backoff", "30",
-            "--max-attempts", "4", "--non-retryable", "E-BAD", "--weight", "3",
+            rt,
+            admin_key,
+            tmp_path,
+            "flow",
+            "set",
+            "--project",
+            PROJECT,
+            "--initial-backoff",
+            "30",
+            "--max-attempts",
+            "4",
+            "--non-retryable",
+            "E-BAD",
+            "--weight",
+            "3",
         )
         assert out.returncode == 0, out.stderr
         assert "weight 3" in out.stdout and "initial 30s" in out.stdout
         out = await _cli(
-            rt, admin_key, tmp_path, "flow", "limit", "--project", PROJECT, "llm:provider-x", "1",
-            "--starts", "60", "--per", "60",
+            rt,
+            admin_key,
+            tmp_path,
+            "flow",
+            "limit",
+            "--project",
+            PROJECT,
+            "llm:provider-x",
+            "1",
+            "--starts",
+            "60",
+            "--per",
+            "60",
         )
         assert out.returncode == 0 and "at most 1 running" in out.stdout and "60 starts per 60s" in out.stdout, out
         out = await _cli(rt, admin_key, tmp_path, "flow", "show", "--project", PROJECT, "--json")
         shown = json.loads(out.stdout)
         assert shown["flow"]["weight"] == 3 and shown["limits"][0]["key"] == "llm:provider-x"
         out = await _cli(
-            rt, admin_key, tmp_path, "flow", "schedule", "--project", PROJECT, "daily", "0 6 * * *",
-            "--tz", "Europe/Berlin", "--input", '{"report": "daily"}',
+            rt,
+            admin_key,
+            tmp_path,
+            "flow",
+            "schedule",
+            "--project",
+            PROJECT,
+            "daily",
+            "0 6 * * *",
+            "--tz",
+            "Europe/Berlin",
+            "--input",
+            '{"report": "daily"}',
         )
         assert out.returncode == 0 and "next tick" in out.stdout, out
         out = await _cli(rt, admin_key, tmp_path, "flow", "schedules", "--project", PROJECT)

@@ -204,9 +204,7 @@ async def test_the_internal_key_step_writes_a_key_the_gateway_accepts_from_the_s
     assert oct(key_path.stat().st_mode & 0o777) == "0o600"
     again = await asyncio.to_thread(run)
     assert again.returncode == 0 and "kept" in again.stderr and key_path.read_text().strip() == key, again.stderr
-    roles = await db.fetch(
-        "SELECT project_id, role FROM awooop_project_member WHERE principal_id = 'awooop-internal'"
-    )
+    roles = await db.fetch("SELECT project_id, role FROM awooop_project_member WHERE principal_id = 'awooop-internal'")
     assert [(r["project_id"], r["role"]) for r in roles] == [("*", "admin")]
 
     saga_env = service_env(compose["services"]["saga"], key_path)

@@ -123,9 +123,10 @@ async def test_a_run_with_a_concurrency_key_and_a_rate_key_keeps_both(start_serv
             await complete(f, c)
     assert sorted(seen) == sorted(r.run_id for r in runs)
     assert reasons[("key_busy", DEPLOY)] > 0 and reasons[("rate_limited", LLM)] > 0, reasons
-    starts = [r["created_at"] for r in await db.fetch(
-        "SELECT created_at FROM awooop_audit_log WHERE action = 'CLAIMED' ORDER BY created_at"
-    )]
+    starts = [
+        r["created_at"]
+        for r in await db.fetch("SELECT created_at FROM awooop_audit_log WHERE action = 'CLAIMED' ORDER BY created_at")
+    ]
     # 4 starts at 2 per window: the third opens the second window, a period after the first
     assert len(starts) == 4 and (starts[2] - starts[0]).total_seconds() >= 0.9, starts
     assert await running(f) == {DEPLOY: 0, LLM: 0}
@@ -148,6 +149,7 @@ async def test_bad_keys_are_invalid_argument_and_duplicates_count_once(start_ser
     assert list(run.concurrency_keys) == [DEPLOY, LLM]
     eight = [f"k{i}" for i in range(8)]
     assert list((await f.create("eight", concurrency_keys=[*eight, "k0"])).concurrency_keys) == eight
+
     # IngestEvent takes the same fields (its batch statement passes each run's keys as one text)
     def telegram(update_id: int, keys: list[str]) -> ingest_pb2.IngestEventRequest:
         payload = struct_pb2.Struct()
@@ -206,9 +208,7 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_any_key_of_m
             carry: list[pb.CompleteRunRequest] = []
             while not done.is_set():
                 resp = await stub.ClaimRuns(
-                    pb.ClaimRunsRequest(
-                        worker_id=f"w{i}", project_ids=["p"], max_runs=3, wait=dur(1), complete=carry
-                    ),
+                    pb.ClaimRunsRequest(worker_id=f"w{i}", project_ids=["p"], max_runs=3, wait=dur(1), complete=carry),
                     metadata=worker,
                 )
                 carry = []
@@ -249,10 +249,13 @@ async def test_ten_claimers_on_two_scheduler_processes_never_exceed_any_key_of_m
         assert worst[LLM] == 2 and worst["db:primary"] >= 2, worst  # the limits were reached: it could fail
         rows = await db.fetch("SELECT key, running FROM awooop_concurrency_limit")
         assert {r["key"]: r["running"] for r in rows} == {**{k: 0 for k in limits}, "llm:rated": 0}
-        starts = [r["created_at"] for r in await db.fetch(
-            """SELECT a.created_at FROM awooop_audit_log a JOIN awooop_run_state r USING (run_id)
+        starts = [
+            r["created_at"]
+            for r in await db.fetch(
+                """SELECT a.created_at FROM awooop_audit_log a JOIN awooop_run_state r USING (run_id)
                 WHERE a.action = 'CLAIMED' AND 'llm:rated' = ANY(r.concurrency_keys) ORDER BY a.created_at"""
-        )]
+            )
+        ]
         # 24 starts at 5 per window need 5 fixed windows, each opened at least a second after the last
         assert len(starts) == 24 and (starts[-1] - starts[0]).total_seconds() >= 3.9, starts
     finally:

@@ -45,6 +45,8 @@ def _beat_args(ids: list[object], attempts: list[int], worker_id: str) -> tuple[
     return leases.HEARTBEAT.args(
         run_ids=ids, attempts=attempts, worker_id=worker_id, lease_secs=30.0, worker_projects=None
     )
+
+
 COUNT_FUNCTIONS = "SELECT count(*) FROM pg_proc WHERE proname LIKE 'awooop\\_plan\\_%'"
 
 

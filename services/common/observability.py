@@ -33,8 +33,7 @@ UNARY = "unary"
 
 # go-grpc-prometheus' grpc_code values: codes.Code.String() (CamelCase), e.g. "InvalidArgument"
 GRPC_CODE_NAMES: dict[grpc.StatusCode, str] = {
-    c: "OK" if c is grpc.StatusCode.OK else "".join(w.capitalize() for w in c.name.split("_"))
-    for c in grpc.StatusCode
+    c: "OK" if c is grpc.StatusCode.OK else "".join(w.capitalize() for w in c.name.split("_")) for c in grpc.StatusCode
 }
 
 GRPC_STARTED = Counter(
@@ -112,6 +111,7 @@ def preset_grpc_metrics(service_names: Iterable[str]) -> None:
 
 # the run an RPC or a background task is about: every log line written meanwhile carries it
 RUN_ID: ContextVar[str] = ContextVar("awooop_run_id", default="")
+
 
 def run_id_getter(full_method: str) -> Callable[[Any], str] | None:
     """How to read the run a method's request names (its run_id, or its lease's), decided once

@@ -100,5 +100,3 @@ def to_pb(policy: Policy) -> common_pb2.RetryPolicy:
         if name in policy:
             getattr(pb, name).FromNanoseconds(round(float(policy[name]) * 1e9))
     return pb
-
-

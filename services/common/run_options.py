@@ -78,9 +78,7 @@ def parse(
             prefix + "not_before",
             "must be within a year from now",
         )
-    v.check(
-        MIN_PRIORITY <= priority <= MAX_PRIORITY, prefix + "priority", f"must be {MIN_PRIORITY} to {MAX_PRIORITY}"
-    )
+    v.check(MIN_PRIORITY <= priority <= MAX_PRIORITY, prefix + "priority", f"must be {MIN_PRIORITY} to {MAX_PRIORITY}")
     policy_json = None
     if policy is not None:
         fields = retry_policy.from_pb(v, prefix + "retry_policy", policy)

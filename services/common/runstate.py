@@ -353,5 +353,3 @@ def fenced_refusal(status: str, token_is_current: bool, lease_was_reaped: bool) 
     if status in TERMINAL and lease_was_reaped:
         return Refusal.LEASE_LOST
     return Refusal.INVALID_TRANSITION
-
-

@@ -71,9 +71,7 @@ class Statement:
     slots: tuple[str, ...] = ()
     # a slot's value the golden test renders (-- slots: name=value)
     samples: Mapping[str, int] = field(default_factory=dict)
-    _variants: dict[tuple[tuple[str, int], ...], Statement] = field(
-        default_factory=dict, compare=False, repr=False
-    )
+    _variants: dict[tuple[tuple[str, int], ...], Statement] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def parse(cls, name: str, file: str, source: str) -> Statement:

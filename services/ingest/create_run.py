@@ -35,8 +35,10 @@ def request_fingerprint(run: NewRun) -> str:
     if o != RunOptions():  # runs without flow options keep the fingerprint they always had
         when = o.not_before.isoformat() if o.not_before else None
         # one key: the fingerprint a run with that key always had
-        keys: str | list[str] | None = list(o.concurrency_keys) if len(o.concurrency_keys) > 1 else (
-            o.concurrency_keys[0] if o.concurrency_keys else None
+        keys: str | list[str] | None = (
+            list(o.concurrency_keys)
+            if len(o.concurrency_keys) > 1
+            else (o.concurrency_keys[0] if o.concurrency_keys else None)
         )
         fields["flow"] = [when, o.priority, o.retry_policy_json, keys]
     return idempotency.fingerprint(fields)

@@ -34,6 +34,7 @@ CLAIM_ONE_PROJECT = Q["ClaimRunsOneProject"]
 CLAIM_PROJECTS = Q["ClaimRunsProjects"]
 SECONDS_UNTIL_READY = Q["SecondsUntilReady"]
 
+
 @functools.lru_cache(maxsize=512)
 def claim_statement(count: int, max_runs: int) -> sql.Statement:
     """The claim of `count` distinct projects for up to max_runs runs (claims.sql: one statement

@@ -69,9 +69,7 @@ OLDEST_CLAIMABLE = Gauge(
     "How long the oldest claimable run of the project has been claimable (0: none; sampled)",
     ["project"],
 )
-SAMPLE_AGE = Gauge(
-    "awooop_scheduler_queue_sampled_timestamp_seconds", "Unix time of the last successful queue sample"
-)
+SAMPLE_AGE = Gauge("awooop_scheduler_queue_sampled_timestamp_seconds", "Unix time of the last successful queue sample")
 # time from claimable (queued, re-queued or backoff over) to claimed: the wait a run sees,
 # without the long-poll wait of a ClaimRuns call that grpc_server_handling_seconds includes
 CLAIM_WAIT = Histogram(
