@@ -21,6 +21,7 @@ from services.common import sql
 ROOT = Path(services.__file__).parent
 GOLDEN = Path(__file__).parent / "golden" / "sql"
 FILES = sql.statement_files(ROOT)
+_DDL = {"CREATE", "ALTER", "DROP"}
 
 
 def _import_everything() -> None:
@@ -66,6 +67,9 @@ async def test_every_statement_plans_on_the_migrated_store(path: Path, db: async
     parameter types resolve against the real schema; nothing is executed."""
     for name in (statements := sql.Statements(path)):
         st = statements[name].samples_rendered()
+        code = [line for line in st.sql.splitlines() if line.strip() and not line.lstrip().startswith("--")]
+        if code[0].split(None, 1)[0].upper() in _DDL:
+            continue  # DDL cannot be prepared; the migration runner's tests run it
         async with db.transaction():
             try:
                 await db.execute(f"PREPARE golden_check AS {st.sql}")

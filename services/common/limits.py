@@ -10,5 +10,7 @@ MAX_IDEMPOTENCY_KEY = 256  # awooop_idempotency_key.key, the API channel's Idemp
 MAX_PROVIDER_EVENT_ID = 256  # awooop_channel_event_dedupe.provider_event_id, awooop_run_state's
 MAX_CONCURRENCY_KEY = 128  # awooop_run_state.concurrency_keys VARCHAR(128)[], awooop_concurrency_limit.key
 MAX_SCHEDULE_NAME = 128  # awooop_schedule.name
+MAX_CRON = 256  # awooop_schedule.cron
+MAX_TIME_ZONE = 64  # awooop_schedule.time_zone; IANA names are at most about 30 characters
 MAX_ERROR_CODE = 64  # awooop_run_state.error_code
 MAX_ATTEMPTS_LIMIT = 100  # CHECK (max_attempts BETWEEN 1 AND 100)

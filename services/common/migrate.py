@@ -17,12 +17,16 @@ from importlib import resources
 
 import asyncpg
 
-from services.common import hot_statements, server_plans
+from services.common import hot_statements, server_plans, sql
 
 log = logging.getLogger("awooop.migrate")
 
 # pg_advisory_lock key: the first 8 bytes of sha256("awooop-migrate")
 LOCK_KEY = int.from_bytes(hashlib.sha256(b"awooop-migrate").digest()[:8], "big", signed=True)
+
+Q = sql.load(__file__, "migrate.sql")
+LOCK, UNLOCK = Q["LockMigrations"], Q["UnlockMigrations"]
+CREATE_TABLE, APPLIED, RECORD = Q["CreateMigrationsTable"], Q["AppliedMigrations"], Q["RecordMigration"]
 
 
 @dataclass(frozen=True)
@@ -47,30 +51,23 @@ def load() -> list[Migration]:
 
 async def apply(conn: asyncpg.Connection) -> list[str]:
     """Applies pending migrations; returns the names applied (empty when up to date)."""
-    await conn.execute("SELECT pg_advisory_lock($1)", LOCK_KEY)
+    await conn.execute(LOCK.sql, *LOCK.args(lock_key=LOCK_KEY))
     try:
-        await conn.execute(
-            """CREATE TABLE IF NOT EXISTS awooop_schema_migrations (
-                   version    INT PRIMARY KEY,
-                   name       TEXT NOT NULL,
-                   applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"""
-        )
-        done = {r["version"] for r in await conn.fetch("SELECT version FROM awooop_schema_migrations")}
+        await conn.execute(CREATE_TABLE.sql)
+        done = {r["version"] for r in await conn.fetch(APPLIED.sql)}
         applied = []
         for m in load():
             if m.version in done:
                 continue
             async with conn.transaction():
                 await conn.execute(m.sql)
-                await conn.execute(
-                    "INSERT INTO awooop_schema_migrations (version, name) VALUES ($1, $2)", m.version, m.name
-                )
+                await conn.execute(RECORD.sql, *RECORD.args(version=m.version, name=m.name))
             log.info("applied migration", extra={"migration": m.name})
             applied.append(m.name)
         await create_plan_functions(conn, verify=bool(applied))
         return applied
     finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+        await conn.execute(UNLOCK.sql, *UNLOCK.args(lock_key=LOCK_KEY))
 
 
 async def create_plan_functions(conn: asyncpg.Connection, *, verify: bool) -> server_plans.Created:

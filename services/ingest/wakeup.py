@@ -21,13 +21,14 @@ from collections.abc import Iterable
 
 import asyncpg
 
+from services.common import sql
 from services.common.db import store_error
 from services.common.runs import RUN_READY_CHANNEL
 from services.ingest import metrics
 
 log = logging.getLogger("awooop.ingest.wakeup")
 
-NOTIFY_SQL = "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p"
+NOTIFY = sql.load(__file__, "wakeup.sql")["NotifyProjects"]
 RETRY_AFTER = 0.5  # seconds before retrying a NOTIFY that failed (store unreachable)
 
 
@@ -66,7 +67,7 @@ class Notifier:
             return True
         projects, self._ready = sorted(self._ready), set()
         try:
-            await self.pool.execute(NOTIFY_SQL, RUN_READY_CHANNEL, projects)
+            await self.pool.execute(NOTIFY.sql, *NOTIFY.args(channel=RUN_READY_CHANNEL, projects=projects))
         except Exception as exc:
             if store_error(exc) is None:
                 log.exception("run-ready NOTIFY failed")

@@ -34,6 +34,7 @@ from croniter import croniter
 
 from services.common import loops, sql
 from services.common.db import Conn
+from services.common.limits import MAX_TIME_ZONE
 from services.common.runs import RUN_READY_CHANNEL
 from services.ingest import store
 from services.ingest.parsing import NewEvent
@@ -43,8 +44,6 @@ log = logging.getLogger(__name__)
 SCHEDULER_ACTOR = "system:schedules"
 
 
-MAX_CRON = 256  # awooop_schedule.cron
-MAX_TIME_ZONE = 64  # awooop_schedule.time_zone; IANA names are at most about 30 characters
 # A schedule whose tick cannot be computed (it can never fire again, e.g. a year field in the
 # past) is tried again this much later, with the error on the schedule, instead of every pass.
 ERROR_RETRY = dt.timedelta(hours=1)

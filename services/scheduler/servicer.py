@@ -19,6 +19,7 @@ from services.common.access import projects_with, require_member, require_role
 from services.common.auth import current_principal
 from services.common.limits import (
     MAX_CONCURRENCY_KEY,
+    MAX_CRON,
     MAX_ERROR_CODE,
     MAX_ID,
     MAX_PROVIDER_EVENT_ID,
@@ -802,7 +803,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         sched = request.schedule
         project_id = v.project_id("schedule.project_id", sched.project_id)
         name = v.token("schedule.name", sched.name, max_len=MAX_SCHEDULE_NAME)
-        cron = v.text("schedule.cron", sched.cron, max_len=256, required=True)
+        cron = v.text("schedule.cron", sched.cron, max_len=MAX_CRON, required=True)
         time_zone = sched.time_zone or "UTC"
         try:
             schedules.zone(time_zone)

@@ -1,0 +1,23 @@
+-- The migration runner's own statements (services/common/migrate.py). The runner holds a session
+-- advisory lock (:lock_key: the first 8 bytes of sha256("awooop-migrate")) while it applies, so
+-- concurrent runs wait for each other instead of racing.
+
+-- name: LockMigrations
+SELECT pg_advisory_lock(:lock_key)
+
+-- name: UnlockMigrations
+SELECT pg_advisory_unlock(:lock_key)
+
+-- name: CreateMigrationsTable
+-- The list of applied migrations; the first migration cannot create the table it is recorded in.
+CREATE TABLE IF NOT EXISTS awooop_schema_migrations (
+    version    INT PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now())
+
+-- name: AppliedMigrations
+SELECT version FROM awooop_schema_migrations
+
+-- name: RecordMigration
+-- Written in the transaction of the migration it records.
+INSERT INTO awooop_schema_migrations (version, name) VALUES (:version, :name)
