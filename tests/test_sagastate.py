@@ -20,7 +20,7 @@ from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
 from services.common import migrate, sql
-from services.common.runstate import COMPENSATABLE, RunStatus
+from services.common.runstate import COMPENSATABLE, RunStatus, WaitStatus
 from services.common.sagastate import (
     PLANNED,
     REQUEST_INITIAL,
@@ -49,6 +49,8 @@ COLUMNS: list[tuple[str, str, type[StrEnum]]] = [
     ("awooop_saga_step", "step_type", StepType),
     ("awooop_compensation_request", "status", RequestStatus),
     ("awooop_compensation_request", "trigger", Trigger),
+    # the durable wait's (services/common/runstate.py), checked here with the other non-run statuses
+    ("awooop_wait", "status", WaitStatus),
 ]
 IDS = [f"{t}.{c}" for t, c, _ in COLUMNS]
 

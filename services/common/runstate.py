@@ -128,6 +128,23 @@ class Audit(StrEnum):
     SCHEDULE_DELETED = "SCHEDULE_DELETED"
 
 
+class WaitStatus(StrEnum):
+    """awooop_wait.status (migration 0160): a durable wait is open until it ends, once, completed
+    (its token or event came) or timed out (its time passed; a sleep always ends so)."""
+
+    OPEN = "open"
+    COMPLETED = "completed"
+    TIMED_OUT = "timed_out"
+
+
+class WaitKind(StrEnum):
+    """awooop_wait.kind: what ends the wait besides its time."""
+
+    TOKEN = "token"  # CompleteWait or its callback URL
+    SLEEP = "sleep"  # nothing: its time
+    EVENT = "event"  # an API event carrying its correlation key
+
+
 @dataclass(frozen=True)
 class Outcome:
     """One way a transition ends. to=None: the status stays (a cancel of a leased run only

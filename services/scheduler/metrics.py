@@ -10,7 +10,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from services.common.db import Row
 from services.common.observability import preset
-from services.common.runstate import RunStatus
+from services.common.runstate import STATUSES, TERMINAL, RunStatus
 
 REAPED = Counter(
     "awooop_scheduler_reaped_total",
@@ -80,7 +80,7 @@ CLAIM_WAIT = Histogram(
 )
 
 # the statuses the queue gauges count (finished runs are counted by transitions, not sampled)
-UNFINISHED = ("PENDING", "RESUMED", "RUNNING", "WAITING_TOOL", "WAITING_APPROVAL")
+UNFINISHED = tuple(s.value for s in STATUSES if s not in TERMINAL)
 OTHER_PROJECTS = "_other"  # the label of every project past the limit
 
 preset(REAPED, ("requeued", "failed", "cancelled"))

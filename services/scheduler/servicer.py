@@ -27,7 +27,7 @@ from services.common.limits import (
     MAX_TEXT,
 )
 from services.common.runs import channel_from_pb, run_to_pb, set_time, status_from_pb, status_to_pb, ts
-from services.common.runstate import RunStatus
+from services.common.runstate import RunStatus, WaitKind, WaitStatus
 from services.common.runtime import AppContext
 from services.common.validate import Violations, to_struct
 from services.scheduler import (
@@ -121,16 +121,16 @@ def _deadline_passed(context: grpc.aio.ServicerContext[Any, Any]) -> Callable[[]
     return passed
 
 
-_WAIT_KINDS = {
-    "token": scheduler_pb2.WAIT_KIND_TOKEN,
-    "sleep": scheduler_pb2.WAIT_KIND_SLEEP,
-    "event": scheduler_pb2.WAIT_KIND_EVENT,
+_WAIT_KINDS: dict[str, scheduler_pb2.WaitKind.ValueType] = {
+    WaitKind.TOKEN: scheduler_pb2.WAIT_KIND_TOKEN,
+    WaitKind.SLEEP: scheduler_pb2.WAIT_KIND_SLEEP,
+    WaitKind.EVENT: scheduler_pb2.WAIT_KIND_EVENT,
 }
 _WAIT_KIND_NAMES = {v: k for k, v in _WAIT_KINDS.items()}
-_WAIT_STATUSES = {
-    "open": scheduler_pb2.WAIT_STATUS_OPEN,
-    "completed": scheduler_pb2.WAIT_STATUS_COMPLETED,
-    "timed_out": scheduler_pb2.WAIT_STATUS_TIMED_OUT,
+_WAIT_STATUSES: dict[str, scheduler_pb2.WaitStatus.ValueType] = {
+    WaitStatus.OPEN: scheduler_pb2.WAIT_STATUS_OPEN,
+    WaitStatus.COMPLETED: scheduler_pb2.WAIT_STATUS_COMPLETED,
+    WaitStatus.TIMED_OUT: scheduler_pb2.WAIT_STATUS_TIMED_OUT,
 }
 
 

@@ -24,7 +24,7 @@ from services.common import errors, loops, sql
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.db import Row
-from services.common.runstate import TRANSITIONS, Action
+from services.common.runstate import TRANSITIONS, Action, RunStatus, WaitKind, WaitStatus
 from services.scheduler.approvals import new_token
 from services.scheduler.refusals import fenced_refusal
 from services.scheduler.transitions import WORKER_ROLE
@@ -42,7 +42,6 @@ MATCHED = Q["MatchedEventWaitRuns"]
 # who may complete a wait by RPC: the workers of its project (a tool worker posting its result)
 # and the role of systems that feed events in (ingest); admin implies both
 COMPLETE_ROLES = (WORKER_ROLE, "ingest")
-KINDS = ("token", "sleep", "event")
 CALLBACK_PATH = "/v1/waits/"
 SWEEP_LOOP = "scheduler.wait_sweep"
 SWEEP_ACTOR = "system:wait-sweep"
@@ -130,9 +129,13 @@ async def park(pool: asyncpg.Pool, principal: Principal, run_id: str, attempt: i
         raise errors.not_found("wait", wait_id, run_id=run_id)
     if row["parked"]:
         return True, row
-    if row["wait_status"] != "open" and row["cur_attempt"] == attempt and row["cur_status"] == "RUNNING":
+    if (
+        row["wait_status"] != WaitStatus.OPEN
+        and row["cur_attempt"] == attempt
+        and row["cur_status"] == RunStatus.RUNNING
+    ):
         return False, row  # ended before the run waited: the handler takes the outcome at once
-    if row["cur_cancel"] and row["cur_attempt"] == attempt and row["cur_status"] == "RUNNING":
+    if row["cur_cancel"] and row["cur_attempt"] == attempt and row["cur_status"] == RunStatus.RUNNING:
         raise errors.invalid_transition(run_id, row["cur_status"], "park on a wait while a cancel is pending for")
     raise fenced_refusal(row, run_id, attempt, TRANSITIONS[Action.PARK].describe)
 
@@ -162,10 +165,12 @@ def ended(row: Row, wait_id: str) -> Row:
     if outcome == "not_found":
         raise errors.not_found("wait", wait_id)
     if outcome == "not_a_token":
-        raise errors.wait_closed(wait_id, f"wait {wait_id} is a sleep: it ends only when its time is up", kind="sleep")
+        raise errors.wait_closed(
+            wait_id, f"wait {wait_id} is a sleep: it ends only when its time is up", kind=WaitKind.SLEEP
+        )
     if outcome == "expired":
         raise errors.wait_closed(
-            wait_id, f"wait {wait_id} timed out at {row['expires_at'].isoformat()}", outcome="timed_out"
+            wait_id, f"wait {wait_id} timed out at {row['expires_at'].isoformat()}", outcome=WaitStatus.TIMED_OUT
         )
     if outcome == "closed":
         first = row["wait_status"]
