@@ -1,8 +1,9 @@
 """Every named statement (services/common/sql.py) renders, plans against the migrated store, and
 matches its golden copy: a change to the SQL the services run shows up in review as SQL.
 
-The golden copies (tests/golden/sql/) hold each statement as asyncpg runs it ($n parameters,
-slots filled with their sample values) with its parameter names. After changing a statement on
+The golden copies (tests/golden/sql/*.sql.golden: snapshots, data rather than code) hold each
+statement as asyncpg runs it ($n parameters, slots filled with their sample values) with its
+parameter names. After changing a statement on
 purpose, rewrite them with `AWOOOP_UPDATE_GOLDEN=1 ./dev test tests/test_sql_statements.py`."""
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def test_every_statement_file_is_loaded_by_a_module() -> None:
 
 @pytest.mark.parametrize("path", FILES, ids=[str(p.relative_to(ROOT)) for p in FILES])
 def test_golden_copy(path: Path) -> None:
-    golden = GOLDEN / path.relative_to(ROOT)
+    golden = GOLDEN / path.relative_to(ROOT).with_suffix(".sql.golden")
     text = _golden_text(sql.Statements(path))
     if os.environ.get("AWOOOP_UPDATE_GOLDEN"):
         golden.parent.mkdir(parents=True, exist_ok=True)
