@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -429,6 +430,26 @@ async def test_a_completion_posted_many_times_at_once_has_one_winner(suite: Suit
     assert outcomes.count("won") == 1, outcomes
     assert (await _row(db, run_id))["status"] == "PENDING"
     assert (await _audit(db, run_id)).count("WAIT_COMPLETED") == 1
+
+
+async def test_a_parked_run_says_what_it_waits_for_and_until_when_and_stops_saying_it_when_resumed(
+    suite: Suite, db: Any
+) -> None:
+    """GetRun (so `awooop runs show` and the console, through the shared timeline wording) names
+    a parked run's wait, its expiry and when it parked; the completion clears both."""
+    from awooop.cli.timeline import waiting_reason
+
+    run_id, (created, _) = await suite.park_one(timeout=600)
+    run = await suite.run(run_id)
+    assert run.status == common_pb2.RUN_STATUS_WAITING_TOOL and run.wait_reason == "wait_token"
+    assert run.not_before.ToDatetime() == created.wait.expires_at.ToDatetime()
+    text = waiting_reason(run, time.time())
+    assert text.startswith("parked on a wait token") and "until " in text and "parked since " in text, text
+    assert "holds the lease" not in text
+    await suite.complete_wait(created.wait.wait_id, {"ok": True})
+    run = await suite.run(run_id)
+    assert run.status == common_pb2.RUN_STATUS_PENDING and run.wait_reason == "" and not run.HasField("not_before")
+    assert not waiting_reason(run, time.time()).startswith("parked")
 
 
 async def test_completion_racing_the_timeout_has_one_winner(suite: Suite, db: Any, db_dsn: str) -> None:

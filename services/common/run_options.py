@@ -24,6 +24,10 @@ WAIT_BACKOFF = "backoff"
 WAIT_DELAYED = "delayed"
 WAIT_KEY_BUSY = "key_busy"  # parked behind a full concurrency key (not_before 'infinity')
 WAIT_RATE_LIMITED = "rate_limited"  # its key started its rate's worth in this window (not_before = its end)
+# a run parked on a durable wait (WAITING_TOOL without a lease; not_before = the wait's expiry)
+WAIT_ON_TOKEN = "wait_token"
+WAIT_ON_SLEEP = "wait_sleep"
+WAIT_ON_EVENT = "wait_event"
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,14 @@ WAIT_REASONS = {
 }
 
 
+# Run.wait_reason of a run parked on a durable wait (WAITING_TOOL, no lease) -> what it waits for
+PARKED = {
+    "wait_token": "parked on a wait token: resumes when CompleteWait or its callback URL answers",
+    "wait_sleep": "sleeping (a durable sleep)",
+    "wait_event": "parked until an API event with its correlation key arrives",
+}
+
+
 def waiting_why(run: common_pb2.Run) -> str:
     """Why a queued run is not being claimed (its wait_reason, with its time or key), or ""."""
     if run.status not in (common_pb2.RUN_STATUS_PENDING, common_pb2.RUN_STATUS_RESUMED):
@@ -241,6 +249,10 @@ def waiting_reason(run: common_pb2.Run, now: float) -> str:
         if run.approval_summary:
             text += f" on: {run.approval_summary}"
         return text + (f" (token expires in {_span(left)})" if left > 0 else " (token expired; the sweep fails it)")
+    if status == common_pb2.RUN_STATUS_WAITING_TOOL and run.wait_reason in PARKED:
+        until = f" until {when(run.not_before)}" if run.HasField("not_before") else ""
+        since = f"; parked since {when(run.updated_at)}" if run.HasField("updated_at") else ""
+        return f"{PARKED[run.wait_reason]}{until}{since} (holds no worker)"
     if status == common_pb2.RUN_STATUS_WAITING_TOOL:
         return f"waiting on a tool call; worker {run.worker_id or '?'} holds the lease" + _lease_left(run, now)
     if status == common_pb2.RUN_STATUS_RUNNING:

@@ -338,7 +338,8 @@ class Run(_message.Message):
     reaped lease), "delayed" (the not_before it was created with), "key_busy" (parked until a run
     with the concurrency key wait_key frees a slot; not_before is then the largest timestamp) or
     "rate_limited" (wait_key started its rate's worth in this window; not_before is its end);
-    empty when nothing holds it back.
+    for a WAITING_TOOL run parked on a durable wait (no lease): "wait_token", "wait_sleep" or
+    "wait_event", not_before being the wait's expiry; empty when nothing holds it back.
     """
     @_builtins.property
     @_deprecated("""This field has been marked as deprecated using proto field options.""")
