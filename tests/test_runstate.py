@@ -341,3 +341,22 @@ def test_the_named_statements_write_only_declared_statuses_and_sets() -> None:
             statuses = frozenset(re.findall(r"'([A-Z_]+)'", listed))
             if statuses <= {s.value for s in STATUSES} and len(statuses) > 1:
                 assert statuses in sets, f"{path.name}: IN ({listed}) is no declared set of statuses"
+
+
+def test_the_wait_reasons_the_statements_write_are_declared_and_worded() -> None:
+    """Every value a statement assigns to wait_reason (the THEN/ELSE arms of `wait_reason = CASE
+    ... END`, or a plain literal) is a run_options.WaitReason, the statements write them all, and
+    the CLI and console word exactly those (awooop.cli.timeline: queued reasons and parked ones)."""
+    from awooop.cli import timeline
+    from services.common import sql
+    from services.common.run_options import WaitReason
+
+    written: set[str] = set()
+    for path in sql.statement_files(ROOT / "services"):
+        text = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("--"))
+        for m in re.finditer(r"\bwait_reason = (CASE\b.*?\bEND\b|'[a-z_]+')", text, re.S):
+            written |= set(re.findall(r"(?:THEN|ELSE|^)\s*'([a-z_]+)'", m.group(1)))
+    assert written - {r.value for r in WaitReason} == set()
+    # `delayed` is written by the INSERTs that create runs (a VALUES list, not `wait_reason =`)
+    assert written | {WaitReason.DELAYED.value} == {r.value for r in WaitReason}
+    assert set(timeline.WAIT_REASONS) | set(timeline.PARKED) == {r.value for r in WaitReason}

@@ -7,6 +7,7 @@ import datetime as dt
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -19,15 +20,20 @@ MIN_PRIORITY, MAX_PRIORITY = -1000, 1000  # CHECK of awooop_run_state.priority
 MAX_DELAY = dt.timedelta(days=366)  # a not_before further out is a mistake, not a schedule
 MAX_KEYS = 8  # keys per run (CHECK of awooop_run_state.concurrency_keys)
 
-# awooop_run_state.wait_reason
-WAIT_BACKOFF = "backoff"
-WAIT_DELAYED = "delayed"
-WAIT_KEY_BUSY = "key_busy"  # parked behind a full concurrency key (not_before 'infinity')
-WAIT_RATE_LIMITED = "rate_limited"  # its key started its rate's worth in this window (not_before = its end)
-# a run parked on a durable wait (WAITING_TOOL without a lease; not_before = the wait's expiry)
-WAIT_ON_TOKEN = "wait_token"
-WAIT_ON_SLEEP = "wait_sleep"
-WAIT_ON_EVENT = "wait_event"
+
+class WaitReason(StrEnum):
+    """awooop_run_state.wait_reason: why a run is held back until not_before. The statements that
+    set it write these values (tests/test_runstate.py checks them); the CLI and the console word
+    each one (awooop.cli.timeline)."""
+
+    BACKOFF = "backoff"
+    DELAYED = "delayed"
+    KEY_BUSY = "key_busy"  # parked behind a full concurrency key (not_before 'infinity')
+    RATE_LIMITED = "rate_limited"  # its key started its rate's worth in this window (not_before = its end)
+    # a run parked on a durable wait (WAITING_TOOL without a lease; not_before = the wait's expiry)
+    ON_TOKEN = "wait_token"
+    ON_SLEEP = "wait_sleep"
+    ON_EVENT = "wait_event"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +44,6 @@ class RunOptions:
     retry_policy_json: str | None = None
     # the run's concurrency keys, sorted and distinct (empty: none)
     concurrency_keys: tuple[str, ...] = ()
-
-    @property
-    def wait_reason(self) -> str | None:
-        return WAIT_DELAYED if self.not_before is not None else None
 
     @property
     def keys_param(self) -> list[str] | None:

@@ -55,7 +55,7 @@ upd AS (
        SET status = 'WAITING_TOOL', lease_until = NULL, worker_id = NULL,
            attempt_count = r.attempt_count + 1, released_count = r.released_count + 2, updated_at = now(),
            -- what it waits for and until when, for GetRun's readers (`awooop runs show`, the console);
-           -- awooop_end_wait clears both when the wait ends (run_options.WAIT_ON_*)
+           -- awooop_end_wait clears both when the wait ends (run_options.WaitReason)
            wait_reason = CASE w.kind WHEN 'token' THEN 'wait_token' WHEN 'sleep' THEN 'wait_sleep'
                                      ELSE 'wait_event' END,
            not_before = w.expires_at
