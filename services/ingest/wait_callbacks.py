@@ -17,8 +17,7 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from services.common import errors, jsonvalues, sql
-from services.common.runstate import TRANSITIONS, Action
+from services.common import errors, jsonvalues, sql, wait_outcomes
 from services.common.settings import Settings
 from services.ingest.http import parse_body, problem
 
@@ -57,19 +56,7 @@ def add_routes(app: web.Application, pool: asyncpg.Pool, settings: Settings) -> 
 
 
 def answer(row: Any) -> dict[str, Any]:
-    """The decided wait, or the refusal of the one rule (raised as ServiceError: the app's
-    middleware answers it as a problem document)."""
+    """The decided wait, or the one rule's refusal (wait_outcomes.ended raises it)."""
     wait_id = str(row["wait_id"])
-    outcome = row["outcome"]
-    if outcome == "expired":
-        raise errors.wait_closed(wait_id, f"wait {wait_id} timed out", outcome="timed_out")
-    if outcome == "closed":
-        first = row["wait_status"]
-        raise errors.wait_closed(wait_id, f"wait {wait_id} already {first}", outcome=first)
-    if outcome == "not_a_token":
-        raise errors.not_found("wait", "(token)")
-    if outcome == "run_ended":  # the table's refusal, as CompleteWait answers it
-        raise errors.invalid_transition(
-            str(row["run_id"]), row["run_status"], TRANSITIONS[Action.COMPLETE_WAIT].describe
-        )
+    wait_outcomes.ended(row, wait_id)
     return {"wait_id": wait_id, "run_id": str(row["run_id"]), "status": row["wait_status"], "resumed": row["resumed"]}

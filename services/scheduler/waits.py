@@ -20,11 +20,11 @@ from typing import Any
 
 import asyncpg
 
-from services.common import errors, loops, sql
+from services.common import errors, loops, sql, wait_outcomes
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.db import Row
-from services.common.runstate import TRANSITIONS, Action, RunStatus, WaitKind, WaitStatus
+from services.common.runstate import TRANSITIONS, Action, RunStatus, WaitStatus
 from services.scheduler.approvals import new_token
 from services.scheduler.refusals import fenced_refusal
 from services.scheduler.transitions import WORKER_ROLE
@@ -154,31 +154,7 @@ async def complete(pool: asyncpg.Pool, principal: Principal, wait_id: str, resul
         ),
     )
     assert row is not None  # the function always answers one row
-    return ended(row, wait_id)
-
-
-def ended(row: Row, wait_id: str) -> Row:
-    """The row of awooop_end_wait when this call decided the wait; else its refusal."""
-    outcome = row["outcome"]
-    if outcome == "ended":
-        return row
-    if outcome == "not_found":
-        raise errors.not_found("wait", wait_id)
-    if outcome == "not_a_token":
-        raise errors.wait_closed(
-            wait_id, f"wait {wait_id} is a sleep: it ends only when its time is up", kind=WaitKind.SLEEP
-        )
-    if outcome == "expired":
-        raise errors.wait_closed(
-            wait_id, f"wait {wait_id} timed out at {row['expires_at'].isoformat()}", outcome=WaitStatus.TIMED_OUT
-        )
-    if outcome == "closed":
-        first = row["wait_status"]
-        by = f" by {row['completed_by']}" if row["completed_by"] else ""
-        at = f" at {row['completed_at'].isoformat()}" if row["completed_at"] else ""
-        raise errors.wait_closed(wait_id, f"wait {wait_id} already {first}{by}{at}", outcome=first)
-    # the run is over: the table's refusal (runstate COMPLETE_WAIT is allowed from CANCELLABLE only)
-    raise errors.invalid_transition(str(row["run_id"]), row["run_status"], TRANSITIONS[Action.COMPLETE_WAIT].describe)
+    return wait_outcomes.ended(row, wait_id)
 
 
 def callback_url(base: str, token: str) -> str:
