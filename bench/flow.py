@@ -1,7 +1,7 @@
 """Flow control (docs/flow-control.md): the claim statement's cost with runs it must not read,
 the lateness of delayed runs, and dispatch latency.
 
-- claim_cost_busy_key: the single-project claim statement (claims.sql ClaimRunsOneProject, 10 runs, rolled
+- claim_cost_busy_key: the single-project claim statement (claims.sql ClaimRuns, one project, 10 runs, rolled
   back so every execution sees the same rows) of a project with 1,000 ready runs and 10,000
   parked on a busy concurrency key, against the same statement for a project with the same
   1,000 ready runs and none parked.
@@ -106,8 +106,15 @@ READY = 1000
 
 def _claim_args(st: sql.Statement, arg: Any) -> tuple[Any, ...]:
     """A claim statement's parameters (no claim id) for the project(s) arg."""
-    projects = {"project": arg} if isinstance(arg, str) else {"projects": arg}
-    return st.args(**projects, lease_secs=60.0, worker_id="bench-w", actor="bench", **claim_answers.NO_KEY)
+    projects = [arg] if isinstance(arg, str) else arg
+    return st.args(
+        projects=projects,
+        lease_secs=60.0,
+        worker_id="bench-w",
+        actor="bench",
+        **claim_answers.NO_KEY,
+        **claiming.NO_COMPLETIONS,
+    )
 
 
 async def _once_ms(conn: asyncpg.Connection, st: sql.Statement, arg: Any) -> float:

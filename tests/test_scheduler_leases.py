@@ -154,7 +154,7 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
     """Postgres keeps a prepared statement's generic plan (and stops planning it per call) when
     it is no worse than the per-call plans; the claim statements are written so that it is the
     good plan: the claim index scan and primary-key probes, no sequential scan."""
-    from services.scheduler import batch_complete, claiming
+    from services.scheduler import claiming
 
     await s.db.execute(
         """INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, status)
@@ -166,7 +166,7 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
     await s.db.execute("ANALYZE awooop_run_state")
     # the parameters as SQL literals, by name (a claim without a claim id: its key NULL)
     literals = {
-        "project": "'p'",
+        "projects": "'{p}'",
         "lease_secs": "60.0",
         "worker_id": "'w1'",
         "actor": "'test'",
@@ -179,12 +179,10 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
         "allowed": "'{RUNNING}'",
         "worker_projects": "NULL",
     }
-    statements = {
-        "claim": claiming.claim_statement(1, 10),
-        "complete and claim": batch_complete.complete_and_claim_statement(1, 10),
-    }
-    for name, st in statements.items():
-        sql, args = st.sql, "(" + ", ".join(literals[p] for p in st.params) + ")"
+    no_completions = {**literals, "run_ids": "'{}'", "attempts": "'{}'", "outputs": "'{}'"}
+    st = claiming.claim_statement(1, 10)
+    for name, values in {"claim": no_completions, "complete and claim": literals}.items():
+        sql, args = st.sql, "(" + ", ".join(values[p] for p in st.params) + ")"
         async with s.db.transaction():
             await s.db.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             await s.db.execute(f"PREPARE generic_claim AS {sql}")
@@ -197,7 +195,7 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
 async def test_the_multi_project_claim_settles_on_its_generic_plan(s: Sched) -> None:
     """A worker claiming for several projects sends one prepared statement per call; after its
     five custom plans Postgres must keep the generic one, not plan the statement on every call.
-    Without the projects' count in the text (claims.sql ClaimRunsProjects, {{count}}) it planned
+    Without the projects' count in the text (claims.sql ClaimRuns, {{count}}) it planned
     per call on these statistics: its generic plan costed ten projects' scans."""
     from services.scheduler import claim_answers, claiming
 
@@ -214,7 +212,14 @@ async def test_the_multi_project_claim_settles_on_its_generic_plan(s: Sched) -> 
     for projects in [["q", "big"]] * 6 + [["q", "small"]] * 6:
         tr = s.db.transaction()
         await tr.start()
-        args = st.args(projects=projects, lease_secs=60.0, worker_id="w1", actor="test", **claim_answers.NO_KEY)
+        args = st.args(
+            projects=projects,
+            lease_secs=60.0,
+            worker_id="w1",
+            actor="test",
+            **claim_answers.NO_KEY,
+            **claiming.NO_COMPLETIONS,
+        )
         assert len(await s.db.fetch(sql, *args)) == 10
         await tr.rollback()
     plans = await s.db.fetchrow(

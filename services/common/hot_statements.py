@@ -3,11 +3,11 @@ what the keep_plan registry holds once every service module is imported (the sta
 at import), plus the variants the scheduler renders per call, which the registry only learns
 when a call renders them.
 
-Variants covered: ClaimRuns for one project at every max_runs (1..MAX_CLAIM_RUNS), alone and
-carrying completions (with or without a claim id: one statement, services/scheduler/claims.sql):
-what the worker SDK sends (it claims min(free slots, 100) runs of its projects). Claims over
-several projects are not covered (one variant per project count and batch size would be
-thousands of functions); they run plain."""
+Variants covered: ClaimRuns for one project at every max_runs (1..MAX_CLAIM_RUNS), carrying
+completions or not and with or without a claim id (one statement, services/scheduler/claims.sql):
+what the worker SDK sends (it claims min(free slots, 100) runs of its projects); and CompleteRuns
+(ClaimRuns for no project, marked at import). Claims over several projects are not covered (one
+variant per project count and batch size would be thousands of functions); they run plain."""
 
 from __future__ import annotations
 
@@ -27,12 +27,11 @@ def _import_services() -> None:
 
 def _render_claim_variants() -> None:
     # imported here: the scheduler imports services.common, never the other way at import time
-    from services.scheduler import batch_complete, claiming
+    from services.scheduler import claiming
     from services.scheduler.servicer import MAX_CLAIM_RUNS
 
     for max_runs in range(1, MAX_CLAIM_RUNS + 1):
         claiming.claim_statement(1, max_runs)
-        batch_complete.complete_and_claim_statement(1, max_runs)
 
 
 def statements() -> list[str]:

@@ -1,5 +1,5 @@
-"""CompleteRuns: many CompleteRun calls in ONE statement (claims.sql CompleteRuns), and the
-claim that carries completions (claims.sql CompleteAndClaimOneProject / CompleteAndClaimProjects).
+"""CompleteRuns: many CompleteRun calls in ONE statement, and the claim that carries completions:
+both are claims.sql ClaimRuns (CompleteRuns claims no runs of no project).
 
 Per item the rules are CompleteRun's (fenced_writes.sql CompleteRun): the same SET list, fence
 and audit row, and when an item changed nothing its error is chosen from the locked row by the
@@ -11,41 +11,28 @@ current attempt wins, and the others are answered as if they had arrived one aft
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 
-from services.common import errors, sql
+from services.common import errors
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.db import Row, fetch_again_on_deadlock
 from services.common.runstate import RunStatus
-from services.common.server_plans import keep_plan
 from services.scheduler import claim_answers, hand_back, metrics, replays
 from services.scheduler.claim_answers import ClaimKey
-from services.scheduler.claiming import Claim, projects_args
+from services.scheduler.claiming import Claim, claim_statement
 from services.scheduler.refusals import fenced_refusal
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.transitions import COMPLETE, WORKER_ROLE, Changed, settled
 
-Q = sql.load(__file__, "claims.sql")
-COMPLETE_MANY = Q["CompleteRuns"]
-keep_plan(COMPLETE_MANY.sql)
-
-
-@functools.lru_cache(maxsize=512)
-def complete_and_claim_statement(count: int, max_runs: int) -> sql.Statement:
-    """CompleteRuns, then the claim of `count` distinct projects for up to max_runs runs, in one
-    statement (claims.sql; the numbers are written into the text as the claim's)."""
-    if count == 1:
-        st = Q["CompleteAndClaimOneProject"].variant(max_runs=max_runs)
-    else:
-        st = Q["CompleteAndClaimProjects"].variant(max_runs=max_runs, count=count)
-    keep_plan(st.sql)
-    return st
+# the claim statement for no runs of no project: only its completions
+COMPLETE_MANY = claim_statement(0, 0)
+# the claim parameters of CompleteRuns (it claims nothing and records no answer)
+_NO_CLAIM: dict[str, Any] = {"projects": [], "lease_secs": None, "worker_id": None, **claim_answers.NO_KEY}
 
 
 @dataclass(frozen=True)
@@ -62,8 +49,10 @@ async def complete_many(
     CompleteRun would have raised for that item."""
     # the runs' triggers give their keys' slots back in the order the rows are updated, which a
     # batch cannot fix: should two such statements deadlock, the one aborted changed nothing
-    rows = await fetch_again_on_deadlock(pool, COMPLETE_MANY.sql, *COMPLETE_MANY.args(**_params(principal, items)))
-    return await _with_replays(pool, items, _outcomes(principal, items, rows, saga))
+    args = COMPLETE_MANY.args(**_params(principal, items), **_NO_CLAIM)
+    rows = await fetch_again_on_deadlock(pool, COMPLETE_MANY.sql, *args)
+    # the rows after the items': the claim's (none claimed: one row of NULLs)
+    return await _with_replays(pool, items, _outcomes(principal, items, rows[: len(items)], saga))
 
 
 async def complete_and_claim(
@@ -81,10 +70,9 @@ async def complete_and_claim(
     """complete_many, then a claim (claiming.claim_once), in one statement: the items' outcomes
     in order, and the claim (its rows oldest first; with a claim key whose answer is recorded,
     that answer: the items are still completed, or replayed, as always)."""
-    count, named = projects_args(projects)
-    st = complete_and_claim_statement(count, max_runs)
+    st = claim_statement(len(projects), max_runs)
     keyed = key.params() if key is not None else claim_answers.NO_KEY
-    args = st.args(**_params(principal, items), **named, lease_secs=lease_ttl, worker_id=worker_id, **keyed)
+    args = st.args(**_params(principal, items), projects=projects, lease_secs=lease_ttl, worker_id=worker_id, **keyed)
     for again in (True, False):
         try:
             # as complete_many (a deadlock aborts the statement whole: nothing completed, nothing claimed)
@@ -100,7 +88,7 @@ async def complete_and_claim(
         claim = Claim(await claim_answers.replay(pool, key), replayed=True)
         metrics.CLAIM_REPLAYS.inc()
     else:
-        claim = Claim(rows[n:])
+        claim = Claim([r for r in rows[n:] if r["run_id"] is not None])
         metrics.count_claims(claim.rows)
     try:
         outcomes = await _with_replays(pool, items, _outcomes(principal, items, rows[:n], saga))

@@ -10,7 +10,8 @@ and the runs would stay RUNNING for a worker that never hears of them until thei
 caller that is gone is handed back at once (hand_back.py: the attempt does not count). A
 wait ends with the call, and no claim starts for a call that is already over.
 
-The statements are claims.sql's (ClaimRunsOneProject, ClaimRunsProjects, SecondsUntilReady)."""
+The statements are claims.sql's (ClaimRuns, SecondsUntilReady): a claim is ClaimRuns with no
+completions (NO_COMPLETIONS)."""
 
 from __future__ import annotations
 
@@ -30,28 +31,21 @@ from services.scheduler.claim_answers import ClaimKey
 from services.scheduler.wakeup import RunReadyListener
 
 Q = sql.load(__file__, "claims.sql")
-CLAIM_ONE_PROJECT = Q["ClaimRunsOneProject"]
-CLAIM_PROJECTS = Q["ClaimRunsProjects"]
+CLAIM = Q["ClaimRuns"]
 SECONDS_UNTIL_READY = Q["SecondsUntilReady"]
 
 
 @functools.lru_cache(maxsize=512)
 def claim_statement(count: int, max_runs: int) -> sql.Statement:
-    """The claim of `count` distinct projects for up to max_runs runs (claims.sql: one statement
-    for one project, one for several; the numbers are written into the text)."""
-    if count == 1:
-        st = CLAIM_ONE_PROJECT.variant(max_runs=max_runs)
-    else:
-        st = CLAIM_PROJECTS.variant(max_runs=max_runs, count=count)
+    """The claim of `count` distinct projects for up to max_runs runs, carrying completions or not
+    (claims.sql ClaimRuns; the numbers are written into the text)."""
+    st = CLAIM.variant(max_runs=max_runs, count=count)
     keep_plan(st.sql)
     return st
 
 
-def projects_args(projects: list[str]) -> tuple[int, dict[str, Any]]:
-    """(count, the projects parameter by name) of a claim statement; projects are distinct."""
-    if len(projects) == 1:
-        return 1, {"project": projects[0]}
-    return len(projects), {"projects": projects}
+# the completion parameters of a claim that carries none (its items are empty)
+NO_COMPLETIONS: dict[str, Any] = {"run_ids": [], "attempts": [], "outputs": [], "allowed": [], "worker_projects": None}
 
 
 # claim statements in a row that may park runs behind full keys before one claims or finds none
@@ -89,10 +83,9 @@ async def claim_once(
 ) -> Claim:
     """One claim (up to MAX_PARKING_ROUNDS statements while runs get parked); with a claim key,
     the answer recorded for its claim id when there is one."""
-    count, named = projects_args(projects)
-    st = claim_statement(count, max_runs)
+    st = claim_statement(len(projects), max_runs)
     keyed = key.params() if key is not None else claim_answers.NO_KEY
-    args = st.args(**named, lease_secs=lease_ttl, worker_id=worker_id, actor=actor, **keyed)
+    args = st.args(projects=projects, lease_secs=lease_ttl, worker_id=worker_id, actor=actor, **keyed, **NO_COMPLETIONS)
     for _ in range(MAX_PARKING_ROUNDS):
         try:
             rows = await pool.fetch(st.sql, *args)

@@ -1,28 +1,54 @@
 -- The claim (ClaimRuns), the completions (CompleteRuns) and the claim that carries completions
--- (ClaimRuns.complete), as they run: services/scheduler/claiming.py and batch_complete.py run them.
+-- (ClaimRuns.complete) are one statement, ClaimRuns: services/scheduler/claiming.py and
+-- batch_complete.py run it.
 --
--- Variants, by one rule (services/common/sql.py): a claim of ONE project and a claim of SEVERAL are
--- two statements (their scans differ), and each fills two integer slots: {{max_runs}}, the claim's
--- size, and {{count}}, the number of projects (several only). Nothing else varies: a claim without
--- a claim id runs the same statement with :claim_id, :principal and :sorted_projects NULL (its
--- `prior` finds nothing, its `recorded` inserts nothing).
+-- Variants, by one rule (services/common/sql.py): two integer slots, {{max_runs}}, the claim's
+-- size, and {{count}}, the number of projects. Nothing else varies: a claim without a claim id
+-- runs the same statement with :claim_id, :principal and :sorted_projects NULL (its `prior` finds
+-- nothing, its `recorded` inserts nothing), a call without completions with empty item arrays,
+-- and CompleteRuns with no projects and max_runs 0.
 --
--- Why the numbers are written into the text: with max_runs and a single project, the plan
--- Postgres builds without the parameters' values is the one it builds with them, so it keeps that
--- generic plan and stops planning the statement on every call (with a `LIMIT $n` it cannot
--- estimate the claim's size, prefers a plan per call, and the planning costs about as much as
--- executing it). For the same reason the projects' unnest carries `LIMIT {{count}}` (it never cuts:
--- the array holds exactly count): a generic plan otherwise estimates 10 projects, costs their
--- lateral scans against the custom plan's 2 or 3, and on some statistics Postgres then plans the
--- multi-project claim on every call (measured: 1.0 against 0.55 ms a claim, bench flow).
+-- Why the numbers are written into the text: with max_runs written, the plan Postgres builds
+-- without the parameters' values is the one it builds with them, so it keeps that generic plan
+-- and stops planning the statement on every call (with a `LIMIT $n` it cannot estimate the
+-- claim's size, prefers a plan per call, and the planning costs about as much as executing it).
+-- For the same reason the projects' unnest carries `LIMIT {{count}}` (it never cuts: the array
+-- holds exactly count): a generic plan otherwise estimates 10 projects, costs their lateral scans
+-- against the custom plan's 1 to 3, and on some statistics Postgres then plans the claim on every
+-- call (measured: 1.0 against 0.55 ms a claim, bench flow).
 
--- name: ClaimRunsOneProject
--- slots: max_runs=10
--- A claim of one project (:project) for :worker_id, leases of :lease_secs seconds. The claimed
--- rows come back oldest first (the run columns, from_status, claim_wait: seconds since the run
--- became claimable), and every row carries `parked` (runs this statement parked behind full keys)
--- and `recorded` (an answer was recorded for the claim id before: nothing was claimed, the call
--- replays it). No runs claimed: one row with NULL run columns.
+-- name: ClaimRuns
+-- slots: max_runs=10, count=3
+-- ClaimRuns (carrying completions or not) and CompleteRuns, in one statement and one commit: the
+-- items (ClaimRunsRequest.complete, CompleteRuns' runs; empty arrays when the call has none) are
+-- completed first, then up to max_runs runs of `count` distinct projects (:projects) are
+-- claimed for :worker_id, leases of :lease_secs seconds. CompleteRuns alone is this statement
+-- with no projects and max_runs 0 (batch_complete.COMPLETE_MANY): nothing is scanned for a claim.
+-- The completions never touch a claimed row: `upd` changes rows that are RUNNING in the
+-- statement's snapshot, the claim rows that are PENDING/RESUMED in it.
+--
+-- Rows: one per item, in item order: the locked row's state (cur_*; NULL when the run does not
+-- exist) and, when this item completed the run, the changed row (run_id not NULL); then the
+-- claimed runs (item NULL: the run columns, from_status, claim_wait: seconds since the run became
+-- claimable), higher priority first, then oldest; no run claimed: one row with NULL run columns.
+-- Every row carries `parked` (runs this statement parked behind full keys) and `recorded` (an
+-- answer was recorded for the claim id before: nothing was claimed, the call replays it).
+--
+-- The completions. :run_ids, :attempts, :outputs (JSON text) in request order; :allowed the
+-- statuses CompleteRun may start from (runstate.TRANSITIONS), :worker_projects the projects where
+-- the caller is a worker (NULL: all). Per item the rules are CompleteRun's (fenced_writes.sql
+-- CompleteRun): the same SET list, fence and audit row. cur locks the rows in run_id order, so
+-- overlapping batches wait for each other instead of deadlocking. win: a run named twice is
+-- completed at most once, by the first item whose token names the current attempt. held_keys:
+-- the concurrency keys of the runs it completes and of those it picks, locked in key order in one
+-- pass before `upd` starts; the triggers that give the completed runs' slots back then find them
+-- held. Taken run by run, in the order the rows happen to be updated, they could close a cycle (a
+-- deadlock) with a claim or a batch sharing the keys. RECURSIVE (nothing recurses) lets held_keys
+-- name `picked`, which comes later in the list. The status test is wrapped in `IS TRUE` (status is
+-- NOT NULL: same meaning) so the planner cannot match it to the predicate of
+-- awooop_run_leased_idx: believing that partial index nearly empty, it would scan all of it and
+-- compare every leased run with every item (leases held x batch) instead of one primary-key probe
+-- per item.
 --
 -- prior: the answer recorded for (principal, worker id, claim id), one primary-key probe
 -- (services/scheduler/claim_answers.py); when there is one, the scans never start (a one-time
@@ -30,436 +56,31 @@
 -- inserted only when the claim took runs and carries a claim id (an empty claim records nothing,
 -- so a long-poll's next round or a retry claims as usual).
 --
--- picked: one project: the ordered scan of the claim index, LIMIT max_runs, FOR UPDATE SKIP LOCKED.
--- A queued run is claimable past its not_before (a retry backoff or a requested delay) with
--- attempts left (ReleaseRun and approval hand-backs are not spent attempts: attempt_count -
--- released_count); higher priority first, then the earliest due (not_before, else creation).
--- awooop_run_claim_idx is (project_id, priority DESC, due), so the scan reads the runs in that
--- order and stops after max_runs ready ones; equality on project_id keeps the index order, so
--- the cost does not grow with the backlog (`project_id = ANY(...)` would sort every pending run
--- of the projects on each claim). A paused project's runs are skipped (PauseProject).
+-- picked: per project, the ordered scan of the claim index, LIMIT max_runs, FOR UPDATE SKIP LOCKED
+-- (its scan starts after `cur` locked the items: a one-time filter). A queued run is claimable
+-- past its not_before (a retry backoff or a requested delay) with attempts left (ReleaseRun and
+-- approval hand-backs are not spent attempts: attempt_count - released_count); higher priority
+-- first, then the earliest due (not_before, else creation). awooop_run_claim_idx is (project_id,
+-- priority DESC, due), so each scan reads the runs in that order and stops after max_runs ready
+-- ones; equality on project_id keeps the index order, so the cost does not grow with the backlog
+-- (`project_id = ANY(...)` would sort every pending run of the projects on each claim). A paused
+-- project is left out of the projects scanned (PauseProject). Then max_runs of those, interleaved
+-- by the projects' weights. Fairness: the k-th run of a project sorts at (k - 1 + e) / weight, e
+-- drawn per project and claim from Exp(1): the first run goes to a project with probability
+-- weight / total weight, and a claim of several runs interleaves the projects by weight, so a
+-- backlog in one project never holds back another's runs. Rows locked by the scans but not kept
+-- are released when the statement's transaction ends.
 --
 -- blocked / parked / go: concurrency keys (docs/flow-control.md). A picked run is granted only
 -- when every one of its limited keys has a free slot and starts left in its rate window; then it
 -- takes one of each. awooop_grant_keys (migration 0120) locks the picked runs' limited keys in key
 -- order, decides them in claim order, writes the keys' counts and returns the runs it refused,
--- each with the key it waits on; a claim whose picked runs carry no keys does not call it. A refused run is
--- parked: behind a busy key (not_before 'infinity', wait_reason key_busy: after every ready run in
--- the claim index, so later claims never scan it, until the trigger of migration 0120 wakes it when
--- the key frees a slot) or until the key's rate window ends (rate_limited). The key rows' locks
--- order this claim against a release of the same keys, so a run is never parked behind a key that
--- has room.
-WITH prior AS MATERIALIZED (
-    SELECT 1 FROM awooop_claim_answer
-     WHERE principal = :principal::text AND worker_id = :worker_id AND claim_id = :claim_id::text
-),
-picked AS (
-    SELECT run_id, status AS from_status, project_id, concurrency_keys AS ckeys, priority,
-           COALESCE(not_before, created_at) AS due, GREATEST(updated_at, not_before) AS ready_since
-      FROM awooop_run_state
-     WHERE project_id = :project::text
-       AND status IN ('PENDING', 'RESUMED')
-       AND (not_before IS NULL OR not_before <= now())
-       AND attempt_count - released_count < max_attempts
-       AND NOT EXISTS (SELECT 1 FROM prior)
-       AND NOT EXISTS (SELECT 1 FROM awooop_project_flow f WHERE f.project_id = :project::text AND f.paused)
-     ORDER BY priority DESC, COALESCE(not_before, created_at)
-     LIMIT {{max_runs}}
-       FOR UPDATE SKIP LOCKED
-),
-blocked AS (
-    SELECT b.b_run AS run_id, b.b_key AS key, b.b_until AS window_end
-      FROM (SELECT array_agg(run_id ORDER BY priority DESC, due, run_id) AS runs,
-                   array_agg(project_id ORDER BY priority DESC, due, run_id) AS projects,
-                   array_agg(array_to_string(ckeys, ' ') ORDER BY priority DESC, due, run_id) AS keys
-              FROM picked WHERE ckeys IS NOT NULL) a
-     CROSS JOIN LATERAL awooop_grant_keys(a.runs, a.projects, a.keys) AS b
-),
-parked AS (
-    UPDATE awooop_run_state r
-       SET not_before = COALESCE(b.window_end, 'infinity'),
-           wait_reason = CASE WHEN b.window_end IS NULL THEN 'key_busy' ELSE 'rate_limited' END,
-           wait_key = b.key
-      FROM blocked b
-     WHERE r.run_id = b.run_id
- RETURNING r.run_id
-),
-go AS (
-    SELECT p.run_id, p.from_status, p.ready_since FROM picked p
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.run_id = p.run_id)
-),
-claimed AS (
-    UPDATE awooop_run_state r
-       SET status = 'RUNNING',
-           lease_until = now() + make_interval(secs => :lease_secs),
-           heartbeat_at = now(),
-           attempt_count = r.attempt_count + 1,
-           worker_id = :worker_id,
-           not_before = NULL,
-           wait_reason = NULL,
-           wait_key = NULL,
-           updated_at = now()
-      FROM go p
-     WHERE r.run_id = p.run_id
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key, p.from_status,
-           EXTRACT(EPOCH FROM clock_timestamp() - p.ready_since)::float8 AS claim_wait
-),
-claim_aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'CLAIMED', from_status, 'RUNNING', NULL,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id, 'lease_until', lease_until)
-      FROM claimed
-),
-recorded AS (
-    INSERT INTO awooop_claim_answer (principal, worker_id, claim_id, project_ids, max_runs, lease_ttl, run_ids, attempts,
-                         expires_at)
-    SELECT :principal::text, :worker_id, :claim_id::text, :sorted_projects::text[], {{max_runs}}, :lease_secs,
-           array_agg(run_id), array_agg(attempt_count), now() + make_interval(secs => :lease_secs)
-      FROM claimed
-    HAVING count(*) > 0 AND :claim_id::text IS NOT NULL
-)
-SELECT claimed.*, x.*
-  FROM (SELECT count(*) AS parked, EXISTS (SELECT 1 FROM prior) AS recorded FROM parked) x
-  LEFT JOIN claimed ON true
- ORDER BY claimed.priority DESC, claimed.created_at
-
--- name: ClaimRunsProjects
--- slots: max_runs=10, count=3
--- ClaimRunsOneProject (read its comment) for {{count}} distinct projects (:projects); only `picked`
--- differs. One lateral scan per project (each as the one-project claim's), then max_runs of those
--- interleaved by the projects' weights. Fairness: the k-th run of a project sorts at
--- (k - 1 + e) / weight, e drawn per project and claim from Exp(1): the first run goes to a project
--- with probability weight / total weight, and a claim of several runs interleaves the projects by
--- weight, so a backlog in one project never holds back another's runs. Rows locked by the lateral
--- scans but not kept are released when the statement's transaction ends. A paused project is left
--- out of the projects scanned.
-WITH prior AS MATERIALIZED (
-    SELECT 1 FROM awooop_claim_answer
-     WHERE principal = :principal::text AND worker_id = :worker_id AND claim_id = :claim_id::text
-),
-picked AS (
-    SELECT run_id, from_status, project_id, ckeys, priority, due, ready_since
-      FROM (SELECT c.run_id, c.from_status, p.project_id, c.ckeys, c.priority, c.due, c.ready_since, p.e, p.w,
-                   row_number() OVER (PARTITION BY p.project_id ORDER BY c.priority DESC, c.due) AS k
-              FROM (SELECT u.project_id, -ln(1.0 - random()) AS e, COALESCE(f.weight, 1) AS w
-                      FROM (SELECT * FROM unnest(:projects::text[]) LIMIT {{count}}) AS u(project_id)
-                      LEFT JOIN awooop_project_flow f ON f.project_id = u.project_id
-                     WHERE f.paused IS NOT TRUE) p
-             CROSS JOIN LATERAL (
-                    SELECT run_id, status AS from_status, concurrency_keys AS ckeys, priority,
-                           COALESCE(not_before, created_at) AS due, GREATEST(updated_at, not_before) AS ready_since
-                      FROM awooop_run_state
-                     WHERE project_id = p.project_id
-                       AND status IN ('PENDING', 'RESUMED')
-                       AND (not_before IS NULL OR not_before <= now())
-                       AND attempt_count - released_count < max_attempts
-                       AND NOT EXISTS (SELECT 1 FROM prior)
-                     ORDER BY priority DESC, COALESCE(not_before, created_at)
-                     LIMIT {{max_runs}}
-                       FOR UPDATE SKIP LOCKED
-                   ) c) t
-     ORDER BY (t.k - 1 + t.e) / t.w
-     LIMIT {{max_runs}}
-),
-blocked AS (
-    SELECT b.b_run AS run_id, b.b_key AS key, b.b_until AS window_end
-      FROM (SELECT array_agg(run_id ORDER BY priority DESC, due, run_id) AS runs,
-                   array_agg(project_id ORDER BY priority DESC, due, run_id) AS projects,
-                   array_agg(array_to_string(ckeys, ' ') ORDER BY priority DESC, due, run_id) AS keys
-              FROM picked WHERE ckeys IS NOT NULL) a
-     CROSS JOIN LATERAL awooop_grant_keys(a.runs, a.projects, a.keys) AS b
-),
-parked AS (
-    UPDATE awooop_run_state r
-       SET not_before = COALESCE(b.window_end, 'infinity'),
-           wait_reason = CASE WHEN b.window_end IS NULL THEN 'key_busy' ELSE 'rate_limited' END,
-           wait_key = b.key
-      FROM blocked b
-     WHERE r.run_id = b.run_id
- RETURNING r.run_id
-),
-go AS (
-    SELECT p.run_id, p.from_status, p.ready_since FROM picked p
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.run_id = p.run_id)
-),
-claimed AS (
-    UPDATE awooop_run_state r
-       SET status = 'RUNNING',
-           lease_until = now() + make_interval(secs => :lease_secs),
-           heartbeat_at = now(),
-           attempt_count = r.attempt_count + 1,
-           worker_id = :worker_id,
-           not_before = NULL,
-           wait_reason = NULL,
-           wait_key = NULL,
-           updated_at = now()
-      FROM go p
-     WHERE r.run_id = p.run_id
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key, p.from_status,
-           EXTRACT(EPOCH FROM clock_timestamp() - p.ready_since)::float8 AS claim_wait
-),
-claim_aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'CLAIMED', from_status, 'RUNNING', NULL,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id, 'lease_until', lease_until)
-      FROM claimed
-),
-recorded AS (
-    INSERT INTO awooop_claim_answer (principal, worker_id, claim_id, project_ids, max_runs, lease_ttl, run_ids, attempts,
-                         expires_at)
-    SELECT :principal::text, :worker_id, :claim_id::text, :sorted_projects::text[], {{max_runs}}, :lease_secs,
-           array_agg(run_id), array_agg(attempt_count), now() + make_interval(secs => :lease_secs)
-      FROM claimed
-    HAVING count(*) > 0 AND :claim_id::text IS NOT NULL
-)
-SELECT claimed.*, x.*
-  FROM (SELECT count(*) AS parked, EXISTS (SELECT 1 FROM prior) AS recorded FROM parked) x
-  LEFT JOIN claimed ON true
- ORDER BY claimed.priority DESC, claimed.created_at
-
--- name: CompleteRuns
--- The items, in request order: :run_ids, :attempts, :outputs (JSON text); :allowed the statuses
--- CompleteRun may start from (runstate.TRANSITIONS), :worker_projects the projects where the
--- caller is a worker (NULL: all). Per item the rules are CompleteRun's (fenced_writes.sql
--- CompleteRun): the same SET list, fence and audit row. One row per item, in order: the locked
--- row's state (cur_*; NULL when the run does not exist) and, when this item completed the run, the
--- changed row (run_id not NULL).
---
--- cur locks the rows in run_id order, so overlapping batches wait for each other instead of
--- deadlocking. win: a run named twice is completed at most once, by the first item whose token
--- names the current attempt. held_keys: the locked runs' concurrency keys, locked in
--- key order in one pass before `upd` starts; the triggers that give the completed runs' slots
--- back then find them held. Taken run by run, in the order the rows happen to be updated,
--- they could close a cycle (a deadlock) with a claim or a batch sharing the keys.
--- The status test is wrapped in `IS TRUE` (status is NOT NULL: same meaning) so the planner cannot
--- match it to the predicate of awooop_run_leased_idx: believing that partial index nearly empty,
--- it would scan all of it and compare every leased run with every item (leases held x batch)
--- instead of one primary-key probe per item.
-WITH items AS (
-    SELECT t.item, t.run_id, t.attempt, t.output::jsonb AS output
-      FROM unnest(:run_ids::uuid[], :attempts::int[], :outputs::text[]) WITH ORDINALITY AS t(run_id, attempt, output, item)
-),
-cur AS (
-    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
-           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
-           worker_id AS cur_worker, concurrency_keys AS cur_keys
-      FROM awooop_run_state
-     WHERE run_id IN (SELECT run_id FROM items)
-     ORDER BY run_id
-       FOR UPDATE
-),
-held_keys AS MATERIALIZED (
-    SELECT l.project_id, l.key FROM awooop_concurrency_limit l
-     WHERE (l.project_id, l.key) IN (
-             SELECT c.cur_project, k FROM cur c CROSS JOIN LATERAL unnest(c.cur_keys) AS k)
-     ORDER BY l.project_id, l.key
-       FOR UPDATE
-),
-win AS (
-    SELECT DISTINCT ON (it.run_id) it.item, it.run_id, it.attempt, it.output, cur.cur_status, cur.cur_worker
-      FROM items it JOIN cur ON cur.cur_run_id = it.run_id
-     WHERE it.attempt = cur.cur_attempt
-     ORDER BY it.run_id, it.item
-),
-upd AS (
-    UPDATE awooop_run_state r
-       SET status = 'COMPLETED', output = w.output, lease_until = NULL, worker_id = NULL,
-           failure_reason = NULL, error_code = NULL, not_before = NULL, saga_status = 'not_needed', updated_at = now()
-      FROM win w
-     WHERE r.run_id = w.run_id
-       AND r.attempt_count = w.attempt
-       AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
-       AND (SELECT count(*) FROM held_keys) >= 0
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
-           w.cur_status AS from_status, w.item AS upd_item, w.cur_worker AS prev_worker
-),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'COMPLETED', from_status, status, NULL,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
-      FROM upd
-)
-SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger, NULL::float8 AS claim_wait
-  FROM items it
-  LEFT JOIN cur ON cur.cur_run_id = it.run_id
-  LEFT JOIN upd ON upd.upd_item = it.item
- ORDER BY it.item
-
--- name: CompleteAndClaimOneProject
--- slots: max_runs=10
--- ClaimRuns carrying completions: CompleteRuns, then the claim (ClaimRunsOneProject), in one statement and one
--- commit. The items are completed first (the claim's scan starts after `cur` locked them: a
--- one-time filter), then up to max_runs runs are claimed. The two never touch the same row: `upd`
--- changes rows that are RUNNING in the statement's snapshot, the claim rows that are PENDING/
--- RESUMED in it. Rows with item NULL are the claimed runs (oldest first), after the items' rows in
--- item order. RECURSIVE (nothing recurses) lets held_keys name `picked`, which comes later in the
--- list: the statement locks the keys of the runs it completes and of those it picks in one ordered
--- pass. The CTEs are CompleteRuns' and the claim's, as written there.
-WITH RECURSIVE items AS (
-    SELECT t.item, t.run_id, t.attempt, t.output::jsonb AS output
-      FROM unnest(:run_ids::uuid[], :attempts::int[], :outputs::text[]) WITH ORDINALITY AS t(run_id, attempt, output, item)
-),
-cur AS (
-    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
-           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
-           worker_id AS cur_worker, concurrency_keys AS cur_keys
-      FROM awooop_run_state
-     WHERE run_id IN (SELECT run_id FROM items)
-     ORDER BY run_id
-       FOR UPDATE
-),
-held_keys AS MATERIALIZED (
-    SELECT l.project_id, l.key FROM awooop_concurrency_limit l
-     WHERE (l.project_id, l.key) IN (
-             SELECT c.cur_project, k FROM cur c CROSS JOIN LATERAL unnest(c.cur_keys) AS k
-             UNION ALL SELECT p.project_id, k FROM picked p CROSS JOIN LATERAL unnest(p.ckeys) AS k)
-     ORDER BY l.project_id, l.key
-       FOR UPDATE
-),
-win AS (
-    SELECT DISTINCT ON (it.run_id) it.item, it.run_id, it.attempt, it.output, cur.cur_status, cur.cur_worker
-      FROM items it JOIN cur ON cur.cur_run_id = it.run_id
-     WHERE it.attempt = cur.cur_attempt
-     ORDER BY it.run_id, it.item
-),
-upd AS (
-    UPDATE awooop_run_state r
-       SET status = 'COMPLETED', output = w.output, lease_until = NULL, worker_id = NULL,
-           failure_reason = NULL, error_code = NULL, not_before = NULL, saga_status = 'not_needed', updated_at = now()
-      FROM win w
-     WHERE r.run_id = w.run_id
-       AND r.attempt_count = w.attempt
-       AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
-       AND (SELECT count(*) FROM held_keys) >= 0
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
-           w.cur_status AS from_status, w.item AS upd_item, w.cur_worker AS prev_worker
-),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'COMPLETED', from_status, status, NULL,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
-      FROM upd
-),
-prior AS MATERIALIZED (
-    SELECT 1 FROM awooop_claim_answer
-     WHERE principal = :principal::text AND worker_id = :worker_id AND claim_id = :claim_id::text
-),
-picked AS (
-    SELECT run_id, status AS from_status, project_id, concurrency_keys AS ckeys, priority,
-           COALESCE(not_before, created_at) AS due, GREATEST(updated_at, not_before) AS ready_since
-      FROM awooop_run_state
-     WHERE project_id = :project::text
-       AND status IN ('PENDING', 'RESUMED')
-       AND (not_before IS NULL OR not_before <= now())
-       AND attempt_count - released_count < max_attempts
-       AND (SELECT count(*) FROM cur) >= 0
-       AND NOT EXISTS (SELECT 1 FROM prior)
-       AND NOT EXISTS (SELECT 1 FROM awooop_project_flow f WHERE f.project_id = :project::text AND f.paused)
-     ORDER BY priority DESC, COALESCE(not_before, created_at)
-     LIMIT {{max_runs}}
-       FOR UPDATE SKIP LOCKED
-),
-blocked AS (
-    SELECT b.b_run AS run_id, b.b_key AS key, b.b_until AS window_end
-      FROM (SELECT array_agg(run_id ORDER BY priority DESC, due, run_id) AS runs,
-                   array_agg(project_id ORDER BY priority DESC, due, run_id) AS projects,
-                   array_agg(array_to_string(ckeys, ' ') ORDER BY priority DESC, due, run_id) AS keys
-              FROM picked WHERE ckeys IS NOT NULL) a
-     CROSS JOIN LATERAL awooop_grant_keys(a.runs, a.projects, a.keys) AS b
-),
-parked AS (
-    UPDATE awooop_run_state r
-       SET not_before = COALESCE(b.window_end, 'infinity'),
-           wait_reason = CASE WHEN b.window_end IS NULL THEN 'key_busy' ELSE 'rate_limited' END,
-           wait_key = b.key
-      FROM blocked b
-     WHERE r.run_id = b.run_id
- RETURNING r.run_id
-),
-go AS (
-    SELECT p.run_id, p.from_status, p.ready_since FROM picked p
-     WHERE NOT EXISTS (SELECT 1 FROM blocked b WHERE b.run_id = p.run_id)
-),
-claimed AS (
-    UPDATE awooop_run_state r
-       SET status = 'RUNNING',
-           lease_until = now() + make_interval(secs => :lease_secs),
-           heartbeat_at = now(),
-           attempt_count = r.attempt_count + 1,
-           worker_id = :worker_id,
-           not_before = NULL,
-           wait_reason = NULL,
-           wait_key = NULL,
-           updated_at = now()
-      FROM go p
-     WHERE r.run_id = p.run_id
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key, p.from_status,
-           EXTRACT(EPOCH FROM clock_timestamp() - p.ready_since)::float8 AS claim_wait
-),
-claim_aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'CLAIMED', from_status, 'RUNNING', NULL,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id, 'lease_until', lease_until)
-      FROM claimed
-),
-recorded AS (
-    INSERT INTO awooop_claim_answer (principal, worker_id, claim_id, project_ids, max_runs, lease_ttl, run_ids, attempts,
-                         expires_at)
-    SELECT :principal::text, :worker_id, :claim_id::text, :sorted_projects::text[], {{max_runs}}, :lease_secs,
-           array_agg(run_id), array_agg(attempt_count), now() + make_interval(secs => :lease_secs)
-      FROM claimed
-    HAVING count(*) > 0 AND :claim_id::text IS NOT NULL
-)
-SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger, NULL::float8 AS claim_wait,
-       EXISTS (SELECT 1 FROM prior) AS recorded
-  FROM items it
-  LEFT JOIN cur ON cur.cur_run_id = it.run_id
-  LEFT JOIN upd ON upd.upd_item = it.item
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       claimed.run_id, claimed.project_id, claimed.channel_type, claimed.provider_event_id, claimed.status,
-       claimed.input, claimed.output, claimed.max_attempts, claimed.attempt_count, claimed.lease_until,
-       claimed.heartbeat_at, claimed.worker_id, claimed.reaped_at, claimed.failure_reason, claimed.error_code,
-       claimed.cancel_requested, claimed.approval_expires_at, claimed.approval_summary, claimed.approval_decided_by,
-       claimed.saga_status, claimed.compensation_started_at, claimed.compensation_completed_at, claimed.created_at,
-       claimed.updated_at, claimed.not_before, claimed.traceparent, claimed.priority, claimed.wait_reason,
-       claimed.concurrency_keys, claimed.wait_key, claimed.from_status,
-       NULL, NULL, NULL, claimed.claim_wait, EXISTS (SELECT 1 FROM prior) AS recorded
-  FROM claimed
- ORDER BY item, created_at
-
--- name: CompleteAndClaimProjects
--- slots: max_runs=10, count=3
--- ClaimRuns carrying completions: CompleteRuns, then the claim (ClaimRunsProjects), in one statement and one
--- commit. The items are completed first (the claim's scan starts after `cur` locked them: a
--- one-time filter), then up to max_runs runs are claimed. The two never touch the same row: `upd`
--- changes rows that are RUNNING in the statement's snapshot, the claim rows that are PENDING/
--- RESUMED in it. Rows with item NULL are the claimed runs (oldest first), after the items' rows in
--- item order. RECURSIVE (nothing recurses) lets held_keys name `picked`, which comes later in the
--- list: the statement locks the keys of the runs it completes and of those it picks in one ordered
--- pass. The CTEs are CompleteRuns' and the claim's, as written there.
+-- each with the key it waits on; a claim whose picked runs carry no keys does not call it. A
+-- refused run is parked: behind a busy key (not_before 'infinity', wait_reason key_busy: after
+-- every ready run in the claim index, so later claims never scan it, until the trigger of
+-- migration 0120 wakes it when the key frees a slot) or until the key's rate window ends
+-- (rate_limited). The key rows' locks order this claim against a release of the same keys, so a
+-- run is never parked behind a key that has room.
 WITH RECURSIVE items AS (
     SELECT t.item, t.run_id, t.attempt, t.output::jsonb AS output
       FROM unnest(:run_ids::uuid[], :attempts::int[], :outputs::text[]) WITH ORDINALITY AS t(run_id, attempt, output, item)
@@ -593,10 +214,13 @@ recorded AS (
            array_agg(run_id), array_agg(attempt_count), now() + make_interval(secs => :lease_secs)
       FROM claimed
     HAVING count(*) > 0 AND :claim_id::text IS NOT NULL
+),
+outcome AS (
+    SELECT count(*) AS parked, EXISTS (SELECT 1 FROM prior) AS recorded FROM parked
 )
-SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger, NULL::float8 AS claim_wait,
-       EXISTS (SELECT 1 FROM prior) AS recorded
+SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger, NULL::float8 AS claim_wait, o.parked, o.recorded
   FROM items it
+ CROSS JOIN outcome o
   LEFT JOIN cur ON cur.cur_run_id = it.run_id
   LEFT JOIN upd ON upd.upd_item = it.item
 UNION ALL
@@ -608,9 +232,10 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        claimed.saga_status, claimed.compensation_started_at, claimed.compensation_completed_at, claimed.created_at,
        claimed.updated_at, claimed.not_before, claimed.traceparent, claimed.priority, claimed.wait_reason,
        claimed.concurrency_keys, claimed.wait_key, claimed.from_status,
-       NULL, NULL, NULL, claimed.claim_wait, EXISTS (SELECT 1 FROM prior) AS recorded
-  FROM claimed
- ORDER BY item, created_at
+       NULL, NULL, NULL, claimed.claim_wait, o.parked, o.recorded
+  FROM outcome o
+  LEFT JOIN claimed ON true
+ ORDER BY item, priority DESC, created_at
 
 -- name: SecondsUntilReady
 -- When nothing is claimable: seconds until the earliest retry backoff of :projects ends (a

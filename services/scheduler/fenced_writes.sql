@@ -30,7 +30,7 @@
 -- RUNNING -> COMPLETED with :output (JSON), the lease dropped. A completed run is never compensated
 -- (Compensate takes FAILED and CANCELLED runs only), so its saga ends here: not_needed. (Failed and
 -- cancelled runs with nothing to undo get not_needed from the trigger of migration 0080.)
--- CompleteRuns (claims.sql) writes the same SET list, fence and audit row per item.
+-- CompleteRuns (claims.sql ClaimRuns) writes the same SET list, fence and audit row per item.
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
            cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
