@@ -45,11 +45,39 @@ def test_retention_takes_finished_runs_only() -> None:
 
 
 async def test_every_statement_that_answers_a_run_answers_the_same_columns(db: asyncpg.Connection) -> None:
-    """GetRun, both ListRuns pages and CreateRun write the run's column list out (run_to_pb reads
+    """GetRun, ListRuns and CreateRun write the run's column list out (run_to_pb reads
     it by name): the copies must not drift apart. Prepared, not executed."""
     answered = {}
-    for st in (reads.GET, reads.LIST_FIRST, reads.LIST_AFTER, store.CREATE_RUN):
+    for st in (reads.GET, reads.LIST, store.CREATE_RUN):
         answered[st.name] = [a.name for a in (await db.prepare(st.sql)).get_attributes()]
     first = answered[reads.GET.name]
     assert len(set(first)) == len(first)
     assert {name: sorted(cols) for name, cols in answered.items()} == {name: sorted(first) for name in answered}
+
+
+async def test_a_later_list_page_starts_its_index_scan_at_the_cursor_in_the_generic_plan(
+    db: asyncpg.Connection,
+) -> None:
+    """ListRuns is one statement for the first page and the next ones (the cursor NULL or not);
+    its generic plan, the one a prepared statement settles on, still bounds the scan of
+    awooop_run_list_idx by the cursor rather than reading and filtering every newer run."""
+    await db.execute(
+        """INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, status, created_at)
+           SELECT 'p', 'api', 'list-' || g, 'COMPLETED', now() - g * interval '1 s'
+             FROM generate_series(1, 5000) AS g"""
+    )
+    await db.execute("ANALYZE awooop_run_state")
+    args = ", ".join(
+        {"project_id": "'p'", "page_rows": "51", "after_created_at": "now() - interval '1 hour'"}.get(p, "NULL")
+        if p != "after_run_id"
+        else "'00000000-0000-0000-0000-000000000000'"
+        for p in reads.LIST.params
+    )
+    async with db.transaction():
+        await db.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        await db.execute(f"PREPARE list_page AS {reads.LIST.sql}")
+        plan = "\n".join(r[0] for r in await db.fetch(f"EXPLAIN EXECUTE list_page({args})"))
+        await db.execute("DEALLOCATE list_page")
+    assert "awooop_run_list_idx" in plan, plan
+    cond = next(line for line in plan.splitlines() if "Index Cond" in line)
+    assert "created_at <=" in cond, plan

@@ -21,8 +21,7 @@ HISTORY_LIMIT = 1000  # events returned by GetRunHistory (a run's history is sho
 
 Q = sql.load(__file__, "reads.sql")
 GET = Q["GetRun"]
-LIST_FIRST = Q["ListRunsFirst"]
-LIST_AFTER = Q["ListRunsAfter"]
+LIST = Q["ListRuns"]
 HISTORY = Q["RunHistory"]
 
 
@@ -38,7 +37,7 @@ class RunFilter:
     saga_statuses: list[str] | None = None
 
     def args(self) -> dict[str, object]:
-        """The filters as ListRunsFirst/ListRunsAfter name them."""
+        """The filters as ListRuns names them."""
         return {
             "statuses": self.statuses,
             "channels": self.channels,
@@ -89,21 +88,15 @@ async def list_runs(
     after: tuple[dt.datetime, uuid.UUID] | None,
 ) -> tuple[list[asyncpg.Record], str]:
     """A page of runs and the next page's token ('' on the last page)."""
-    if after is None:
-        rows = await pool.fetch(
-            LIST_FIRST.sql, *LIST_FIRST.args(project_id=project_id, page_rows=page_size + 1, **where.args())
-        )
-    else:
-        rows = await pool.fetch(
-            LIST_AFTER.sql,
-            *LIST_AFTER.args(
-                project_id=project_id,
-                page_rows=page_size + 1,
-                after_created_at=after[0],
-                after_run_id=after[1],
-                **where.args(),
-            ),
-        )
+    after_created_at, after_run_id = after if after is not None else (None, None)
+    args = LIST.args(
+        project_id=project_id,
+        page_rows=page_size + 1,
+        after_created_at=after_created_at,
+        after_run_id=after_run_id,
+        **where.args(),
+    )
+    rows = await pool.fetch(LIST.sql, *args)
     if len(rows) <= page_size:
         return list(rows), ""
     page = list(rows[:page_size])

@@ -6,11 +6,14 @@ SELECT run_id, project_id, channel_type, provider_event_id, status, input, outpu
     compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
     wait_reason, concurrency_keys, wait_key FROM awooop_run_state WHERE run_id = :run_id
 
--- name: ListRunsFirst
--- The first page of ListRuns: a project's runs newest first, keyset-paginated on
--- (created_at DESC, run_id) to follow awooop_run_list_idx, :page_rows rows. Each filter is NULL
--- for "all": :statuses, :channels, created at or after :created_after and before
--- :created_before, :provider_event_id, :saga_statuses.
+-- name: ListRuns
+-- A page of ListRuns: a project's runs newest first, keyset-paginated on (created_at DESC, run_id)
+-- to follow awooop_run_list_idx, :page_rows rows, after the last row of the previous page
+-- (:after_created_at, :after_run_id; both NULL for the first page). Each filter is NULL for
+-- "all": :statuses, :channels, created at or after :created_after and before :created_before,
+-- :provider_event_id, :saga_statuses. The cursor is written as bounds (NULL: 'infinity', which
+-- every row is before) rather than `:after IS NULL OR ...`, so that a generic plan still starts the
+-- index scan at the cursor instead of filtering every newer row of the project.
 SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
     attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
     cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
@@ -22,24 +25,8 @@ SELECT run_id, project_id, channel_type, provider_event_id, status, input, outpu
    AND (:created_before::timestamptz IS NULL OR created_at < :created_before)
    AND (:provider_event_id::text IS NULL OR provider_event_id = :provider_event_id)
    AND (:saga_statuses::text[] IS NULL OR saga_status = ANY(:saga_statuses::text[]))
- ORDER BY created_at DESC, run_id
- LIMIT :page_rows
-
--- name: ListRunsAfter
--- The next pages of ListRuns: ListRunsFirst after the last row of the previous page
--- (:after_created_at, :after_run_id).
-SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
-    attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
-    cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
-    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
-    wait_reason, concurrency_keys, wait_key FROM awooop_run_state
- WHERE project_id = :project_id AND (:statuses::text[] IS NULL OR status = ANY(:statuses::text[]))
-   AND (:channels::text[] IS NULL OR channel_type = ANY(:channels::text[]))
-   AND (:created_after::timestamptz IS NULL OR created_at >= :created_after)
-   AND (:created_before::timestamptz IS NULL OR created_at < :created_before)
-   AND (:provider_event_id::text IS NULL OR provider_event_id = :provider_event_id)
-   AND (:saga_statuses::text[] IS NULL OR saga_status = ANY(:saga_statuses::text[]))
-   AND created_at <= :after_created_at AND (created_at < :after_created_at OR run_id > :after_run_id)
+   AND created_at <= COALESCE(:after_created_at::timestamptz, 'infinity')
+   AND (created_at < COALESCE(:after_created_at::timestamptz, 'infinity') OR run_id > :after_run_id::uuid)
  ORDER BY created_at DESC, run_id
  LIMIT :page_rows
 
