@@ -442,7 +442,7 @@ async def complete_step(env: Env, fault: Fault) -> None:
             tool_id=SCALE, params=struct({"deployment": "api", "replicas": 1})
         ),
     )
-    await env.faulted(journal.COMPLETE.sql, fault, lambda: env.saga.CompleteStep(req))
+    await env.faulted(journal.FINISH.sql, fault, lambda: env.saga.CompleteStep(req))
     again = await env.saga.CompleteStep(req)
     assert again.step.status == common_pb2.STEP_STATUS_COMPLETED
     (step,) = await env.steps(c.run.run_id)
@@ -465,7 +465,7 @@ async def fail_step(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     await env.saga.BeginStep(begin_scale(c.lease))
     req = saga_pb2.FailStepRequest(lease=c.lease, step_id="scale", error="quota exceeded")
-    await env.faulted(journal.FAIL.sql, fault, lambda: env.saga.FailStep(req))
+    await env.faulted(journal.FINISH.sql, fault, lambda: env.saga.FailStep(req))
     again = await env.saga.FailStep(req)
     assert again.step.status == common_pb2.STEP_STATUS_FAILED
     (step,) = await env.steps(c.run.run_id)

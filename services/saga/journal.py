@@ -35,8 +35,7 @@ SEQ_RACE_TRIES = 100  # each lost race means another begin of the run committed:
 Q = sql.load(__file__, "journal.sql")
 BEGIN = Q["BeginStep"]
 RECORD = Q["RecordStep"]
-COMPLETE = Q["CompleteStep"]
-FAIL = Q["FailStep"]
+FINISH = Q["FinishStep"]  # CompleteStep and FailStep
 WHY = Q["WhyNotWritten"]
 RUN = Q["JournalRun"]
 STEPS = Q["JournalSteps"]
@@ -239,13 +238,15 @@ async def complete_step(
     scope = projects_with(principal, "worker")
     for _ in range(WRITE_TRIES):
         row = await pool.fetchrow(
-            COMPLETE.sql,
-            *COMPLETE.args(
+            FINISH.sql,
+            *FINISH.args(
                 run_id=lease.run_id,
                 attempt=lease.attempt,
                 step_id=step_id,
+                status=StepStatus.COMPLETED,
                 result=result,
                 compensation_cmd=compensation_cmd,
+                error=None,
                 projects=scope,
                 leased=list(LEASED),
                 irreversible=list(IRREVERSIBLE_TOOLS),
@@ -286,14 +287,18 @@ async def fail_step(pool: asyncpg.Pool, principal: Principal, lease: Lease, step
     scope = projects_with(principal, "worker")
     for _ in range(WRITE_TRIES):
         row = await pool.fetchrow(
-            FAIL.sql,
-            *FAIL.args(
+            FINISH.sql,
+            *FINISH.args(
                 run_id=lease.run_id,
                 attempt=lease.attempt,
                 step_id=step_id,
+                status=StepStatus.FAILED,
+                result=None,
+                compensation_cmd=None,
                 error=error,
                 projects=scope,
                 leased=list(LEASED),
+                irreversible=list(IRREVERSIBLE_TOOLS),
             ),
         )
         if row is not None:

@@ -59,9 +59,10 @@ ON CONFLICT (run_id, step_id) DO UPDATE
    AND s.step_type = EXCLUDED.step_type AND s.tool_id IS NULL
 RETURNING s.step_id, s.step_type, s.tool_id, s.tool_params, s.status, s.result, s.error, s.compensation_cmd, s.attempt, s.seq, s.started_at, s.completed_at, s.compensated_at, s.resolved_by, s.resolution_reason
 
--- name: CompleteStep
--- A pending step begun by this attempt, completed with its result and (tool calls that are not
--- irreversible only) its compensation command.
+-- name: FinishStep
+-- A pending step begun by this attempt ends as :status: completed with its :result and (tool
+-- calls that are not irreversible only) its :compensation_cmd, or failed with its :error (the
+-- result and the compensation command kept as they were).
 WITH lease AS (
     SELECT run_id FROM awooop_run_state
      WHERE run_id = :run_id AND attempt_count = :attempt AND status = ANY(:leased::text[])
@@ -69,24 +70,13 @@ WITH lease AS (
        FOR SHARE
 )
 UPDATE awooop_saga_step s
-   SET status = 'completed', result = :result, compensation_cmd = :compensation_cmd, error = NULL, completed_at = now()
+   SET status = :status::text,
+       result = CASE WHEN :status = 'completed' THEN :result::jsonb ELSE s.result END,
+       compensation_cmd = CASE WHEN :status = 'completed' THEN :compensation_cmd::jsonb ELSE s.compensation_cmd END,
+       error = :error::text, completed_at = now()
  WHERE s.run_id = (SELECT run_id FROM lease) AND s.step_id = :step_id
    AND s.status = 'pending' AND s.attempt = :attempt
    AND (:compensation_cmd::jsonb IS NULL OR (s.step_type = 'tool_call' AND COALESCE(s.tool_id, '') <> ALL(:irreversible::text[])))
-RETURNING s.step_id, s.step_type, s.tool_id, s.tool_params, s.status, s.result, s.error, s.compensation_cmd, s.attempt, s.seq, s.started_at, s.completed_at, s.compensated_at, s.resolved_by, s.resolution_reason
-
--- name: FailStep
--- A pending step begun by this attempt, failed with its error.
-WITH lease AS (
-    SELECT run_id FROM awooop_run_state
-     WHERE run_id = :run_id AND attempt_count = :attempt AND status = ANY(:leased::text[])
-       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[]))
-       FOR SHARE
-)
-UPDATE awooop_saga_step s
-   SET status = 'failed', error = :error, completed_at = now()
- WHERE s.run_id = (SELECT run_id FROM lease) AND s.step_id = :step_id
-   AND s.status = 'pending' AND s.attempt = :attempt
 RETURNING s.step_id, s.step_type, s.tool_id, s.tool_params, s.status, s.result, s.error, s.compensation_cmd, s.attempt, s.seq, s.started_at, s.completed_at, s.compensated_at, s.resolved_by, s.resolution_reason
 
 -- name: WhyNotWritten
