@@ -227,6 +227,33 @@ async def record_step(
     return Recorded(wrote, row)
 
 
+async def _finish(
+    pool: asyncpg.Pool,
+    scope: list[str] | None,
+    lease: Lease,
+    step_id: str,
+    status: StepStatus,
+    result: dict[str, Any] | None,
+    compensation_cmd: dict[str, Any] | None,
+    error: str | None,
+) -> asyncpg.Record | None:
+    """FinishStep: the step's row when this lease's pending step ended as status, else None."""
+    args = FINISH.args(
+        run_id=lease.run_id,
+        attempt=lease.attempt,
+        step_id=step_id,
+        status=status,
+        result=result,
+        compensation_cmd=compensation_cmd,
+        error=error,
+        projects=scope,
+        leased=list(LEASED),
+        irreversible=list(IRREVERSIBLE_TOOLS),
+    )
+    row: asyncpg.Record | None = await pool.fetchrow(FINISH.sql, *args)
+    return row
+
+
 async def complete_step(
     pool: asyncpg.Pool,
     principal: Principal,
@@ -237,21 +264,7 @@ async def complete_step(
 ) -> asyncpg.Record:
     scope = projects_with(principal, "worker")
     for _ in range(WRITE_TRIES):
-        row = await pool.fetchrow(
-            FINISH.sql,
-            *FINISH.args(
-                run_id=lease.run_id,
-                attempt=lease.attempt,
-                step_id=step_id,
-                status=StepStatus.COMPLETED,
-                result=result,
-                compensation_cmd=compensation_cmd,
-                error=None,
-                projects=scope,
-                leased=list(LEASED),
-                irreversible=list(IRREVERSIBLE_TOOLS),
-            ),
-        )
+        row = await _finish(pool, scope, lease, step_id, StepStatus.COMPLETED, result, compensation_cmd, None)
         if row is not None:
             return row
         why = await _why(pool, principal, lease, step_id)
@@ -286,21 +299,7 @@ async def complete_step(
 async def fail_step(pool: asyncpg.Pool, principal: Principal, lease: Lease, step_id: str, error: str) -> asyncpg.Record:
     scope = projects_with(principal, "worker")
     for _ in range(WRITE_TRIES):
-        row = await pool.fetchrow(
-            FINISH.sql,
-            *FINISH.args(
-                run_id=lease.run_id,
-                attempt=lease.attempt,
-                step_id=step_id,
-                status=StepStatus.FAILED,
-                result=None,
-                compensation_cmd=None,
-                error=error,
-                projects=scope,
-                leased=list(LEASED),
-                irreversible=list(IRREVERSIBLE_TOOLS),
-            ),
-        )
+        row = await _finish(pool, scope, lease, step_id, StepStatus.FAILED, None, None, error)
         if row is not None:
             return row
         why = await _why(pool, principal, lease, step_id)
