@@ -20,14 +20,9 @@ from typing import Any
 import asyncpg
 
 from tests.harness.helpers import ROOT, eventually
-from tests.harness.up import fresh_terminal_env, start_up
+from tests.harness.up import approval_asked, fresh_terminal_env, run_status, start_up
 
 WORKER = "python examples/worker.py"  # the README's command
-
-
-async def status_of(db: asyncpg.Connection, run_id: str) -> tuple[str, str]:
-    row = await db.fetchrow("SELECT status, saga_status FROM awooop_run_state WHERE run_id = $1", run_id)
-    return (row["status"], row["saga_status"]) if row else ("", "")
 
 
 async def test_readme_worker_runs_the_demo_story_to_completed_and_to_compensated(
@@ -60,16 +55,9 @@ async def test_readme_worker_runs_the_demo_story_to_completed_and_to_compensated
 
         async def story(update_id: str) -> tuple[str, str]:
             """Sends the banner's event (with this update_id); the run id and the line the worker prints."""
-            out = await up.paste(send_event.replace('"update_id":1001', f'"update_id":{update_id}'))
-            assert out.returncode == 0, out.stderr
-            run_id = json.loads(out.stdout)["outcomes"][0]["run_id"]
-            assert worker is not None and worker.stdout is not None
-            try:
-                line = (await asyncio.wait_for(worker.stdout.readline(), 60)).decode().strip()
-            except TimeoutError:
-                raise AssertionError((tmp_path / "worker.err").read_text(errors="replace")) from None
-            assert line.startswith(f"awooop runs approve {run_id} --token "), line
-            assert (await status_of(db, run_id))[0] == "WAITING_APPROVAL"
+            assert worker is not None
+            run_id, line = await approval_asked(up, send_event, worker, tmp_path / "worker.err", update_id)
+            assert (await run_status(db, run_id))[0] == "WAITING_APPROVAL"
             return run_id, line
 
         # rejected: the scale is compensated back to 1 replica
@@ -79,7 +67,7 @@ async def test_readme_worker_runs_the_demo_story_to_completed_and_to_compensated
         assert out.stdout.startswith(f"run {rejected} rejected"), out.stdout
 
         async def compensated() -> bool:
-            return await status_of(db, rejected) == ("FAILED", "compensated")
+            return await run_status(db, rejected) == ("FAILED", "compensated")
 
         await eventually(compensated, timeout=30, what="the rejected run's compensation")
         assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE project_id = 'demo'") == 1
@@ -91,7 +79,7 @@ async def test_readme_worker_runs_the_demo_story_to_completed_and_to_compensated
         assert out.stdout.strip() == f"run {approved} approved: now RESUMED"
 
         async def completed() -> bool:
-            return (await status_of(db, approved))[0] == "COMPLETED"
+            return (await run_status(db, approved))[0] == "COMPLETED"
 
         await eventually(completed, timeout=30, what="the approved run to complete")
         os.killpg(worker.pid, signal.SIGTERM)

@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from tests.harness.helpers import ROOT, eventually
-from tests.harness.up import fresh_terminal_env, start_up
+from tests.harness.up import approval_asked, fresh_terminal_env, run_status, start_up
 
 # what `pip install awooop-worker` may bring: the package, grpcio and what it needs
 ALLOWED = {
@@ -93,11 +93,6 @@ def test_the_worker_package_installs_a_grpc_client_and_nothing_of_the_server(wor
     assert "Traceback" not in served.stderr
 
 
-async def status_of(db: asyncpg.Connection, run_id: str) -> tuple[str, str]:
-    row = await db.fetchrow("SELECT status, saga_status FROM awooop_run_state WHERE run_id = $1", run_id)
-    return (row["status"], row["saga_status"]) if row else ("", "")
-
-
 async def test_the_readme_worker_runs_from_the_worker_package_alone(
     worker_venv: Path, db_dsn: str, redis_url: str, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
@@ -126,15 +121,9 @@ async def test_the_readme_worker_runs_from_the_worker_package_alone(
         _, send_event, _ = up.try_commands()
 
         async def story(update_id: str) -> tuple[str, str]:
-            out = await up.paste(send_event.replace('"update_id":1001', f'"update_id":{update_id}'))
-            assert out.returncode == 0, out.stderr
-            run_id = json.loads(out.stdout)["outcomes"][0]["run_id"]
-            assert worker is not None and worker.stdout is not None
-            try:
-                line = (await asyncio.wait_for(worker.stdout.readline(), 60)).decode().strip()
-            except TimeoutError:
-                raise AssertionError((tmp_path / "worker.err").read_text(errors="replace")) from None
-            assert line.startswith(f"awooop runs approve {run_id} --token "), line
+            """Sends the banner's event (with this update_id); the run id and the line the worker prints."""
+            assert worker is not None
+            run_id, line = await approval_asked(up, send_event, worker, tmp_path / "worker.err", update_id)
             return run_id, line
 
         rejected, line = await story("2001")
@@ -142,7 +131,7 @@ async def test_the_readme_worker_runs_from_the_worker_package_alone(
         assert out.returncode == 0, out.stderr
 
         async def compensated() -> bool:
-            return await status_of(db, rejected) == ("FAILED", "compensated")
+            return await run_status(db, rejected) == ("FAILED", "compensated")
 
         await eventually(compensated, timeout=30, what="the rejected run's compensation")
 
@@ -152,7 +141,7 @@ async def test_the_readme_worker_runs_from_the_worker_package_alone(
         assert out.stdout.strip() == f"run {approved} approved: now RESUMED"
 
         async def completed() -> bool:
-            return (await status_of(db, approved))[0] == "COMPLETED"
+            return (await run_status(db, approved))[0] == "COMPLETED"
 
         await eventually(completed, timeout=30, what="the approved run to complete")
         os.killpg(worker.pid, signal.SIGTERM)

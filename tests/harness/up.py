@@ -5,6 +5,7 @@ put it there)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -12,6 +13,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import asyncpg
 
 from services.common.embedded import free_port
 from tests.harness.helpers import ROOT, eventually
@@ -128,3 +131,26 @@ async def start_up(data_dir: Path, tmp_path: Path, **env: str) -> Up:
         proc.wait(10)
         raise
     return up
+
+
+async def run_status(db: asyncpg.Connection, run_id: str) -> tuple[str, str]:
+    """(status, saga_status) of a run; ("", "") when there is none."""
+    row = await db.fetchrow("SELECT status, saga_status FROM awooop_run_state WHERE run_id = $1", run_id)
+    return (row["status"], row["saga_status"]) if row else ("", "")
+
+
+async def approval_asked(
+    up: Up, send_event: str, worker: asyncio.subprocess.Process, worker_err: Path, update_id: str
+) -> tuple[str, str]:
+    """Pastes the banner's event command (with this update_id) and reads the README worker's next
+    line, the approve command it prints for the run: (the run id, that line)."""
+    out = await up.paste(send_event.replace('"update_id":1001', f'"update_id":{update_id}'))
+    assert out.returncode == 0, out.stderr
+    run_id = json.loads(out.stdout)["outcomes"][0]["run_id"]
+    assert worker.stdout is not None
+    try:
+        line = (await asyncio.wait_for(worker.stdout.readline(), 60)).decode().strip()
+    except TimeoutError:
+        raise AssertionError(worker_err.read_text(errors="replace")) from None
+    assert line.startswith(f"awooop runs approve {run_id} --token "), line
+    return run_id, line
