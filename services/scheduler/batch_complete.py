@@ -32,7 +32,7 @@ from services.scheduler.transitions import COMPLETE, WORKER_ROLE, Changed, settl
 # the claim statement for no runs of no project: only its completions
 COMPLETE_MANY = claim_statement(0, 0)
 # the claim parameters of CompleteRuns (it claims nothing and records no answer)
-_NO_CLAIM: dict[str, Any] = {"projects": [], "lease_secs": None, "worker_id": None, **claim_answers.NO_KEY}
+NO_CLAIM: dict[str, Any] = {"projects": [], "lease_secs": None, "worker_id": None, **claim_answers.NO_KEY}
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ async def complete_many(
     CompleteRun would have raised for that item."""
     # the runs' triggers give their keys' slots back in the order the rows are updated, which a
     # batch cannot fix: should two such statements deadlock, the one aborted changed nothing
-    args = COMPLETE_MANY.args(**_params(principal, items), **_NO_CLAIM)
+    args = COMPLETE_MANY.args(**_params(principal, items), **NO_CLAIM)
     rows = await fetch_again_on_deadlock(pool, COMPLETE_MANY.sql, *args)
     # the rows after the items': the claim's (none claimed: one row of NULLs)
     return await _with_replays(pool, items, _outcomes(principal, items, rows[: len(items)], saga))
