@@ -13,14 +13,13 @@ import json
 import os
 import signal
 import subprocess
-import uuid
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from tests.harness.helpers import ROOT, eventually
-from tests.harness.up import approval_asked, fresh_terminal_env, run_status, start_up
+from tests.harness.helpers import ROOT
+from tests.harness.up import approval_asked, fresh_terminal_env, run_reaches, run_status, start_fresh_up
 
 WORKER = "python examples/worker.py"  # the README's command
 
@@ -28,14 +27,7 @@ WORKER = "python examples/worker.py"  # the README's command
 async def test_readme_worker_runs_the_demo_story_to_completed_and_to_compensated(
     db_dsn: str, redis_url: str, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
-    up = await start_up(
-        tmp_path / "data",
-        tmp_path,
-        AWOOOP_DATABASE_URL=db_dsn,
-        AWOOOP_REDIS_URL=redis_url,
-        # Redis outlives the test's database: the previous run's dedupe answers must not reach this one
-        AWOOOP_REDIS_PREFIX=f"awooop:{uuid.uuid4().hex}:",
-    )
+    up = await start_fresh_up(tmp_path, db_dsn, redis_url)
     worker: asyncio.subprocess.Process | None = None
     try:
         assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE project_id = 'demo'") == 1
@@ -66,10 +58,7 @@ async def test_readme_worker_runs_the_demo_story_to_completed_and_to_compensated
         assert out.returncode == 0, out.stderr
         assert out.stdout.startswith(f"run {rejected} rejected"), out.stdout
 
-        async def compensated() -> bool:
-            return await run_status(db, rejected) == ("FAILED", "compensated")
-
-        await eventually(compensated, timeout=30, what="the rejected run's compensation")
+        await run_reaches(db, rejected, "FAILED", "compensated", what="the rejected run's compensation")
         assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE project_id = 'demo'") == 1
 
         # approved: the worker's second claim completes it without scaling again
@@ -78,10 +67,7 @@ async def test_readme_worker_runs_the_demo_story_to_completed_and_to_compensated
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == f"run {approved} approved: now RESUMED"
 
-        async def completed() -> bool:
-            return (await run_status(db, approved))[0] == "COMPLETED"
-
-        await eventually(completed, timeout=30, what="the approved run to complete")
+        await run_reaches(db, approved, "COMPLETED", what="the approved run to complete")
         os.killpg(worker.pid, signal.SIGTERM)
         # an idle worker stops when its long-poll in flight ends (claim_wait, 20 s by default)
         assert await asyncio.wait_for(worker.wait(), 60) == 0

@@ -12,14 +12,13 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from tests.harness.helpers import ROOT, eventually
-from tests.harness.up import approval_asked, fresh_terminal_env, run_status, start_up
+from tests.harness.helpers import ROOT
+from tests.harness.up import approval_asked, fresh_terminal_env, run_reaches, start_fresh_up
 
 # what `pip install awooop-worker` may bring: the package, grpcio and what it needs
 ALLOWED = {
@@ -96,13 +95,7 @@ def test_the_worker_package_installs_a_grpc_client_and_nothing_of_the_server(wor
 async def test_the_readme_worker_runs_from_the_worker_package_alone(
     worker_venv: Path, db_dsn: str, redis_url: str, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
-    up = await start_up(
-        tmp_path / "data",
-        tmp_path,
-        AWOOOP_DATABASE_URL=db_dsn,
-        AWOOOP_REDIS_URL=redis_url,
-        AWOOOP_REDIS_PREFIX=f"awooop:{uuid.uuid4().hex}:",
-    )
+    up = await start_fresh_up(tmp_path, db_dsn, redis_url)
     # after the banner's export lines: the worker venv first, so `python` and `awooop` are its own
     first = f"export PATH={worker_venv / 'bin'}:$PATH"
     worker: asyncio.subprocess.Process | None = None
@@ -130,20 +123,14 @@ async def test_the_readme_worker_runs_from_the_worker_package_alone(
         out = await up.paste(f"{first}\n" + line.replace("awooop runs approve ", "awooop runs reject ", 1))
         assert out.returncode == 0, out.stderr
 
-        async def compensated() -> bool:
-            return await run_status(db, rejected) == ("FAILED", "compensated")
-
-        await eventually(compensated, timeout=30, what="the rejected run's compensation")
+        await run_reaches(db, rejected, "FAILED", "compensated", what="the rejected run's compensation")
 
         approved, line = await story("2002")
         out = await up.paste(f"{first}\n{line}")
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == f"run {approved} approved: now RESUMED"
 
-        async def completed() -> bool:
-            return (await run_status(db, approved))[0] == "COMPLETED"
-
-        await eventually(completed, timeout=30, what="the approved run to complete")
+        await run_reaches(db, approved, "COMPLETED", what="the approved run to complete")
         os.killpg(worker.pid, signal.SIGTERM)
         assert await asyncio.wait_for(worker.wait(), 60) == 0, (tmp_path / "worker.err").read_text()
     finally:

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,3 +155,27 @@ async def approval_asked(
         raise AssertionError(worker_err.read_text(errors="replace")) from None
     assert line.startswith(f"awooop runs approve {run_id} --token "), line
     return run_id, line
+
+
+async def start_fresh_up(tmp_path: Path, db_dsn: str, redis_url: str) -> Up:
+    """`./dev up` on the test's database and Redis, under a Redis prefix of its own: Redis outlives
+    the test's database, and an earlier run's dedupe answers must not reach this one."""
+    return await start_up(
+        tmp_path / "data",
+        tmp_path,
+        AWOOOP_DATABASE_URL=db_dsn,
+        AWOOOP_REDIS_URL=redis_url,
+        AWOOOP_REDIS_PREFIX=f"awooop:{uuid.uuid4().hex}:",
+    )
+
+
+async def run_reaches(
+    db: asyncpg.Connection, run_id: str, status: str, saga_status: str | None = None, *, what: str
+) -> None:
+    """Waits (30 s at most) until the run has this status (and saga status, when given)."""
+
+    async def reached() -> bool:
+        now = await run_status(db, run_id)
+        return now[0] == status and (saga_status is None or now[1] == saga_status)
+
+    await eventually(reached, timeout=30, what=what)
