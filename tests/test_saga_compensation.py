@@ -849,13 +849,20 @@ async def test_a_saga_without_a_key_is_not_serving_says_what_to_set_and_compensa
     assert "set AWOOOP_INTERNAL_API_KEY" in line and h.gateway_addr in line
 
     # journaling still works (nothing a worker sends is lost); compensation waits
+    run_id = await failed_and_waiting(h, db)
+    assert await h.statuses(run_id) == {"scale-api": "completed"}
+    assert len(key_lines(caplog, "AWOOOP_INTERNAL_API_KEY is not set")) == 1  # one line, not one per pass
+
+
+async def failed_and_waiting(h: Harness, db: asyncpg.Connection) -> str:
+    """A run with one completed scale step, failed: its compensation request is recorded and,
+    three passes later, still waits, with no call to the gateway."""
     run_id = await h.run_with_steps([scale("scale-api", "api", 3)])
     await h.fail_run(run_id)
     await compensation_passes(3)
     assert await db.fetchval("SELECT status FROM awooop_compensation_request WHERE run_id = $1", run_id) == "pending"
-    assert await h.statuses(run_id) == {"scale-api": "completed"}
     assert await h.compensation_calls(run_id) == []
-    assert len(key_lines(caplog, "AWOOOP_INTERNAL_API_KEY is not set")) == 1  # one line, not one per pass
+    return run_id
 
 
 async def key_restored_then_compensated(h: Harness, db: asyncpg.Connection, run_id: str, key_id: str) -> None:
@@ -891,11 +898,7 @@ async def test_a_key_the_gateway_refuses_is_not_serving_and_compensation_resumes
     (line,) = key_lines(caplog, "refuses AWOOOP_INTERNAL_API_KEY (UNAUTHENTICATED")
     assert "set AWOOOP_INTERNAL_API_KEY" in line and h.gateway_addr in line
 
-    run_id = await h.run_with_steps([scale("scale-api", "api", 3)])
-    await h.fail_run(run_id)
-    await compensation_passes(3)
-    assert await db.fetchval("SELECT status FROM awooop_compensation_request WHERE run_id = $1", run_id) == "pending"
-    assert await h.compensation_calls(run_id) == []
+    run_id = await failed_and_waiting(h, db)
 
     # the key becomes valid (here: the revocation undone): SERVING again, and the request is driven
     await key_restored_then_compensated(h, db, run_id, key_id)
