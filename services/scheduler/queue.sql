@@ -26,3 +26,16 @@ SELECT project_id, status, count(*) AS n,
                OR (status IN ('RUNNING', 'WAITING_TOOL') AND worker_id IS NOT NULL)
                OR (status = 'WAITING_TOOL' AND worker_id IS NULL)) unfinished
  GROUP BY project_id, status
+
+-- name: SampleWaits
+-- The durable waits' gauges: open waits by project and kind, the age of the oldest of each, and
+-- how long past its expiry the most overdue one is (the timeout sweep ends a wait within its
+-- interval of the expiry: minutes overdue means no sweep runs). Reads only open waits
+-- (awooop_wait_due_idx is partial on status = 'open').
+SELECT project_id, kind, count(*) AS n,
+       EXTRACT(EPOCH FROM clock_timestamp() - min(created_at))::float8 AS oldest,
+       COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(expires_at) FILTER (WHERE expires_at <= now())), 0)::float8
+           AS overdue
+  FROM awooop_wait
+ WHERE status = 'open'
+ GROUP BY project_id, kind
