@@ -499,6 +499,65 @@ async def test_the_cli_lists_completes_and_expires_a_runs_wait(suite: Suite, db:
     assert closed.returncode == 1 and "WAIT_CLOSED" in closed.stderr
 
 
+async def test_open_waits_are_gauged_by_project_and_kind_and_ended_waits_counted_by_outcome(
+    suite: Suite, db: Any, db_dsn: str, make_key: Any
+) -> None:
+    from prometheus_client import REGISTRY
+
+    from services.common import wait_outcomes
+    from services.scheduler.queue import QueueSampler
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    ended = {o: sample("awooop_waits_ended_total", outcome=o) for o in ("completed", "timed_out", "cancelled")}
+    tokens = [await suite.park_one() for _ in range(2)]
+    slept, _ = await suite.park_one(kind=scheduler_pb2.WAIT_KIND_SLEEP)
+    cancelled, (doomed, _) = await suite.park_one(timeout=3600)
+    # the oldest open wait: ten minutes old, one hour overdue
+    await db.execute(
+        "UPDATE awooop_wait SET created_at = now() - interval '10 minutes', expires_at = now() - interval '1 hour'"
+        " WHERE run_id = $1",
+        uuid.UUID(slept),
+    )
+    pool = await asyncpg.create_pool(db_dsn, min_size=1, max_size=2)
+    sampler = QueueSampler(pool)  # one, as the scheduler keeps: it zeroes the labels it has seen
+    try:
+        await sampler.sample()
+        assert sample("awooop_scheduler_waits_open", project=PROJECT, kind="token") == 3
+        assert sample("awooop_scheduler_waits_open", project=PROJECT, kind="sleep") == 1
+        assert sample("awooop_scheduler_waits_open", project=PROJECT, kind="event") == 0
+        assert 600 <= sample("awooop_scheduler_oldest_open_wait_age_seconds", project=PROJECT) < 900
+        assert 3600 <= sample("awooop_scheduler_wait_overdue_seconds", project=PROJECT) < 3900
+        assert sample("awooop_scheduler_runs", project=PROJECT, status="WAITING_TOOL") == 4
+
+        # one completed, one expired by hand, the overdue sleep swept, one cancelled run's wait closed
+        approver_key = key_of(await make_key("dw-gauge", {PROJECT: ["approver"]}))
+        approver = Client(key=approver_key, scheduler=suite.scheduler, saga=suite.saga)
+        try:
+            await suite.complete_wait(tokens[0][1][0].wait.wait_id, {"ok": 1})
+            expire = scheduler_pb2.ExpireWaitRequest(wait_id=tokens[1][1][0].wait.wait_id)
+            await approver.call(approver.scheduler.ExpireWait, expire)
+        finally:
+            await approver.close()
+        await suite.admin.call(suite.admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=cancelled))
+        await db.execute("UPDATE awooop_wait SET expires_at = now() WHERE wait_id = $1", uuid.UUID(doomed.wait.wait_id))
+
+        async def all_ended() -> bool:
+            return bool(await db.fetchval("SELECT count(*) FROM awooop_wait WHERE status = 'open'") == 0)
+
+        await eventually(all_ended, timeout=30, what="the sweep to end the overdue waits")
+        await sampler.sample()
+        for kind in ("token", "sleep"):
+            assert sample("awooop_scheduler_waits_open", project=PROJECT, kind=kind) == 0
+        assert sample("awooop_scheduler_oldest_open_wait_age_seconds", project=PROJECT) == 0
+        assert sample("awooop_scheduler_wait_overdue_seconds", project=PROJECT) == 0
+    finally:
+        await pool.close()
+    got = {o: sample("awooop_waits_ended_total", outcome=o) - ended[o] for o in ended}
+    assert got == {"completed": 1, "timed_out": 2, wait_outcomes.CANCELLED: 1}, got
+
+
 async def test_a_hand_expiry_racing_completions_has_one_winner(suite: Suite, db: Any, make_key: Any) -> None:
     approver_key = key_of(await make_key("dw-racer", {PROJECT: ["approver"]}))
     approver = Client(key=approver_key, scheduler=suite.scheduler, saga=suite.saga)
