@@ -42,8 +42,9 @@ EXPIRE_BY_HAND = Q["ExpireWait"]
 LIST = Q["ListWaits"]
 WAIT_PROJECT = Q["WaitProject"]
 
-# who may complete a wait by RPC: the workers of its project (a tool worker posting its result)
-# and the role of systems that feed events in (ingest); admin implies both
+# who may complete a wait by RPC: the workers of its project (a tool worker posting its result),
+# the role of systems that feed events in (ingest), and an operator by hand (approver, below);
+# admin implies each
 COMPLETE_ROLES = (WORKER_ROLE, "ingest", APPROVER_ROLE)
 # who may end a wait by hand (ExpireWait; CompleteWait too, above): an operator deciding how a
 # parked run goes on, as an approval's decision does (an expiry may fail the run and compensate
