@@ -377,7 +377,7 @@ async def test_1000_parked_runs_hold_no_lease_nor_worker_slot_and_all_resume_whe
         wait_ids[ctx.run_id] = token.wait_id
         return {"got": await ctx.wait(token)}
 
-    worker = suite.worker(handler, concurrency=50)
+    worker = suite.worker(handler, concurrency=200)  # 1,000 parked through 200 slots: each parked run freed its own
     task = asyncio.create_task(worker.run(install_signal_handlers=False))
     count_parked = (
         "SELECT count(*) FROM awooop_run_state WHERE project_id = $1 AND status = 'WAITING_TOOL'"
