@@ -42,6 +42,8 @@ class Config:
     waits_parked: int = 10_000  # parked runs (each with its open wait) in the table
     waits_claimable: int = 20_000  # PENDING runs the claim takes its batches from
     waits_repeats: int = 41
+    waits_window: float = 60.0  # seconds the store's writes are counted with parked runs only
+    waits_resume_samples: int = 200  # completion -> handler resumed
     # crash
     crash_lease_ttl: float = 2.0
     crash_reaper_interval: float = 0.5
@@ -68,6 +70,8 @@ class Config:
             reaper_repeats=3,
             reap_pass=10_000,
             crash_trials=1,
+            waits_window=15.0,
+            waits_resume_samples=40,
         )
 
     def as_dict(self) -> dict[str, Any]:

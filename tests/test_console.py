@@ -5,6 +5,7 @@ services, runs filters and pagination. The browser flows are in test_console_bro
 from __future__ import annotations
 
 import html as html_lib
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import aiohttp
 import pytest_asyncio
 
+from awooop.scheduler.v1 import scheduler_pb2
 from services.console.security import CSP
 from tests.harness import rawhttp
 from tests.harness.console import ConsoleEnv, start_console_env, stop_console_env
@@ -408,6 +410,63 @@ async def test_decide_from_the_approvals_page_and_resolve_a_failed_compensation_
     assert "SAGA_COMPENSATION_RESOLVED" in html and "resolved by oncall-lead: scaled back by hand with kubectl" in html
     _, html, _ = await browser.get("/projects/ops/compensations")
     assert f'id="comp-{failed_id}"' not in html
+
+
+async def test_an_approver_completes_or_expires_a_parked_runs_wait_from_the_run_page(
+    env: ConsoleEnv, browser: Browser
+) -> None:
+    run_id, wait_id = await env.parked_on_wait()
+    sleeping = await env.parked_on_wait(scheduler_pb2.WAIT_KIND_SLEEP)  # parked before the first resumes
+    # a key without the approver role sees the wait and its forms; the scheduler refuses the expiry
+    await browser.signin(env.viewer_key)
+    status, html, _ = await browser.get(f"/runs/{run_id}")
+    assert status == 200 and 'id="waits"' in html and wait_id in html and "Expire deploy-done" in html
+    csrf = await browser.csrf(f"/runs/{run_id}")
+    status, html, _ = await browser.post(f"/runs/{run_id}/waits/{wait_id}/expire", {"csrf": csrf})
+    assert status == 403 and "no approver role" in html
+    assert await env.db.fetchval("SELECT status FROM awooop_wait WHERE wait_id = $1", wait_id) == "open"
+    path = f"/runs/{run_id}/waits/{wait_id}/complete"
+    status, _, _ = await browser.post(path, {"result": "{}"}, allow_redirects=False)
+    assert status == 403  # no CSRF token: refused before the scheduler is asked
+
+    browser = Browser(env.url)  # a second operator, at their own browser
+    try:
+        await _approver_ends_waits(env, browser, run_id, wait_id, sleeping)
+    finally:
+        await browser.close()
+
+
+async def _approver_ends_waits(
+    env: ConsoleEnv, browser: Browser, run_id: str, wait_id: str, sleeping: tuple[str, str]
+) -> None:
+    complete = f"/runs/{run_id}/waits/{wait_id}/complete"
+    await browser.signin(env.approver_key)
+    csrf = await browser.csrf(f"/runs/{run_id}")
+    status, html, _ = await browser.post(complete, {"csrf": csrf, "result": "[1, 2]"})
+    assert status == 400 and "must be a JSON object" in html
+    status, html, _ = await browser.post(complete, {"csrf": csrf, "result": '{"deployed": "v42"}'})
+    assert status == 200 and "Wait completed by hand" in html and 'id="waits"' not in html
+    row = await env.db.fetchrow("SELECT status, result, completed_by FROM awooop_wait WHERE wait_id = $1", wait_id)
+    assert (row["status"], json.loads(row["result"]), row["completed_by"]) == (
+        "completed", {"deployed": "v42"}, "user:approver-amy"
+    )  # fmt: skip
+    assert await env.db.fetchval("SELECT status FROM awooop_run_state WHERE run_id = $1", run_id) == "PENDING"
+    audit = await env.db.fetchrow(
+        "SELECT actor, action FROM awooop_audit_log WHERE run_id = $1 ORDER BY audit_id DESC LIMIT 1", run_id
+    )
+    assert (audit["actor"], audit["action"]) == ("user:approver-amy", "WAIT_COMPLETED")
+    status, html, _ = await browser.post(complete, {"csrf": csrf, "result": "{}"})
+    assert status == 409 and "already ended (completed)" in html
+
+    # a sleep has no Complete form, only Expire; expiring it wakes the run now
+    run_id, wait_id = sleeping
+    status, html, _ = await browser.get(f"/runs/{run_id}")
+    assert "Expire deploy-done" in html and "Complete deploy-done" not in html
+    status, html, _ = await browser.post(f"/runs/{run_id}/waits/{wait_id}/expire", {"csrf": csrf})
+    assert status == 200 and "Wait expired by hand" in html
+    assert await env.db.fetchval("SELECT status FROM awooop_wait WHERE wait_id = $1", wait_id) == "timed_out"
+    status, _, _ = await browser.post(f"/runs/{run_id}/waits/not-a-uuid/expire", {"csrf": csrf})
+    assert status == 404
 
 
 async def test_invalid_utf8_and_huge_inputs_are_no_session_or_4xx_never_500(env: ConsoleEnv, browser: Browser) -> None:

@@ -143,6 +143,39 @@ async def test_reject_from_an_approval_link_then_retry_a_failed_compensation(env
     assert not page.dialogs
 
 
+async def test_an_approver_completes_one_parked_runs_wait_and_expires_anothers_by_button(
+    env: ConsoleEnv, page: Any
+) -> None:
+    from playwright.async_api import expect
+
+    done_id, done_wait = await env.parked_on_wait()
+    expired_id, expired_wait = await env.parked_on_wait()
+    await page.goto(f"{env.url}/runs/{done_id}")
+    await sign_in(page, env.approver_key)
+    await page.goto(f"{env.url}/runs/{done_id}")
+    wait = page.locator(f"#wait-{done_wait}")
+    await expect(wait).to_contain_text("deploy-done (token) open until")
+    await wait.locator("input[name=result]").fill('{"deployed": "v42"}')
+    await wait.locator("button:has-text('Complete deploy-done')").click()
+    await expect(page.locator(".flash")).to_contain_text("Wait completed by hand")
+    await expect(page.locator("#timeline")).to_contain_text("WAIT_COMPLETED")
+    await expect(page.locator("#waits")).to_have_count(0)
+
+    await page.goto(f"{env.url}/runs/{expired_id}")
+    await page.locator(f"#wait-{expired_wait} button:has-text('Expire deploy-done')").click()
+    await expect(page.locator(".flash")).to_contain_text("Wait expired by hand")
+    await expect(page.locator("#timeline")).to_contain_text("WAIT_TIMED_OUT")
+    statuses = await env.db.fetch(
+        "SELECT wait_id::text, status, completed_by FROM awooop_wait WHERE wait_id = ANY($1::uuid[])",
+        [done_wait, expired_wait],
+    )
+    assert {(r["wait_id"], r["status"], r["completed_by"]) for r in statuses} == {
+        (done_wait, "completed", "user:approver-amy"),
+        (expired_wait, "timed_out", "user:approver-amy"),
+    }
+    assert not page.dialogs
+
+
 async def test_a_script_in_a_payload_renders_as_text(env: ConsoleEnv, page: Any) -> None:
     from playwright.async_api import expect
 

@@ -2,8 +2,9 @@
 real Postgres and Redis; real worker processes): a run parks on a wait holding no lease, survives
 its worker's SIGKILL, is resumed through the callback URL by another worker that skips the
 finished steps; timeouts reach the handler (and, uncaught, fail and compensate the run); sleeps
-resume; 200 parked runs hold nothing and all resume; and every race for a wait's outcome
-(completion twice, completion vs timeout, completion vs cancel) has one winner."""
+resume; 1,000 parked runs hold nothing and all resume; an operator completes or expires a wait
+by hand (RPC and CLI), audited; and every race for a wait's outcome (completion twice, completion
+vs timeout, completion vs cancel, completion vs a hand expiry) has one winner."""
 
 from __future__ import annotations
 
@@ -364,8 +365,11 @@ async def test_a_timeout_reaches_the_handler_and_uncaught_fails_and_compensates_
 # --- many parked runs -------------------------------------------------------------------------
 
 
-async def test_200_parked_runs_hold_no_lease_and_all_resume_when_completed(suite: Suite, db: Any) -> None:
-    run_ids = await suite.create_runs(200)
+async def test_1000_parked_runs_hold_no_lease_nor_worker_slot_and_all_resume_when_completed(
+    suite: Suite, db: Any
+) -> None:
+    n = 1000
+    run_ids = [r for _ in range(n // 250) for r in await suite.create_runs(250)]
     wait_ids: dict[str, str] = {}
 
     async def handler(ctx: RunContext) -> dict[str, Any]:
@@ -373,32 +377,223 @@ async def test_200_parked_runs_hold_no_lease_and_all_resume_when_completed(suite
         wait_ids[ctx.run_id] = token.wait_id
         return {"got": await ctx.wait(token)}
 
-    worker = suite.worker(handler, concurrency=50)
+    worker = suite.worker(handler, concurrency=200)  # 1,000 parked through 200 slots: each parked run freed its own
     task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    count_parked = (
+        "SELECT count(*) FROM awooop_run_state WHERE project_id = $1 AND status = 'WAITING_TOOL'"
+        " AND worker_id IS NULL AND lease_until IS NULL"
+    )
 
     async def all_parked() -> bool:
-        n = await db.fetchval(
-            "SELECT count(*) FROM awooop_run_state WHERE project_id = $1 AND status = 'WAITING_TOOL'"
-            " AND worker_id IS NULL AND lease_until IS NULL",
-            PROJECT,
-        )
-        return bool(n == 200)
+        return bool(await db.fetchval(count_parked, PROJECT) == n)
 
-    await eventually(all_parked, timeout=60, what="200 runs parked")
-    assert worker.held == []  # no worker slot taken: the worker holds nothing
-    assert await db.fetchval("SELECT count(*) FROM awooop_wait WHERE project_id=$1 AND status='open'", PROJECT) == 200
-    await asyncio.gather(*(suite.complete_wait(wait_ids[r], {"r": r}) for r in run_ids))
+    await eventually(all_parked, timeout=120, what=f"{n} runs parked")
+    assert worker.held == []  # no worker slot taken: the worker holds nothing in flight
+    leased = (
+        "SELECT count(*) FROM awooop_run_state WHERE project_id = $1"
+        " AND (lease_until IS NOT NULL OR worker_id IS NOT NULL)"
+    )
+    assert await db.fetchval(leased, PROJECT) == 0
+    assert await db.fetchval("SELECT count(*) FROM awooop_wait WHERE project_id=$1 AND status='open'", PROJECT) == n
+    for i in range(0, n, 100):  # at most 100 completions in flight
+        await asyncio.gather(*(suite.complete_wait(wait_ids[r], {"r": r}) for r in run_ids[i : i + 100]))
 
     async def all_done() -> bool:
-        n = await db.fetchval(
-            "SELECT count(*) FROM awooop_run_state WHERE project_id = $1 AND status = 'COMPLETED'", PROJECT
-        )
-        return bool(n == 200)
+        done = "SELECT count(*) FROM awooop_run_state WHERE project_id = $1 AND status = 'COMPLETED'"
+        return bool(await db.fetchval(done, PROJECT) == n)
 
-    await eventually(all_done, timeout=60, what="200 runs resumed and completed")
+    await eventually(all_done, timeout=120, what=f"{n} runs resumed and completed")
     await _stop(worker, task)
     outputs = await db.fetch("SELECT run_id, output FROM awooop_run_state WHERE project_id = $1", PROJECT)
     assert {str(o["run_id"]): json.loads(o["output"]) for o in outputs} == {r: {"got": {"r": r}} for r in run_ids}
+
+
+# --- by hand: an operator completes or expires a wait ------------------------------------------
+
+
+async def test_an_approver_expires_or_completes_a_wait_by_hand_audited_and_others_may_not(
+    suite: Suite, db: Any, make_key: Any
+) -> None:
+    approver_key = key_of(await make_key("dw-approver", {PROJECT: ["approver"]}))
+    approver = Client(key=approver_key, scheduler=suite.scheduler, saga=suite.saga)
+    try:
+        run_id, (created, _) = await suite.park_one()
+        wait_id = created.wait.wait_id
+        listed = await approver.call(approver.scheduler.ListWaits, scheduler_pb2.ListWaitsRequest(run_id=run_id))
+        assert [(w.wait_id, w.status) for w in listed.waits] == [(wait_id, scheduler_pb2.WAIT_STATUS_OPEN)]
+        expire = scheduler_pb2.ExpireWaitRequest(wait_id=wait_id)
+        with pytest.raises(AwooopError) as denied:  # a worker of the project is no operator
+            await suite.worker_client.call(suite.worker_client.scheduler.ExpireWait, expire)
+        assert denied.value.code == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(AwooopError) as hidden:  # another project's key learns nothing
+            await suite.other.call(suite.other.scheduler.ExpireWait, expire)
+        assert hidden.value.code == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(AwooopError) as unknown:
+            await approver.call(
+                approver.scheduler.ExpireWait, scheduler_pb2.ExpireWaitRequest(wait_id=str(uuid.uuid4()))
+            )
+        assert unknown.value.code == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(AwooopError) as bad:
+            await approver.call(approver.scheduler.ExpireWait, scheduler_pb2.ExpireWaitRequest(wait_id="nope"))
+        assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert (await _row(db, run_id))["status"] == "WAITING_TOOL"
+
+        resp = await approver.call(approver.scheduler.ExpireWait, expire)
+        assert resp.resumed and resp.wait.status == scheduler_pb2.WAIT_STATUS_TIMED_OUT
+        assert resp.wait.completed_by == "user:dw-approver"
+        assert (await _row(db, run_id))["status"] == "PENDING"
+        audit = await db.fetchrow(
+            "SELECT actor, action, from_status, to_status, details FROM awooop_audit_log"
+            " WHERE run_id = $1 ORDER BY audit_id DESC LIMIT 1",
+            uuid.UUID(run_id),
+        )
+        assert (audit["actor"], audit["action"], audit["from_status"], audit["to_status"]) == (
+            "user:dw-approver", "WAIT_TIMED_OUT", "WAITING_TOOL", "PENDING"
+        )  # fmt: skip
+        with pytest.raises(AwooopError) as again:
+            await approver.call(approver.scheduler.ExpireWait, expire)
+        assert again.value.reason == errors.WAIT_CLOSED and again.value.details.metadata["outcome"] == "timed_out"
+
+        # a completion by hand: the approver's result reaches the parked run
+        run_id, (created, _) = await suite.park_one()
+        done = await suite.complete_wait(created.wait.wait_id, {"by": "hand"}, client=approver)
+        assert done.resumed and done.wait.completed_by == "user:dw-approver"
+        assert (await _audit(db, run_id))[-1] == "WAIT_COMPLETED"
+    finally:
+        await approver.close()
+
+
+async def test_the_cli_lists_completes_and_expires_a_runs_wait(suite: Suite, db: Any, make_key: Any) -> None:
+    approver_key = key_of(await make_key("dw-cli", {PROJECT: ["approver"]}))
+
+    async def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
+        env["AWOOOP_API_KEY"] = approver_key
+        cmd = [sys.executable, "-m", "awooop.cli", "runs", "waits", *args, "--scheduler", suite.scheduler]
+        return await asyncio.to_thread(
+            subprocess.run, cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+
+    run_id, (created, _) = await suite.park_one()
+    listed = await cli("list", run_id)
+    assert listed.returncode == 0, listed.stderr
+    assert created.wait.wait_id in listed.stdout and "open" in listed.stdout and "token" in listed.stdout
+    done = await cli("complete", run_id, "--result", '{"answer": 42}')
+    assert done.returncode == 0, done.stderr
+    assert f"wait {created.wait.wait_id} (w) of run {run_id} completed; its run resumes" in done.stdout
+    row = await db.fetchrow(
+        "SELECT status, result FROM awooop_wait WHERE wait_id = $1", uuid.UUID(created.wait.wait_id)
+    )
+    assert row["status"] == "completed" and json.loads(row["result"]) == {"answer": 42}
+    none_open = await cli("expire", run_id)
+    assert none_open.returncode == 1 and "has no open wait" in none_open.stderr
+    bad = await cli("complete", run_id, "--result", "[1]")
+    assert bad.returncode == 2 and "a JSON object" in bad.stderr
+
+    run_id, (created, _) = await suite.park_one()
+    expired = await cli("expire", run_id, "--wait", created.wait.wait_id, "--json")
+    assert expired.returncode == 0, expired.stderr
+    answer = json.loads(expired.stdout)
+    assert answer["resumed"] is True and answer["wait"]["status"] == "WAIT_STATUS_TIMED_OUT"
+    closed = await cli("expire", run_id, "--wait", created.wait.wait_id)
+    assert closed.returncode == 1 and "WAIT_CLOSED" in closed.stderr
+
+
+async def test_open_waits_are_gauged_by_project_and_kind_and_ended_waits_counted_by_outcome(
+    suite: Suite, db: Any, db_dsn: str, make_key: Any
+) -> None:
+    from prometheus_client import REGISTRY
+
+    from services.common import wait_outcomes
+    from services.scheduler.queue import QueueSampler
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    ended = {o: sample("awooop_waits_ended_total", outcome=o) for o in ("completed", "timed_out", "cancelled")}
+    tokens = [await suite.park_one() for _ in range(2)]
+    slept, _ = await suite.park_one(kind=scheduler_pb2.WAIT_KIND_SLEEP)
+    cancelled, (doomed, _) = await suite.park_one(timeout=3600)
+    # the oldest open wait: ten minutes old, one hour overdue
+    await db.execute(
+        "UPDATE awooop_wait SET created_at = now() - interval '10 minutes', expires_at = now() - interval '1 hour'"
+        " WHERE run_id = $1",
+        uuid.UUID(slept),
+    )
+    pool = await asyncpg.create_pool(db_dsn, min_size=1, max_size=2)
+    sampler = QueueSampler(pool)  # one, as the scheduler keeps: it zeroes the labels it has seen
+    try:
+        await sampler.sample()
+        assert sample("awooop_scheduler_waits_open", project=PROJECT, kind="token") == 3
+        assert sample("awooop_scheduler_waits_open", project=PROJECT, kind="sleep") == 1
+        assert sample("awooop_scheduler_waits_open", project=PROJECT, kind="event") == 0
+        assert 600 <= sample("awooop_scheduler_oldest_open_wait_age_seconds", project=PROJECT) < 900
+        assert 3600 <= sample("awooop_scheduler_wait_overdue_seconds", project=PROJECT) < 3900
+        assert sample("awooop_scheduler_runs", project=PROJECT, status="WAITING_TOOL") == 4
+
+        # one completed, one expired by hand, the overdue sleep swept, one cancelled run's wait closed
+        approver_key = key_of(await make_key("dw-gauge", {PROJECT: ["approver"]}))
+        approver = Client(key=approver_key, scheduler=suite.scheduler, saga=suite.saga)
+        try:
+            await suite.complete_wait(tokens[0][1][0].wait.wait_id, {"ok": 1})
+            expire = scheduler_pb2.ExpireWaitRequest(wait_id=tokens[1][1][0].wait.wait_id)
+            await approver.call(approver.scheduler.ExpireWait, expire)
+        finally:
+            await approver.close()
+        await suite.admin.call(suite.admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=cancelled))
+        await db.execute("UPDATE awooop_wait SET expires_at = now() WHERE wait_id = $1", uuid.UUID(doomed.wait.wait_id))
+
+        async def all_ended() -> bool:
+            return bool(await db.fetchval("SELECT count(*) FROM awooop_wait WHERE status = 'open'") == 0)
+
+        await eventually(all_ended, timeout=30, what="the sweep to end the overdue waits")
+        await sampler.sample()
+        for kind in ("token", "sleep"):
+            assert sample("awooop_scheduler_waits_open", project=PROJECT, kind=kind) == 0
+        assert sample("awooop_scheduler_oldest_open_wait_age_seconds", project=PROJECT) == 0
+        assert sample("awooop_scheduler_wait_overdue_seconds", project=PROJECT) == 0
+    finally:
+        await pool.close()
+    got = {o: sample("awooop_waits_ended_total", outcome=o) - ended[o] for o in ended}
+    assert got == {"completed": 1, "timed_out": 2, wait_outcomes.CANCELLED: 1}, got
+
+
+async def test_a_hand_expiry_racing_completions_has_one_winner(suite: Suite, db: Any, make_key: Any) -> None:
+    approver_key = key_of(await make_key("dw-racer", {PROJECT: ["approver"]}))
+    approver = Client(key=approver_key, scheduler=suite.scheduler, saga=suite.saga)
+    try:
+        for _ in range(5):
+            run_id, (created, _) = await suite.park_one()
+            wait_id = created.wait.wait_id
+
+            async def expire(wait_id: str = wait_id) -> str:
+                try:
+                    await approver.call(approver.scheduler.ExpireWait, scheduler_pb2.ExpireWaitRequest(wait_id=wait_id))
+                except AwooopError as err:
+                    assert err.reason == errors.WAIT_CLOSED, err
+                    return err.details.metadata["outcome"]
+                return "expired"
+
+            async def complete(i: int, wait_id: str = wait_id) -> str:
+                try:
+                    await suite.complete_wait(wait_id, {"i": i})
+                except AwooopError as err:
+                    assert err.reason == errors.WAIT_CLOSED, err
+                    return err.details.metadata["outcome"]
+                return "completed-won"
+
+            results = await asyncio.gather(*(x for i in range(4) for x in (expire(), complete(i))))
+            winners = [r for r in results if r in ("expired", "completed-won")]
+            assert len(winners) == 1, results
+            first = "timed_out" if winners == ["expired"] else "completed"
+            assert sorted(r for r in results if r not in winners) == [first] * 7, results
+            final = await db.fetchval("SELECT status FROM awooop_wait WHERE wait_id = $1", uuid.UUID(wait_id))
+            assert final == first
+            audit = await _audit(db, run_id)
+            assert audit.count("WAIT_COMPLETED") + audit.count("WAIT_TIMED_OUT") == 1, audit
+            assert (await _row(db, run_id))["status"] == "PENDING"
+    finally:
+        await approver.close()
 
 
 # --- one outcome under races ------------------------------------------------------------------

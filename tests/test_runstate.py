@@ -314,6 +314,7 @@ async def test_the_partial_indexes_cover_exactly_the_named_sets(db: Any) -> None
         "awooop_run_claim_idx": set(CLAIMABLE),
         "awooop_run_leased_idx": set(LEASED),
         "awooop_run_approval_idx": {RunStatus.WAITING_APPROVAL},
+        "awooop_run_waiting_idx": {RunStatus.WAITING_TOOL},
     }
     for name, statuses in want.items():
         definition = await db.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = $1", name)

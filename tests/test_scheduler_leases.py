@@ -6,6 +6,7 @@ reaching the real saga service (and surviving when it is down)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections import Counter
 from typing import Any
@@ -257,6 +258,55 @@ async def test_reaper_takes_back_only_expired_leases_and_never_waiting_approval(
     assert (await run_row(s.db, approval.run.run_id))["status"] == "WAITING_APPROVAL"
     assert (await run_row(s.db, ids[4]))["status"] == "PENDING"
     assert (await s.reap()).total == 0
+
+
+async def test_the_reaper_and_the_queue_sample_read_no_parked_run(s: Sched) -> None:
+    """Runs parked on durable waits (WAITING_TOOL without a worker or lease) are outside the
+    leased runs' index (migration 0161): the reaper's scans read only the leases held, counted
+    by the rows its index scan returns, and the queue sample still counts the parked runs
+    through their own index (no sequential scan of the table)."""
+    from services.scheduler import queue
+
+    await s.db.execute(
+        """INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, status, attempt_count,
+                                         released_count)
+           SELECT 'p', 'api', 'parked-' || g, 'WAITING_TOOL', 2, 2 FROM generate_series(1, 2000) AS g"""
+    )
+    await s.db.execute(
+        """INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, status)
+           SELECT 'p', 'api', 'done-' || g, 'COMPLETED' FROM generate_series(1, 20000) AS g"""
+    )
+    await insert_runs(s.db, "p", 3)
+    await s.claim(max_runs=3)
+    await s.db.execute("VACUUM ANALYZE awooop_run_state")
+
+    def index_rows(plan: dict[str, Any], index: str) -> list[int]:
+        """The rows each scan of the index read (an index scan's filter drops them after reading)."""
+        read = plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)
+        found = [read] if plan.get("Index Name") == index else []
+        return found + [n for child in plan.get("Plans", []) for n in index_rows(child, index)]
+
+    def seq_scans(plan: dict[str, Any]) -> list[str]:
+        found = [plan.get("Relation Name", "")] if plan["Node Type"] == "Seq Scan" else []
+        return found + [n for child in plan.get("Plans", []) for n in seq_scans(child)]
+
+    async def explain(sql: str, *args: Any) -> dict[str, Any]:
+        async with s.db.transaction():  # EXPLAIN ANALYZE runs it: nothing is expired, nothing changes
+            raw = await s.db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args)
+        plan: dict[str, Any] = json.loads(raw)[0]["Plan"]
+        return plan
+
+    reap = reaper.REAP.args(batch=1000, actor="test", channel="awooop_run_ready", policy="{}", only_run=None)
+    for name, plan in [
+        ("ExpiredLeases", await explain(reaper.EXPIRED.sql, *reaper.EXPIRED.args(batch=1000))),
+        ("ReapExpiredLeases", await explain(reaper.REAP.sql, *reap)),
+    ]:
+        assert index_rows(plan, "awooop_run_leased_idx") == [3], (name, plan)
+    sampled = await explain(queue.SAMPLE.sql)
+    assert index_rows(sampled, "awooop_run_waiting_idx") == [2000], sampled
+    assert "awooop_run_state" not in seq_scans(sampled), sampled
+    counts = {(r["status"]): r["n"] for r in await s.db.fetch(queue.SAMPLE.sql)}
+    assert counts == {"WAITING_TOOL": 2000, "RUNNING": 3}
 
 
 async def _past(s: Sched, run_id: str) -> bool:

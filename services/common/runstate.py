@@ -81,7 +81,7 @@ class Action(StrEnum):
     REDRIVE = "redrive"  # RedriveRuns (an operator's bulk requeue of failed runs)
     PARK = "park"  # AwaitWait (a durable wait: scheduler/waits.py)
     COMPLETE_WAIT = "complete_wait"  # CompleteWait, or the wait's callback URL
-    EXPIRE_WAIT = "expire_wait"  # the wait timeout sweep
+    EXPIRE_WAIT = "expire_wait"  # the wait timeout sweep, or ExpireWait (an operator, by hand)
 
 
 class Audit(StrEnum):
@@ -344,7 +344,7 @@ TRANSITIONS: dict[Action, Transition] = {
         _t(
             Action.EXPIRE_WAIT,
             CANCELLABLE,
-            Outcome(S.PENDING, Audit.WAIT_TIMED_OUT, "parked on an open wait whose time is up"),
+            Outcome(S.PENDING, Audit.WAIT_TIMED_OUT, "parked on an open wait timed out (or expired by hand)"),
             Outcome(None, Audit.WAIT_ENDED, "not parked on it: the wait ends timed out, the run stays"),
             fenced=False,
             describe="time out a wait of",

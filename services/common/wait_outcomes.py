@@ -4,15 +4,34 @@ for both paths that end a wait by hand, the scheduler's CompleteWait RPC and ing
 
 from __future__ import annotations
 
+from prometheus_client import Counter
+
 from services.common import errors
 from services.common.db import Row
-from services.common.runstate import TRANSITIONS, Action, WaitKind, WaitStatus
+from services.common.observability import preset
+from services.common.runstate import TERMINAL, TRANSITIONS, Action, WaitKind, WaitStatus
+
+# what ended waits, counted by the process that ended them (the scheduler: CompleteWait,
+# ExpireWait, the timeout sweep and the event matcher; ingest: the callback URL). "cancelled":
+# the wait's run had ended before it (cancelled or failed), and the sweep closed it timed out.
+ENDED = Counter("awooop_waits_ended_total", "Durable waits ended, by outcome", ["outcome"])
+CANCELLED = "cancelled"
+preset(ENDED, (WaitStatus.COMPLETED, WaitStatus.TIMED_OUT, CANCELLED))
+
+
+def count(row: Row) -> None:
+    """Counts a row of awooop_end_wait that ended its wait (outcome ended or expired) in ENDED."""
+    if row["outcome"] not in ("ended", "expired"):
+        return
+    over = row["run_status"] in {s.value for s in TERMINAL}
+    ENDED.labels(CANCELLED if over else row["wait_status"]).inc()
 
 
 def ended(row: Row, wait_id: str) -> Row:
     """The row when this call decided the wait; else its refusal: NOT_FOUND (no such wait in the
     caller's projects), WAIT_CLOSED naming the first outcome (or a sleep, which takes no
-    completion), INVALID_TRANSITION when the wait's run is over."""
+    completion), INVALID_TRANSITION when the wait's run is over. Counts an ended wait (ENDED)."""
+    count(row)
     outcome = row["outcome"]
     if outcome == "ended":
         return row

@@ -92,6 +92,7 @@ def make_app(console: Console) -> web.Application:
     app.router.add_get("/runs/{run_id}", c.run)
     app.router.add_post("/runs/{run_id}/decide", c.decide)
     app.router.add_post("/runs/{run_id}/cancel", c.cancel)
+    app.router.add_post("/runs/{run_id}/waits/{wait_id}/{end:complete|expire}", c.end_wait)
     app.router.add_post("/runs/{run_id}/compensation/retry", c.retry)
     app.router.add_post("/runs/{run_id}/compensation/resolve", c.resolve)
     app.router.add_get("/approvals/{run_id}/{token}", c.approval_link)

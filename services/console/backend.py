@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -28,6 +28,7 @@ class RunView:
     history: list[scheduler_pb2.RunEvent]
     journal: saga_pb2.GetJournalResponse | None
     problems: list[str]
+    waits: list[scheduler_pb2.Wait] = field(default_factory=list)  # ListWaits: open ones first
 
 
 class Backend:
@@ -47,12 +48,16 @@ class Backend:
             raise AwooopError.from_rpc(err) from None
 
     async def run_view(self, key: str, run_id: str) -> RunView:
-        """The run, its history and its journal in one round of concurrent calls. The run must
-        be readable (its error is raised); history or journal errors are reported, not raised."""
+        """The run, its history, its journal and its durable waits in one round of concurrent
+        calls. The run must be readable (its error is raised); the others' errors are reported,
+        not raised."""
         run_call = self.call(self.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id), key)
         history_call = self.call(self.scheduler.GetRunHistory, scheduler_pb2.GetRunHistoryRequest(run_id=run_id), key)
         journal_call = self.call(self.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=run_id), key)
-        run_r, hist_r, journal_r = await asyncio.gather(_answer(run_call), _answer(history_call), _answer(journal_call))
+        waits_call = self.call(self.scheduler.ListWaits, scheduler_pb2.ListWaitsRequest(run_id=run_id), key)
+        run_r, hist_r, journal_r, waits_r = await asyncio.gather(
+            _answer(run_call), _answer(history_call), _answer(journal_call), _answer(waits_call)
+        )
         if isinstance(run_r, AwooopError):
             raise run_r
         problems = []
@@ -66,7 +71,12 @@ class Backend:
             problems.append(f"journal: {journal_r.details.render()}")
         else:
             journal = journal_r
-        return RunView(run_r.run, history, journal, problems)
+        waits: list[scheduler_pb2.Wait] = []
+        if isinstance(waits_r, AwooopError):
+            problems.append(f"waits: {waits_r.details.render()}")
+        else:
+            waits = list(waits_r.waits)
+        return RunView(run_r.run, history, journal, problems, waits)
 
     async def close(self) -> None:
         for ch in self._channels:

@@ -174,6 +174,16 @@ def paginate(items: list[Any], number: int, size: int) -> Page:
 
 
 @dataclass
+class WaitView:
+    """An open durable wait of the run page, with its Complete and Expire forms."""
+
+    wait_id: str
+    step_id: str
+    kind: str
+    expires: str
+
+
+@dataclass
 class RunPage:
     run: common_pb2.Run
     fields: list[tuple[str, str]]
@@ -190,6 +200,7 @@ class RunPage:
     refresh: bool  # compensation under way: the page reloads itself (a meta refresh; no script)
     trace_url: str
     problems: list[str] = field(default_factory=list)
+    open_waits: list[WaitView] = field(default_factory=list)  # an unfinished run's, to end by hand
 
 
 def run_page(
@@ -202,6 +213,7 @@ def run_page(
     steps_page: int,
     trace_url: str,
     problems: list[str],
+    waits: list[scheduler_pb2.Wait] | None = None,
 ) -> RunPage:
     entries = timeline.build(history, journal)
     raw_steps = list(journal.steps) if journal is not None else []
@@ -238,6 +250,7 @@ def run_page(
         ],
         waiting_approval=run.status == common_pb2.RUN_STATUS_WAITING_APPROVAL,
         terminal=terminal,
+        open_waits=[] if terminal else [wait_view(w) for w in waits or [] if w.status == OPEN_WAIT],
         refresh=refresh,
         trace_url=trace_url.replace("{run_id}", run.run_id) if trace_url else "",
         problems=problems,
@@ -273,3 +286,11 @@ def parse_time(value: str) -> dt.datetime | None:
         return None
     parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))  # ValueError: the caller says so
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+OPEN_WAIT = scheduler_pb2.WAIT_STATUS_OPEN
+
+
+def wait_view(w: scheduler_pb2.Wait) -> WaitView:
+    kind = scheduler_pb2.WaitKind.Name(w.kind).removeprefix("WAIT_KIND_").lower()
+    return WaitView(w.wait_id, w.step_id, kind, when(w.expires_at))

@@ -5,6 +5,7 @@ check (app.py) before it gets here and answers with a redirect, so a reload neve
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import Any
@@ -17,6 +18,7 @@ from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker.errors import AwooopError
+from awooop.worker.structs import to_struct
 from services.common.principals import parse_key
 from services.console import metrics, pages, security
 from services.console.backend import Backend
@@ -45,6 +47,8 @@ MESSAGES = {
     "retried": "Compensation retry scheduled.",
     "resolved": "Compensation resolved by hand; the reason is in the audit log.",
     "cancelled": "Cancel requested.",
+    "wait_completed": "Wait completed by hand: a run parked on it is PENDING and resumes with your result.",
+    "wait_expired": "Wait expired by hand: a run parked on it is PENDING and its handler sees the timeout.",
     "signedout": "Signed out.",
     "expired": "Your session ended; sign in again.",
 }
@@ -287,6 +291,7 @@ class Console:
             steps_page=_int(request.query.get("st", "1")),
             trace_url=self.trace_url,
             problems=view.problems,
+            waits=view.waits,
         )
         return self.render(
             request, "run.html", page=page, run=view.run, project=view.run.project_id, query=request.query
@@ -454,6 +459,60 @@ class Console:
             scheduler_pb2.CancelRunRequest(run_id=run_id, reason=str(form.get("reason", "")).strip()[:MAX_REASON]),
         )
         raise web.HTTPSeeOther(f"/runs/{run_id}?msg=cancelled")
+
+    # --- durable waits, by hand (approver role: the scheduler decides) ---------------------------
+
+    async def end_wait(self, request: web.Request) -> web.StreamResponse:
+        """The run page's Complete / Expire forms of an open wait: CompleteWait with the form's
+        JSON object, or ExpireWait. Audited by the scheduler with the operator as actor."""
+        self.need(request)
+        run_id = _run_id(request)
+        wait_id = request.match_info["wait_id"]
+        if not _is_uuid(wait_id):
+            raise web.HTTPNotFound(text="no such wait")
+        form = await request.post()
+        expire = request.match_info["end"] == "expire"
+        try:
+            if expire:
+                await self.call(
+                    request, self.backend.scheduler.ExpireWait, scheduler_pb2.ExpireWaitRequest(wait_id=wait_id)
+                )
+            else:
+                result = _json_object(str(form.get("result", "") or "{}"))  # its size: the scheduler's limit
+                if result is None:
+                    return self.render(
+                        request,
+                        "message.html",
+                        status=400,
+                        title="Not completed",
+                        text='The result must be a JSON object, for example {"approved": true}.',
+                        run_id=run_id,
+                    )
+                await self.call(
+                    request,
+                    self.backend.scheduler.CompleteWait,
+                    scheduler_pb2.CompleteWaitRequest(wait_id=wait_id, result=to_struct(result)),
+                )
+        except AwooopError as err:
+            plain = {
+                "WAIT_CLOSED": "This wait has already ended (" + err.details.metadata.get("outcome", "") + ").",
+                "FORBIDDEN": "Your key has no approver role in this run's project, so it cannot end its waits.",
+                "INVALID_TRANSITION": "This run is over: its waits take no completion.",
+            }.get(err.reason)
+            if plain is None:
+                raise
+            title = "Not expired" if expire else "Not completed"
+            status = 403 if err.reason == "FORBIDDEN" else 409
+            return self.render(request, "message.html", status=status, title=title, text=plain, run_id=run_id)
+        raise web.HTTPSeeOther(f"/runs/{run_id}?msg={'wait_expired' if expire else 'wait_completed'}")
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _is_uuid(value: str) -> bool:

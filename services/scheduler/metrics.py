@@ -69,6 +69,22 @@ OLDEST_CLAIMABLE = Gauge(
     "How long the oldest claimable run of the project has been claimable (0: none; sampled)",
     ["project"],
 )
+WAITS_OPEN = Gauge(
+    "awooop_scheduler_waits_open",
+    "Open durable waits by project and kind (token, sleep, event, ...; sampled)",
+    ["project", "kind"],
+)
+OLDEST_WAIT = Gauge(
+    "awooop_scheduler_oldest_open_wait_age_seconds",
+    "How long the oldest open durable wait of the project has been open (0: none; sampled)",
+    ["project"],
+)
+WAIT_OVERDUE = Gauge(
+    "awooop_scheduler_wait_overdue_seconds",
+    "How long past its expiry the project's most overdue open durable wait is, not yet ended by the"
+    " timeout sweep (0: none; sampled)",
+    ["project"],
+)
 SAMPLE_AGE = Gauge("awooop_scheduler_queue_sampled_timestamp_seconds", "Unix time of the last successful queue sample")
 # time from claimable (queued, re-queued or backoff over) to claimed: the wait a run sees,
 # without the long-poll wait of a ClaimRuns call that grpc_server_handling_seconds includes

@@ -4,10 +4,12 @@
 -- change, or the end of its retry backoff or delay; GREATEST ignores a NULL not_before).
 -- Claimable is the claim's own test (services/scheduler/claims: a claimable status, not before
 -- its time, attempts left, its project not paused), written out here.
--- It reads only unfinished runs: the status filter is the union of the predicates of the partial
--- indexes awooop_run_claim_idx (PENDING, RESUMED), awooop_run_leased_idx (RUNNING, WAITING_TOOL)
--- and awooop_run_approval_idx (WAITING_APPROVAL), so its cost follows the backlog, not the
--- history of finished runs.
+-- It reads only unfinished runs: the filter is the union of the predicates of the partial
+-- indexes awooop_run_claim_idx (PENDING, RESUMED), awooop_run_approval_idx (WAITING_APPROVAL),
+-- awooop_run_leased_idx (RUNNING, WAITING_TOOL with a worker) and awooop_run_waiting_idx
+-- (WAITING_TOOL parked on a durable wait: no worker; migration 0161), one arm each, so the
+-- planner reads the four indexes (a BitmapOr) and its cost follows the backlog, not the history
+-- of finished runs.
 SELECT project_id, status, count(*) AS n,
        count(*) FILTER (WHERE claimable) AS claimable,
        COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(ready_since) FILTER (WHERE claimable)), 0)::float8
@@ -20,5 +22,20 @@ SELECT project_id, status, count(*) AS n,
                    AS claimable,
                GREATEST(updated_at, not_before) AS ready_since
           FROM awooop_run_state r
-         WHERE status IN ('PENDING', 'RESUMED', 'RUNNING', 'WAITING_TOOL', 'WAITING_APPROVAL')) unfinished
+         WHERE status IN ('PENDING', 'RESUMED') OR status = 'WAITING_APPROVAL'
+               OR (status IN ('RUNNING', 'WAITING_TOOL') AND worker_id IS NOT NULL)
+               OR (status = 'WAITING_TOOL' AND worker_id IS NULL)) unfinished
  GROUP BY project_id, status
+
+-- name: SampleWaits
+-- The durable waits' gauges: open waits by project and kind, the age of the oldest of each, and
+-- how long past its expiry the most overdue one is (the timeout sweep ends a wait within its
+-- interval of the expiry: minutes overdue means no sweep runs). Reads only open waits
+-- (awooop_wait_due_idx is partial on status = 'open').
+SELECT project_id, kind, count(*) AS n,
+       EXTRACT(EPOCH FROM clock_timestamp() - min(created_at))::float8 AS oldest,
+       COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(expires_at) FILTER (WHERE expires_at <= now())), 0)::float8
+           AS overdue
+  FROM awooop_wait
+ WHERE status = 'open'
+ GROUP BY project_id, kind

@@ -3,7 +3,8 @@
 -- name: ReapExpiredLeases
 -- RUNNING / WAITING_TOOL runs whose lease expired go back to PENDING while attempts are left, else
 -- FAILED "Max retry attempts exceeded" (seed 000 D3; error code E-RUN-MAX-ATTEMPTS); a run with a
--- pending cancel becomes CANCELLED instead. WAITING_APPROVAL holds no lease and is never touched.
+-- pending cancel becomes CANCELLED instead. WAITING_APPROVAL holds no lease and is never touched,
+-- nor is a run parked on a durable wait (WAITING_TOOL without a worker: not in the leased index).
 -- Up to :batch runs; :only_run one run only (NULL: any; the pass's fallback when a batch failed
 -- for one run's data); :policy the service's retry policy (JSON text); :channel the wake-up
 -- channel.
@@ -29,7 +30,8 @@ WITH expired AS (
                :policy, (SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = s.project_id),
                s.retry_policy) AS policy
       FROM awooop_run_state s
-     WHERE s.status IN ('RUNNING', 'WAITING_TOOL') AND s.lease_until < now() AND (:only_run::uuid IS NULL OR s.run_id = :only_run)
+     WHERE s.status IN ('RUNNING', 'WAITING_TOOL') AND s.worker_id IS NOT NULL -- awooop_run_leased_idx: no parked run
+       AND s.lease_until < now() AND (:only_run::uuid IS NULL OR s.run_id = :only_run)
      LIMIT :batch
        FOR UPDATE SKIP LOCKED
 ),
@@ -89,6 +91,6 @@ SELECT upd.run_id, upd.status, upd.failure_reason, comp.trigger, (SELECT n FROM 
 -- name: ExpiredLeases
 -- The runs a reaper batch would take, for reaping them one at a time.
 SELECT run_id FROM awooop_run_state
- WHERE status IN ('RUNNING', 'WAITING_TOOL') AND lease_until < now()
+ WHERE status IN ('RUNNING', 'WAITING_TOOL') AND worker_id IS NOT NULL AND lease_until < now()
  ORDER BY lease_until
  LIMIT :batch

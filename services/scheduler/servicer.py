@@ -539,6 +539,28 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             wait=_wait_pb(row, status=row["wait_status"]), resumed=bool(row["resumed"])
         )
 
+    async def ExpireWait(
+        self, request: scheduler_pb2.ExpireWaitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.ExpireWaitResponse:
+        v = Violations()
+        wait_id = v.uuid("wait_id", request.wait_id)
+        v.raise_if_any()
+        row = await waits.expire_by_hand(self.pool, current_principal(), wait_id)
+        if row["resumed"]:
+            metrics.TRANSITIONS.labels(RunStatus.PENDING).inc()
+        return scheduler_pb2.ExpireWaitResponse(
+            wait=_wait_pb(row, status=row["wait_status"]), resumed=bool(row["resumed"])
+        )
+
+    async def ListWaits(
+        self, request: scheduler_pb2.ListWaitsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.ListWaitsResponse:
+        v = Violations()
+        run_id = v.uuid("run_id", request.run_id)
+        v.raise_if_any()
+        rows = await waits.list_for_run(self.pool, current_principal(), run_id)
+        return scheduler_pb2.ListWaitsResponse(waits=[_wait_pb(r) for r in rows])
+
     # --- reads -------------------------------------------------------------------------------
 
     async def GetRun(

@@ -25,7 +25,7 @@ from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.db import Row
 from services.common.runstate import TRANSITIONS, Action, RunStatus, WaitStatus
-from services.scheduler.approvals import new_token
+from services.scheduler.approvals import APPROVER_ROLE, new_token
 from services.scheduler.refusals import fenced_refusal
 from services.scheduler.transitions import WORKER_ROLE
 
@@ -38,10 +38,19 @@ DUE = Q["DueWaitRuns"]
 RUN_STATE = Q["RunState"]
 MATCH = Q["MatchEventWaits"]
 MATCHED = Q["MatchedEventWaitRuns"]
+EXPIRE_BY_HAND = Q["ExpireWait"]
+LIST = Q["ListWaits"]
+WAIT_PROJECT = Q["WaitProject"]
 
-# who may complete a wait by RPC: the workers of its project (a tool worker posting its result)
-# and the role of systems that feed events in (ingest); admin implies both
-COMPLETE_ROLES = (WORKER_ROLE, "ingest")
+# who may complete a wait by RPC: the workers of its project (a tool worker posting its result),
+# the role of systems that feed events in (ingest), and an operator by hand (approver, below);
+# admin implies each
+COMPLETE_ROLES = (WORKER_ROLE, "ingest", APPROVER_ROLE)
+# who may end a wait by hand (ExpireWait; CompleteWait too, above): an operator deciding how a
+# parked run goes on, as an approval's decision does (an expiry may fail the run and compensate
+# it), so the approver role; admin implies it. Worker keys are machines, not operators.
+HAND_ROLES = (APPROVER_ROLE,)
+READ_ROLES = ("ingest", WORKER_ROLE, APPROVER_ROLE)
 CALLBACK_PATH = "/v1/waits/"
 SWEEP_LOOP = "scheduler.wait_sweep"
 SWEEP_ACTOR = "system:wait-sweep"
@@ -157,6 +166,33 @@ async def complete(pool: asyncpg.Pool, principal: Principal, wait_id: str, resul
     return wait_outcomes.ended(row, wait_id)
 
 
+async def expire_by_hand(pool: asyncpg.Pool, principal: Principal, wait_id: str) -> Row:
+    """ExpireWait: the wait ends timed out now (awooop_end_wait: the first outcome wins), audited
+    with the operator as actor. NOT_FOUND for an unknown wait or one outside the caller's
+    approver projects (PERMISSION_DENIED when the caller has another role there); WAIT_CLOSED
+    naming the first outcome."""
+    row = await pool.fetchrow(
+        EXPIRE_BY_HAND.sql,
+        *EXPIRE_BY_HAND.args(wait_id=wait_id, actor=principal.actor, projects=projects_with(principal, HAND_ROLES)),
+    )
+    assert row is not None  # the function always answers one row
+    if row["outcome"] == "not_found":  # NOT_FOUND, or PERMISSION_DENIED to a member without the role
+        seen = await pool.fetchrow(WAIT_PROJECT.sql, *WAIT_PROJECT.args(wait_id=wait_id))
+        if seen is not None:
+            check_run_access(principal, seen["project_id"], HAND_ROLES, str(seen["run_id"]))
+    return wait_outcomes.ended(row, wait_id)
+
+
+async def list_for_run(pool: asyncpg.Pool, principal: Principal, run_id: str) -> list[Row]:
+    """ListWaits: the run's waits, open ones first. NOT_FOUND for an unknown run or one outside
+    the caller's projects."""
+    rows = await pool.fetch(LIST.sql, *LIST.args(run_id=run_id))
+    if not rows:
+        raise errors.not_found("run", run_id)
+    check_run_access(principal, rows[0]["run_project"], READ_ROLES, run_id)
+    return [r for r in rows if r["wait_id"] is not None]
+
+
 def callback_url(base: str, token: str) -> str:
     return f"{base.rstrip('/')}{CALLBACK_PATH}{token}"
 
@@ -178,7 +214,7 @@ async def match_events(pool: asyncpg.Pool, batch: int = SWEEP_BATCH) -> int:
         return await pool.fetch(MATCH.sql, *MATCH.args(only=only, batch=size, actor=EVENTS_ACTOR))
 
     await loops.in_batches(
-        SWEEP_LOOP, EVENTS_ACTOR, pool, batch, statement, MATCHED.sql, lambda rows: done.append(len(rows))
+        SWEEP_LOOP, EVENTS_ACTOR, pool, batch, statement, MATCHED.sql, lambda rows: _settle(rows, done)
     )
     return sum(done)
 
@@ -192,7 +228,11 @@ async def expire(pool: asyncpg.Pool, batch: int = SWEEP_BATCH) -> int:
     async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
         return await pool.fetch(EXPIRE.sql, *EXPIRE.args(only=only, batch=size, actor=SWEEP_ACTOR))
 
-    await loops.in_batches(
-        SWEEP_LOOP, SWEEP_ACTOR, pool, batch, statement, DUE.sql, lambda rows: done.append(len(rows))
-    )
+    await loops.in_batches(SWEEP_LOOP, SWEEP_ACTOR, pool, batch, statement, DUE.sql, lambda rows: _settle(rows, done))
     return sum(done)
+
+
+def _settle(rows: list[asyncpg.Record], done: list[int]) -> None:
+    for row in rows:
+        wait_outcomes.count(row)
+    done.append(len(rows))

@@ -151,3 +151,24 @@ SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, at
        reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at
   FROM awooop_run_state
  WHERE run_id = :run_id::uuid
+
+-- name: ExpireWait
+-- A wait ended by hand (the RPC ExpireWait, an operator with the approver role): timed out now,
+-- whatever its expiry; the first outcome wins (awooop_end_wait), and its audit row names the
+-- operator as actor. A sleep ended so is woken early.
+SELECT * FROM awooop_end_wait(:wait_id, 'timed_out', NULL, :actor, :projects::text[])
+
+-- name: ListWaits
+-- A run's waits for ListWaits (`awooop runs waits list`, the console's run page): one row with
+-- the run's project and NULL wait columns when it has none; no row when the run does not exist.
+SELECT r.project_id AS run_project, w.wait_id, w.run_id, w.project_id, w.step_id, w.kind, w.status, w.expires_at,
+       w.result, w.completed_by, w.completed_at
+  FROM awooop_run_state r
+  LEFT JOIN awooop_wait w ON w.run_id = r.run_id
+ WHERE r.run_id = :run_id::uuid
+ ORDER BY w.status = 'open' DESC, w.created_at DESC
+ LIMIT 1000
+
+-- name: WaitProject
+-- The project of a wait ExpireWait found outside the caller's projects, to choose its error.
+SELECT project_id, run_id FROM awooop_wait WHERE wait_id = :wait_id::uuid

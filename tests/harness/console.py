@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from google.protobuf.duration_pb2 import Duration
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
@@ -69,6 +70,22 @@ class ConsoleEnv:
         lease = await self.claim(run_id)
         await self.scale_step(lease)
         return run_id, await rpc_runs.request_approval(self.worker, lease, summary)
+
+    async def parked_on_wait(self, kind: int = scheduler_pb2.WAIT_KIND_TOKEN) -> tuple[str, str]:
+        """A run parked on an open durable wait (WAITING_TOOL, no lease); returns (run_id, wait_id)."""
+        run_id = await self.create()
+        lease = await self.claim(run_id)
+        timeout = Duration(seconds=3600)
+        created = await self.worker.call(
+            self.worker.scheduler.CreateWait,
+            scheduler_pb2.CreateWaitRequest(lease=lease, step_id="deploy-done", kind=kind, timeout=timeout),  # type: ignore[arg-type]
+        )
+        parked = await self.worker.call(
+            self.worker.scheduler.AwaitWait,
+            scheduler_pb2.AwaitWaitRequest(lease=lease, wait_id=created.wait.wait_id),
+        )
+        assert parked.parked
+        return run_id, created.wait.wait_id
 
     async def failed_compensation(self) -> str:
         """A run whose compensation failed at the gateway (a fault injected for the tool)."""

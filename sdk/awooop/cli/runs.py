@@ -5,6 +5,9 @@
     awooop runs approve RUN_ID --token T [--reason R]
     awooop runs reject RUN_ID --token T [--reason R]
     awooop runs cancel RUN_ID [--reason R]
+    awooop runs waits list RUN_ID           the run's durable waits, open ones first
+    awooop runs waits complete RUN_ID [--wait WAIT_ID] [--result JSON]    (approver role)
+    awooop runs waits expire RUN_ID [--wait WAIT_ID]                      (approver role)
     awooop runs compensation retry RUN_ID [--step S]
     awooop runs compensation resolve RUN_ID --step S --reason R
 
@@ -38,7 +41,7 @@ from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker.client import Client
 from awooop.worker.errors import AwooopError
-from awooop.worker.structs import from_struct
+from awooop.worker.structs import from_struct, to_struct
 
 # re-exported: older callers import these names from here
 __all__ = ["channel_name", "register", "saga_name", "status_name", "step_status", "step_type"]
@@ -46,7 +49,7 @@ STATUSES = [n.removeprefix("RUN_STATUS_") for n in common_pb2.RunStatus.keys() i
 
 
 def register(sub: Any) -> None:
-    runs = sub.add_parser("runs", help="list, inspect, approve, cancel runs and repair compensations")
+    runs = sub.add_parser("runs", help="list, inspect, approve, cancel runs, end their waits, repair compensations")
     add_connection_args(runs)  # before or after the action: `runs --scheduler X list` = `runs list --scheduler X`
     r = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
 
@@ -78,6 +81,22 @@ def register(sub: Any) -> None:
     p.add_argument("run_id")
     p.add_argument("--reason", default="", help="why (audit log)")
     p.set_defaults(func=run_command(cmd_cancel))
+
+    waits = r.add_parser("waits", help="list a run's durable waits; complete or expire one by hand (approver role)")
+    add_connection_args(waits, inherited=True)
+    w = waits.add_subparsers(dest="waits_command", metavar="ACTION", required=True)
+    p = _leaf(w, "list", "the run's durable waits, open ones first")
+    p.add_argument("run_id")
+    p.set_defaults(func=run_command(cmd_waits_list))
+    p = _leaf(w, "complete", "complete the run's open wait with a result; a run parked on it resumes")
+    p.add_argument("run_id")
+    p.add_argument("--wait", default="", metavar="WAIT_ID", help="which wait (default: the run's only open wait)")
+    p.add_argument("--result", type=_json_object, default={}, metavar="JSON", help="a JSON object (default {})")
+    p.set_defaults(func=run_command(cmd_waits_end), end="complete")
+    p = _leaf(w, "expire", "end the run's open wait as timed out now; a run parked on it resumes and sees the timeout")
+    p.add_argument("run_id")
+    p.add_argument("--wait", default="", metavar="WAIT_ID", help="which wait (default: the run's only open wait)")
+    p.set_defaults(func=run_command(cmd_waits_end), end="expire")
 
     comp = r.add_parser("compensation", help="retry or resolve a failed compensation (admin role)")
     add_connection_args(comp, inherited=True)
@@ -293,6 +312,78 @@ async def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
     if resp.compensation_requested:
         line += "; compensation requested"
     print(line)
+    return 0
+
+
+# --- durable waits ---
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError("a JSON object ({...}) is required")
+    return parsed
+
+
+WAIT_KINDS = {v: n.removeprefix("WAIT_KIND_").lower() for n, v in scheduler_pb2.WaitKind.items()}
+WAIT_STATUSES = {v: n.removeprefix("WAIT_STATUS_").lower() for n, v in scheduler_pb2.WaitStatus.items()}
+
+
+async def _waits(client: Client, run_id: str) -> list[scheduler_pb2.Wait]:
+    resp = await client.call(client.scheduler.ListWaits, scheduler_pb2.ListWaitsRequest(run_id=run_id))
+    return list(resp.waits)
+
+
+async def cmd_waits_list(args: argparse.Namespace, client: Client) -> int:
+    found = await _waits(client, args.run_id)
+    if args.json:
+        print_json([to_json(x) for x in found])
+        return 0
+    if not found:
+        print(f"run {args.run_id} has no durable waits")
+        return 0
+    rows = [
+        [
+            x.wait_id,
+            x.step_id,
+            WAIT_KINDS.get(x.kind, "?"),
+            WAIT_STATUSES.get(x.status, "?"),
+            when(x.expires_at),
+            when(x.completed_at) or "-",
+            x.completed_by or "-",
+        ]
+        for x in found
+    ]
+    print_table(["WAIT", "STEP", "KIND", "STATUS", "EXPIRES", "ENDED", "BY"], rows)
+    return 0
+
+
+async def cmd_waits_end(args: argparse.Namespace, client: Client) -> int:
+    """complete / expire: the wait named by --wait, or the run's one open wait."""
+    wait_id = args.wait
+    if not wait_id:
+        open_ = [x for x in await _waits(client, args.run_id) if x.status == scheduler_pb2.WAIT_STATUS_OPEN]
+        if len(open_) != 1:
+            listed = ", ".join(f"{x.wait_id} ({x.step_id})" for x in open_)
+            say = f"{len(open_)} open waits: {listed}; name one with --wait" if open_ else "no open wait"
+            print(f"error: run {args.run_id} has {say}", file=sys.stderr)
+            return EXIT_RPC_ERROR
+        wait_id = open_[0].wait_id
+    resp: scheduler_pb2.CompleteWaitResponse | scheduler_pb2.ExpireWaitResponse
+    if args.end == "complete":
+        request = scheduler_pb2.CompleteWaitRequest(wait_id=wait_id, result=to_struct(args.result))
+        resp = await client.call(client.scheduler.CompleteWait, request)
+    else:
+        resp = await client.call(client.scheduler.ExpireWait, scheduler_pb2.ExpireWaitRequest(wait_id=wait_id))
+    if args.json:
+        print_json(to_json(resp))
+        return 0
+    verb = "completed" if args.end == "complete" else "expired (timed out)"
+    then = "; its run resumes (PENDING)" if resp.resumed else "; its run was not parked on it"
+    print(f"wait {resp.wait.wait_id} ({resp.wait.step_id}) of run {resp.wait.run_id} {verb}{then}")
     return 0
 
 

@@ -2325,3 +2325,99 @@ class CompleteWaitResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CompleteWaitResponse: _TypeAlias = CompleteWaitResponse  # noqa: Y015
+
+@_typing.final
+class ExpireWaitRequest(_message.Message):
+    """Ends a wait by hand."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAIT_ID_FIELD_NUMBER: _builtins.int
+    wait_id: _builtins.str
+    """The wait."""
+    def __init__(
+        self,
+        *,
+        wait_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["wait_id", b"wait_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExpireWaitRequest: _TypeAlias = ExpireWaitRequest  # noqa: Y015
+
+@_typing.final
+class ExpireWaitResponse(_message.Message):
+    """The expired wait."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAIT_FIELD_NUMBER: _builtins.int
+    RESUMED_FIELD_NUMBER: _builtins.int
+    resumed: _builtins.bool
+    """True when its run was parked on it and is PENDING again."""
+    @_builtins.property
+    def wait(self) -> Global___Wait:
+        """The wait, TIMED_OUT."""
+
+    def __init__(
+        self,
+        *,
+        wait: Global___Wait | None = ...,
+        resumed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["wait", b"wait"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["resumed", b"resumed", "wait", b"wait"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExpireWaitResponse: _TypeAlias = ExpireWaitResponse  # noqa: Y015
+
+@_typing.final
+class ListWaitsRequest(_message.Message):
+    """Lists a run's waits."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWaitsRequest: _TypeAlias = ListWaitsRequest  # noqa: Y015
+
+@_typing.final
+class ListWaitsResponse(_message.Message):
+    """The run's waits."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WAITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def waits(self) -> _containers.RepeatedCompositeFieldContainer[Global___Wait]:
+        """Open waits first, then the newest (at most 1,000)."""
+
+    def __init__(
+        self,
+        *,
+        waits: _abc.Iterable[Global___Wait] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["waits", b"waits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWaitsResponse: _TypeAlias = ListWaitsResponse  # noqa: Y015

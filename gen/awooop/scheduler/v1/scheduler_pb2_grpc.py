@@ -110,6 +110,16 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteWaitRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteWaitResponse.FromString,
                 _registered_method=True)
+        self.ExpireWait = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ExpireWait',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ExpireWaitRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ExpireWaitResponse.FromString,
+                _registered_method=True)
+        self.ListWaits = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ListWaits',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWaitsRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWaitsResponse.FromString,
+                _registered_method=True)
         self.GetRun = channel.unary_unary(
                 '/awooop.scheduler.v1.SchedulerService/GetRun',
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRunRequest.SerializeToString,
@@ -306,6 +316,22 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExpireWait(self, request, context):
+        """Ends an open wait by hand as timed out (a sleep: woken now); a run parked on it becomes
+        PENDING and its handler sees the timeout. Approver role in the wait's project (an operator,
+        audited with the caller as actor); a wait already ended is FAILED_PRECONDITION / WAIT_CLOSED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWaits(self, request, context):
+        """A run's durable waits, open ones first, then the newest. Any role in the run's project.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetRun(self, request, context):
         """Reads one run.
         """
@@ -491,6 +517,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.CompleteWait,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteWaitRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteWaitResponse.SerializeToString,
+            ),
+            'ExpireWait': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExpireWait,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ExpireWaitRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ExpireWaitResponse.SerializeToString,
+            ),
+            'ListWaits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWaits,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWaitsRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWaitsResponse.SerializeToString,
             ),
             'GetRun': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRun,
@@ -974,6 +1010,60 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/CompleteWait',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteWaitRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteWaitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExpireWait(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ExpireWait',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ExpireWaitRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ExpireWaitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWaits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ListWaits',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWaitsRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWaitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

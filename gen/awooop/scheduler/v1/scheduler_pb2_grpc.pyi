@@ -81,6 +81,13 @@ class SchedulerServiceStub:
     """Completes an open token wait with a result; a run parked on it becomes PENDING. Worker or
     tool role in the wait's project; a second outcome is FAILED_PRECONDITION / WAIT_CLOSED.
     """
+    ExpireWait: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ExpireWaitRequest, _scheduler_pb2.ExpireWaitResponse]
+    """Ends an open wait by hand as timed out (a sleep: woken now); a run parked on it becomes
+    PENDING and its handler sees the timeout. Approver role in the wait's project (an operator,
+    audited with the caller as actor); a wait already ended is FAILED_PRECONDITION / WAIT_CLOSED.
+    """
+    ListWaits: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListWaitsRequest, _scheduler_pb2.ListWaitsResponse]
+    """A run's durable waits, open ones first, then the newest. Any role in the run's project."""
     GetRun: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.GetRunRequest, _scheduler_pb2.GetRunResponse]
     """Reads one run."""
     ListRuns: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListRunsRequest, _scheduler_pb2.ListRunsResponse]
@@ -169,6 +176,13 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Completes an open token wait with a result; a run parked on it becomes PENDING. Worker or
     tool role in the wait's project; a second outcome is FAILED_PRECONDITION / WAIT_CLOSED.
     """
+    ExpireWait: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ExpireWaitRequest, _scheduler_pb2.ExpireWaitResponse]  # type: ignore[assignment]
+    """Ends an open wait by hand as timed out (a sleep: woken now); a run parked on it becomes
+    PENDING and its handler sees the timeout. Approver role in the wait's project (an operator,
+    audited with the caller as actor); a wait already ended is FAILED_PRECONDITION / WAIT_CLOSED.
+    """
+    ListWaits: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListWaitsRequest, _scheduler_pb2.ListWaitsResponse]  # type: ignore[assignment]
+    """A run's durable waits, open ones first, then the newest. Any role in the run's project."""
     GetRun: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.GetRunRequest, _scheduler_pb2.GetRunResponse]  # type: ignore[assignment]
     """Reads one run."""
     ListRuns: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListRunsRequest, _scheduler_pb2.ListRunsResponse]  # type: ignore[assignment]
@@ -344,6 +358,25 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         """Completes an open token wait with a result; a run parked on it becomes PENDING. Worker or
         tool role in the wait's project; a second outcome is FAILED_PRECONDITION / WAIT_CLOSED.
         """
+
+    @_abc_1.abstractmethod
+    def ExpireWait(
+        self,
+        request: _scheduler_pb2.ExpireWaitRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ExpireWaitResponse, _abc.Awaitable[_scheduler_pb2.ExpireWaitResponse]]:
+        """Ends an open wait by hand as timed out (a sleep: woken now); a run parked on it becomes
+        PENDING and its handler sees the timeout. Approver role in the wait's project (an operator,
+        audited with the caller as actor); a wait already ended is FAILED_PRECONDITION / WAIT_CLOSED.
+        """
+
+    @_abc_1.abstractmethod
+    def ListWaits(
+        self,
+        request: _scheduler_pb2.ListWaitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListWaitsResponse, _abc.Awaitable[_scheduler_pb2.ListWaitsResponse]]:
+        """A run's durable waits, open ones first, then the newest. Any role in the run's project."""
 
     @_abc_1.abstractmethod
     def GetRun(
