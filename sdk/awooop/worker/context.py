@@ -479,6 +479,37 @@ class RunContext:
         token = await waits.create(self, seconds, self._wait_step_id("sleep", step_id), scheduler_pb2.WAIT_KIND_SLEEP)
         await waits.outcome(self, token)
 
+    # --- parked tool calls ---
+
+    async def call_tool_parked(
+        self,
+        tool_id: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float,
+        step_id: str | None = None,
+        compensation: Compensation = None,
+    ) -> Json:
+        """A tool that completes later, without holding this worker: a journaled tool_call step
+        that creates a wait (`<step_id>:wait`), starts the tool through the gateway with the
+        wait's callback URL (ExecuteTool callback_url, under the step's idempotency key) and
+        parks the run (WAITING_TOOL, no lease). The tool posts its outcome to the URL; the run
+        resumes, the handler runs again from the top, and this call returns the posted result
+        and completes the step (with its compensation, as `step` does). On any later attempt the
+        completed step skips: the tool is not called again. Raises WaitTimeout when nothing was
+        posted within `timeout` seconds and ParkedToolFailed when the tool posted an error. Step
+        ids default to `tool-1`, `tool-2`, ... in call order."""
+        self._live("call_tool_parked")
+        sid = self._wait_step_id("tool", step_id)
+
+        async def start_and_park(call: StepCall) -> Json:
+            token = await waits.create(self, timeout, f"{sid}:wait", scheduler_pb2.WAIT_KIND_TOKEN)
+            if token.callback_url:  # the wait is open and this attempt holds its token: (re)start the tool
+                await waits.start_tool(self, call, token)
+            return waits.tool_result(sid, await self.wait(token))
+
+        return await self.step(sid, start_and_park, tool_id=tool_id, params=params, compensation=compensation)
+
     # --- the run's end ---
 
     @contextlib.asynccontextmanager
