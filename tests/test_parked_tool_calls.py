@@ -120,10 +120,9 @@ def _parked(row: dict[str, Any]) -> bool:
 
 
 async def _tool_requests(db: asyncpg.Connection, key: str) -> list[str]:
-    """The gateway's log of ExecuteTool calls with this idempotency key: their outcomes."""
+    """The gateway's log of ExecuteTool calls with this idempotency key: their outcomes (received: at work)."""
     rows = await db.fetch(
-        "SELECT outcome FROM awooop_refgw_request WHERE project_id = $1"
-        " AND idempotency_key = $2 ORDER BY request_id",
+        "SELECT outcome FROM awooop_refgw_request WHERE project_id = $1 AND idempotency_key = $2 ORDER BY request_id",
         PROJECT,
         key,
     )
