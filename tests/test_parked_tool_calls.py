@@ -3,7 +3,8 @@ runs a slow tool in the background and posts its outcome to the wait's callback 
 HTTP server; the run parks meanwhile (no lease, no worker). A worker SIGKILLed while the tool
 works loses nothing: 30 s later the tool posts, another worker process resumes the run and
 completes it without calling the tool again. The step compensates as any tool step; a tool that
-posts an error fails the step; a callback URL the gateway cannot post to is refused."""
+posts an error fails the step; a callback URL the gateway cannot post to is refused. A key of
+the tool role completes a wait of its project and may do nothing else."""
 
 from __future__ import annotations
 
@@ -24,9 +25,12 @@ from typing import Any
 import asyncpg
 import grpc
 import pytest
+from google.protobuf import duration_pb2
 
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
+from awooop.saga.v1 import saga_pb2
+from awooop.scheduler.v1 import scheduler_pb2
 from awooop.tools.v1 import tools_pb2
 from awooop.worker import AwooopError, Client, ParkedToolFailed, RunContext, Worker, to_struct
 from services.common import errors
@@ -306,3 +310,89 @@ async def test_the_gateway_refuses_a_callback_url_it_cannot_post_to(suite: Suite
             )
         assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert "callback_url" in str(info.value)
+
+
+# --- the tool role: completes waits in its project, nothing else --------------------------------
+
+
+async def _cli_tool_key(db_dsn: str, principal: str, project: str) -> str:
+    """A tool key made the operator's way: `awooop admin` as real processes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {"AWOOOP_DATABASE_URL": db_dsn}
+    for args in (
+        ("create-principal", principal, "--type", "service"),
+        ("grant", principal, project, "tool"),
+        ("issue-key", principal, "--label", "ci tool"),
+    ):
+        out = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "awooop.cli", "admin", *args],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+async def test_a_tool_key_completes_a_wait_of_its_project_and_may_do_nothing_else(
+    suite: Suite, db: Any, db_dsn: str
+) -> None:
+    tool_key = await _cli_tool_key(db_dsn, "ci-tool", PROJECT)
+    stranger_key = await _cli_tool_key(db_dsn, "other-tool", "ptc-other")
+    tool, stranger = Client(key=tool_key, **suite.addrs), Client(key=stranger_key, **suite.addrs)
+    [run_id] = await suite.create_runs(1)
+    worker = Client(key=suite.worker_key, **suite.addrs)
+    try:
+        claimed = await worker.call(
+            worker.scheduler.ClaimRuns,
+            scheduler_pb2.ClaimRunsRequest(worker_id="hand", project_ids=[PROJECT], max_runs=1),
+        )
+        [lease] = [r.lease for r in claimed.runs]
+        created = await worker.call(
+            worker.scheduler.CreateWait,
+            scheduler_pb2.CreateWaitRequest(
+                lease=lease, step_id="w", kind=scheduler_pb2.WAIT_KIND_TOKEN, timeout=duration_pb2.Duration(seconds=600)
+            ),
+        )
+        parked = await worker.call(
+            worker.scheduler.AwaitWait, scheduler_pb2.AwaitWaitRequest(lease=lease, wait_id=created.wait.wait_id)
+        )
+        assert parked.parked
+        complete = scheduler_pb2.CompleteWaitRequest(wait_id=created.wait.wait_id, result=to_struct({"ok": 1}))
+
+        # another project's tool key: the wait does not exist for it
+        with pytest.raises(AwooopError) as info:
+            await stranger.call(stranger.scheduler.CompleteWait, complete)
+        assert info.value.code == grpc.StatusCode.NOT_FOUND
+        # nothing else: claiming, reading the run or its journal, running a tool
+        refused = [
+            tool.call(
+                tool.scheduler.ClaimRuns,
+                scheduler_pb2.ClaimRunsRequest(worker_id="tool", project_ids=[PROJECT], max_runs=1),
+            ),
+            tool.call(tool.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id)),
+            tool.call(tool.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=run_id)),
+            tool.call(
+                tool.gateway.ExecuteTool,
+                tools_pb2.ExecuteToolRequest(
+                    tool_id="knowledge_write",
+                    params=to_struct({"content": "x"}),
+                    idempotency_key="k",
+                    project_id=PROJECT,
+                ),
+            ),
+        ]
+        for call in refused:
+            with pytest.raises(AwooopError) as info:
+                await call
+            assert info.value.code == grpc.StatusCode.PERMISSION_DENIED, info.value
+        # its own project's wait: completed, the run resumed, the tool named as who did it
+        resp = await tool.call(tool.scheduler.CompleteWait, complete)
+        assert resp.resumed and resp.wait.status == scheduler_pb2.WAIT_STATUS_COMPLETED
+        assert resp.wait.completed_by == "service:ci-tool"
+        assert (await _row(db, run_id))["status"] == "PENDING"
+    finally:
+        for c in (tool, stranger, worker):
+            await c.close()

@@ -145,7 +145,7 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
         # a caller acts for projects it has a role in (a service key with a "*" role: all of them);
         # records are per project, so nobody reads or pre-records another project's keys
         principal = current_principal()
-        if not principal.roles_in(project_id):
+        if not principal.member_of(project_id):  # the tool role only posts results
             raise errors.forbidden(
                 f"principal {principal.principal_id} has no role in project {project_id}", project_id=project_id
             )

@@ -24,6 +24,7 @@ from services.common import errors, loops, sql, wait_outcomes
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.db import Row
+from services.common.principals import TOOL_ROLE
 from services.common.runstate import TRANSITIONS, Action, RunStatus, WaitStatus
 from services.scheduler.approvals import new_token
 from services.scheduler.refusals import fenced_refusal
@@ -39,9 +40,10 @@ RUN_STATE = Q["RunState"]
 MATCH = Q["MatchEventWaits"]
 MATCHED = Q["MatchedEventWaitRuns"]
 
-# who may complete a wait by RPC: the workers of its project (a tool worker posting its result)
-# and the role of systems that feed events in (ingest); admin implies both
-COMPLETE_ROLES = (WORKER_ROLE, "ingest")
+# who may complete a wait by RPC: the workers of its project, a tool posting its result (the
+# tool role, which may do nothing else) and the role of systems that feed events in (ingest);
+# admin implies them all
+COMPLETE_ROLES = (WORKER_ROLE, TOOL_ROLE, "ingest")
 CALLBACK_PATH = "/v1/waits/"
 SWEEP_LOOP = "scheduler.wait_sweep"
 SWEEP_ACTOR = "system:wait-sweep"
