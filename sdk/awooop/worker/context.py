@@ -30,7 +30,7 @@ from google.protobuf import duration_pb2
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import metrics, tracing, waits
+from awooop.worker import event_matches, metrics, tracing, waits
 from awooop.worker.client import Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.errors import JOURNAL_TOO_LARGE, AwooopError, LeaseLost, RunFinished
@@ -447,27 +447,28 @@ class RunContext:
 
     async def wait_for_event(
         self,
-        correlation_key: str,
+        match: event_matches.Match,
         *,
         timeout: float,
         lookback: float = 300.0,
-        channel: str = "api",
         step_id: str | None = None,
     ) -> Json:
-        """The first event of `channel` (an API event by default) whose payload's
-        "correlation_key" is `correlation_key`, arrived at most `lookback` seconds before this
-        wait was first created or later: {"run_id", "provider_event_id", "payload", "arrived_at"}.
-        The run parks until it arrives (matched by the scheduler's wait sweep); WaitTimeout when
-        none did in `timeout` seconds."""
+        """The first channel event that `match` names (event_matches.py: an API event's
+        correlation key, a string or {"channel": "api", "correlation_key": K}; a Telegram
+        message in the same chat, {"channel": "telegram", "chat_id": C}; an Alertmanager resolve
+        of the same group, {"channel": "alertmanager", "group_key": G}) that arrived at most
+        `lookback` seconds before this wait was first created, or later: {"run_id",
+        "provider_event_id", "payload", "arrived_at"}. The run parks until it arrives (matched
+        by the scheduler's wait sweep); WaitTimeout when none did in `timeout` seconds."""
         self._live("wait_for_event")
-        kind = common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{channel.upper()}")
+        channel, key = event_matches.key_of(match)
         token = await waits.create(
             self,
             timeout,
             self._wait_step_id("event", step_id),
             scheduler_pb2.WAIT_KIND_EVENT,
-            correlation_key=correlation_key,
-            channel=kind,
+            correlation_key=key,
+            channel=common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{channel.upper()}"),
             lookback=lookback,
         )
         return await self.wait(token)
