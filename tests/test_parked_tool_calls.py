@@ -3,7 +3,8 @@ runs a slow tool in the background and posts its outcome to the wait's callback 
 HTTP server; the run parks meanwhile (no lease, no worker). A worker SIGKILLed while the tool
 works loses nothing: 30 s later the tool posts, another worker process resumes the run and
 completes it without calling the tool again. The step compensates as any tool step; a tool that
-posts an error fails the step; a callback URL the gateway cannot post to is refused. A key of
+posts an error fails the step; a callback URL the gateway cannot post to is refused; a repeat of
+a call still at work runs nothing and redirects its outcome, a later one gets the replay. A key of
 the tool role completes a wait of its project and may do nothing else."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import asyncpg
 import grpc
 import pytest
+from aiohttp import web
 from google.protobuf import duration_pb2
 
 from awooop.common.v1 import common_pb2
@@ -396,3 +398,75 @@ async def test_a_tool_key_completes_a_wait_of_its_project_and_may_do_nothing_els
     finally:
         for c in (tool, stranger, worker):
             await c.close()
+
+
+# --- the gateway's side: one run of the tool, its outcome to the newest URL ----------------------
+
+
+class Receiver:
+    """A real HTTP server standing in for callback URLs: records each POST by path."""
+
+    def __init__(self) -> None:
+        self.posts: list[tuple[str, dict[str, Any]]] = []
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.posts.append((request.path, await request.json()))
+        return web.json_response({"ok": True})
+
+    async def start(self) -> Receiver:
+        app = web.Application()
+        app.router.add_post("/{path:.*}", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = int(self.runner.addresses[0][1])
+        return self
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{path}"
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+async def test_a_repeat_while_the_tool_works_runs_nothing_and_redirects_the_outcome_and_a_later_one_gets_the_replay(
+    suite: Suite, db: Any
+) -> None:
+    receiver = await Receiver().start()
+    key = f"k-{uuid.uuid4()}"
+
+    def request(path: str) -> tools_pb2.ExecuteToolRequest:
+        return tools_pb2.ExecuteToolRequest(
+            tool_id="knowledge_write",
+            params=to_struct({"entry_id": key, "content": "x", "simulate_delay_ms": 1500}),
+            idempotency_key=key,
+            project_id=PROJECT,
+            callback_url=receiver.url(path),
+        )
+
+    try:
+        gw = suite.admin.gateway
+        first = await suite.admin.call(gw.ExecuteTool, request("first"))
+        assert first.accepted and not first.replayed and not first.HasField("result")
+        # the caller's next attempt (a new callback token) while the tool still works
+        second = await suite.admin.call(gw.ExecuteTool, request("second"))
+        assert second.accepted and second.replayed
+        await eventually(lambda: _posted(receiver), timeout=30, what="the outcome posted")
+        assert receiver.posts == [("/second", {"result": {"entry_id": key, "created": True}})]
+        # after it finished: the recorded result is posted to the new URL, the tool not run again
+        third = await suite.admin.call(gw.ExecuteTool, request("third"))
+        assert third.accepted and not third.replayed  # nothing at work: answered by a replay
+        await eventually(lambda: _posted(receiver, 2), timeout=30, what="the replay posted")
+        assert receiver.posts[1] == ("/third", {"result": {"entry_id": key, "created": True}})
+        assert await _tool_requests(db, key) == ["executed", "replayed"]
+        assert await db.fetchval("SELECT count(*) FROM awooop_refgw_knowledge WHERE entry_id = $1", key) == 1
+    finally:
+        await receiver.stop()
+
+
+async def _posted(receiver: Receiver, n: int = 1) -> bool:
+    return len(receiver.posts) >= n
