@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import grpc
 import pytest
@@ -470,3 +471,82 @@ async def test_a_repeat_while_the_tool_works_runs_nothing_and_redirects_the_outc
 
 async def _posted(receiver: Receiver, n: int = 1) -> bool:
     return len(receiver.posts) >= n
+
+
+async def test_an_attempt_that_died_after_starting_the_tool_and_before_parking_is_finished_by_the_next(
+    suite: Suite, db: Any
+) -> None:
+    """The gap the SIGKILL test does not cover: the tool was started with the first attempt's
+    callback URL, then that attempt's lease ran out before it parked. The next attempt (a real SDK
+    worker) finds the step pending and the wait open, gets a new token (the first URL is void now)
+    and starts the tool again with the same idempotency key: the gateway runs nothing again and
+    posts the outcome to the new URL, and the run completes with it."""
+    [run_id] = await suite.create_runs(1)
+    params = {"entry_id": f"gap-{run_id}", "content": "x", "simulate_delay_ms": 2000}
+    c = Client(key=suite.worker_key, **suite.addrs)
+    try:
+        claimed = await c.call(
+            c.scheduler.ClaimRuns,
+            scheduler_pb2.ClaimRunsRequest(
+                worker_id="doomed", project_ids=[PROJECT], max_runs=1, lease_ttl=duration_pb2.Duration(seconds=1)
+            ),
+        )
+        [lease] = [r.lease for r in claimed.runs]
+        begin = await c.call(
+            c.saga.BeginStep,
+            saga_pb2.BeginStepRequest(
+                lease=lease,
+                step_id="tool-1",
+                step_type=common_pb2.STEP_TYPE_TOOL_CALL,
+                tool_id="knowledge_write",
+                tool_params=to_struct(params),
+            ),
+        )
+        created = await c.call(
+            c.scheduler.CreateWait,
+            scheduler_pb2.CreateWaitRequest(
+                lease=lease,
+                step_id="tool-1:wait",
+                kind=scheduler_pb2.WAIT_KIND_TOKEN,
+                timeout=duration_pb2.Duration(seconds=120),
+            ),
+        )
+        started = await c.call(
+            c.gateway.ExecuteTool,
+            tools_pb2.ExecuteToolRequest(
+                tool_id="knowledge_write",
+                params=to_struct(params),
+                idempotency_key=begin.idempotency_key,
+                project_id=PROJECT,
+                run_id=run_id,
+                callback_url=created.callback_url,
+            ),
+        )
+        assert started.accepted
+    finally:
+        await c.close()
+    # the doomed attempt sends nothing more: the reaper takes the run back after its 1 s lease
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        return {"written": await ctx.call_tool_parked("knowledge_write", params, timeout=120)}
+
+    worker = suite.worker(handler)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+
+        async def done() -> Any:
+            row = await _row(db, run_id)
+            return row["output"] if row["status"] == "COMPLETED" else None
+
+        output = await eventually(done, timeout=60, what="the next attempt finished the run")
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+    assert output == {"written": {"entry_id": f"gap-{run_id}", "created": True}}
+    assert await _tool_requests(db, begin.idempotency_key) == ["executed"]  # the tool ran once
+    assert "REAPED" in [
+        r["action"] for r in await db.fetch("SELECT action FROM awooop_audit_log WHERE run_id = $1", uuid.UUID(run_id))
+    ]
+    # the first attempt's URL was replaced by the next attempt's token: it completes nothing now
+    async with aiohttp.ClientSession() as http, http.post(created.callback_url, json={"late": True}) as r:
+        assert r.status == 404, await r.text()
