@@ -2,9 +2,9 @@
 built and run as a real node process against the real services, addressed as the Python SDK and
 the CLI are (AWOOOP_*_ADDR, or AWOOOP_*_PORT): the demo story of examples/worker.py. A run's
 handler diagnoses, scales `api` through the reference gateway with a compensation, sleeps (a
-durable wait: the run parks and is claimed again), and asks for approval, printing the `awooop runs approve` line; the rejected run is compensated (api back to
-1 replica), the approved one COMPLETED on its second claim without scaling again; SIGTERM then
-stops the worker with exit code 0."""
+durable wait: the run parks and is claimed again), and asks for approval, printing the `awooop
+runs approve` line; the rejected run is compensated (api back to 1 replica), the approved one
+COMPLETED on a later claim without scaling again; SIGTERM then stops the worker with exit code 0."""
 
 from __future__ import annotations
 
