@@ -2,19 +2,27 @@
 the event side: awooop_event_key, migration 0171), arriving through the real webhook paths of
 ingest's HTTP server: a Telegram reply in the same chat, an Alertmanager resolve of the same
 group, with the look-back (an event that arrived just before the wait counts). Events of other
-chats, other groups and firing notifications do not. Real services, a real worker."""
+chats, other groups and firing notifications do not; and the real Alertmanager (Debian's
+prometheus-alertmanager) delivering an incident and its resolve, the incident's run parked on the
+resolve of its own group. Real services, a real worker."""
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import os
+import shutil
+import socket
+import subprocess
+import sys
 import uuid
 from typing import Any
 
 import aiohttp
 import asyncpg
 import pytest
+import yaml
 
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
@@ -263,3 +271,137 @@ def test_the_match_vocabulary_is_checked_and_mapped_once() -> None:
     ):
         with pytest.raises(ValueError):
             key_of(bad)
+
+
+# --- the real Alertmanager: an incident's run waits for its own group's resolve ------------------
+
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+
+
+def _free_port() -> int:
+    # Alertmanager cannot report an ephemeral port back, so one is reserved and handed to it
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def incident_handler(ctx: RunContext) -> dict[str, Any]:
+    """A firing notification's run waits for the resolve of its own group; the others just end."""
+    if ctx.run.channel_type == common_pb2.CHANNEL_TYPE_ALERTMANAGER and ctx.input.get("status") == "firing":
+        match = {"channel": "alertmanager", "group_key": ctx.input["groupKey"]}
+        resolve = await ctx.wait_for_event(match, timeout=120)
+        return {"resolved_by": resolve["run_id"], "status": resolve["payload"]["status"]}
+    return {"event": True}
+
+
+async def test_the_real_alertmanager_resolve_of_the_group_resumes_the_incidents_run(
+    start_services: Any, make_key: Any, db: Any, tmp_path: Any
+) -> None:
+    if ALERTMANAGER is None:
+        if os.environ.get("CI") == "true":
+            raise RuntimeError("prometheus-alertmanager is missing; .ci/install-debian installs it")
+        pytest.skip("prometheus-alertmanager not installed (.ci/install-debian)")
+    rt = await start_services("ingest", "scheduler", "saga", wait_sweep_interval=0.2, auth_cache_seconds=0)
+    admin = api_key(await make_key("ew-ops", {PROJECT: ["admin"]}))
+    worker_key = api_key(await make_key("ew-worker", {PROJECT: ["worker"]}, "service"))
+    # the receiver as docs/channels.md sets it up: `awooop channels add alertmanager`
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {"AWOOOP_API_KEY": admin}
+    args = [
+        "channels",
+        "add",
+        "alertmanager",
+        "prod",
+        "--project",
+        PROJECT,
+        "--ingest",
+        f"127.0.0.1:{rt.ports['ingest']}",
+    ]
+    added = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "awooop.cli", *args, "--url", f"http://127.0.0.1:{rt.http_ports['ingest']}", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    config = yaml.safe_load(json.loads(added.stdout)["setup"])
+    config["route"].update(group_by=["alertname"], group_wait="1s", group_interval="1s", repeat_interval="1h")
+    (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(config))
+    port = _free_port()
+    am = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "alertmanager.log").open("w")
+    proc = subprocess.Popen(
+        [
+            str(ALERTMANAGER),
+            f"--config.file={tmp_path / 'alertmanager.yml'}",
+            f"--storage.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    worker = Worker(
+        incident_handler, projects=[PROJECT], key=worker_key, scheduler=f"127.0.0.1:{rt.ports['scheduler']}",
+        saga=f"127.0.0.1:{rt.ports['saga']}", heartbeat_interval=0.2, lease_ttl=30, claim_wait=1,
+    )  # fmt: skip
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+
+    async def post_alert(ends_at: dt.datetime | None = None) -> None:
+        alert: dict[str, Any] = {
+            "labels": {"alertname": "DiskFull", "instance": "db1", "severity": "page"},
+            "annotations": {"summary": "disk almost full"},
+            "startsAt": started.isoformat().replace("+00:00", "Z"),
+        }
+        if ends_at is not None:
+            alert["endsAt"] = ends_at.isoformat().replace("+00:00", "Z")
+        async with aiohttp.ClientSession() as http, http.post(f"{am}/api/v2/alerts", json=[alert]) as r:
+            assert r.status == 200, await r.text()
+
+    async def runs(status: str) -> list[tuple[str, str]]:
+        rows = await db.fetch(
+            "SELECT run_id, status FROM awooop_run_state WHERE project_id = $1 AND input ->> 'status' = $2"
+            " ORDER BY created_at",
+            PROJECT,
+            status,
+        )
+        return [(str(r["run_id"]), r["status"]) for r in rows]
+
+    try:
+
+        async def ready() -> bool:
+            try:
+                async with aiohttp.ClientSession() as http, http.get(f"{am}/-/ready") as r:
+                    return r.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await eventually(ready, timeout=30, what="Alertmanager to be ready")
+        started = dt.datetime.now(dt.UTC).replace(microsecond=0)
+        await post_alert()
+
+        async def incident_parked() -> str:
+            firing = await runs("firing")
+            return firing[0][0] if firing and firing[0][1] == "WAITING_TOOL" else ""
+
+        incident = await eventually(incident_parked, timeout=60, what="the incident's run parked on its resolve")
+        await post_alert(ends_at=dt.datetime.now(dt.UTC))
+
+        async def resolved() -> Any:
+            status, output = await _status(db, incident)
+            return output if status == "COMPLETED" else None
+
+        output = await eventually(resolved, timeout=60, what="the resolve delivered and matched")
+        [(resolve_run, _)] = await runs("resolved")
+        assert output == {"resolved_by": resolve_run, "status": "resolved"}
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
