@@ -1,10 +1,10 @@
 """examples/node-worker (a TypeScript worker on the @awooop/worker package, packages/worker-ts)
 built and run as a real node process against the real services, addressed as the Python SDK and
 the CLI are (AWOOOP_*_ADDR, or AWOOOP_*_PORT): the demo story of examples/worker.py. A run's
-handler diagnoses, scales `api` through the reference gateway with a compensation, and asks for
-approval, printing the `awooop runs approve` line; the rejected run is compensated (api back to
-1 replica), the approved one COMPLETED on its second claim without scaling again; SIGTERM then
-stops the worker with exit code 0."""
+handler diagnoses, scales `api` through the reference gateway with a compensation, sleeps (a
+durable wait: the run parks and is claimed again), and asks for approval, printing the `awooop
+runs approve` line; the rejected run is compensated (api back to 1 replica), the approved one
+COMPLETED on a later claim without scaling again; SIGTERM then stops the worker with exit code 0."""
 
 from __future__ import annotations
 
@@ -44,7 +44,12 @@ async def test_node_worker_runs_the_demo_story_to_compensated_and_to_completed(
 ) -> None:
     gw = await start_services("gateway")
     rt = await start_services(
-        "ingest", "scheduler", "saga", gateway_addr=f"127.0.0.1:{gw.ports['gateway']}", compensation_interval=0.2
+        "ingest",
+        "scheduler",
+        "saga",
+        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
+        compensation_interval=0.2,
+        wait_sweep_interval=0.2,
     )
     ports = rt.ports | {"gateway": gw.ports["gateway"]}
     await db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 1)", PROJECT)
@@ -59,6 +64,7 @@ async def test_node_worker_runs_the_demo_story_to_compensated_and_to_completed(
         {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
         | where
         | {"AWOOOP_API_KEY": worker_md[0][1].removeprefix("Bearer "), "AWOOOP_PROJECT": PROJECT}
+        | {"SETTLE_SECONDS": "0.5"}
     )
     ingest = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
     scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
@@ -130,14 +136,17 @@ async def test_node_worker_runs_the_demo_story_to_compensated_and_to_completed(
             proc.kill()
             await proc.wait()
 
-    # the approved run scaled once: its second attempt skipped the journaled steps
+    # the approved run scaled once: the attempts after the sleep and after the approval skipped the
+    # journaled steps (the park spent attempt 2's token, so the sleep resumed on attempt 3)
     steps = await db.fetch(
         "SELECT step_id, step_type, status, attempt FROM awooop_saga_step WHERE run_id = $1 ORDER BY seq", approved
     )
     assert [(s["step_id"], s["step_type"], s["status"], s["attempt"]) for s in steps] == [
         ("diagnose", "llm_call", "completed", 1),
         ("scale", "tool_call", "completed", 1),
-        ("approval", "approval_request", "completed", 2),
+        ("settle", "callback", "completed", 1),
+        ("settle:outcome", "callback", "completed", 3),
+        ("approval", "approval_request", "completed", 4),
     ]
     calls = await db.fetchrow(
         "SELECT count(*) AS keys, sum(replays) AS replays FROM awooop_refgw_call WHERE project_id = $1", PROJECT

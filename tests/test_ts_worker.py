@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 
@@ -104,6 +105,7 @@ async def suite(start_services: Any, make_key: Any, package: Path) -> AsyncItera
         reaper_interval=0.1,
         retry_backoff=0.05,
         compensation_interval=0.2,
+        wait_sweep_interval=0.2,
         auth_cache_seconds=0,
     )
     worker_key = key_of(await make_key("ts-pod", {PROJECT: ["worker"]}, "service"))
@@ -342,6 +344,45 @@ async def test_an_approval_resumes_the_handler_and_skips_completed_steps(suite: 
         ("prepare", "callback", "completed"),
         ("approval", "approval_request", "completed"),
         ("apply", "callback", "completed"),
+    ]
+
+
+async def test_a_durable_wait_parks_the_run_and_the_callback_url_resumes_it_with_finished_steps_skipped(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    waiting, timing_out, sleeping = await suite.create_runs(
+        {"mode": "wait"}, {"mode": "wait", "timeout": 0.5}, {"mode": "sleep", "seconds": 0.5}
+    )
+    async with node_worker(suite, tmp_path, concurrency=3) as worker:
+        created = await worker.event("wait-created", run_id=waiting)
+        assert created["callback_url"].startswith("/v1/waits/")  # no AWOOOP_WAIT_CALLBACK_BASE_URL: the path
+
+        async def parked() -> bool:
+            row = await db.fetchrow(
+                "SELECT status, worker_id, lease_until FROM awooop_run_state WHERE run_id = $1", waiting
+            )
+            return bool(row["status"] == "WAITING_TOOL" and row["worker_id"] is None and row["lease_until"] is None)
+
+        await eventually(parked, timeout=20, what="the run parked, holding no lease")
+        # the timeout reaches the handler; the sleep ends by its time
+        await worker.event("timed-out", run_id=timing_out)
+        await eventually(lambda: suite.status_is(sleeping, common_pb2.RUN_STATUS_COMPLETED), timeout=20, what="slept")
+        url = f"http://127.0.0.1:{suite.rt.http_ports['ingest']}{created['callback_url']}"
+        async with aiohttp.ClientSession() as http, http.post(url, json={"build": "green"}) as r:
+            assert r.status == 200, await r.text()
+        await eventually(lambda: suite.status_is(waiting, common_pb2.RUN_STATUS_COMPLETED), timeout=20, what="resumed")
+        assert await worker.sigterm() == 0, worker.text()
+    assert (await suite.run(waiting)).output["posted"] == {"build": "green"}
+    assert (await suite.run(timing_out)).output["timed_out"] is True
+    assert [e["run_id"] for e in worker.events() if e["event"] == "ran-before"].count(waiting) == 1
+    [actions] = [e["actions"] for e in worker.events() if e["event"] == "actions"]
+    assert actions == {"before": "skip", "wait-1:outcome": "execute"}
+    assert worker.stats()["parked"] == 3  # each run parked once and was settled by being parked
+    steps = await steps_of(db, waiting)
+    assert [(s["step_id"], s["step_type"], s["status"]) for s in steps.values()] == [
+        ("before", "callback", "completed"),
+        ("wait-1", "callback", "completed"),
+        ("wait-1:outcome", "callback", "completed"),
     ]
 
 

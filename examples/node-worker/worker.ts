@@ -1,5 +1,5 @@
-// A complete awooop worker in TypeScript: journaled steps, a tool call with compensation, an
-// approval (the same story as examples/worker.py, with @awooop/worker).
+// A complete awooop worker in TypeScript: journaled steps, a tool call with compensation, a
+// durable wait, an approval (the story of examples/worker.py, with @awooop/worker).
 //
 //   AWOOOP_API_KEY          a key with the worker role in the project
 //   AWOOOP_SCHEDULER_ADDR   else AWOOOP_SCHEDULER_PORT on AWOOOP_HOST, else 127.0.0.1:50052
@@ -9,6 +9,7 @@
 import { ToolClient, Worker, type CompensationCommand, type Json, type RunContext } from "@awooop/worker";
 
 const tools = new ToolClient(); // the tool gateway
+const SETTLE_SECONDS = Number(process.env.SETTLE_SECONDS || 2);
 
 // how to undo the scale if the run is rejected or fails
 function scaleBack(result: Json): CompensationCommand {
@@ -23,6 +24,9 @@ async function handle(ctx: RunContext): Promise<Json | undefined> {
   const target = { deployment: "api", replicas: 3 };
   await ctx.step("diagnose", () => ({ cause: "cpu saturated" }), { stepType: "llm_call" });
   await ctx.step("scale", tools.execute, { toolId: "k8s_scale_deployment", params: target, compensation: scaleBack });
+  // let the new replicas settle before asking: a durable sleep parks the run (no lease, no worker
+  // slot); it is claimed again when the time is up and this handler runs from the top, done steps skipped
+  await ctx.sleep(SETTLE_SECONDS, { stepId: "settle" });
   const approval = await ctx.requestApproval("Keep api at 3 replicas?");
   if (!approval.granted) {
     // the run now waits; once approved this handler runs again, done steps skipped

@@ -60,8 +60,9 @@ def require_role(principal: Principal, project_id: str, role: str) -> None:
 
 
 def require_member(principal: Principal, project_id: str) -> None:
-    """A read that names its project: PERMISSION_DENIED naming it unless the caller holds any role there."""
-    if not principal.roles_in(project_id):
+    """A read that names its project: PERMISSION_DENIED naming it unless the caller holds a
+    member's role there (any role but tool)."""
+    if not principal.member_of(project_id):
         raise errors.forbidden(
             f"principal {principal.principal_id} has no role in project {project_id}", project_id=project_id
         )

@@ -28,7 +28,9 @@ LOAD_KEY = Q["LoadKey"]
 HAS_ROLE_NOW = Q["HasRoleNow"]
 
 # admin implies every role
-IMPLIED = {"admin": {"ingest", "worker", "approver", "admin"}}
+IMPLIED = {"admin": {"ingest", "worker", "approver", "admin", "tool"}}
+# roles that make no member of a project (principals.TOOL_ROLE: it may complete waits, nothing else)
+NARROW = frozenset({"tool"})
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class Principal:
         for r in held:
             out |= IMPLIED.get(r, set())
         return out
+
+    def member_of(self, project_id: str) -> bool:
+        """Holds a role in the project that lets it read there (any but the narrow tool role)."""
+        return bool(self.roles_in(project_id) - NARROW)
 
     def has(self, project_id: str, role: str) -> bool:
         return role in self.roles_in(project_id)

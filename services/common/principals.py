@@ -26,7 +26,11 @@ LIST_PRINCIPALS = Q["ListPrincipals"]
 LIST_KEYS = Q["ListKeys"]
 SERVICE_KEY_VALID = Q["ServiceKeyValid"]
 
-ROLES = ("ingest", "worker", "approver", "admin")
+ROLES = ("ingest", "worker", "approver", "admin", "tool")
+# tool: a tool or external system that posts results (CompleteWait in its project) and nothing
+# else: it reads nothing and is no member for the reads every other role may make
+TOOL_ROLE = "tool"
+MEMBER_ROLES = tuple(r for r in ROLES if r != TOOL_ROLE)
 PRINCIPAL_TYPES = ("user", "service")
 ALL_PROJECTS = "*"
 

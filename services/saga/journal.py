@@ -21,7 +21,7 @@ import grpc
 from services.common import errors, sql
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
-from services.common.principals import ROLES
+from services.common.principals import MEMBER_ROLES
 from services.common.runstate import LEASED
 from services.common.sagastate import RESTARTABLE, STEP_TRANSITIONS, StepAction, StepStatus, StepType
 from services.saga.steps import IRREVERSIBLE_TOOLS
@@ -318,11 +318,11 @@ async def fail_step(pool: asyncpg.Pool, principal: Principal, lease: Lease, step
 
 
 async def get_journal(pool: asyncpg.Pool, principal: Principal, run_id: str) -> Journal:
-    """The journal in order, read in one snapshot. Any role in the run's project may read it, as
+    """The journal in order, read in one snapshot. Any member role in the run's project (not tool) may read it, as
     GetRun and GetRunHistory (`awooop runs show` reads all three)."""
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         run = await conn.fetchrow(RUN.sql, *RUN.args(run_id=run_id))
-        check_run_access(principal, run["project_id"] if run else None, ROLES, run_id)
+        check_run_access(principal, run["project_id"] if run else None, MEMBER_ROLES, run_id)
         assert run is not None  # check_run_access raised NOT_FOUND for a missing run
         steps = await conn.fetch(STEPS.sql, *STEPS.args(run_id=run_id))
         seed = await conn.fetchval(SEED_JSON.sql, *SEED_JSON.args(run_id=run_id))

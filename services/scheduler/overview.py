@@ -36,8 +36,8 @@ async def count_runs(pool: asyncpg.Pool, project_id: str) -> Counts:
 async def list_projects(pool: asyncpg.Pool, principal: Principal) -> tuple[list[str], bool]:
     """(project ids, all_projects): the projects where the caller holds a role; with a '*'
     grant, every project that has runs (plus the ones granted by name)."""
-    named = {p for p in principal.roles if p != ALL_PROJECTS and principal.roles_in(p)}
-    if not principal.roles_in(ALL_PROJECTS):
+    named = {p for p in principal.roles if p != ALL_PROJECTS and principal.member_of(p)}
+    if not principal.member_of(ALL_PROJECTS):
         return sorted(named)[:MAX_PROJECTS], False
     rows = await pool.fetch(PROJECTS.sql, *PROJECTS.args(max_projects=MAX_PROJECTS))
     return sorted(named | {r["project_id"] for r in rows})[:MAX_PROJECTS], True

@@ -24,6 +24,7 @@ from services.common import errors, loops, sql, wait_outcomes
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.db import Row
+from services.common.principals import TOOL_ROLE
 from services.common.runstate import TRANSITIONS, Action, RunStatus, WaitStatus
 from services.scheduler.approvals import APPROVER_ROLE, new_token
 from services.scheduler.refusals import fenced_refusal
@@ -42,10 +43,10 @@ EXPIRE_BY_HAND = Q["ExpireWait"]
 LIST = Q["ListWaits"]
 WAIT_PROJECT = Q["WaitProject"]
 
-# who may complete a wait by RPC: the workers of its project (a tool worker posting its result),
-# the role of systems that feed events in (ingest), and an operator by hand (approver, below);
-# admin implies each
-COMPLETE_ROLES = (WORKER_ROLE, "ingest", APPROVER_ROLE)
+# who may complete a wait by RPC: the workers of its project, a tool posting its result (the
+# tool role, which may do nothing else), the role of systems that feed events in (ingest), and an
+# operator by hand (approver, below); admin implies them all
+COMPLETE_ROLES = (WORKER_ROLE, TOOL_ROLE, "ingest", APPROVER_ROLE)
 # who may end a wait by hand (ExpireWait; CompleteWait too, above): an operator deciding how a
 # parked run goes on, as an approval's decision does (an expiry may fail the run and compensate
 # it), so the approver role; admin implies it. Worker keys are machines, not operators.

@@ -102,8 +102,10 @@ SELECT e.*
 
 -- name: MatchEventWaits
 -- The event matcher: each open event wait takes the earliest event of its project and channel
--- whose payload carries its correlation key and that arrived since the wait's look-back began,
--- and ends completed with it (awooop_end_wait: the first outcome wins, a parked run resumes).
+-- whose match key (awooop_event_key, migration 0171: an API event's correlation key, a Telegram
+-- message's chat, an Alertmanager resolve's group) is the wait's and that arrived since the
+-- wait's look-back began, and ends completed with it (awooop_end_wait: the first outcome wins,
+-- a parked run resumes).
 -- Every event is a run of its own (the channel's run), so the event is read from the run it
 -- created: its payload is the run's input. SKIP LOCKED batches, as ExpireWaits.
 SELECT e.*
@@ -112,7 +114,7 @@ SELECT e.*
           JOIN LATERAL (SELECT r.run_id, r.provider_event_id, r.input, r.created_at
                           FROM awooop_run_state r
                          WHERE r.project_id = w.project_id AND r.channel_type = w.match_channel
-                           AND r.input ? 'correlation_key' AND (r.input ->> 'correlation_key') = w.match_key
+                           AND awooop_event_key(r.channel_type, r.input) = w.match_key
                            AND r.created_at >= w.match_since AND r.run_id <> w.run_id
                          ORDER BY r.created_at
                          LIMIT 1) m ON true
@@ -132,7 +134,7 @@ SELECT w.run_id
  WHERE w.status = 'open' AND w.kind = 'event'
    AND EXISTS (SELECT 1 FROM awooop_run_state r
                 WHERE r.project_id = w.project_id AND r.channel_type = w.match_channel
-                  AND r.input ? 'correlation_key' AND (r.input ->> 'correlation_key') = w.match_key
+                  AND awooop_event_key(r.channel_type, r.input) = w.match_key
                   AND r.created_at >= w.match_since AND r.run_id <> w.run_id)
  ORDER BY w.created_at
  LIMIT :batch

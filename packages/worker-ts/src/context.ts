@@ -15,10 +15,10 @@
 // worker no longer waits for the handler: pass `ctx.signal` (or `call.signal`) to what you await.
 import type { Client } from "./client";
 import type { CompletionBatcher } from "./completions";
-import { AwooopError, JOURNAL_TOO_LARGE, LeaseLost, RunFinished } from "./errors";
+import { AwooopError, JOURNAL_TOO_LARGE, LeaseLost, RunFinished, RunParked, WaitTimeout } from "./errors";
 import { RunStatus, StepStatus, StepType, type LeaseToken, type Run, type SagaStep } from "./gen/awooop/common/v1/common";
 import { StepAction } from "./gen/awooop/saga/v1/saga";
-import type { ClaimedRun } from "./gen/awooop/scheduler/v1/scheduler";
+import { WaitKind, WaitStatus, type ClaimedRun } from "./gen/awooop/scheduler/v1/scheduler";
 import { duration } from "./time";
 
 /** A JSON object (a google.protobuf.Struct): inputs, outputs, step params and results. */
@@ -93,6 +93,26 @@ export interface Approval {
   decidedBy: string;
 }
 
+/**
+ * A wait of this run (ctx.createWait). `callbackUrl` (POST a JSON object to it) and `token` exist
+ * only in the answer that issued them: an attempt that finds an ended wait gets neither, and one
+ * that finds an open wait again (its predecessor crashed before it parked) gets a new token that
+ * replaces the earlier one.
+ */
+export interface WaitToken {
+  waitId: string;
+  stepId: string;
+  expiresAt: Date | undefined;
+  token: string;
+  callbackUrl: string;
+}
+
+const WAIT_KIND_NAMES: Readonly<Partial<Record<WaitKind, string>>> = {
+  [WaitKind.WAIT_KIND_TOKEN]: "token",
+  [WaitKind.WAIT_KIND_SLEEP]: "sleep",
+  [WaitKind.WAIT_KIND_EVENT]: "event",
+};
+
 /** Thrown by every ctx call once the worker stopped the handler (ctx.signal's reason). */
 export class HandlerStopped extends Error {
   constructor(readonly why: StopReason) {
@@ -121,6 +141,8 @@ export class RunContext {
   // undefined until read. A first attempt's journal is empty: nothing to read.
   private journal: Map<string, SagaStep> | undefined;
   private journalTooLarge = false;
+  // durable waits' step ids numbered per kind, in call order (wait-1, sleep-1, ...)
+  private readonly waitNumbers = new Map<string, number>();
 
   constructor(
     readonly client: Client,
@@ -378,6 +400,112 @@ export class RunContext {
     }
     if (this.outcome === undefined) await this.client.call(this.client.scheduler, "resumeTool", { lease: this.lease });
     return value;
+  }
+
+  // --- durable waits (docs/worker-sdk.md "Durable waits"; the Python SDK's waits.py) ---
+  //
+  // A run that waits does not keep its handler running: `await ctx.wait(token)` on an open wait
+  // parks the run (WAITING_TOOL without a lease: no worker slot, no heartbeat) and throws
+  // RunParked, which the Worker catches. When the wait ends the run is claimable again; a worker
+  // runs the handler from the top, finished steps skip, createWait finds the same wait by its
+  // step id, and wait() returns its outcome at once. Each is journaled as a callback step:
+  // `<stepId>` when the wait is created, `<stepId>:outcome` when the handler received its outcome.
+
+  private waitStepId(kind: string, stepId: string | undefined): string {
+    if (stepId) return stepId;
+    const n = (this.waitNumbers.get(kind) ?? 0) + 1;
+    this.waitNumbers.set(kind, n);
+    return `${kind}-${n}`;
+  }
+
+  /**
+   * A wait token any system completes: `token.callbackUrl` (POST a JSON object) or the CompleteWait
+   * RPC with `token.waitId`. It times out after `timeout` seconds. On a later attempt the same call
+   * (same stepId, or the same place in call order) finds the same wait.
+   */
+  async createWait(timeout: number, options: { stepId?: string } = {}): Promise<WaitToken> {
+    this.live("createWait");
+    return this.newWait(timeout, this.waitStepId("wait", options.stepId), WaitKind.WAIT_KIND_TOKEN);
+  }
+
+  /**
+   * The completion's result. While the wait is open the run parks (no lease, no worker slot) and
+   * this throws RunParked: the handler unwinds, and runs again from the top once the wait ends, when
+   * this call resolves at once. Throws WaitTimeout when the wait timed out instead.
+   */
+  async wait(token: WaitToken): Promise<Json> {
+    this.live("wait");
+    const [completed, result] = await this.waitOutcome(token);
+    if (!completed) throw new WaitTimeout(token.stepId, token.waitId);
+    return result;
+  }
+
+  /** A durable sleep: the run parks until `seconds` have passed since the first attempt that reached this call. */
+  async sleep(seconds: number, options: { stepId?: string } = {}): Promise<void> {
+    this.live("sleep");
+    const token = await this.newWait(seconds, this.waitStepId("sleep", options.stepId), WaitKind.WAIT_KIND_SLEEP);
+    await this.waitOutcome(token);
+  }
+
+  private async newWait(timeout: number, stepId: string, kind: WaitKind): Promise<WaitToken> {
+    const resp = await this.client.call(this.client.scheduler, "createWait", {
+      lease: this.lease,
+      stepId,
+      kind,
+      timeout: duration(timeout),
+      matchChannel: 0, // event waits: the Python SDK's wait_for_event
+      correlationKey: "",
+    });
+    const w = resp.wait;
+    if (w === undefined) throw new Error(`CreateWait answered no wait for ${stepId}`);
+    const token: WaitToken = {
+      waitId: w.waitId,
+      stepId,
+      expiresAt: w.expiresAt,
+      token: resp.token,
+      callbackUrl: resp.callbackUrl,
+    };
+    if (resp.created) {
+      await this.record({
+        lease: this.lease,
+        stepId,
+        stepType: StepType.STEP_TYPE_CALLBACK,
+        params: undefined,
+        result: { wait_id: w.waitId, kind: WAIT_KIND_NAMES[kind] ?? "", expires_at: w.expiresAt?.toISOString() ?? "" },
+        error: "",
+      });
+    }
+    return token;
+  }
+
+  /** [completed, result] of the wait; parks the run (throwing RunParked) while it is open. */
+  private async waitOutcome(token: WaitToken): Promise<[boolean, Json]> {
+    const stepId = `${token.stepId}:outcome`;
+    const known = await this.known(stepId);
+    if (known?.status === StepStatus.STEP_STATUS_COMPLETED) {
+      this.actions[stepId] = "skip";
+      const recorded = (known.result ?? {}) as Json;
+      return [recorded.outcome === "completed", (recorded.result ?? {}) as Json];
+    }
+    // marked as leaving our hands while the call is in flight (the worker neither renews nor
+    // stops it meanwhile); a refused call unmarks it
+    const resp = await this.ending("parked", () =>
+      this.client.call(this.client.scheduler, "awaitWait", { lease: this.lease, waitId: token.waitId }),
+    );
+    if (resp.parked) throw new RunParked(token.stepId);
+    this.outcome = undefined; // the wait had ended: the run is still ours, under the same lease
+    const completed = resp.wait?.status === WaitStatus.WAIT_STATUS_COMPLETED;
+    const result = completed ? ((resp.wait?.result ?? {}) as Json) : {};
+    this.actions[stepId] = "execute";
+    await this.record({
+      lease: this.lease,
+      stepId,
+      stepType: StepType.STEP_TYPE_CALLBACK,
+      params: undefined,
+      result: { outcome: completed ? "completed" : "timed_out", result, by: resp.wait?.completedBy ?? "" },
+      error: "",
+    });
+    return [completed, result];
   }
 
   // --- the run's end ---

@@ -109,3 +109,32 @@ export class WorkerError extends Error {
     this.name = "WorkerError";
   }
 }
+
+/**
+ * The run is parked on a durable wait and no longer held by this worker: the handler unwinds
+ * (thrown by ctx.wait / ctx.sleep; the Worker catches it and counts the run as parked). Let it
+ * pass: a handler that catches every error must rethrow this one.
+ */
+export class RunParked extends Error {
+  constructor(readonly stepId: string) {
+    super(`parked on wait ${stepId}`);
+    this.name = "RunParked";
+  }
+}
+
+/**
+ * A wait's time ran out before anyone completed it. Catch it to go on another way; left uncaught,
+ * the Worker fails the run (not retryable, error code E-WAIT-TIMEOUT) and the saga compensates.
+ */
+export class WaitTimeout extends Error {
+  constructor(
+    readonly stepId: string,
+    readonly waitId: string,
+  ) {
+    super(`wait ${stepId} (${waitId}) timed out`);
+    this.name = "WaitTimeout";
+  }
+}
+
+/** The error code of a run whose handler let WaitTimeout escape. */
+export const WAIT_TIMED_OUT_CODE = "E-WAIT-TIMEOUT";

@@ -14,12 +14,24 @@ export type {
   StepKind,
   StepOptions,
   StopReason,
+  WaitToken,
 } from "./context";
 export { ToolClient } from "./tools";
 export type { ToolClientOptions } from "./tools";
 export { Client, CHANNEL_OPTIONS, DEFAULT_TIMEOUT } from "./client";
 export type { ClientOptions, RequestOf, ResponseOf, UnaryMethod } from "./client";
-export { AwooopError, LeaseLost, RunFinished, WorkerError, LEASE_LOST, INVALID_TRANSITION, reasonName } from "./errors";
+export {
+  AwooopError,
+  LeaseLost,
+  RunFinished,
+  RunParked,
+  WaitTimeout,
+  WorkerError,
+  LEASE_LOST,
+  INVALID_TRANSITION,
+  WAIT_TIMED_OUT_CODE,
+  reasonName,
+} from "./errors";
 export type { FieldViolation } from "./errors";
 export { address, apiKey, channelTarget, DEFAULT_PORTS } from "./settings";
 export type { Service } from "./settings";

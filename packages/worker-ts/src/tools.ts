@@ -52,6 +52,7 @@ export class ToolClient {
         projectId: options.projectId,
         runId: options.runId ?? "",
         reason: options.reason ?? "",
+        callbackUrl: "", // answered now (a parked tool call posts to a wait's callback URL instead)
       },
       this.timeout,
     );

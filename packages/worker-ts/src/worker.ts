@@ -22,7 +22,7 @@ import { Client, DEFAULT_TIMEOUT, type ClientOptions } from "./client";
 import { ClaimIds } from "./claimIds";
 import { CompletionBatcher, type PendingCompletion } from "./completions";
 import { describe, RunContext, type Handler, type Json, type StopReason } from "./context";
-import { AwooopError, LeaseLost, RunFinished, WorkerError } from "./errors";
+import { AwooopError, LeaseLost, RunFinished, RunParked, WAIT_TIMED_OUT_CODE, WaitTimeout, WorkerError } from "./errors";
 import { LeaseOutcome, type ClaimedRun, type ClaimRunsResponse } from "./gen/awooop/scheduler/v1/scheduler";
 import * as settling from "./settling";
 import { aborted, duration, now, sleep, within } from "./time";
@@ -66,6 +66,8 @@ export interface WorkerStats {
   completed: number;
   failed: number;
   waitingApproval: number;
+  /** Runs parked on a durable wait (ctx.wait, ctx.sleep): released, no longer held. */
+  parked: number;
   lost: number;
   cancelled: number;
   released: number;
@@ -83,11 +85,12 @@ export interface WorkerStats {
   completionsCarried: number;
 }
 
-type Outcome = "completed" | "failed" | "waitingApproval" | "lost" | "cancelled" | "released" | "errors";
+type Outcome = "completed" | "failed" | "waitingApproval" | "parked" | "lost" | "cancelled" | "released" | "errors";
 const OUTCOMES: Readonly<Record<string, Outcome>> = {
   completed: "completed",
   failed: "failed",
   waiting_approval: "waitingApproval",
+  parked: "parked",
 };
 
 interface Held {
@@ -118,6 +121,7 @@ export class Worker {
     completed: 0,
     failed: 0,
     waitingApproval: 0,
+    parked: 0,
     lost: 0,
     cancelled: 0,
     released: 0,
@@ -415,11 +419,22 @@ export class Worker {
         this.log("error", "handler kept using a finished run", { run_id: ctx.runId, error: err.message });
         return true;
       }
+      if (err instanceof RunParked) {
+        // parked on a durable wait: no longer ours until the wait ends
+        this.count("parked");
+        this.log("info", "run parked on a wait", { run_id: ctx.runId, wait: err.stepId });
+        return true;
+      }
       if (ctx.finished) {
         this.log("error", `handler threw after the run was ${ctx.outcome}`, { run_id: ctx.runId, error: describe(err) });
         return true;
       }
       const reason = describe(err);
+      if (err instanceof WaitTimeout) {
+        // a wait's time ran out and the handler did not go on: fail the run (not retryable)
+        this.log("warn", "handler left a wait timeout uncaught; failing the run", { run_id: ctx.runId });
+        return this.final(h, "failed", () => ctx.fail(reason, { errorCode: WAIT_TIMED_OUT_CODE }));
+      }
       this.log("error", "handler threw; failing the attempt (retryable)", { run_id: ctx.runId, error: reason });
       return this.final(h, "failed", () => ctx.fail(reason, { retryable: true, errorCode: "E-WORKER-HANDLER" }));
     }

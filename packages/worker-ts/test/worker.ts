@@ -3,7 +3,7 @@
 // Events go to stdout as JSON lines; the worker's own log to stderr.
 //
 //   node test/dist/worker.js '{"projects": ["wp"], "leaseTtl": 30, ...}'   (WorkerOptions as JSON)
-import { HandlerStopped, Worker, type Json, type RunContext, type WorkerOptions } from "@awooop/worker";
+import { HandlerStopped, WaitTimeout, Worker, type Json, type RunContext, type WorkerOptions } from "@awooop/worker";
 
 const emit = (event: Json): void => {
   process.stdout.write(`${JSON.stringify(event)}\n`);
@@ -86,6 +86,30 @@ async function handle(ctx: RunContext): Promise<Json | undefined> {
       await ctx.step("apply", () => ({ applied: true }));
       return { approved_by: approval.decidedBy };
     }
+    case "wait": {
+      // a durable wait: parks (the handler unwinds with RunParked), runs again from the top once
+      // the callback URL is posted, "before" skipped, and the wait answers the posted result
+      await ctx.step("before", () => {
+        emit({ event: "ran-before", run_id: ctx.runId, attempt: ctx.attempt });
+        return { done: true };
+      });
+      const token = await ctx.createWait(Number(ctx.input.timeout ?? 120));
+      emit({ event: "wait-created", run_id: ctx.runId, wait_id: token.waitId, callback_url: token.callbackUrl });
+      let posted: Json;
+      try {
+        posted = await ctx.wait(token);
+      } catch (err) {
+        if (!(err instanceof WaitTimeout)) throw err;
+        emit({ event: "timed-out", run_id: ctx.runId, actions: ctx.actions });
+        return { timed_out: true };
+      }
+      emit({ event: "actions", run_id: ctx.runId, attempt: ctx.attempt, actions: ctx.actions });
+      return { posted };
+    }
+    case "sleep": // a durable sleep: parked, resumed by its time
+      emit({ event: "sleeping", run_id: ctx.runId });
+      await ctx.sleep(Number(ctx.input.seconds ?? 0.5));
+      return { slept: true };
     default:
       return scale(ctx);
   }

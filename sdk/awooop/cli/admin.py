@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROLES = ("ingest", "worker", "approver", "admin")
+ROLES = ("ingest", "worker", "approver", "admin", "tool")  # services.common.principals.ROLES
 # the store's column sizes (0001_initial.sql) and the services' project id rule
 PRINCIPAL_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
 PROJECT_RE = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,63})$")

@@ -17,7 +17,7 @@ from awooop.worker.context import Approval, RunContext, StepCall
 from awooop.worker.errors import AwooopError, ErrorDetails, LeaseLost, RunFinished, details_of
 from awooop.worker.structs import from_struct, to_struct
 from awooop.worker.tools import ToolClient
-from awooop.worker.waits import RunParked, WaitTimeout, WaitToken
+from awooop.worker.waits import ParkedToolFailed, RunParked, WaitTimeout, WaitToken
 from awooop.worker.worker import Worker, WorkerError, run_worker
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "Client",
     "ErrorDetails",
     "LeaseLost",
+    "ParkedToolFailed",
     "RunContext",
     "RunFinished",
     "RunParked",

@@ -30,7 +30,7 @@ from google.protobuf import duration_pb2
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import metrics, tracing, waits
+from awooop.worker import event_matches, metrics, tracing, waits
 from awooop.worker.client import Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.errors import JOURNAL_TOO_LARGE, AwooopError, LeaseLost, RunFinished
@@ -447,27 +447,28 @@ class RunContext:
 
     async def wait_for_event(
         self,
-        correlation_key: str,
+        match: event_matches.Match,
         *,
         timeout: float,
         lookback: float = 300.0,
-        channel: str = "api",
         step_id: str | None = None,
     ) -> Json:
-        """The first event of `channel` (an API event by default) whose payload's
-        "correlation_key" is `correlation_key`, arrived at most `lookback` seconds before this
-        wait was first created or later: {"run_id", "provider_event_id", "payload", "arrived_at"}.
-        The run parks until it arrives (matched by the scheduler's wait sweep); WaitTimeout when
-        none did in `timeout` seconds."""
+        """The first channel event that `match` names (event_matches.py: an API event's
+        correlation key, a string or {"channel": "api", "correlation_key": K}; a Telegram
+        message in the same chat, {"channel": "telegram", "chat_id": C}; an Alertmanager resolve
+        of the same group, {"channel": "alertmanager", "group_key": G}) that arrived at most
+        `lookback` seconds before this wait was first created, or later: {"run_id",
+        "provider_event_id", "payload", "arrived_at"}. The run parks until it arrives (matched
+        by the scheduler's wait sweep); WaitTimeout when none did in `timeout` seconds."""
         self._live("wait_for_event")
-        kind = common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{channel.upper()}")
+        channel, key = event_matches.key_of(match)
         token = await waits.create(
             self,
             timeout,
             self._wait_step_id("event", step_id),
             scheduler_pb2.WAIT_KIND_EVENT,
-            correlation_key=correlation_key,
-            channel=kind,
+            correlation_key=key,
+            channel=common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{channel.upper()}"),
             lookback=lookback,
         )
         return await self.wait(token)
@@ -478,6 +479,37 @@ class RunContext:
         self._live("sleep")
         token = await waits.create(self, seconds, self._wait_step_id("sleep", step_id), scheduler_pb2.WAIT_KIND_SLEEP)
         await waits.outcome(self, token)
+
+    # --- parked tool calls ---
+
+    async def call_tool_parked(
+        self,
+        tool_id: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float,
+        step_id: str | None = None,
+        compensation: Compensation = None,
+    ) -> Json:
+        """A tool that completes later, without holding this worker: a journaled tool_call step
+        that creates a wait (`<step_id>:wait`), starts the tool through the gateway with the
+        wait's callback URL (ExecuteTool callback_url, under the step's idempotency key) and
+        parks the run (WAITING_TOOL, no lease). The tool posts its outcome to the URL; the run
+        resumes, the handler runs again from the top, and this call returns the posted result
+        and completes the step (with its compensation, as `step` does). On any later attempt the
+        completed step skips: the tool is not called again. Raises WaitTimeout when nothing was
+        posted within `timeout` seconds and ParkedToolFailed when the tool posted an error. Step
+        ids default to `tool-1`, `tool-2`, ... in call order."""
+        self._live("call_tool_parked")
+        sid = self._wait_step_id("tool", step_id)
+
+        async def start_and_park(call: StepCall) -> Json:
+            token = await waits.create(self, timeout, f"{sid}:wait", scheduler_pb2.WAIT_KIND_TOKEN)
+            if token.callback_url:  # the wait is open and this attempt holds its token: (re)start the tool
+                await waits.start_tool(self, call, token)
+            return waits.tool_result(sid, await self.wait(token))
+
+        return await self.step(sid, start_and_park, tool_id=tool_id, params=params, compensation=compensation)
 
     # --- the run's end ---
 

@@ -24,10 +24,11 @@ from google.protobuf import duration_pb2
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
+from awooop.tools.v1 import tools_pb2
 from awooop.worker.structs import from_struct, to_struct
 
 if TYPE_CHECKING:
-    from awooop.worker.context import RunContext
+    from awooop.worker.context import RunContext, StepCall
 
 TIMED_OUT_CODE = "E-WAIT-TIMEOUT"  # the error code of a run whose handler let WaitTimeout escape
 
@@ -46,6 +47,29 @@ class WaitTimeout(Exception):
     def __init__(self, token: WaitToken) -> None:
         super().__init__(f"wait {token.step_id} ({token.wait_id}) timed out")
         self.token = token
+
+
+class ParkedToolFailed(Exception):
+    """A parked tool call's tool posted an error ({"error": ..., "code": ...}) instead of a
+    result: the step is journaled failed (nothing to compensate) and this is raised; left
+    uncaught, the attempt fails as for any handler error."""
+
+    def __init__(self, step_id: str, message: str, code: str = "") -> None:
+        super().__init__(f"tool of step {step_id} failed: {message}" + (f" ({code})" if code else ""))
+        self.step_id = step_id
+        self.message = message
+        self.code = code
+
+
+def tool_result(step_id: str, posted: dict[str, Any]) -> dict[str, Any]:
+    """The result a parked tool call's tool posted: {"result": {...}}, or {"error": "...",
+    "code": "..."} (ParkedToolFailed); a body with neither key is the result itself."""
+    if "error" in posted and "result" not in posted:
+        raise ParkedToolFailed(step_id, str(posted["error"]), str(posted.get("code") or ""))
+    result = posted.get("result", posted)
+    if not isinstance(result, dict):
+        raise ParkedToolFailed(step_id, f"posted result is not an object: {type(result).__name__}")
+    return result
 
 
 @dataclass(frozen=True)
@@ -140,3 +164,30 @@ async def outcome(ctx: RunContext, token: WaitToken) -> tuple[bool, dict[str, An
         )
     )
     return completed, result
+
+
+async def start_tool(ctx: RunContext, call: StepCall, token: WaitToken) -> None:
+    """Starts a parked tool call's tool (ExecuteTool with the wait's callback URL). The gateway
+    de-duplicates by the step's idempotency key: a repeat (this attempt's predecessor crashed
+    before it parked) runs nothing again and redirects the outcome to the new URL. A gateway
+    that ran the tool at once instead (accepted = false) answered its result: it completes the
+    wait here, so the run goes on without parking."""
+    resp = await ctx.client.call(
+        ctx.client.gateway.ExecuteTool,
+        tools_pb2.ExecuteToolRequest(
+            tool_id=call.tool_id,
+            params=to_struct(call.params),
+            idempotency_key=call.idempotency_key,
+            project_id=call.project_id,
+            run_id=call.run_id,
+            reason=f"step {call.step_id} (attempt {call.attempt}), parked",
+            callback_url=token.callback_url,
+        ),
+    )
+    if not resp.accepted:
+        await ctx.client.call(
+            ctx.client.scheduler.CompleteWait,
+            scheduler_pb2.CompleteWaitRequest(
+                wait_id=token.wait_id, result=to_struct({"result": from_struct(resp.result)})
+            ),
+        )

@@ -123,6 +123,7 @@ class Worker:
         key: str | None = None,
         scheduler: str | None = None,
         saga: str | None = None,
+        gateway: str | None = None,  # the tool gateway of ctx.call_tool_parked (AWOOOP_GATEWAY_ADDR)
         worker_id: str | None = None,
         concurrency: int = 4,
         lease_ttl: float | None = None,
@@ -158,6 +159,7 @@ class Worker:
             key=key,
             scheduler=scheduler,
             saga=saga,
+            gateway=gateway,
             timeout=call_timeout,
             tls=tls,
             ca_file=ca_file,

@@ -86,8 +86,10 @@ class _WaitKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WaitKind.Val
     WAIT_KIND_SLEEP: _WaitKind.ValueType  # 2
     """A sleep: ends when its time is up."""
     WAIT_KIND_EVENT: _WaitKind.ValueType  # 3
-    """An event: completed by the first event of `match_channel` whose payload's "correlation_key"
-    is `correlation_key`, arrived since `lookback` before the wait was created (or CompleteWait).
+    """An event: completed by the first event of `match_channel` whose match key is
+    `correlation_key` (an API event's payload "correlation_key", a Telegram message's chat id, the
+    md5 hex of an Alertmanager resolve's groupKey; docs/worker-sdk.md "Event matches"), arrived
+    since `lookback` before the wait was created (or CompleteWait).
     """
 
 class WaitKind(_WaitKind, metaclass=_WaitKindEnumTypeWrapper):
@@ -100,8 +102,10 @@ WAIT_KIND_TOKEN: WaitKind.ValueType  # 1
 WAIT_KIND_SLEEP: WaitKind.ValueType  # 2
 """A sleep: ends when its time is up."""
 WAIT_KIND_EVENT: WaitKind.ValueType  # 3
-"""An event: completed by the first event of `match_channel` whose payload's "correlation_key"
-is `correlation_key`, arrived since `lookback` before the wait was created (or CompleteWait).
+"""An event: completed by the first event of `match_channel` whose match key is
+`correlation_key` (an API event's payload "correlation_key", a Telegram message's chat id, the
+md5 hex of an Alertmanager resolve's groupKey; docs/worker-sdk.md "Event matches"), arrived
+since `lookback` before the wait was created (or CompleteWait).
 """
 Global___WaitKind: _TypeAlias = WaitKind  # noqa: Y015
 
@@ -2140,7 +2144,9 @@ class CreateWaitRequest(_message.Message):
     match_channel: _common_pb2.ChannelType.ValueType
     """WAIT_KIND_EVENT: the channel of the event (default CHANNEL_TYPE_API)."""
     correlation_key: _builtins.str
-    """WAIT_KIND_EVENT: the payload's "correlation_key" to match (1-256 printable chars), required."""
+    """WAIT_KIND_EVENT: the event's match key (1-256 printable chars), required: an API event's
+    payload "correlation_key", a Telegram chat id, the md5 hex of an Alertmanager groupKey.
+    """
     @_builtins.property
     def lease(self) -> _common_pb2.LeaseToken:
         """Fencing token of a RUNNING run."""

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61wooop/tools/v1/tools.proto\x12\x0f\x61wooop.tools.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x9b\x01\n\x12\x45xecuteToolRequest\x12\x0f\n\x07tool_id\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x12\n\nproject_id\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\"P\n\x13\x45xecuteToolResponse\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x32n\n\x12ToolGatewayService\x12X\n\x0b\x45xecuteTool\x12#.awooop.tools.v1.ExecuteToolRequest\x1a$.awooop.tools.v1.ExecuteToolResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x61wooop/tools/v1/tools.proto\x12\x0f\x61wooop.tools.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xb1\x01\n\x12\x45xecuteToolRequest\x12\x0f\n\x07tool_id\x18\x01 \x01(\t\x12\'\n\x06params\x18\x02 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x17\n\x0fidempotency_key\x18\x03 \x01(\t\x12\x12\n\nproject_id\x18\x04 \x01(\t\x12\x0e\n\x06run_id\x18\x05 \x01(\t\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x14\n\x0c\x63\x61llback_url\x18\x07 \x01(\t\"b\n\x13\x45xecuteToolResponse\x12\'\n\x06result\x18\x01 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x03 \x01(\x08\x32n\n\x12ToolGatewayService\x12X\n\x0b\x45xecuteTool\x12#.awooop.tools.v1.ExecuteToolRequest\x1a$.awooop.tools.v1.ExecuteToolResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,9 +33,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'awooop.tools.v1.tools_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EXECUTETOOLREQUEST']._serialized_start=79
-  _globals['_EXECUTETOOLREQUEST']._serialized_end=234
-  _globals['_EXECUTETOOLRESPONSE']._serialized_start=236
-  _globals['_EXECUTETOOLRESPONSE']._serialized_end=316
-  _globals['_TOOLGATEWAYSERVICE']._serialized_start=318
-  _globals['_TOOLGATEWAYSERVICE']._serialized_end=428
+  _globals['_EXECUTETOOLREQUEST']._serialized_end=256
+  _globals['_EXECUTETOOLRESPONSE']._serialized_start=258
+  _globals['_EXECUTETOOLRESPONSE']._serialized_end=356
+  _globals['_TOOLGATEWAYSERVICE']._serialized_start=358
+  _globals['_TOOLGATEWAYSERVICE']._serialized_end=468
 # @@protoc_insertion_point(module_scope)

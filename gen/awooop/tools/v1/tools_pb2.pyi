@@ -31,6 +31,7 @@ class ExecuteToolRequest(_message.Message):
     PROJECT_ID_FIELD_NUMBER: _builtins.int
     RUN_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    CALLBACK_URL_FIELD_NUMBER: _builtins.int
     tool_id: _builtins.str
     """Tool to run, for example k8s_scale_deployment."""
     idempotency_key: _builtins.str
@@ -41,6 +42,13 @@ class ExecuteToolRequest(_message.Message):
     """Run the call belongs to."""
     reason: _builtins.str
     """Why, for the gateway's log."""
+    callback_url: _builtins.str
+    """A tool that completes later (a parked tool call, docs/worker-sdk.md): when set, the gateway
+    answers at once (accepted = true, no result), runs the tool, and POSTs its outcome to this
+    URL, a durable wait's callback URL: {"result": {...}} or {"error": "...", "code": "..."}. A
+    repeat with the same idempotency key runs nothing again: while the first call works, its
+    outcome goes to the repeat's URL instead; once it finished, the recorded result is posted.
+    """
     @_builtins.property
     def params(self) -> _struct_pb2.Struct:
         """Tool parameters."""
@@ -54,10 +62,11 @@ class ExecuteToolRequest(_message.Message):
         project_id: _builtins.str = ...,
         run_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        callback_url: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "params", b"params", "project_id", b"project_id", "reason", b"reason", "run_id", b"run_id", "tool_id", b"tool_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["callback_url", b"callback_url", "idempotency_key", b"idempotency_key", "params", b"params", "project_id", b"project_id", "reason", b"reason", "run_id", b"run_id", "tool_id", b"tool_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -71,8 +80,11 @@ class ExecuteToolResponse(_message.Message):
 
     RESULT_FIELD_NUMBER: _builtins.int
     REPLAYED_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
     replayed: _builtins.bool
     """True when the idempotency key was seen before and the tool did not run again."""
+    accepted: _builtins.bool
+    """True when the request named a callback_url: the outcome is posted there, result is empty."""
     @_builtins.property
     def result(self) -> _struct_pb2.Struct:
         """Result returned by the tool."""
@@ -82,10 +94,11 @@ class ExecuteToolResponse(_message.Message):
         *,
         result: _struct_pb2.Struct | None = ...,
         replayed: _builtins.bool = ...,
+        accepted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["replayed", b"replayed", "result", b"result"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "replayed", b"replayed", "result", b"result"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
