@@ -38,6 +38,9 @@ class Config:
     reaper_expired: int = 1000  # RUNNING runs with expired leases present in each cost run
     reaper_repeats: int = 5
     reap_pass: int = 10_000  # expired leases reaped in one pass
+    # queue depth (bench/depth.py): executions of each statement at each size (the finished
+    # runs retained are reaper_finished_small, then reaper_finished_big)
+    depth_repeats: int = 41
     # durable waits
     waits_parked: int = 10_000  # parked runs (each with its open wait) in the table
     waits_claimable: int = 20_000  # PENDING runs the claim takes its batches from
@@ -69,6 +72,7 @@ class Config:
             reaper_finished_big=200_000,
             reaper_repeats=3,
             reap_pass=10_000,
+            depth_repeats=21,
             crash_trials=1,
             waits_window=15.0,
             waits_resume_samples=40,

@@ -251,6 +251,15 @@ def _duplicates(
         fig.note = f"only {hits / dups:.1%} of duplicates were answered from {via}"
 
 
+def _per_unit_us(r: LoadResult) -> dict[str, float]:
+    """CPU microseconds per unit (event or call) of each measured process group, and the client's."""
+    if not r.units_per_s:
+        return {}
+    out = {k: round(v / r.units_per_s * 1e6, 1) for k, v in r.cpu.items() if k != "machine"}
+    out["client"] = round(r.client_cpu / r.units_per_s * 1e6, 1)
+    return out
+
+
 def _fast_path_metrics(svc: procs.Service) -> dict[str, float]:
     """The ingest service's counters (non-zero, without the *_created timestamps)."""
     return {
@@ -435,6 +444,10 @@ async def run(
                 u.units_per_s, ceiling.calls_per_s, run=u.as_dict(), ceiling=ceiling.as_dict(), rounds=rounds_at
             )
             unique.details["bound"] = cpu.bound(u.cpu, os.cpu_count() or 1)
+            # CPU per event of each process, against the ceiling's per call: what the gap is made of
+            unique.details["cpu_us_per_event"] = _per_unit_us(u)
+            unique.details["ceiling_cpu_us_per_call"] = _per_unit_us(ceiling)
+            unique.details["service_metrics"] = _fast_path_metrics(svc)
             if u.errors or u.unexpected:
                 unique.note = f"{sum(u.errors.values())} errors, {u.unexpected} unexpected: {u.first_error}"
         else:

@@ -39,6 +39,7 @@ GROUPS: dict[str, str] = {
     "crash": "bench.crash",
     "pooler": "bench.pooler",
     "retention": "bench.retention",
+    "depth": "bench.depth",
     "tracing": "bench.tracing",
     "flow": "bench.flow",
 }

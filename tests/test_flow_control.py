@@ -408,7 +408,7 @@ async def test_a_paused_project_is_skipped_its_leases_finish_and_resume_wakes_wa
     other = await f.create("other", project="q")
     # nor is it counted as claimable: the queue gauges and CountRuns skip it as the claim does
     counts = await f.sched.CountRuns(pb.CountRunsRequest(project_id="p"), metadata=f.admin)
-    assert not counts.HasField("oldest_claimable_created_at")
+    assert not counts.HasField("oldest_claimable_created_at") and counts.claimable == 0
     sampled = {(r["project_id"], r["status"]): r["claimable"] for r in await db.fetch(queue.SAMPLE.sql)}
     assert sampled[("p", "PENDING")] == 0 and sampled[("q", "PENDING")] == 1
     assert await f.claim() == []  # skipped, alone ...

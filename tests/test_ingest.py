@@ -409,6 +409,62 @@ async def test_what_redis_and_postgres_answer_is_remembered_no_longer_than_their
     await b.cache.close()
 
 
+async def test_unique_traffic_skips_the_redis_lookup_and_redeliveries_bring_it_back(
+    start_services, channels, make_key, db
+) -> None:
+    """Fresh events teach the process that asking Redis first does not pay: their keys go straight
+    to Postgres. Exactly-once does not depend on it (Postgres decides, parallel copies of a new
+    event make one run), and a burst of redeliveries, answered by Postgres, opens the gate again."""
+    # the process's own memory off: every duplicate here reaches Redis or Postgres
+    _rt, stub, md = await serve(start_services, channels, make_key, dedupe_memory_keys=0)
+    lookups = [counter(metrics.REDIS_LOOKUPS.labels(r)) for r in ("hit", "miss", "skipped")]
+    for i in range(0, 200, 20):  # 200 fresh events, 20 a call
+        await stub.IngestEvents(ingest_pb2.IngestEventsRequest(events=[tg(i + j) for j in range(20)]), metadata=md)
+    hit, miss, skipped = (
+        counter(metrics.REDIS_LOOKUPS.labels(r)) - n for r, n in zip(("hit", "miss", "skipped"), lookups, strict=True)
+    )
+    # Redis was asked until about 90 fresh events had missed, then no more
+    assert hit == 0 and miss + skipped == 200 and skipped >= 100
+
+    # the gate closed: parallel copies of new events still make one run each, and old events
+    # sent again are duplicates of their runs, answered by Postgres
+    calls = [stub.IngestEvent(tg(i), metadata=md) for i in range(190, 230) for _ in range(2)]
+    answers = [r.outcomes[0] for r in await asyncio.gather(*calls)]
+    for k in range(40):
+        pair = answers[2 * k : 2 * k + 2]
+        assert pair[0].run_id == pair[1].run_id
+        if 190 + k < 200:
+            assert all(a.duplicate for a in pair)
+        else:
+            assert sorted(a.duplicate for a in pair) == [False, True]
+    assert await count(db, "awooop_run_state") == 230
+
+    # redeliveries of old events: answered by Postgres at first, then Redis is asked again
+    hits = counter(metrics.REDIS_HITS)
+    for i in range(0, 120, 20):
+        again = await stub.IngestEvents(
+            ingest_pb2.IngestEventsRequest(events=[tg(i + j) for j in range(20)]), metadata=md
+        )
+        assert all(x.outcomes[0].duplicate for x in again.results)
+    assert counter(metrics.REDIS_HITS) > hits  # the gate opened: Redis answers duplicates again
+    assert await count(db, "awooop_run_state") == 230
+
+
+def test_the_lookup_gate_follows_the_share_of_duplicates() -> None:
+    from services.ingest.lookup_gate import LookupGate
+
+    g = LookupGate(min_share=0.25, window=64)
+    assert g.open  # a new process asks Redis
+    g.observe(200, 0)
+    assert not g.open and g.share < 0.25
+    g.observe(10, 10)  # a few redeliveries do not open it at once ...
+    assert not g.open
+    g.observe(30, 30)  # ... a burst does
+    assert g.open
+    g.observe(0, 0)  # nothing answered: nothing learnt
+    assert g.open
+
+
 def test_recent_keys_forget_the_least_recently_used_and_the_expired() -> None:
     from services.ingest.recent import RecentKeys
 

@@ -31,7 +31,10 @@ def stamp(value: dt.datetime) -> timestamp_pb2.Timestamp:
 async def test_count_runs_per_status_and_the_oldest_claimable_age(s: Sched) -> None:
     empty = await s.stub.CountRuns(pb.CountRunsRequest(project_id="p"), metadata=s.approver)
     assert empty.total == 0 and not empty.HasField("oldest_claimable_created_at")
-    assert [c.status for c in empty.counts] == list(range(1, 9)) and all(c.count == 0 for c in empty.counts)
+    # the unfinished statuses (PENDING .. RESUMED), zeros included; finished ones when asked
+    assert [c.status for c in empty.counts] == list(range(1, 6)) and all(c.count == 0 for c in empty.counts)
+    every = await s.stub.CountRuns(pb.CountRunsRequest(project_id="p", include_finished=True), metadata=s.approver)
+    assert [c.status for c in every.counts] == list(range(1, 9)) and all(c.count == 0 for c in every.counts)
 
     ids = await insert_runs(s.db, "p", 5)
     await insert_runs(s.db, "q", 3)
@@ -45,7 +48,7 @@ async def test_count_runs_per_status_and_the_oldest_claimable_age(s: Sched) -> N
     await s.claim(max_runs=1)  # the oldest claimable (ids[1]) is now RUNNING
     resp = await s.stub.CountRuns(pb.CountRunsRequest(project_id="p"), metadata=s.approver)
     counts = {c.status: c.count for c in resp.counts}
-    assert resp.total == 5
+    assert resp.total == 5 and resp.claimable == 3
     assert counts[common_pb2.RUN_STATUS_PENDING] == 4 and counts[common_pb2.RUN_STATUS_RUNNING] == 1
     oldest = await s.db.fetchval("SELECT created_at FROM awooop_run_state WHERE run_id = $1", ids[0])
     assert resp.oldest_claimable_created_at.ToDatetime(dt.UTC) == oldest

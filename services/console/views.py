@@ -241,7 +241,11 @@ class Console:
             req.created_before.FromDatetime(until)
         listed, counted = await asyncio.gather(
             self.call(request, self.backend.scheduler.ListRuns, req),
-            self.call(request, self.backend.scheduler.CountRuns, scheduler_pb2.CountRunsRequest(project_id=project)),
+            self.call(
+                request,
+                self.backend.scheduler.CountRuns,
+                scheduler_pb2.CountRunsRequest(project_id=project, include_finished=True),
+            ),
         )
         rows = [] if search and _is_uuid(search) else [pages.run_row(r) for r in listed.runs]
         if not listed.runs and not (statuses or channels or since or until or search):

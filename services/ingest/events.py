@@ -1,10 +1,11 @@
 """Event ingest: every channel event becomes exactly one run.
 
 Per call: the events' keys are looked up in the process's own memory of recent answers
-(recent.RecentKeys), then in Redis (a hit is a committed duplicate, answered without Postgres);
-the misses go to Postgres (store.sql: StoreEvents), whose unique constraint decides; what Postgres
-answered is then cached for the next duplicate, and the projects with new runs are handed to
-the wake-up notifier.
+(recent.RecentKeys), then in Redis (a hit is a committed duplicate, answered without Postgres)
+while duplicates are common enough for that to pay (lookup_gate.LookupGate; unique events then
+skip the Redis round trip); the misses go to Postgres (store.sql: StoreEvents), whose unique
+constraint decides; what Postgres answered is then cached for the next duplicate, and the projects
+with new runs are handed to the wake-up notifier.
 
 Concurrent calls share round trips (services/ingest/coalesce.py): lookups of calls arriving
 together go in one MGET, their misses in one StoreEvents statement (per calling principal,
@@ -31,6 +32,7 @@ from services.common.settings import Settings
 from services.ingest import dedupe_cache, metrics, store
 from services.ingest.api_channel import ApiEvents
 from services.ingest.coalesce import Coalescer
+from services.ingest.lookup_gate import LookupGate
 from services.ingest.parsing import NewEvent
 from services.ingest.recent import RecentKeys
 from services.ingest.wakeup import Notifier
@@ -64,6 +66,7 @@ class EventIngestor:
         self.redis_ttl = min(settings.redis_dedupe_ttl, settings.dedupe_retention)
         self.max_flush = settings.max_batch
         self.recent = RecentKeys(settings.dedupe_memory_keys)
+        self.gate = LookupGate()
         self._lookups: Coalescer[str, tuple[str, float] | None] = Coalescer(
             self._lookup, max_in_flight=REDIS_IN_FLIGHT, max_items=max(1000, settings.max_batch), linger=LINGER
         )
@@ -108,7 +111,9 @@ class EventIngestor:
         # which path answered each event (the dedupe metric's label): memory unless below
         path = ["memory"] * len(events)
         unknown = [i for i, run_id in enumerate(run_ids) if run_id is None]
-        if unknown and self.cache.enabled:
+        if unknown and self.cache.enabled and not self.gate.open:
+            metrics.REDIS_SKIPPED.inc(len(unknown))
+        elif unknown and self.cache.enabled:
             cached = await self._lookups.submit([keys[i] for i in unknown])
             for i, hit in zip(unknown, cached, strict=True):
                 if hit is not None:
@@ -132,6 +137,8 @@ class EventIngestor:
             self.notifier.ready(ready)
             if self.cache.enabled:
                 self._remember.submit_nowait(remember)
+        if unknown:  # what Redis and Postgres answered: how often asking Redis first paid
+            self.gate.observe(len(unknown), sum(1 for i in unknown if duplicate[i]))
 
         out = []
         for i, e in enumerate(events):

@@ -15,7 +15,9 @@ DEDUPE = Counter(
     ["channel", "path", "answer"],
 )
 REDIS_LOOKUPS = Counter(
-    "awooop_ingest_redis_lookups_total", "Dedupe lookups in Redis: hit, miss, or unavailable", ["result"]
+    "awooop_ingest_redis_lookups_total",
+    "Dedupe lookups in Redis: hit, miss, unavailable, or skipped (duplicates too rare for a lookup to pay)",
+    ["result"],
 )
 PRUNED = Counter("awooop_ingest_pruned_rows_total", "Rows removed by the retention loop", ["table"])
 CREATE_RUN = Counter(
@@ -37,6 +39,7 @@ DEDUPE_ANSWERS = {
 REDIS_HITS = REDIS_LOOKUPS.labels("hit")
 REDIS_MISSES = REDIS_LOOKUPS.labels("miss")
 REDIS_UNAVAILABLE = REDIS_LOOKUPS.labels("unavailable")
+REDIS_SKIPPED = REDIS_LOOKUPS.labels("skipped")
 # per endpoint: only endpoints that exist get a series (unknown ones are 404 and not counted)
 SIGNATURE_FAILURES = Counter(
     "awooop_webhook_signature_failures_total",

@@ -1,5 +1,8 @@
 """CountRuns and ListProjects: the reads behind an operator's overview (the console's runs
-page). One statement each; the role check is done by the caller (servicer) before the read."""
+page) and an autoscaler's "claimable now". The role check is done by the caller (servicer)
+before the read. CountRuns reads only unfinished runs (CountLiveRuns, its cost follows the
+backlog); finished runs are counted only when asked (CountFinishedRuns reads the project's
+retained history)."""
 
 from __future__ import annotations
 
@@ -15,22 +18,28 @@ from services.common.principals import ALL_PROJECTS
 MAX_PROJECTS = 1000
 
 Q = sql.load(__file__, "overview.sql")
-COUNT = Q["CountRuns"]
+COUNT_LIVE = Q["CountLiveRuns"]
+COUNT_FINISHED = Q["CountFinishedRuns"]
 PROJECTS = Q["ListProjects"]
 
 
 @dataclass(frozen=True)
 class Counts:
-    by_status: dict[str, int]
+    by_status: dict[str, int]  # unfinished statuses, and finished ones when asked
+    claimable: int
     oldest_claimable: dt.datetime | None
-    db_now: dt.datetime
+    db_now: dt.datetime | None  # None when the project has no unfinished run
 
 
-async def count_runs(pool: asyncpg.Pool, project_id: str) -> Counts:
-    row = await pool.fetchrow(COUNT.sql, *COUNT.args(project_id=project_id))
-    assert row is not None  # an aggregate without GROUP BY always answers one row
-    counts = row["counts"]  # the pool decodes jsonb (services/common/db.py)
-    return Counts({str(k): int(v) for k, v in counts.items()}, row["oldest"], row["db_now"])
+async def count_runs(pool: asyncpg.Pool, project_id: str, include_finished: bool = False) -> Counts:
+    rows = await pool.fetch(COUNT_LIVE.sql, *COUNT_LIVE.args(project_id=project_id))
+    by_status = {str(r["status"]): int(r["n"]) for r in rows}
+    oldest = min((r["oldest"] for r in rows if r["oldest"] is not None), default=None)
+    db_now = rows[0]["db_now"] if rows else None
+    if include_finished:
+        done = await pool.fetch(COUNT_FINISHED.sql, *COUNT_FINISHED.args(project_id=project_id))
+        by_status.update({str(r["status"]): int(r["n"]) for r in done})
+    return Counts(by_status, sum(int(r["claimable"]) for r in rows), oldest, db_now)
 
 
 async def list_projects(pool: asyncpg.Pool, principal: Principal) -> tuple[list[str], bool]:

@@ -27,7 +27,7 @@ from services.common.limits import (
     MAX_TEXT,
 )
 from services.common.runs import channel_from_pb, run_to_pb, set_time, status_from_pb, status_to_pb, ts
-from services.common.runstate import RunStatus, WaitKind, WaitStatus
+from services.common.runstate import TERMINAL, RunStatus, WaitKind, WaitStatus
 from services.common.runtime import AppContext
 from services.common.validate import Violations, to_struct
 from services.scheduler import (
@@ -620,7 +620,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         project_id = v.project_id("project_id", request.project_id)
         v.raise_if_any()
         require_member(current_principal(), project_id)
-        counts = await overview.count_runs(self.pool, project_id)
+        counts = await overview.count_runs(self.pool, project_id, request.include_finished)
         resp = scheduler_pb2.CountRunsResponse(
             counts=[
                 scheduler_pb2.StatusCount(
@@ -628,10 +628,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                     count=counts.by_status.get(s.value, 0),
                 )
                 for s in RunStatus
+                if request.include_finished or s not in TERMINAL
             ],
             total=sum(counts.by_status.values()),
+            claimable=counts.claimable,
         )
-        if counts.oldest_claimable is not None:
+        if counts.oldest_claimable is not None and counts.db_now is not None:
             set_time(resp.oldest_claimable_created_at, counts.oldest_claimable)
             resp.oldest_claimable_age.FromTimedelta(max(counts.db_now - counts.oldest_claimable, dt.timedelta(0)))
         return resp

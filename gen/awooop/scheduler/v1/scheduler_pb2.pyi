@@ -1245,21 +1245,29 @@ Global___GetRunHistoryResponse: _TypeAlias = GetRunHistoryResponse  # noqa: Y015
 
 @_typing.final
 class CountRunsRequest(_message.Message):
-    """Counts a project's runs."""
+    """Counts a project's runs: its unfinished runs always (the cost follows the backlog, not the
+    history, so dashboards and autoscalers may poll it), its finished runs only when asked.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     PROJECT_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_FINISHED_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant; the caller needs a role in it."""
+    include_finished: _builtins.bool
+    """Count the finished statuses (COMPLETED, FAILED, CANCELLED) too: this reads every finished
+    run the project keeps (AWOOOP_RUN_RETENTION), so it costs as much as the history is long.
+    """
     def __init__(
         self,
         *,
         project_id: _builtins.str = ...,
+        include_finished: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_finished", b"include_finished", "project_id", b"project_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1301,11 +1309,20 @@ class CountRunsResponse(_message.Message):
     TOTAL_FIELD_NUMBER: _builtins.int
     OLDEST_CLAIMABLE_CREATED_AT_FIELD_NUMBER: _builtins.int
     OLDEST_CLAIMABLE_AGE_FIELD_NUMBER: _builtins.int
+    CLAIMABLE_FIELD_NUMBER: _builtins.int
     total: _builtins.int
-    """Every run of the project."""
+    """The sum of counts: every unfinished run of the project, and every finished one when
+    include_finished was set.
+    """
+    claimable: _builtins.int
+    """Runs a claim could take now (PENDING or RESUMED, past any backoff or delay, attempts left,
+    the project not paused): what an autoscaler scales on.
+    """
     @_builtins.property
     def counts(self) -> _containers.RepeatedCompositeFieldContainer[Global___StatusCount]:
-        """One entry per status, in state-machine order (zero counts included)."""
+        """One entry per counted status, in state-machine order (zero counts included): the unfinished
+        statuses, and the finished ones when include_finished was set.
+        """
 
     @_builtins.property
     def oldest_claimable_created_at(self) -> _timestamp_pb2.Timestamp:
@@ -1324,10 +1341,11 @@ class CountRunsResponse(_message.Message):
         total: _builtins.int = ...,
         oldest_claimable_created_at: _timestamp_pb2.Timestamp | None = ...,
         oldest_claimable_age: _duration_pb2.Duration | None = ...,
+        claimable: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_claimable_age", b"oldest_claimable_age", "oldest_claimable_created_at", b"oldest_claimable_created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "oldest_claimable_age", b"oldest_claimable_age", "oldest_claimable_created_at", b"oldest_claimable_created_at", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["claimable", b"claimable", "counts", b"counts", "oldest_claimable_age", b"oldest_claimable_age", "oldest_claimable_created_at", b"oldest_claimable_created_at", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
