@@ -139,9 +139,12 @@ async def claim_runs(
     passed). Cancelled (the call ended), it stops waiting at once and claims nothing. With a
     claim key whose answer is recorded, that answer, at once (even with no runs left in it)."""
     deadline = time.monotonic() + wait
+    woken_before = False  # this call was woken (one waiter per notification, wakeup.py)
     while True:
         with listener.subscribe(projects) as woken:
             if gone():
+                if woken_before:  # the wake-up was meant for a claim: another waiter takes it
+                    _pass_on(listener, projects, woken)
                 return Claim([])
             result = await hand_back.to_the_end(
                 pool,
@@ -155,6 +158,8 @@ async def claim_runs(
                 return result
             if result.rows:
                 metrics.count_claims(result.rows)
+                if len(result.rows) >= max_runs:  # a full batch: more may be claimable
+                    _pass_on(listener, projects, woken)
                 return result
             left = deadline - time.monotonic()
             if left <= 0 or listener.stopping.is_set():
@@ -172,6 +177,15 @@ async def claim_runs(
                     await asyncio.wait_for(woken.wait(), timeout=timeout)
             except asyncio.CancelledError:  # the call ended while it waited
                 metrics.CLAIMS_ABANDONED.inc()
+                if woken.is_set():
+                    _pass_on(listener, projects, woken)
                 raise
             finally:
                 metrics.CLAIMS_WAITING.dec()
+            woken_before = woken.is_set()
+
+
+def _pass_on(listener: RunReadyListener, projects: list[str], own: asyncio.Event) -> None:
+    """Hands a wake-up on to another waiting claim of these projects (wakeup.py wakes one)."""
+    for p in projects:
+        listener.wake(p, besides=own, by="passed_on")
