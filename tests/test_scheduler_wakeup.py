@@ -91,3 +91,40 @@ async def test_notifications_for_several_projects_each_wake_a_claim_of_their_own
         for t in (on_p, on_q):
             t.cancel()
         await asyncio.gather(on_p, on_q, return_exceptions=True)
+
+
+async def test_a_woken_claim_that_leaves_before_a_delayed_run_is_due_hands_it_to_another(s: Sched) -> None:
+    """A run due in a moment wakes the longest-waiting claim, which finds nothing claimable yet and
+    counts on the backoff's end; its call ends first. The other waiter, never woken by the
+    notification, must still get the run when it is due (not at the end of its 60 s wait)."""
+    await wait_listening(s)
+    base = waiting()
+    first = asyncio.ensure_future(s.claim("w-first", wait=dur(60)))
+    await eventually(lambda: claims_waiting(base + 1), what="the first claim to wait")
+    second = asyncio.ensure_future(s.claim("w-second", wait=dur(60)))
+    try:
+        await eventually(lambda: claims_waiting(base + 2), what="the second claim to wait")
+        notify0 = wakeups("notify")
+        run_id = str(
+            await s.db.fetchval(
+                """INSERT INTO awooop_run_state (project_id, channel_type, input, not_before)
+                   VALUES ('p', 'api', '{}', now() + interval '2 seconds') RETURNING run_id"""
+            )
+        )
+        await s.db.execute("SELECT pg_notify('awooop_run_ready', 'p')")
+
+        # the notification wakes the first claim only (the second still waits un-woken), and the
+        # first is back waiting on the backoff's timer
+        async def woke() -> bool:
+            return wakeups("notify") - notify0 >= 1
+
+        await eventually(woke, what="the notification to wake a claim")
+        await eventually(lambda: claims_waiting(base + 2), what="the woken claim to wait on its timer")
+        first.cancel()  # the first claim's call ends before the run is due
+        await asyncio.gather(first, return_exceptions=True)
+        runs = await asyncio.wait_for(second, 20)
+        assert [r.run.run_id for r in runs] == [run_id]
+    finally:
+        for t in (first, second):
+            t.cancel()
+        await asyncio.gather(first, second, return_exceptions=True)

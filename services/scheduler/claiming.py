@@ -139,11 +139,15 @@ async def claim_runs(
     passed). Cancelled (the call ended), it stops waiting at once and claims nothing. With a
     claim key whose answer is recorded, that answer, at once (even with no runs left in it)."""
     deadline = time.monotonic() + wait
-    woken_before = False  # this call was woken (one waiter per notification, wakeup.py)
+    # What this call knows that other waiters may not (a notification wakes one waiter, and
+    # only the woken one looks for the earliest retry backoff): it was woken and has not claimed
+    # since, or its last wait counted on a backoff ending. It passes that on when it leaves.
+    woken_before = False
+    timer = False
     while True:
         with listener.subscribe(projects) as woken:
             if gone():
-                if woken_before:  # the wake-up was meant for a claim: another waiter takes it
+                if woken_before or timer:
                     _pass_on(listener, projects, woken)
                 return Claim([])
             result = await hand_back.to_the_end(
@@ -155,17 +159,22 @@ async def claim_runs(
             )
             if result.replayed:
                 metrics.CLAIM_REPLAYS.inc()
+                if timer:
+                    _pass_on(listener, projects, woken)
                 return result
             if result.rows:
                 metrics.count_claims(result.rows)
-                if len(result.rows) >= max_runs:  # a full batch: more may be claimable
+                if len(result.rows) >= max_runs or timer:  # a full batch (more may be claimable), or a backoff
                     _pass_on(listener, projects, woken)
                 return result
             left = deadline - time.monotonic()
             if left <= 0 or listener.stopping.is_set():
+                if timer:
+                    _pass_on(listener, projects, woken)
                 return result
             timeout = left
             next_ready = await seconds_until_ready(pool, projects)
+            timer = next_ready is not None
             if next_ready is not None:
                 timeout = min(timeout, next_ready + 0.001)
             poll = listener.poll_interval
@@ -177,7 +186,7 @@ async def claim_runs(
                     await asyncio.wait_for(woken.wait(), timeout=timeout)
             except asyncio.CancelledError:  # the call ended while it waited
                 metrics.CLAIMS_ABANDONED.inc()
-                if woken.is_set():
+                if woken.is_set() or timer:
                     _pass_on(listener, projects, woken)
                 raise
             finally:

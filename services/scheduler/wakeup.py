@@ -9,8 +9,10 @@ them: a NOTIFY says "something is claimable", not how much, and waking every wai
 ingested batch into one claim statement per waiting worker, nearly all of them empty (with
 16 waiting workers, 15 empty claims and 15 SecondsUntilReady statements per NOTIFY), load that
 delayed every other claim on the machine. The woken claim passes the wake on (`wake` again)
-when it took a full batch (more may be waiting) or when its call ended before it claimed
-(claiming.py), so work that outnumbers one claim still reaches as many waiters as it needs.
+when it took a full batch (more may be waiting), when its call ended before it claimed, or when
+it leaves while it counted on a retry backoff ending (only a woken claim looks for the earliest
+backoff; claiming.py), so work that outnumbers one claim still reaches as many waiters as it
+needs and a delayed run is never left to waiters that do not know of it.
 If the connection drops, it reconnects in the background with back-off, and meanwhile
 waiters fall back to a short poll (`poll_interval`). After a reconnect every waiter is
 woken once, since notifications sent while it was down are lost.
