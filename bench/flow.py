@@ -14,6 +14,9 @@ the lateness of delayed runs, and dispatch latency.
   moment ahead; lateness = the CLAIMED audit row's time minus not_before (the database clock).
 - dispatch_latency_p50/p99: a waiting worker SDK Worker (concurrency 1); one IngestEvent;
   latency = the handler's start minus the IngestEvent call's return (one process, one clock).
+  The JSON splits it in two legs at the claim's transaction start (its CLAIMED audit row's
+  time): the wake-up (NOTIFY, listener, the scheduler's event loop) and the claim's statement,
+  answer and SDK (`legs`).
 - dispatch_latency_loaded_p50/p99: the same while another project gets runs through ingest at
   half the claim cycle's throughput (the claims group's drain, measured here first), claimed
   and completed by the claims group's workers, on the same services.
@@ -279,10 +282,13 @@ class _Dispatch:
 
     def __init__(self, ingest: ingest_pb2_grpc.IngestServiceStub, md: Any, key: str, scheduler: str) -> None:
         self.ingest, self.md = ingest, md
-        self.started: asyncio.Queue[tuple[str, float]] = asyncio.Queue()
+        self.started: asyncio.Queue[tuple[str, float, float]] = asyncio.Queue()
+        # per sample: run id, IngestEvent returned and handler started (wall clock, the store's
+        # clock on this machine), for the breakdown against the run's and the claim's times
+        self.walls: list[tuple[str, float, float]] = []
 
         async def handle(ctx: RunContext) -> dict[str, Any]:
-            self.started.put_nowait((ctx.run_id, time.perf_counter()))
+            self.started.put_nowait((ctx.run_id, time.perf_counter(), time.time()))
             return {}
 
         self.worker = Worker(handle, projects=[PROJECT], key=key, scheduler=scheduler, concurrency=1, claim_wait=20)
@@ -302,11 +308,33 @@ class _Dispatch:
         req.CopyFrom(self.template)
         req.provider_event_id = uuid.uuid4().hex
         resp = await self.ingest.IngestEvent(req, metadata=self.md, timeout=30)
-        returned = time.perf_counter()
-        run_id, at = await asyncio.wait_for(self.started.get(), 30)
+        returned, returned_wall = time.perf_counter(), time.time()
+        run_id, at, at_wall = await asyncio.wait_for(self.started.get(), 30)
         if run_id != resp.outcomes[0].run_id:
             raise RuntimeError(f"the worker started run {run_id}, not the one ingested ({resp.outcomes[0].run_id})")
+        self.walls.append((run_id, returned_wall, at_wall))
         return (at - returned) * 1000
+
+    async def breakdown(self, conn: asyncpg.Connection, since: int) -> dict[str, Any]:
+        """Where the samples from index `since` on spent their time, p50/p99 in ms of each leg:
+        IngestEvent returned -> the claim's transaction began (the NOTIFY, the scheduler's
+        listener and event loop) and -> the handler started (the claim statement, the answer,
+        the SDK). One machine: the store's clock is the client's."""
+        walls = self.walls[since:]
+        rows = await conn.fetch(
+            """SELECT run_id::text AS run_id, extract(epoch FROM created_at)::float8 AS claimed
+                 FROM awooop_audit_log WHERE action = 'CLAIMED' AND run_id = ANY($1::uuid[])""",
+            [w[0] for w in walls],
+        )
+        claimed = {r["run_id"]: r["claimed"] for r in rows}
+        to_claim = [(claimed[r] - ret) * 1000 for r, ret, _ in walls if r in claimed]
+        to_handler = [(at - claimed[r]) * 1000 for r, _, at in walls if r in claimed]
+        if not to_claim:
+            return {}
+        return {
+            "ingest_returned_to_claim_began_ms": {"p50": statistics.median(to_claim), "p99": _pct(to_claim, 0.99)},
+            "claim_began_to_handler_ms": {"p50": statistics.median(to_handler), "p99": _pct(to_handler, 0.99)},
+        }
 
     async def samples(self, n: int, until: float = float("inf")) -> list[float]:
         """n samples, or those that end before the monotonic time `until`."""
@@ -388,7 +416,10 @@ async def _latencies(stores: env.Stores, cfg: Config, figures: dict[str, Figure]
             async with _Dispatch(ingest, md, key, svc.address) as dispatch:
                 await dispatch.samples(5)  # warm: channels, the services' key caches and statements
                 idle = await dispatch.samples(samples)
+                idle_legs = await dispatch.breakdown(conn, 5)
+                since = len(dispatch.walls)
                 loaded, load = await _loaded(dispatch, cfg, svc, ing, md_load, drained["per_s"] / 2, samples)
+                load["legs"] = await dispatch.breakdown(conn, since)
             claim = scheduler_pb2.ClaimRunsRequest(
                 worker_id="bench", project_ids=[PROJECT], max_runs=1, wait=Duration(seconds=10)
             )
@@ -417,7 +448,7 @@ async def _latencies(stores: env.Stores, cfg: Config, figures: dict[str, Figure]
     load["claim_drain_per_s"] = round(drained["per_s"], 1)
     load["claim_drain"] = drained
     for key, values, extra in (
-        ("dispatch_latency", idle, {}),
+        ("dispatch_latency", idle, {"legs": idle_legs}),
         ("dispatch_latency_loaded", loaded, load),
         ("delayed_lateness", late, {}),
     ):

@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = Path(tempfile.mkdtemp(prefix="awooop-bench-logs-"))
 # set by `run.py --profile DIR`: every service process is sampled by py-spy into DIR
 PROFILE_DIR: Path | None = None
+# set by `run.py --profile-native`: py-spy also samples native frames (grpc's C core, syscalls);
+# it then stops the process for each sample, so the figures of that run are not comparable
+PROFILE_NATIVE = False
 # set by `run.py --uvloop / --set NAME=VALUE`: settings every service process gets
 EXTRA_SETTINGS: dict[str, str] = {}
 # set by `run.py --tracing`: OTEL_* variables every service process gets
@@ -126,7 +129,8 @@ def start_profiler(pid: int, stem: Path) -> subprocess.Popen[bytes] | None:
         return None
     stem.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "-o", f"{stem}.txt", "--nonblocking"],
+        [spy, "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "-o", f"{stem}.txt"]
+        + (["--native"] if PROFILE_NATIVE else ["--nonblocking"]),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

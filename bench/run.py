@@ -81,6 +81,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="sample every service process with py-spy into DIR (read with `python -m bench.profile`)",
     )
+    p.add_argument(
+        "--profile-native",
+        action="store_true",
+        help="with --profile: native frames too (py-spy --native; slows the services, figures not comparable)",
+    )
     return p.parse_args(argv)
 
 
@@ -135,6 +140,7 @@ async def main(args: argparse.Namespace) -> int:
         cfg.service_settings["tracing"] = "on (OTLP to a local sink)"
     if args.profile:
         procs.PROFILE_DIR = Path(args.profile).resolve()
+        procs.PROFILE_NATIVE = args.profile_native
     only = [g for item in args.only for g in item.split(",") if g]
     unknown = [g for g in only if g not in GROUPS]
     if unknown:

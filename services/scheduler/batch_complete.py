@@ -11,7 +11,6 @@ current attempt wins, and the others are answered as if they had arrived one aft
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +38,7 @@ NO_CLAIM: dict[str, Any] = {"projects": [], "lease_secs": None, "worker_id": Non
 class Item:
     run_id: str
     attempt: int
-    output: dict[str, Any]
+    output_json: str  # the output as compact JSON text (the validation's own, not encoded again)
 
 
 async def complete_many(
@@ -105,7 +104,7 @@ def _params(principal: Principal, items: list[Item]) -> dict[str, Any]:
     return {
         "run_ids": [it.run_id for it in items],
         "attempts": [it.attempt for it in items],
-        "outputs": [json.dumps(it.output, separators=(",", ":")) for it in items],
+        "outputs": [it.output_json for it in items],
         "allowed": list(COMPLETE.allowed),
         "worker_projects": projects_with(principal, WORKER_ROLE),
         "actor": principal.actor,

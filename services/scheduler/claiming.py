@@ -132,9 +132,16 @@ async def claim_runs(
     passed). Cancelled (the call ended), it stops waiting at once and claims nothing. With a
     claim key whose answer is recorded, that answer, at once (even with no runs left in it)."""
     deadline = time.monotonic() + wait
+    # What this call knows that other waiters may not (a notification wakes one waiter, and
+    # only the woken one looks for the earliest retry backoff): it was woken and has not claimed
+    # since, or its last wait counted on a backoff ending. It passes that on when it leaves.
+    woken_before = False
+    timer = False
     while True:
         with listener.subscribe(projects) as woken:
             if gone():
+                if woken_before or timer:
+                    _pass_on(listener, projects, woken)
                 return Claim([])
             result = await hand_back.to_the_end(
                 pool,
@@ -145,15 +152,22 @@ async def claim_runs(
             )
             if result.replayed:
                 metrics.CLAIM_REPLAYS.inc()
+                if timer:
+                    _pass_on(listener, projects, woken)
                 return result
             if result.rows:
                 metrics.count_claims(result.rows)
+                if len(result.rows) >= max_runs or timer:  # a full batch (more may be claimable), or a backoff
+                    _pass_on(listener, projects, woken)
                 return result
             left = deadline - time.monotonic()
             if left <= 0 or listener.stopping.is_set():
+                if timer:
+                    _pass_on(listener, projects, woken)
                 return result
             timeout = left
             next_ready = await seconds_until_ready(pool, projects)
+            timer = next_ready is not None
             if next_ready is not None:
                 timeout = min(timeout, next_ready + 0.001)
             poll = listener.poll_interval
@@ -165,6 +179,15 @@ async def claim_runs(
                     await asyncio.wait_for(woken.wait(), timeout=timeout)
             except asyncio.CancelledError:  # the call ended while it waited
                 metrics.CLAIMS_ABANDONED.inc()
+                if woken.is_set() or timer:
+                    _pass_on(listener, projects, woken)
                 raise
             finally:
                 metrics.CLAIMS_WAITING.dec()
+            woken_before = woken.is_set()
+
+
+def _pass_on(listener: RunReadyListener, projects: list[str], own: asyncio.Event) -> None:
+    """Hands a wake-up on to another waiting claim of these projects (wakeup.py wakes one)."""
+    for p in projects:
+        listener.wake(p, besides=own, by="passed_on")

@@ -345,7 +345,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         items = []
         for i, item in enumerate(runs[:MAX_COMPLETE_RUNS]):
             run_id, attempt = _lease(v, f"{field}[{i}].lease", item.lease)
-            output = v.struct(f"{field}[{i}].output", item.output, max_bytes=self.settings.max_payload_bytes)
+            _, output = v.json(f"{field}[{i}].output", item.output, max_bytes=self.settings.max_payload_bytes)
             items.append(batch_complete.Item(run_id, attempt, output))
         return items
 

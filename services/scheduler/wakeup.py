@@ -3,6 +3,16 @@ RUN_READY_CHANNEL (payload: a project id), fanned out to the claims waiting on t
 
 Every transaction that makes a run claimable sends the NOTIFY (ingest's insert, the
 reaper, approve, retry, release), so a waiting claim retries at once instead of polling.
+
+A notification wakes ONE waiting claim of its project (the one waiting longest), not all of
+them: a NOTIFY says "something is claimable", not how much, and waking every waiter turned each
+ingested batch into one claim statement per waiting worker, nearly all of them empty (with
+16 waiting workers, 15 empty claims and 15 SecondsUntilReady statements per NOTIFY), load that
+delayed every other claim on the machine. The woken claim passes the wake on (`wake` again)
+when it took a full batch (more may be waiting), when its call ended before it claimed, or when
+it leaves while it counted on a retry backoff ending (only a woken claim looks for the earliest
+backoff; claiming.py), so work that outnumbers one claim still reaches as many waiters as it
+needs and a delayed run is never left to waiters that do not know of it.
 If the connection drops, it reconnects in the background with back-off, and meanwhile
 waiters fall back to a short poll (`poll_interval`). After a reconnect every waiter is
 woken once, since notifications sent while it was down are lost.
@@ -55,7 +65,8 @@ class RunReadyListener:
         self.stopping = stopping
         self.connect_timeout = connect_timeout
         self.connected = asyncio.Event()
-        self._waiters: dict[str, set[asyncio.Event]] = {}
+        # per project, its waiters in the order they started waiting (a dict as an ordered set)
+        self._waiters: dict[str, dict[asyncio.Event, None]] = {}
         self._conn: asyncpg.Connection | None = None
         self._probes: dict[str, asyncio.Event] = {}
         self._warned_undelivered = False
@@ -72,7 +83,7 @@ class RunReadyListener:
         event = asyncio.Event()
         keys = list(projects)
         for p in keys:
-            self._waiters.setdefault(p, set()).add(event)
+            self._waiters.setdefault(p, {})[event] = None
         if self.stopping.is_set():
             event.set()
         try:
@@ -81,13 +92,19 @@ class RunReadyListener:
             for p in keys:
                 waiters = self._waiters.get(p)
                 if waiters is not None:
-                    waiters.discard(event)
+                    waiters.pop(event, None)
                     if not waiters:
                         del self._waiters[p]
 
-    def wake(self, project_id: str) -> None:
+    def wake(self, project_id: str, besides: asyncio.Event | None = None, by: str = "notify") -> None:
+        """Wakes one waiter of the project (but `besides`, the caller's own): the longest waiting
+        that is not woken yet. None when every waiter is already woken (each of them claims
+        next, and sees the new run)."""
         for event in self._waiters.get(project_id, ()):
-            event.set()
+            if event is not besides and not event.is_set():
+                event.set()
+                metrics.CLAIM_WAKEUPS.labels(by).inc()
+                return
 
     def wake_all(self) -> None:
         for waiters in self._waiters.values():
