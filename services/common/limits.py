@@ -14,3 +14,5 @@ MAX_CRON = 256  # awooop_schedule.cron
 MAX_TIME_ZONE = 64  # awooop_schedule.time_zone; IANA names are at most about 30 characters
 MAX_ERROR_CODE = 64  # awooop_run_state.error_code
 MAX_ATTEMPTS_LIMIT = 100  # CHECK (max_attempts BETWEEN 1 AND 100)
+MAX_EVENT_KIND = 128  # awooop_run_event.kind VARCHAR(128), a progress event's kind
+MAX_EMIT_KEY = 128  # awooop_run_event.emit_key VARCHAR(128)
