@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -371,3 +373,45 @@ async def test_bounds_give_a_clear_status(start_services: Any, make_key: Any) ->
     finally:
         for c in (suite.admin, suite.worker_client, suite.other):
             await c.close()
+
+
+# --- visible: the CLI -------------------------------------------------------------------------------
+
+
+async def _cli(suite: Suite, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
+    env["AWOOOP_API_KEY"] = suite.admin_key
+    cmd = [
+        sys.executable,
+        "-m",
+        "awooop.cli",
+        "runs",
+        *args,
+        "--scheduler",
+        suite.scheduler,
+        "--saga",
+        f"127.0.0.1:{suite.sched.ports['saga']}",
+    ]
+    return await asyncio.to_thread(subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=60)
+
+
+async def test_runs_show_lists_progress_events_and_runs_watch_follows_a_run(suite: Suite) -> None:
+    run_id = await suite.create_run()
+    lease = await suite.claim(run_id)
+    await suite.emit(lease, {"n": 0, "note": "fetched"}, kind="fetch")
+    watching = asyncio.create_task(_cli(suite, "watch", run_id))
+    shown = await _cli(suite, "show", run_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    progress = json.loads(shown.stdout)["progress"]
+    assert [(p["kind"], p["data"]) for p in progress] == [("fetch", {"n": 0, "note": "fetched"})]
+    await suite.emit(lease, {"n": 1, "note": "summarised"}, kind="summarise")
+    c = suite.worker_client
+    await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=lease, output=to_struct({"ok": 1})))
+    done = await asyncio.wait_for(watching, 60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any("progress  fetch" in line for line in lines)
+    assert any("progress  summarise" in line for line in lines)
+    assert lines[-2:] == ["ended  COMPLETED", 'output {"ok": 1}'] or lines[-2].startswith("ended  COMPLETED")
+    text = await _cli(suite, "show", run_id)
+    assert "progress events (2)" in text.stdout and "summarise" in text.stdout

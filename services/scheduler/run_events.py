@@ -167,15 +167,18 @@ async def watch(
     run_id: str,
     after: int,
     poll_interval: float,
+    *,
+    snapshot: bool = False,
 ) -> AsyncIterator[LogRow | Ended]:
-    """The run's log after `after`, then live, then Ended (call open_watch first)."""
+    """The run's log after `after`, then live, then Ended (call open_watch first); with
+    snapshot, only the rows there are now."""
     with listener.subscribe_run(run_id) as woken:
         marked_until = 0.0
         while True:
             if listener.stopping.is_set():  # the client resumes from its last offset elsewhere
                 raise errors.shutting_down(f"this scheduler is shutting down; watch run {run_id} again after {after}")
             now = time.monotonic()
-            if now >= marked_until:  # (re)announce the watch before reading, so no NOTIFY is skipped
+            if now >= marked_until and not snapshot:  # (re)announce the watch before reading, so no NOTIFY is skipped
                 await pool.execute(MARK.sql, *MARK.args(run_id=run_id, ttl=WATCH_TTL))
                 marked_until = now + WATCH_TTL / 2
             woken.clear()
@@ -187,6 +190,8 @@ async def watch(
                 yield item
             if rows:
                 continue
+            if snapshot:
+                return
             if run is None:  # deleted by retention while watched: nothing more will come
                 raise errors.not_found("run", run_id)
             if run["status"] in TERMINAL:

@@ -902,7 +902,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         with self.watchers.slot():
             await run_events.open_watch(self.pool, current_principal(), run_id, request.after)
             await context.send_initial_metadata(())  # tells an SSE relay the watch was accepted
-            items = run_events.watch(self.pool, self.listener, run_id, request.after, self.settings.watch_poll_interval)
+            items = run_events.watch(
+                self.pool,
+                self.listener,
+                run_id,
+                request.after,
+                self.settings.watch_poll_interval,
+                snapshot=request.snapshot,
+            )
             async for item in items:
                 if isinstance(item, run_events.Ended):
                     yield scheduler_pb2.WatchRunResponse(run=run_to_pb(item.run))

@@ -5,6 +5,7 @@ so a caller sees every event once, in order."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +46,7 @@ def event_of(pb: scheduler_pb2.WatchEvent) -> Event:
         pb.kind,
         from_struct(pb.data),
         pb.attempt,
-        pb.at.ToDatetime(),
+        pb.at.ToDatetime(dt.UTC),
     )
 
 
@@ -73,3 +74,16 @@ async def watch_run(client: Client, run_id: str, *, after: int = 0) -> AsyncIter
             call.cancel()
         # the stream ended without the run (a server that closed it cleanly): resume
         await asyncio.sleep(RESUME_BACKOFF)
+
+
+async def read_events(client: Client, run_id: str, *, after: int = 0) -> list[Event]:
+    """The rows the run's log holds now (WatchRun with snapshot: no following)."""
+    call = client.scheduler.WatchRun(
+        scheduler_pb2.WatchRunRequest(run_id=run_id, after=after, snapshot=True),
+        metadata=client.metadata,
+        timeout=client.timeout,
+    )
+    try:
+        return [event_of(msg.event) async for msg in call if msg.HasField("event")]
+    except grpc.aio.AioRpcError as err:
+        raise AwooopError.from_rpc(err, "/awooop.scheduler.v1.SchedulerService/WatchRun") from None

@@ -2435,19 +2435,25 @@ class WatchRunRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     AFTER_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     after: _builtins.int
     """Resume after this offset (the last one received; 0: from the start)."""
+    snapshot: _builtins.bool
+    """Send the rows the log holds now and end, without following the run or sending it (a read:
+    `awooop runs show`, the console).
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         after: _builtins.int = ...,
+        snapshot: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "run_id", b"run_id", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
