@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -28,6 +28,7 @@ class RunView:
     history: list[scheduler_pb2.RunEvent]
     journal: saga_pb2.GetJournalResponse | None
     problems: list[str]
+    progress: list[scheduler_pb2.WatchEvent] = field(default_factory=list)  # the handler's ctx.emit events
 
 
 class Backend:
@@ -52,7 +53,10 @@ class Backend:
         run_call = self.call(self.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id), key)
         history_call = self.call(self.scheduler.GetRunHistory, scheduler_pb2.GetRunHistoryRequest(run_id=run_id), key)
         journal_call = self.call(self.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=run_id), key)
-        run_r, hist_r, journal_r = await asyncio.gather(_answer(run_call), _answer(history_call), _answer(journal_call))
+        progress_call = self.progress(key, run_id)
+        run_r, hist_r, journal_r, progress_r = await asyncio.gather(
+            _answer(run_call), _answer(history_call), _answer(journal_call), _answer(progress_call)
+        )
         if isinstance(run_r, AwooopError):
             raise run_r
         problems = []
@@ -66,7 +70,28 @@ class Backend:
             problems.append(f"journal: {journal_r.details.render()}")
         else:
             journal = journal_r
-        return RunView(run_r.run, history, journal, problems)
+        progress: list[scheduler_pb2.WatchEvent] = []
+        if isinstance(progress_r, AwooopError):
+            problems.append(f"progress events: {progress_r.details.render()}")
+        else:
+            progress = progress_r
+        return RunView(run_r.run, history, journal, problems, progress)
+
+    async def progress(self, key: str, run_id: str) -> list[scheduler_pb2.WatchEvent]:
+        """The run's progress events so far (WatchRun with snapshot: the log as it is, no following)."""
+        call = self.scheduler.WatchRun(
+            scheduler_pb2.WatchRunRequest(run_id=run_id, snapshot=True),
+            timeout=TIMEOUT,
+            metadata=(("authorization", f"Bearer {key}"),),
+        )
+        try:
+            return [
+                m.event
+                async for m in call
+                if m.HasField("event") and m.event.source == scheduler_pb2.RUN_EVENT_SOURCE_PROGRESS
+            ]
+        except grpc.aio.AioRpcError as err:
+            raise AwooopError.from_rpc(err) from None
 
     async def close(self) -> None:
         for ch in self._channels:

@@ -287,6 +287,7 @@ class Console:
             steps_page=_int(request.query.get("st", "1")),
             trace_url=self.trace_url,
             problems=view.problems,
+            progress=view.progress,
         )
         return self.render(
             request, "run.html", page=page, run=view.run, project=view.run.project_id, query=request.query
