@@ -166,7 +166,7 @@ class Settings:
     # either an emit answers RESOURCE_EXHAUSTED / RUN_EVENTS_EXHAUSTED (state changes and steps are
     # always recorded)
     max_run_events: int = 10_000
-    max_run_event_bytes_total: int = 16 * 1024 * 1024
+    max_run_event_bytes_total: int = 16 * 1024 * 1024  # the data of a run's progress events together
     max_run_event_bytes: int = 64 * 1024  # largest data of one progress event, as compact JSON
     max_watchers: int = 1000  # WatchRun streams one scheduler serves at once; past it RESOURCE_EXHAUSTED
     # longest a watcher goes without re-reading its run when no wake-up came (a lost NOTIFY is late by

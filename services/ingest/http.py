@@ -51,6 +51,7 @@ _STATUS = {
     grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,  # a run event stream past AWOOOP_MAX_WATCHERS
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 503,
 }
@@ -62,6 +63,7 @@ _TITLES = {
     405: "Method Not Allowed",
     409: "Conflict",
     413: "Content Too Large",
+    429: "Too Many Requests",
     503: "Service Unavailable",
 }
 

@@ -21,7 +21,7 @@ from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.common import errors
+from services.common import errors, jsonvalues
 from services.common.peers import peer_channel
 from services.common.settings import Settings
 
@@ -89,6 +89,9 @@ def add_routes(app: web.Application, settings: Settings) -> None:
                 async for msg in call:
                     if msg.HasField("run"):
                         run = json_format.MessageToDict(msg.run, preserving_proto_field_name=True)
+                        for name in ("input", "output"):  # 42, not 42.0, as the run was given them
+                            if msg.run.HasField(name):
+                                run[name] = jsonvalues.struct_dict(getattr(msg.run, name))
                         await response.write(_sse("end", run))
                         break
                     e = msg.event
@@ -96,7 +99,7 @@ def add_routes(app: web.Application, settings: Settings) -> None:
                         "offset": e.offset,
                         "source": SOURCES.get(e.source, "unknown"),
                         "kind": e.kind,
-                        "data": json_format.MessageToDict(e.data),
+                        "data": jsonvalues.struct_dict(e.data),
                         "attempt": e.attempt,
                         "at": e.at.ToJsonString(),
                     }
