@@ -42,6 +42,8 @@ class Config:
     waits_parked: int = 10_000  # parked runs (each with its open wait) in the table
     waits_claimable: int = 20_000  # PENDING runs the claim takes its batches from
     waits_repeats: int = 41
+    # run event streams
+    run_events_samples: int = 200  # progress events emitted (one after another) to a watcher
     # crash
     crash_lease_ttl: float = 2.0
     crash_reaper_interval: float = 0.5
@@ -68,6 +70,7 @@ class Config:
             reaper_repeats=3,
             reap_pass=10_000,
             crash_trials=1,
+            run_events_samples=50,
         )
 
     def as_dict(self) -> dict[str, Any]:

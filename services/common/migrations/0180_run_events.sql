@@ -17,7 +17,7 @@
 -- emit_key: a progress event's optional key; an emit repeated with the same key (a retried
 -- handler) answers the first one's offset instead of adding a row.
 CREATE TABLE awooop_run_event (
-    run_id          UUID         NOT NULL REFERENCES awooop_run_state (run_id) ON DELETE CASCADE,
+    run_id          UUID         NOT NULL,  -- no foreign key: its check would lock the run row per log row
     seq             BIGINT       NOT NULL,
     project_id      VARCHAR(64)  NOT NULL,
     source          VARCHAR(16)  NOT NULL CHECK (source IN ('state', 'step', 'progress')),
@@ -41,9 +41,9 @@ CREATE TABLE awooop_run_watch (
 );
 
 -- Appends one row to a run's log and returns its seq (the caller's transaction holds what it
--- needs: a state change its run row, an emit its lease check). A run that is gone (an audit row
--- may name a deleted run) is skipped: NULL. No EXCEPTION block: that would be a subtransaction per
--- row of every claim and completion.
+-- needs: a state change its run row, an emit its lease check). No EXCEPTION block (a
+-- subtransaction per row of every claim and completion) and no foreign key (its check locks the
+-- run row once more per log row): the rows go with their run in ingest's PruneRuns.
 CREATE FUNCTION awooop_append_run_event(
     p_run_id UUID, p_project_id TEXT, p_source TEXT, p_kind TEXT, p_data JSONB, p_attempt INT,
     p_emit_key TEXT DEFAULT NULL, p_progress_no INT DEFAULT NULL, p_progress_bytes BIGINT DEFAULT NULL
@@ -52,9 +52,6 @@ DECLARE
     next_seq BIGINT;
     written BIGINT;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM awooop_run_state WHERE run_id = p_run_id) THEN
-        RETURN NULL;
-    END IF;
     LOOP
         SELECT COALESCE(max(seq), 0) + 1 INTO next_seq FROM awooop_run_event WHERE run_id = p_run_id;
         INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, emit_key,
