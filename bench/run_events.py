@@ -154,7 +154,7 @@ async def _claim_cost(stores: env.Stores, cfg: Config, fig: Figure) -> None:
     pools = [await create_pool(settings.with_(database_url=d, db_pool_max=4)) for d in dsns]
     seeds = [await asyncpg.connect(d) for d in dsns]
     try:
-        await seeds[0].execute("ALTER TABLE awooop_audit_log DISABLE TRIGGER awooop_audit_run_event")
+        await seeds[0].execute("ALTER TABLE awooop_audit_log DISABLE TRIGGER awooop_audit_run_events")
         for seed in seeds:
             await seed.execute(SEED_PENDING_SQL, PROJECT, cfg.waits_claimable)
             await seed.execute("VACUUM ANALYZE awooop_run_state")

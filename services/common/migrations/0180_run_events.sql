@@ -68,24 +68,57 @@ BEGIN
     RETURN written;
 END $$;
 
--- A state change: every audit row of a run (written in the transaction of the change). The
--- attempt comes from the row's details when it names one (claims, reaps, completions do).
-CREATE FUNCTION awooop_run_event_from_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+-- State changes: every audit row of a run (written in the transaction of the change), copied once
+-- per statement: a claim of 100 runs writes its 100 log rows in one INSERT (a row trigger doubled
+-- the claim statement's cost, bench/run_events.py). Each run's rows are numbered after its last
+-- seq, read with this statement's snapshot, which is taken after the writing statement locked its
+-- runs. A row that meets a concurrent writer's seq (only a writer that does not hold the run's row
+-- lock can race: one that audits without changing the run) waits for it, is skipped, and is then
+-- appended one at a time by awooop_append_run_event. The attempt comes from the row's details when
+-- it names one (claims, reaps, completions do).
+CREATE FUNCTION awooop_run_events_from_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    missed RECORD;
 BEGIN
-    PERFORM awooop_append_run_event(
-        NEW.run_id, NEW.project_id, 'state', NEW.action,
-        jsonb_strip_nulls(jsonb_build_object(
-            'action', NEW.action, 'from_status', NEW.from_status, 'to_status', NEW.to_status,
-            'actor', NEW.actor, 'reason', NEW.reason, 'details', NEW.details)),
-        CASE WHEN jsonb_typeof(NEW.details -> 'attempt') = 'number'
-             THEN LEAST(GREATEST((NEW.details ->> 'attempt')::numeric, 0), 2147483647)::int ELSE 0 END);
+    FOR missed IN
+        WITH rows AS (
+            SELECT n.audit_id, n.run_id, n.project_id, n.action,
+                   jsonb_strip_nulls(jsonb_build_object(
+                       'action', n.action, 'from_status', n.from_status, 'to_status', n.to_status,
+                       'actor', n.actor, 'reason', n.reason, 'details', n.details)) AS data,
+                   CASE WHEN jsonb_typeof(n.details -> 'attempt') = 'number'
+                        THEN LEAST(GREATEST((n.details ->> 'attempt')::numeric, 0), 2147483647)::int ELSE 0 END
+                       AS attempt,
+                   row_number() OVER (PARTITION BY n.run_id ORDER BY n.audit_id) AS k
+              FROM new_rows n
+             WHERE n.run_id IS NOT NULL
+        ), numbered AS (
+            SELECT r.*, COALESCE((SELECT max(e.seq) FROM awooop_run_event e WHERE e.run_id = r.run_id), 0) + r.k AS seq
+              FROM rows r
+        ), ins AS (
+            INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt)
+            SELECT run_id, seq, project_id, 'state', action, data, attempt FROM numbered
+            ON CONFLICT (run_id, seq) DO NOTHING
+            RETURNING run_id, seq
+        )
+        SELECT nb.run_id, nb.project_id, nb.action, nb.data, nb.attempt
+          FROM numbered nb
+         WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.run_id = nb.run_id AND ins.seq = nb.seq)
+         ORDER BY nb.audit_id
+    LOOP
+        PERFORM awooop_append_run_event(missed.run_id, missed.project_id, 'state', missed.action, missed.data,
+                                        missed.attempt);
+    END LOOP;
+    PERFORM pg_notify('awooop_run_event', w.run_id::text)
+       FROM awooop_run_watch w
+      WHERE w.run_id IN (SELECT n.run_id FROM new_rows n) AND w.watched_until > now();
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER awooop_audit_run_event
+CREATE TRIGGER awooop_audit_run_events
     AFTER INSERT ON awooop_audit_log
-    FOR EACH ROW WHEN (NEW.run_id IS NOT NULL)
-    EXECUTE FUNCTION awooop_run_event_from_audit();
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION awooop_run_events_from_audit();
 
 -- A journal step: its first record and each change of its status.
 CREATE FUNCTION awooop_run_event_from_step() RETURNS trigger LANGUAGE plpgsql AS $$
