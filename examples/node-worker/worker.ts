@@ -22,6 +22,8 @@ function scaleBack(result: Json): CompensationCommand {
 async function handle(ctx: RunContext): Promise<Json | undefined> {
   const target = { deployment: "api", replicas: 3 };
   await ctx.step("diagnose", () => ({ cause: "cpu saturated" }), { stepType: "llm_call" });
+  // a progress event for whoever watches the run (npm run watch -- RUN_ID); keyed: not repeated
+  await ctx.emit({ cause: "cpu saturated", next: "scale api to 3" }, { kind: "diagnosed", key: "diagnosed" });
   await ctx.step("scale", tools.execute, { toolId: "k8s_scale_deployment", params: target, compensation: scaleBack });
   const approval = await ctx.requestApproval("Keep api at 3 replicas?");
   if (!approval.granted) {

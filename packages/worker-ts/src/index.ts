@@ -16,6 +16,8 @@ export type {
   StopReason,
 } from "./context";
 export { ToolClient } from "./tools";
+export { watchRun } from "./watch";
+export type { EventSource, RunEvent } from "./watch";
 export type { ToolClientOptions } from "./tools";
 export { Client, CHANNEL_OPTIONS, DEFAULT_TIMEOUT } from "./client";
 export type { ClientOptions, RequestOf, ResponseOf, UnaryMethod } from "./client";
