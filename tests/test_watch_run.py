@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import asyncpg
 import grpc
 import pytest
 
@@ -22,7 +23,7 @@ from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import AwooopError, Client, Event, LeaseLost, RunContext, Worker, to_struct, watch_run
-from services.common import errors
+from services.common import audit, errors
 from services.common.runtime import Runtime
 from tests.harness.helpers import eventually, key_of
 
@@ -415,3 +416,56 @@ async def test_runs_show_lists_progress_events_and_runs_watch_follows_a_run(suit
     assert lines[-2:] == ["ended  COMPLETED", 'output {"ok": 1}'] or lines[-2].startswith("ended  COMPLETED")
     text = await _cli(suite, "show", run_id)
     assert "progress events (2)" in text.stdout and "summarise" in text.stdout
+
+
+# --- the log's sequence under writers that do not lock the run ------------------------------------
+
+
+def _audit_args(run_id: Any, action: str) -> list[Any]:
+    """InsertAuditRow's arguments (details as JSON text: these connections have no jsonb codec)."""
+    return audit.INSERT.args(
+        project_id="watch",
+        run_id=run_id,
+        actor="t",
+        action=action,
+        from_status=None,
+        to_status=None,
+        reason=None,
+        details="{}",
+    )
+
+
+async def test_audit_writers_racing_on_one_run_get_consecutive_offsets_in_commit_order(db_dsn: str) -> None:
+    """Two transactions audit the same run without locking its row (as the saga's compensation
+    audit can): the second one's statement meets the first's uncommitted seq, waits for it, and
+    appends after it, so the log stays gapless and in commit order."""
+    first, second, check = [await asyncpg.connect(db_dsn) for _ in range(3)]
+    try:
+        run_id = await check.fetchval(
+            "INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id) "
+            "VALUES ('watch', 'api', 'race') RETURNING run_id"
+        )
+        t1 = first.transaction()
+        await t1.start()
+        await first.execute(audit.INSERT.sql, *_audit_args(run_id, "FIRST"))
+        t2 = second.transaction()
+        await t2.start()
+        blocked = asyncio.create_task(second.execute(audit.INSERT.sql, *_audit_args(run_id, "SECOND")))
+
+        async def waiting() -> bool:  # the second statement waits on the first's row
+            return bool(
+                await check.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+            )
+
+        await eventually(waiting, what="the second writer waiting on the first")
+        await t1.commit()
+        await asyncio.wait_for(blocked, 10)
+        await t2.commit()
+        rows = await check.fetch("SELECT seq, kind FROM awooop_run_event WHERE run_id = $1 ORDER BY seq", run_id)
+        assert [(r["seq"], r["kind"]) for r in rows] == [(1, "FIRST"), (2, "SECOND")]
+    finally:
+        for c in (first, second, check):
+            await c.close()
