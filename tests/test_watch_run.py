@@ -469,3 +469,33 @@ async def test_audit_writers_racing_on_one_run_get_consecutive_offsets_in_commit
     finally:
         for c in (first, second, check):
             await c.close()
+
+
+async def test_live_events_arrive_by_notification_not_by_polling(start_services: Any, make_key: Any) -> None:
+    """With the poll fallback set to five minutes, a watcher still gets each event and the run's
+    end as they happen: the NOTIFY of a watched run's new log rows wakes it."""
+    suite = await _suite(start_services, make_key, watch_poll_interval=300.0)
+    try:
+        run_id = await suite.create_run()
+        lease = await suite.claim(run_id)
+        seen: list[Any] = []
+        watching = asyncio.create_task(_grpc_watch(suite.admin, run_id, events=seen))
+
+        async def claimed_seen() -> bool:  # the durable part came first
+            return any(e.kind == "CLAIMED" for e in seen)
+
+        await eventually(claimed_seen, what="the durable part")
+        for i in range(3):
+            await suite.emit(lease, {"n": i})
+
+            async def arrived(i: int = i) -> bool:
+                return i in _progress(seen)
+
+            await eventually(arrived, timeout=60, what=f"event {i} live")
+        c = suite.worker_client
+        await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=lease))
+        _, run = await asyncio.wait_for(watching, 60)
+        assert run.status == common_pb2.RUN_STATUS_COMPLETED
+    finally:
+        for c in (suite.admin, suite.worker_client, suite.other):
+            await c.close()
