@@ -499,3 +499,30 @@ async def test_live_events_arrive_by_notification_not_by_polling(start_services:
     finally:
         for c in (suite.admin, suite.worker_client, suite.other):
             await c.close()
+
+
+async def test_an_idle_sse_stream_sends_keepalive_comments(suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.ingest import run_stream
+
+    monkeypatch.setattr(run_stream, "KEEPALIVE_SECONDS", 0.2)  # read per wait: the live server uses it
+    run_id = await suite.create_run()
+    lease = await suite.claim(run_id)
+    headers = {"Authorization": f"Bearer {suite.admin_key}"}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(f"{suite.http}/v1/runs/{run_id}/events", headers=headers) as resp,
+    ):
+        assert resp.status == 200
+        lines: list[str] = []
+        async for raw in resp.content:
+            lines.append(raw.decode().rstrip("\n"))
+            if lines[-1] == ": keepalive":
+                break
+        assert any(line == "event: state" for line in lines)  # the durable part came before
+        await suite.emit(lease, {"after": "the keepalive"})
+        async for raw in resp.content:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("data: ") and "the keepalive" in line:
+                break
+        else:
+            raise AssertionError("the event after the keepalive did not arrive")

@@ -11,6 +11,7 @@ before the stream starts are problem documents with the gRPC status's HTTP code 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -27,6 +28,7 @@ from services.common.settings import Settings
 
 ROUTE = "/v1/runs/{run_id}/events"
 LAST_EVENT_ID = "Last-Event-ID"
+KEEPALIVE_SECONDS = 15.0  # a comment line this often while no event comes (idle timeouts of proxies)
 SOURCES = {
     scheduler_pb2.RUN_EVENT_SOURCE_STATE: "state",
     scheduler_pb2.RUN_EVENT_SOURCE_STEP: "step",
@@ -85,8 +87,17 @@ def add_routes(app: web.Application, settings: Settings) -> None:
                 headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             )
             await response.prepare(request)
+            reading: asyncio.Future[Any] | None = None
             try:
-                async for msg in call:
+                while True:
+                    reading = reading or asyncio.ensure_future(call.read())
+                    done, _ = await asyncio.wait({reading}, timeout=KEEPALIVE_SECONDS)
+                    if not done:  # a comment line keeps proxies from closing an idle stream
+                        await response.write(b": keepalive\n\n")
+                        continue
+                    msg, reading = reading.result(), None
+                    if msg is grpc.aio.EOF:  # ended without the run (a scheduler that closed it): reconnect
+                        break
                     if msg.HasField("run"):
                         run = json_format.MessageToDict(msg.run, preserving_proto_field_name=True)
                         for name in ("input", "output"):  # 42, not 42.0, as the run was given them
@@ -103,10 +114,13 @@ def add_routes(app: web.Application, settings: Settings) -> None:
                         "attempt": e.attempt,
                         "at": e.at.ToJsonString(),
                     }
-                    await response.write(_sse(body["source"], body, e.offset))  # type: ignore[arg-type]
+                    await response.write(_sse(body["source"], body, e.offset))
             except grpc.aio.AioRpcError as err:  # mid-stream: an SSE error event, then the client resumes
                 failure = service_error(err)
                 await response.write(_sse("error", {"code": failure.code.name, "reason": failure.reason}))
+            finally:
+                if reading is not None:
+                    reading.cancel()
             await response.write_eof()
             return response
         except grpc.aio.AioRpcError as err:
