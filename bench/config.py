@@ -47,6 +47,8 @@ class Config:
     waits_repeats: int = 41
     waits_window: float = 60.0  # seconds the store's writes are counted with parked runs only
     waits_resume_samples: int = 200  # completion -> handler resumed
+    # run event streams
+    run_events_samples: int = 200  # progress events emitted (one after another) to a watcher
     # crash
     crash_lease_ttl: float = 2.0
     crash_reaper_interval: float = 0.5
@@ -76,6 +78,7 @@ class Config:
             crash_trials=1,
             waits_window=15.0,
             waits_resume_samples=40,
+            run_events_samples=50,
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ GROUPS: dict[str, str] = {
     "journal": "bench.journal",
     "reaper": "bench.reaper",
     "waits": "bench.waits",
+    "run_events": "bench.run_events",
     "crash": "bench.crash",
     "pooler": "bench.pooler",
     "retention": "bench.retention",

@@ -296,6 +296,25 @@ async def test_a_run_of_many_steps_is_paginated(env: ConsoleEnv, browser: Browse
     assert "leased by worker console-test-worker" in html  # why it is not moving
 
 
+async def test_the_run_page_lists_the_progress_events(env: ConsoleEnv, browser: Browser) -> None:
+    from awooop.scheduler.v1 import scheduler_pb2
+    from awooop.worker import to_struct
+
+    run_id = await env.create()
+    lease = await env.claim(run_id)
+    for i, note in enumerate(("fetched <b>logs</b>", "summarised")):
+        request = scheduler_pb2.EmitEventRequest(lease=lease, kind=f"stage-{i}", data=to_struct({"note": note}))
+        await env.worker.call(env.worker.scheduler.EmitEvent, request)
+    await browser.signin(env.admin_key)
+    status, html, _ = await browser.get(f"/runs/{run_id}")
+    assert status == 200 and html.count('<tr id="event-') == 2
+    assert "stage-0" in html and "stage-1" in html and "summarised" in html
+    assert "&lt;b&gt;logs&lt;/b&gt;" in html  # escaped like every payload
+    other = await env.create()
+    status, html, _ = await browser.get(f"/runs/{other}")
+    assert status == 200 and "(none emitted)" in html
+
+
 async def test_awooop_serve_console_is_a_real_process(env: ConsoleEnv, settings: Any, tmp_path: Any) -> None:
     import asyncio
     import os

@@ -123,12 +123,35 @@ async def test_node_worker_runs_the_demo_story_to_compensated_and_to_completed(
 
         # approved: claimed again, the done steps skipped, completed with the handler's output
         approved = await story(42, scheduler_pb2.DECISION_APPROVE)
+        # the example's watcher follows it live to its end (watch.ts: @awooop/worker's watchRun)
+        watch = await asyncio.create_subprocess_exec(
+            need("node"),
+            "dist/watch.js",
+            approved,
+            cwd=example,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
 
         async def completed() -> bool:
             return bool((await run_row(approved))["status"] == "COMPLETED")
 
         await eventually(completed, timeout=30, what="the approved run completed")
         assert json.loads((await run_row(approved))["output"]) == {"kept": {"deployment": "api", "replicas": 3}}
+        out, watch_err = await asyncio.wait_for(watch.communicate(), 60)
+        assert watch.returncode == 0, watch_err.decode()
+        lines = out.decode().splitlines()
+        # its progress event once (keyed: the second attempt's emit added nothing), in order, then the output
+        progress = [line.split(" ", 3) for line in lines if " progress " in line]
+        assert [(p[1], p[2], json.loads(p[3])) for p in progress] == [
+            ("progress", "diagnosed", {"cause": "cpu saturated", "next": "scale api to 3"})
+        ]
+        offsets = [int(line.split()[0]) for line in lines[:-1]]
+        assert offsets == list(range(1, len(offsets) + 1))
+        status, output = lines[-1].removeprefix("ended ").split(" ", 1)
+        assert status == "RUN_STATUS_COMPLETED"
+        assert json.loads(output) == {"kept": {"deployment": "api", "replicas": 3}}
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 60) == 0, err_log.read_text()
     finally:

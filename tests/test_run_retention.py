@@ -99,7 +99,7 @@ async def test_old_finished_runs_go_with_their_rows_and_runs_still_answered_for_
     for r in kept:
         assert await _exists(db, r), r
     old_ids = [uuid.UUID(r) for r in old]
-    for table in ("awooop_audit_log", "awooop_saga_step"):
+    for table in ("awooop_audit_log", "awooop_saga_step", "awooop_run_event"):  # the log goes with its run
         assert await db.fetchval(f"SELECT count(*) FROM {table} WHERE run_id = ANY($1)", old_ids) == 0
         assert await db.fetchval(f"SELECT count(*) FROM {table} WHERE run_id = ANY($1)", [uuid.UUID(k) for k in kept])
 

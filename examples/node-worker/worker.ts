@@ -23,6 +23,8 @@ function scaleBack(result: Json): CompensationCommand {
 async function handle(ctx: RunContext): Promise<Json | undefined> {
   const target = { deployment: "api", replicas: 3 };
   await ctx.step("diagnose", () => ({ cause: "cpu saturated" }), { stepType: "llm_call" });
+  // a progress event for whoever watches the run (npm run watch -- RUN_ID); keyed: not repeated
+  await ctx.emit({ cause: "cpu saturated", next: "scale api to 3" }, { kind: "diagnosed", key: "diagnosed" });
   await ctx.step("scale", tools.execute, { toolId: "k8s_scale_deployment", params: target, compensation: scaleBack });
   // let the new replicas settle before asking: a durable sleep parks the run (no lease, no worker
   // slot); it is claimed again when the time is up and this handler runs from the top, done steps skipped

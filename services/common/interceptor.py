@@ -6,7 +6,9 @@ base raises NotImplementedError) answers UNIMPLEMENTED with ErrorInfo, never a f
 answer. Anything else is a bug: logged with its traceback and answered INTERNAL without
 leaking the exception text.
 
-Only unary-unary handlers are wrapped: every awooop RPC is unary. Health and reflection
+Unary-unary handlers are wrapped, and the one unary-stream kind awooop serves (WatchRun): its
+stream is authenticated, counted and logged once, when it ends (it does not count against
+AWOOOP_MAX_CONCURRENT_RPCS: a watch is long-lived and has its own limit). Health and reflection
 (streaming, and public: docs/architecture.md, "Security and errors") pass through untouched.
 
 With tracing on, opentelemetry-instrumentation-grpc's server interceptor comes before this one
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
@@ -40,6 +42,7 @@ PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 if TYPE_CHECKING:  # grpc's classes are generic only in their stubs
     Handler = grpc.RpcMethodHandler[Any, Any]
     AioUnary = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+    AioStream = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]
 
 
 class Malformed:
@@ -107,10 +110,17 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:  # unknown method: grpc answers UNIMPLEMENTED; not cached (any name can come)
             return handler
-        if not method.startswith(PUBLIC_PREFIXES) and handler.unary_unary is not None:  # every awooop RPC is unary
+        if not method.startswith(PUBLIC_PREFIXES) and handler.unary_unary is not None:
             handler = grpc.unary_unary_rpc_method_handler(
                 # on a grpc.aio server the handlers are coroutine functions taking an aio context
                 self._wrap(method, cast("AioUnary", handler.unary_unary)),
+                request_deserializer=_tolerant(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
+        elif not method.startswith(PUBLIC_PREFIXES) and handler.unary_stream is not None:
+            handler = grpc.unary_stream_rpc_method_handler(
+                # an async generator function taking an aio context
+                self._wrap_stream(method, cast("AioStream", handler.unary_stream)),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
@@ -188,5 +198,74 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             assert failure is not None  # the try either returned, raised, or set it
             status = failure.to_status()
             await context.abort(status.code, status.details, status.trailing_metadata)
+
+        return handle
+
+    def _wrap_stream(self, method: str, inner: AioStream) -> Any:
+        """A server-streaming handler: authenticated, its failure mapped like a unary one's (also
+        after messages were sent: the status ends the stream), counted and logged when it ends."""
+        authenticator = self.authenticator if self.authenticate else None
+        access_log = self.access_log
+        rpc = RpcMetrics(method)
+        run_of = run_id_getter(method)
+
+        async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+            started = time.perf_counter()
+            rpc.started.inc()
+            code = "OK"
+            principal_id = ""
+            token = None
+            failure: errors.ServiceError | None = None
+            named = run_of is not None and type(request) is not Malformed
+            run_token = RUN_ID.set(run_of(request)) if named else None  # type: ignore[misc]
+            try:
+                if type(request) is Malformed:
+                    raise errors.malformed_request(method, request.detail)
+                if authenticator is not None:
+                    principal = await authenticator.authenticate(_authorization(context))
+                    principal_id = principal.principal_id
+                    token = set_principal(principal)
+                async for item in inner(request, context):
+                    yield item
+            except errors.ServiceError as exc:
+                failure = exc
+            except grpc.aio.AbortError:
+                code = context.code().name if context.code() else "ABORTED"
+                raise
+            except asyncio.CancelledError:
+                remaining = context.time_remaining()
+                code = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+                raise
+            except NotImplementedError:
+                failure = errors.unimplemented(method)
+            except Exception as exc:
+                failure = store_error(exc)
+                if failure is None:
+                    log.exception("unhandled error in %s", method)
+                    tracing.record_exception(exc)
+                    failure = errors.internal()
+            finally:
+                if failure is not None:
+                    code = failure.code.name
+                if token is not None:
+                    reset_principal(token)
+                elapsed = time.perf_counter() - started
+                rpc.handled(code, elapsed)
+                if access_log:
+                    log.info(
+                        "rpc",
+                        extra={
+                            "method": method,
+                            "code": code,
+                            "ms": round(elapsed * 1000, 2),
+                            "principal": principal_id,
+                            "peer": context.peer(),
+                        },
+                    )
+                if run_token is not None:
+                    RUN_ID.reset(run_token)
+            if failure is not None:
+                status = failure.to_status()
+                await context.abort(status.code, status.details, status.trailing_metadata)
 
         return handle

@@ -15,3 +15,5 @@ MAX_TIME_ZONE = 64  # awooop_schedule.time_zone; IANA names are at most about 30
 MAX_ERROR_CODE = 64  # awooop_run_state.error_code
 MAX_ATTEMPTS_LIMIT = 100  # CHECK (max_attempts BETWEEN 1 AND 100)
 MAX_URL = 2048  # URLs a caller hands a service (a parked tool call's callback URL)
+MAX_EVENT_KIND = 128  # awooop_run_event.kind VARCHAR(128), a progress event's kind
+MAX_EMIT_KEY = 128  # awooop_run_event.emit_key VARCHAR(128)

@@ -22,6 +22,8 @@ from services.common.validate import to_struct
 # right after its insert commits, see services/ingest/wakeup.py), so a long-polling ClaimRuns
 # wakes without polling delay.
 RUN_READY_CHANNEL = "awooop_run_ready"
+# a watched run's log has a new row (payload: the run id; migration 0180's awooop_append_run_event)
+RUN_EVENT_CHANNEL = "awooop_run_event"
 
 CHANNELS = ("telegram", "alertmanager", "gitea", "line", "api")
 

@@ -92,6 +92,8 @@ class Settings:
     saga_port: int = 50053  # gRPC port of the saga service
     gateway_port: int = 50054  # gRPC port of the reference tool gateway
     http_port: int = 8080  # HTTP port of the ingest service (webhooks, API events: docs/channels.md); 0 disables
+    # the scheduler ingest's HTTP run event streams (GET /v1/runs/<id>/events) call WatchRun on
+    http_scheduler_addr: str = "127.0.0.1:50052"
     # Prometheus /metrics (one per process); 0 disables the endpoint. Unset in a process of one
     # service (`awooop serve saga`): that service's own port, 9464 ingest, 9465 scheduler, 9466 saga,
     # 9467 gateway, so single-service processes on one host do not collide
@@ -160,6 +162,16 @@ class Settings:
     queue_metrics_interval: float = 15.0  # how often runs by project and status are counted for /metrics (0: off)
     metrics_max_projects: int = 100  # projects with their own metrics label; later ones share project="_other"
     schedule_interval: float = 1.0  # how often each scheduler fires the cron schedules that are due
+    # progress events (ctx.emit) one run may emit, and their data's total size as compact JSON; past
+    # either an emit answers RESOURCE_EXHAUSTED / RUN_EVENTS_EXHAUSTED (state changes and steps are
+    # always recorded)
+    max_run_events: int = 10_000
+    max_run_event_bytes_total: int = 16 * 1024 * 1024  # the data of a run's progress events together
+    max_run_event_bytes: int = 64 * 1024  # largest data of one progress event, as compact JSON
+    max_watchers: int = 1000  # WatchRun streams one scheduler serves at once; past it RESOURCE_EXHAUSTED
+    # longest a watcher goes without re-reading its run when no wake-up came (a lost NOTIFY is late by
+    # at most this much)
+    watch_poll_interval: float = 5.0
 
     # --- saga ---
     saga_addr: str = ""  # scheduler -> saga nudges; empty: the saga's recovery loop picks requests up

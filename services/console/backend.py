@@ -29,6 +29,7 @@ class RunView:
     journal: saga_pb2.GetJournalResponse | None
     problems: list[str]
     waits: list[scheduler_pb2.Wait] = field(default_factory=list)  # ListWaits: open ones first
+    progress: list[scheduler_pb2.WatchEvent] = field(default_factory=list)  # the handler's ctx.emit events
 
 
 class Backend:
@@ -55,8 +56,9 @@ class Backend:
         history_call = self.call(self.scheduler.GetRunHistory, scheduler_pb2.GetRunHistoryRequest(run_id=run_id), key)
         journal_call = self.call(self.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=run_id), key)
         waits_call = self.call(self.scheduler.ListWaits, scheduler_pb2.ListWaitsRequest(run_id=run_id), key)
-        run_r, hist_r, journal_r, waits_r = await asyncio.gather(
-            _answer(run_call), _answer(history_call), _answer(journal_call), _answer(waits_call)
+        progress_call = self.progress(key, run_id)
+        run_r, hist_r, journal_r, waits_r, progress_r = await asyncio.gather(
+            _answer(run_call), _answer(history_call), _answer(journal_call), _answer(waits_call), _answer(progress_call)
         )
         if isinstance(run_r, AwooopError):
             raise run_r
@@ -76,7 +78,28 @@ class Backend:
             problems.append(f"waits: {waits_r.details.render()}")
         else:
             waits = list(waits_r.waits)
-        return RunView(run_r.run, history, journal, problems, waits)
+        progress: list[scheduler_pb2.WatchEvent] = []
+        if isinstance(progress_r, AwooopError):
+            problems.append(f"progress events: {progress_r.details.render()}")
+        else:
+            progress = progress_r
+        return RunView(run_r.run, history, journal, problems, waits, progress)
+
+    async def progress(self, key: str, run_id: str) -> list[scheduler_pb2.WatchEvent]:
+        """The run's progress events so far (WatchRun with snapshot: the log as it is, no following)."""
+        call = self.scheduler.WatchRun(
+            scheduler_pb2.WatchRunRequest(run_id=run_id, snapshot=True),
+            timeout=TIMEOUT,
+            metadata=(("authorization", f"Bearer {key}"),),
+        )
+        try:
+            return [
+                m.event
+                async for m in call
+                if m.HasField("event") and m.event.source == scheduler_pb2.RUN_EVENT_SOURCE_PROGRESS
+            ]
+        except grpc.aio.AioRpcError as err:
+            raise AwooopError.from_rpc(err) from None
 
     async def close(self) -> None:
         for ch in self._channels:

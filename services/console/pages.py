@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from google.protobuf import json_format
+
 from awooop.cli import timeline
 from awooop.cli.client import when
 from awooop.common.v1 import common_pb2
@@ -201,6 +203,18 @@ class RunPage:
     trace_url: str
     problems: list[str] = field(default_factory=list)
     open_waits: list[WaitView] = field(default_factory=list)  # an unfinished run's, to end by hand
+    progress: list[ProgressView] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ProgressView:
+    """One progress event (ctx.emit) as the run page lists it."""
+
+    offset: int
+    at: str
+    attempt: int
+    kind: str
+    data: str
 
 
 def run_page(
@@ -214,6 +228,7 @@ def run_page(
     trace_url: str,
     problems: list[str],
     waits: list[scheduler_pb2.Wait] | None = None,
+    progress: list[scheduler_pb2.WatchEvent] | None = None,
 ) -> RunPage:
     entries = timeline.build(history, journal)
     raw_steps = list(journal.steps) if journal is not None else []
@@ -254,6 +269,16 @@ def run_page(
         refresh=refresh,
         trace_url=trace_url.replace("{run_id}", run.run_id) if trace_url else "",
         problems=problems,
+        progress=[
+            ProgressView(
+                e.offset,
+                when(e.at),
+                e.attempt,
+                e.kind or "-",
+                json.dumps(json_format.MessageToDict(e.data), ensure_ascii=False, sort_keys=True),
+            )
+            for e in progress or []
+        ],
     )
 
 

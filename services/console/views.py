@@ -296,6 +296,7 @@ class Console:
             trace_url=self.trace_url,
             problems=view.problems,
             waits=view.waits,
+            progress=view.progress,
         )
         return self.render(
             request, "run.html", page=page, run=view.run, project=view.run.project_id, query=request.query

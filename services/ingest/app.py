@@ -7,7 +7,7 @@ from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from services.common.auth import Authenticator
 from services.common.loops import periodic
 from services.common.runtime import AppContext, ServiceParts
-from services.ingest import retention, wait_callbacks
+from services.ingest import retention, run_stream, wait_callbacks
 from services.ingest.http import HttpIngest
 from services.ingest.servicer import IngestServicer
 from services.ingest.wakeup import Notifier
@@ -34,6 +34,7 @@ def build(ctx: AppContext) -> ServiceParts:
     http_app = http.app() if s.http_port else None
     if http_app is not None:  # durable waits' callback URLs
         wait_callbacks.add_routes(http_app, ctx.pool, s)
+        run_stream.add_routes(http_app, s)  # run event streams (SSE), through the scheduler's WatchRun
 
     return ServiceParts(
         servicers=[(ingest_pb2_grpc.add_IngestServiceServicer_to_server, servicer)],

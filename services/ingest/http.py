@@ -51,6 +51,7 @@ _STATUS = {
     grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,  # a run event stream past AWOOOP_MAX_WATCHERS
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 503,
 }
@@ -62,6 +63,7 @@ _TITLES = {
     405: "Method Not Allowed",
     409: "Conflict",
     413: "Content Too Large",
+    429: "Too Many Requests",
     503: "Service Unavailable",
 }
 
@@ -180,10 +182,18 @@ class HttpIngest:
     @web.middleware
     async def _answers(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        route = "webhooks" if path.startswith("/v1/webhooks/") else "events" if path.endswith("/events") else "other"
+        route = (
+            "webhooks"
+            if path.startswith("/v1/webhooks/")
+            else "run_events"  # GET /v1/runs/<id>/events: a run's event stream (run_stream.py)
+            if path.startswith("/v1/runs/")
+            else "events"
+            if path.endswith("/events")
+            else "other"
+        )
         # a W3C traceparent header continues the sender's trace (else a new one); the runs the
         # request creates store this span's context, as over gRPC (nothing while tracing is off)
-        with tracing.span(f"POST /v1/{route}", parent=request.headers.get("traceparent")):
+        with tracing.span(f"{request.method} /v1/{route}", parent=request.headers.get("traceparent")):
             response = await self._answer(request, handler)
         metrics.HTTP_REQUESTS.labels(route, str(response.status)).inc()
         return response

@@ -21,8 +21,8 @@ DELETE FROM awooop_idempotency_key
 
 -- name: PruneRuns
 -- One batch of finished runs (COMPLETED, FAILED, CANCELLED) last changed more than :retention
--- seconds ago, with their audit rows (journal, compensation request and alerts go by ON DELETE
--- CASCADE). A run is kept while anything may still answer with it: its event's dedupe row (a
+-- seconds ago, with their audit rows and their event log (journal, compensation request, alerts
+-- and watch marks go by ON DELETE CASCADE). A run is kept while anything may still answer with it: its event's dedupe row (a
 -- provider retry replays the run), an unexpired idempotency key naming it (a CreateRun retry),
 -- a compensation that is not done, an alert not yet delivered, or a saga that is compensating or
 -- failed to compensate (an operator still has to act on it). A run that ended with nothing to
@@ -46,5 +46,7 @@ WITH victims AS (
        FOR UPDATE OF r SKIP LOCKED
 ), audit AS (
     DELETE FROM awooop_audit_log l USING victims v WHERE l.run_id = v.run_id
+), events AS (
+    DELETE FROM awooop_run_event e USING victims v WHERE e.run_id = v.run_id
 )
 DELETE FROM awooop_run_state r USING victims v WHERE r.run_id = v.run_id

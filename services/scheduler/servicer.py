@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
@@ -20,12 +20,15 @@ from services.common.auth import current_principal
 from services.common.limits import (
     MAX_CONCURRENCY_KEY,
     MAX_CRON,
+    MAX_EMIT_KEY,
     MAX_ERROR_CODE,
+    MAX_EVENT_KIND,
     MAX_ID,
     MAX_PROVIDER_EVENT_ID,
     MAX_SCHEDULE_NAME,
     MAX_TEXT,
 )
+from services.common.run_events import EventSource
 from services.common.runs import channel_from_pb, run_to_pb, set_time, status_from_pb, status_to_pb, ts
 from services.common.runstate import TERMINAL, RunStatus, WaitKind, WaitStatus
 from services.common.runtime import AppContext
@@ -44,6 +47,7 @@ from services.scheduler import (
     project_flow,
     reads,
     redrive,
+    run_events,
     schedules,
     transitions,
     waits,
@@ -154,6 +158,24 @@ def _wait_pb(row: Any, *, run_id: str = "", project_id: str = "", status: str = 
     return w
 
 
+_SOURCES: dict[EventSource, scheduler_pb2.RunEventSource.ValueType] = {
+    EventSource.STATE: scheduler_pb2.RUN_EVENT_SOURCE_STATE,
+    EventSource.STEP: scheduler_pb2.RUN_EVENT_SOURCE_STEP,
+    EventSource.PROGRESS: scheduler_pb2.RUN_EVENT_SOURCE_PROGRESS,
+}
+
+
+def _watch_event_pb(row: run_events.LogRow) -> scheduler_pb2.WatchEvent:
+    return scheduler_pb2.WatchEvent(
+        offset=row.offset,
+        source=_SOURCES[row.source],
+        kind=row.kind,
+        data=to_struct(row.data if isinstance(row.data, dict) else {"value": row.data}),
+        attempt=row.attempt,
+        at=ts(row.at),
+    )
+
+
 def _status_of(value: str | None) -> int:
     try:
         return status_to_pb(value)
@@ -170,6 +192,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.saga = saga
         self._budget = budget.answer_budget(ctx.settings.max_message_bytes)
         self._policy_defaults = json.dumps(retry_policy.defaults(ctx.settings))
+        self.watchers = run_events.Watchers(ctx.settings.max_watchers)
 
     def _lease_ttl(self, v: Violations, value: Duration) -> float:
         return v.duration("lease_ttl", value, max_seconds=MAX_LEASE_TTL, default=self.settings.lease_ttl)
@@ -875,3 +898,44 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         require_role(principal, project_id, "admin")
         deleted = await schedules.delete_schedule(self.pool, project_id, name, principal.actor)
         return scheduler_pb2.DeleteScheduleResponse(deleted=deleted)
+
+    # --- watching runs ----------------------------------------------------------------------------
+
+    async def EmitEvent(
+        self, request: scheduler_pb2.EmitEventRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.EmitEventResponse:
+        v = Violations()
+        run_id, attempt = _lease(v, "lease", request.lease)
+        kind = v.text("kind", request.kind, max_len=MAX_EVENT_KIND)
+        key = v.token("key", request.key, max_len=MAX_EMIT_KEY, required=False)
+        _, data_json = v.json("data", request.data, max_bytes=self.settings.max_run_event_bytes)
+        v.raise_if_any()
+        bounds = run_events.Bounds(self.settings.max_run_events, self.settings.max_run_event_bytes_total)
+        emitted = await run_events.emit(
+            self.pool, current_principal(), run_id, attempt, kind, data_json, key or None, bounds
+        )
+        return scheduler_pb2.EmitEventResponse(offset=emitted.offset, duplicate=emitted.duplicate, count=emitted.count)
+
+    async def WatchRun(
+        self, request: scheduler_pb2.WatchRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[scheduler_pb2.WatchRunResponse]:
+        v = Violations()
+        run_id = v.uuid("run_id", request.run_id)
+        v.check(request.after >= 0, "after", "must not be negative (the last offset received; 0: from the start)")
+        v.raise_if_any()
+        with self.watchers.slot():
+            await run_events.open_watch(self.pool, current_principal(), run_id, request.after)
+            await context.send_initial_metadata(())  # tells an SSE relay the watch was accepted
+            items = run_events.watch(
+                self.pool,
+                self.listener,
+                run_id,
+                request.after,
+                self.settings.watch_poll_interval,
+                snapshot=request.snapshot,
+            )
+            async for item in items:
+                if isinstance(item, run_events.Ended):
+                    yield scheduler_pb2.WatchRunResponse(run=run_to_pb(item.run))
+                else:
+                    yield scheduler_pb2.WatchRunResponse(event=_watch_event_pb(item))

@@ -1,5 +1,6 @@
 """Wake-ups for long-polling claims: one LISTEN connection per scheduler process on
-RUN_READY_CHANNEL (payload: a project id), fanned out to the claims waiting on that project.
+RUN_READY_CHANNEL (payload: a project id), fanned out to the claims waiting on that project;
+and on RUN_EVENT_CHANNEL (payload: a run id), fanned out to the WatchRun streams of that run.
 
 Every transaction that makes a run claimable sends the NOTIFY (ingest's insert, the
 reaper, approve, retry, release), so a waiting claim retries at once instead of polling.
@@ -35,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 import asyncpg
 
 from services.common import sql
-from services.common.runs import RUN_READY_CHANNEL
+from services.common.runs import RUN_EVENT_CHANNEL, RUN_READY_CHANNEL
 from services.scheduler import metrics
 
 Q = sql.load(__file__, "wakeup.sql")
@@ -67,6 +68,7 @@ class RunReadyListener:
         self.connected = asyncio.Event()
         # per project, its waiters in the order they started waiting (a dict as an ordered set)
         self._waiters: dict[str, dict[asyncio.Event, None]] = {}
+        self._run_waiters: dict[str, set[asyncio.Event]] = {}  # run id -> its watchers
         self._conn: asyncpg.Connection | None = None
         self._probes: dict[str, asyncio.Event] = {}
         self._warned_undelivered = False
@@ -96,6 +98,27 @@ class RunReadyListener:
                     if not waiters:
                         del self._waiters[p]
 
+    @contextlib.contextmanager
+    def subscribe_run(self, run_id: str) -> Iterator[asyncio.Event]:
+        """An event set when run_id's log may have new rows (or on shutdown, or when
+        notifications may have been lost). Subscribe before reading the log."""
+        event = asyncio.Event()
+        self._run_waiters.setdefault(run_id, set()).add(event)
+        if self.stopping.is_set():
+            event.set()
+        try:
+            yield event
+        finally:
+            waiters = self._run_waiters.get(run_id)
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._run_waiters[run_id]
+
+    def _on_run_event(self, conn: object, pid: int, channel: str, payload: object) -> None:
+        for event in self._run_waiters.get(str(payload), ()):
+            event.set()
+
     def wake(self, project_id: str, besides: asyncio.Event | None = None, by: str = "notify") -> None:
         """Wakes one waiter of the project (but `besides`, the caller's own): the longest waiting
         that is not woken yet. None when every waiter is already woken (each of them claims
@@ -107,9 +130,10 @@ class RunReadyListener:
                 return
 
     def wake_all(self) -> None:
-        for waiters in self._waiters.values():
-            for event in waiters:
-                event.set()
+        for group in (self._waiters, self._run_waiters):
+            for waiters in group.values():
+                for event in waiters:
+                    event.set()
 
     def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
         self.wake(str(payload))
@@ -150,6 +174,7 @@ class RunReadyListener:
                 self._conn = conn
                 conn.add_termination_listener(_setter(lost))
                 await conn.add_listener(RUN_READY_CHANNEL, self._on_notify)
+                await conn.add_listener(RUN_EVENT_CHANNEL, self._on_run_event)
                 await conn.add_listener(PROBE_CHANNEL, self._on_probe)
                 await self._probe()
                 metrics.LISTEN_UNAVAILABLE.set(0)

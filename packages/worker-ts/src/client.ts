@@ -95,7 +95,8 @@ export class Client {
   readonly gateway: ToolGatewayServiceClient;
   readonly addresses: Readonly<{ scheduler: string; saga: string; gateway: string }>;
   readonly timeout: number;
-  private readonly metadata: Metadata;
+  /** The key as call metadata (for streaming calls, which `call` does not wrap: watchRun). */
+  readonly metadata: Metadata;
 
   constructor(options: ClientOptions = {}) {
     this.addresses = {

@@ -321,6 +321,27 @@ export class RunContext {
     };
   }
 
+  // --- progress events ---
+
+  /**
+   * Appends a progress event to the run's log for whoever watches the run (WatchRun, the SSE
+   * stream, `watchRun`, `awooop runs watch`) and returns its offset. Fenced by the lease: a worker
+   * that lost it gets LeaseLost and nothing is written. Without `key` an emit is at-least-once (a
+   * handler that runs again emits again; each event carries its attempt); with a `key` unique per
+   * run a repeat adds nothing and returns the first event's offset. Past the run's bounds an
+   * AwooopError RUN_EVENTS_EXHAUSTED.
+   */
+  async emit(data: Json = {}, options: { kind?: string; key?: string } = {}): Promise<number> {
+    this.live("emit");
+    const resp = await this.client.call(this.client.scheduler, "emitEvent", {
+      lease: this.lease,
+      kind: options.kind ?? "",
+      data,
+      key: options.key ?? "",
+    });
+    return resp.offset;
+  }
+
   // --- approvals ---
 
   /**

@@ -17,6 +17,8 @@ export type {
   WaitToken,
 } from "./context";
 export { ToolClient } from "./tools";
+export { watchRun } from "./watch";
+export type { EventSource, RunEvent } from "./watch";
 export type { ToolClientOptions } from "./tools";
 export { Client, CHANNEL_OPTIONS, DEFAULT_TIMEOUT } from "./client";
 export type { ClientOptions, RequestOf, ResponseOf, UnaryMethod } from "./client";

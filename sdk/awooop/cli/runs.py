@@ -1,7 +1,8 @@
 """`awooop runs ...`: the operator's view of runs, through the gRPC API with an API key.
 
     awooop runs list --project P [--status RUNNING ...] [--limit N]
-    awooop runs show RUN_ID                 run, state history and journal as one timeline
+    awooop runs show RUN_ID                 run, state history and journal as one timeline, progress events
+    awooop runs watch RUN_ID [--after N]    follow a run's log (state changes, steps, progress) to its end
     awooop runs approve RUN_ID --token T [--reason R]
     awooop runs reject RUN_ID --token T [--reason R]
     awooop runs cancel RUN_ID [--reason R]
@@ -42,6 +43,7 @@ from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker.client import Client
 from awooop.worker.errors import AwooopError
 from awooop.worker.structs import from_struct, to_struct
+from awooop.worker.watch import Event, read_events, watch_run
 
 # re-exported: older callers import these names from here
 __all__ = ["channel_name", "register", "saga_name", "status_name", "step_status", "step_type"]
@@ -69,6 +71,11 @@ def register(sub: Any) -> None:
     p = _leaf(r, "show", "one run: fields, state history and journal as a timeline")
     p.add_argument("run_id")
     p.set_defaults(func=run_command(cmd_show))
+
+    p = _leaf(r, "watch", "follow a run: state changes, journal steps and progress events, then its output")
+    p.add_argument("run_id")
+    p.add_argument("--after", type=int, default=0, metavar="OFFSET", help="start after this offset (default 0)")
+    p.set_defaults(func=run_command(cmd_watch))
 
     for name, decision in (("approve", "approve"), ("reject", "reject")):
         p = _leaf(r, name, f"{decision} a run waiting for approval (approver role)")
@@ -194,6 +201,11 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
     problems: list[str] = []
     history: list[scheduler_pb2.RunEvent] = []
     journal: saga_pb2.GetJournalResponse | None = None
+    progress: list[Event] = []
+    try:
+        progress = [e for e in await read_events(client, args.run_id) if e.source == "progress"]
+    except AwooopError as err:
+        problems.append("progress events: " + render_error(err))
     try:
         history = list(
             (
@@ -210,6 +222,7 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
         problems.append("journal: " + render_error(err))
     if args.json:
         out: dict[str, Any] = {"run": to_json(run), "history": [to_json(e) for e in history]}
+        out["progress"] = [_event_json(e) for e in progress]
         if journal is not None:
             out["journal"] = to_json(journal)
             out["journal"]["saga_steps"] = json.loads(journal.saga_steps_json or "[]")
@@ -220,9 +233,67 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
         _print_timeline(history, journal)
         if journal is not None:
             _print_journal(journal)
+        _print_progress(progress)
     for p in problems:
         print(p, file=sys.stderr)
     return EXIT_RPC_ERROR if problems else 0
+
+
+def _event_json(e: Event) -> dict[str, Any]:
+    return {
+        "offset": e.offset,
+        "source": e.source,
+        "kind": e.kind,
+        "data": e.data,
+        "attempt": e.attempt,
+        "at": e.at.isoformat().replace("+00:00", "Z"),
+    }
+
+
+def _at(e: Event) -> str:
+    return str(e.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z")
+
+
+def _event_text(e: Event) -> str:
+    at = _at(e)[11:]
+    if e.source == "state":
+        change = f" {e.data.get('from_status', '')}->{e.data.get('to_status', '')}" if e.data.get("to_status") else ""
+        return f"{e.offset:>5}  {at}  state     {e.kind}{change}  by {e.data.get('actor', '')}"
+    if e.source == "step":
+        return f"{e.offset:>5}  {at}  step      {e.data.get('step_id', '')} {e.kind} (attempt {e.attempt})"
+    return f"{e.offset:>5}  {at}  progress  {e.kind or '-'}  {_short(_j(e.data), 120)}"
+
+
+def _print_progress(progress: list[Event]) -> None:
+    print()
+    print(f"progress events ({len(progress)})")
+    if not progress:
+        print("  (none emitted)")
+    rows = [[e.offset, _at(e), e.attempt, e.kind or "-", _short(_j(e.data), 100)] for e in progress]
+    if rows:
+        print_table(["OFFSET", "AT", "ATTEMPT", "KIND", "DATA"], rows)
+
+
+# --- watch ---
+
+
+async def cmd_watch(args: argparse.Namespace, client: Client) -> int:
+    async for item in watch_run(client, args.run_id, after=args.after):
+        if isinstance(item, Event):
+            if args.json:
+                print(json.dumps(_event_json(item)), flush=True)
+            else:
+                print(_event_text(item), flush=True)
+            continue
+        if args.json:
+            print(json.dumps({"run": to_json(item)}), flush=True)
+        else:
+            print(f"ended  {status_name(item.status)}")
+            if item.HasField("output"):
+                print(f"output {_j(from_struct(item.output))}")
+            elif item.failure_reason:
+                print(f"reason {item.failure_reason}")
+    return 0
 
 
 def _print_run(run: common_pb2.Run) -> None:

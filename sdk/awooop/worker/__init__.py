@@ -18,6 +18,7 @@ from awooop.worker.errors import AwooopError, ErrorDetails, LeaseLost, RunFinish
 from awooop.worker.structs import from_struct, to_struct
 from awooop.worker.tools import ToolClient
 from awooop.worker.waits import ParkedToolFailed, RunParked, WaitTimeout, WaitToken
+from awooop.worker.watch import Event, watch_run
 from awooop.worker.worker import Worker, WorkerError, run_worker
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "AwooopError",
     "Client",
     "ErrorDetails",
+    "Event",
     "LeaseLost",
     "ParkedToolFailed",
     "RunContext",
@@ -41,4 +43,5 @@ __all__ = [
     "open_channel",
     "run_worker",
     "to_struct",
+    "watch_run",
 ]

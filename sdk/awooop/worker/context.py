@@ -337,6 +337,24 @@ class RunContext:
             self._journal[request.step_id] = resp.step
         return resp
 
+    # --- progress events ---
+
+    async def emit(self, data: Mapping[str, Any] | None = None, *, kind: str = "", key: str | None = None) -> int:
+        """Appends a progress event to the run's log, for whoever watches the run (WatchRun, the
+        SSE stream, `awooop runs watch`); returns its offset. Fenced by the lease: a worker that
+        lost its lease gets LeaseLost and nothing is written. Without `key` an emit is
+        at-least-once: a handler that runs again after a crash emits again, and each event carries
+        its attempt. With `key` (unique per run, e.g. "chunk-3") a repeat adds nothing and returns
+        the first event's offset. Past the run's bounds AwooopError RUN_EVENTS_EXHAUSTED."""
+        self._live("emit")
+        resp = await self.client.call(
+            self.client.scheduler.EmitEvent,
+            scheduler_pb2.EmitEventRequest(
+                lease=self.lease, kind=kind, data=to_struct(dict(data or {})), key=key or ""
+            ),
+        )
+        return int(resp.offset)
+
     # --- approvals ---
 
     async def request_approval(self, summary: str, *, step_id: str = "approval", ttl: float | None = None) -> Approval:

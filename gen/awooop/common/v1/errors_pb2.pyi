@@ -66,6 +66,14 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A durable wait already has its outcome (FAILED_PRECONDITION): metadata `wait_id` and
     `outcome` (the first outcome: completed or timed_out), or `kind` sleep (a sleep takes no completion).
     """
+    ERROR_REASON_RUN_EVENTS_EXHAUSTED: _ErrorReason.ValueType  # 30
+    """A run's progress events are at their bound (RESOURCE_EXHAUSTED): AWOOOP_MAX_RUN_EVENTS events or
+    AWOOOP_MAX_RUN_EVENT_BYTES_TOTAL of data; metadata `run_id`, `limit`, `count`, `bytes`.
+    """
+    ERROR_REASON_TOO_MANY_WATCHERS: _ErrorReason.ValueType  # 31
+    """The scheduler serves AWOOOP_MAX_WATCHERS WatchRun streams already (RESOURCE_EXHAUSTED); retry
+    later or on another replica.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed. Every non-OK status carries a google.rpc.ErrorInfo with domain
@@ -117,5 +125,13 @@ ERROR_REASON_SHUTTING_DOWN: ErrorReason.ValueType  # 19
 ERROR_REASON_WAIT_CLOSED: ErrorReason.ValueType  # 20
 """A durable wait already has its outcome (FAILED_PRECONDITION): metadata `wait_id` and
 `outcome` (the first outcome: completed or timed_out), or `kind` sleep (a sleep takes no completion).
+"""
+ERROR_REASON_RUN_EVENTS_EXHAUSTED: ErrorReason.ValueType  # 30
+"""A run's progress events are at their bound (RESOURCE_EXHAUSTED): AWOOOP_MAX_RUN_EVENTS events or
+AWOOOP_MAX_RUN_EVENT_BYTES_TOTAL of data; metadata `run_id`, `limit`, `count`, `bytes`.
+"""
+ERROR_REASON_TOO_MANY_WATCHERS: ErrorReason.ValueType  # 31
+"""The scheduler serves AWOOOP_MAX_WATCHERS WatchRun streams already (RESOURCE_EXHAUSTED); retry
+later or on another replica.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -137,6 +137,37 @@ WAIT_STATUS_TIMED_OUT: WaitStatus.ValueType  # 3
 """Its time ran out (for a sleep: the normal end)."""
 Global___WaitStatus: _TypeAlias = WaitStatus  # noqa: Y015
 
+class _RunEventSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RunEventSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RunEventSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RUN_EVENT_SOURCE_UNSPECIFIED: _RunEventSource.ValueType  # 0
+    """Not set."""
+    RUN_EVENT_SOURCE_STATE: _RunEventSource.ValueType  # 1
+    """A state change (a copy of one of the run's audit rows; kind: its action, e.g. CLAIMED)."""
+    RUN_EVENT_SOURCE_STEP: _RunEventSource.ValueType  # 2
+    """A journal step recorded or changing status (kind: the step's status; data: step_id, ...)."""
+    RUN_EVENT_SOURCE_PROGRESS: _RunEventSource.ValueType  # 3
+    """A progress event the handler emitted (ctx.emit; kind: the handler's)."""
+
+class RunEventSource(_RunEventSource, metaclass=_RunEventSourceEnumTypeWrapper):
+    """--- watching runs (issue 28: run event streams) ---
+
+    Where a row of a run's log comes from.
+    """
+
+RUN_EVENT_SOURCE_UNSPECIFIED: RunEventSource.ValueType  # 0
+"""Not set."""
+RUN_EVENT_SOURCE_STATE: RunEventSource.ValueType  # 1
+"""A state change (a copy of one of the run's audit rows; kind: its action, e.g. CLAIMED)."""
+RUN_EVENT_SOURCE_STEP: RunEventSource.ValueType  # 2
+"""A journal step recorded or changing status (kind: the step's status; data: step_id, ...)."""
+RUN_EVENT_SOURCE_PROGRESS: RunEventSource.ValueType  # 3
+"""A progress event the handler emitted (ctx.emit; kind: the handler's)."""
+Global___RunEventSource: _TypeAlias = RunEventSource  # noqa: Y015
+
 @_typing.final
 class ClaimRunsRequest(_message.Message):
     """A claim for work."""
@@ -2445,3 +2476,185 @@ class ListWaitsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListWaitsResponse: _TypeAlias = ListWaitsResponse  # noqa: Y015
+
+@_typing.final
+class EmitEventRequest(_message.Message):
+    """Appends a progress event."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    kind: _builtins.str
+    """What kind of progress (at most 128 chars; may be empty)."""
+    key: _builtins.str
+    """Optional idempotency key (at most 128 printable chars): an emit repeated with it (a retried
+    handler) answers the first event's offset and adds nothing.
+    """
+    @_builtins.property
+    def lease(self) -> _common_pb2.LeaseToken:
+        """Fencing token of a RUNNING (or WAITING_TOOL) run."""
+
+    @_builtins.property
+    def data(self) -> _struct_pb2.Struct:
+        """The event (at most AWOOOP_MAX_RUN_EVENT_BYTES as compact JSON)."""
+
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.LeaseToken | None = ...,
+        kind: _builtins.str = ...,
+        data: _struct_pb2.Struct | None = ...,
+        key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "key", b"key", "kind", b"kind", "lease", b"lease"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EmitEventRequest: _TypeAlias = EmitEventRequest  # noqa: Y015
+
+@_typing.final
+class EmitEventResponse(_message.Message):
+    """The event's place in the run's log."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DUPLICATE_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    offset: _builtins.int
+    """Its offset (WatchRun's `offset`)."""
+    duplicate: _builtins.bool
+    """True when `key` was used before: offset is the first event's."""
+    count: _builtins.int
+    """Progress events the run has emitted, this one included."""
+    def __init__(
+        self,
+        *,
+        offset: _builtins.int = ...,
+        duplicate: _builtins.bool = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "duplicate", b"duplicate", "offset", b"offset"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EmitEventResponse: _TypeAlias = EmitEventResponse  # noqa: Y015
+
+@_typing.final
+class WatchRunRequest(_message.Message):
+    """Watches a run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id."""
+    after: _builtins.int
+    """Resume after this offset (the last one received; 0: from the start)."""
+    snapshot: _builtins.bool
+    """Send the rows the log holds now and end, without following the run or sending it (a read:
+    `awooop runs show`, the console).
+    """
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        after: _builtins.int = ...,
+        snapshot: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "run_id", b"run_id", "snapshot", b"snapshot"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchRunRequest: _TypeAlias = WatchRunRequest  # noqa: Y015
+
+@_typing.final
+class WatchEvent(_message.Message):
+    """One row of a run's log."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSET_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    offset: _builtins.int
+    """Its offset: 1, 2, 3, ... per run, in the order the rows were committed."""
+    source: Global___RunEventSource.ValueType
+    """State change, step or progress."""
+    kind: _builtins.str
+    """The audit action, the step's status, or the progress event's kind."""
+    attempt: _builtins.int
+    """The attempt that wrote it (0 when the row does not name one)."""
+    @_builtins.property
+    def data(self) -> _struct_pb2.Struct:
+        """The row: a state change's from_status, to_status, actor, reason, details; a step's step_id,
+        step_type, status, tool_id, attempt, error; a progress event's data.
+        """
+
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp:
+        """When (database clock)."""
+
+    def __init__(
+        self,
+        *,
+        offset: _builtins.int = ...,
+        source: Global___RunEventSource.ValueType = ...,
+        kind: _builtins.str = ...,
+        data: _struct_pb2.Struct | None = ...,
+        attempt: _builtins.int = ...,
+        at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "data", b"data"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "attempt", b"attempt", "data", b"data", "kind", b"kind", "offset", b"offset", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchEvent: _TypeAlias = WatchEvent  # noqa: Y015
+
+@_typing.final
+class WatchRunResponse(_message.Message):
+    """One message of the stream: an event, or at the end the run in its terminal state."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENT_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def event(self) -> Global___WatchEvent:
+        """The next row of the log."""
+
+    @_builtins.property
+    def run(self) -> _common_pb2.Run:
+        """The run, ended (COMPLETED with its output, FAILED or CANCELLED): the last message."""
+
+    def __init__(
+        self,
+        *,
+        event: Global___WatchEvent | None = ...,
+        run: _common_pb2.Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "item", b"item", "run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "item", b"item", "run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["event", "run"]  # noqa: Y015
+    _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
+
+Global___WatchRunResponse: _TypeAlias = WatchRunResponse  # noqa: Y015

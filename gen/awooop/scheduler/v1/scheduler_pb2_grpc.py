@@ -195,6 +195,16 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleResponse.FromString,
                 _registered_method=True)
+        self.EmitEvent = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/EmitEvent',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.EmitEventRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.EmitEventResponse.FromString,
+                _registered_method=True)
+        self.WatchRun = channel.unary_stream(
+                '/awooop.scheduler.v1.SchedulerService/WatchRun',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchRunRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchRunResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -440,6 +450,29 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EmitEvent(self, request, context):
+        """--- watching runs (issue 28: run event streams) ---
+        Appends a progress event to the caller's run under its lease (ctx.emit). Worker role, fencing
+        token: a stale token is FAILED_PRECONDITION / LEASE_LOST. A repeated `key` answers the first
+        event's offset (duplicate). Past the run's bounds (AWOOOP_MAX_RUN_EVENTS events,
+        AWOOOP_MAX_RUN_EVENT_BYTES_TOTAL of data) RESOURCE_EXHAUSTED / RUN_EVENTS_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchRun(self, request, context):
+        """Streams a run's log: its state changes, journal steps and progress events, in order, each with
+        its offset, starting after `after` (0: from the start, so events emitted before the call are
+        delivered first), then live; after the run's terminal state it sends the run (with its output)
+        and ends. Any role in the run's project (another project's run is NOT_FOUND). An offset past
+        the log's end is INVALID_ARGUMENT; more than AWOOOP_MAX_WATCHERS streams on one scheduler is
+        RESOURCE_EXHAUSTED / TOO_MANY_WATCHERS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -602,6 +635,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.DeleteSchedule,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleResponse.SerializeToString,
+            ),
+            'EmitEvent': grpc.unary_unary_rpc_method_handler(
+                    servicer.EmitEvent,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.EmitEventRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.EmitEventResponse.SerializeToString,
+            ),
+            'WatchRun': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRun,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchRunRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1469,6 +1512,60 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/DeleteSchedule',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EmitEvent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/EmitEvent',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.EmitEventRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.EmitEventResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/WatchRun',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchRunRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -124,6 +124,21 @@ class SchedulerServiceStub:
     """Lists a project's schedules (any role in the project)."""
     DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.DeleteScheduleRequest, _scheduler_pb2.DeleteScheduleResponse]
     """Deletes a schedule (admin role; SCHEDULE_DELETED)."""
+    EmitEvent: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.EmitEventRequest, _scheduler_pb2.EmitEventResponse]
+    """--- watching runs (issue 28: run event streams) ---
+    Appends a progress event to the caller's run under its lease (ctx.emit). Worker role, fencing
+    token: a stale token is FAILED_PRECONDITION / LEASE_LOST. A repeated `key` answers the first
+    event's offset (duplicate). Past the run's bounds (AWOOOP_MAX_RUN_EVENTS events,
+    AWOOOP_MAX_RUN_EVENT_BYTES_TOTAL of data) RESOURCE_EXHAUSTED / RUN_EVENTS_EXHAUSTED.
+    """
+    WatchRun: _grpc.UnaryStreamMultiCallable[_scheduler_pb2.WatchRunRequest, _scheduler_pb2.WatchRunResponse]
+    """Streams a run's log: its state changes, journal steps and progress events, in order, each with
+    its offset, starting after `after` (0: from the start, so events emitted before the call are
+    delivered first), then live; after the run's terminal state it sends the run (with its output)
+    and ends. Any role in the run's project (another project's run is NOT_FOUND). An offset past
+    the log's end is INVALID_ARGUMENT; more than AWOOOP_MAX_WATCHERS streams on one scheduler is
+    RESOURCE_EXHAUSTED / TOO_MANY_WATCHERS.
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -219,6 +234,21 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Lists a project's schedules (any role in the project)."""
     DeleteSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.DeleteScheduleRequest, _scheduler_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
     """Deletes a schedule (admin role; SCHEDULE_DELETED)."""
+    EmitEvent: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.EmitEventRequest, _scheduler_pb2.EmitEventResponse]  # type: ignore[assignment]
+    """--- watching runs (issue 28: run event streams) ---
+    Appends a progress event to the caller's run under its lease (ctx.emit). Worker role, fencing
+    token: a stale token is FAILED_PRECONDITION / LEASE_LOST. A repeated `key` answers the first
+    event's offset (duplicate). Past the run's bounds (AWOOOP_MAX_RUN_EVENTS events,
+    AWOOOP_MAX_RUN_EVENT_BYTES_TOTAL of data) RESOURCE_EXHAUSTED / RUN_EVENTS_EXHAUSTED.
+    """
+    WatchRun: _aio.UnaryStreamMultiCallable[_scheduler_pb2.WatchRunRequest, _scheduler_pb2.WatchRunResponse]  # type: ignore[assignment]
+    """Streams a run's log: its state changes, journal steps and progress events, in order, each with
+    its offset, starting after `after` (0: from the start, so events emitted before the call are
+    delivered first), then live; after the run's terminal state it sends the run (with its output)
+    and ends. Any role in the run's project (another project's run is NOT_FOUND). An offset past
+    the log's end is INVALID_ARGUMENT; more than AWOOOP_MAX_WATCHERS streams on one scheduler is
+    RESOURCE_EXHAUSTED / TOO_MANY_WATCHERS.
+    """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """SchedulerService owns the run state machine."""
@@ -503,5 +533,32 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.DeleteScheduleResponse, _abc.Awaitable[_scheduler_pb2.DeleteScheduleResponse]]:
         """Deletes a schedule (admin role; SCHEDULE_DELETED)."""
+
+    @_abc_1.abstractmethod
+    def EmitEvent(
+        self,
+        request: _scheduler_pb2.EmitEventRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.EmitEventResponse, _abc.Awaitable[_scheduler_pb2.EmitEventResponse]]:
+        """--- watching runs (issue 28: run event streams) ---
+        Appends a progress event to the caller's run under its lease (ctx.emit). Worker role, fencing
+        token: a stale token is FAILED_PRECONDITION / LEASE_LOST. A repeated `key` answers the first
+        event's offset (duplicate). Past the run's bounds (AWOOOP_MAX_RUN_EVENTS events,
+        AWOOOP_MAX_RUN_EVENT_BYTES_TOTAL of data) RESOURCE_EXHAUSTED / RUN_EVENTS_EXHAUSTED.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchRun(
+        self,
+        request: _scheduler_pb2.WatchRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.WatchRunResponse], _abc.AsyncIterator[_scheduler_pb2.WatchRunResponse]]:
+        """Streams a run's log: its state changes, journal steps and progress events, in order, each with
+        its offset, starting after `after` (0: from the start, so events emitted before the call are
+        delivered first), then live; after the run's terminal state it sends the run (with its output)
+        and ends. Any role in the run's project (another project's run is NOT_FOUND). An offset past
+        the log's end is INVALID_ARGUMENT; more than AWOOOP_MAX_WATCHERS streams on one scheduler is
+        RESOURCE_EXHAUSTED / TOO_MANY_WATCHERS.
+        """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,131 @@
+"""A run's event stream as server-sent events: `GET /v1/runs/<run_id>/events` on ingest's HTTP
+server (docs/channels.md, "Watching a run over HTTP").
+
+Transport only: the stream is the scheduler's WatchRun, called with the caller's own bearer key
+(so it is authenticated and authorized exactly as over gRPC: another project's run is 404).
+Each row of the run's log is one SSE event (`id:` its offset, `event:` state, step or progress,
+`data:` the row as JSON); the last is `event: end` with the ended run, output included. A client
+that reconnects with `Last-Event-ID` (or `?after=<offset>`) resumes after that offset. Errors
+before the stream starts are problem documents with the gRPC status's HTTP code and reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import grpc
+from aiohttp import web
+from google.protobuf import json_format
+from google.rpc import error_details_pb2
+from grpc_status import rpc_status
+
+from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.common import errors, jsonvalues
+from services.common.peers import peer_channel
+from services.common.settings import Settings
+
+ROUTE = "/v1/runs/{run_id}/events"
+LAST_EVENT_ID = "Last-Event-ID"
+KEEPALIVE_SECONDS = 15.0  # a comment line this often while no event comes (idle timeouts of proxies)
+SOURCES = {
+    scheduler_pb2.RUN_EVENT_SOURCE_STATE: "state",
+    scheduler_pb2.RUN_EVENT_SOURCE_STEP: "step",
+    scheduler_pb2.RUN_EVENT_SOURCE_PROGRESS: "progress",
+}
+
+
+def service_error(err: grpc.aio.AioRpcError) -> errors.ServiceError:
+    """The scheduler's answer as the ServiceError it was raised as (reason, metadata, violations)."""
+    reason, metadata, violations = errors.INTERNAL, {}, []
+    status = rpc_status.from_call(err)  # type: ignore[arg-type]  # an AioRpcError is a finished Call
+    for detail in status.details if status is not None else []:
+        info = error_details_pb2.ErrorInfo()
+        bad = error_details_pb2.BadRequest()
+        if detail.Unpack(info):
+            reason, metadata = info.reason, dict(info.metadata)
+        elif detail.Unpack(bad):
+            violations = [(v.field, v.description) for v in bad.field_violations]
+    if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and status is None:
+        reason = errors.STORE_UNAVAILABLE  # the scheduler could not be reached: retry later
+    return errors.ServiceError(err.code(), reason, err.details() or "", metadata=metadata, violations=violations)
+
+
+def _sse(event: str, data: dict[str, Any], ident: int | None = None) -> bytes:
+    head = f"id: {ident}\n" if ident is not None else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+def add_routes(app: web.Application, settings: Settings) -> None:
+    """Registers the stream route on ingest's HTTP app; the channel to the scheduler
+    (AWOOOP_HTTP_SCHEDULER_ADDR) opens on first use."""
+    state: dict[str, scheduler_pb2_grpc.SchedulerServiceAsyncStub] = {}
+
+    def scheduler() -> scheduler_pb2_grpc.SchedulerServiceAsyncStub:
+        if "stub" not in state:
+            channel = peer_channel(settings.http_scheduler_addr, settings.tls_cert_file)
+            state["stub"] = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        return state["stub"]
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        run_id = request.match_info["run_id"]
+        raw = request.headers.get(LAST_EVENT_ID) or request.query.get("after") or "0"
+        try:
+            after = int(raw)
+        except ValueError:
+            raise errors.invalid(
+                [(f"headers.{LAST_EVENT_ID}", "must be an offset (a whole number) the stream sent as id")]
+            ) from None
+        metadata = (("authorization", request.headers.get("Authorization", "")),)
+        call = scheduler().WatchRun(scheduler_pb2.WatchRunRequest(run_id=run_id, after=after), metadata=metadata)
+        try:
+            await call.initial_metadata()  # the scheduler sends it once the watch is allowed
+            if call.done() and await call.code() != grpc.StatusCode.OK:
+                await call.read()  # raises the call's AioRpcError (answered below)
+            response = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            )
+            await response.prepare(request)
+            reading: asyncio.Future[Any] | None = None
+            try:
+                while True:
+                    reading = reading or asyncio.ensure_future(call.read())
+                    done, _ = await asyncio.wait({reading}, timeout=KEEPALIVE_SECONDS)
+                    if not done:  # a comment line keeps proxies from closing an idle stream
+                        await response.write(b": keepalive\n\n")
+                        continue
+                    msg, reading = reading.result(), None
+                    if msg is grpc.aio.EOF:  # ended without the run (a scheduler that closed it): reconnect
+                        break
+                    if msg.HasField("run"):
+                        run = json_format.MessageToDict(msg.run, preserving_proto_field_name=True)
+                        for name in ("input", "output"):  # 42, not 42.0, as the run was given them
+                            if msg.run.HasField(name):
+                                run[name] = jsonvalues.struct_dict(getattr(msg.run, name))
+                        await response.write(_sse("end", run))
+                        break
+                    e = msg.event
+                    body = {
+                        "offset": e.offset,
+                        "source": SOURCES.get(e.source, "unknown"),
+                        "kind": e.kind,
+                        "data": jsonvalues.struct_dict(e.data),
+                        "attempt": e.attempt,
+                        "at": e.at.ToJsonString(),
+                    }
+                    await response.write(_sse(body["source"], body, e.offset))
+            except grpc.aio.AioRpcError as err:  # mid-stream: an SSE error event, then the client resumes
+                failure = service_error(err)
+                await response.write(_sse("error", {"code": failure.code.name, "reason": failure.reason}))
+            finally:
+                if reading is not None:
+                    reading.cancel()
+            await response.write_eof()
+            return response
+        except grpc.aio.AioRpcError as err:
+            raise service_error(err) from None
+        finally:
+            call.cancel()
+
+    app.router.add_get(ROUTE, events)

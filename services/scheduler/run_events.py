@@ -1,0 +1,202 @@
+"""A run's event log (migration 0180; docs/architecture.md "Watching a run"): progress events a
+handler emits under its lease (EmitEvent), and the watch of a run (WatchRun): the log from an
+offset, then live, until the run has ended.
+
+A watcher reads the log in pages after its offset, then waits for a wake-up on its run
+(RunReadyListener.subscribe_run: the NOTIFY awooop_append_run_event sends for a watched run) or at
+most AWOOOP_WATCH_POLL_INTERVAL, and reads again. It reads the run before each page: a run that
+was already ended then has every row of its end in the log, so once a read after a terminal
+status comes back empty the stream sends the run and ends."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import grpc
+
+from services.common import errors, sql
+from services.common.access import check_run_access, projects_with
+from services.common.auth import Principal
+from services.common.db import Row
+from services.common.run_events import EmitOutcome, EventSource
+from services.common.runstate import TERMINAL
+from services.scheduler import reads
+from services.scheduler.wakeup import RunReadyListener
+
+Q = sql.load(__file__, "run_events.sql")
+EMIT, LAST_SEQ, AFTER, MARK = Q["EmitRunEvent"], Q["LastRunEventSeq"], Q["RunEventsAfter"], Q["MarkWatched"]
+
+WORKER_ROLE = "worker"
+PAGE_ROWS = 500  # log rows read per query (and sent before the run is read again)
+WATCH_TTL = 600.0  # seconds a watcher's MarkWatched lasts; renewed when half of it has passed
+
+
+@dataclass(frozen=True)
+class Emitted:
+    offset: int
+    duplicate: bool
+    count: int
+
+
+@dataclass(frozen=True)
+class Bounds:
+    max_count: int
+    max_bytes: int
+
+
+async def emit(
+    pool: asyncpg.Pool,
+    principal: Principal,
+    run_id: str,
+    attempt: int,
+    kind: str,
+    data_json: str,
+    key: str | None,
+    bounds: Bounds,
+) -> Emitted:
+    """Appends a progress event to the caller's leased run. LEASE_LOST for a stale token;
+    RUN_EVENTS_EXHAUSTED past the run's bounds; NOT_FOUND for a run outside the caller's projects."""
+    row = await pool.fetchrow(
+        EMIT.sql,
+        *EMIT.args(
+            run_id=run_id,
+            attempt=attempt,
+            projects=projects_with(principal, WORKER_ROLE),
+            kind=kind,
+            data=data_json,
+            emit_key=key,
+            max_count=bounds.max_count,
+            max_bytes=bounds.max_bytes,
+        ),
+    )
+    assert row is not None  # the function always answers one row
+    outcome = EmitOutcome(row["outcome"])
+    if outcome is EmitOutcome.LEASE_LOST:
+        run = await pool.fetchrow(reads.GET.sql, *reads.GET.args(run_id=run_id))
+        check_run_access(principal, run["project_id"] if run is not None else None, WORKER_ROLE, run_id)
+        raise errors.lease_lost(run_id, attempt)
+    if outcome is EmitOutcome.EXHAUSTED:
+        raise errors.ServiceError(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            errors.RUN_EVENTS_EXHAUSTED,
+            f"run {run_id} has emitted {row['progress_no']} progress events ({row['progress_bytes']} bytes of data); "
+            f"at most {bounds.max_count} events and {bounds.max_bytes} bytes per run "
+            "(AWOOOP_MAX_RUN_EVENTS, AWOOOP_MAX_RUN_EVENT_BYTES_TOTAL)",
+            metadata={
+                "run_id": run_id,
+                "limit": str(bounds.max_count),
+                "bytes_limit": str(bounds.max_bytes),
+                "count": str(row["progress_no"]),
+                "bytes": str(row["progress_bytes"]),
+            },
+        )
+    return Emitted(int(row["seq"]), outcome is EmitOutcome.DUPLICATE, int(row["progress_no"]))
+
+
+@dataclass(frozen=True)
+class LogRow:
+    offset: int
+    source: EventSource
+    kind: str
+    data: dict[str, Any]
+    attempt: int
+    at: Any  # datetime
+
+    @classmethod
+    def of(cls, r: Row) -> LogRow:
+        data = r["data"]
+        if isinstance(data, str):  # jsonb arrives as text without a codec
+            data = json.loads(data)
+        return cls(int(r["seq"]), EventSource(r["source"]), r["kind"], data, r["attempt"], r["created_at"])
+
+
+@dataclass(frozen=True)
+class Ended:
+    """The last item of a watch: the run in its terminal state."""
+
+    run: Row
+
+
+class Watchers:
+    """Counts one scheduler's WatchRun streams against AWOOOP_MAX_WATCHERS."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+
+    @contextlib.contextmanager
+    def slot(self) -> Any:
+        if self.limit and self.active >= self.limit:
+            raise errors.ServiceError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                errors.TOO_MANY_WATCHERS,
+                f"this scheduler serves {self.active} WatchRun streams, its limit (AWOOOP_MAX_WATCHERS = "
+                f"{self.limit}); retry later or on another replica",
+                metadata={"limit": str(self.limit)},
+            )
+        self.active += 1
+        try:
+            yield
+        finally:
+            self.active -= 1
+
+
+async def open_watch(pool: asyncpg.Pool, principal: Principal, run_id: str, after: int) -> Row:
+    """The run, once the caller may watch it from `after`: NOT_FOUND for another project's run,
+    INVALID_ARGUMENT for an offset past the log's end."""
+    run = await reads.get_run(pool, principal, run_id)
+    last = await pool.fetchval(LAST_SEQ.sql, *LAST_SEQ.args(run_id=run_id))
+    if after < 0 or after > int(last or 0):
+        raise errors.invalid(
+            [("after", f"must be between 0 and the run's last offset ({int(last or 0)})")],
+            f"offset {after} is not in run {run_id}'s log",
+        )
+    return run
+
+
+async def watch(
+    pool: asyncpg.Pool,
+    listener: RunReadyListener,
+    run_id: str,
+    after: int,
+    poll_interval: float,
+    *,
+    snapshot: bool = False,
+) -> AsyncIterator[LogRow | Ended]:
+    """The run's log after `after`, then live, then Ended (call open_watch first); with
+    snapshot, only the rows there are now."""
+    with listener.subscribe_run(run_id) as woken:
+        marked_until = 0.0
+        while True:
+            if listener.stopping.is_set():  # the client resumes from its last offset elsewhere
+                raise errors.shutting_down(f"this scheduler is shutting down; watch run {run_id} again after {after}")
+            now = time.monotonic()
+            if now >= marked_until and not snapshot:  # (re)announce the watch before reading, so no NOTIFY is skipped
+                await pool.execute(MARK.sql, *MARK.args(run_id=run_id, ttl=WATCH_TTL))
+                marked_until = now + WATCH_TTL / 2
+            woken.clear()
+            run = await pool.fetchrow(reads.GET.sql, *reads.GET.args(run_id=run_id))
+            rows = await pool.fetch(AFTER.sql, *AFTER.args(run_id=run_id, after=after, max_rows=PAGE_ROWS))
+            for r in rows:
+                item = LogRow.of(r)
+                after = item.offset
+                yield item
+            if rows:
+                continue
+            if snapshot:
+                return
+            if run is None:  # deleted by retention while watched: nothing more will come
+                raise errors.not_found("run", run_id)
+            if run["status"] in TERMINAL:
+                yield Ended(run)
+                return
+            wait = poll_interval if listener.poll_interval is None else min(poll_interval, listener.poll_interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), timeout=wait)

@@ -1,0 +1,31 @@
+-- A run's event log (services/scheduler/run_events.py; migration 0180, docs/architecture.md
+-- "Watching a run"): progress events emitted under the run's lease, and the reads of WatchRun.
+
+-- name: EmitRunEvent
+-- A progress event of the caller's run under its fencing token (:run_id, :attempt) in the caller's
+-- :projects (NULL: any), with its :kind, :data and optional :emit_key, within the run's bounds
+-- (:max_count events, :max_bytes of data). One call of awooop_emit_run_event (migration 0180),
+-- which locks the run row and then assigns the next seq: outcome emitted, duplicate (the key's
+-- first event), exhausted or lease_lost.
+SELECT outcome, seq, progress_no, progress_bytes
+  FROM awooop_emit_run_event(:run_id::uuid, :attempt::int, :projects::text[], :kind::text, :data::jsonb,
+                             :emit_key::text, :max_count::int, :max_bytes::bigint)
+
+-- name: LastRunEventSeq
+-- The seq of a run's last log row (0: none yet): the highest offset WatchRun accepts.
+SELECT COALESCE(max(seq), 0) FROM awooop_run_event WHERE run_id = :run_id
+
+-- name: RunEventsAfter
+-- A run's log after offset :after, in order, at most :max_rows rows (the primary key's order).
+SELECT seq, source, kind, data, attempt, created_at
+  FROM awooop_run_event
+ WHERE run_id = :run_id AND seq > :after
+ ORDER BY seq
+ LIMIT :max_rows
+
+-- name: MarkWatched
+-- Somebody watches the run until :ttl seconds from now: its new log rows send a NOTIFY on
+-- awooop_run_event (migration 0180's awooop_append_run_event) until then.
+INSERT INTO awooop_run_watch AS w (run_id, watched_until)
+VALUES (:run_id, now() + make_interval(secs => :ttl))
+ON CONFLICT (run_id) DO UPDATE SET watched_until = GREATEST(w.watched_until, EXCLUDED.watched_until)
