@@ -26,7 +26,7 @@ def _status_lists(st: Statement) -> list[set[str]]:
 def test_claimable_is_the_claims_own_set() -> None:
     claimable = set(TRANSITIONS[Action.CLAIM].allowed_from)
     assert claimable == set(runstate.CLAIMABLE)
-    assert _status_lists(overview.COUNT) == [claimable]
+    assert claimable in _status_lists(overview.COUNT_LIVE)  # its branch through the claim index
     assert _status_lists(queue.SAMPLE)[0] == claimable
     # its filter: one arm per partial index (claim, approval, leased, parked: migration 0161),
     # together every status that is not finished
