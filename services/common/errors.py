@@ -45,6 +45,7 @@ TOOL_FAILED = reason(errors_pb2.ERROR_REASON_TOOL_FAILED)
 JOURNAL_TOO_LARGE = reason(errors_pb2.ERROR_REASON_JOURNAL_TOO_LARGE)
 HISTORY_TOO_LARGE = reason(errors_pb2.ERROR_REASON_HISTORY_TOO_LARGE)
 WAIT_CLOSED = reason(errors_pb2.ERROR_REASON_WAIT_CLOSED)
+CHILD_LIMIT = reason(errors_pb2.ERROR_REASON_CHILD_LIMIT)
 
 
 class ServiceError(Exception):
@@ -168,6 +169,11 @@ def wait_closed(wait_id: str, message: str, **metadata: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.FAILED_PRECONDITION, WAIT_CLOSED, message, metadata={"wait_id": wait_id, **metadata}
     )
+
+
+def child_limit(message: str, **metadata: str) -> ServiceError:
+    """StartChildRuns past the depth or fan-out limit (metadata `limit`, and `depth` or `children`)."""
+    return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, CHILD_LIMIT, message, metadata=metadata)
 
 
 def store_unavailable(detail: str) -> ServiceError:

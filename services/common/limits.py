@@ -14,3 +14,8 @@ MAX_CRON = 256  # awooop_schedule.cron
 MAX_TIME_ZONE = 64  # awooop_schedule.time_zone; IANA names are at most about 30 characters
 MAX_ERROR_CODE = 64  # awooop_run_state.error_code
 MAX_ATTEMPTS_LIMIT = 100  # CHECK (max_attempts BETWEEN 1 AND 100)
+# child runs (issue 28): the hard caps the settings AWOOOP_MAX_CHILD_DEPTH and
+# AWOOOP_MAX_CHILDREN_PER_RUN may not exceed, and the children one StartChildRuns call may start
+MAX_CHILD_DEPTH = 32  # awooop_run_state.child_depth SMALLINT; deeper trees are a runaway recursion
+MAX_CHILDREN_PER_RUN = 10000  # a run's children over its life (the fan-out limit)
+MAX_CHILDREN_PER_CALL = 1000  # one StartChildRuns: one statement, and its answer fits one message

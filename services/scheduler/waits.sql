@@ -57,7 +57,7 @@ upd AS (
            -- what it waits for and until when, for GetRun's readers (`awooop runs show`, the console);
            -- awooop_end_wait clears both when the wait ends (run_options.WaitReason)
            wait_reason = CASE w.kind WHEN 'token' THEN 'wait_token' WHEN 'sleep' THEN 'wait_sleep'
-                                     ELSE 'wait_event' END,
+                                     WHEN 'children' THEN 'wait_children' ELSE 'wait_event' END,
            not_before = w.expires_at
       FROM cur, w
      WHERE r.run_id = cur.cur_run_id AND r.attempt_count = :attempt AND r.status = 'RUNNING'

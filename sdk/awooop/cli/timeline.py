@@ -80,6 +80,7 @@ PARKED = {
     "wait_token": "parked on a wait token: resumes when CompleteWait or its callback URL answers",
     "wait_sleep": "sleeping (a durable sleep)",
     "wait_event": "parked until an API event with its correlation key arrives",
+    "wait_children": "parked until its child runs end",
 }
 
 

@@ -39,6 +39,15 @@ RUNS = Counter("awooop_worker_runs_total", "Runs handled by this worker, by outc
 STEPS = Counter("awooop_worker_steps_total", "Journaled steps, by BeginStep action", ["action"], registry=None)
 HEARTBEATS = Counter("awooop_worker_heartbeats_total", "Heartbeat calls, by result", ["result"], registry=None)
 LEASES_LOST = Counter("awooop_worker_leases_lost_total", "Handlers stopped because their lease was lost", registry=None)
+CHILDREN_STARTED = Counter(
+    "awooop_worker_children_started_total", "Child runs this worker's handlers started", registry=None
+)
+CHILDREN_ENDED = Counter(
+    "awooop_worker_children_ended_total",
+    "Ended child runs whose outcome a resumed parent received, by status",
+    ["status"],
+    registry=None,
+)
 HELD = Gauge("awooop_worker_leases_held", "Leases this worker holds now", registry=None)
 
 # every known label value at 0 from the start, so increase() alerts see the first increment

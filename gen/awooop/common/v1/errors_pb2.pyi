@@ -66,6 +66,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """A durable wait already has its outcome (FAILED_PRECONDITION): metadata `wait_id` and
     `outcome` (the first outcome: completed or timed_out), or `kind` sleep (a sleep takes no completion).
     """
+    ERROR_REASON_CHILD_LIMIT: _ErrorReason.ValueType  # 40
+    """Child runs (StartChildRuns): the parent is at the depth limit, or would have more children
+    than the fan-out limit (FAILED_PRECONDITION): metadata `limit`, `depth` or `children`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed. Every non-OK status carries a google.rpc.ErrorInfo with domain
@@ -117,5 +121,9 @@ ERROR_REASON_SHUTTING_DOWN: ErrorReason.ValueType  # 19
 ERROR_REASON_WAIT_CLOSED: ErrorReason.ValueType  # 20
 """A durable wait already has its outcome (FAILED_PRECONDITION): metadata `wait_id` and
 `outcome` (the first outcome: completed or timed_out), or `kind` sleep (a sleep takes no completion).
+"""
+ERROR_REASON_CHILD_LIMIT: ErrorReason.ValueType  # 40
+"""Child runs (StartChildRuns): the parent is at the depth limit, or would have more children
+than the fan-out limit (FAILED_PRECONDITION): metadata `limit`, `depth` or `children`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

@@ -117,6 +117,13 @@ class SchedulerServiceStub:
     """Lists a project's schedules (any role in the project)."""
     DeleteSchedule: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.DeleteScheduleRequest, _scheduler_pb2.DeleteScheduleResponse]
     """Deletes a schedule (admin role; SCHEDULE_DELETED)."""
+    StartChildRuns: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.StartChildRunsRequest, _scheduler_pb2.StartChildRunsResponse]
+    """--- child runs (issue 28) ---
+    Starts child runs of the caller's RUNNING run in its project (worker role, fenced by the
+    parent's lease), each identified by (parent, step_id): a child started before is found, not
+    started again. With wait_step_id, also creates (or finds) the wait of kind CHILDREN over
+    them, in the same transaction; AwaitWait parks the parent on it. One statement per call.
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -205,6 +212,13 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Lists a project's schedules (any role in the project)."""
     DeleteSchedule: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.DeleteScheduleRequest, _scheduler_pb2.DeleteScheduleResponse]  # type: ignore[assignment]
     """Deletes a schedule (admin role; SCHEDULE_DELETED)."""
+    StartChildRuns: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.StartChildRunsRequest, _scheduler_pb2.StartChildRunsResponse]  # type: ignore[assignment]
+    """--- child runs (issue 28) ---
+    Starts child runs of the caller's RUNNING run in its project (worker role, fenced by the
+    parent's lease), each identified by (parent, step_id): a child started before is found, not
+    started again. With wait_step_id, also creates (or finds) the wait of kind CHILDREN over
+    them, in the same transaction; AwaitWait parks the parent on it. One statement per call.
+    """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """SchedulerService owns the run state machine."""
@@ -470,5 +484,18 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.DeleteScheduleResponse, _abc.Awaitable[_scheduler_pb2.DeleteScheduleResponse]]:
         """Deletes a schedule (admin role; SCHEDULE_DELETED)."""
+
+    @_abc_1.abstractmethod
+    def StartChildRuns(
+        self,
+        request: _scheduler_pb2.StartChildRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.StartChildRunsResponse, _abc.Awaitable[_scheduler_pb2.StartChildRunsResponse]]:
+        """--- child runs (issue 28) ---
+        Starts child runs of the caller's RUNNING run in its project (worker role, fenced by the
+        parent's lease), each identified by (parent, step_id): a child started before is found, not
+        started again. With wait_step_id, also creates (or finds) the wait of kind CHILDREN over
+        them, in the same transaction; AwaitWait parks the parent on it. One statement per call.
+        """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
