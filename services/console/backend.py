@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -28,6 +28,7 @@ class RunView:
     history: list[scheduler_pb2.RunEvent]
     journal: saga_pb2.GetJournalResponse | None
     problems: list[str]
+    children: list[scheduler_pb2.ChildRunRef] = field(default_factory=list)  # the run tree, start order
 
 
 class Backend:
@@ -66,7 +67,7 @@ class Backend:
             problems.append(f"journal: {journal_r.details.render()}")
         else:
             journal = journal_r
-        return RunView(run_r.run, history, journal, problems)
+        return RunView(run_r.run, history, journal, problems, list(run_r.children))
 
     async def close(self) -> None:
         for ch in self._channels:

@@ -105,6 +105,8 @@ def run_fields(run: common_pb2.Run, style: FieldStyle = TERMINAL) -> list[tuple[
         ("status", status_name(run.status) + (f"{style.gap}(cancel requested)" if run.cancel_requested else "")),
         ("attempts", f"{run.attempt_count} of {run.max_attempts}"),
     ]
+    if run.parent_run_id:  # a child run: its place in the run tree
+        rows.append(("parent", f"{run.parent_run_id}{style.gap}(step {run.parent_step_id}, depth {run.child_depth})"))
     if run.priority:
         rows.append(("priority", str(run.priority)))
     keys = list(run.concurrency_keys) or ([run.concurrency_key] if run.concurrency_key else [])
