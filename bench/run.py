@@ -36,6 +36,7 @@ GROUPS: dict[str, str] = {
     "journal": "bench.journal",
     "reaper": "bench.reaper",
     "waits": "bench.waits",
+    "children": "bench.children",
     "crash": "bench.crash",
     "pooler": "bench.pooler",
     "retention": "bench.retention",
