@@ -47,6 +47,7 @@ class Suite:
     admin: Client
     worker_client: Client
     other: Client  # a worker of another project
+    admin_key: str = ""
 
     @property
     def scheduler(self) -> str:
@@ -142,7 +143,7 @@ async def suite(start_services: Any, make_key: Any) -> Any:
     admin = Client(key=admin_key, **addrs)
     worker_client = Client(key=worker_key, **addrs)
     other = Client(key=other_key, **addrs)
-    yield Suite(rt, worker_key, admin, worker_client, other)
+    yield Suite(rt, worker_key, admin, worker_client, other, admin_key)
     for c in (admin, worker_client, other):
         await c.close()
 
@@ -366,7 +367,16 @@ async def test_cancelling_a_parent_cancels_its_children_and_compensates_the_fini
 async def test_a_parent_run_again_finds_its_children_and_never_starts_them_twice(suite: Suite, db: Any) -> None:
     [parent] = await suite.create_runs([{"role": "parent"}])
     lease = await suite.claim(parent)
+    # the children continue the parent's trace (tracing is off here: the parent's stored context)
+    trace_id = os.urandom(16).hex()
+    await db.execute(
+        "UPDATE awooop_run_state SET traceparent = $2 WHERE run_id = $1",
+        uuid.UUID(parent),
+        f"00-{trace_id}-{os.urandom(8).hex()}-01",
+    )
     first = await suite.start_children(lease, ["x", "y"])
+    traces = await db.fetch("SELECT traceparent FROM awooop_run_state WHERE parent_run_id = $1", uuid.UUID(parent))
+    assert [t["traceparent"].split("-")[1] for t in traces] == [trace_id, trace_id]
     assert [c.started for c in first.children] == [True, True]
     # the same attempt again (a retried call) and a later attempt (the reaper took the lease)
     again = await suite.start_children(lease, ["x", "y"])
@@ -514,3 +524,16 @@ async def test_another_projects_worker_cannot_start_or_read_a_runs_children(suit
     tree = await suite.get(parent)
     assert [(c.run_id, c.step_id) for c in tree.children] == [(child.run_id, "c")]
     assert (await suite.get(child.run_id)).run.parent_run_id == parent
+    # `awooop runs show` shows the tree both ways
+    shown = await _cli(suite, "show", parent)
+    assert shown.returncode == 0, shown.stderr
+    assert "children (1, in start order)" in shown.stdout and f"c  {child.run_id}  PENDING" in shown.stdout
+    shown = await _cli(suite, "show", child.run_id)
+    assert shown.returncode == 0, shown.stderr
+    assert "parent" in shown.stdout and f"{parent}  (step c, depth 1)" in shown.stdout, shown.stdout
+
+
+async def _cli(suite: Suite, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {"AWOOOP_API_KEY": suite.admin_key}
+    cmd = [sys.executable, "-m", "awooop.cli", "runs", *args, "--scheduler", suite.scheduler, "--saga", suite.saga]
+    return await asyncio.to_thread(subprocess.run, cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
