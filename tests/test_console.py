@@ -16,7 +16,6 @@ import pytest_asyncio
 
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import to_struct
-
 from services.console.security import CSP
 from tests.harness import rawhttp
 from tests.harness.console import ConsoleEnv, start_console_env, stop_console_env
