@@ -557,3 +557,95 @@ async def _cli(suite: Suite, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {"AWOOOP_API_KEY": suite.admin_key}
     cmd = [sys.executable, "-m", "awooop.cli", "runs", *args, "--scheduler", suite.scheduler, "--saga", suite.saga]
     return await asyncio.to_thread(subprocess.run, cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+async def test_children_ending_at_once_end_the_parents_wait_exactly_once(suite: Suite, db: Any) -> None:
+    """The last children of a wait completing concurrently (one CompleteRun each, all at once):
+    whichever commits last sees the others ended and resumes the parent, every round."""
+    for round_no in range(3):
+        [parent] = await suite.create_runs([{"round": round_no}], priority=100)
+        lease = await suite.claim(parent)
+        started = await suite.start_children(lease, [f"k{i}" for i in range(20)], wait_step_id="all")
+        c = suite.worker_client
+        parked = await c.call(
+            c.scheduler.AwaitWait, scheduler_pb2.AwaitWaitRequest(lease=lease, wait_id=started.wait.wait_id)
+        )
+        assert parked.parked
+        claimed = await c.call(
+            c.scheduler.ClaimRuns, scheduler_pb2.ClaimRunsRequest(worker_id="many", project_ids=[PROJECT], max_runs=20)
+        )
+        assert sorted(r.lease.run_id for r in claimed.runs) == sorted(k.run_id for k in started.children)
+        await asyncio.gather(
+            *(c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=r.lease)) for r in claimed.runs)
+        )
+        wait = await db.fetchrow(
+            "SELECT status, completed_by FROM awooop_wait WHERE wait_id = $1", uuid.UUID(started.wait.wait_id)
+        )
+        assert wait["status"] == "completed" and wait["completed_by"] == "system:children"
+        assert await _status(db, parent) == "PENDING"
+        resumed = await db.fetchval(
+            "SELECT count(*) FROM awooop_audit_log WHERE run_id = $1 AND action = 'WAIT_COMPLETED'", uuid.UUID(parent)
+        )
+        assert resumed == 1
+        # the parent runs again: its children are found, ended, with their outputs
+        again = await suite.claim(parent)
+        after = await suite.start_children(again, [f"k{i}" for i in range(20)])
+        assert all(k.status == common_pb2.RUN_STATUS_COMPLETED and not k.started for k in after.children)
+        await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=again))
+
+
+async def test_a_parent_that_fails_compensates_its_finished_children_before_its_own_steps(
+    suite: Suite, db: Any
+) -> None:
+    tools = ToolClient(suite.gateway, key=suite.worker_key)
+
+    def undo(result: dict[str, Any]) -> dict[str, Any]:
+        return {"tool_id": "knowledge_delete", "params": {"entry_id": result["entry_id"]}, "reason": "undo"}
+
+    async def write(ctx: RunContext, step: str, entry: str) -> None:
+        params = {"entry_id": entry, "content": {}}
+        await ctx.step(step, tools.execute, tool_id="knowledge_write", params=params, compensation=undo)
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        if ctx.input.get("role") == "child":
+            await write(ctx, "a", f"{ctx.input['name']}-a")
+            await write(ctx, "b", f"{ctx.input['name']}-b")
+            return {}
+        await write(ctx, "own", "parent-own")
+        outcomes = await ctx.run_children(
+            [Child({"role": "child", "name": f"c{i}"}, step_id=f"c{i}") for i in range(2)]
+        )
+        assert all(o.ok for o in outcomes)
+        await ctx.fail("the children's work was not good enough", error_code="E-PARENT")
+        return {}
+
+    [parent] = await suite.create_runs([{"role": "parent"}])
+    worker = suite.worker(handler, concurrency=3)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+
+        async def compensated() -> bool:
+            saga = await db.fetchval("SELECT saga_status FROM awooop_run_state WHERE run_id = $1", uuid.UUID(parent))
+            return bool(saga == "compensated")
+
+        await eventually(compensated, timeout=30, what="the failed parent compensated")
+    finally:
+        await _stop(worker, task)
+        await tools.close()
+    tree = await suite.get(parent)
+    names = {c.run_id: c.step_id for c in tree.children} | {parent: "parent"}
+    rows = await db.fetch(
+        "SELECT idempotency_key FROM awooop_refgw_request WHERE project_id = $1 AND idempotency_key LIKE '%:compensate'"
+        " AND outcome = 'executed' ORDER BY request_id",
+        PROJECT,
+    )
+    order = [f"{names[k.split(':')[0]]}:{k.split(':')[1]}" for k in (r["idempotency_key"] for r in rows)]
+    assert order == ["c1:b", "c1:a", "c0:b", "c0:a", "parent:own"], order
+    sagas = await db.fetch("SELECT saga_status FROM awooop_run_state WHERE parent_run_id = $1", uuid.UUID(parent))
+    assert [s["saga_status"] for s in sagas] == ["compensated", "compensated"]
+    triggers = await db.fetch(
+        "SELECT q.trigger FROM awooop_compensation_request q JOIN awooop_run_state r ON r.run_id = q.run_id"
+        " WHERE r.parent_run_id = $1",
+        uuid.UUID(parent),
+    )
+    assert [t["trigger"] for t in triggers] == ["parent_ended", "parent_ended"]
