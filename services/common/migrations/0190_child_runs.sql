@@ -106,9 +106,10 @@ BEGIN
         leased := c.status IN ('RUNNING', 'WAITING_TOOL') AND c.worker_id IS NOT NULL;
         UPDATE awooop_run_state r
            SET status = CASE WHEN leased THEN r.status ELSE 'CANCELLED' END,
-               cancel_requested = true,
+               cancel_requested = leased OR r.cancel_requested,
                lease_until = CASE WHEN leased THEN r.lease_until END,
                worker_id = CASE WHEN leased THEN r.worker_id END,
+               error_code = CASE WHEN leased THEN r.error_code END,
                failure_reason = p_reason, approval_token_hash = NULL, not_before = NULL, updated_at = now()
          WHERE r.run_id = c.run_id;
         INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
