@@ -25,6 +25,7 @@ from typing import Any
 import asyncpg
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
@@ -447,8 +448,16 @@ async def test_fail_fast_ends_the_wait_at_the_first_failed_child_and_cancels_the
         seen.append([(o.step_id, o.status) for o in outcomes])
         return {"statuses": {o.step_id: o.status for o in outcomes}, "errors": [o.error_code for o in outcomes]}
 
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
     fast, collect = await suite.create_runs([{"role": "parent", "mode": "fast"}, {"role": "parent", "mode": "all"}])
-    worker = suite.worker(handler, concurrency=8)
+    worker = suite.worker(handler, concurrency=8)  # registers the worker's metrics
+    before = {
+        "sdk": sample("awooop_worker_children_started_total"),
+        "scheduler": sample("awooop_scheduler_children_started_total"),
+        "failed": sample("awooop_worker_children_ended_total", status="failed"),
+    }
     task = asyncio.create_task(worker.run(install_signal_handlers=False))
     try:
 
@@ -468,6 +477,10 @@ async def test_fail_fast_ends_the_wait_at_the_first_failed_child_and_cancels_the
     # "running" when the parent read it; it ends CANCELLED, below)
     assert out["statuses"]["fails"] == "failed" and out["statuses"]["slow"] in ("cancelled", "running"), out
     assert out["errors"][2] == "E-CHILD"
+    # the counters: 5 children started (each once), and each parent saw its failed child once
+    assert sample("awooop_worker_children_started_total") - before["sdk"] == 5
+    assert sample("awooop_scheduler_children_started_total") - before["scheduler"] == 5
+    assert sample("awooop_worker_children_ended_total", status="failed") - before["failed"] == 2
     assert await _output(db, collect) == {
         "statuses": {"ok": "completed", "fails": "failed"},
         "errors": ["", "E-CHILD"],

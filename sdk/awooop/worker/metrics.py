@@ -57,6 +57,8 @@ for _a in ("execute", "skip", "retry"):
     STEPS.labels(_a)
 for _r in ("ok", "error"):
     HEARTBEATS.labels(_r)
+for _s in ("completed", "failed", "cancelled"):
+    CHILDREN_ENDED.labels(_s)
 
 _registered: set[int] = set()
 _lock = threading.Lock()
@@ -69,6 +71,6 @@ def register(registry: CollectorRegistry | None = REGISTRY) -> None:
     with _lock:
         if id(registry) in _registered:
             return
-        for m in (RUNS, STEPS, HEARTBEATS, LEASES_LOST, HELD):
+        for m in (RUNS, STEPS, HEARTBEATS, LEASES_LOST, HELD, CHILDREN_STARTED, CHILDREN_ENDED):
             registry.register(m)
         _registered.add(id(registry))
