@@ -20,6 +20,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
@@ -31,6 +32,7 @@ from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import AwooopError, Child, Client, RunContext, ToolClient, Worker, to_struct
+from awooop.worker.children import read_outcome
 from services.common import errors
 from services.common.runtime import Runtime
 from tests.harness.helpers import ROOT, eventually, key_of
@@ -662,3 +664,59 @@ async def test_a_parent_that_fails_compensates_its_finished_children_before_its_
         uuid.UUID(parent),
     )
     assert [t["trigger"] for t in triggers] == ["parent_ended", "parent_ended"]
+
+
+async def test_children_whose_outputs_do_not_fit_one_answer_are_marked_and_read_by_the_sdk(
+    start_services: Any, make_key: Any
+) -> None:
+    """A fan-in of large outputs stays deliverable: StartChildRuns leaves out the outputs past the
+    message limit (output_omitted) and the SDK reads those children with GetRun."""
+    rt = await start_services(
+        "ingest", "scheduler", max_payload_bytes=8192, max_step_result_bytes=8192, max_message_bytes=100_000
+    )
+    key = key_of(await make_key("cr-big", {PROJECT: ["worker", "ingest"]}, "service"))
+    addrs = {"ingest": f"127.0.0.1:{rt.ports['ingest']}", "scheduler": f"127.0.0.1:{rt.ports['scheduler']}"}
+    c = Client(key=key, **addrs)
+    try:
+        resp = await c.call(
+            c.ingest.IngestEvents,
+            ingest_pb2.IngestEventsRequest(
+                events=[
+                    ingest_pb2.IngestEventRequest(
+                        project_id=PROJECT,
+                        channel_type=common_pb2.CHANNEL_TYPE_API,
+                        provider_event_id="big-parent",
+                        payload=to_struct({"role": "parent"}),
+                        priority=100,
+                    )
+                ]
+            ),
+        )
+        parent = resp.results[0].outcomes[0].run_id
+        claim = scheduler_pb2.ClaimRunsRequest(worker_id="big", project_ids=[PROJECT], max_runs=20)
+        [lease] = [r.lease for r in (await c.call(c.scheduler.ClaimRuns, claim)).runs]
+        assert lease.run_id == parent
+        specs = [scheduler_pb2.ChildRunSpec(step_id=f"k{i}", input=to_struct({"i": i})) for i in range(20)]
+        started = await c.call(
+            c.scheduler.StartChildRuns, scheduler_pb2.StartChildRunsRequest(lease=lease, children=specs)
+        )
+        kids = (await c.call(c.scheduler.ClaimRuns, claim)).runs
+        assert len(kids) == 20
+        for k in kids:  # 7 KB each: 140 KB together, past the 100 KB message limit
+            out = to_struct({"blob": "x" * 7000, "run": k.lease.run_id})
+            await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=k.lease, output=out))
+        again = await c.call(
+            c.scheduler.StartChildRuns, scheduler_pb2.StartChildRunsRequest(lease=lease, children=specs)
+        )
+        assert [k.run_id for k in again.children] == [k.run_id for k in started.children]
+        omitted = [k for k in again.children if k.output_omitted]
+        kept = [k for k in again.children if k.HasField("output")]
+        assert omitted and kept and len(omitted) + len(kept) == 20
+        assert all(not k.HasField("output") for k in omitted)
+        assert all(k.output["run"] == k.run_id for k in kept)
+        # the SDK's reading: an omitted output is read from the child itself (read_outcome uses
+        # only the context's client)
+        outcome = await read_outcome(SimpleNamespace(client=c), omitted[0])  # type: ignore[arg-type]
+        assert outcome.ok and outcome.output == {"blob": "x" * 7000, "run": omitted[0].run_id}
+    finally:
+        await c.close()

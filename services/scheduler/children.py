@@ -140,5 +140,6 @@ async def _refuse(pool: asyncpg.Pool, principal: Principal, run_id: str, attempt
 
 
 async def children_of(pool: asyncpg.Pool, run_id: str) -> list[Row]:
-    """A run's children in start order (GetRun; the caller's access to the run is checked)."""
-    return list(await pool.fetch(CHILDREN_OF.sql, *CHILDREN_OF.args(run_id=run_id, limit=MAX_LISTED)))
+    """A run's children in start order, at most MAX_LISTED + 1 (one more says there are more;
+    GetRun; the caller's access to the run is checked)."""
+    return list(await pool.fetch(CHILDREN_OF.sql, *CHILDREN_OF.args(run_id=run_id, limit=MAX_LISTED + 1)))

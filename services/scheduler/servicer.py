@@ -74,6 +74,7 @@ MAX_APPROVAL_TOKEN = 256
 MAX_WAIT_TIMEOUT = 366 * 86400.0
 MAX_LOOKBACK = 86400.0  # an event wait's look-back
 DEFAULT_LOOKBACK = 300.0
+MAX_CHILD_REASON = 512  # a child's failure_reason in StartChildRuns' answer (GetRun has it whole)
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
 INT32_MAX = 2**31 - 1
@@ -608,12 +609,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 step_id=r["step_id"],
                 run_id=str(r["run_id"]),
                 status=_status_of(r["status"]),
-                failure_reason=r["failure_reason"] or "",
+                # its start only: a thousand children's whole reasons could pass the message limit
+                failure_reason=(r["failure_reason"] or "")[:MAX_CHILD_REASON],
                 error_code=r["error_code"] or "",
                 started=r["started"],
             )
             if r["output"] is not None:
                 child.output.CopyFrom(to_struct(r["output"]))
+        budget.fit_children(resp.children, budget.answer_budget(self.settings.max_message_bytes))
         first = rows[0]
         if first["wait_id"] is not None:
             resp.wait.CopyFrom(_wait_pb(first, run_id=run_id, project_id="", status=first["wait_status"]))
@@ -630,17 +633,17 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         run = run_to_pb(row)
         set_run_tree(run, row)
         kids = await children.children_of(self.pool, run_id)
-        return scheduler_pb2.GetRunResponse(
-            run=run,
-            children=[
-                scheduler_pb2.ChildRunRef(
-                    run_id=str(k["run_id"]),
-                    step_id=k["parent_step_id"],
-                    status=_status_of(k["status"]),  # type: ignore[arg-type]
-                )
-                for k in kids
-            ],
-        )
+        refs = [
+            scheduler_pb2.ChildRunRef(
+                run_id=str(k["run_id"]),
+                step_id=k["parent_step_id"],
+                status=_status_of(k["status"]),  # type: ignore[arg-type]
+            )
+            for k in kids[: children.MAX_LISTED]
+        ]
+        fit = budget.fit_refs(refs, budget.answer_budget(self.settings.max_message_bytes) - run.ByteSize())
+        more = fit < len(refs) or len(kids) > children.MAX_LISTED
+        return scheduler_pb2.GetRunResponse(run=run, children=refs[:fit], more_children=more)
 
     async def ListRuns(
         self, request: scheduler_pb2.ListRunsRequest, context: grpc.aio.ServicerContext[Any, Any]

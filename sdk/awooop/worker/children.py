@@ -104,13 +104,18 @@ def _spec(c: Child, step_id: str) -> scheduler_pb2.ChildRunSpec:
     return spec
 
 
-def _outcome(c: scheduler_pb2.ChildRun) -> ChildOutcome:
+async def read_outcome(ctx: RunContext, c: scheduler_pb2.ChildRun) -> ChildOutcome:
+    """A child of StartChildRuns' answer as the handler sees it (an omitted output read with GetRun)."""
     status = common_pb2.RunStatus.Name(c.status).removeprefix("RUN_STATUS_").lower()
+    output = from_struct(c.output) if c.HasField("output") else {}
+    if c.output_omitted:  # it did not fit StartChildRuns' answer: read the child itself
+        got = await ctx.client.call(ctx.client.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=c.run_id))
+        output = from_struct(got.run.output) if got.run.HasField("output") else {}
     return ChildOutcome(
         step_id=c.step_id,
         run_id=c.run_id,
         status=status,
-        output=from_struct(c.output) if c.HasField("output") else {},
+        output=output,
         error=c.failure_reason,
         error_code=c.error_code,
     )
@@ -172,7 +177,7 @@ async def _run(
         resp = await ctx.client.call(ctx.client.scheduler.StartChildRuns, request)
     if w.status == scheduler_pb2.WAIT_STATUS_TIMED_OUT:
         raise ChildrenTimeout(token)
-    outcomes = [_outcome(c) for c in resp.children]
+    outcomes = [await read_outcome(ctx, c) for c in resp.children]
     ctx.actions[wait_step_id] = "children"
     for o in outcomes:
         if o.ended:

@@ -1043,23 +1043,29 @@ class GetRunResponse(_message.Message):
 
     RUN_FIELD_NUMBER: _builtins.int
     CHILDREN_FIELD_NUMBER: _builtins.int
+    MORE_CHILDREN_FIELD_NUMBER: _builtins.int
+    more_children: _builtins.bool
+    """True when the run has more children than listed."""
     @_builtins.property
     def run(self) -> _common_pb2.Run:
         """The run."""
 
     @_builtins.property
     def children(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChildRunRef]:
-        """Its child runs, in the order they were started (at most 1000; run tree, issue 28)."""
+        """Its child runs, in the order they were started (at most 1000, and what fits the message
+        limit; run tree, issue 28).
+        """
 
     def __init__(
         self,
         *,
         run: _common_pb2.Run | None = ...,
         children: _abc.Iterable[Global___ChildRunRef] | None = ...,
+        more_children: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "run", b"run"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "more_children", b"more_children", "run", b"run"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2478,6 +2484,7 @@ class ChildRun(_message.Message):
     FAILURE_REASON_FIELD_NUMBER: _builtins.int
     ERROR_CODE_FIELD_NUMBER: _builtins.int
     STARTED_FIELD_NUMBER: _builtins.int
+    OUTPUT_OMITTED_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
     """The parent's step id it was started under."""
     run_id: _builtins.str
@@ -2485,11 +2492,13 @@ class ChildRun(_message.Message):
     status: _common_pb2.RunStatus.ValueType
     """Its status."""
     failure_reason: _builtins.str
-    """Why it failed or was cancelled."""
+    """Why it failed or was cancelled (its first 512 characters; GetRun has it whole)."""
     error_code: _builtins.str
     """Its error code, if any."""
     started: _builtins.bool
     """True when this call started it; false: it existed (a parent run again)."""
+    output_omitted: _builtins.bool
+    """True when its output did not fit this answer (the message limit): GetRun reads it."""
     @_builtins.property
     def output(self) -> _struct_pb2.Struct:
         """Its output (COMPLETED only)."""
@@ -2504,10 +2513,11 @@ class ChildRun(_message.Message):
         failure_reason: _builtins.str = ...,
         error_code: _builtins.str = ...,
         started: _builtins.bool = ...,
+        output_omitted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "failure_reason", b"failure_reason", "output", b"output", "run_id", b"run_id", "started", b"started", "status", b"status", "step_id", b"step_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "failure_reason", b"failure_reason", "output", b"output", "output_omitted", b"output_omitted", "run_id", b"run_id", "started", b"started", "status", b"status", "step_id", b"step_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
