@@ -35,7 +35,8 @@ from awooop.worker import AwooopError, Child, Client, RunContext, ToolClient, Wo
 from awooop.worker.children import read_outcome
 from services.common import errors
 from services.common.runtime import Runtime
-from tests.harness.helpers import ROOT, eventually, key_of
+from services.common.settings import Settings
+from tests.harness.helpers import ROOT, eventually, key_of, service_key, settings_env, spawn_services
 
 PROJECT = "cr"
 OTHER = "cr-other"
@@ -720,3 +721,139 @@ async def test_children_whose_outputs_do_not_fit_one_answer_are_marked_and_read_
         assert outcome.ok and outcome.output == {"blob": "x" * 7000, "run": omitted[0].run_id}
     finally:
         await c.close()
+
+
+async def test_a_saga_killed_mid_tree_finishes_the_tree_in_order_without_repeating_a_compensation(
+    start_services: Any, make_key: Any, db: Any, settings: Settings, tmp_path: Path
+) -> None:
+    """The saga process is SIGKILLed while the newest child's slow undo is in flight; a new saga
+    process takes over (the request's lease) and finishes the tree in the same order, the
+    interrupted undo replayed by the gateway, not executed twice."""
+    gw_rt = await start_services("gateway")
+    gw_addr = f"127.0.0.1:{gw_rt.ports['gateway']}"
+    internal = dict(await service_key(gw_rt))["authorization"].removeprefix("Bearer ")
+    env = settings_env(
+        settings.with_(
+            gateway_addr=gw_addr,
+            compensation_interval=0.2,
+            compensation_lease=3.0,
+            tool_timeout=2.5,
+            internal_api_key=internal,
+        )
+    )
+    rt = await start_services("ingest", "scheduler", reaper_interval=0.1, auth_cache_seconds=0)
+    worker_key = key_of(await make_key("cr-tree-worker", {PROJECT: ["worker"]}, "service"))
+    admin_key = key_of(await make_key("cr-tree-boss", {PROJECT: ["admin"]}))
+    first = await spawn_services(["saga"], env, tmp_path, name="saga-1")
+    addrs = {
+        "ingest": f"127.0.0.1:{rt.ports['ingest']}",
+        "scheduler": f"127.0.0.1:{rt.ports['scheduler']}",
+        "saga": f"127.0.0.1:{first.ports['saga']}",
+    }
+    admin = Client(key=admin_key, **addrs)
+    tools = ToolClient(gw_addr, key=worker_key)
+
+    async def write(ctx: RunContext, step: str, entry: str) -> None:
+        undo = {"tool_id": "knowledge_delete", "params": {"entry_id": entry}}
+        params = {"entry_id": entry, "content": {}}
+        await ctx.step(step, tools.execute, tool_id="knowledge_write", params=params, compensation=undo)
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        if ctx.input.get("role") == "child":
+            name = ctx.input["name"]
+            await write(ctx, "a", f"{name}-a")
+            # its undo is slow: the crash window
+            undo = {"tool_id": "k8s_delete_resource", "params": {"kind": "ConfigMap", "name": name,
+                                                                 "simulate_delay_ms": 1500}}  # fmt: skip
+            params = {"kind": "ConfigMap", "name": name}
+            await ctx.step("b", tools.execute, tool_id="k8s_create_resource", params=params, compensation=undo)
+            return {}
+        if ctx.input.get("role") == "slow":  # keeps the parent parked until it is cancelled
+            await ctx.wait(await ctx.create_wait(timeout=600))
+            return {}
+        await write(ctx, "own", "parent-own")
+        kids = [Child({"role": "child", "name": f"c{i}"}, step_id=f"c{i}") for i in range(2)]
+        await ctx.run_children([*kids, Child({"role": "slow"}, step_id="slow")])
+        return {"unexpected": True}
+
+    worker = Worker(handler, projects=[PROJECT], key=worker_key, scheduler=addrs["scheduler"], saga=addrs["saga"],
+                    heartbeat_interval=0.2, lease_ttl=30, claim_wait=1, concurrency=3)  # fmt: skip
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    second = None
+    try:
+        resp = await admin.call(
+            admin.ingest.IngestEvents,
+            ingest_pb2.IngestEventsRequest(
+                events=[
+                    ingest_pb2.IngestEventRequest(
+                        project_id=PROJECT,
+                        channel_type=common_pb2.CHANNEL_TYPE_API,
+                        provider_event_id="tree",
+                        payload=to_struct({"role": "parent"}),
+                    )
+                ]
+            ),
+        )
+        parent = resp.results[0].outcomes[0].run_id
+
+        async def children_done() -> bool:
+            n = await db.fetchval(
+                "SELECT count(*) FROM awooop_run_state WHERE parent_run_id = $1 AND status = 'COMPLETED'",
+                uuid.UUID(parent),
+            )
+            slow = await db.fetchval(
+                "SELECT status FROM awooop_run_state WHERE parent_run_id = $1 AND parent_step_id = 'slow'",
+                uuid.UUID(parent),
+            )
+            return bool(n == 2) and slow == "WAITING_TOOL" and await _status(db, parent) == "WAITING_TOOL"
+
+        await eventually(children_done, timeout=30, what="the children done, the parent parked")
+        await _stop(worker, task)
+        await admin.call(admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=parent, reason="stop"))
+        newest = await db.fetchval(
+            "SELECT run_id FROM awooop_run_state WHERE parent_run_id = $1 AND parent_step_id = 'c1'", uuid.UUID(parent)
+        )
+
+        async def newest_undo_in_flight() -> bool:
+            step = await db.fetchval("SELECT status FROM awooop_saga_step WHERE run_id = $1 AND step_id = 'b'", newest)
+            received = await db.fetchval(
+                "SELECT count(*) FROM awooop_refgw_request WHERE idempotency_key = $1",
+                f"{newest}:b:compensate",
+            )
+            return step == "compensating" and received >= 1
+
+        await eventually(newest_undo_in_flight, timeout=30, what="the newest child's slow undo in flight")
+        first.kill()
+        second = await spawn_services(["saga"], env, tmp_path, name="saga-2")
+
+        async def compensated() -> bool:
+            saga = await db.fetchval("SELECT saga_status FROM awooop_run_state WHERE run_id = $1", uuid.UUID(parent))
+            return bool(saga == "compensated")
+
+        await eventually(compensated, timeout=60, what="the tree compensated by the second saga")
+    finally:
+        if not task.done():
+            await _stop(worker, task)
+        first.kill()
+        if second is not None:
+            second.terminate()
+        await tools.close()
+        await admin.close()
+    names = {
+        str(r["run_id"]): r["parent_step_id"]
+        for r in await db.fetch(
+            "SELECT run_id, parent_step_id FROM awooop_run_state WHERE parent_run_id = $1", uuid.UUID(parent)
+        )
+    } | {parent: "parent"}
+    rows = await db.fetch(
+        "SELECT idempotency_key, outcome FROM awooop_refgw_request WHERE project_id = $1"
+        " AND idempotency_key LIKE '%:compensate' AND outcome IN ('executed', 'replayed') ORDER BY request_id",
+        PROJECT,
+    )
+    calls = [(f"{names[r['idempotency_key'].split(':')[0]]}:{r['idempotency_key'].split(':')[1]}", r["outcome"])
+             for r in rows]  # fmt: skip
+    executed = [c for c, outcome in calls if outcome == "executed"]
+    assert executed == ["c1:b", "c1:a", "c0:b", "c0:a", "parent:own"], calls
+    assert [c for c, outcome in calls if outcome == "replayed"] == ["c1:b"], calls
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_knowledge WHERE project_id = $1", PROJECT) == 0
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_resource WHERE project_id = $1", PROJECT) == 0
