@@ -30,7 +30,7 @@ CREATE TABLE awooop_run_event (
     created_at      TIMESTAMPTZ  NOT NULL DEFAULT now(),
     PRIMARY KEY (run_id, seq)
 );
-CREATE UNIQUE INDEX awooop_run_event_key_idx ON awooop_run_event (run_id, emit_key) WHERE emit_key IS NOT NULL;
+CREATE UNIQUE INDEX awooop_run_event_emit_key_idx ON awooop_run_event (run_id, emit_key) WHERE emit_key IS NOT NULL;
 CREATE INDEX awooop_run_event_progress_idx ON awooop_run_event (run_id, seq) WHERE source = 'progress';
 
 -- Runs somebody watches, until when (a watcher renews it): only their new events send a NOTIFY
