@@ -37,6 +37,7 @@ GROUPS: dict[str, str] = {
     "reaper": "bench.reaper",
     "waits": "bench.waits",
     "run_events": "bench.run_events",
+    "children": "bench.children",
     "crash": "bench.crash",
     "pooler": "bench.pooler",
     "retention": "bench.retention",

@@ -16,6 +16,7 @@ import aiohttp
 import pytest_asyncio
 
 from awooop.scheduler.v1 import scheduler_pb2
+from awooop.worker import to_struct
 from services.console.security import CSP
 from tests.harness import rawhttp
 from tests.harness.console import ConsoleEnv, start_console_env, stop_console_env
@@ -649,3 +650,19 @@ async def test_an_approval_link_with_a_made_up_token_shows_no_form(env: ConsoleE
         status == 303
         and await env.db.fetchval("SELECT status FROM awooop_run_state WHERE run_id = $1", run_id) == "RESUMED"
     )
+
+
+async def test_the_run_page_links_a_parent_and_its_children(env: ConsoleEnv, browser: Browser) -> None:
+    parent = await env.create()
+    lease = await env.claim(parent)
+    specs = [scheduler_pb2.ChildRunSpec(step_id=f"sub-{i}", input=to_struct({"i": i})) for i in range(2)]
+    started = await env.worker.call(
+        env.worker.scheduler.StartChildRuns, scheduler_pb2.StartChildRunsRequest(lease=lease, children=specs)
+    )
+    kids = [c.run_id for c in started.children]
+    await browser.signin(env.admin_key)
+    status, html, _ = await browser.get(f"/runs/{parent}")
+    assert status == 200 and 'id="tree"' in html
+    assert all(f'href="/runs/{k}"' in html for k in kids) and "sub-0" in html and "sub-1" in html
+    status, html, _ = await browser.get(f"/runs/{kids[1]}")
+    assert status == 200 and f'href="/runs/{parent}"' in html and "step sub-1, depth 1" in html

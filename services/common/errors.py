@@ -47,6 +47,7 @@ HISTORY_TOO_LARGE = reason(errors_pb2.ERROR_REASON_HISTORY_TOO_LARGE)
 WAIT_CLOSED = reason(errors_pb2.ERROR_REASON_WAIT_CLOSED)
 RUN_EVENTS_EXHAUSTED = reason(errors_pb2.ERROR_REASON_RUN_EVENTS_EXHAUSTED)
 TOO_MANY_WATCHERS = reason(errors_pb2.ERROR_REASON_TOO_MANY_WATCHERS)
+CHILD_LIMIT = reason(errors_pb2.ERROR_REASON_CHILD_LIMIT)
 
 
 class ServiceError(Exception):
@@ -170,6 +171,11 @@ def wait_closed(wait_id: str, message: str, **metadata: str) -> ServiceError:
     return ServiceError(
         grpc.StatusCode.FAILED_PRECONDITION, WAIT_CLOSED, message, metadata={"wait_id": wait_id, **metadata}
     )
+
+
+def child_limit(message: str, **metadata: str) -> ServiceError:
+    """StartChildRuns past the depth or fan-out limit (metadata `limit`, and `depth` or `children`)."""
+    return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, CHILD_LIMIT, message, metadata=metadata)
 
 
 def store_unavailable(detail: str) -> ServiceError:

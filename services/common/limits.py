@@ -17,3 +17,8 @@ MAX_ATTEMPTS_LIMIT = 100  # CHECK (max_attempts BETWEEN 1 AND 100)
 MAX_URL = 2048  # URLs a caller hands a service (a parked tool call's callback URL)
 MAX_EVENT_KIND = 128  # awooop_run_event.kind VARCHAR(128), a progress event's kind
 MAX_EMIT_KEY = 128  # awooop_run_event.emit_key VARCHAR(128)
+# child runs (issue 28): the hard caps the settings AWOOOP_MAX_CHILD_DEPTH and
+# AWOOOP_MAX_CHILDREN_PER_RUN may not exceed, and the children one StartChildRuns call may start
+MAX_CHILD_DEPTH = 32  # awooop_run_state.child_depth SMALLINT; deeper trees are a runaway recursion
+MAX_CHILDREN_PER_RUN = 10000  # a run's children over its life (the fan-out limit)
+MAX_CHILDREN_PER_CALL = 1000  # one StartChildRuns: one statement, and its answer fits one message

@@ -34,6 +34,7 @@ class WaitReason(StrEnum):
     ON_TOKEN = "wait_token"
     ON_SLEEP = "wait_sleep"
     ON_EVENT = "wait_event"
+    ON_CHILDREN = "wait_children"  # parked until its child runs end (a 'children' wait)
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,6 +125,15 @@ def run_to_pb(row: Row) -> common_pb2.Run:
     return run
 
 
+def set_run_tree(run: common_pb2.Run, row: Row) -> None:
+    """The run's place in its tree (parent, step id, depth), for the reads that select them
+    (GetRun, ListRuns; migration 0190)."""
+    if row["parent_step_id"] is not None:
+        run.parent_run_id = str(row["parent_run_id"] or "")
+        run.parent_step_id = row["parent_step_id"]
+    run.child_depth = row["child_depth"]
+
+
 _RUN_TIMES = (
     "lease_until",
     "heartbeat_at",

@@ -143,6 +143,7 @@ class WaitKind(StrEnum):
     TOKEN = "token"  # CompleteWait or its callback URL
     SLEEP = "sleep"  # nothing: its time
     EVENT = "event"  # an API event carrying its correlation key
+    CHILDREN = "children"  # its child runs' ends (migration 0190's trigger)
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,7 @@ class Trigger(StrEnum):
     STEP_FAILED = "step_failed"
     CANCELLED = "cancelled"
     MANUAL = "manual"
+    PARENT_ENDED = "parent_ended"  # a finished child whose parent ended FAILED or CANCELLED
 
 
 class SagaAudit(StrEnum):

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from services.common.limits import MAX_CHILD_DEPTH, MAX_CHILDREN_PER_RUN
+
 
 class SettingsError(ValueError):
     """An AWOOOP_* variable that does not parse; the message names it."""
@@ -172,6 +174,10 @@ class Settings:
     # longest a watcher goes without re-reading its run when no wake-up came (a lost NOTIFY is late by
     # at most this much)
     watch_poll_interval: float = 5.0
+    # child runs (StartChildRuns): how deep a run tree may grow, a root run being depth 0 (at most 32)
+    max_child_depth: int = 8
+    # child runs one run may start over its life, its fan-out (at most 10000)
+    max_children_per_run: int = 1000
 
     # --- saga ---
     saga_addr: str = ""  # scheduler -> saga nudges; empty: the saga's recovery loop picks requests up
@@ -300,6 +306,10 @@ def problems(s: Settings) -> list[str]:
         out.append("only one of AWOOOP_TLS_CERT_FILE / AWOOOP_TLS_KEY_FILE is set: serving without TLS")
     if s.db_pool_min > s.db_pool_max:
         out.append("AWOOOP_DB_POOL_MIN > AWOOOP_DB_POOL_MAX")
+    if not 1 <= s.max_child_depth <= MAX_CHILD_DEPTH:
+        out.append(f"AWOOOP_MAX_CHILD_DEPTH outside 1..{MAX_CHILD_DEPTH}: clamped")
+    if not 1 <= s.max_children_per_run <= MAX_CHILDREN_PER_RUN:
+        out.append(f"AWOOOP_MAX_CHILDREN_PER_RUN outside 1..{MAX_CHILDREN_PER_RUN}: clamped")
     return out
 
 

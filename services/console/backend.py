@@ -30,6 +30,7 @@ class RunView:
     problems: list[str]
     waits: list[scheduler_pb2.Wait] = field(default_factory=list)  # ListWaits: open ones first
     progress: list[scheduler_pb2.WatchEvent] = field(default_factory=list)  # the handler's ctx.emit events
+    children: list[scheduler_pb2.ChildRunRef] = field(default_factory=list)  # the run tree, start order
 
 
 class Backend:
@@ -83,7 +84,7 @@ class Backend:
             problems.append(f"progress events: {progress_r.details.render()}")
         else:
             progress = progress_r
-        return RunView(run_r.run, history, journal, problems, waits, progress)
+        return RunView(run_r.run, history, journal, problems, waits, progress, list(run_r.children))
 
     async def progress(self, key: str, run_id: str) -> list[scheduler_pb2.WatchEvent]:
         """The run's progress events so far (WatchRun with snapshot: the log as it is, no following)."""

@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 import jinja2
 from aiohttp import web
 
+from awooop.cli import timeline
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
@@ -299,7 +300,13 @@ class Console:
             progress=view.progress,
         )
         return self.render(
-            request, "run.html", page=page, run=view.run, project=view.run.project_id, query=request.query
+            request,
+            "run.html",
+            page=page,
+            run=view.run,
+            children=[(c.run_id, c.step_id, timeline.status_name(c.status)) for c in view.children],
+            project=view.run.project_id,
+            query=request.query,
         )
 
     # --- approvals ---------------------------------------------------------------------------

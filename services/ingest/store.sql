@@ -91,7 +91,7 @@ WITH run AS (
     attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
     cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
     compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
-    wait_reason, concurrency_keys, wait_key
+    wait_reason, concurrency_keys, wait_key, parent_run_id, parent_step_id, child_depth
 ),
 audited AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)

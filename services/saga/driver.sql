@@ -4,8 +4,12 @@
 -- a replica that lost its lease writes nothing.
 
 -- name: ClaimCompensationRequests
--- Open requests, oldest first, of runs that ended without success: pending, or running with an
--- expired lease (a crashed replica's), skipping those another replica holds locked.
+-- Open requests, oldest first, of runs that ended without success (or of finished child runs
+-- whose parent did: trigger parent_ended, migration 0190): pending, or running with an expired
+-- lease (a crashed replica's), skipping those another replica holds locked. The run tree's order
+-- (docs/architecture.md "Child runs"): a run's request waits while a request of one of its
+-- children is open (children are undone before the parent's own steps), and a parent_ended
+-- request waits while a newer sibling's parent_ended request is open (newest child first).
 UPDATE awooop_compensation_request c
    SET status = 'running', worker_id = :worker_id, lease_until = now() + make_interval(secs => :lease_ttl),
        attempt_count = c.attempt_count + 1, updated_at = now()
@@ -13,7 +17,15 @@ UPDATE awooop_compensation_request c
         SELECT q.run_id FROM awooop_compensation_request q
           JOIN awooop_run_state r ON r.run_id = q.run_id
          WHERE (q.status = 'pending' OR (q.status = 'running' AND q.lease_until < now()))
-           AND r.status IN ('FAILED', 'CANCELLED')
+           AND (r.status IN ('FAILED', 'CANCELLED') OR q.trigger = 'parent_ended')
+           AND NOT EXISTS (SELECT 1 FROM awooop_run_state k
+                             JOIN awooop_compensation_request kq ON kq.run_id = k.run_id
+                            WHERE k.parent_run_id = q.run_id AND kq.status <> 'done')
+           AND NOT (q.trigger = 'parent_ended' AND r.parent_run_id IS NOT NULL AND EXISTS (
+                    SELECT 1 FROM awooop_run_state s
+                      JOIN awooop_compensation_request sq ON sq.run_id = s.run_id
+                     WHERE s.parent_run_id = r.parent_run_id AND s.child_seq > r.child_seq
+                       AND sq.trigger = 'parent_ended' AND sq.status <> 'done'))
          ORDER BY q.created_at LIMIT :batch
            FOR UPDATE OF q SKIP LOCKED)
 RETURNING c.run_id, c.project_id, c.trigger, c.reason, c.attempt_count

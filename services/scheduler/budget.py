@@ -12,6 +12,8 @@ other fields. Many runs may not, so:
   ever having run.
 - ListRuns ends its page at the last run that fits (next_page_token continues after it).
 - GetRunHistory answers RESOURCE_EXHAUSTED / HISTORY_TOO_LARGE instead of failing in transport.
+- StartChildRuns answers every child; past the budget a child's output is left out and marked
+  output_omitted (the SDK reads it with GetRun). GetRun lists the children that fit.
 - CompleteRuns (and ClaimRuns.complete) answer every item; past the budget a completed run is
   returned without its input and output (the caller has them; GetRun reads them), so a large
   batch never makes its own answer undeliverable after its writes committed.
@@ -56,6 +58,29 @@ def fit_runs(runs: Sequence[common_pb2.Run], budget: int) -> int:
         if used > budget and i > 0:
             return i
     return len(runs)
+
+
+def fit_children(children: Sequence[scheduler_pb2.ChildRun], budget: int) -> None:
+    """StartChildRuns' answer: a child's output past budget (in order) is left out and marked
+    `output_omitted` (GetRun reads it), so a fan-in of many large outputs stays deliverable."""
+    used = 0
+    for c in children:
+        size = c.ByteSize() + ITEM_FRAMING
+        if used + size > budget and c.HasField("output"):
+            c.ClearField("output")
+            c.output_omitted = True
+            size = c.ByteSize() + ITEM_FRAMING
+        used += size
+
+
+def fit_refs(refs: Sequence[scheduler_pb2.ChildRunRef], budget: int) -> int:
+    """How many of GetRun's child references fit in budget bytes."""
+    used = 0
+    for i, r in enumerate(refs):
+        used += r.ByteSize() + ITEM_FRAMING
+        if used > budget:
+            return i
+    return len(refs)
 
 
 def trim_results(results: Sequence[scheduler_pb2.CompleteRunResult], budget: int) -> int:

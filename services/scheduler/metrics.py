@@ -19,6 +19,9 @@ REAPED = Counter(
     ["outcome"],
 )
 CLAIMED = Counter("awooop_scheduler_claimed_total", "Runs handed to workers")
+CHILDREN_STARTED = Counter(
+    "awooop_scheduler_children_started_total", "Child runs started by StartChildRuns (found again: not counted)"
+)
 CLAIM_HANDED_BACK = Counter(
     "awooop_scheduler_claim_handed_back_total",
     "Claimed runs handed back at once because the ClaimRuns answer had no room for them (message limit)",

@@ -4,7 +4,7 @@ SELECT run_id, project_id, channel_type, provider_event_id, status, input, outpu
     attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
     cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
     compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
-    wait_reason, concurrency_keys, wait_key FROM awooop_run_state WHERE run_id = :run_id
+    wait_reason, concurrency_keys, wait_key, parent_run_id, parent_step_id, child_depth FROM awooop_run_state WHERE run_id = :run_id
 
 -- name: ListRuns
 -- A page of ListRuns: a project's runs newest first, keyset-paginated on (created_at DESC, run_id)
@@ -18,7 +18,7 @@ SELECT run_id, project_id, channel_type, provider_event_id, status, input, outpu
     attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
     cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
     compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
-    wait_reason, concurrency_keys, wait_key FROM awooop_run_state
+    wait_reason, concurrency_keys, wait_key, parent_run_id, parent_step_id, child_depth FROM awooop_run_state
  WHERE project_id = :project_id AND (:statuses::text[] IS NULL OR status = ANY(:statuses::text[]))
    AND (:channels::text[] IS NULL OR channel_type = ANY(:channels::text[]))
    AND (:created_after::timestamptz IS NULL OR created_at >= :created_after)

@@ -18,6 +18,8 @@ from services.common import errors, retry_policy, run_options, tracing
 from services.common.access import projects_with, require_member, require_role
 from services.common.auth import current_principal
 from services.common.limits import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_CHILDREN_PER_CALL,
     MAX_CONCURRENCY_KEY,
     MAX_CRON,
     MAX_EMIT_KEY,
@@ -29,7 +31,15 @@ from services.common.limits import (
     MAX_TEXT,
 )
 from services.common.run_events import EventSource
-from services.common.runs import channel_from_pb, run_to_pb, set_time, status_from_pb, status_to_pb, ts
+from services.common.runs import (
+    channel_from_pb,
+    run_to_pb,
+    set_run_tree,
+    set_time,
+    status_from_pb,
+    status_to_pb,
+    ts,
+)
 from services.common.runstate import TERMINAL, RunStatus, WaitKind, WaitStatus
 from services.common.runtime import AppContext
 from services.common.validate import Violations, to_struct
@@ -37,6 +47,7 @@ from services.scheduler import (
     approvals,
     batch_complete,
     budget,
+    children,
     claim_answers,
     claiming,
     concurrency,
@@ -67,6 +78,7 @@ MAX_APPROVAL_TOKEN = 256
 MAX_WAIT_TIMEOUT = 366 * 86400.0
 MAX_LOOKBACK = 86400.0  # an event wait's look-back
 DEFAULT_LOOKBACK = 300.0
+MAX_CHILD_REASON = 512  # a child's failure_reason in StartChildRuns' answer (GetRun has it whole)
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
 INT32_MAX = 2**31 - 1
@@ -129,6 +141,7 @@ _WAIT_KINDS: dict[str, scheduler_pb2.WaitKind.ValueType] = {
     WaitKind.TOKEN: scheduler_pb2.WAIT_KIND_TOKEN,
     WaitKind.SLEEP: scheduler_pb2.WAIT_KIND_SLEEP,
     WaitKind.EVENT: scheduler_pb2.WAIT_KIND_EVENT,
+    WaitKind.CHILDREN: scheduler_pb2.WAIT_KIND_CHILDREN,
 }
 _WAIT_KIND_NAMES = {v: k for k, v in _WAIT_KINDS.items()}
 _WAIT_STATUSES: dict[str, scheduler_pb2.WaitStatus.ValueType] = {
@@ -514,7 +527,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         run_id, attempt = _lease(v, "lease", request.lease)
         step_id = v.token("step_id", request.step_id, max_len=MAX_ID)
         kind = request.kind or scheduler_pb2.WAIT_KIND_TOKEN
-        v.check(kind in _WAIT_KIND_NAMES, "kind", "TOKEN, SLEEP or EVENT")
+        # a CHILDREN wait is created only with its children (StartChildRuns)
+        v.check(kind in _WAIT_KIND_NAMES and kind != scheduler_pb2.WAIT_KIND_CHILDREN, "kind", "TOKEN, SLEEP or EVENT")
         timeout = request.timeout.seconds + request.timeout.nanos / 1e9
         v.check(0 < timeout <= MAX_WAIT_TIMEOUT, "timeout", f"required, between 0 and {MAX_WAIT_TIMEOUT:g} seconds")
         match = None
@@ -586,6 +600,74 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     # --- reads -------------------------------------------------------------------------------
 
+    async def StartChildRuns(
+        self, request: scheduler_pb2.StartChildRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.StartChildRunsResponse:
+        v = Violations()
+        run_id, attempt = _lease(v, "lease", request.lease)
+        n = len(request.children)
+        v.check(0 < n <= MAX_CHILDREN_PER_CALL, "children", f"1 to {MAX_CHILDREN_PER_CALL} children per call, got {n}")
+        specs: list[children.ChildSpec] = []
+        seen: set[str] = set()
+        for i, c in enumerate(request.children[:MAX_CHILDREN_PER_CALL]):
+            prefix = f"children[{i}]."
+            step_id = v.token(prefix + "step_id", c.step_id, max_len=MAX_ID)
+            v.check(step_id not in seen, prefix + "step_id", "named twice in this call")
+            seen.add(step_id)
+            options = run_options.parse(
+                v,
+                prefix,
+                not_before=c.not_before if c.HasField("not_before") else None,
+                priority=c.priority,
+                policy=None,
+                concurrency_keys=c.concurrency_keys,
+            )
+            v.check(0 <= c.max_attempts <= MAX_ATTEMPTS_LIMIT, prefix + "max_attempts", f"0 to {MAX_ATTEMPTS_LIMIT}")
+            value = v.struct(prefix + "input", c.input, max_bytes=self.settings.max_payload_bytes)
+            specs.append(
+                children.ChildSpec(
+                    step_id, value, options.priority, options.not_before, options.concurrency_keys, c.max_attempts
+                )
+            )
+        wait_step_id = v.token("wait_step_id", request.wait_step_id, max_len=MAX_ID, required=False) or None
+        timeout = MAX_WAIT_TIMEOUT
+        if request.HasField("timeout"):
+            timeout = request.timeout.seconds + request.timeout.nanos / 1e9
+            v.check(0 < timeout <= MAX_WAIT_TIMEOUT, "timeout", f"between 0 and {MAX_WAIT_TIMEOUT:g} seconds")
+        v.raise_if_any()
+        rows = await children.start(
+            self.pool,
+            self.settings,
+            current_principal(),
+            run_id,
+            attempt,
+            specs,
+            policy_defaults=self._policy_defaults,
+            traceparent=tracing.current_traceparent(),
+            wait_step_id=wait_step_id,
+            fail_fast=request.fail_fast,
+            timeout=timeout,
+        )
+        resp = scheduler_pb2.StartChildRunsResponse()
+        for r in rows:
+            child = resp.children.add(
+                step_id=r["step_id"],
+                run_id=str(r["run_id"]),
+                status=_status_of(r["status"]),
+                # its start only: a thousand children's whole reasons could pass the message limit
+                failure_reason=(r["failure_reason"] or "")[:MAX_CHILD_REASON],
+                error_code=r["error_code"] or "",
+                started=r["started"],
+            )
+            if r["output"] is not None:
+                child.output.CopyFrom(to_struct(r["output"]))
+        budget.fit_children(resp.children, budget.answer_budget(self.settings.max_message_bytes))
+        first = rows[0]
+        if first["wait_id"] is not None:
+            resp.wait.CopyFrom(_wait_pb(first, run_id=run_id, project_id="", status=first["wait_status"]))
+            resp.wait.step_id = first["wait_step_id"]
+        return resp
+
     async def GetRun(
         self, request: scheduler_pb2.GetRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.GetRunResponse:
@@ -593,7 +675,20 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         run_id = v.uuid("run_id", request.run_id)
         v.raise_if_any()
         row = await reads.get_run(self.pool, current_principal(), run_id)
-        return scheduler_pb2.GetRunResponse(run=run_to_pb(row))
+        run = run_to_pb(row)
+        set_run_tree(run, row)
+        kids = await children.children_of(self.pool, run_id)
+        refs = [
+            scheduler_pb2.ChildRunRef(
+                run_id=str(k["run_id"]),
+                step_id=k["parent_step_id"],
+                status=_status_of(k["status"]),  # type: ignore[arg-type]
+            )
+            for k in kids[: children.MAX_LISTED]
+        ]
+        fit = budget.fit_refs(refs, budget.answer_budget(self.settings.max_message_bytes) - run.ByteSize())
+        more = fit < len(refs) or len(kids) > children.MAX_LISTED
+        return scheduler_pb2.GetRunResponse(run=run, children=refs[:fit], more_children=more)
 
     async def ListRuns(
         self, request: scheduler_pb2.ListRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -631,6 +726,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         )
         rows, next_token = await reads.list_runs(self.pool, project_id, where, page_size, after)
         runs = [run_to_pb(r) for r in rows]
+        for run, r in zip(runs, rows, strict=True):
+            set_run_tree(run, r)
         n = budget.fit_runs(runs, self._budget)
         if n < len(runs):  # the page ends at the last run that fits; the next one starts after it
             runs, next_token = runs[:n], reads.encode_page_token(rows[n - 1]["created_at"], rows[n - 1]["run_id"])

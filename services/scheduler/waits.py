@@ -25,7 +25,7 @@ from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.db import Row
 from services.common.principals import TOOL_ROLE
-from services.common.runstate import TRANSITIONS, Action, RunStatus, WaitStatus
+from services.common.runstate import TRANSITIONS, Action, RunStatus, WaitKind, WaitStatus
 from services.scheduler.approvals import APPROVER_ROLE, new_token
 from services.scheduler.refusals import fenced_refusal
 from services.scheduler.transitions import WORKER_ROLE
@@ -163,7 +163,10 @@ async def complete(pool: asyncpg.Pool, principal: Principal, wait_id: str, resul
             projects=projects_with(principal, COMPLETE_ROLES),
         ),
     )
-    assert row is not None  # the function always answers one row
+    if row is None:  # a children wait: its children end it (migration 0190)
+        raise errors.wait_closed(
+            wait_id, f"wait {wait_id} waits for child runs: it ends only when they end", kind=WaitKind.CHILDREN
+        )
     return wait_outcomes.ended(row, wait_id)
 
 

@@ -57,7 +57,7 @@ upd AS (
            -- what it waits for and until when, for GetRun's readers (`awooop runs show`, the console);
            -- awooop_end_wait clears both when the wait ends (run_options.WaitReason)
            wait_reason = CASE w.kind WHEN 'token' THEN 'wait_token' WHEN 'sleep' THEN 'wait_sleep'
-                                     ELSE 'wait_event' END,
+                                     WHEN 'children' THEN 'wait_children' ELSE 'wait_event' END,
            not_before = w.expires_at
       FROM cur, w
      WHERE r.run_id = cur.cur_run_id AND r.attempt_count = :attempt AND r.status = 'RUNNING'
@@ -83,8 +83,12 @@ SELECT cur.*, (SELECT count(*) FROM parked) > 0 AS parked, w.wait_id, w.status A
   FROM cur LEFT JOIN w ON true
 
 -- name: CompleteWait
--- A wait ended by the RPC CompleteWait: the first outcome wins (awooop_end_wait).
+-- A wait ended by the RPC CompleteWait: the first outcome wins (awooop_end_wait). A children wait
+-- (migration 0190) of the caller's projects ends only by its children: no row, nothing ended.
 SELECT * FROM awooop_end_wait(:wait_id, 'completed', :result, :actor, :projects::text[])
+ WHERE NOT EXISTS (SELECT 1 FROM awooop_wait
+                    WHERE wait_id = :wait_id AND kind = 'children'
+                      AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[])))
 
 -- name: ExpireWaits
 -- The timeout sweep: open waits past their expiry end timed_out, and runs parked on them are

@@ -197,7 +197,8 @@ async def cmd_list(args: argparse.Namespace, client: Client) -> int:
 
 
 async def cmd_show(args: argparse.Namespace, client: Client) -> int:
-    run = (await client.call(client.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=args.run_id))).run
+    got = await client.call(client.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=args.run_id))
+    run = got.run
     problems: list[str] = []
     history: list[scheduler_pb2.RunEvent] = []
     journal: saga_pb2.GetJournalResponse | None = None
@@ -221,7 +222,11 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
     except AwooopError as err:
         problems.append("journal: " + render_error(err))
     if args.json:
-        out: dict[str, Any] = {"run": to_json(run), "history": [to_json(e) for e in history]}
+        out: dict[str, Any] = {
+            "run": to_json(run),
+            "children": [to_json(c) for c in got.children],
+            "history": [to_json(e) for e in history],
+        }
         out["progress"] = [_event_json(e) for e in progress]
         if journal is not None:
             out["journal"] = to_json(journal)
@@ -230,6 +235,7 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
         print_json(out)
     else:
         _print_run(run)
+        _print_children(list(got.children))
         _print_timeline(history, journal)
         if journal is not None:
             _print_journal(journal)
@@ -304,6 +310,17 @@ def _print_run(run: common_pb2.Run) -> None:
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k.ljust(width)}  {v}")
+
+
+def _print_children(children: list[scheduler_pb2.ChildRunRef]) -> None:
+    """The run's children (the run tree; `awooop runs show <child>` goes down, `parent` up)."""
+    if not children:
+        return
+    print()
+    print(f"children ({len(children)}, in start order)")
+    width = max(len(c.step_id) for c in children)
+    for c in children:
+        print(f"  {c.step_id.ljust(width)}  {c.run_id}  {status_name(c.status)}")
 
 
 def _print_timeline(history: list[scheduler_pb2.RunEvent], journal: saga_pb2.GetJournalResponse | None) -> None:

@@ -80,6 +80,7 @@ PARKED = {
     "wait_token": "parked on a wait token: resumes when CompleteWait or its callback URL answers",
     "wait_sleep": "sleeping (a durable sleep)",
     "wait_event": "parked until a matching channel event arrives",
+    "wait_children": "parked until its child runs end",
 }
 
 
@@ -104,6 +105,8 @@ def run_fields(run: common_pb2.Run, style: FieldStyle = TERMINAL) -> list[tuple[
         ("status", status_name(run.status) + (f"{style.gap}(cancel requested)" if run.cancel_requested else "")),
         ("attempts", f"{run.attempt_count} of {run.max_attempts}"),
     ]
+    if run.parent_run_id:  # a child run: its place in the run tree
+        rows.append(("parent", f"{run.parent_run_id}{style.gap}(step {run.parent_step_id}, depth {run.child_depth})"))
     if run.priority:
         rows.append(("priority", str(run.priority)))
     keys = list(run.concurrency_keys) or ([run.concurrency_key] if run.concurrency_key else [])

@@ -12,6 +12,7 @@
 See docs/worker-sdk.md.
 """
 
+from awooop.worker.children import Child, ChildHandle, ChildOutcome, ChildrenTimeout
 from awooop.worker.client import Client, open_channel
 from awooop.worker.context import Approval, RunContext, StepCall
 from awooop.worker.errors import AwooopError, ErrorDetails, LeaseLost, RunFinished, details_of
@@ -24,6 +25,10 @@ from awooop.worker.worker import Worker, WorkerError, run_worker
 __all__ = [
     "Approval",
     "AwooopError",
+    "Child",
+    "ChildHandle",
+    "ChildOutcome",
+    "ChildrenTimeout",
     "Client",
     "ErrorDetails",
     "Event",

@@ -20,7 +20,7 @@ import contextlib
 import datetime as dt
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from google.protobuf import duration_pb2
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import event_matches, metrics, tracing, waits
+from awooop.worker import children, event_matches, metrics, tracing, waits
 from awooop.worker.client import Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.errors import JOURNAL_TOO_LARGE, AwooopError, LeaseLost, RunFinished
@@ -528,6 +528,46 @@ class RunContext:
             return waits.tool_result(sid, await self.wait(token))
 
         return await self.step(sid, start_and_park, tool_id=tool_id, params=params, compensation=compensation)
+
+    # --- child runs (children.py) ---
+
+    async def start_child(
+        self,
+        input: Mapping[str, Any] | None = None,
+        *,
+        step_id: str | None = None,
+        priority: int = 0,
+        delay: float | None = None,
+        concurrency_keys: Sequence[str] = (),
+        max_attempts: int = 0,
+    ) -> children.ChildHandle:
+        """Starts a child run of this run's project (or finds the one an earlier attempt started
+        under the same step id: `child-N` in call order when not given) and returns its handle;
+        `await handle.result()` parks this run until the child has ended."""
+        self._live("start_child")
+        spec = children.Child(dict(input or {}), step_id, priority, delay, tuple(concurrency_keys), max_attempts)
+        return await children.start(self, spec, self._wait_step_id("child", step_id))
+
+    async def run_children(
+        self,
+        specs: Sequence[children.Child | Mapping[str, Any]],
+        *,
+        fail_fast: bool = False,
+        step_id: str | None = None,
+        timeout: float | None = None,
+    ) -> list[children.ChildOutcome]:
+        """Starts the children (each a Child, or a plain input dict) in one call and parks this run
+        until all have ended: then returns each child's outcome, in order. fail_fast: the wait ends
+        at the first child that does not complete, and its unfinished siblings are cancelled.
+        ChildrenTimeout when they did not all end in `timeout` seconds (default: no limit but the
+        longest wait, 366 days)."""
+        self._live("run_children")
+        wait_step_id = self._wait_step_id("children", step_id)
+        named: list[tuple[children.Child, str]] = []
+        for spec in specs:
+            child = spec if isinstance(spec, children.Child) else children.Child(dict(spec))
+            named.append((child, self._wait_step_id("child", child.step_id)))
+        return await children.run(self, named, wait_step_id, fail_fast, timeout)
 
     # --- the run's end ---
 

@@ -39,6 +39,15 @@ RUNS = Counter("awooop_worker_runs_total", "Runs handled by this worker, by outc
 STEPS = Counter("awooop_worker_steps_total", "Journaled steps, by BeginStep action", ["action"], registry=None)
 HEARTBEATS = Counter("awooop_worker_heartbeats_total", "Heartbeat calls, by result", ["result"], registry=None)
 LEASES_LOST = Counter("awooop_worker_leases_lost_total", "Handlers stopped because their lease was lost", registry=None)
+CHILDREN_STARTED = Counter(
+    "awooop_worker_children_started_total", "Child runs this worker's handlers started", registry=None
+)
+CHILDREN_ENDED = Counter(
+    "awooop_worker_children_ended_total",
+    "Ended child runs whose outcome a resumed parent received, by status",
+    ["status"],
+    registry=None,
+)
 HELD = Gauge("awooop_worker_leases_held", "Leases this worker holds now", registry=None)
 
 # every known label value at 0 from the start, so increase() alerts see the first increment
@@ -48,6 +57,8 @@ for _a in ("execute", "skip", "retry"):
     STEPS.labels(_a)
 for _r in ("ok", "error"):
     HEARTBEATS.labels(_r)
+for _s in ("completed", "failed", "cancelled"):
+    CHILDREN_ENDED.labels(_s)
 
 _registered: set[int] = set()
 _lock = threading.Lock()
@@ -60,6 +71,6 @@ def register(registry: CollectorRegistry | None = REGISTRY) -> None:
     with _lock:
         if id(registry) in _registered:
             return
-        for m in (RUNS, STEPS, HEARTBEATS, LEASES_LOST, HELD):
+        for m in (RUNS, STEPS, HEARTBEATS, LEASES_LOST, HELD, CHILDREN_STARTED, CHILDREN_ENDED):
             registry.register(m)
         _registered.add(id(registry))

@@ -301,6 +301,9 @@ class Run(_message.Message):
     CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     CONCURRENCY_KEYS_FIELD_NUMBER: _builtins.int
     WAIT_KEY_FIELD_NUMBER: _builtins.int
+    PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
+    PARENT_STEP_ID_FIELD_NUMBER: _builtins.int
+    CHILD_DEPTH_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id (UUID)."""
     project_id: _builtins.str
@@ -353,6 +356,14 @@ class Run(_message.Message):
 
     wait_key: _builtins.str
     """The key a key_busy or rate_limited run waits on; empty otherwise."""
+    parent_run_id: _builtins.str
+    """--- child runs (issue 28): the run tree ---
+    The run that started this one (StartChildRuns); empty for a root run.
+    """
+    parent_step_id: _builtins.str
+    """The parent's step id this child was started under (its identity within the parent)."""
+    child_depth: _builtins.int
+    """0 for a root run, the parent's depth + 1 for a child."""
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Input given at creation (the channel payload unless the caller set one)."""
@@ -436,10 +447,13 @@ class Run(_message.Message):
         concurrency_key: _builtins.str = ...,
         concurrency_keys: _abc.Iterable[_builtins.str] | None = ...,
         wait_key: _builtins.str = ...,
+        parent_run_id: _builtins.str = ...,
+        parent_step_id: _builtins.str = ...,
+        child_depth: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["approval_expires_at", b"approval_expires_at", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "created_at", b"created_at", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "not_before", b"not_before", "output", b"output", "reaped_at", b"reaped_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided_by", b"approval_decided_by", "approval_expires_at", b"approval_expires_at", "approval_summary", b"approval_summary", "attempt_count", b"attempt_count", "cancel_requested", b"cancel_requested", "channel_type", b"channel_type", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "created_at", b"created_at", "error_code", b"error_code", "failure_reason", b"failure_reason", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "max_attempts", b"max_attempts", "not_before", b"not_before", "output", b"output", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "reaped_at", b"reaped_at", "run_id", b"run_id", "saga_status", b"saga_status", "status", b"status", "updated_at", b"updated_at", "wait_key", b"wait_key", "wait_reason", b"wait_reason", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided_by", b"approval_decided_by", "approval_expires_at", b"approval_expires_at", "approval_summary", b"approval_summary", "attempt_count", b"attempt_count", "cancel_requested", b"cancel_requested", "channel_type", b"channel_type", "child_depth", b"child_depth", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "created_at", b"created_at", "error_code", b"error_code", "failure_reason", b"failure_reason", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "max_attempts", b"max_attempts", "not_before", b"not_before", "output", b"output", "parent_run_id", b"parent_run_id", "parent_step_id", b"parent_step_id", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "reaped_at", b"reaped_at", "run_id", b"run_id", "saga_status", b"saga_status", "status", b"status", "updated_at", b"updated_at", "wait_key", b"wait_key", "wait_reason", b"wait_reason", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -74,6 +74,10 @@ class _ErrorReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorReas
     """The scheduler serves AWOOOP_MAX_WATCHERS WatchRun streams already (RESOURCE_EXHAUSTED); retry
     later or on another replica.
     """
+    ERROR_REASON_CHILD_LIMIT: _ErrorReason.ValueType  # 40
+    """Child runs (StartChildRuns): the parent is at the depth limit, or would have more children
+    than the fan-out limit (FAILED_PRECONDITION): metadata `limit`, `depth` or `children`.
+    """
 
 class ErrorReason(_ErrorReason, metaclass=_ErrorReasonEnumTypeWrapper):
     """Why a call failed. Every non-OK status carries a google.rpc.ErrorInfo with domain
@@ -133,5 +137,9 @@ AWOOOP_MAX_RUN_EVENT_BYTES_TOTAL of data; metadata `run_id`, `limit`, `count`, `
 ERROR_REASON_TOO_MANY_WATCHERS: ErrorReason.ValueType  # 31
 """The scheduler serves AWOOOP_MAX_WATCHERS WatchRun streams already (RESOURCE_EXHAUSTED); retry
 later or on another replica.
+"""
+ERROR_REASON_CHILD_LIMIT: ErrorReason.ValueType  # 40
+"""Child runs (StartChildRuns): the parent is at the depth limit, or would have more children
+than the fan-out limit (FAILED_PRECONDITION): metadata `limit`, `depth` or `children`.
 """
 Global___ErrorReason: _TypeAlias = ErrorReason  # noqa: Y015

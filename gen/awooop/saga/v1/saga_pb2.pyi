@@ -70,6 +70,8 @@ class _CompensationTriggerEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_C
     """The run was cancelled."""
     COMPENSATION_TRIGGER_MANUAL: _CompensationTrigger.ValueType  # 5
     """An operator asked for it."""
+    COMPENSATION_TRIGGER_PARENT_ENDED: _CompensationTrigger.ValueType  # 6
+    """A finished child run whose parent ended FAILED or CANCELLED (issue 28, child runs)."""
 
 class CompensationTrigger(_CompensationTrigger, metaclass=_CompensationTriggerEnumTypeWrapper):
     """Why compensation was requested (seed ADR-119 D4)."""
@@ -86,6 +88,8 @@ COMPENSATION_TRIGGER_CANCELLED: CompensationTrigger.ValueType  # 4
 """The run was cancelled."""
 COMPENSATION_TRIGGER_MANUAL: CompensationTrigger.ValueType  # 5
 """An operator asked for it."""
+COMPENSATION_TRIGGER_PARENT_ENDED: CompensationTrigger.ValueType  # 6
+"""A finished child run whose parent ended FAILED or CANCELLED (issue 28, child runs)."""
 Global___CompensationTrigger: _TypeAlias = CompensationTrigger  # noqa: Y015
 
 @_typing.final

@@ -91,6 +91,10 @@ class _WaitKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WaitKind.Val
     md5 hex of an Alertmanager resolve's groupKey; docs/worker-sdk.md "Event matches"), arrived
     since `lookback` before the wait was created (or CompleteWait).
     """
+    WAIT_KIND_CHILDREN: _WaitKind.ValueType  # 4
+    """Child runs (StartChildRuns): ends when they have all ended, or (fail_fast) when one did not
+    complete.
+    """
 
 class WaitKind(_WaitKind, metaclass=_WaitKindEnumTypeWrapper):
     """What a durable wait waits for."""
@@ -106,6 +110,10 @@ WAIT_KIND_EVENT: WaitKind.ValueType  # 3
 `correlation_key` (an API event's payload "correlation_key", a Telegram message's chat id, the
 md5 hex of an Alertmanager resolve's groupKey; docs/worker-sdk.md "Event matches"), arrived
 since `lookback` before the wait was created (or CompleteWait).
+"""
+WAIT_KIND_CHILDREN: WaitKind.ValueType  # 4
+"""Child runs (StartChildRuns): ends when they have all ended, or (fail_fast) when one did not
+complete.
 """
 Global___WaitKind: _TypeAlias = WaitKind  # noqa: Y015
 
@@ -1069,18 +1077,30 @@ class GetRunResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     RUN_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    MORE_CHILDREN_FIELD_NUMBER: _builtins.int
+    more_children: _builtins.bool
+    """True when the run has more children than listed."""
     @_builtins.property
     def run(self) -> _common_pb2.Run:
         """The run."""
+
+    @_builtins.property
+    def children(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChildRunRef]:
+        """Its child runs, in the order they were started (at most 1000, and what fits the message
+        limit; run tree, issue 28).
+        """
 
     def __init__(
         self,
         *,
         run: _common_pb2.Run | None = ...,
+        children: _abc.Iterable[Global___ChildRunRef] | None = ...,
+        more_children: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "more_children", b"more_children", "run", b"run"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2658,3 +2678,210 @@ class WatchRunResponse(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
 
 Global___WatchRunResponse: _TypeAlias = WatchRunResponse  # noqa: Y015
+
+@_typing.final
+class ChildRunRef(_message.Message):
+    """--- child runs (issue 28) ---
+
+    One child of a run, as GetRun lists it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The child run."""
+    step_id: _builtins.str
+    """The parent's step id it was started under."""
+    status: _common_pb2.RunStatus.ValueType
+    """Its status now."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        step_id: _builtins.str = ...,
+        status: _common_pb2.RunStatus.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id", "status", b"status", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChildRunRef: _TypeAlias = ChildRunRef  # noqa: Y015
+
+@_typing.final
+class ChildRunSpec(_message.Message):
+    """One child to start."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    INPUT_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    NOT_BEFORE_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_KEYS_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    step_id: _builtins.str
+    """The child's identity within the parent (1-128 chars), unique per parent."""
+    priority: _builtins.int
+    """Claim order within the project: higher first (-1000..1000, default 0)."""
+    max_attempts: _builtins.int
+    """Claims allowed before the child fails; 0: the project's retry policy."""
+    @_builtins.property
+    def input(self) -> _struct_pb2.Struct:
+        """The child's input."""
+
+    @_builtins.property
+    def not_before(self) -> _timestamp_pb2.Timestamp:
+        """Not claimable before this time; unset: at once."""
+
+    @_builtins.property
+    def concurrency_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Concurrency (and rate) keys, as CreateRun's."""
+
+    def __init__(
+        self,
+        *,
+        step_id: _builtins.str = ...,
+        input: _struct_pb2.Struct | None = ...,
+        priority: _builtins.int = ...,
+        not_before: _timestamp_pb2.Timestamp | None = ...,
+        concurrency_keys: _abc.Iterable[_builtins.str] | None = ...,
+        max_attempts: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "not_before", b"not_before"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency_keys", b"concurrency_keys", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "priority", b"priority", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChildRunSpec: _TypeAlias = ChildRunSpec  # noqa: Y015
+
+@_typing.final
+class StartChildRunsRequest(_message.Message):
+    """Starts children of the caller's run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    WAIT_STEP_ID_FIELD_NUMBER: _builtins.int
+    FAIL_FAST_FIELD_NUMBER: _builtins.int
+    TIMEOUT_FIELD_NUMBER: _builtins.int
+    wait_step_id: _builtins.str
+    """Also create (or find) a wait of kind CHILDREN over them, named so (1-128 chars); empty: none."""
+    fail_fast: _builtins.bool
+    """The wait ends at the first child that does not complete (its unfinished siblings are cancelled)."""
+    @_builtins.property
+    def lease(self) -> _common_pb2.LeaseToken:
+        """Fencing token of the parent, RUNNING."""
+
+    @_builtins.property
+    def children(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChildRunSpec]:
+        """The children, in order (1 to AWOOOP_MAX_CHILDREN_PER_CALL)."""
+
+    @_builtins.property
+    def timeout(self) -> _duration_pb2.Duration:
+        """The wait's timeout (default and at most 366 days)."""
+
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.LeaseToken | None = ...,
+        children: _abc.Iterable[Global___ChildRunSpec] | None = ...,
+        wait_step_id: _builtins.str = ...,
+        fail_fast: _builtins.bool = ...,
+        timeout: _duration_pb2.Duration | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "timeout", b"timeout"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "fail_fast", b"fail_fast", "lease", b"lease", "timeout", b"timeout", "wait_step_id", b"wait_step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartChildRunsRequest: _TypeAlias = StartChildRunsRequest  # noqa: Y015
+
+@_typing.final
+class ChildRun(_message.Message):
+    """One child, started now or found."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_ID_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    FAILURE_REASON_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    STARTED_FIELD_NUMBER: _builtins.int
+    OUTPUT_OMITTED_FIELD_NUMBER: _builtins.int
+    step_id: _builtins.str
+    """The parent's step id it was started under."""
+    run_id: _builtins.str
+    """The child run."""
+    status: _common_pb2.RunStatus.ValueType
+    """Its status."""
+    failure_reason: _builtins.str
+    """Why it failed or was cancelled (its first 512 characters; GetRun has it whole)."""
+    error_code: _builtins.str
+    """Its error code, if any."""
+    started: _builtins.bool
+    """True when this call started it; false: it existed (a parent run again)."""
+    output_omitted: _builtins.bool
+    """True when its output did not fit this answer (the message limit): GetRun reads it."""
+    @_builtins.property
+    def output(self) -> _struct_pb2.Struct:
+        """Its output (COMPLETED only)."""
+
+    def __init__(
+        self,
+        *,
+        step_id: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        status: _common_pb2.RunStatus.ValueType = ...,
+        output: _struct_pb2.Struct | None = ...,
+        failure_reason: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        started: _builtins.bool = ...,
+        output_omitted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "failure_reason", b"failure_reason", "output", b"output", "output_omitted", b"output_omitted", "run_id", b"run_id", "started", b"started", "status", b"status", "step_id", b"step_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChildRun: _TypeAlias = ChildRun  # noqa: Y015
+
+@_typing.final
+class StartChildRunsResponse(_message.Message):
+    """The children and their wait."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHILDREN_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def children(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChildRun]:
+        """The children, in the request's order."""
+
+    @_builtins.property
+    def wait(self) -> Global___Wait:
+        """The wait over them (with wait_step_id); AwaitWait parks the parent on it."""
+
+    def __init__(
+        self,
+        *,
+        children: _abc.Iterable[Global___ChildRun] | None = ...,
+        wait: Global___Wait | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["wait", b"wait"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "wait", b"wait"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartChildRunsResponse: _TypeAlias = StartChildRunsResponse  # noqa: Y015

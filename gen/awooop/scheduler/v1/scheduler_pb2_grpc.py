@@ -205,6 +205,11 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchRunRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchRunResponse.FromString,
                 _registered_method=True)
+        self.StartChildRuns = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/StartChildRuns',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.StartChildRunsRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.StartChildRunsResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -473,6 +478,17 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartChildRuns(self, request, context):
+        """--- child runs (issue 28) ---
+        Starts child runs of the caller's RUNNING run in its project (worker role, fenced by the
+        parent's lease), each identified by (parent, step_id): a child started before is found, not
+        started again. With wait_step_id, also creates (or finds) the wait of kind CHILDREN over
+        them, in the same transaction; AwaitWait parks the parent on it. One statement per call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -645,6 +661,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.WatchRun,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchRunRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchRunResponse.SerializeToString,
+            ),
+            'StartChildRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartChildRuns,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.StartChildRunsRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.StartChildRunsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1566,6 +1587,33 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/WatchRun',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchRunRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WatchRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartChildRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/StartChildRuns',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.StartChildRunsRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.StartChildRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

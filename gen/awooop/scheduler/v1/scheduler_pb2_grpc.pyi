@@ -139,6 +139,13 @@ class SchedulerServiceStub:
     the log's end is INVALID_ARGUMENT; more than AWOOOP_MAX_WATCHERS streams on one scheduler is
     RESOURCE_EXHAUSTED / TOO_MANY_WATCHERS.
     """
+    StartChildRuns: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.StartChildRunsRequest, _scheduler_pb2.StartChildRunsResponse]
+    """--- child runs (issue 28) ---
+    Starts child runs of the caller's RUNNING run in its project (worker role, fenced by the
+    parent's lease), each identified by (parent, step_id): a child started before is found, not
+    started again. With wait_step_id, also creates (or finds) the wait of kind CHILDREN over
+    them, in the same transaction; AwaitWait parks the parent on it. One statement per call.
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -248,6 +255,13 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     and ends. Any role in the run's project (another project's run is NOT_FOUND). An offset past
     the log's end is INVALID_ARGUMENT; more than AWOOOP_MAX_WATCHERS streams on one scheduler is
     RESOURCE_EXHAUSTED / TOO_MANY_WATCHERS.
+    """
+    StartChildRuns: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.StartChildRunsRequest, _scheduler_pb2.StartChildRunsResponse]  # type: ignore[assignment]
+    """--- child runs (issue 28) ---
+    Starts child runs of the caller's RUNNING run in its project (worker role, fenced by the
+    parent's lease), each identified by (parent, step_id): a child started before is found, not
+    started again. With wait_step_id, also creates (or finds) the wait of kind CHILDREN over
+    them, in the same transaction; AwaitWait parks the parent on it. One statement per call.
     """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -559,6 +573,19 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         and ends. Any role in the run's project (another project's run is NOT_FOUND). An offset past
         the log's end is INVALID_ARGUMENT; more than AWOOOP_MAX_WATCHERS streams on one scheduler is
         RESOURCE_EXHAUSTED / TOO_MANY_WATCHERS.
+        """
+
+    @_abc_1.abstractmethod
+    def StartChildRuns(
+        self,
+        request: _scheduler_pb2.StartChildRunsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.StartChildRunsResponse, _abc.Awaitable[_scheduler_pb2.StartChildRunsResponse]]:
+        """--- child runs (issue 28) ---
+        Starts child runs of the caller's RUNNING run in its project (worker role, fenced by the
+        parent's lease), each identified by (parent, step_id): a child started before is found, not
+        started again. With wait_step_id, also creates (or finds) the wait of kind CHILDREN over
+        them, in the same transaction; AwaitWait parks the parent on it. One statement per call.
         """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
