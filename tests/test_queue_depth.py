@@ -22,12 +22,14 @@ from tests.harness.scheduler import Sched, make_sched
 
 S = RunStatus
 
+# RUNNING rows hold a lease (a worker), WAITING_TOOL ones are parked on durable waits (none)
 # rows of one kind: (status, how many, not_before (SQL), attempts used of 3); claimable only
 # when queued, due, with attempts left and the project not paused
 SEED = """
 INSERT INTO awooop_run_state (project_id, channel_type, input, status, not_before, attempt_count, max_attempts,
-                              created_at)
-SELECT $1, 'api', '{}'::jsonb, $2, $3::text::timestamptz, $4, 3, now() - make_interval(secs => $5 + g)
+                              created_at, worker_id, lease_until)
+SELECT $1, 'api', '{}'::jsonb, $2::text, $3::text::timestamptz, $4, 3, now() - make_interval(secs => $5 + g),
+       CASE WHEN $2::text = 'RUNNING' THEN 'w' END, CASE WHEN $2::text = 'RUNNING' THEN now() + interval '1 hour' END
   FROM generate_series(1, $6) g
 """
 
@@ -57,7 +59,7 @@ KINDS = [
     Kind(S.RESUMED, 2, attempts=1, age=200),
     Kind(S.RESUMED, 1, attempts=3, age=9000),  # no attempts left: never claimed
     Kind(S.RUNNING, 4, attempts=1),
-    Kind(S.WAITING_TOOL, 2, attempts=1),
+    Kind(S.WAITING_TOOL, 2, attempts=1),  # parked on durable waits (no worker)
     Kind(S.WAITING_APPROVAL, 3, attempts=1),
     Kind(S.COMPLETED, 40, attempts=1, age=99999),
     Kind(S.FAILED, 9, attempts=3, age=99999),

@@ -15,7 +15,8 @@ SELECT project_id, status, count(*) AS n,
        COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(ready_since) FILTER (WHERE claimable)), 0)::float8
            AS oldest
   FROM (SELECT project_id, status,
-               ((not_before IS NULL OR not_before <= now())
+               (status IN ('PENDING', 'RESUMED')
+                AND (not_before IS NULL OR not_before <= now())
                 AND attempt_count - released_count < max_attempts
                 AND NOT EXISTS (SELECT 1 FROM awooop_project_flow f WHERE f.project_id = r.project_id AND f.paused))
                    AS claimable,
