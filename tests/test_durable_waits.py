@@ -39,6 +39,7 @@ from services.common import errors
 from services.common.runtime import Runtime
 from services.scheduler import waits
 from tests.harness.helpers import ROOT, eventually, key_of
+from tests.harness.rpc_runs import ingest_runs
 
 PROJECT = "dw"
 OTHER = "dw-other"
@@ -72,22 +73,7 @@ class Suite:
         return Worker(handler, projects=[PROJECT], key=self.worker_key, scheduler=self.scheduler, saga=self.saga, **kw)
 
     async def create_runs(self, n: int, **kw: Any) -> list[str]:
-        resp = await self.admin.call(
-            self.admin.ingest.IngestEvents,
-            ingest_pb2.IngestEventsRequest(
-                events=[
-                    ingest_pb2.IngestEventRequest(
-                        project_id=PROJECT,
-                        channel_type=common_pb2.CHANNEL_TYPE_API,
-                        provider_event_id=f"evt-{os.urandom(6).hex()}",
-                        payload=to_struct({"n": i}),
-                        **kw,
-                    )
-                    for i in range(n)
-                ]
-            ),
-        )
-        return [r.outcomes[0].run_id for r in resp.results]
+        return await ingest_runs(self.admin, PROJECT, [{"n": i} for i in range(n)], **kw)
 
     async def run(self, run_id: str) -> common_pb2.Run:
         return (await self.admin.call(self.admin.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id))).run

@@ -31,7 +31,6 @@ from aiohttp import web
 from google.protobuf import duration_pb2
 
 from awooop.common.v1 import common_pb2
-from awooop.ingest.v1 import ingest_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.tools.v1 import tools_pb2
@@ -39,6 +38,7 @@ from awooop.worker import AwooopError, Client, ParkedToolFailed, RunContext, Wor
 from services.common import errors
 from services.common.runtime import Runtime
 from tests.harness.helpers import ROOT, eventually, key_of
+from tests.harness.rpc_runs import ingest_runs
 
 PROJECT = "ptc"
 TOOL_DELAY_MS = 30000  # the "30 s later the tool posts its result"
@@ -52,21 +52,7 @@ class Suite:
     addrs: dict[str, str]
 
     async def create_runs(self, n: int) -> list[str]:
-        resp = await self.admin.call(
-            self.admin.ingest.IngestEvents,
-            ingest_pb2.IngestEventsRequest(
-                events=[
-                    ingest_pb2.IngestEventRequest(
-                        project_id=PROJECT,
-                        channel_type=common_pb2.CHANNEL_TYPE_API,
-                        provider_event_id=f"evt-{os.urandom(6).hex()}",
-                        payload=to_struct({"n": i}),
-                    )
-                    for i in range(n)
-                ]
-            ),
-        )
-        return [r.outcomes[0].run_id for r in resp.results]
+        return await ingest_runs(self.admin, PROJECT, [{"n": i} for i in range(n)])
 
     def worker(self, handler: Any) -> Worker:
         return Worker(

@@ -31,6 +31,27 @@ async def ingest_run(client: Client, project: str, payload: dict[str, Any], even
     return str(r.outcomes[0].run_id)
 
 
+async def ingest_runs(client: Client, project: str, payloads: list[dict[str, Any]], **options: Any) -> list[str]:
+    """New API-channel runs, one IngestEvents call (random provider event ids, the same run
+    options for each, e.g. priority); returns their ids in order."""
+    resp = await client.call(
+        client.ingest.IngestEvents,
+        ingest_pb2.IngestEventsRequest(
+            events=[
+                ingest_pb2.IngestEventRequest(
+                    project_id=project,
+                    channel_type=common_pb2.CHANNEL_TYPE_API,
+                    provider_event_id=f"evt-{os.urandom(6).hex()}",
+                    payload=to_struct(p),
+                    **options,
+                )
+                for p in payloads
+            ]
+        ),
+    )
+    return [r.outcomes[0].run_id for r in resp.results]
+
+
 async def claim_one(
     client: Client, worker_id: str, project: str, run_id: str = "", lease_ttl_s: int = 0
 ) -> common_pb2.LeaseToken:
