@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 import pytest_asyncio
 from prometheus_client import REGISTRY
 
@@ -22,6 +23,10 @@ async def s(start_services, channels, db, make_key) -> Sched:
 
 def wakeups(by: str) -> float:
     return REGISTRY.get_sample_value("awooop_scheduler_claim_wakeups_total", {"by": by}) or 0.0
+
+
+def abandoned() -> float:
+    return REGISTRY.get_sample_value("awooop_scheduler_claims_abandoned_total") or 0.0
 
 
 def waiting() -> float:
@@ -125,6 +130,57 @@ async def test_a_woken_claim_that_leaves_before_a_delayed_run_is_due_hands_it_to
         runs = await asyncio.wait_for(second, 20)
         assert [r.run.run_id for r in runs] == [run_id]
     finally:
+        for t in (first, second):
+            t.cancel()
+        await asyncio.gather(first, second, return_exceptions=True)
+
+
+async def test_a_woken_claim_whose_call_ends_during_its_claim_statement_passes_the_wake_up_on(
+    s: Sched, db_dsn: str
+) -> None:
+    """The woken claim's call ends while its claim statement runs (held here by a table lock, so
+    the cancel lands there and nowhere else). It claims nothing and leaves, and must still hand
+    the wake-up to the other waiter, which never heard the notification."""
+    await wait_listening(s)
+    base = waiting()
+    first = asyncio.ensure_future(s.claim("w-first", wait=dur(60)))
+    await eventually(lambda: claims_waiting(base + 1), what="the first claim to wait")
+    second = asyncio.ensure_future(s.claim("w-second", wait=dur(60)))
+    locker = await asyncpg.connect(db_dsn)
+    try:
+        await eventually(lambda: claims_waiting(base + 2), what="the second claim to wait")
+        run_id = str(
+            await s.db.fetchval(
+                """INSERT INTO awooop_run_state (project_id, channel_type, input, not_before)
+                   VALUES ('p', 'api', '{}', now() + interval '1 second') RETURNING run_id"""
+            )
+        )
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute("LOCK TABLE awooop_run_state IN ACCESS EXCLUSIVE MODE")
+        gave_up0 = abandoned()
+        await s.db.execute("SELECT pg_notify('awooop_run_ready', 'p')")
+
+        async def claim_blocked() -> bool:
+            return bool(
+                await s.db.fetchval(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'awooop_run_state'::regclass"
+                )
+            )
+
+        await eventually(claim_blocked, what="the woken claim's statement to wait on the lock")
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+
+        async def cancel_arrived() -> bool:
+            return abandoned() - gave_up0 >= 1
+
+        await eventually(cancel_arrived, what="the cancel to reach the claim statement")
+        await tx.rollback()
+        runs = await asyncio.wait_for(second, 20)
+        assert [r.run.run_id for r in runs] == [run_id]
+    finally:
+        await locker.close()
         for t in (first, second):
             t.cancel()
         await asyncio.gather(first, second, return_exceptions=True)

@@ -134,56 +134,63 @@ async def claim_runs(
     deadline = time.monotonic() + wait
     # What this call knows that other waiters may not (a notification wakes one waiter, and
     # only the woken one looks for the earliest retry backoff): it was woken and has not claimed
-    # since, or its last wait counted on a backoff ending. It passes that on when it leaves.
+    # since, or its last wait counted on a backoff ending. It passes that on when it leaves
+    # without claiming, however it leaves: the call can end during the claim statement too.
     woken_before = False
     timer = False
     while True:
         with listener.subscribe(projects) as woken:
-            if gone():
-                if woken_before or timer:
-                    _pass_on(listener, projects, woken)
-                return Claim([])
-            result = await hand_back.to_the_end(
-                pool,
-                lambda: claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor, key),
-                _taken,
-                worker_id,
-                actor,
-            )
-            if result.replayed:
-                metrics.CLAIM_REPLAYS.inc()
-                if timer:
-                    _pass_on(listener, projects, woken)
-                return result
-            if result.rows:
-                metrics.count_claims(result.rows)
-                if len(result.rows) >= max_runs or timer:  # a full batch (more may be claimable), or a backoff
-                    _pass_on(listener, projects, woken)
-                return result
-            left = deadline - time.monotonic()
-            if left <= 0 or listener.stopping.is_set():
-                if timer:
-                    _pass_on(listener, projects, woken)
-                return result
-            timeout = left
-            next_ready = await seconds_until_ready(pool, projects)
-            timer = next_ready is not None
-            if next_ready is not None:
-                timeout = min(timeout, next_ready + 0.001)
-            poll = listener.poll_interval
-            if poll is not None:
-                timeout = min(timeout, poll)
-            metrics.CLAIMS_WAITING.inc()
             try:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(woken.wait(), timeout=timeout)
-            except asyncio.CancelledError:  # the call ended while it waited
-                metrics.CLAIMS_ABANDONED.inc()
-                if woken.is_set() or timer:
+                if gone():
+                    if woken_before or timer:
+                        _pass_on(listener, projects, woken)
+                    return Claim([])
+                result = await hand_back.to_the_end(
+                    pool,
+                    lambda: claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor, key),
+                    _taken,
+                    worker_id,
+                    actor,
+                )
+                if result.replayed:
+                    metrics.CLAIM_REPLAYS.inc()
+                    if timer:
+                        _pass_on(listener, projects, woken)
+                    return result
+                if result.rows:
+                    metrics.count_claims(result.rows)
+                    if len(result.rows) >= max_runs or timer:  # a full batch (more may be claimable), or a backoff
+                        _pass_on(listener, projects, woken)
+                    return result
+                left = deadline - time.monotonic()
+                if left <= 0 or listener.stopping.is_set():
+                    if timer:
+                        _pass_on(listener, projects, woken)
+                    return result
+                timeout = left
+                next_ready = await seconds_until_ready(pool, projects)
+                timer = next_ready is not None
+                if next_ready is not None:
+                    timeout = min(timeout, next_ready + 0.001)
+                poll = listener.poll_interval
+                if poll is not None:
+                    timeout = min(timeout, poll)
+                metrics.CLAIMS_WAITING.inc()
+                try:
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for returns normally when the
+                    # event is set in the same turn the call is cancelled, and the cancel is lost
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(timeout):
+                            await woken.wait()
+                except asyncio.CancelledError:
+                    metrics.CLAIMS_ABANDONED.inc()  # (a claim statement's own is counted by to_the_end)
+                    raise
+                finally:
+                    metrics.CLAIMS_WAITING.dec()
+            except asyncio.CancelledError:  # the call ended: while it waited, claimed or looked
+                if woken_before or woken.is_set() or timer:
                     _pass_on(listener, projects, woken)
                 raise
-            finally:
-                metrics.CLAIMS_WAITING.dec()
             woken_before = woken.is_set()
 
 
