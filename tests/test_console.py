@@ -666,3 +666,54 @@ async def test_the_run_page_links_a_parent_and_its_children(env: ConsoleEnv, bro
     assert all(f'href="/runs/{k}"' in html for k in kids) and "sub-0" in html and "sub-1" in html
     status, html, _ = await browser.get(f"/runs/{kids[1]}")
     assert status == 200 and f'href="/runs/{parent}"' in html and "step sub-1, depth 1" in html
+
+
+async def test_the_schedules_page_lists_next_ticks_and_failures_and_an_admin_deletes_one(
+    env: ConsoleEnv, browser: Browser
+) -> None:
+    """A project's schedules as `awooop flow schedules` shows them; a failed tick's error is on the
+    page; Delete is the scheduler's DeleteSchedule, so a viewer is refused there and an admin not."""
+    for name, cron, tz in (("nightly<report>", "0 3 * * *", "Europe/Berlin"), ("every-minute", "* * * * *", "")):
+        await env.admin.call(
+            env.admin.scheduler.SetSchedule,
+            scheduler_pb2.SetScheduleRequest(
+                schedule=scheduler_pb2.Schedule(
+                    project_id="ops", name=name, cron=cron, time_zone=tz, input=to_struct({"report": "<b>daily</b>"})
+                )
+            ),
+        )
+    # a tick that failed (the scheduler's loop keeps the error on the schedule and retries later)
+    await env.db.execute(
+        "UPDATE awooop_schedule SET last_error = 'input too large', last_error_at = now()"
+        " WHERE project_id = 'ops' AND name = 'every-minute'"
+    )
+    await browser.signin(env.viewer_key)
+    status, html, _ = await browser.get("/projects/ops/schedules")
+    assert status == 200
+    assert "<code>nightly&lt;report&gt;</code>" in html and "Europe/Berlin" in html and "0 3 * * *" in html
+    assert "&lt;b&gt;daily&lt;/b&gt;" in html and "<b>daily</b>" not in html
+    assert "input too large (at " in html
+    assert 'href="/projects/ops/schedules"' in html  # in the project's navigation
+    csrf = await browser.csrf("/projects/ops/schedules")
+    status, html, _ = await browser.post("/projects/ops/schedules/delete", {"csrf": csrf, "name": "every-minute"})
+    assert status == 403 and "admin" in html
+    assert await env.db.fetchval("SELECT count(*) FROM awooop_schedule WHERE project_id = 'ops'") == 2
+
+    await browser.http.close()
+    admin = Browser(env.url)
+    try:
+        await admin.signin(env.admin_key)
+        csrf = await admin.csrf("/projects/ops/schedules")
+        status, _, r = await admin.post(
+            "/projects/ops/schedules/delete", {"csrf": csrf, "name": "every-minute"}, allow_redirects=False
+        )
+        assert status == 303 and r.headers["Location"] == "/projects/ops/schedules?msg=unscheduled"
+        _, html, _ = await admin.get("/projects/ops/schedules?msg=unscheduled")
+        assert "Schedule deleted" in html and "every-minute" not in html and "nightly&lt;report&gt;" in html
+        names = await env.db.fetch("SELECT name FROM awooop_schedule WHERE project_id = 'ops'")
+        assert [r["name"] for r in names] == ["nightly<report>"]
+        # another project's schedules are the scheduler's to refuse too
+        status, _, _ = await admin.get("/projects/elsewhere/schedules")
+        assert status == 200  # the admin key is an admin of every project ("*")
+    finally:
+        await admin.close()

@@ -12,6 +12,7 @@ from google.protobuf import json_format
 
 from awooop.cli import timeline
 from awooop.cli.client import when
+from awooop.cli.flow import error_text, next_tick_text
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
@@ -319,3 +320,24 @@ OPEN_WAIT = scheduler_pb2.WAIT_STATUS_OPEN
 def wait_view(w: scheduler_pb2.Wait) -> WaitView:
     kind = scheduler_pb2.WaitKind.Name(w.kind).removeprefix("WAIT_KIND_").lower()
     return WaitView(w.wait_id, w.step_id, kind, when(w.expires_at))
+
+
+@dataclass
+class ScheduleRow:
+    name: str
+    cron: str
+    time_zone: str
+    next_tick: str
+    error: str  # "" when the last tick fired
+    input: str
+
+
+def schedule_row(s: scheduler_pb2.Schedule) -> ScheduleRow:
+    return ScheduleRow(
+        name=s.name,
+        cron=s.cron,
+        time_zone=s.time_zone or "UTC",
+        next_tick=next_tick_text(s),
+        error=error_text(s) if s.last_error else "",
+        input=struct_text(s, "input"),
+    )

@@ -9,7 +9,7 @@ import json
 import time
 import uuid
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import jinja2
 from aiohttp import web
@@ -50,6 +50,7 @@ MESSAGES = {
     "cancelled": "Cancel requested.",
     "wait_completed": "Wait completed by hand: a run parked on it is PENDING and resumes with your result.",
     "wait_expired": "Wait expired by hand: a run parked on it is PENDING and its handler sees the timeout.",
+    "unscheduled": "Schedule deleted: it starts no more runs (runs it started are kept).",
     "signedout": "Signed out.",
     "expired": "Your session ended; sign in again.",
 }
@@ -460,6 +461,30 @@ class Console:
             ),
         )
         raise web.HTTPSeeOther(f"/runs/{run_id}?msg=resolved")
+
+    async def schedules(self, request: web.Request) -> web.StreamResponse:
+        """The project's cron schedules: next tick, and why the last tick failed (the scheduler
+        retries a failed tick an hour later), as `awooop flow schedules`."""
+        self.need(request)
+        project = request.match_info["project"]
+        found = await self.call(
+            request, self.backend.scheduler.ListSchedules, scheduler_pb2.ListSchedulesRequest(project_id=project)
+        )
+        rows = [pages.schedule_row(s) for s in found.schedules]
+        return self.render(request, "schedules.html", project=project, rows=rows)
+
+    async def unschedule(self, request: web.Request) -> web.StreamResponse:
+        """The schedules page's Delete form (admin role: the scheduler decides; audited there)."""
+        self.need(request)
+        project = request.match_info["project"]
+        form = await request.post()
+        name = str(form.get("name", ""))[:MAX_QUERY]
+        await self.call(
+            request,
+            self.backend.scheduler.DeleteSchedule,
+            scheduler_pb2.DeleteScheduleRequest(project_id=project, name=name),
+        )
+        raise web.HTTPSeeOther(f"/projects/{quote(project, safe='')}/schedules?msg=unscheduled")
 
     async def cancel(self, request: web.Request) -> web.StreamResponse:
         self.need(request)

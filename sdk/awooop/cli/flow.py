@@ -206,16 +206,18 @@ async def cmd_schedules(args: argparse.Namespace, client: Client) -> int:
     if args.json:
         print_json([to_json(s) for s in found])
     else:
-        rows = [(s.name, s.cron, s.time_zone, _next_tick(s), _error(s)) for s in found]
+        rows = [(s.name, s.cron, s.time_zone, next_tick_text(s), error_text(s)) for s in found]
         print_table(("name", "cron", "time zone", "next tick", "error"), rows)
     return 0
 
 
-def _next_tick(s: scheduler_pb2.Schedule) -> str:
+def next_tick_text(s: scheduler_pb2.Schedule) -> str:
+    """A schedule's next tick as people read it (the CLI's table and the console's page)."""
     return "none left" if s.next_tick.ToDatetime().year == 9999 else when(s.next_tick)
 
 
-def _error(s: scheduler_pb2.Schedule) -> str:
+def error_text(s: scheduler_pb2.Schedule) -> str:
+    """Why the last tick failed or none is left, with when; "-" when the last tick fired."""
     return f"{s.last_error} (at {when(s.last_error_at)})" if s.last_error else "-"
 
 
