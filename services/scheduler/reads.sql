@@ -11,15 +11,23 @@ SELECT run_id, project_id, channel_type, provider_event_id, status, input, outpu
 -- to follow awooop_run_list_idx, :page_rows rows, after the last row of the previous page
 -- (:after_created_at, :after_run_id; both NULL for the first page). Each filter is NULL for
 -- "all": :statuses, :channels, created at or after :created_after and before :created_before,
--- :provider_event_id, :saga_statuses. The cursor is written as bounds (NULL: 'infinity', which
--- every row is before) rather than `:after IS NULL OR ...`, so that a generic plan still starts the
--- index scan at the cursor instead of filtering every newer row of the project.
+-- :provider_event_id, :saga_statuses, :parent_run_id (a run's children). The cursor is written as
+-- bounds (NULL: 'infinity', which every row is before) rather than `:after IS NULL OR ...`, so that
+-- a generic plan still starts the index scan at the cursor instead of filtering every newer row of
+-- the project. The runs are read from one of two arms, each an index in the page's order: the
+-- project's (awooop_run_list_idx; a one-time filter skips it when :parent_run_id is given) or the
+-- parent's children (awooop_run_children_list_idx, migration 0201; no row when it is NULL), so a
+-- parent's children are found by an index probe in the same generic plan. The filters below the
+-- arms are pushed into each.
 SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
     attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
     cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
     compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
-    wait_reason, concurrency_keys, wait_key, parent_run_id, parent_step_id, child_depth FROM awooop_run_state
- WHERE project_id = :project_id AND (:statuses::text[] IS NULL OR status = ANY(:statuses::text[]))
+    wait_reason, concurrency_keys, wait_key, parent_run_id, parent_step_id, child_depth
+  FROM (SELECT * FROM awooop_run_state WHERE project_id = :project_id AND :parent_run_id::uuid IS NULL
+        UNION ALL
+        SELECT * FROM awooop_run_state WHERE parent_run_id = :parent_run_id::uuid AND project_id = :project_id) r
+ WHERE (:statuses::text[] IS NULL OR status = ANY(:statuses::text[]))
    AND (:channels::text[] IS NULL OR channel_type = ANY(:channels::text[]))
    AND (:created_after::timestamptz IS NULL OR created_at >= :created_after)
    AND (:created_before::timestamptz IS NULL OR created_at < :created_before)
