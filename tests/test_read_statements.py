@@ -131,3 +131,18 @@ async def test_a_parents_children_page_probes_the_children_index_in_the_generic_
     assert "Index Cond" in cond and "parent_run_id =" in cond and "created_at <=" in cond, plan
     # the project's arm is never executed
     assert "One-Time Filter" in plan and re.search(r"awooop_run_list_idx.*\(never executed\)", plan), plan
+
+
+def test_the_two_arms_of_list_runs_filter_alike() -> None:
+    """ListRuns writes its filters out once per arm (the project's runs, a parent's children):
+    the copies must not drift apart."""
+    source = reads.LIST.source
+    arms = source[source.index("FROM ((SELECT") :].split("UNION ALL")
+    assert len(arms) == 2
+
+    def filters(arm: str) -> list[str]:
+        lines = [line.strip() for line in arm.splitlines()]
+        return [line for line in lines if line.startswith(("AND (", "AND created_at"))]
+
+    first, second = (filters(arm) for arm in arms)
+    assert len(first) == 8 and first == second, (first, second)
