@@ -116,6 +116,15 @@ async def test_list_runs_filters_by_channel_time_and_provider_event(s: Sched) ->
         errors.FIELD_INVALID,
     )
     assert errors.bad_request(err).field_violations[0].field == "channel_types[0]"  # type: ignore[union-attr]
+    # a timestamp that is none (nanos out of range) is named, not an INTERNAL
+    bad = timestamp_pb2.Timestamp(seconds=0, nanos=-1)
+    err = await expect_error(
+        s.stub.ListRuns(pb.ListRunsRequest(project_id="p", created_after=bad), metadata=s.approver),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        errors.FIELD_INVALID,
+    )
+    violations = errors.bad_request(err).field_violations  # type: ignore[union-attr]
+    assert [(v.field, v.description) for v in violations] == [("created_after", "not a valid timestamp")]
 
 
 async def test_list_runs_filters_by_saga_status(s: Sched) -> None:

@@ -711,6 +711,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 sagas.append(common_pb2.SagaStatus.Name(g).removeprefix("SAGA_STATUS_").lower())
         event_id = v.text("provider_event_id", request.provider_event_id, max_len=MAX_PROVIDER_EVENT_ID)
         parent = v.uuid("parent_run_id", request.parent_run_id) if request.parent_run_id else ""
+        # (nanos out of range: a violation, not an exception)
+        after_time = run_options.timestamp(v, "created_after", request.created_after)
+        before_time = run_options.timestamp(v, "created_before", request.created_before)
         after = None
         if request.page_token:
             after = reads.decode_page_token(request.page_token)
@@ -720,8 +723,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         where = reads.RunFilter(
             statuses=sorted(set(statuses)) or None,
             channels=sorted(set(channels)) or None,
-            created_after=request.created_after.ToDatetime(dt.UTC) if request.HasField("created_after") else None,
-            created_before=request.created_before.ToDatetime(dt.UTC) if request.HasField("created_before") else None,
+            created_after=after_time if request.HasField("created_after") else None,
+            created_before=before_time if request.HasField("created_before") else None,
             provider_event_id=event_id or None,
             saga_statuses=sorted(set(sagas)) or None,
             parent_run_id=parent or None,
