@@ -120,6 +120,38 @@ async def test_list_filters_by_status_as_table_and_json(env: Env) -> None:
     assert out.returncode == 2 and "unknown status 'sleeping'" in out.stderr
 
 
+async def test_list_a_runs_children_by_parent(env: Env) -> None:
+    """`runs list --parent RUN_ID`: the run's children, newest first, with their step ids; the
+    project is the parent's unless given; a bad id or neither flag is a usage error (exit 2)."""
+    [parent] = await env.create(1)
+    lease = await env.claim(parent)
+    kids = []
+    for step_id in ("fetch", "build"):  # one call each: two creation times
+        resp = await env.worker.call(
+            env.worker.scheduler.StartChildRuns,
+            scheduler_pb2.StartChildRunsRequest(lease=lease, children=[scheduler_pb2.ChildRunSpec(step_id=step_id)]),
+        )
+        kids.append(resp.children[0].run_id)
+    out = await env.cli("list", "--parent", parent)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:3] == ["RUN_ID", "STEP", "STATUS"]
+    assert [line.split()[:3] for line in lines[1:]] == [[kids[1], "build", "PENDING"], [kids[0], "fetch", "PENDING"]]
+    out = await env.cli("list", "--parent", parent, "--project", PROJECT, "--json")
+    assert out.returncode == 0, out.stderr
+    runs = json.loads(out.stdout)["runs"]
+    assert [(r["run_id"], r["parent_run_id"], r["parent_step_id"]) for r in runs] == [
+        (kids[1], parent, "build"),
+        (kids[0], parent, "fetch"),
+    ]
+    out = await env.cli("list", "--parent", kids[0])
+    assert out.returncode == 0 and out.stdout.strip() == f"run {kids[0]} has no children", out
+    out = await env.cli("list", "--parent", "nope")
+    assert out.returncode == 2 and "not a run id (a UUID): 'nope'" in out.stderr
+    out = await env.cli("list")
+    assert out.returncode == 2 and "--project or --parent is required" in out.stderr
+
+
 async def test_show_prints_the_run_its_history_and_journal_as_a_timeline(env: Env) -> None:
     [run_id] = await env.create(1)
     lease = await env.claim(run_id)

@@ -87,3 +87,62 @@ async def test_a_later_list_page_starts_its_index_scan_at_the_cursor_in_the_gene
     assert "awooop_run_list_idx" in plan, plan
     cond = next(line for line in plan.splitlines() if "Index Cond" in line)
     assert "created_at <=" in cond, plan
+
+
+async def test_a_parents_children_page_probes_the_children_index_in_the_generic_plan(
+    db: asyncpg.Connection,
+) -> None:
+    """ListRuns by parent is the same statement: in its generic plan the project's arm is cut by
+    a one-time filter and the parent's children are an index range of awooop_run_children_list_idx
+    (migration 0201) that starts at the cursor, not a filter over the project's runs."""
+    parent = await db.fetchval(
+        "INSERT INTO awooop_run_state (project_id, channel_type) VALUES ('p', 'api') RETURNING run_id"
+    )
+    await db.execute(
+        """INSERT INTO awooop_run_state (project_id, channel_type, status, created_at, parent_run_id, parent_step_id,
+                                         child_seq)
+           SELECT 'p', 'api', 'COMPLETED', now() - g * interval '1 s', $1, 'c' || g, g
+             FROM generate_series(1, 2000) AS g""",
+        parent,
+    )
+    await db.execute(
+        """INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, status, created_at)
+           SELECT 'p', 'api', 'list-' || g, 'COMPLETED', now() - g * interval '1 s'
+             FROM generate_series(1, 5000) AS g"""
+    )
+    await db.execute("ANALYZE awooop_run_state")
+    values = {
+        "project_id": "'p'",
+        "page_rows": "51",
+        "parent_run_id": f"'{parent}'",
+        "after_created_at": "now() - interval '10 minutes'",
+        "after_run_id": "'00000000-0000-0000-0000-000000000000'",
+    }
+    args = ", ".join(values.get(p, "NULL") for p in reads.LIST.params)
+    async with db.transaction():
+        await db.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        await db.execute(f"PREPARE children_page AS {reads.LIST.sql}")
+        plan = "\n".join(r[0] for r in await db.fetch(f"EXPLAIN (ANALYZE, COSTS OFF) EXECUTE children_page({args})"))
+        await db.execute("DEALLOCATE children_page")
+    lines = plan.splitlines()
+    probe = next((i for i, line in enumerate(lines) if "awooop_run_children_list_idx" in line), None)
+    assert probe is not None, plan
+    cond = lines[probe + 1]
+    assert "Index Cond" in cond and "parent_run_id =" in cond and "created_at <=" in cond, plan
+    # the project's arm is never executed
+    assert "One-Time Filter" in plan and re.search(r"awooop_run_list_idx.*\(never executed\)", plan), plan
+
+
+def test_the_two_arms_of_list_runs_filter_alike() -> None:
+    """ListRuns writes its filters out once per arm (the project's runs, a parent's children):
+    the copies must not drift apart."""
+    source = reads.LIST.source
+    arms = source[source.index("FROM ((SELECT") :].split("UNION ALL")
+    assert len(arms) == 2
+
+    def filters(arm: str) -> list[str]:
+        lines = [line.strip() for line in arm.splitlines()]
+        return [line for line in lines if line.startswith(("AND (", "AND created_at"))]
+
+    first, second = (filters(arm) for arm in arms)
+    assert len(first) == 8 and first == second, (first, second)

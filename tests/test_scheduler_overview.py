@@ -1,9 +1,10 @@
-"""CountRuns, ListProjects and ListRuns' channel/time/provider-event filters (the reads behind
-the operator console's runs page), against a real scheduler and Postgres."""
+"""CountRuns, ListProjects and ListRuns' channel/time/provider-event/parent filters (the reads
+behind the operator console's runs page), against a real scheduler and Postgres."""
 
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
 import grpc
@@ -115,6 +116,15 @@ async def test_list_runs_filters_by_channel_time_and_provider_event(s: Sched) ->
         errors.FIELD_INVALID,
     )
     assert errors.bad_request(err).field_violations[0].field == "channel_types[0]"  # type: ignore[union-attr]
+    # a timestamp that is none (nanos out of range) is named, not an INTERNAL
+    bad = timestamp_pb2.Timestamp(seconds=0, nanos=-1)
+    err = await expect_error(
+        s.stub.ListRuns(pb.ListRunsRequest(project_id="p", created_after=bad), metadata=s.approver),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        errors.FIELD_INVALID,
+    )
+    violations = errors.bad_request(err).field_violations  # type: ignore[union-attr]
+    assert [(v.field, v.description) for v in violations] == [("created_after", "not a valid timestamp")]
 
 
 async def test_list_runs_filters_by_saga_status(s: Sched) -> None:
@@ -131,4 +141,59 @@ async def test_list_runs_filters_by_saga_status(s: Sched) -> None:
         s.stub.ListRuns(pb.ListRunsRequest(project_id="p", saga_statuses=[99]), metadata=s.approver),
         grpc.StatusCode.INVALID_ARGUMENT,
         errors.FIELD_INVALID,
+    )
+
+
+async def test_list_runs_filters_by_parent(s: Sched) -> None:
+    """A run's children, newest first, paged, with the other filters; a run without children
+    lists none; another project's parent lists nothing in this one; a bad id is named."""
+    parent, other_parent, _ = await insert_runs(s.db, "p", 3)
+    [foreign] = await insert_runs(s.db, "q", 1)
+    leases = {r.lease.run_id: r.lease for r in await s.claim(max_runs=3)}
+
+    async def start(lease: common_pb2.LeaseToken, step_id: str) -> str:
+        spec = pb.ChildRunSpec(step_id=step_id)
+        resp = await s.stub.StartChildRuns(pb.StartChildRunsRequest(lease=lease, children=[spec]), metadata=s.worker)
+        return resp.children[0].run_id
+
+    kids = [await start(leases[parent], f"k{i}") for i in range(3)]  # one call each: three creation times
+    [other_kid] = [await start(leases[other_parent], "k0")]
+
+    async def listed(**kw: Any) -> list[str]:
+        resp = await s.stub.ListRuns(pb.ListRunsRequest(project_id="p", **kw), metadata=s.approver)
+        return [r.run_id for r in resp.runs]
+
+    assert await listed(parent_run_id=parent) == kids[::-1]
+    assert await listed(parent_run_id=other_parent) == [other_kid]
+    assert await listed(parent_run_id=kids[0]) == []  # no children of its own
+    assert await listed(parent_run_id=foreign) == []  # its project is q
+    # each run says its step, and the other filters hold (one child claimed: RUNNING)
+    resp = await s.stub.ListRuns(pb.ListRunsRequest(project_id="p", parent_run_id=parent), metadata=s.approver)
+    assert [(r.parent_run_id, r.parent_step_id) for r in resp.runs] == [(parent, "k2"), (parent, "k1"), (parent, "k0")]
+    await s.db.execute("UPDATE awooop_run_state SET priority = 9 WHERE run_id = $1", uuid.UUID(kids[1]))
+    assert [r.lease.run_id for r in await s.claim(max_runs=1)] == [kids[1]]
+    assert await listed(parent_run_id=parent, statuses=[common_pb2.RUN_STATUS_RUNNING]) == [kids[1]]
+    # pages: the same filter with the token
+    first = await s.stub.ListRuns(
+        pb.ListRunsRequest(project_id="p", parent_run_id=parent, page_size=2), metadata=s.approver
+    )
+    second = await s.stub.ListRuns(
+        pb.ListRunsRequest(project_id="p", parent_run_id=parent, page_size=2, page_token=first.next_page_token),
+        metadata=s.approver,
+    )
+    assert [r.run_id for r in [*first.runs, *second.runs]] == kids[::-1] and not second.next_page_token
+    # the project's own list is unchanged: every run, children too
+    assert set(kids) | {parent, other_parent, other_kid} <= set(await listed(page_size=50))
+    for bad in ("not-a-uuid", f"{parent}x"):
+        err = await expect_error(
+            s.stub.ListRuns(pb.ListRunsRequest(project_id="p", parent_run_id=bad), metadata=s.approver),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            errors.FIELD_INVALID,
+        )
+        violations = errors.bad_request(err).field_violations  # type: ignore[union-attr]
+        assert [(v.field, v.description) for v in violations] == [("parent_run_id", "must be a UUID")]
+    await expect_error(
+        s.stub.ListRuns(pb.ListRunsRequest(project_id="p", parent_run_id=parent), metadata=s.outsider),
+        grpc.StatusCode.PERMISSION_DENIED,
+        errors.FORBIDDEN,
     )

@@ -27,7 +27,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import Client, RunContext, Worker, to_struct
+from awooop.worker import Child, Client, RunContext, Worker, to_struct
 from services.common import tracing
 from services.common.observability import JsonFormatter
 from tests.harness.helpers import eventually, key_of, start_with_gateway
@@ -223,6 +223,134 @@ async def test_one_trace_from_ingest_through_claim_steps_rejection_and_compensat
     lines = [json.loads(line) for line in rpc_log.getvalue().splitlines()]
     begin = [r for r in lines if r.get("method") == "/awooop.saga.v1.SagaService/BeginStep"]
     assert begin and all(r["run_id"] == run_id and r["trace_id"] == f"{trace_id:032x}" for r in begin)
+
+
+async def test_a_parent_s_children_run_in_its_trace_under_the_call_that_started_them(
+    start_services: Any, make_key: Any, db: asyncpg.Connection, exporter: Any
+) -> None:
+    """A parent fans out children through the SDK (start_child, run_children, handle.result):
+    every span of a child (its claim, its handler's run and step spans, the saga's server spans
+    of its journal writes) is in the parent's trace, under the scheduler's server span of the
+    StartChildRuns that started it, under the parent's SDK span of that call. Batched
+    completions (one call for many runs) hang under no run."""
+    provider, memory = exporter
+    addr = await services(start_services, make_key, db, project="traced-tree")
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        if ctx.input.get("role") == "child":
+            await ctx.step("work", lambda call: {"n": ctx.input["n"]}, step_type="llm_call")
+            return {"n": ctx.input["n"]}
+        solo = await ctx.start_child({"role": "child", "n": 0}, step_id="solo")
+        kids = await ctx.run_children(
+            [Child({"role": "child", "n": n}, step_id=f"kid{n}") for n in (1, 2)], step_id="kids"
+        )
+        last = await solo.result()
+        return {"ns": [o.output["n"] for o in (last, *kids)]}
+
+    async with grpc.aio.insecure_channel(addr["ingest"]) as ch:
+        resp = await ingest_pb2_grpc.IngestServiceStub(ch).IngestEvent(
+            ingest_pb2.IngestEventRequest(
+                project_id=addr["project"],
+                channel_type=common_pb2.CHANNEL_TYPE_API,
+                provider_event_id=uuid.uuid4().hex,
+                payload=to_struct({"role": "parent"}),
+            ),
+            metadata=addr["admin"],
+        )
+    parent_id = resp.outcomes[0].run_id
+    worker = Worker(
+        handler,
+        projects=[addr["project"]],
+        key=addr["worker_key"],
+        scheduler=addr["scheduler"],
+        saga=addr["saga"],
+        claim_wait=1,
+        concurrency=4,
+        tracer_provider=provider,
+    )
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+
+        async def parent_done() -> bool:
+            status = await db.fetchval("SELECT status FROM awooop_run_state WHERE run_id = $1", uuid.UUID(parent_id))
+            return bool(status == "COMPLETED")
+
+        await eventually(parent_done, timeout=30, what="the parent completed")
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+    out = await db.fetchval("SELECT output FROM awooop_run_state WHERE run_id = $1", uuid.UUID(parent_id))
+    assert json.loads(out) == {"ns": [0, 1, 2]}
+    kids = {
+        r["parent_step_id"]: str(r["run_id"])
+        for r in await db.fetch(
+            "SELECT run_id, parent_step_id FROM awooop_run_state WHERE parent_run_id = $1", uuid.UUID(parent_id)
+        )
+    }
+    assert set(kids) == {"solo", "kid1", "kid2"}
+    trace_id = int(
+        (await db.fetchval("SELECT traceparent FROM awooop_run_state WHERE run_id = $1", uuid.UUID(parent_id))).split(
+            "-"
+        )[1],
+        16,
+    )
+
+    saga_calls = "/awooop.saga.v1.SagaService/"
+
+    async def ended() -> list[ReadableSpan]:  # server spans end as their answer is sent
+        spans = list(memory.get_finished_spans())
+        journaled = [s for s in spans if s.name.startswith(saga_calls) and s.kind == trace.SpanKind.SERVER]
+        return spans if len(journaled) >= 3 else []
+
+    spans = await eventually(ended, what="the children's journal calls' server spans")
+    by_id = {s.context.span_id: s for s in spans}
+    names = sorted({s.name for s in spans})
+
+    def chain(s: ReadableSpan) -> list[ReadableSpan]:
+        """s's ancestors, nearest first."""
+        out = []
+        while s.parent is not None and s.parent.span_id in by_id:
+            s = by_id[s.parent.span_id]
+            out.append(s)
+        return out
+
+    def attr(s: ReadableSpan, name: str) -> Any:
+        return (s.attributes or {}).get(name)
+
+    def run_spans(run_id: str) -> list[ReadableSpan]:
+        return [s for s in spans if s.name == "awooop.worker.run" and attr(s, "awooop.run_id") == run_id]
+
+    # a batch of completions is no one run's call: none hangs under a run (the batcher's task
+    # outlives the run that started it)
+    batched = [s for s in spans if s.name.endswith("/CompleteRuns")]
+    assert batched and not [s for s in batched if any(a.name == "awooop.worker.run" for a in chain(s))]
+    parent_runs = run_spans(parent_id)
+    assert len(parent_runs) >= 2, names  # claimed, parked on its children, claimed again (and maybe again)
+    assert {s.context.trace_id for s in parent_runs} == {trace_id}
+    parent_span_ids = {s.context.span_id for s in parent_runs}
+    # the parent's SDK span of each call that starts children
+    sdk = {
+        "solo": ("awooop.worker.start_child", "solo"),
+        "kid1": ("awooop.worker.run_children", "kids"),
+        "kid2": ("awooop.worker.run_children", "kids"),
+    }
+    for step_id, run_id in kids.items():
+        [child_run] = run_spans(run_id)  # one attempt
+        assert child_run.context.trace_id == trace_id, step_id
+        up = chain(child_run)
+        assert [s.name for s in up[:2]] == ["awooop.run.claim", "/awooop.scheduler.v1.SchedulerService/StartChildRuns"]
+        assert up[1].kind == trace.SpanKind.SERVER
+        name, sdk_step = sdk[step_id]
+        started_by = [s for s in up if s.name == name]
+        assert len(started_by) == 1 and attr(started_by[0], "awooop.step_id") == sdk_step, [s.name for s in up]
+        # the SDK's span is the parent's, within one of its runs
+        assert chain(started_by[0])[0].context.span_id in parent_span_ids
+        # the child's step, and the saga's server span of its journal write, hang under the child's run
+        [step] = [s for s in spans if s.name == "awooop.worker.step" and chain(s)[:1] == [child_run]]
+        assert attr(step, "awooop.step_id") == "work" and step.context.trace_id == trace_id
+        journaled = [s for s in spans if s.name.startswith(saga_calls) and child_run in chain(s)]
+        assert any(s.kind == trace.SpanKind.SERVER for s in journaled), [s.name for s in journaled]
+        assert {s.context.trace_id for s in journaled} == {trace_id}
 
 
 async def test_without_a_traceparent_the_run_starts_a_trace_and_off_stores_none(

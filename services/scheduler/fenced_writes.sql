@@ -349,13 +349,16 @@ SELECT cur.*, upd.*,
 -- Queued and waiting runs (parked ones too) end CANCELLED at once; a leased run gets cancel_requested (delivered in
 -- the Heartbeat reply) and ends when its worker acknowledges or its lease is reaped. The statuses
 -- are runstate's LEASED and CANCELLABLE. Same cur / upd / comp / aud shape as the fenced writes.
+-- Before `cur` locks the run, awooop_lock_run_tree (migration 0200) locks the tree its cascade
+-- will write, in the order a child's end locks it (children, then the run's children wait, then
+-- the run), so a child ending meanwhile cannot deadlock with the cancel.
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status,
            -- a run parked on a durable wait is WAITING_TOOL without a worker: no heartbeat would
            -- deliver a cancel request, so it ends at once like a queued run
            status IN ('RUNNING', 'WAITING_TOOL') AND worker_id IS NOT NULL AS leased
       FROM awooop_run_state
-     WHERE run_id = :run_id
+     WHERE run_id = :run_id AND awooop_lock_run_tree(:run_id)
        FOR UPDATE
 ),
 upd AS (

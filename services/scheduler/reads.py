@@ -35,6 +35,7 @@ class RunFilter:
     created_before: dt.datetime | None = None
     provider_event_id: str | None = None
     saga_statuses: list[str] | None = None
+    parent_run_id: str | None = None  # a run's children
 
     def args(self) -> dict[str, object]:
         """The filters as ListRuns names them."""
@@ -45,6 +46,7 @@ class RunFilter:
             "created_before": self.created_before,
             "provider_event_id": self.provider_event_id,
             "saga_statuses": self.saga_statuses,
+            "parent_run_id": self.parent_run_id,
         }
 
 

@@ -710,6 +710,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             if v.check(g in common_pb2.SagaStatus.values() and g != 0, f"saga_statuses[{i}]", "unknown or UNSPECIFIED"):
                 sagas.append(common_pb2.SagaStatus.Name(g).removeprefix("SAGA_STATUS_").lower())
         event_id = v.text("provider_event_id", request.provider_event_id, max_len=MAX_PROVIDER_EVENT_ID)
+        parent = v.uuid("parent_run_id", request.parent_run_id) if request.parent_run_id else ""
+        # (nanos out of range: a violation, not an exception)
+        after_time = run_options.timestamp(v, "created_after", request.created_after)
+        before_time = run_options.timestamp(v, "created_before", request.created_before)
         after = None
         if request.page_token:
             after = reads.decode_page_token(request.page_token)
@@ -719,10 +723,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         where = reads.RunFilter(
             statuses=sorted(set(statuses)) or None,
             channels=sorted(set(channels)) or None,
-            created_after=request.created_after.ToDatetime(dt.UTC) if request.HasField("created_after") else None,
-            created_before=request.created_before.ToDatetime(dt.UTC) if request.HasField("created_before") else None,
+            created_after=after_time if request.HasField("created_after") else None,
+            created_before=before_time if request.HasField("created_before") else None,
             provider_event_id=event_id or None,
             saga_statuses=sorted(set(sagas)) or None,
+            parent_run_id=parent or None,
         )
         rows, next_token = await reads.list_runs(self.pool, project_id, where, page_size, after)
         runs = [run_to_pb(r) for r in rows]

@@ -1,6 +1,7 @@
 """`awooop runs ...`: the operator's view of runs, through the gRPC API with an API key.
 
     awooop runs list --project P [--status RUNNING ...] [--limit N]
+    awooop runs list --parent RUN_ID [--status ...] [--limit N]     a run's children (its project unless --project)
     awooop runs show RUN_ID                 run, state history and journal as one timeline, progress events
     awooop runs watch RUN_ID [--after N]    follow a run's log (state changes, steps, progress) to its end
     awooop runs approve RUN_ID --token T [--reason R]
@@ -22,11 +23,13 @@ import argparse
 import asyncio
 import json
 import sys
+import uuid
 from typing import Any
 
 from awooop.cli import timeline
 from awooop.cli.client import (
     EXIT_RPC_ERROR,
+    EXIT_USAGE,
     add_connection_args,
     positive_int,
     print_json,
@@ -55,8 +58,15 @@ def register(sub: Any) -> None:
     add_connection_args(runs)  # before or after the action: `runs --scheduler X list` = `runs list --scheduler X`
     r = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
 
-    p = _leaf(r, "list", "list a project's runs, newest first")
-    p.add_argument("--project", required=True)
+    p = _leaf(r, "list", "list a project's runs (or a run's children), newest first")
+    p.add_argument("--project", default="", help="the project (required without --parent)")
+    p.add_argument(
+        "--parent",
+        type=_run_id,
+        default=None,  # (argparse would check a string default against the type)
+        metavar="RUN_ID",
+        help="only this run's children (in its project: --project may be left out)",
+    )
     p.add_argument(
         "--status",
         action="append",
@@ -133,6 +143,13 @@ def _leaf(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     return p
 
 
+def _run_id(value: str) -> str:
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a run id (a UUID): {value!r}") from None
+
+
 def _status(value: str) -> list[common_pb2.RunStatus.ValueType]:
     out = []
     for part in value.split(","):
@@ -148,16 +165,24 @@ def _status(value: str) -> list[common_pb2.RunStatus.ValueType]:
 
 async def cmd_list(args: argparse.Namespace, client: Client) -> int:
     statuses = [s for group in args.status for s in group]
+    project = args.project
+    if not project and not args.parent:
+        print("error: --project or --parent is required", file=sys.stderr)
+        return EXIT_USAGE
+    if not project:  # a run's children are in its project
+        parent = await client.call(client.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=args.parent))
+        project = parent.run.project_id
     runs: list[common_pb2.Run] = []
     token = ""
     while len(runs) < args.limit:
         resp = await client.call(
             client.scheduler.ListRuns,
             scheduler_pb2.ListRunsRequest(
-                project_id=args.project,
+                project_id=project,
                 statuses=statuses,
                 page_size=min(500, max(1, args.limit - len(runs))),
                 page_token=token,
+                parent_run_id=args.parent or "",
             ),
         )
         runs.extend(resp.runs)
@@ -169,13 +194,16 @@ async def cmd_list(args: argparse.Namespace, client: Client) -> int:
         print_json({"runs": [to_json(r) for r in runs], "next_page_token": token})
         return 0
     if not runs:
-        print(f"no runs in project {args.project}" + (" with that status" if statuses else ""))
+        where = f"run {args.parent} has no children" if args.parent else f"no runs in project {project}"
+        print(where + (" with that status" if statuses else ""))
         return 0
+    step = ["STEP"] if args.parent else []  # the children's step ids in their parent
     print_table(
-        ["RUN_ID", "STATUS", "ATTEMPT", "CHANNEL", "SAGA", "WORKER", "CREATED", "UPDATED", "REASON"],
+        ["RUN_ID", *step, "STATUS", "ATTEMPT", "CHANNEL", "SAGA", "WORKER", "CREATED", "UPDATED", "REASON"],
         [
             [
                 r.run_id,
+                *([r.parent_step_id] if args.parent else []),
                 status_name(r.status) + (" (cancel requested)" if r.cancel_requested else ""),
                 f"{r.attempt_count}/{r.max_attempts}",
                 channel_name(r.channel_type),

@@ -24,7 +24,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import metrics
+from awooop.worker import metrics, tracing
 from awooop.worker.structs import from_struct, to_struct
 from awooop.worker.waits import RunParked, WaitTimeout, WaitToken
 
@@ -85,7 +85,9 @@ class ChildHandle:
 
     async def result(self, *, timeout: float | None = None) -> ChildOutcome:
         """The child's outcome; the parent parks until the child has ended."""
-        outcomes = await _run(self.ctx, [self.spec], f"{self.step_id}:wait", False, timeout)
+        wait_step_id = f"{self.step_id}:wait"
+        with tracing.span(self.ctx.tracer, "awooop.worker.child_result", attributes={"awooop.step_id": wait_step_id}):
+            outcomes = await _run(self.ctx, [self.spec], wait_step_id, False, timeout)
         return outcomes[0]
 
 

@@ -22,6 +22,7 @@ same way from then on.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -133,7 +134,11 @@ class CompletionBatcher:
     def _enqueue(self, batch: list[_Pending]) -> None:
         self._queue.extend(batch)
         if self._sender is None or self._sender.done():
-            self._sender = asyncio.create_task(self._send_all(), name="awooop-complete-runs")
+            # in a context of its own: the task outlives the run that started it and sends other
+            # runs' completions, so its calls must not be spans of that run's trace
+            self._sender = asyncio.create_task(
+                self._send_all(), name="awooop-complete-runs", context=contextvars.Context()
+            )
 
     async def _send_all(self) -> None:
         while self._queue:

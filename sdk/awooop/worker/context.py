@@ -546,7 +546,10 @@ class RunContext:
         `await handle.result()` parks this run until the child has ended."""
         self._live("start_child")
         spec = children.Child(dict(input or {}), step_id, priority, delay, tuple(concurrency_keys), max_attempts)
-        return await children.start(self, spec, self._wait_step_id("child", step_id))
+        sid = self._wait_step_id("child", step_id)
+        # the child's trace hangs under this span (StartChildRuns stores the call's context with it)
+        with tracing.span(self.tracer, "awooop.worker.start_child", attributes={"awooop.step_id": sid}):
+            return await children.start(self, spec, sid)
 
     async def run_children(
         self,
@@ -567,7 +570,9 @@ class RunContext:
         for spec in specs:
             child = spec if isinstance(spec, children.Child) else children.Child(dict(spec))
             named.append((child, self._wait_step_id("child", child.step_id)))
-        return await children.run(self, named, wait_step_id, fail_fast, timeout)
+        attributes = {"awooop.step_id": wait_step_id, "awooop.children": len(named)}
+        with tracing.span(self.tracer, "awooop.worker.run_children", attributes=attributes):
+            return await children.run(self, named, wait_step_id, fail_fast, timeout)
 
     # --- the run's end ---
 

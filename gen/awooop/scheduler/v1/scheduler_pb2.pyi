@@ -1121,6 +1121,7 @@ class ListRunsRequest(_message.Message):
     CREATED_BEFORE_FIELD_NUMBER: _builtins.int
     PROVIDER_EVENT_ID_FIELD_NUMBER: _builtins.int
     SAGA_STATUSES_FIELD_NUMBER: _builtins.int
+    PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     page_size: _builtins.int
@@ -1129,6 +1130,10 @@ class ListRunsRequest(_message.Message):
     """Opaque token from a previous response (send the same filters with it)."""
     provider_event_id: _builtins.str
     """Only runs deduplicated on this provider event id (exact match, at most 256 chars)."""
+    parent_run_id: _builtins.str
+    """Only the children of this run (a run id; children run in their parent's project), newest
+    first like every page; empty means all. Not a UUID: INVALID_ARGUMENT.
+    """
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus.ValueType]:
         """Only these statuses; empty means all."""
@@ -1161,10 +1166,11 @@ class ListRunsRequest(_message.Message):
         created_before: _timestamp_pb2.Timestamp | None = ...,
         provider_event_id: _builtins.str = ...,
         saga_statuses: _abc.Iterable[_common_pb2.SagaStatus.ValueType] | None = ...,
+        parent_run_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_types", b"channel_types", "created_after", b"created_after", "created_before", b"created_before", "page_size", b"page_size", "page_token", b"page_token", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "saga_statuses", b"saga_statuses", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_types", b"channel_types", "created_after", b"created_after", "created_before", b"created_before", "page_size", b"page_size", "page_token", b"page_token", "parent_run_id", b"parent_run_id", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "saga_statuses", b"saga_statuses", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
