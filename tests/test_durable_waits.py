@@ -33,13 +33,12 @@ from google.protobuf import duration_pb2
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.tools.v1 import tools_pb2
 from awooop.worker import AwooopError, Client, RunContext, ToolClient, WaitTimeout, to_struct
 from services.common import errors
 from services.scheduler import waits
 from tests.harness import suite as suite_harness
 from tests.harness.helpers import ROOT, eventually, key_of
-from tests.harness.rpc_runs import ingest_runs
+from tests.harness.rpc_runs import create_deployment, ingest_runs
 from tests.harness.suite import addresses, start_suite, stop_worker
 
 PROJECT = "dw"
@@ -242,15 +241,7 @@ async def test_a_parked_run_survives_sigkill_and_resumes_through_its_callback_ur
 
 
 async def test_a_timeout_reaches_the_handler_and_uncaught_fails_and_compensates_the_run(suite: Suite, db: Any) -> None:
-    await suite.admin.call(
-        suite.admin.gateway.ExecuteTool,
-        tools_pb2.ExecuteToolRequest(
-            tool_id="k8s_create_resource",
-            params=to_struct({"kind": "Deployment", "name": "api", "spec": {"replicas": 2}}),
-            idempotency_key="setup",
-            project_id=PROJECT,
-        ),
-    )
+    await create_deployment(suite.admin, PROJECT, replicas=2)
     uncaught, caught, sleeper = await suite.create_runs(3)
     tools = ToolClient(suite.gateway, key=suite.worker_key)
     seen: dict[str, list[str]] = {}

@@ -34,7 +34,6 @@ from awooop.scheduler.v1 import scheduler_pb2
 from tests.harness import rpc_proxy
 from tests.harness import suite as suite_harness
 from tests.harness.helpers import eventually, key_of
-from tests.harness.rpc_proxy import RpcProxy
 from tests.harness.scheduler import audit_actions, claims_waiting
 from tests.harness.suite import start_suite
 from tests.harness.ts_package import build_package, need
@@ -133,15 +132,6 @@ async def node_worker(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-@contextlib.asynccontextmanager
-async def scheduler_proxy(suite: Suite) -> AsyncIterator[RpcProxy]:
-    proxy = await RpcProxy(suite.scheduler).start()
-    try:
-        yield proxy
-    finally:
-        await proxy.stop()
 
 
 async def steps_of(db: Any, run_id: str) -> dict[str, Any]:
@@ -478,7 +468,7 @@ async def test_sigterm_settles_every_run_when_settling_calls_hang_or_fail_unavai
     the answer is lost). The worker sends them again with backoff: every run still ends completed
     or handed back."""
     finish, hold = await suite.create_runs({"mode": "finish"}, {"mode": "hold"})
-    async with scheduler_proxy(suite) as proxy:
+    async with suite.scheduler_proxy() as proxy:
         proxy.add("CompleteRuns", rpc_proxy.hang(), *[rpc_proxy.lose_answer()] * 4)
         proxy.add("ReleaseRun", rpc_proxy.hang(), *[rpc_proxy.fail()] * 4)
         options = SIGTERM_OPTIONS | {"shutdownGrace": 3, "callTimeout": 3}
@@ -497,7 +487,7 @@ async def test_a_claim_answer_arriving_after_sigterm_is_handed_back(suite: Suite
     """The scheduler claimed both runs, then SIGTERM comes before its answer reaches the worker:
     the worker waits for the answer and hands both runs back without starting their handlers."""
     runs = await suite.create_runs({"mode": "finish"}, {"mode": "hold"})
-    async with scheduler_proxy(suite) as proxy:
+    async with suite.scheduler_proxy() as proxy:
         proxy.add("ClaimRuns", rpc_proxy.hold_answer())
         async with node_worker(suite, tmp_path, scheduler=proxy.address, **SIGTERM_OPTIONS) as worker:
 
@@ -525,7 +515,7 @@ async def test_runs_the_worker_cannot_settle_make_it_exit_non_zero_naming_them(
     suite: Suite, db: Any, tmp_path: Path
 ) -> None:
     runs = await suite.create_runs({"mode": "finish"}, {"mode": "hold"})
-    async with scheduler_proxy(suite) as proxy:
+    async with suite.scheduler_proxy() as proxy:
         proxy.always["CompleteRuns"] = proxy.always["ReleaseRun"] = rpc_proxy.fail(grpc.StatusCode.UNAVAILABLE)
         options = SIGTERM_OPTIONS | {"callTimeout": 1}
         async with node_worker(suite, tmp_path, scheduler=proxy.address, **options) as worker:

@@ -25,7 +25,6 @@ import pytest
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.tools.v1 import tools_pb2
 from awooop.worker import (
     AwooopError,
     RunContext,
@@ -34,12 +33,11 @@ from awooop.worker import (
     ToolClient,
     Worker,
     WorkerError,
-    to_struct,
 )
 from tests.harness import rpc_proxy
 from tests.harness import suite as suite_harness
 from tests.harness.helpers import ROOT, eventually, key_of
-from tests.harness.rpc_proxy import RpcProxy
+from tests.harness.rpc_runs import create_deployment
 from tests.harness.suite import start_suite, stop_worker
 
 PROJECT = "wp"
@@ -182,15 +180,7 @@ async def test_handler_exceptions_fail_the_run_when_attempts_are_used(suite: Sui
 async def test_explicit_fail_compensates_through_the_gateway_and_explicit_complete_keeps_output(
     suite: Suite, db: Any
 ) -> None:
-    await suite.admin.call(
-        suite.admin.gateway.ExecuteTool,
-        tools_pb2.ExecuteToolRequest(
-            tool_id="k8s_create_resource",
-            params=to_struct({"kind": "Deployment", "name": "api", "spec": {"replicas": 2}}),
-            idempotency_key="setup",
-            project_id=PROJECT,
-        ),
-    )
+    await create_deployment(suite.admin, PROJECT, replicas=2)
     failing, completing = await suite.create_runs(2, inputs=[{"fail": True}, {"fail": False}])
     tools = ToolClient(suite.gateway, key=suite.worker_key)
     after_end: list[str] = []
@@ -515,15 +505,6 @@ async def worker_process(
             proc.wait()
 
 
-@contextlib.asynccontextmanager
-async def scheduler_proxy(suite: Suite) -> AsyncIterator[RpcProxy]:
-    proxy = await RpcProxy(suite.scheduler).start()
-    try:
-        yield proxy
-    finally:
-        await proxy.stop()
-
-
 async def test_sigterm_finishes_or_releases_every_lease(suite: Suite, db: Any, tmp_path: Path) -> None:
     finish, hold = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
     async with worker_process(suite, tmp_path) as worker:
@@ -544,7 +525,7 @@ async def test_sigterm_settles_every_run_when_completion_and_hand_back_calls_tim
     failures come after the scheduler did it: the answer is lost). Every run still ends
     completed or handed back, inside the shutdown's budget."""
     finish, hold = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
-    async with scheduler_proxy(suite) as proxy:
+    async with suite.scheduler_proxy() as proxy:
         proxy.add("CompleteRuns", rpc_proxy.hang(), *[rpc_proxy.lose_answer()] * 4)
         proxy.add("ReleaseRun", rpc_proxy.hang(), *[rpc_proxy.fail()] * 4)
         async with worker_process(suite, tmp_path, scheduler=proxy.address, grace=3.0, call_timeout=3.0) as worker:
@@ -563,7 +544,7 @@ async def test_a_claim_answer_arriving_after_sigterm_is_handed_back(suite: Suite
     The worker must not drop the answer (the runs would stay RUNNING until their lease
     expires): it waits for it and hands both runs back without starting their handlers."""
     runs = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
-    async with scheduler_proxy(suite) as proxy:
+    async with suite.scheduler_proxy() as proxy:
         proxy.add("ClaimRuns", rpc_proxy.hold_answer())
         async with worker_process(suite, tmp_path, scheduler=proxy.address) as worker:
 
@@ -592,7 +573,7 @@ async def test_runs_the_worker_cannot_settle_make_it_exit_non_zero_naming_them(
     """The scheduler refuses every completion and hand-back through the whole grace period: the
     process must not exit 0 as if all were well, and its log names the runs left RUNNING."""
     runs = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
-    async with scheduler_proxy(suite) as proxy:
+    async with suite.scheduler_proxy() as proxy:
         proxy.always["CompleteRuns"] = proxy.always["ReleaseRun"] = rpc_proxy.fail()
         async with worker_process(suite, tmp_path, scheduler=proxy.address, grace=1.0, call_timeout=1.0) as worker:
             await worker.handlers_started(2)

@@ -7,8 +7,9 @@ helpers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypedDict
 
@@ -20,6 +21,7 @@ from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import Client, Worker, to_struct
 from services.common.runtime import Runtime
 from tests.harness.helpers import key_of, start_with_gateway
+from tests.harness.rpc_proxy import RpcProxy
 
 # the reaper, the retry backoff and the compensation driver act within a fraction of a second;
 # keys are checked on every call (a test that changes a key sees it at once)
@@ -113,6 +115,15 @@ class Suite:
             self.admin.scheduler.GetRunHistory, scheduler_pb2.GetRunHistoryRequest(run_id=run_id)
         )
         return list(resp.events)
+
+    @contextlib.asynccontextmanager
+    async def scheduler_proxy(self) -> AsyncIterator[RpcProxy]:
+        """A proxy in front of the scheduler, for a worker a test points at it (to hold or fail its calls)."""
+        proxy = await RpcProxy(self.scheduler).start()
+        try:
+            yield proxy
+        finally:
+            await proxy.stop()
 
     async def run_rows(self, db: asyncpg.Connection) -> dict[str, Any]:
         """run id -> the project's run rows as the SIGTERM tests read them."""
