@@ -18,7 +18,7 @@ from awooop.scheduler.v1 import scheduler_pb2 as pb
 from services.common import errors
 from services.common.runstate import LEASED
 from services.saga import journal
-from tests.harness.helpers import eventually, expect_error
+from tests.harness.helpers import eventually, expect_error, lock_waiters
 from tests.harness.saga import struct
 from tests.harness.scheduler import (
     Sched,
@@ -226,16 +226,7 @@ async def test_a_run_failed_while_its_journal_write_commits_an_undo_gets_its_com
         )
         assert finished is not None and finished["status"] == "completed"
         fail = asyncio.ensure_future(s.stub.FailRun(pb.FailRunRequest(lease=r.lease, reason="boom"), metadata=s.worker))
-
-        async def fail_waits_for_the_row() -> bool:
-            return bool(
-                await s.db.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock')"
-                )
-            )
-
-        await eventually(fail_waits_for_the_row, what="FailRun to wait for the journal write's row lock")
+        await eventually(lambda: lock_waiters(s.db), what="FailRun to wait for the journal write's row lock")
         await tx.commit()
         resp = await fail
     finally:
