@@ -20,7 +20,7 @@ from google.rpc import error_details_pb2, status_pb2
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from services.ingest.api_channel import OPERATION, fingerprint
-from tests.harness.helpers import eventually
+from tests.harness.helpers import eventually, lock_waiters
 
 PROJECT = "bulk"
 
@@ -175,15 +175,6 @@ async def _store_key_uncommitted(db: asyncpg.Connection, key: str) -> tuple[asyn
         run_id,
     )
     return tx, run_id
-
-
-async def lock_waiters(db: asyncpg.Connection) -> int:
-    return int(
-        await db.fetchval(
-            """SELECT count(*) FROM pg_stat_activity
-                WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"""
-        )
-    )
 
 
 async def test_a_key_still_being_stored_is_waited_for_then_replayed(start_services, channels, make_key, db) -> None:

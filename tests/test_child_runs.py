@@ -36,8 +36,10 @@ from awooop.worker.children import read_outcome
 from services.common import errors
 from services.common.runtime import Runtime
 from services.common.settings import Settings
+from tests.harness import suite as suite_harness
 from tests.harness.helpers import ROOT, eventually, key_of, service_key, settings_env, spawn_services
 from tests.harness.rpc_runs import ingest_runs
+from tests.harness.suite import addresses, start_suite, stop_worker
 
 PROJECT = "cr"
 OTHER = "cr-other"
@@ -46,32 +48,10 @@ FAN_OUT = 25  # AWOOOP_MAX_CHILDREN_PER_RUN of these tests
 
 
 @dataclass
-class Suite:
-    rt: Runtime
-    worker_key: str
-    admin: Client
+class Suite(suite_harness.Suite):
     worker_client: Client
     other: Client  # a worker of another project
-    admin_key: str = ""
-    gw: Runtime | None = None  # the reference gateway's
-
-    @property
-    def scheduler(self) -> str:
-        return f"127.0.0.1:{self.rt.ports['scheduler']}"
-
-    @property
-    def saga(self) -> str:
-        return f"127.0.0.1:{self.rt.ports['saga']}"
-
-    @property
-    def gateway(self) -> str:
-        return f"127.0.0.1:{self.rt.ports['gateway']}"
-
-    def worker(self, handler: Any, **kw: Any) -> Worker:
-        kw.setdefault("heartbeat_interval", 0.2)
-        kw.setdefault("lease_ttl", 30)
-        kw.setdefault("claim_wait", 1)
-        return Worker(handler, projects=[PROJECT], key=self.worker_key, scheduler=self.scheduler, saga=self.saga, **kw)
+    gw: Runtime  # the reference gateway's
 
     async def create_runs(self, inputs: list[dict[str, Any]], **kw: Any) -> list[str]:
         return await ingest_runs(self.admin, PROJECT, inputs, **kw)
@@ -106,42 +86,23 @@ class Suite:
 
 
 @pytest.fixture
-async def suite(start_services: Any, make_key: Any) -> Any:
-    gw = await start_services("gateway")
-    rt = await start_services(
-        "ingest",
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        reaper_interval=0.1,
-        retry_backoff=0.05,
-        compensation_interval=0.2,
+async def suite(start_services: Any, make_key: Any) -> AsyncIterator[Suite]:
+    rt, worker_key, admin, gw = await start_suite(
+        start_services,
+        make_key,
+        PROJECT,
+        worker="cr-worker",
+        admin="cr-boss",
         wait_sweep_interval=0.2,
-        auth_cache_seconds=0,
         max_child_depth=DEPTH,
         max_children_per_run=FAN_OUT,
     )
-    rt.ports["gateway"] = gw.ports["gateway"]
-    worker_key = key_of(await make_key("cr-worker", {PROJECT: ["worker"]}, "service"))
     other_key = key_of(await make_key("cr-other", {OTHER: ["worker"]}, "service"))
-    admin_key = key_of(await make_key("cr-boss", {PROJECT: ["admin"]}))
-    addrs = {
-        "ingest": f"127.0.0.1:{rt.ports['ingest']}",
-        "scheduler": f"127.0.0.1:{rt.ports['scheduler']}",
-        "saga": f"127.0.0.1:{rt.ports['saga']}",
-        "gateway": f"127.0.0.1:{rt.ports['gateway']}",
-    }
-    admin = Client(key=admin_key, **addrs)
-    worker_client = Client(key=worker_key, **addrs)
-    other = Client(key=other_key, **addrs)
-    yield Suite(rt, worker_key, admin, worker_client, other, admin_key, gw)
+    worker_client = Client(key=worker_key, **addresses(rt))
+    other = Client(key=other_key, **addresses(rt))
+    yield Suite(rt, PROJECT, worker_key, admin, worker_client, other, gw)
     for c in (admin, worker_client, other):
         await c.close()
-
-
-async def _stop(worker: Worker, task: asyncio.Task[None]) -> None:
-    worker.stop()
-    await asyncio.wait_for(task, 30)
 
 
 async def _status(db: asyncpg.Connection, run_id: str) -> str:
@@ -326,7 +287,7 @@ async def test_cancelling_a_parent_cancels_its_children_and_compensates_the_fini
 
         await eventually(compensated, timeout=30, what="the parent compensated")
     finally:
-        await _stop(worker, task)
+        await stop_worker(worker, task)
         await tools.close()
     tree = await suite.get(parent)
     assert tree.run.status == common_pb2.RUN_STATUS_CANCELLED
@@ -461,7 +422,7 @@ async def test_fail_fast_ends_the_wait_at_the_first_failed_child_and_cancels_the
 
         await eventually(both_done, timeout=30, what="both parents completed, the slow sibling cancelled")
     finally:
-        await _stop(worker, task)
+        await stop_worker(worker, task)
     out = await _output(db, fast)
     # the slow sibling: cancelled at once when parked, or asked to cancel while leased (still
     # "running" when the parent read it; it ends CANCELLED, below)
@@ -557,7 +518,7 @@ async def test_another_projects_worker_cannot_start_or_read_a_runs_children(suit
 
 
 async def _cli(suite: Suite, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {"AWOOOP_API_KEY": suite.admin_key}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {"AWOOOP_API_KEY": suite.admin.key}
     cmd = [sys.executable, "-m", "awooop.cli", "runs", *args, "--scheduler", suite.scheduler, "--saga", suite.saga]
     return await asyncio.to_thread(subprocess.run, cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
@@ -615,7 +576,7 @@ async def test_parents_cancelled_as_their_last_children_end_never_deadlock(suite
     one pair in 30 deadlocked; locking only the root's own children, every few two-level ones.)"""
     rounds, per_round = 6, 50
     no_retry = [("grpc.enable_retries", 0)]
-    admin = Client(key=suite.admin_key, scheduler=suite.scheduler, channel_options=no_retry)
+    admin = Client(key=suite.admin.key, scheduler=suite.scheduler, channel_options=no_retry)
     c = Client(key=suite.worker_key, scheduler=suite.scheduler, channel_options=no_retry)
     before = await _deadlocks(db)
 
@@ -706,8 +667,7 @@ async def test_parents_cancelled_as_their_last_children_end_never_deadlock(suite
                 assert actions.index("WAIT_COMPLETED") < actions.index("CANCELLED"), actions
     # the services' connections close: their backends report what they counted
     for rt in (suite.rt, suite.gw):
-        if rt is not None:
-            await rt.stop(0.2)
+        await rt.stop(0.2)
 
     async def closed() -> bool:
         n = await db.fetchval("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
@@ -753,7 +713,7 @@ async def test_a_parent_that_fails_compensates_its_finished_children_before_its_
 
         await eventually(compensated, timeout=30, what="the failed parent compensated")
     finally:
-        await _stop(worker, task)
+        await stop_worker(worker, task)
         await tools.close()
     tree = await suite.get(parent)
     names = {c.run_id: c.step_id for c in tree.children} | {parent: "parent"}
@@ -915,7 +875,7 @@ async def test_a_saga_killed_mid_tree_finishes_the_tree_in_order_without_repeati
             return bool(n == 2) and slow == "WAITING_TOOL" and await _status(db, parent) == "WAITING_TOOL"
 
         await eventually(children_done, timeout=30, what="the children done, the parent parked")
-        await _stop(worker, task)
+        await stop_worker(worker, task)
         await admin.call(admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=parent, reason="stop"))
         newest = await db.fetchval(
             "SELECT run_id FROM awooop_run_state WHERE parent_run_id = $1 AND parent_step_id = 'c1'", uuid.UUID(parent)
@@ -940,7 +900,7 @@ async def test_a_saga_killed_mid_tree_finishes_the_tree_in_order_without_repeati
         await eventually(compensated, timeout=60, what="the tree compensated by the second saga")
     finally:
         if not task.done():
-            await _stop(worker, task)
+            await stop_worker(worker, task)
         first.kill()
         if second is not None:
             second.terminate()

@@ -17,8 +17,7 @@ import pytest
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.tools.v1 import tools_pb2
-from awooop.worker import Client, to_struct
+from awooop.worker import Client
 from services.common.runtime import Runtime
 from tests.harness import rpc_runs
 from tests.harness.helpers import eventually, key_of, start_with_gateway
@@ -190,15 +189,7 @@ async def test_show_prints_the_run_its_history_and_journal_as_a_timeline(env: En
 async def test_approve_and_reject_through_the_cli(env: Env, db: Any) -> None:
     approve_id, reject_id = await env.create(2)
     # a deployment the rejected run's compensation can scale back
-    await env.admin.call(
-        env.admin.gateway.ExecuteTool,
-        tools_pb2.ExecuteToolRequest(
-            tool_id="k8s_create_resource",
-            params=to_struct({"kind": "Deployment", "name": "api", "spec": {"replicas": 3}}),
-            idempotency_key="setup",
-            project_id=PROJECT,
-        ),
-    )
+    await rpc_runs.create_deployment(env.admin, PROJECT, replicas=3)
     tokens = {}
     for run_id in (approve_id, reject_id):
         lease = await env.claim(run_id)
@@ -250,15 +241,7 @@ async def test_cancel_a_queued_and_a_running_run(env: Env) -> None:
 
 async def test_compensation_retry_and_resolve(env: Env, db: Any) -> None:
     # two runs whose compensation fails at the gateway (a fault injected for the tool)
-    await env.admin.call(
-        env.admin.gateway.ExecuteTool,
-        tools_pb2.ExecuteToolRequest(
-            tool_id="k8s_create_resource",
-            params=to_struct({"kind": "Deployment", "name": "api", "spec": {"replicas": 3}}),
-            idempotency_key="setup",
-            project_id=PROJECT,
-        ),
-    )
+    await rpc_runs.create_deployment(env.admin, PROJECT, replicas=3)
     await db.execute(
         "INSERT INTO awooop_refgw_fault (project_id, tool_id, message) VALUES ($1, 'k8s_scale_deployment', 'api down')",
         PROJECT,

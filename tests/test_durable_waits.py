@@ -33,50 +33,30 @@ from google.protobuf import duration_pb2
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.tools.v1 import tools_pb2
-from awooop.worker import AwooopError, Client, RunContext, ToolClient, WaitTimeout, Worker, to_struct
+from awooop.worker import AwooopError, Client, RunContext, ToolClient, WaitTimeout, to_struct
 from services.common import errors
-from services.common.runtime import Runtime
 from services.scheduler import waits
+from tests.harness import suite as suite_harness
 from tests.harness.helpers import ROOT, eventually, key_of
-from tests.harness.rpc_runs import ingest_runs
+from tests.harness.rpc_runs import create_deployment, ingest_runs
+from tests.harness.suite import addresses, start_suite, stop_worker
 
 PROJECT = "dw"
 OTHER = "dw-other"
 
 
 @dataclass
-class Suite:
-    rt: Runtime
-    worker_key: str
-    admin: Client
+class Suite(suite_harness.Suite):
     worker_client: Client
     other: Client  # a worker of another project
     parks: int = 0  # park_one's runs so far: each new one outranks the older (requeued) ones
 
     @property
-    def scheduler(self) -> str:
-        return f"127.0.0.1:{self.rt.ports['scheduler']}"
-
-    @property
-    def saga(self) -> str:
-        return f"127.0.0.1:{self.rt.ports['saga']}"
-
-    @property
     def http(self) -> str:
         return f"http://127.0.0.1:{self.rt.http_ports['ingest']}"
 
-    def worker(self, handler: Any, **kw: Any) -> Worker:
-        kw.setdefault("heartbeat_interval", 0.2)
-        kw.setdefault("lease_ttl", 30)
-        kw.setdefault("claim_wait", 1)
-        return Worker(handler, projects=[PROJECT], key=self.worker_key, scheduler=self.scheduler, saga=self.saga, **kw)
-
     async def create_runs(self, n: int, **kw: Any) -> list[str]:
         return await ingest_runs(self.admin, PROJECT, [{"n": i} for i in range(n)], **kw)
-
-    async def run(self, run_id: str) -> common_pb2.Run:
-        return (await self.admin.call(self.admin.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id))).run
 
     async def complete_wait(self, wait_id: str, result: dict[str, Any], client: Client | None = None) -> Any:
         c = client or self.worker_client
@@ -110,40 +90,16 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 
 
 @pytest.fixture
-async def suite(start_services: Any, make_key: Any) -> Any:
-    gw = await start_services("gateway")
-    rt = await start_services(
-        "ingest",
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        reaper_interval=0.1,
-        retry_backoff=0.05,
-        compensation_interval=0.2,
-        wait_sweep_interval=0.2,
-        auth_cache_seconds=0,
+async def suite(start_services: Any, make_key: Any) -> AsyncIterator[Suite]:
+    rt, worker_key, admin, _ = await start_suite(
+        start_services, make_key, PROJECT, worker="dw-worker", admin="dw-boss", wait_sweep_interval=0.2
     )
-    rt.ports["gateway"] = gw.ports["gateway"]
-    worker_key = key_of(await make_key("dw-worker", {PROJECT: ["worker"]}, "service"))
     other_key = key_of(await make_key("dw-other", {OTHER: ["worker"]}, "service"))
-    admin_key = key_of(await make_key("dw-boss", {PROJECT: ["admin"]}))
-    addrs = {
-        "ingest": f"127.0.0.1:{rt.ports['ingest']}",
-        "scheduler": f"127.0.0.1:{rt.ports['scheduler']}",
-        "saga": f"127.0.0.1:{rt.ports['saga']}",
-        "gateway": f"127.0.0.1:{rt.ports['gateway']}",
-    }
-    admin = Client(key=admin_key, **addrs)
-    worker_client = Client(key=worker_key, **addrs)
-    other = Client(key=other_key, **addrs)
-    yield Suite(rt, worker_key, admin, worker_client, other)
+    worker_client = Client(key=worker_key, **addresses(rt))
+    other = Client(key=other_key, **addresses(rt))
+    yield Suite(rt, PROJECT, worker_key, admin, worker_client, other)
     for c in (admin, worker_client, other):
         await c.close()
-
-
-async def _stop(worker: Worker, task: asyncio.Task[None]) -> None:
-    worker.stop()
-    await asyncio.wait_for(task, 30)
 
 
 async def _row(db: asyncpg.Connection, run_id: str) -> dict[str, Any]:
@@ -285,17 +241,9 @@ async def test_a_parked_run_survives_sigkill_and_resumes_through_its_callback_ur
 
 
 async def test_a_timeout_reaches_the_handler_and_uncaught_fails_and_compensates_the_run(suite: Suite, db: Any) -> None:
-    await suite.admin.call(
-        suite.admin.gateway.ExecuteTool,
-        tools_pb2.ExecuteToolRequest(
-            tool_id="k8s_create_resource",
-            params=to_struct({"kind": "Deployment", "name": "api", "spec": {"replicas": 2}}),
-            idempotency_key="setup",
-            project_id=PROJECT,
-        ),
-    )
+    await create_deployment(suite.admin, PROJECT, replicas=2)
     uncaught, caught, sleeper = await suite.create_runs(3)
-    tools = ToolClient(f"127.0.0.1:{suite.rt.ports['gateway']}", key=suite.worker_key)
+    tools = ToolClient(suite.gateway, key=suite.worker_key)
     seen: dict[str, list[str]] = {}
 
     def undo(result: dict[str, Any]) -> dict[str, Any]:
@@ -333,7 +281,7 @@ async def test_a_timeout_reaches_the_handler_and_uncaught_fails_and_compensates_
         return rows[0]["saga_status"] == "compensated" and all(r["status"] == "COMPLETED" for r in rows[1:])
 
     await eventually(settled, timeout=30, what="timeouts seen, compensation done")
-    await _stop(worker, task)
+    await stop_worker(worker, task)
     await tools.close()
     row = await _row(db, uncaught)
     assert row["status"] == "FAILED" and row["error_code"] == "E-WAIT-TIMEOUT"
@@ -389,7 +337,7 @@ async def test_1000_parked_runs_hold_no_lease_nor_worker_slot_and_all_resume_whe
         return bool(await db.fetchval(done, PROJECT) == n)
 
     await eventually(all_done, timeout=120, what=f"{n} runs resumed and completed")
-    await _stop(worker, task)
+    await stop_worker(worker, task)
     outputs = await db.fetch("SELECT run_id, output FROM awooop_run_state WHERE project_id = $1", PROJECT)
     assert {str(o["run_id"]): json.loads(o["output"]) for o in outputs} == {r: {"got": {"r": r}} for r in run_ids}
 
@@ -800,7 +748,7 @@ async def test_an_api_event_with_the_correlation_key_satisfies_a_wait_also_one_t
     await send_event("order-3", paid=False)  # another key: nothing happens
     later_event = await send_event("order-2", paid=False)
     await eventually(lambda: done(waiting), timeout=30, what="the event resumed the run")
-    await _stop(worker, task)
+    await stop_worker(worker, task)
     assert (await _row(db, waiting))["output"] == {"paid": False, "event_run": later_event}
     audit = await _audit(db, waiting)
     assert audit.count("WAIT_COMPLETED") == 1, audit

@@ -23,7 +23,7 @@ from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from services.common import errors
 from services.scheduler import claim_answers
-from tests.harness.helpers import eventually, expect_error
+from tests.harness.helpers import eventually, expect_error, lock_waiters
 from tests.harness.scheduler import Sched, audit_actions, dur, insert_runs, make_sched, run_row
 from tests.harness.wire import HoldingProxy
 
@@ -303,11 +303,7 @@ async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_an
         assert len(took) == 2
         racing = asyncio.ensure_future(second.fetch(call, *args))
 
-        async def waiting() -> bool:
-            waits = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = $1"
-            return bool(await s.db.fetchval(waits, await s.db.fetchval("SELECT current_database()")))
-
-        await eventually(waiting, what="the racing claim to wait for the first one's commit")
+        await eventually(lambda: lock_waiters(s.db), what="the racing claim to wait for the first one's commit")
         await tx.commit()
         with pytest.raises(asyncpg.exceptions.UniqueViolationError) as err:
             await racing

@@ -22,7 +22,7 @@ from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from awooop.worker import to_struct
-from tests.harness.helpers import ROOT, eventually
+from tests.harness.helpers import ROOT, eventually, start_with_gateway
 from tests.harness.ts_package import NPM_QUIET, build_package, need, npm
 
 EXAMPLE = ROOT / "examples" / "node-worker"
@@ -42,16 +42,8 @@ def example() -> Path:
 async def test_node_worker_runs_the_demo_story_to_compensated_and_to_completed(
     addressed_by: str, example: Path, start_services: Any, make_key: Any, db: Any, channels: Any, tmp_path: Path
 ) -> None:
-    gw = await start_services("gateway")
-    rt = await start_services(
-        "ingest",
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        compensation_interval=0.2,
-        wait_sweep_interval=0.2,
-    )
-    ports = rt.ports | {"gateway": gw.ports["gateway"]}
+    _, rt = await start_with_gateway(start_services, wait_sweep_interval=0.2)
+    ports = rt.ports
     await db.execute("INSERT INTO awooop_refgw_deployment (project_id, name, replicas) VALUES ($1, 'api', 1)", PROJECT)
     worker_md = await make_key("node-team", {PROJECT: ["ingest", "worker"]})
     admin_md = await make_key("boss", {PROJECT: ["admin"]})

@@ -21,13 +21,13 @@ from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 from awooop.scheduler.v1 import scheduler_pb2 as spb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
-from awooop.tools.v1 import tools_pb2
 from awooop.worker import Client, RunContext, ToolClient, Worker, to_struct
 from services.common import db as store
 from services.common.embedded import free_port
 from tests.harness.helpers import ROOT, eventually, key_of, start_with_gateway
 from tests.harness.infra import Tally, tg_event
 from tests.harness.pgbouncer import PgBouncer, start_pgbouncer
+from tests.harness.rpc_runs import create_deployment
 
 PROJECT = "ops"
 
@@ -100,15 +100,7 @@ async def test_the_suite_works_through_pgbouncer_in_transaction_mode(
     assert tally.codes == {"OK": 200}, tally.reasons
 
     # workers: claim, heartbeat, journal steps; one run fails and is compensated through the gateway
-    await admin.call(
-        admin.gateway.ExecuteTool,
-        tools_pb2.ExecuteToolRequest(
-            tool_id="k8s_create_resource",
-            params=to_struct({"kind": "Deployment", "name": "api", "spec": {"replicas": 2}}),
-            idempotency_key="setup",
-            project_id=PROJECT,
-        ),
-    )
+    await create_deployment(admin, PROJECT, replicas=2)
     failing = (
         (
             await admin.call(

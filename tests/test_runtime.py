@@ -35,7 +35,16 @@ from services.common.interceptor import ServiceInterceptor
 from services.common.observability import GRPC_CODE_NAMES
 from services.common.runtime import Runtime
 from services.common.settings import Settings
-from tests.harness.helpers import ROOT, eventually, expect_error, reason_of, served, settings_env, wait_healthy
+from tests.harness.helpers import (
+    ROOT,
+    eventually,
+    expect_error,
+    lock_waiters,
+    reason_of,
+    served,
+    settings_env,
+    wait_healthy,
+)
 from tests.harness.tls import self_signed
 
 INGEST = "awooop.ingest.v1.IngestService"
@@ -116,15 +125,7 @@ async def test_sigterm_turns_health_not_serving_and_drains_in_flight_rpcs(
         req = ingest_pb2.CreateRunRequest(project_id="p", idempotency_key="drain-1")
         in_flight = asyncio.ensure_future(stub.CreateRun(req, metadata=md, timeout=60))
 
-        async def blocked_on_lock() -> bool:
-            return bool(
-                await db.fetchval(
-                    """SELECT count(*) FROM pg_stat_activity
-                        WHERE datname = current_database() AND wait_event_type = 'Lock'"""
-                )
-            )
-
-        await eventually(blocked_on_lock, what="the in-flight call to wait on the lock")
+        await eventually(lambda: lock_waiters(db), what="the in-flight call to wait on the lock")
 
         proc.popen.send_signal(signal.SIGTERM)
         assert (await watch.read()).status == NOT_SERVING

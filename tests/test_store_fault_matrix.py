@@ -105,6 +105,27 @@ class Env:
             assert not rule.failed_instead, "the statement failed by itself, not by the injected fault"
             assert rule.fired.is_set(), f"the fault never happened (is {needle[:40]!r} the path's statement?)"
 
+    async def retried(
+        self,
+        needle: str,
+        fault: Fault,
+        call: Callable[[Any], Awaitable[Any]],
+        req: Any,
+        run_id: str,
+        status: str,
+        audit: str,
+    ) -> asyncpg.Record:
+        """A run's transition: call(req) faulted (faulted()), then sent again. The second answer and
+        the run's row say `status`, and the transition's audit action was written once. Returns the
+        row."""
+        await self.faulted(needle, fault, lambda: call(req))
+        again = await call(req)
+        assert again.run.run_id == run_id and common_pb2.RunStatus.Name(again.run.status) == f"RUN_STATUS_{status}"
+        row = await self.run(run_id)
+        assert row["status"] == status
+        assert await self.audits(audit) == 1
+        return row
+
     # --- arranging (direct, or through RPCs with no fault armed) ---
 
     async def pending_runs(self, n: int) -> list[str]:
@@ -247,11 +268,10 @@ async def heartbeat(env: Env, fault: Fault) -> None:
 async def complete_run(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     req = spb.CompleteRunRequest(lease=c.lease, output=struct({"answer": 42}))
-    await env.faulted(transitions.COMPLETE.sql, fault, lambda: env.sched.CompleteRun(req))
-    again = await env.sched.CompleteRun(req)
-    assert again.run.status == common_pb2.RUN_STATUS_COMPLETED and again.run.run_id == c.run.run_id
-    assert await env.audits("COMPLETED") == 1
-    assert (await env.run(c.run.run_id))["attempt_count"] == 1
+    row = await env.retried(
+        transitions.COMPLETE.sql, fault, env.sched.CompleteRun, req, c.run.run_id, "COMPLETED", "COMPLETED"
+    )
+    assert row["attempt_count"] == 1
 
 
 async def complete_runs(env: Env, fault: Fault) -> None:
@@ -268,62 +288,58 @@ async def complete_runs(env: Env, fault: Fault) -> None:
 async def fail_run(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     req = spb.FailRunRequest(lease=c.lease, reason="flaky", retryable=True)
-    await env.faulted(transitions.FAIL.sql, fault, lambda: env.sched.FailRun(req))
-    again = await env.sched.FailRun(req)
-    assert again.run.status == common_pb2.RUN_STATUS_PENDING and again.run.run_id == c.run.run_id
-    row = await env.run(c.run.run_id)
-    assert (row["status"], row["attempt_count"]) == ("PENDING", 1)
-    assert await env.audits("RETRY_SCHEDULED") == 1
+    row = await env.retried(
+        transitions.FAIL.sql, fault, env.sched.FailRun, req, c.run.run_id, "PENDING", "RETRY_SCHEDULED"
+    )
+    assert row["attempt_count"] == 1
 
 
 async def release_run(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     req = spb.ReleaseRunRequest(lease=c.lease, reason="shutting down")
-    await env.faulted(transitions.RELEASE.sql, fault, lambda: env.sched.ReleaseRun(req))
-    again = await env.sched.ReleaseRun(req)
-    assert again.run.status == common_pb2.RUN_STATUS_PENDING and again.run.run_id == c.run.run_id
-    row = await env.run(c.run.run_id)
+    row = await env.retried(
+        transitions.RELEASE.sql, fault, env.sched.ReleaseRun, req, c.run.run_id, "PENDING", "RELEASED"
+    )
     # released once: the hand-back is not an attempt used
-    assert (row["status"], row["attempt_count"], row["released_count"]) == ("PENDING", 1, 1)
-    assert await env.audits("RELEASED") == 1
+    assert (row["attempt_count"], row["released_count"]) == (1, 1)
 
 
 async def wait_tool(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     req = spb.WaitToolRequest(lease=c.lease, tool_id="k8s_scale_deployment")
-    await env.faulted(transitions.WAIT_TOOL.sql, fault, lambda: env.sched.WaitTool(req))
-    again = await env.sched.WaitTool(req)
-    assert again.run.status == common_pb2.RUN_STATUS_WAITING_TOOL
-    assert await env.audits("WAITING_TOOL") == 1
+    await env.retried(
+        transitions.WAIT_TOOL.sql, fault, env.sched.WaitTool, req, c.run.run_id, "WAITING_TOOL", "WAITING_TOOL"
+    )
 
 
 async def resume_tool(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     await env.sched.WaitTool(spb.WaitToolRequest(lease=c.lease))
     req = spb.ResumeToolRequest(lease=c.lease)
-    await env.faulted(transitions.RESUME_TOOL.sql, fault, lambda: env.sched.ResumeTool(req))
-    again = await env.sched.ResumeTool(req)
-    assert again.run.status == common_pb2.RUN_STATUS_RUNNING
-    assert await env.audits("TOOL_RETURNED") == 1
+    await env.retried(
+        transitions.RESUME_TOOL.sql, fault, env.sched.ResumeTool, req, c.run.run_id, "RUNNING", "TOOL_RETURNED"
+    )
 
 
 async def acknowledge_cancel(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     await env.sched.CancelRun(spb.CancelRunRequest(run_id=c.run.run_id, reason="not needed"))
     req = spb.AcknowledgeCancelRequest(lease=c.lease)
-    await env.faulted(transitions.ACKNOWLEDGE_CANCEL.sql, fault, lambda: env.sched.AcknowledgeCancel(req))
-    again = await env.sched.AcknowledgeCancel(req)
-    assert again.run.status == common_pb2.RUN_STATUS_CANCELLED
-    assert await env.audits("CANCELLED") == 1
+    await env.retried(
+        transitions.ACKNOWLEDGE_CANCEL.sql,
+        fault,
+        env.sched.AcknowledgeCancel,
+        req,
+        c.run.run_id,
+        "CANCELLED",
+        "CANCELLED",
+    )
 
 
 async def cancel_run(env: Env, fault: Fault) -> None:
     (run_id,) = await env.pending_runs(1)
     req = spb.CancelRunRequest(run_id=run_id, reason="not needed")
-    await env.faulted(transitions.CANCEL.sql, fault, lambda: env.sched.CancelRun(req))
-    again = await env.sched.CancelRun(req)
-    assert again.run.status == common_pb2.RUN_STATUS_CANCELLED
-    assert await env.audits("CANCELLED") == 1
+    await env.retried(transitions.CANCEL.sql, fault, env.sched.CancelRun, req, run_id, "CANCELLED", "CANCELLED")
 
 
 async def request_approval(env: Env, fault: Fault) -> None:
@@ -355,11 +371,7 @@ async def _waiting_approval(env: Env) -> tuple[str, str]:
 async def _decide(env: Env, fault: Fault, decision: spb.Decision.ValueType, status: str, audit: str) -> None:
     run_id, token = await _waiting_approval(env)
     req = spb.DecideApprovalRequest(run_id=run_id, approval_token=token, decision=decision, reason="looked at it")
-    await env.faulted(approvals.DECIDE.sql, fault, lambda: env.sched.DecideApproval(req))
-    again = await env.sched.DecideApproval(req)
-    assert common_pb2.RunStatus.Name(again.run.status) == f"RUN_STATUS_{status}"
-    assert (await env.run(run_id))["status"] == status
-    assert await env.audits(audit) == 1
+    await env.retried(approvals.DECIDE.sql, fault, env.sched.DecideApproval, req, run_id, status, audit)
 
 
 async def approve(env: Env, fault: Fault) -> None:

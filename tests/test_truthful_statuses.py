@@ -4,19 +4,31 @@ made it, instead of staying `pending` forever. Real scheduler and saga services,
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
 
+import asyncpg
 import grpc
 
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
 from awooop.scheduler.v1 import scheduler_pb2 as pb
 from services.common import errors
-from tests.harness.helpers import eventually, expect_error
+from services.common.runstate import LEASED
+from services.saga import journal
+from tests.harness.helpers import eventually, expect_error, lock_waiters
 from tests.harness.saga import struct
-from tests.harness.scheduler import Sched, approval_expired, dur, insert_runs, make_sched
+from tests.harness.scheduler import (
+    Sched,
+    approval_expired,
+    audit_actions,
+    comp_request,
+    dur,
+    insert_runs,
+    make_sched,
+)
 
 
 async def _saga_status(s: Sched, run_id: str) -> str:
@@ -174,3 +186,58 @@ async def test_an_expired_approval_step_ends_failed_by_the_sweep_and_by_a_late_d
             "reason": "approval token expired",
         }
         assert await _saga_status(s, run_id) == "not_needed"
+
+
+async def test_a_run_failed_while_its_journal_write_commits_an_undo_gets_its_compensation_request(
+    start_services: Any, channels: Any, db: Any, db_dsn: str, make_key: Any
+) -> None:
+    """FinishStep holds the run row (FOR SHARE) while it completes a tool call with an undo; a
+    FailRun of the same lease waits for that row. The request is decided after the wait, so it
+    sees the step (migration 0210: the rule's function reads a fresh snapshot; the statement's
+    own snapshot, taken before the wait, did not, while the saga_status trigger did). Its audit
+    row and log row follow the FAILED one."""
+    s, saga = await _setup(start_services, channels, db, make_key)
+    (run_id,) = await insert_runs(s.db, "p", 1, max_attempts=1)
+    r = await s.claim_one()
+    await saga.BeginStep(
+        saga_pb2.BeginStepRequest(
+            lease=r.lease, step_id="scale", step_type=common_pb2.STEP_TYPE_TOOL_CALL, tool_id="k8s_scale_deployment"
+        ),
+        metadata=s.worker,
+    )
+    journal_write = await asyncpg.connect(db_dsn)
+    try:
+        tx = journal_write.transaction()
+        await tx.start()
+        finished = await journal_write.fetchrow(
+            journal.FINISH.sql,
+            *journal.FINISH.args(
+                run_id=run_id,
+                attempt=r.lease.attempt,
+                step_id="scale",
+                status="completed",
+                result='{"ok": true}',
+                compensation_cmd='{"tool_id": "k8s_scale_deployment", "params": {"r": 1}}',
+                error=None,
+                projects=None,
+                leased=list(LEASED),
+                irreversible=[],
+            ),
+        )
+        assert finished is not None and finished["status"] == "completed"
+        fail = asyncio.ensure_future(s.stub.FailRun(pb.FailRunRequest(lease=r.lease, reason="boom"), metadata=s.worker))
+        await eventually(lambda: lock_waiters(s.db), what="FailRun to wait for the journal write's row lock")
+        await tx.commit()
+        resp = await fail
+    finally:
+        await journal_write.close()
+    assert resp.run.status == common_pb2.RUN_STATUS_FAILED
+    assert resp.compensation_requested
+    request = await comp_request(s.db, run_id)
+    assert request is not None and request["trigger"] == "step_failed"
+    assert resp.run.saga_status == common_pb2.SAGA_STATUS_IN_PROGRESS
+    assert (await audit_actions(s.db, run_id))[-2:] == ["FAILED", "COMPENSATION_REQUESTED"]
+    log = await s.db.fetch(
+        "SELECT kind FROM awooop_run_event WHERE run_id = $1 AND source = 'state' ORDER BY seq", uuid.UUID(run_id)
+    )
+    assert [row["kind"] for row in log][-2:] == ["FAILED", "COMPENSATION_REQUESTED"]

@@ -30,14 +30,12 @@ import grpc
 import pytest
 
 from awooop.common.v1 import common_pb2
-from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import Client, to_struct
-from services.common.runtime import Runtime
 from tests.harness import rpc_proxy
+from tests.harness import suite as suite_harness
 from tests.harness.helpers import eventually, key_of
-from tests.harness.rpc_proxy import RpcProxy
 from tests.harness.scheduler import audit_actions, claims_waiting
+from tests.harness.suite import start_suite
 from tests.harness.ts_package import build_package, need
 from tests.harness.wire import HoldingProxy
 
@@ -50,45 +48,11 @@ def package() -> Path:
 
 
 @dataclass
-class Suite:
-    rt: Runtime
-    worker_key: str
-    admin: Client
+class Suite(suite_harness.Suite):
     package: Path
 
-    @property
-    def scheduler(self) -> str:
-        return f"127.0.0.1:{self.rt.ports['scheduler']}"
-
-    @property
-    def saga(self) -> str:
-        return f"127.0.0.1:{self.rt.ports['saga']}"
-
     async def create_runs(self, *inputs: dict[str, Any], **kw: Any) -> list[str]:
-        out: list[str] = []
-        for given in inputs:
-            resp = await self.admin.call(
-                self.admin.ingest.IngestEvent,
-                ingest_pb2.IngestEventRequest(
-                    project_id=PROJECT,
-                    channel_type=common_pb2.CHANNEL_TYPE_API,
-                    provider_event_id=f"evt-{os.urandom(6).hex()}",
-                    payload=to_struct({"n": len(out)}),
-                    input=to_struct(given),
-                    **kw,
-                ),
-            )
-            out.append(resp.outcomes[0].run_id)
-        return out
-
-    async def run(self, run_id: str) -> common_pb2.Run:
-        return (await self.admin.call(self.admin.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id))).run
-
-    async def history(self, run_id: str) -> list[scheduler_pb2.RunEvent]:
-        resp = await self.admin.call(
-            self.admin.scheduler.GetRunHistory, scheduler_pb2.GetRunHistoryRequest(run_id=run_id)
-        )
-        return list(resp.events)
+        return await self.ingest_each(inputs, **kw)
 
     async def status_is(self, run_id: str, status: int) -> bool:
         return (await self.run(run_id)).status == status
@@ -96,27 +60,10 @@ class Suite:
 
 @pytest.fixture
 async def suite(start_services: Any, make_key: Any, package: Path) -> AsyncIterator[Suite]:
-    gw = await start_services("gateway")
-    rt = await start_services(
-        "ingest",
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        reaper_interval=0.1,
-        retry_backoff=0.05,
-        compensation_interval=0.2,
-        wait_sweep_interval=0.2,
-        auth_cache_seconds=0,
+    rt, worker_key, admin, _ = await start_suite(
+        start_services, make_key, PROJECT, worker="ts-pod", admin="boss", wait_sweep_interval=0.2
     )
-    worker_key = key_of(await make_key("ts-pod", {PROJECT: ["worker"]}, "service"))
-    admin_key = key_of(await make_key("boss", {PROJECT: ["admin"]}))
-    admin = Client(
-        key=admin_key,
-        ingest=f"127.0.0.1:{rt.ports['ingest']}",
-        scheduler=f"127.0.0.1:{rt.ports['scheduler']}",
-        saga=f"127.0.0.1:{rt.ports['saga']}",
-    )
-    yield Suite(rt, worker_key, admin, package)
+    yield Suite(rt, PROJECT, worker_key, admin, package)
     await admin.close()
 
 
@@ -185,15 +132,6 @@ async def node_worker(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-
-
-@contextlib.asynccontextmanager
-async def scheduler_proxy(suite: Suite) -> AsyncIterator[RpcProxy]:
-    proxy = await RpcProxy(suite.scheduler).start()
-    try:
-        yield proxy
-    finally:
-        await proxy.stop()
 
 
 async def steps_of(db: Any, run_id: str) -> dict[str, Any]:
@@ -490,23 +428,6 @@ async def test_a_key_without_the_worker_role_makes_the_worker_exit_non_zero(
 # --- SIGTERM ---
 
 
-async def run_rows(db: Any) -> dict[str, Any]:
-    rows = await db.fetch(
-        "SELECT run_id, status, attempt_count, released_count, lease_until, worker_id, output "
-        "FROM awooop_run_state WHERE project_id = $1",
-        PROJECT,
-    )
-    return {str(r["run_id"]): r for r in rows}
-
-
-async def assert_handed_back(suite: Suite, row: Any) -> None:
-    """PENDING again right after the worker exited, with a 60 s lease: only a hand-back explains it."""
-    assert row["status"] == "PENDING" and row["lease_until"] is None and row["worker_id"] is None
-    assert row["attempt_count"] == 1 and row["released_count"] == 1  # the attempt is not counted as used
-    last = (await suite.history(str(row["run_id"])))[-1]
-    assert last.action == "RELEASED" and "shutting down" in last.reason
-
-
 SIGTERM_OPTIONS: dict[str, Any] = {
     "concurrency": 2,
     "leaseTtl": 60,
@@ -532,10 +453,10 @@ async def test_sigterm_finishes_or_hands_back_every_lease(suite: Suite, db: Any,
         await handlers_started(worker, 2)
         rc = await worker.sigterm()
     assert rc == 0, worker.text()
-    rows = await run_rows(db)
+    rows = await suite.run_rows(db)
     assert rows[finish]["status"] == "COMPLETED", worker.text()
     assert json.loads(rows[finish]["output"]) == {"finished_during_grace": True}
-    await assert_handed_back(suite, rows[hold])
+    await suite.assert_handed_back(rows[hold])
     assert worker.stats()["completed"] == 1 and worker.stats()["released"] == 1
 
 
@@ -547,7 +468,7 @@ async def test_sigterm_settles_every_run_when_settling_calls_hang_or_fail_unavai
     the answer is lost). The worker sends them again with backoff: every run still ends completed
     or handed back."""
     finish, hold = await suite.create_runs({"mode": "finish"}, {"mode": "hold"})
-    async with scheduler_proxy(suite) as proxy:
+    async with suite.scheduler_proxy() as proxy:
         proxy.add("CompleteRuns", rpc_proxy.hang(), *[rpc_proxy.lose_answer()] * 4)
         proxy.add("ReleaseRun", rpc_proxy.hang(), *[rpc_proxy.fail()] * 4)
         options = SIGTERM_OPTIONS | {"shutdownGrace": 3, "callTimeout": 3}
@@ -556,17 +477,17 @@ async def test_sigterm_settles_every_run_when_settling_calls_hang_or_fail_unavai
             rc = await worker.sigterm()
         assert proxy.faulted["CompleteRuns"] == 5 and proxy.faulted["ReleaseRun"] == 5, worker.text()
     assert rc == 0, worker.text()
-    rows = await run_rows(db)
+    rows = await suite.run_rows(db)
     assert rows[finish]["status"] == "COMPLETED", worker.text()
     assert json.loads(rows[finish]["output"]) == {"finished_during_grace": True}
-    await assert_handed_back(suite, rows[hold])
+    await suite.assert_handed_back(rows[hold])
 
 
 async def test_a_claim_answer_arriving_after_sigterm_is_handed_back(suite: Suite, db: Any, tmp_path: Path) -> None:
     """The scheduler claimed both runs, then SIGTERM comes before its answer reaches the worker:
     the worker waits for the answer and hands both runs back without starting their handlers."""
     runs = await suite.create_runs({"mode": "finish"}, {"mode": "hold"})
-    async with scheduler_proxy(suite) as proxy:
+    async with suite.scheduler_proxy() as proxy:
         proxy.add("ClaimRuns", rpc_proxy.hold_answer())
         async with node_worker(suite, tmp_path, scheduler=proxy.address, **SIGTERM_OPTIONS) as worker:
 
@@ -585,16 +506,16 @@ async def test_a_claim_answer_arriving_after_sigterm_is_handed_back(suite: Suite
         assert proxy.cancelled["ClaimRuns"] == 0
     assert rc == 0, worker.text()
     assert not [e for e in worker.events() if e["event"] == "handler-started"], worker.text()
-    rows = await run_rows(db)
+    rows = await suite.run_rows(db)
     for run_id in runs:
-        await assert_handed_back(suite, rows[run_id])
+        await suite.assert_handed_back(rows[run_id])
 
 
 async def test_runs_the_worker_cannot_settle_make_it_exit_non_zero_naming_them(
     suite: Suite, db: Any, tmp_path: Path
 ) -> None:
     runs = await suite.create_runs({"mode": "finish"}, {"mode": "hold"})
-    async with scheduler_proxy(suite) as proxy:
+    async with suite.scheduler_proxy() as proxy:
         proxy.always["CompleteRuns"] = proxy.always["ReleaseRun"] = rpc_proxy.fail(grpc.StatusCode.UNAVAILABLE)
         options = SIGTERM_OPTIONS | {"callTimeout": 1}
         async with node_worker(suite, tmp_path, scheduler=proxy.address, **options) as worker:
@@ -603,5 +524,5 @@ async def test_runs_the_worker_cannot_settle_make_it_exit_non_zero_naming_them(
     text = worker.log()
     assert rc == 1, worker.text()
     assert "could not settle 2 runs" in text and all(run_id in text for run_id in runs), text
-    rows = await run_rows(db)
+    rows = await suite.run_rows(db)
     assert all(rows[run_id]["status"] == "RUNNING" for run_id in runs)

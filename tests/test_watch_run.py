@@ -25,7 +25,7 @@ from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import AwooopError, Client, Event, LeaseLost, RunContext, Worker, to_struct, watch_run
 from services.common import audit, errors
 from services.common.runtime import Runtime
-from tests.harness.helpers import eventually, key_of
+from tests.harness.helpers import eventually, key_of, lock_waiters
 
 PROJECT = "watch"
 OTHER = "watch-other"
@@ -452,15 +452,8 @@ async def test_audit_writers_racing_on_one_run_get_consecutive_offsets_in_commit
         await t2.start()
         blocked = asyncio.create_task(second.execute(audit.INSERT.sql, *_audit_args(run_id, "SECOND")))
 
-        async def waiting() -> bool:  # the second statement waits on the first's row
-            return bool(
-                await check.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-                )
-            )
-
-        await eventually(waiting, what="the second writer waiting on the first")
+        # the second statement waits on the first's row
+        await eventually(lambda: lock_waiters(check), what="the second writer waiting on the first")
         await t1.commit()
         await asyncio.wait_for(blocked, 10)
         await t2.commit()

@@ -18,111 +18,44 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import grpc
 import pytest
 
 from awooop.common.v1 import common_pb2
-from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.tools.v1 import tools_pb2
 from awooop.worker import (
     AwooopError,
-    Client,
     RunContext,
     RunFinished,
     StepCall,
     ToolClient,
     Worker,
     WorkerError,
-    to_struct,
 )
-from services.common.runtime import Runtime
 from tests.harness import rpc_proxy
+from tests.harness import suite as suite_harness
 from tests.harness.helpers import ROOT, eventually, key_of
-from tests.harness.rpc_proxy import RpcProxy
+from tests.harness.rpc_runs import create_deployment
+from tests.harness.suite import start_suite, stop_worker
 
 PROJECT = "wp"
 
 
-@dataclass
-class Suite:
-    rt: Runtime
-    worker_key: str
-    admin: Client
-
-    @property
-    def scheduler(self) -> str:
-        return f"127.0.0.1:{self.rt.ports['scheduler']}"
-
-    @property
-    def saga(self) -> str:
-        return f"127.0.0.1:{self.rt.ports['saga']}"
-
-    def worker(self, handler: Any, **kw: Any) -> Worker:
-        kw.setdefault("heartbeat_interval", 0.2)
-        kw.setdefault("lease_ttl", 30)
-        kw.setdefault("claim_wait", 2)
-        return Worker(handler, projects=[PROJECT], key=self.worker_key, scheduler=self.scheduler, saga=self.saga, **kw)
+class Suite(suite_harness.Suite):
+    claim_wait: ClassVar[float] = 2
 
     async def create_runs(self, n: int, inputs: list[dict[str, Any]] | None = None, **kw: Any) -> list[str]:
-        out = []
-        for i in range(n):
-            resp = await self.admin.call(
-                self.admin.ingest.IngestEvent,
-                ingest_pb2.IngestEventRequest(
-                    project_id=PROJECT,
-                    channel_type=common_pb2.CHANNEL_TYPE_API,
-                    provider_event_id=f"evt-{os.urandom(6).hex()}",
-                    payload=to_struct({"n": i}),
-                    input=to_struct(inputs[i]) if inputs else None,
-                    **kw,
-                ),
-            )
-            out.append(resp.outcomes[0].run_id)
-        return out
-
-    async def run(self, run_id: str) -> common_pb2.Run:
-        return (await self.admin.call(self.admin.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id))).run
-
-    async def history(self, run_id: str) -> list[scheduler_pb2.RunEvent]:
-        resp = await self.admin.call(
-            self.admin.scheduler.GetRunHistory, scheduler_pb2.GetRunHistoryRequest(run_id=run_id)
-        )
-        return list(resp.events)
+        given: list[dict[str, Any] | None] = list(inputs) if inputs else [None] * n
+        return await self.ingest_each(given, **kw)
 
 
 @pytest.fixture
-async def suite(start_services: Any, make_key: Any) -> Any:
-    gw = await start_services("gateway")
-    rt = await start_services(
-        "ingest",
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        reaper_interval=0.1,
-        retry_backoff=0.05,
-        compensation_interval=0.2,
-        auth_cache_seconds=0,
-    )
-    rt.ports["gateway"] = gw.ports["gateway"]
-    worker_key = key_of(await make_key("worker-pod", {PROJECT: ["worker"]}, "service"))
-    admin_key = key_of(await make_key("boss", {PROJECT: ["admin"]}))
-    admin = Client(
-        key=admin_key,
-        ingest=f"127.0.0.1:{rt.ports['ingest']}",
-        scheduler=f"127.0.0.1:{rt.ports['scheduler']}",
-        saga=f"127.0.0.1:{rt.ports['saga']}",
-        gateway=f"127.0.0.1:{rt.ports['gateway']}",
-    )
-    yield Suite(rt, worker_key, admin)
+async def suite(start_services: Any, make_key: Any) -> AsyncIterator[Suite]:
+    rt, worker_key, admin, _ = await start_suite(start_services, make_key, PROJECT, worker="worker-pod", admin="boss")
+    yield Suite(rt, PROJECT, worker_key, admin)
     await admin.close()
-
-
-async def _stop(worker: Worker, task: asyncio.Task[None]) -> None:
-    worker.stop()
-    await asyncio.wait_for(task, 30)
 
 
 async def test_workers_process_runs_once_each_and_heartbeats_keep_short_leases(suite: Suite, db: Any) -> None:
@@ -158,7 +91,7 @@ async def test_workers_process_runs_once_each_and_heartbeats_keep_short_leases(s
 
     await eventually(all_done, timeout=60, what="20 completed runs")
     for w, t in zip(workers, tasks, strict=True):
-        await _stop(w, t)
+        await stop_worker(w, t)
     rows = await db.fetch(
         "SELECT run_id::text, attempt_count, reaped_at, output FROM awooop_run_state WHERE project_id = $1", PROJECT
     )
@@ -204,7 +137,7 @@ async def test_completed_steps_are_skipped_on_retry(suite: Suite, db: Any) -> No
     worker = suite.worker(handler)
     task = asyncio.create_task(worker.run(install_signal_handlers=False))
     await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_COMPLETED), timeout=30, what="completed")
-    await _stop(worker, task)
+    await stop_worker(worker, task)
     assert calls == Counter({"a": 1, "b": 1, "c": 1})
     assert actions == [{"a": "execute", "b": "execute"}, {"a": "skip", "b": "skip"}]
     assert results[0] == results[1]  # the recorded result, integers intact
@@ -238,7 +171,7 @@ async def test_handler_exceptions_fail_the_run_when_attempts_are_used(suite: Sui
     worker = suite.worker(handler)
     task = asyncio.create_task(worker.run(install_signal_handlers=False))
     await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_FAILED), timeout=30, what="failed")
-    await _stop(worker, task)
+    await stop_worker(worker, task)
     run = await suite.run(run_id)
     assert seen == [1, 2]
     assert run.error_code == "E-WORKER-HANDLER" and "bad input on attempt 2" in run.failure_reason
@@ -247,17 +180,9 @@ async def test_handler_exceptions_fail_the_run_when_attempts_are_used(suite: Sui
 async def test_explicit_fail_compensates_through_the_gateway_and_explicit_complete_keeps_output(
     suite: Suite, db: Any
 ) -> None:
-    await suite.admin.call(
-        suite.admin.gateway.ExecuteTool,
-        tools_pb2.ExecuteToolRequest(
-            tool_id="k8s_create_resource",
-            params=to_struct({"kind": "Deployment", "name": "api", "spec": {"replicas": 2}}),
-            idempotency_key="setup",
-            project_id=PROJECT,
-        ),
-    )
+    await create_deployment(suite.admin, PROJECT, replicas=2)
     failing, completing = await suite.create_runs(2, inputs=[{"fail": True}, {"fail": False}])
-    tools = ToolClient(f"127.0.0.1:{suite.rt.ports['gateway']}", key=suite.worker_key)
+    tools = ToolClient(suite.gateway, key=suite.worker_key)
     after_end: list[str] = []
 
     def undo(result: dict[str, Any]) -> dict[str, Any]:
@@ -290,7 +215,7 @@ async def test_explicit_fail_compensates_through_the_gateway_and_explicit_comple
 
     await eventually(compensated, timeout=20, what="compensation")
     await eventually(lambda: _status_is(suite, completing, common_pb2.RUN_STATUS_COMPLETED), what="completed")
-    await _stop(worker, task)
+    await stop_worker(worker, task)
     await tools.close()
     assert sorted(after_end) == sorted([failing, completing])  # the context refuses use after the end
     run = await suite.run(failing)
@@ -345,7 +270,7 @@ async def test_lease_loss_cancels_the_handler_at_the_next_heartbeat_and_the_pend
     # cancelled while answering the first heartbeat sent after the reap: within one interval
     assert cancelled_at[0] <= sent_when_reaped + 1
     await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_COMPLETED), timeout=20, what="done")
-    await _stop(worker, task)
+    await stop_worker(worker, task)
     assert [(a, r) for a, _, r in keys] == [(1, False), (2, True)]
     assert keys[0][1] == keys[1][1] == f"{run_id}:scale"
     assert worker.stats.lost == 1
@@ -376,7 +301,7 @@ async def test_a_stale_worker_gets_lease_lost_and_stops_without_touching_the_run
     await db.execute("UPDATE awooop_run_state SET attempt_count = attempt_count + 1 WHERE run_id = $1", run_id)
     go_on.set()
     await eventually(lambda: _holds(worker.stats.lost == 1), timeout=20, what="lease lost")
-    await _stop(worker, task)
+    await stop_worker(worker, task)
     run = await suite.run(run_id)
     assert run.status == common_pb2.RUN_STATUS_RUNNING and run.attempt_count == 2
     assert await db.fetchval("SELECT count(*) FROM awooop_saga_step WHERE run_id = $1", run_id) == 0
@@ -407,7 +332,7 @@ async def test_cancel_request_cancels_the_handler_at_the_next_heartbeat(suite: S
     await eventually(lambda: _holds(bool(cancelled_at)), timeout=20, what="handler cancelled")
     assert cancelled_at[0] <= sent_when_requested + 1
     await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_CANCELLED), timeout=20, what="ack")
-    await _stop(worker, task)
+    await stop_worker(worker, task)
     assert worker.stats.cancelled == 1
     last = (await suite.history(run_id))[-1]
     assert last.action == "CANCELLED" and last.to_status == common_pb2.RUN_STATUS_CANCELLED
@@ -437,7 +362,7 @@ async def test_a_refused_approval_request_leaves_the_run_to_the_worker(suite: Su
     await suite.admin.call(suite.admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=run_id))
     cancelled.set()
     await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_CANCELLED), what="cancelled")
-    await _stop(worker, task)
+    await stop_worker(worker, task)
     assert refused == ["INVALID_TRANSITION"]
 
 
@@ -474,7 +399,7 @@ async def test_approval_resumes_the_handler_and_skips_completed_steps(suite: Sui
         ),
     )
     await eventually(lambda: _status_is(suite, run_id, common_pb2.RUN_STATUS_COMPLETED), timeout=20, what="done")
-    await _stop(worker, task)
+    await stop_worker(worker, task)
     assert attempts == [
         {"prepare": "execute", "approval": "execute"},
         {"prepare": "skip", "approval": "retry"},
@@ -580,42 +505,16 @@ async def worker_process(
             proc.wait()
 
 
-@contextlib.asynccontextmanager
-async def scheduler_proxy(suite: Suite) -> AsyncIterator[RpcProxy]:
-    proxy = await RpcProxy(suite.scheduler).start()
-    try:
-        yield proxy
-    finally:
-        await proxy.stop()
-
-
-async def run_rows(db: Any) -> dict[str, Any]:
-    rows = await db.fetch(
-        "SELECT run_id, status, attempt_count, released_count, lease_until, worker_id, output "
-        "FROM awooop_run_state WHERE project_id=$1",
-        PROJECT,
-    )
-    return {str(r["run_id"]): r for r in rows}
-
-
-async def assert_handed_back(suite: Suite, row: Any) -> None:
-    """PENDING again right after the worker exited, with a 60 s lease: only a hand-back explains it."""
-    assert row["status"] == "PENDING" and row["lease_until"] is None and row["worker_id"] is None
-    assert row["attempt_count"] == 1 and row["released_count"] == 1  # the attempt is not counted as used
-    last = (await suite.history(str(row["run_id"])))[-1]
-    assert last.action == "RELEASED" and "shutting down" in last.reason
-
-
 async def test_sigterm_finishes_or_releases_every_lease(suite: Suite, db: Any, tmp_path: Path) -> None:
     finish, hold = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
     async with worker_process(suite, tmp_path) as worker:
         await worker.handlers_started(2)
         rc = await worker.sigterm()
     assert rc == 0, worker.text()
-    rows = await run_rows(db)
+    rows = await suite.run_rows(db)
     assert rows[finish]["status"] == "COMPLETED", worker.text()
     assert json.loads(rows[finish]["output"]) == {"finished_during_grace": True}
-    await assert_handed_back(suite, rows[hold])
+    await suite.assert_handed_back(rows[hold])
 
 
 async def test_sigterm_settles_every_run_when_completion_and_hand_back_calls_time_out_or_fail(
@@ -626,7 +525,7 @@ async def test_sigterm_settles_every_run_when_completion_and_hand_back_calls_tim
     failures come after the scheduler did it: the answer is lost). Every run still ends
     completed or handed back, inside the shutdown's budget."""
     finish, hold = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
-    async with scheduler_proxy(suite) as proxy:
+    async with suite.scheduler_proxy() as proxy:
         proxy.add("CompleteRuns", rpc_proxy.hang(), *[rpc_proxy.lose_answer()] * 4)
         proxy.add("ReleaseRun", rpc_proxy.hang(), *[rpc_proxy.fail()] * 4)
         async with worker_process(suite, tmp_path, scheduler=proxy.address, grace=3.0, call_timeout=3.0) as worker:
@@ -634,10 +533,10 @@ async def test_sigterm_settles_every_run_when_completion_and_hand_back_calls_tim
             rc = await worker.sigterm()
         assert proxy.faulted["CompleteRuns"] == 5 and proxy.faulted["ReleaseRun"] == 5, worker.text()
     assert rc == 0, worker.text()
-    rows = await run_rows(db)
+    rows = await suite.run_rows(db)
     assert rows[finish]["status"] == "COMPLETED", worker.text()
     assert json.loads(rows[finish]["output"]) == {"finished_during_grace": True}
-    await assert_handed_back(suite, rows[hold])
+    await suite.assert_handed_back(rows[hold])
 
 
 async def test_a_claim_answer_arriving_after_sigterm_is_handed_back(suite: Suite, db: Any, tmp_path: Path) -> None:
@@ -645,7 +544,7 @@ async def test_a_claim_answer_arriving_after_sigterm_is_handed_back(suite: Suite
     The worker must not drop the answer (the runs would stay RUNNING until their lease
     expires): it waits for it and hands both runs back without starting their handlers."""
     runs = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
-    async with scheduler_proxy(suite) as proxy:
+    async with suite.scheduler_proxy() as proxy:
         proxy.add("ClaimRuns", rpc_proxy.hold_answer())
         async with worker_process(suite, tmp_path, scheduler=proxy.address) as worker:
 
@@ -663,9 +562,9 @@ async def test_a_claim_answer_arriving_after_sigterm_is_handed_back(suite: Suite
             rc = await asyncio.to_thread(worker.proc.wait, 30)
     assert rc == 0, worker.text()
     assert STARTED not in worker.text()
-    rows = await run_rows(db)
+    rows = await suite.run_rows(db)
     for run_id in runs:
-        await assert_handed_back(suite, rows[run_id])
+        await suite.assert_handed_back(rows[run_id])
 
 
 async def test_runs_the_worker_cannot_settle_make_it_exit_non_zero_naming_them(
@@ -674,7 +573,7 @@ async def test_runs_the_worker_cannot_settle_make_it_exit_non_zero_naming_them(
     """The scheduler refuses every completion and hand-back through the whole grace period: the
     process must not exit 0 as if all were well, and its log names the runs left RUNNING."""
     runs = await suite.create_runs(2, inputs=[{"mode": "finish"}, {"mode": "hold"}])
-    async with scheduler_proxy(suite) as proxy:
+    async with suite.scheduler_proxy() as proxy:
         proxy.always["CompleteRuns"] = proxy.always["ReleaseRun"] = rpc_proxy.fail()
         async with worker_process(suite, tmp_path, scheduler=proxy.address, grace=1.0, call_timeout=1.0) as worker:
             await worker.handlers_started(2)
@@ -682,5 +581,5 @@ async def test_runs_the_worker_cannot_settle_make_it_exit_non_zero_naming_them(
     text = worker.text()
     assert rc != 0, text
     assert "could not settle 2 runs" in text and all(run_id in text for run_id in runs), text
-    rows = await run_rows(db)
+    rows = await suite.run_rows(db)
     assert all(rows[run_id]["status"] == "RUNNING" for run_id in runs)

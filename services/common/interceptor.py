@@ -25,12 +25,14 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, cast
+from contextvars import Token
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import grpc
 
 from services.common import errors, tracing
-from services.common.auth import Authenticator, reset_principal, set_principal
+from services.common.auth import Authenticator, Principal, reset_principal, set_principal
 from services.common.db import store_error
 from services.common.observability import RUN_ID, RpcMetrics, run_id_getter
 
@@ -135,69 +137,10 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         run_of = run_id_getter(method)  # log lines of its RPCs carry the run the request names
 
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            started = time.perf_counter()
-            rpc.started.inc()
-            code = "OK"
-            principal_id = ""
-            token = None
-            # Failures are answered after the metrics and the log are written (below the
-            # try), so a caller that sees the status also sees it counted.
-            failure: errors.ServiceError | None = None
-            self.in_flight += 1
-            named = run_of is not None and type(request) is not Malformed  # a Malformed request names nothing
-            run_token = RUN_ID.set(run_of(request)) if named else None  # type: ignore[misc]
-            try:
-                if limit and self.in_flight > limit:
-                    raise errors.overloaded(limit)
-                if type(request) is Malformed:  # answered like any bad input: counted, logged, ErrorInfo
-                    raise errors.malformed_request(method, request.detail)
-                if authenticator is not None:
-                    principal = await authenticator.authenticate(_authorization(context))
-                    principal_id = principal.principal_id
-                    token = set_principal(principal)
+            with _Call(method, rpc, run_of, request, context, access_log, self) as call:
+                await call.admit(request, authenticator, limit)
                 return await inner(request, context)
-            except errors.ServiceError as exc:
-                failure = exc
-            except grpc.aio.AbortError:
-                code = context.code().name if context.code() else "ABORTED"
-                raise
-            except asyncio.CancelledError:
-                # the client went away or its deadline passed; grpc already answered it
-                remaining = context.time_remaining()
-                code = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
-                raise
-            except NotImplementedError:  # the generated base servicer's answer
-                failure = errors.unimplemented(method)
-            except Exception as exc:
-                failure = store_error(exc)
-                if failure is None:
-                    log.exception("unhandled error in %s", method)
-                    tracing.record_exception(exc)  # on the call's span (tracing on), not in the answer
-                    failure = errors.internal()
-            finally:
-                self.in_flight -= 1
-                if failure is not None:
-                    code = failure.code.name
-                if token is not None:
-                    reset_principal(token)
-                elapsed = time.perf_counter() - started
-                rpc.handled(code, elapsed)
-                if access_log:
-                    log.info(
-                        "rpc",
-                        extra={
-                            "method": method,
-                            "code": code,
-                            "ms": round(elapsed * 1000, 2),
-                            "principal": principal_id,
-                            "peer": context.peer(),
-                        },
-                    )
-                if run_token is not None:
-                    RUN_ID.reset(run_token)
-            assert failure is not None  # the try either returned, raised, or set it
-            status = failure.to_status()
-            await context.abort(status.code, status.details, status.trailing_metadata)
+            await call.answer()  # reached only with the failure the call kept
 
         return handle
 
@@ -210,62 +153,119 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         run_of = run_id_getter(method)
 
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
-            started = time.perf_counter()
-            rpc.started.inc()
-            code = "OK"
-            principal_id = ""
-            token = None
-            failure: errors.ServiceError | None = None
-            named = run_of is not None and type(request) is not Malformed
-            run_token = RUN_ID.set(run_of(request)) if named else None  # type: ignore[misc]
-            try:
-                if type(request) is Malformed:
-                    raise errors.malformed_request(method, request.detail)
-                if authenticator is not None:
-                    principal = await authenticator.authenticate(_authorization(context))
-                    principal_id = principal.principal_id
-                    token = set_principal(principal)
+            with _Call(method, rpc, run_of, request, context, access_log, None) as call:
+                await call.admit(request, authenticator, 0)
                 async for item in inner(request, context):
                     yield item
-            except errors.ServiceError as exc:
-                failure = exc
-            except grpc.aio.AbortError:
-                code = context.code().name if context.code() else "ABORTED"
-                raise
-            except asyncio.CancelledError:
-                remaining = context.time_remaining()
-                code = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
-                raise
-            except NotImplementedError:
-                failure = errors.unimplemented(method)
-            except Exception as exc:
-                failure = store_error(exc)
-                if failure is None:
-                    log.exception("unhandled error in %s", method)
-                    tracing.record_exception(exc)
-                    failure = errors.internal()
-            finally:
-                if failure is not None:
-                    code = failure.code.name
-                if token is not None:
-                    reset_principal(token)
-                elapsed = time.perf_counter() - started
-                rpc.handled(code, elapsed)
-                if access_log:
-                    log.info(
-                        "rpc",
-                        extra={
-                            "method": method,
-                            "code": code,
-                            "ms": round(elapsed * 1000, 2),
-                            "principal": principal_id,
-                            "peer": context.peer(),
-                        },
-                    )
-                if run_token is not None:
-                    RUN_ID.reset(run_token)
-            if failure is not None:
-                status = failure.to_status()
-                await context.abort(status.code, status.details, status.trailing_metadata)
+            if call.failure is not None:
+                await call.answer()
 
         return handle
+
+
+class _Call:
+    """One RPC around its handler, unary or streaming alike. Entering counts it started (and in
+    flight, for the unary calls the concurrency limit counts) and names its run for the log lines;
+    `admit` refuses a call that must not run (over the limit, malformed, not authenticated); the
+    block's end maps what it raised to a status, counts it and writes the access-log line. A
+    failure is kept, not raised, and answered after the block (`answer`), so a caller that sees
+    the status also sees it counted. An abort the handler made and a cancelled call (the client
+    left or its deadline passed: grpc already answered) are counted under their code and go on."""
+
+    __slots__ = (
+        "_access_log", "_code", "_context", "_counter", "_method", "_principal", "_principal_id", "_request", "_rpc",
+        "_run", "_run_of", "_started", "failure",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        method: str,
+        rpc: RpcMetrics,
+        run_of: Callable[[Any], str] | None,
+        request: Any,
+        context: grpc.aio.ServicerContext[Any, Any],
+        access_log: bool,
+        counter: ServiceInterceptor | None,
+    ) -> None:
+        self.failure: errors.ServiceError | None = None
+        self._method = method
+        self._rpc = rpc
+        self._run_of = run_of
+        self._request = request
+        self._context = context
+        self._access_log = access_log
+        self._counter = counter  # the interceptor whose in_flight counts this call (None: not counted)
+        self._code = "OK"
+        self._principal_id = ""
+        self._principal: Token[Principal | None] | None = None
+        self._run: Token[str] | None = None
+        self._started = 0.0
+
+    def __enter__(self) -> _Call:
+        self._started = time.perf_counter()
+        self._rpc.started.inc()
+        if self._counter is not None:
+            self._counter.in_flight += 1
+        if self._run_of is not None and type(self._request) is not Malformed:  # a Malformed request names nothing
+            self._run = RUN_ID.set(self._run_of(self._request))
+        return self
+
+    async def admit(self, request: Any, authenticator: Authenticator | None, limit: int) -> None:
+        if limit and self._counter is not None and self._counter.in_flight > limit:
+            raise errors.overloaded(limit)
+        if type(request) is Malformed:  # answered like any bad input: counted, logged, ErrorInfo
+            raise errors.malformed_request(self._method, request.detail)
+        if authenticator is not None:
+            principal = await authenticator.authenticate(_authorization(self._context))
+            self._principal_id = principal.principal_id
+            self._principal = set_principal(principal)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> bool:
+        if exc is None:
+            pass
+        elif isinstance(exc, errors.ServiceError):
+            self.failure = exc
+        elif isinstance(exc, grpc.aio.AbortError):
+            code = self._context.code()
+            self._code = code.name if code else "ABORTED"
+        elif isinstance(exc, asyncio.CancelledError):
+            remaining = self._context.time_remaining()
+            self._code = "DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"
+        elif isinstance(exc, NotImplementedError):  # the generated base servicer's answer
+            self.failure = errors.unimplemented(self._method)
+        elif isinstance(exc, Exception):
+            self.failure = store_error(exc)
+            if self.failure is None:
+                log.error("unhandled error in %s", self._method, exc_info=exc)
+                tracing.record_exception(exc)  # on the call's span (tracing on), not in the answer
+                self.failure = errors.internal()
+        self._end()
+        return self.failure is not None  # kept for answer(); aborts, cancels and the rest go on
+
+    def _end(self) -> None:
+        if self._counter is not None:
+            self._counter.in_flight -= 1
+        if self.failure is not None:
+            self._code = self.failure.code.name
+        if self._principal is not None:
+            reset_principal(self._principal)
+        elapsed = time.perf_counter() - self._started
+        self._rpc.handled(self._code, elapsed)
+        if self._access_log:
+            log.info(
+                "rpc",
+                extra={
+                    "method": self._method,
+                    "code": self._code,
+                    "ms": round(elapsed * 1000, 2),
+                    "principal": self._principal_id,
+                    "peer": self._context.peer(),
+                },
+            )
+        if self._run is not None:
+            RUN_ID.reset(self._run)
+
+    async def answer(self) -> NoReturn:
+        assert self.failure is not None  # only a kept failure is answered
+        status = self.failure.to_status()
+        await self._context.abort(status.code, status.details, status.trailing_metadata)

@@ -3,7 +3,7 @@
 -- RESUMED (claimable again, new fencing token). Reject: FAILED with E-APPROVAL-REJECTED. Expiry:
 -- FAILED with E-APPROVAL-002 (approval token expired), by the sweep or by the DecideApproval that
 -- finds it expired. Rejection and expiry record a compensation request when the journal has
--- something to undo, and end the journal's pending approval step `failed` (`approval_step`: the
+-- something to undo (`comp`: awooop_request_compensation, migration 0210), and end the journal's pending approval step `failed` (`approval_step`: the
 -- journal must not show an approval still pending on a run that is over; an approval is completed
 -- by the worker that resumes, the SDK does it). The error codes and the reason are approvals.py's
 -- EXPIRED_CODE, REJECTED_CODE and EXPIRED_REASON (the refusals read them back).
@@ -119,15 +119,6 @@ upd AS (
            r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
            cur.expired
 ),
-comp AS (
-    INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
-    SELECT u.run_id, u.project_id, CASE WHEN u.expired THEN 'approval_expired' ELSE 'approval_rejected' END, u.failure_reason
-      FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
-    ON CONFLICT (run_id) DO NOTHING
-    RETURNING run_id, project_id, trigger
-),
 approval_step AS (
     UPDATE awooop_saga_step s
        SET status = 'failed', completed_at = now(),
@@ -142,6 +133,11 @@ approval_step AS (
      WHERE s.run_id = u.run_id AND u.status = 'FAILED'
        AND s.step_type = 'approval_request' AND s.status = 'pending'
 ),
+comp AS (
+    SELECT c.* FROM upd u, awooop_request_compensation(
+        u.run_id, u.project_id, u.status, CASE WHEN u.expired THEN 'approval_expired' ELSE 'approval_rejected' END,
+        u.failure_reason, :actor) c
+),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
     SELECT project_id, run_id, :actor,
@@ -150,15 +146,13 @@ aud AS (
            jsonb_build_object('attempt', attempt_count, 'error_code', error_code)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
-           jsonb_build_object('trigger', trigger)
-      FROM comp
+    SELECT * FROM comp
 ),
 notified AS (
     SELECT count(pg_notify('awooop_run_ready', project_id)) AS n
       FROM (SELECT DISTINCT project_id FROM upd WHERE status = 'RESUMED') p
 )
-SELECT cur.*, upd.*, (SELECT trigger FROM comp LIMIT 1) AS comp_trigger, (SELECT n FROM notified) AS notified
+SELECT cur.*, upd.*, (SELECT reason FROM comp) AS comp_trigger, (SELECT n FROM notified) AS notified
   FROM cur LEFT JOIN upd ON true
 
 -- name: CheckApproval
@@ -194,15 +188,6 @@ upd AS (
      WHERE r.run_id = due.run_id AND r.status = 'WAITING_APPROVAL' AND r.approval_expires_at <= now()
  RETURNING r.run_id, r.project_id, r.status, r.failure_reason, r.attempt_count, r.approval_expires_at
 ),
-comp AS (
-    INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
-    SELECT u.run_id, u.project_id, 'approval_expired', u.failure_reason
-      FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
-    ON CONFLICT (run_id) DO NOTHING
-    RETURNING run_id, project_id, trigger
-),
 approval_step AS (
     UPDATE awooop_saga_step s
        SET status = 'failed', completed_at = now(),
@@ -213,6 +198,9 @@ approval_step AS (
      WHERE s.run_id = u.run_id AND u.status = 'FAILED'
        AND s.step_type = 'approval_request' AND s.status = 'pending'
 ),
+comp AS (
+    SELECT c.* FROM upd u, awooop_request_compensation(u.run_id, u.project_id, u.status, 'approval_expired', u.failure_reason, :actor) c
+),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
     SELECT project_id, run_id, :actor, 'APPROVAL_EXPIRED', 'WAITING_APPROVAL', 'FAILED', 'approval token expired',
@@ -220,11 +208,9 @@ aud AS (
                               'expired_at', approval_expires_at)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
-           jsonb_build_object('trigger', trigger)
-      FROM comp
+    SELECT * FROM comp
 )
-SELECT upd.run_id, upd.failure_reason, comp.trigger
+SELECT upd.run_id, upd.failure_reason, comp.reason AS trigger
   FROM upd LEFT JOIN comp USING (run_id)
 
 -- name: DueApprovals

@@ -19,8 +19,10 @@
 --
 -- comp: a run that ended FAILED or CANCELLED with steps to undo (a completed tool call with an undo
 -- command, or one whose undo was started: awooop_step_compensatable, migration 0141) gets its compensation
--- request in the same transaction as the state change
--- (docs/architecture.md, "Saga"); its COMPENSATION_REQUESTED audit row follows the change's.
+-- request in the same statement as the state change (docs/architecture.md, "Saga"). The rule is
+-- one SQL function, awooop_request_compensation (migration 0210), which every statement that ends a
+-- run calls with the trigger it names: it records the request and returns its COMPENSATION_REQUESTED
+-- audit row (reason: the trigger), which `aud` writes after the change's, in one INSERT.
 -- notified: one NOTIFY per project that got a claimable run (Postgres folds identical
 -- notifications of one transaction); the final SELECT reads it, since a read-only CTE nobody
 -- reads is not executed. The audit details of a fenced write start with the attempt and the
@@ -124,14 +126,9 @@ upd AS (
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
 comp AS (
-    INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
-    SELECT u.run_id, u.project_id, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END,
-           u.failure_reason
-      FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
-    ON CONFLICT (run_id) DO NOTHING
-    RETURNING run_id, project_id, trigger
+    SELECT c.* FROM upd u, awooop_request_compensation(
+        u.run_id, u.project_id, u.status, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END,
+        u.failure_reason, :actor) c
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
@@ -143,16 +140,14 @@ aud AS (
                                  'max_attempts', max_attempts)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
-           jsonb_build_object('trigger', trigger)
-      FROM comp
+    SELECT * FROM comp
 ),
 notified AS (
     SELECT count(pg_notify('awooop_run_ready', project_id)) AS n
       FROM (SELECT DISTINCT project_id FROM upd WHERE status = 'PENDING') p
 )
 SELECT cur.*, upd.*,
-       (SELECT trigger FROM comp LIMIT 1) AS comp_trigger,
+       (SELECT reason FROM comp) AS comp_trigger,
        (SELECT n FROM notified) AS notified
   FROM cur LEFT JOIN upd ON true
 
@@ -188,13 +183,7 @@ upd AS (
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
 comp AS (
-    INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
-    SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
-      FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
-    ON CONFLICT (run_id) DO NOTHING
-    RETURNING run_id, project_id, trigger
+    SELECT c.* FROM upd u, awooop_request_compensation(u.run_id, u.project_id, u.status, 'cancelled', u.failure_reason, :actor) c
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
@@ -204,16 +193,14 @@ aud AS (
            || jsonb_build_object('released', true)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
-           jsonb_build_object('trigger', trigger)
-      FROM comp
+    SELECT * FROM comp
 ),
 notified AS (
     SELECT count(pg_notify('awooop_run_ready', project_id)) AS n
       FROM (SELECT DISTINCT project_id FROM upd WHERE status = 'PENDING') p
 )
 SELECT cur.*, upd.*,
-       (SELECT trigger FROM comp LIMIT 1) AS comp_trigger,
+       (SELECT reason FROM comp) AS comp_trigger,
        (SELECT n FROM notified) AS notified
   FROM cur LEFT JOIN upd ON true
 
@@ -320,13 +307,7 @@ upd AS (
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
 comp AS (
-    INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
-    SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
-      FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
-    ON CONFLICT (run_id) DO NOTHING
-    RETURNING run_id, project_id, trigger
+    SELECT c.* FROM upd u, awooop_request_compensation(u.run_id, u.project_id, u.status, 'cancelled', u.failure_reason, :actor) c
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
@@ -335,12 +316,10 @@ aud AS (
            jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || '{}'::jsonb
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
-           jsonb_build_object('trigger', trigger)
-      FROM comp
+    SELECT * FROM comp
 )
 SELECT cur.*, upd.*,
-       (SELECT trigger FROM comp LIMIT 1) AS comp_trigger,
+       (SELECT reason FROM comp) AS comp_trigger,
        0::bigint AS notified
   FROM cur LEFT JOIN upd ON true
 
@@ -384,13 +363,7 @@ upd AS (
            cur.cur_status AS from_status
 ),
 comp AS (
-    INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
-    SELECT u.run_id, u.project_id, 'cancelled', u.failure_reason
-      FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
-    ON CONFLICT (run_id) DO NOTHING
-    RETURNING run_id, project_id, trigger
+    SELECT c.* FROM upd u, awooop_request_compensation(u.run_id, u.project_id, u.status, 'cancelled', u.failure_reason, :actor) c
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
@@ -399,9 +372,7 @@ aud AS (
            from_status, status, :reason, jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
-           jsonb_build_object('trigger', trigger)
-      FROM comp
+    SELECT * FROM comp
 )
-SELECT cur.*, upd.*, (SELECT trigger FROM comp LIMIT 1) AS comp_trigger
+SELECT cur.*, upd.*, (SELECT reason FROM comp) AS comp_trigger
   FROM cur LEFT JOIN upd ON true

@@ -22,8 +22,9 @@
 -- A reaped lease counts as a failure of its attempt: while attempts are left the run waits the
 -- backoff its retry policy gives that many attempts used (awooop_retry_delay over
 -- awooop_effective_retry_policy, migration 0135), as after a retryable FailRun, so a handler that
--- crashes its worker every time backs off too. The audit rows, compensation requests and wake-up
--- NOTIFY are written by the same statement (as in fenced_writes.sql).
+-- crashes its worker every time backs off too. The audit rows, compensation requests
+-- (awooop_request_compensation, migration 0210) and wake-up NOTIFY are written by the same
+-- statement (as in fenced_writes.sql).
 WITH expired AS (
     SELECT s.run_id, s.status, s.worker_id, s.lease_until,
            awooop_effective_retry_policy(
@@ -57,13 +58,9 @@ upd AS (
            e.status AS from_status, e.worker_id AS prev_worker, e.lease_until AS prev_lease_until
 ),
 comp AS (
-    INSERT INTO awooop_compensation_request (run_id, project_id, trigger, reason)
-    SELECT u.run_id, u.project_id, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END, u.failure_reason
-      FROM upd u
-     WHERE u.status IN ('FAILED', 'CANCELLED') AND EXISTS (SELECT 1 FROM awooop_saga_step s
-                   WHERE s.run_id = u.run_id AND awooop_step_compensatable(s.step_type, s.compensation_cmd, s.status))
-    ON CONFLICT (run_id) DO NOTHING
-    RETURNING run_id, project_id, trigger
+    SELECT c.* FROM upd u, awooop_request_compensation(
+        u.run_id, u.project_id, u.status, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END,
+        u.failure_reason, :actor) c
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
@@ -77,15 +74,13 @@ aud AS (
                               'lease_until', prev_lease_until)
       FROM upd
     UNION ALL
-    SELECT project_id, run_id, :actor, 'COMPENSATION_REQUESTED', NULL, NULL, trigger,
-           jsonb_build_object('trigger', trigger)
-      FROM comp
+    SELECT * FROM comp
 ),
 notified AS (
     SELECT count(pg_notify(:channel, project_id)) AS n
       FROM (SELECT DISTINCT project_id FROM upd WHERE status = 'PENDING') p
 )
-SELECT upd.run_id, upd.status, upd.failure_reason, comp.trigger, (SELECT n FROM notified) AS notified
+SELECT upd.run_id, upd.status, upd.failure_reason, comp.reason AS trigger, (SELECT n FROM notified) AS notified
   FROM upd LEFT JOIN comp USING (run_id)
 
 -- name: ExpiredLeases

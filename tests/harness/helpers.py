@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import asyncpg
 import grpc
 
 from services.common import errors
@@ -59,6 +60,17 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+async def lock_waiters(db: asyncpg.Connection) -> int:
+    """How many other sessions of db's database wait for a lock (a row or a transaction another
+    holds): what a test polls to know a racing statement reached the point it blocks at."""
+    return int(
+        await db.fetchval(
+            """SELECT count(*) FROM pg_stat_activity
+                WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"""
+        )
+    )
 
 
 @dataclass

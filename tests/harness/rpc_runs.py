@@ -12,6 +12,7 @@ from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
+from awooop.tools.v1 import tools_pb2
 from awooop.worker import Client, to_struct
 
 SCALE = "k8s_scale_deployment"
@@ -106,3 +107,17 @@ async def request_approval(client: Client, lease: common_pb2.LeaseToken, summary
         client.scheduler.RequestApproval, scheduler_pb2.RequestApprovalRequest(lease=lease, summary=summary)
     )
     return str(resp.approval_token)
+
+
+async def create_deployment(client: Client, project: str, replicas: int, name: str = "api") -> None:
+    """A deployment in the reference gateway (k8s_create_resource), for steps to scale and
+    compensations to scale back; client needs a gateway address."""
+    await client.call(
+        client.gateway.ExecuteTool,
+        tools_pb2.ExecuteToolRequest(
+            tool_id="k8s_create_resource",
+            params=to_struct({"kind": "Deployment", "name": name, "spec": {"replicas": replicas}}),
+            idempotency_key="setup",
+            project_id=project,
+        ),
+    )
