@@ -34,7 +34,7 @@ from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.tools.v1 import tools_pb2
-from awooop.worker import AwooopError, Client, RunContext, ToolClient, WaitTimeout, Worker, to_struct
+from awooop.worker import AwooopError, Child, Client, RunContext, ToolClient, WaitTimeout, Worker, to_struct
 from services.common import errors
 from services.common.runtime import Runtime
 from services.scheduler import waits
@@ -86,8 +86,14 @@ class Suite:
 
     async def park_one(self, timeout: float = 600.0, kind: int = scheduler_pb2.WAIT_KIND_TOKEN) -> tuple[str, Any]:
         """A run claimed by hand, a wait created and the run parked on it: (run_id, CreateWaitResponse)."""
+        return await self.park_one_with(timeout=timeout, kind=kind)
+
+    async def park_one_with(
+        self, timeout: float = 600.0, kind: int = scheduler_pb2.WAIT_KIND_TOKEN, **run_options: Any
+    ) -> tuple[str, Any]:
+        """park_one for a run created with run_options (IngestEventRequest fields)."""
         self.parks += 1
-        [run_id] = await self.create_runs(1, priority=self.parks)
+        [run_id] = await self.create_runs(1, priority=self.parks, **run_options)
         c = self.worker_client
         claimed = await c.call(
             c.scheduler.ClaimRuns,
@@ -930,3 +936,82 @@ async def test_expiring_by_hand_a_wait_of_a_run_that_has_ended_is_refused_naming
             assert (await _row(db, run_id))["status"] == status
     finally:
         await approver.close()
+
+
+# --- waits and concurrency keys ---------------------------------------------------------------
+
+
+async def test_a_parked_run_gives_its_concurrency_slots_back_so_its_children_with_the_key_can_run(
+    suite: Suite, db: Any
+) -> None:
+    """A run holds a slot of each of its keys while it holds its lease (docs/flow-control.md); a
+    run parked on a durable wait holds no lease, so it holds no slot either: another run with the
+    key is claimable at once, and a parent fanning out to children that carry its key (a limit of
+    1: mutual exclusion) is not deadlocked by its own slot. Resumed, the run takes a slot again
+    through the claim, as any queued run."""
+    key = "deploy"
+    await suite.admin.call(
+        suite.admin.scheduler.SetConcurrencyLimit,
+        scheduler_pb2.SetConcurrencyLimitRequest(project_id=PROJECT, key=key, max_running=1),
+    )
+
+    async def running() -> int:
+        return int(
+            await db.fetchval(
+                "SELECT running FROM awooop_concurrency_limit WHERE project_id = $1 AND key = $2", PROJECT, key
+            )
+        )
+
+    run_id, (created, _) = await suite.park_one_with(concurrency_keys=[key])
+    assert await running() == 0  # parked: the slot is back
+    [other] = await suite.create_runs(1, concurrency_keys=[key], priority=1000)
+    c = suite.worker_client
+    claimed = await c.call(
+        c.scheduler.ClaimRuns, scheduler_pb2.ClaimRunsRequest(worker_id="next", project_ids=[PROJECT], max_runs=5)
+    )
+    assert [r.run.run_id for r in claimed.runs] == [other]
+    assert await running() == 1
+    # the parked run resumes while the other holds the key: it waits for the key, then takes it
+    await suite.complete_wait(created.wait.wait_id, {"ok": True})
+    row = await db.fetchrow("SELECT status FROM awooop_run_state WHERE run_id = $1", uuid.UUID(run_id))
+    assert row["status"] == "PENDING" and await running() == 1
+    [lease] = [r.lease for r in claimed.runs]
+    await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=lease))
+    again = await c.call(
+        c.scheduler.ClaimRuns,
+        scheduler_pb2.ClaimRunsRequest(worker_id="again", project_ids=[PROJECT], max_runs=5, wait=_duration(5)),
+    )
+    assert [r.run.run_id for r in again.runs] == [run_id] and await running() == 1
+    await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=again.runs[0].lease))
+    assert await running() == 0
+
+
+async def test_a_parent_whose_children_carry_its_key_of_limit_1_resumes_when_they_ran(suite: Suite, db: Any) -> None:
+    """The deadlock a parked run's slot made: the parent parks on its children, which need the
+    key it holds; they run one at a time while it is parked, and it resumes with their outputs."""
+    key = "deploy"
+    await suite.admin.call(
+        suite.admin.scheduler.SetConcurrencyLimit,
+        scheduler_pb2.SetConcurrencyLimitRequest(project_id=PROJECT, key=key, max_running=1),
+    )
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        if "child" in ctx.input:  # (a claimed run does not carry its parent: GetRun's tree fields)
+            return {"child": ctx.input["child"]}
+        outcomes = await ctx.run_children([Child({"child": n}, concurrency_keys=[key]) for n in range(2)])
+        return {"children": [o.output for o in outcomes]}
+
+    [parent] = await suite.create_runs(1, concurrency_keys=[key])
+    worker = suite.worker(handler, concurrency=4)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+
+        async def done() -> bool:
+            return (await _row(db, parent))["status"] == "COMPLETED"
+
+        await eventually(done, timeout=30, what="the parent resumed after its children ran under its key")
+    finally:
+        await _stop(worker, task)
+    assert (await _row(db, parent))["output"] == {"children": [{"child": 0}, {"child": 1}]}
+    slots = await db.fetchval("SELECT running FROM awooop_concurrency_limit WHERE project_id = $1", PROJECT)
+    assert slots == 0
