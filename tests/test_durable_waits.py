@@ -1007,7 +1007,7 @@ async def test_a_parent_whose_children_carry_its_key_of_limit_1_resumes_when_the
     try:
 
         async def done() -> bool:
-            return (await _row(db, parent))["status"] == "COMPLETED"
+            return bool((await _row(db, parent))["status"] == "COMPLETED")
 
         await eventually(done, timeout=30, what="the parent resumed after its children ran under its key")
     finally:

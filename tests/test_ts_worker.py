@@ -38,7 +38,7 @@ import pytest
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import Client, to_struct
+from awooop.worker import Client, from_struct, to_struct
 from services.common.runtime import Runtime
 from tests.harness import rpc_proxy
 from tests.harness.helpers import eventually, key_of
@@ -461,12 +461,12 @@ async def test_wait_for_event_parks_until_the_matching_channel_event_and_answers
             done = functools.partial(suite.status_is, run_id, common_pb2.RUN_STATUS_COMPLETED)
             await eventually(done, timeout=30, what=f"{run_id} completed")
         assert await worker.sigterm() == 0, worker.text()
-    outputs = {run_id: dict((await suite.run(run_id)).output) for run_id in (by_key, by_chat, by_group)}
+    outputs = {run_id: from_struct((await suite.run(run_id)).output) for run_id in (by_key, by_chat, by_group)}
     assert outputs[by_key]["event_run_id"] == early and outputs[by_key]["payload"]["paid"] is True
     assert outputs[by_chat]["event_run_id"] == reply and outputs[by_chat]["payload"]["message"]["text"] == "yes"
     assert outputs[by_group]["event_run_id"] == resolve
     assert dict((await suite.run(timing_out)).output) == {"timed_out": True}
-    bad = dict((await suite.run(malformed)).output)["bad_match"]
+    bad = str(from_struct((await suite.run(malformed)).output)["bad_match"])
     assert "telegram chatId must be an integer" in bad, bad
     assert await db.fetchval("SELECT count(*) FROM awooop_wait WHERE run_id = $1", malformed) == 0
     # the attempt that received the event failed; the next got the same event from the journal
@@ -584,9 +584,10 @@ async def test_a_parked_tool_call_outlives_its_sigkilled_worker_runs_once_and_co
     assert await db.fetchval(calls, f"{survivor}:deploy") == 1
     wait = await db.fetchrow("SELECT status, completed_by FROM awooop_wait WHERE run_id = $1", survivor)
     assert (wait["status"], wait["completed_by"]) == ("completed", "callback:wait-url")
-    done = [e for e in second.events() if e["event"] == "tool-done" and e["run_id"] == survivor]
-    assert [e["actions"].get("deploy") for e in done] == ["retry", "skip"], done  # resumed, then skipped
-    assert done[0]["actions"]["deploy:wait:outcome"] == "execute" and done[0]["result"] == done[1]["result"]
+    finished = [e for e in second.events() if e["event"] == "tool-done" and e["run_id"] == survivor]
+    assert [e["actions"].get("deploy") for e in finished] == ["retry", "skip"], finished  # resumed, then skipped
+    assert finished[0]["actions"]["deploy:wait:outcome"] == "execute"
+    assert finished[0]["result"] == finished[1]["result"]
     assert dict((await suite.run(survivor)).output)["tool_result"] == {"entry_id": f"kb-{survivor}", "created": True}
     steps = await steps_of(db, survivor)
     assert [(s["step_id"], s["status"]) for s in steps.values()] == [
