@@ -417,9 +417,10 @@ async def test_an_approver_expires_or_completes_a_wait_by_hand_audited_and_other
         with pytest.raises(AwooopError) as denied:  # a worker of the project is no operator
             await suite.worker_client.call(suite.worker_client.scheduler.ExpireWait, expire)
         assert denied.value.code == grpc.StatusCode.PERMISSION_DENIED
-        with pytest.raises(AwooopError) as hidden:  # another project's key learns nothing
+        with pytest.raises(AwooopError) as hidden:  # another project's key learns nothing (not the run's id)
             await suite.other.call(suite.other.scheduler.ExpireWait, expire)
         assert hidden.value.code == grpc.StatusCode.NOT_FOUND
+        assert dict(hidden.value.details.metadata) == {"wait_id": wait_id}
         with pytest.raises(AwooopError) as unknown:
             await approver.call(
                 approver.scheduler.ExpireWait, scheduler_pb2.ExpireWaitRequest(wait_id=str(uuid.uuid4()))
