@@ -33,7 +33,7 @@ from google.protobuf import duration_pb2
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import AwooopError, Client, RunContext, ToolClient, WaitTimeout, to_struct
+from awooop.worker import AwooopError, Child, Client, RunContext, ToolClient, WaitTimeout, to_struct
 from services.common import errors
 from services.scheduler import waits
 from tests.harness import suite as suite_harness
@@ -66,8 +66,14 @@ class Suite(suite_harness.Suite):
 
     async def park_one(self, timeout: float = 600.0, kind: int = scheduler_pb2.WAIT_KIND_TOKEN) -> tuple[str, Any]:
         """A run claimed by hand, a wait created and the run parked on it: (run_id, CreateWaitResponse)."""
+        return await self.park_one_with(timeout=timeout, kind=kind)
+
+    async def park_one_with(
+        self, timeout: float = 600.0, kind: int = scheduler_pb2.WAIT_KIND_TOKEN, **run_options: Any
+    ) -> tuple[str, Any]:
+        """park_one for a run created with run_options (IngestEventRequest fields)."""
         self.parks += 1
-        [run_id] = await self.create_runs(1, priority=self.parks)
+        [run_id] = await self.create_runs(1, priority=self.parks, **run_options)
         c = self.worker_client
         claimed = await c.call(
             c.scheduler.ClaimRuns,
@@ -359,9 +365,10 @@ async def test_an_approver_expires_or_completes_a_wait_by_hand_audited_and_other
         with pytest.raises(AwooopError) as denied:  # a worker of the project is no operator
             await suite.worker_client.call(suite.worker_client.scheduler.ExpireWait, expire)
         assert denied.value.code == grpc.StatusCode.PERMISSION_DENIED
-        with pytest.raises(AwooopError) as hidden:  # another project's key learns nothing
+        with pytest.raises(AwooopError) as hidden:  # another project's key learns nothing (not the run's id)
             await suite.other.call(suite.other.scheduler.ExpireWait, expire)
         assert hidden.value.code == grpc.StatusCode.NOT_FOUND
+        assert dict(hidden.value.details.metadata) == {"wait_id": wait_id}
         with pytest.raises(AwooopError) as unknown:
             await approver.call(
                 approver.scheduler.ExpireWait, scheduler_pb2.ExpireWaitRequest(wait_id=str(uuid.uuid4()))
@@ -752,3 +759,208 @@ async def test_an_api_event_with_the_correlation_key_satisfies_a_wait_also_one_t
     assert (await _row(db, waiting))["output"] == {"paid": False, "event_run": later_event}
     audit = await _audit(db, waiting)
     assert audit.count("WAIT_COMPLETED") == 1, audit
+
+
+# --- who may end a wait, and when -------------------------------------------------------------
+
+
+async def test_completing_a_wait_by_rpc_takes_the_worker_tool_or_approver_role_and_an_ingest_key_is_denied(
+    suite: Suite, db: Any, make_key: Any
+) -> None:
+    """Issue 27's rule: CompleteWait takes the worker or tool role of the wait's project (or an
+    operator's approver role, by hand; admin implies them all). A key that only feeds events in
+    (ingest) is refused PERMISSION_DENIED naming the roles, and the wait stays open."""
+    keys = {
+        role: key_of(await make_key(f"dw-{role}-role", {PROJECT: [role]}, "service"))
+        for role in ("ingest", "tool", "approver")
+    }
+    clients = {role: Client(key=key, scheduler=suite.scheduler) for role, key in keys.items()}
+    # ingest here, worker elsewhere: its worker role does not reach this project
+    mixed = Client(
+        key=key_of(await make_key("dw-mixed", {PROJECT: ["ingest"], OTHER: ["worker"]}, "service")),
+        scheduler=suite.scheduler,
+    )
+    try:
+        for client in (clients["ingest"], mixed):
+            run_id, (created, _) = await suite.park_one()
+            wait_id = created.wait.wait_id
+            with pytest.raises(AwooopError) as denied:
+                await suite.complete_wait(wait_id, {"by": "ingest"}, client=client)
+            assert denied.value.code == grpc.StatusCode.PERMISSION_DENIED and denied.value.reason == errors.FORBIDDEN
+            meta = denied.value.details.metadata
+            assert (meta["project_id"], meta["role"], meta["wait_id"]) == (
+                PROJECT,
+                "worker or tool or approver",
+                wait_id,
+            )
+            assert (await _row(db, run_id))["status"] == "WAITING_TOOL"
+            assert await db.fetchval("SELECT status FROM awooop_wait WHERE wait_id = $1", uuid.UUID(wait_id)) == "open"
+            assert "WAIT_COMPLETED" not in await _audit(db, run_id)
+        # the roles that may: each completes a wait of its own, and its run resumes
+        for name, client in (
+            ("worker", suite.worker_client),
+            ("tool", clients["tool"]),
+            ("approver", clients["approver"]),
+            ("admin", suite.admin),
+        ):
+            run_id, (created, _) = await suite.park_one()
+            done = await suite.complete_wait(created.wait.wait_id, {"by": name}, client=client)
+            assert done.resumed and done.wait.status == scheduler_pb2.WAIT_STATUS_COMPLETED, name
+            assert (await _row(db, run_id))["status"] == "PENDING", name
+        # no role in the project at all: the wait does not exist for the caller (nor its run's id)
+        _, (created, _) = await suite.park_one()
+        with pytest.raises(AwooopError) as hidden:
+            await suite.complete_wait(created.wait.wait_id, {}, client=suite.other)
+        assert hidden.value.code == grpc.StatusCode.NOT_FOUND
+        assert dict(hidden.value.details.metadata) == {"wait_id": created.wait.wait_id}
+    finally:
+        for c in (*clients.values(), mixed):
+            await c.close()
+
+
+async def test_expiring_by_hand_a_wait_of_a_run_that_has_ended_is_refused_naming_the_runs_status(
+    suite: Suite, db: Any, make_key: Any
+) -> None:
+    """The run is over (cancelled while parked; completed or failed without waiting on it): an
+    operator's ExpireWait answers FAILED_PRECONDITION / INVALID_TRANSITION with the run's status,
+    as CompleteWait does, writes nothing, and leaves the wait to the sweep; once the sweep has
+    closed it, the answer is WAIT_CLOSED naming that outcome."""
+    approver = Client(key=key_of(await make_key("dw-ended", {PROJECT: ["approver"]})), scheduler=suite.scheduler)
+    c = suite.worker_client
+    try:
+        cancelled, (parked, _) = await suite.park_one()
+        await suite.admin.call(suite.admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=cancelled))
+        ended = {cancelled: (parked.wait.wait_id, "CANCELLED")}
+        for how in ("COMPLETED", "FAILED"):  # a wait created, then the run ended under its lease
+            suite.parks += 1
+            [run_id] = await suite.create_runs(1, priority=suite.parks)
+            claimed = await c.call(
+                c.scheduler.ClaimRuns,
+                scheduler_pb2.ClaimRunsRequest(worker_id="end", project_ids=[PROJECT], max_runs=1),
+            )
+            [lease] = [r.lease for r in claimed.runs if r.lease.run_id == run_id]
+            created = await c.call(
+                c.scheduler.CreateWait,
+                scheduler_pb2.CreateWaitRequest(lease=lease, step_id="w", timeout=_duration(600)),
+            )
+            if how == "COMPLETED":
+                await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=lease))
+            else:
+                await c.call(
+                    c.scheduler.FailRun, scheduler_pb2.FailRunRequest(lease=lease, reason="no", retryable=False)
+                )
+            ended[run_id] = (created.wait.wait_id, how)
+        for run_id, (wait_id, status) in ended.items():
+            assert (await _row(db, run_id))["status"] == status
+            audit = await _audit(db, run_id)
+            with pytest.raises(AwooopError) as refused:
+                await approver.call(approver.scheduler.ExpireWait, scheduler_pb2.ExpireWaitRequest(wait_id=wait_id))
+            err = refused.value
+            assert err.code == grpc.StatusCode.FAILED_PRECONDITION and err.reason == errors.INVALID_TRANSITION, err
+            assert (err.details.metadata["status"], err.details.metadata["run_id"]) == (status, run_id)
+            assert f"in status {status}" in str(err)
+            wait = await db.fetchrow(
+                "SELECT status, completed_by FROM awooop_wait WHERE wait_id = $1", uuid.UUID(wait_id)
+            )
+            assert (wait["status"], wait["completed_by"]) == ("open", None)  # left to the sweep
+            assert await _audit(db, run_id) == audit
+        # the sweep closes them (timed out, the run untouched); an expiry then names that outcome
+        await db.execute(
+            "UPDATE awooop_wait SET expires_at = now() WHERE wait_id = ANY($1::uuid[])",
+            [uuid.UUID(w) for w, _ in ended.values()],
+        )
+
+        async def swept() -> bool:
+            n = await db.fetchval(
+                "SELECT count(*) FROM awooop_wait WHERE wait_id = ANY($1::uuid[]) AND status = 'timed_out'",
+                [uuid.UUID(w) for w, _ in ended.values()],
+            )
+            return bool(n == len(ended))
+
+        await eventually(swept, timeout=30, what="the sweep to close the ended runs' waits")
+        for run_id, (wait_id, status) in ended.items():
+            with pytest.raises(AwooopError) as closed:
+                await approver.call(approver.scheduler.ExpireWait, scheduler_pb2.ExpireWaitRequest(wait_id=wait_id))
+            assert closed.value.reason == errors.WAIT_CLOSED and closed.value.details.metadata["outcome"] == "timed_out"
+            assert (await _row(db, run_id))["status"] == status
+    finally:
+        await approver.close()
+
+
+# --- waits and concurrency keys ---------------------------------------------------------------
+
+
+async def test_a_parked_run_gives_its_concurrency_slots_back_so_its_children_with_the_key_can_run(
+    suite: Suite, db: Any
+) -> None:
+    """A run holds a slot of each of its keys while it holds its lease (docs/flow-control.md); a
+    run parked on a durable wait holds no lease, so it holds no slot either: another run with the
+    key is claimable at once, and a parent fanning out to children that carry its key (a limit of
+    1: mutual exclusion) is not deadlocked by its own slot. Resumed, the run takes a slot again
+    through the claim, as any queued run."""
+    key = "deploy"
+    await suite.admin.call(
+        suite.admin.scheduler.SetConcurrencyLimit,
+        scheduler_pb2.SetConcurrencyLimitRequest(project_id=PROJECT, key=key, max_running=1),
+    )
+
+    async def running() -> int:
+        return int(
+            await db.fetchval(
+                "SELECT running FROM awooop_concurrency_limit WHERE project_id = $1 AND key = $2", PROJECT, key
+            )
+        )
+
+    run_id, (created, _) = await suite.park_one_with(concurrency_keys=[key])
+    assert await running() == 0  # parked: the slot is back
+    [other] = await suite.create_runs(1, concurrency_keys=[key], priority=1000)
+    c = suite.worker_client
+    claimed = await c.call(
+        c.scheduler.ClaimRuns, scheduler_pb2.ClaimRunsRequest(worker_id="next", project_ids=[PROJECT], max_runs=5)
+    )
+    assert [r.run.run_id for r in claimed.runs] == [other]
+    assert await running() == 1
+    # the parked run resumes while the other holds the key: it waits for the key, then takes it
+    await suite.complete_wait(created.wait.wait_id, {"ok": True})
+    row = await db.fetchrow("SELECT status FROM awooop_run_state WHERE run_id = $1", uuid.UUID(run_id))
+    assert row["status"] == "PENDING" and await running() == 1
+    [lease] = [r.lease for r in claimed.runs]
+    await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=lease))
+    again = await c.call(
+        c.scheduler.ClaimRuns,
+        scheduler_pb2.ClaimRunsRequest(worker_id="again", project_ids=[PROJECT], max_runs=5, wait=_duration(5)),
+    )
+    assert [r.run.run_id for r in again.runs] == [run_id] and await running() == 1
+    await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=again.runs[0].lease))
+    assert await running() == 0
+
+
+async def test_a_parent_whose_children_carry_its_key_of_limit_1_resumes_when_they_ran(suite: Suite, db: Any) -> None:
+    """The deadlock a parked run's slot made: the parent parks on its children, which need the
+    key it holds; they run one at a time while it is parked, and it resumes with their outputs."""
+    key = "deploy"
+    await suite.admin.call(
+        suite.admin.scheduler.SetConcurrencyLimit,
+        scheduler_pb2.SetConcurrencyLimitRequest(project_id=PROJECT, key=key, max_running=1),
+    )
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        if "child" in ctx.input:  # (a claimed run does not carry its parent: GetRun's tree fields)
+            return {"child": ctx.input["child"]}
+        outcomes = await ctx.run_children([Child({"child": n}, concurrency_keys=[key]) for n in range(2)])
+        return {"children": [o.output for o in outcomes]}
+
+    [parent] = await suite.create_runs(1, concurrency_keys=[key])
+    worker = suite.worker(handler, concurrency=4)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+
+        async def done() -> bool:
+            return bool((await _row(db, parent))["status"] == "COMPLETED")
+
+        await eventually(done, timeout=30, what="the parent resumed after its children ran under its key")
+    finally:
+        await stop_worker(worker, task)
+    assert (await _row(db, parent))["output"] == {"children": [{"child": 0}, {"child": 1}]}
+    slots = await db.fetchval("SELECT running FROM awooop_concurrency_limit WHERE project_id = $1", PROJECT)
+    assert slots == 0

@@ -5,7 +5,12 @@ idempotency key), a claim whose answer was lost retried with its claim id, lease
 reaching the handler through ctx.signal at the next heartbeat, a throwing handler failing its
 attempts, a stale token's LEASE_LOST from the handler's own call, a full worker's completions
 carried by its claims and one bad completion failing only its own run, approvals that resume the handler
-with completed steps skipped, and SIGTERM: handlers finish in the grace period or are
+with completed steps skipped, durable waits (a token's callback URL, a timeout, a sleep), event waits
+(ctx.waitForEvent: an API correlation key from the look-back, a Telegram chat, an Alertmanager
+group's resolve, each matched by the server's key of the event) and parked tool calls
+(ctx.callToolParked: the tool outlives a SIGKILLed worker and posts to the callback URL, runs
+once, compensates, posts an error, times out), each journaled and answered from the journal when
+the handler runs again, and SIGTERM: handlers finish in the grace period or are
 handed back, settling calls retried through hangs and UNAVAILABLE, a claim answered after the
 signal handed back, and a non-zero exit naming the runs it could not settle.
 
@@ -16,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import signal
@@ -30,7 +36,9 @@ import grpc
 import pytest
 
 from awooop.common.v1 import common_pb2
+from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
+from awooop.worker import Client, from_struct, to_struct
 from tests.harness import rpc_proxy
 from tests.harness import suite as suite_harness
 from tests.harness.helpers import eventually, key_of
@@ -50,6 +58,7 @@ def package() -> Path:
 @dataclass
 class Suite(suite_harness.Suite):
     package: Path
+    tool_gateway: str = ""  # the tool gateway's address, where a test started one for its workers
 
     async def create_runs(self, *inputs: dict[str, Any], **kw: Any) -> list[str]:
         return await self.ingest_each(inputs, **kw)
@@ -111,6 +120,8 @@ async def node_worker(
 ) -> AsyncIterator[NodeWorker]:
     """A node worker on the suite's services (or on `scheduler`: a proxy); options are WorkerOptions."""
     config = {"projects": [PROJECT], "concurrency": 1, "leaseTtl": 30, "heartbeatInterval": 0.3, "claimWait": 2}
+    if suite.tool_gateway:
+        config["gateway"] = suite.tool_gateway
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {
         "AWOOOP_API_KEY": suite.worker_key,
         "AWOOOP_SCHEDULER_ADDR": scheduler or suite.scheduler,
@@ -322,6 +333,229 @@ async def test_a_durable_wait_parks_the_run_and_the_callback_url_resumes_it_with
         ("wait-1", "callback", "completed"),
         ("wait-1:outcome", "callback", "completed"),
     ]
+
+
+# --- event waits and parked tool calls: the Python SDK's semantics ---
+
+
+GROUP = '{}/{severity="page"}:{alertname="DiskFull"}'  # a groupKey as Alertmanager builds it
+CHAT = -1001234567890  # a Telegram group chat's id (negative)
+
+
+async def send_event(suite: Suite, channel: int, payload: dict[str, Any]) -> str:
+    """A channel event (its payload is its run's input, which the matcher reads); its run id."""
+    resp = await suite.admin.call(
+        suite.admin.ingest.IngestEvent,
+        ingest_pb2.IngestEventRequest(
+            project_id=PROJECT,
+            channel_type=channel,  # type: ignore[arg-type]
+            provider_event_id=f"evt-{os.urandom(6).hex()}",
+            payload=to_struct(payload),
+        ),
+    )
+    return str(resp.outcomes[0].run_id)
+
+
+async def open_event_wait(db: Any, run_id: str) -> bool:
+    row = await db.fetchrow(
+        "SELECT r.status, w.status AS wait FROM awooop_run_state r JOIN awooop_wait w USING (run_id)"
+        " WHERE r.run_id = $1 AND w.kind = 'event'",
+        run_id,
+    )
+    return bool(row is not None and row["status"] == "WAITING_TOOL" and row["wait"] == "open")
+
+
+async def test_wait_for_event_parks_until_the_matching_channel_event_and_answers_it_from_the_journal_after(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    """ctx.waitForEvent with each match of the vocabulary: an API correlation key whose event came
+    before the wait (the look-back), a Telegram chat and an Alertmanager group whose events come
+    while the run is parked (the server's match key of each event equals the key the package sent:
+    the chat id's decimal text, the group key's md5). Events of other keys and a firing alert do
+    not match. A run that fails the attempt that received its event gets the same event back from
+    the journal (the outcome step skipped, nothing awaited). A timeout reaches the handler; a
+    malformed match throws before anything is sent."""
+    api = common_pb2.CHANNEL_TYPE_API
+    early = await send_event(suite, api, {"correlation_key": "order-9", "paid": True, "mode": "quick"})
+    by_key, by_chat, by_group, timing_out, malformed = await suite.create_runs(
+        {"mode": "event", "match": "order-9", "throw_after_event": True},
+        {"mode": "event", "match": {"channel": "telegram", "chatId": CHAT}},
+        {"mode": "event", "match": {"channel": "alertmanager", "groupKey": GROUP}},
+        {"mode": "event", "match": {"channel": "api", "correlationKey": "never"}, "timeout": 0.5},
+        {"mode": "event", "match": {"channel": "telegram", "chatId": "ops"}},
+    )
+    async with node_worker(suite, tmp_path, concurrency=4) as worker:
+        for run_id in (by_chat, by_group):
+            await eventually(functools.partial(open_event_wait, db, run_id), timeout=30, what="parked on its event")
+        # other chats, other groups and a firing notification of the group: no match
+        await send_event(suite, common_pb2.CHANNEL_TYPE_TELEGRAM, telegram_update(7001, 555, "other chat"))
+        await send_event(suite, common_pb2.CHANNEL_TYPE_ALERTMANAGER, {"groupKey": GROUP, "status": "firing"})
+        await send_event(suite, common_pb2.CHANNEL_TYPE_ALERTMANAGER, {"groupKey": "{}:other", "status": "resolved"})
+        await worker.event("timed-out", run_id=timing_out)  # the sweep passed (0.2 s) more than once meanwhile
+        assert await open_event_wait(db, by_chat) and await open_event_wait(db, by_group)
+        reply = await send_event(suite, common_pb2.CHANNEL_TYPE_TELEGRAM, telegram_update(7002, CHAT, "yes"))
+        resolve = await send_event(
+            suite, common_pb2.CHANNEL_TYPE_ALERTMANAGER, {"groupKey": GROUP, "status": "resolved"}
+        )
+        for run_id in (by_key, by_chat, by_group, timing_out, malformed):
+            done = functools.partial(suite.status_is, run_id, common_pb2.RUN_STATUS_COMPLETED)
+            await eventually(done, timeout=30, what=f"{run_id} completed")
+        assert await worker.sigterm() == 0, worker.text()
+    outputs = {run_id: from_struct((await suite.run(run_id)).output) for run_id in (by_key, by_chat, by_group)}
+    assert outputs[by_key]["event_run_id"] == early and outputs[by_key]["payload"]["paid"] is True
+    assert outputs[by_chat]["event_run_id"] == reply and outputs[by_chat]["payload"]["message"]["text"] == "yes"
+    assert outputs[by_group]["event_run_id"] == resolve
+    assert dict((await suite.run(timing_out)).output) == {"timed_out": True}
+    bad = str(from_struct((await suite.run(malformed)).output)["bad_match"])
+    assert "telegram chatId must be an integer" in bad, bad
+    assert await db.fetchval("SELECT count(*) FROM awooop_wait WHERE run_id = $1", malformed) == 0
+    # the attempt that received the event failed; the next got the same event from the journal
+    got = [e for e in worker.events() if e["event"] == "got-event" and e["run_id"] == by_key]
+    assert [e["actions"]["event-1:outcome"] for e in got] == ["execute", "skip"], got
+    assert got[0]["got"] == got[1]["got"] and got[1]["attempt"] == got[0]["attempt"] + 1
+    steps = await steps_of(db, by_chat)
+    assert [(s["step_id"], s["step_type"], s["status"]) for s in steps.values()] == [
+        ("event-1", "callback", "completed"),
+        ("event-1:outcome", "callback", "completed"),
+    ]
+    keys = await db.fetch(
+        "SELECT w.run_id::text, w.match_channel, w.match_key,"
+        " (SELECT awooop_event_key(r.channel_type, r.input) FROM awooop_run_state r"
+        "   WHERE r.run_id = (w.result ->> 'run_id')::uuid) AS event_key"
+        " FROM awooop_wait w WHERE w.kind = 'event' AND w.status = 'completed'"
+    )
+    assert {r["run_id"]: (r["match_channel"], r["match_key"], r["event_key"]) for r in keys} == {
+        by_key: ("api", "order-9", "order-9"),
+        by_chat: ("telegram", str(CHAT), str(CHAT)),
+        by_group: ("alertmanager", hashlib.md5(GROUP.encode()).hexdigest(), hashlib.md5(GROUP.encode()).hexdigest()),
+    }
+
+
+def telegram_update(update_id: int, chat_id: int, text: str) -> dict[str, Any]:
+    """A message update as Telegram posts it (core.telegram.org/bots/api#update)."""
+    chat = {"id": chat_id, "type": "supergroup", "title": "ops"}
+    return {
+        "update_id": update_id,
+        "message": {"message_id": update_id, "date": 1441645532, "chat": chat, "text": text},
+    }
+
+
+@pytest.fixture
+async def parked_suite(start_services: Any, make_key: Any, package: Path) -> AsyncIterator[Suite]:
+    """The services with the reference gateway, and the scheduler issuing callback URLs on ingest's
+    HTTP address (where the gateway posts a parked tool call's outcome)."""
+    gw = await start_services("gateway")
+    ing = await start_services("ingest")
+    rt = await start_services(
+        "scheduler",
+        "saga",
+        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
+        wait_callback_base_url=f"http://127.0.0.1:{ing.http_ports['ingest']}",
+        reaper_interval=0.1,
+        retry_backoff=0.05,
+        compensation_interval=0.2,
+        wait_sweep_interval=0.2,
+        auth_cache_seconds=0,
+    )
+    worker_key = key_of(await make_key("ts-parker", {PROJECT: ["worker"]}, "service"))
+    admin_key = key_of(await make_key("parked-boss", {PROJECT: ["admin"]}))
+    admin = Client(
+        key=admin_key,
+        ingest=f"127.0.0.1:{ing.ports['ingest']}",
+        scheduler=f"127.0.0.1:{rt.ports['scheduler']}",
+        saga=f"127.0.0.1:{rt.ports['saga']}",
+    )
+    yield Suite(rt, PROJECT, worker_key, admin, package, tool_gateway=f"127.0.0.1:{gw.ports['gateway']}")
+    await admin.close()
+
+
+async def tool_requests(db: Any, key: str) -> list[str]:
+    """The gateway's log of ExecuteTool calls with this idempotency key: their outcomes."""
+    rows = await db.fetch(
+        "SELECT outcome FROM awooop_refgw_request WHERE project_id = $1 AND idempotency_key = $2 ORDER BY request_id",
+        PROJECT,
+        key,
+    )
+    return [r["outcome"] for r in rows]
+
+
+async def test_a_parked_tool_call_outlives_its_sigkilled_worker_runs_once_and_compensates(
+    parked_suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    """ctx.callToolParked: the run parks while the gateway's tool works; the worker is SIGKILLed
+    meanwhile and another finishes the run from the tool's post, without calling the tool again
+    (and, when a later step fails once, the next attempt skips the completed tool step). The step
+    compensates like any tool step; a tool that posts an error throws ParkedToolFailed (the step
+    journaled failed); one that posts too late times the run out (E-WAIT-TIMEOUT)."""
+    suite = parked_suite
+    survivor, failing, erring, late = await suite.create_runs(
+        {"mode": "parked-tool", "delay_ms": 4000, "then": "flaky"},
+        {"mode": "parked-tool", "then": "fail"},
+        {"mode": "parked-tool", "tool_error": "quota exceeded"},
+        {"mode": "parked-tool", "delay_ms": 10000, "timeout": 1},
+    )
+    async with node_worker(suite, tmp_path, "first", concurrency=4) as first:
+
+        async def parked() -> bool:
+            row = await db.fetchrow("SELECT status, worker_id FROM awooop_run_state WHERE run_id = $1", survivor)
+            return bool(row["status"] == "WAITING_TOOL" and row["worker_id"] is None)
+
+        await eventually(parked, timeout=30, what="the run parked on its tool")
+        assert await tool_requests(db, f"{survivor}:deploy") == ["received"]  # the tool is at work
+        first.proc.kill()
+        first.proc.wait()
+    async with node_worker(suite, tmp_path, "second", concurrency=4) as second:
+        await eventually(
+            lambda: suite.status_is(survivor, common_pb2.RUN_STATUS_COMPLETED), timeout=60, what="resumed and done"
+        )
+        for run_id, status in ((failing, "FAILED"), (erring, "COMPLETED"), (late, "FAILED")):
+            done = functools.partial(suite.status_is, run_id, getattr(common_pb2, f"RUN_STATUS_{status}"))
+            await eventually(done, timeout=60, what=f"{run_id} {status}")
+
+        await eventually(
+            lambda: _is(db, failing, "compensated"), timeout=30, what="the failed run's tool step compensated"
+        )
+        assert await second.sigterm() == 0, second.text()
+    events = first.events() + second.events()
+    # the survivor: "before" ran once; the tool ran once; its outcome came through the callback URL
+    assert [e["run_id"] for e in events if e["event"] == "ran-before"].count(survivor) == 1
+    assert await tool_requests(db, f"{survivor}:deploy") == ["executed"]
+    calls = "SELECT count(*) FROM awooop_refgw_call WHERE idempotency_key = $1"
+    assert await db.fetchval(calls, f"{survivor}:deploy") == 1
+    wait = await db.fetchrow("SELECT status, completed_by FROM awooop_wait WHERE run_id = $1", survivor)
+    assert (wait["status"], wait["completed_by"]) == ("completed", "callback:wait-url")
+    finished = [e for e in second.events() if e["event"] == "tool-done" and e["run_id"] == survivor]
+    assert [e["actions"].get("deploy") for e in finished] == ["retry", "skip"], finished  # resumed, then skipped
+    assert finished[0]["actions"]["deploy:wait:outcome"] == "execute"
+    assert finished[0]["result"] == finished[1]["result"]
+    assert dict((await suite.run(survivor)).output)["tool_result"] == {"entry_id": f"kb-{survivor}", "created": True}
+    steps = await steps_of(db, survivor)
+    assert [(s["step_id"], s["status"]) for s in steps.values()] == [
+        ("before", "completed"),
+        ("deploy", "completed"),
+        ("deploy:wait", "completed"),
+        ("deploy:wait:outcome", "completed"),
+        ("after", "completed"),
+    ]
+    assert steps["deploy"]["step_type"] == "tool_call" and json.loads(steps["deploy"]["compensation_cmd"]) == {
+        "tool_id": "knowledge_delete",
+        "params": {"entry_id": f"kb-{survivor}"},
+        "reason": "undo deploy",
+    }
+    # failing: the written entry is deleted by the compensation
+    assert (await steps_of(db, failing))["deploy"]["status"] == "compensated"
+    assert await db.fetchval("SELECT count(*) FROM awooop_refgw_knowledge WHERE entry_id = $1", f"kb-{failing}") == 0
+    # erring: the tool's error reached the handler; the step failed, nothing to undo
+    assert dict((await suite.run(erring)).output) == {"tool_failed": "quota exceeded", "code": "TOOL_FAILED"}
+    assert (await steps_of(db, erring))["deploy"]["status"] == "failed"
+    # late: timed out before the tool posted
+    run = await suite.run(late)
+    assert run.error_code == "E-WAIT-TIMEOUT", run
+    assert (await steps_of(db, late))["deploy"]["status"] == "failed"
+
+
+async def _is(db: Any, run_id: str, saga_status: str) -> bool:
+    return bool(await db.fetchval("SELECT saga_status FROM awooop_run_state WHERE run_id = $1", run_id) == saga_status)
 
 
 async def test_a_claim_whose_answer_was_lost_is_retried_with_its_id_and_handled_under_its_lease(

@@ -27,10 +27,11 @@ def count(row: Row) -> None:
     ENDED.labels(CANCELLED if over else row["wait_status"]).inc()
 
 
-def ended(row: Row, wait_id: str) -> Row:
+def ended(row: Row, wait_id: str, action: Action = Action.COMPLETE_WAIT) -> Row:
     """The row when this call decided the wait; else its refusal: NOT_FOUND (no such wait in the
     caller's projects), WAIT_CLOSED naming the first outcome (or a sleep, which takes no
-    completion), INVALID_TRANSITION when the wait's run is over. Counts an ended wait (ENDED)."""
+    completion), INVALID_TRANSITION naming the run's status when the wait's run is over (action:
+    what the call tried, COMPLETE_WAIT or, by hand, EXPIRE_WAIT). Counts an ended wait (ENDED)."""
     count(row)
     outcome = row["outcome"]
     if outcome == "ended":
@@ -50,5 +51,6 @@ def ended(row: Row, wait_id: str) -> Row:
         by = f" by {row['completed_by']}" if row["completed_by"] else ""
         at = f" at {row['completed_at'].isoformat()}" if row["completed_at"] else ""
         raise errors.wait_closed(wait_id, f"wait {wait_id} already {first}{by}{at}", outcome=first)
-    # the run is over: the table's refusal (runstate COMPLETE_WAIT is allowed from CANCELLABLE only)
-    raise errors.invalid_transition(str(row["run_id"]), row["run_status"], TRANSITIONS[Action.COMPLETE_WAIT].describe)
+    # the run is over: the table's refusal (runstate COMPLETE_WAIT and EXPIRE_WAIT are allowed
+    # from CANCELLABLE only)
+    raise errors.invalid_transition(str(row["run_id"]), row["run_status"], TRANSITIONS[action].describe)

@@ -7,15 +7,16 @@
 
 -- name: SetConcurrencyLimit
 -- :max_running (NULL: none), :max_starts (NULL: none) per :per_secs seconds for (:project_id,
--- :key). Setting a limit counts the key's leased runs in the same statement, so a limit set while
--- runs hold leases starts from the truth. The key row's lock serializes this with claims of the
+-- :key). Setting a limit counts the key's leased runs (a worker holds them: not a run parked on a
+-- durable wait, migration 0241) in the same statement, so a limit set while runs hold leases
+-- starts from the truth. The key row's lock serializes this with claims of the
 -- key; a raised limit wakes as many parked runs as it frees (at most 100000, concurrency.py's
 -- MAX_LIMIT, when the key has no running limit).
 WITH lim AS (
     INSERT INTO awooop_concurrency_limit (project_id, key, max_running, running, updated_by, max_starts, rate_period)
     VALUES (:project_id::text, :key::text, :max_running::int, (SELECT count(*) FROM awooop_run_state
                           WHERE project_id = :project_id AND :key = ANY(concurrency_keys)
-                            AND status IN ('RUNNING', 'WAITING_TOOL')), :actor,
+                            AND status IN ('RUNNING', 'WAITING_TOOL') AND worker_id IS NOT NULL), :actor,
             :max_starts::int, CASE WHEN :max_starts::int IS NOT NULL THEN make_interval(secs => :per_secs::float8) END)
     ON CONFLICT (project_id, key) DO UPDATE
        SET max_running = EXCLUDED.max_running, max_starts = EXCLUDED.max_starts,

@@ -43,10 +43,11 @@ EXPIRE_BY_HAND = Q["ExpireWait"]
 LIST = Q["ListWaits"]
 WAIT_PROJECT = Q["WaitProject"]
 
-# who may complete a wait by RPC: the workers of its project, a tool posting its result (the
-# tool role, which may do nothing else), the role of systems that feed events in (ingest), and an
-# operator by hand (approver, below); admin implies them all
-COMPLETE_ROLES = (WORKER_ROLE, TOOL_ROLE, "ingest", APPROVER_ROLE)
+# who may complete a wait by RPC (issue 27): the workers of its project and a tool posting its
+# result (the tool role, which may do nothing else), and an operator by hand (approver, below);
+# admin implies them all. Not ingest: a key that feeds events in ends no wait by RPC (an event
+# wait is ended by its event; a callback URL needs no key).
+COMPLETE_ROLES = (WORKER_ROLE, TOOL_ROLE, APPROVER_ROLE)
 # who may end a wait by hand (ExpireWait; CompleteWait too, above): an operator deciding how a
 # parked run goes on, as an approval's decision does (an expiry may fail the run and compensate
 # it), so the approver role; admin implies it. Worker keys are machines, not operators.
@@ -152,7 +153,8 @@ async def park(pool: asyncpg.Pool, principal: Principal, run_id: str, attempt: i
 
 async def complete(pool: asyncpg.Pool, principal: Principal, wait_id: str, result: dict[str, Any]) -> Row:
     """CompleteWait: the wait's one outcome (awooop_end_wait). NOT_FOUND for an unknown wait or
-    one outside the caller's projects; WAIT_CLOSED naming the first outcome; INVALID_TRANSITION
+    one of a project the caller has no role in; PERMISSION_DENIED to a member of its project
+    without a role of COMPLETE_ROLES; WAIT_CLOSED naming the first outcome; INVALID_TRANSITION
     when the run is over."""
     row = await pool.fetchrow(
         COMPLETE.sql,
@@ -167,6 +169,8 @@ async def complete(pool: asyncpg.Pool, principal: Principal, wait_id: str, resul
         raise errors.wait_closed(
             wait_id, f"wait {wait_id} waits for child runs: it ends only when they end", kind=WaitKind.CHILDREN
         )
+    if row["outcome"] == "not_found":
+        await _refuse_outside(pool, principal, wait_id, COMPLETE_ROLES, "complete")
     return wait_outcomes.ended(row, wait_id)
 
 
@@ -174,17 +178,38 @@ async def expire_by_hand(pool: asyncpg.Pool, principal: Principal, wait_id: str)
     """ExpireWait: the wait ends timed out now (awooop_end_wait: the first outcome wins), audited
     with the operator as actor. NOT_FOUND for an unknown wait or one outside the caller's
     approver projects (PERMISSION_DENIED when the caller has another role there); WAIT_CLOSED
-    naming the first outcome."""
+    naming the first outcome; INVALID_TRANSITION naming the run's status when the run is over
+    (migration 0240: the sweep closes such waits, an operator's expiry changes nothing)."""
     row = await pool.fetchrow(
         EXPIRE_BY_HAND.sql,
         *EXPIRE_BY_HAND.args(wait_id=wait_id, actor=principal.actor, projects=projects_with(principal, HAND_ROLES)),
     )
     assert row is not None  # the function always answers one row
-    if row["outcome"] == "not_found":  # NOT_FOUND, or PERMISSION_DENIED to a member without the role
-        seen = await pool.fetchrow(WAIT_PROJECT.sql, *WAIT_PROJECT.args(wait_id=wait_id))
-        if seen is not None:
-            check_run_access(principal, seen["project_id"], HAND_ROLES, str(seen["run_id"]))
-    return wait_outcomes.ended(row, wait_id)
+    if row["outcome"] == "not_found":
+        await _refuse_outside(pool, principal, wait_id, HAND_ROLES, "expire")
+    return wait_outcomes.ended(row, wait_id, Action.EXPIRE_WAIT)
+
+
+async def _refuse_outside(
+    pool: asyncpg.Pool, principal: Principal, wait_id: str, roles: tuple[str, ...], verb: str
+) -> None:
+    """A wait the statement did not find in the caller's projects for roles: PERMISSION_DENIED
+    naming the roles when the caller holds another role in the wait's project; otherwise it
+    returns, and the caller answers NOT_FOUND for the wait (as for an unknown one: another
+    project's wait and run ids cannot be probed)."""
+    seen = await pool.fetchrow(WAIT_PROJECT.sql, *WAIT_PROJECT.args(wait_id=wait_id))
+    if seen is None:
+        return
+    project = seen["project_id"]
+    held = principal.roles_in(project)
+    if held and not held & set(roles):
+        names = " or ".join(roles)
+        raise errors.forbidden(
+            f"principal {principal.principal_id} has no {names} role in project {project} to {verb} wait {wait_id}",
+            project_id=project,
+            role=names,
+            wait_id=wait_id,
+        )
 
 
 async def list_for_run(pool: asyncpg.Pool, principal: Principal, run_id: str) -> list[Row]:

@@ -161,8 +161,9 @@ SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, at
 -- name: ExpireWait
 -- A wait ended by hand (the RPC ExpireWait, an operator with the approver role): timed out now,
 -- whatever its expiry; the first outcome wins (awooop_end_wait), and its audit row names the
--- operator as actor. A sleep ended so is woken early.
-SELECT * FROM awooop_end_wait(:wait_id, 'timed_out', NULL, :actor, :projects::text[])
+-- operator as actor. A sleep ended so is woken early. An open wait of a run that is over is
+-- refused ('run_ended', migration 0240) and left to the sweep, as a completion of it is.
+SELECT * FROM awooop_expire_wait_by_hand(:wait_id, :actor, :projects::text[])
 
 -- name: ListWaits
 -- A run's waits for ListWaits (`awooop runs waits list`, the console's run page): one row with

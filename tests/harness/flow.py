@@ -81,7 +81,7 @@ class LeasedPerKey:
 
     SQL = """SELECT k, count(*) AS n
                FROM awooop_run_state CROSS JOIN LATERAL unnest(concurrency_keys) AS k
-              WHERE status IN ('RUNNING', 'WAITING_TOOL') GROUP BY k"""
+              WHERE status IN ('RUNNING', 'WAITING_TOOL') AND worker_id IS NOT NULL GROUP BY k"""
 
     def __init__(self, dsn: str, done: asyncio.Event) -> None:
         self.dsn, self.done = dsn, done

@@ -108,13 +108,15 @@ async def spawn_services(
     name: str = "svc",
     fixed: Mapping[str, int] | None = None,
     healthy_within: float = 20.0,
+    metrics_port: int = 0,
 ) -> ServiceProcess:
     """Starts `python -m awooop.cli serve <services>` with AWOOOP_* env; waits until healthy.
-    fixed: a service's gRPC port (a restart on the port its clients know); else a free one."""
+    fixed: a service's gRPC port (a restart on the port its clients know); else a free one.
+    metrics_port: where the process serves /metrics (0: nowhere)."""
     ports = {s: (fixed or {}).get(s) or free_port() for s in services}
     # the ingest HTTP port defaults to 8080: a child gets a free one unless env names one
     full_env = {**os.environ, "AWOOOP_HTTP_PORT": str(free_port()), **env}
-    full_env.update({"AWOOOP_METRICS_PORT": "0", "AWOOOP_ACCESS_LOG": "false"})
+    full_env.update({"AWOOOP_METRICS_PORT": str(metrics_port), "AWOOOP_ACCESS_LOG": "false"})
     for s, p in ports.items():
         full_env[f"AWOOOP_{s.upper()}_PORT"] = str(p)
     log_path = tmp_path / f"{name}.log"

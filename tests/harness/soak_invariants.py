@@ -37,7 +37,7 @@ KEY_SLOTS_SQL = f"""
 WITH leased AS (
     SELECT project_id, k AS key, count(*) AS n
       FROM awooop_run_state CROSS JOIN LATERAL unnest(concurrency_keys) AS k
-     WHERE status IN {LEASED}
+     WHERE status IN {LEASED} AND worker_id IS NOT NULL  -- a run parked on a durable wait holds no slot
      GROUP BY project_id, k
 )
 SELECT l.project_id, l.key, l.max_running, l.running, COALESCE(x.n, 0) AS leased,
@@ -174,6 +174,7 @@ class Monitor:
         self.latest_reap = 0.0  # the longest an expired lease stayed unreaped, outages aside
         self.parked_since: dict[str, float] = {}  # run parked on a key with room -> first seen
         self.paused = True  # cleared by the test before it resumes the paused project
+        self.paused_project = soak_plan.PAUSED  # which project that is
         self.samples = 0
         self.worst_running: collections.Counter[str] = collections.Counter()
 
@@ -238,7 +239,7 @@ class Monitor:
         for r in await conn.fetch(OVER_ATTEMPTS_SQL):
             self.violations.add("run claimed past its attempts", str(dict(r)), r["run_id"])
         if self.paused:
-            for r in await conn.fetch(CLAIMED_WHILE_PAUSED_SQL, soak_plan.PAUSED):
+            for r in await conn.fetch(CLAIMED_WHILE_PAUSED_SQL, self.paused_project):
                 self.violations.add("run of a paused project claimed", r["run_id"], r["run_id"])
 
 

@@ -15,8 +15,25 @@
 // worker no longer waits for the handler: pass `ctx.signal` (or `call.signal`) to what you await.
 import type { Client } from "./client";
 import type { CompletionBatcher } from "./completions";
-import { AwooopError, JOURNAL_TOO_LARGE, LeaseLost, RunFinished, RunParked, WaitTimeout } from "./errors";
-import { RunStatus, StepStatus, StepType, type LeaseToken, type Run, type SagaStep } from "./gen/awooop/common/v1/common";
+import {
+  AwooopError,
+  JOURNAL_TOO_LARGE,
+  LeaseLost,
+  ParkedToolFailed,
+  RunFinished,
+  RunParked,
+  WaitTimeout,
+} from "./errors";
+import { keyOf, MATCH_CHANNELS, type EventMatch } from "./eventMatches";
+import {
+  ChannelType,
+  RunStatus,
+  StepStatus,
+  StepType,
+  type LeaseToken,
+  type Run,
+  type SagaStep,
+} from "./gen/awooop/common/v1/common";
 import { StepAction } from "./gen/awooop/saga/v1/saga";
 import { WaitKind, WaitStatus, type ClaimedRun } from "./gen/awooop/scheduler/v1/scheduler";
 import { duration } from "./time";
@@ -105,6 +122,16 @@ export interface WaitToken {
   expiresAt: Date | undefined;
   token: string;
   callbackUrl: string;
+}
+
+/** What a parked tool call (ctx.callToolParked) takes besides its tool and params. */
+export interface ParkedToolOptions {
+  /** Seconds the tool has to post its outcome (then WaitTimeout). */
+  timeout: number;
+  /** Default `tool-1`, `tool-2`, ... in call order. */
+  stepId?: string;
+  /** As a tool step's: a command, or a function of the posted result returning one (or null). */
+  compensation?: Compensation;
 }
 
 const WAIT_KIND_NAMES: Readonly<Partial<Record<WaitKind, string>>> = {
@@ -229,7 +256,9 @@ export class RunContext {
       const comp = options.compensation;
       cmd = typeof comp === "function" ? comp(result) : comp;
     } catch (err) {
-      if (!this.signal.aborted && !(err instanceof LeaseLost) && !(err instanceof RunFinished)) {
+      // a park (RunParked) leaves the step pending on purpose, as a stop does: the attempt after
+      // the wait ends runs it again and finds the wait's outcome
+      if (!this.signal.aborted && !unwinding(err)) {
         await this.client
           .call(this.client.saga, "failStep", { lease: this.lease, stepId, error: describe(err) })
           .catch(() => undefined); // the error that matters is fn's
@@ -285,7 +314,7 @@ export class RunContext {
     try {
       result = asResult(await fn(call), stepId);
     } catch (err) {
-      if (!this.signal.aborted && !(err instanceof LeaseLost) && !(err instanceof RunFinished)) {
+      if (!this.signal.aborted && !unwinding(err)) {
         await this.record({ ...base, error: describe(err) }).catch(() => undefined);
       }
       throw err;
@@ -468,14 +497,100 @@ export class RunContext {
     await this.waitOutcome(token);
   }
 
-  private async newWait(timeout: number, stepId: string, kind: WaitKind): Promise<WaitToken> {
+  /**
+   * The first channel event that `match` names (eventMatches.ts: an API event's correlation key, a
+   * string or `{ channel: "api", correlationKey: K }`; a Telegram message in the same chat,
+   * `{ channel: "telegram", chatId: C }`; an Alertmanager resolve of the same group,
+   * `{ channel: "alertmanager", groupKey: G }`) that arrived at most `lookback` seconds (default
+   * 300) before this wait was first created, or later: `{ run_id, provider_event_id, payload,
+   * arrived_at }`. The run parks until it arrives (matched by the scheduler's wait sweep) and this
+   * throws RunParked; the handler runs again once it did, and this resolves with the event. Throws
+   * WaitTimeout when none came in `timeout` seconds, and a TypeError for a malformed match before
+   * anything is sent. Step ids default to `event-1`, `event-2`, ... in call order.
+   */
+  async waitForEvent(
+    match: EventMatch,
+    options: { timeout: number; lookback?: number; stepId?: string },
+  ): Promise<Json> {
+    this.live("waitForEvent");
+    const [channel, correlationKey] = keyOf(match);
+    const stepId = this.waitStepId("event", options.stepId);
+    const token = await this.newWait(options.timeout, stepId, WaitKind.WAIT_KIND_EVENT, {
+      matchChannel: MATCH_CHANNELS[channel],
+      correlationKey,
+      lookback: options.lookback ?? 300,
+    });
+    return this.wait(token);
+  }
+
+  // --- parked tool calls ---
+
+  /**
+   * A tool that completes later, without holding this worker: a journaled tool_call step that
+   * creates a wait (`<stepId>:wait`), starts the tool through the gateway with the wait's callback
+   * URL (ExecuteTool `callbackUrl`, under the step's idempotency key) and parks the run
+   * (WAITING_TOOL, no lease; this throws RunParked). The tool posts its outcome to the URL; the run
+   * resumes, the handler runs again from the top, and this call resolves with the posted result and
+   * completes the step (with its compensation, as `step` does). On any later attempt the completed
+   * step skips: the tool is not called again. Throws WaitTimeout when nothing was posted within
+   * `timeout` seconds and ParkedToolFailed when the tool posted an error. The gateway is the
+   * worker's (`gateway` option, else AWOOOP_GATEWAY_ADDR).
+   */
+  async callToolParked(toolId: string, params: Json | undefined, options: ParkedToolOptions): Promise<Json> {
+    this.live("callToolParked");
+    const sid = this.waitStepId("tool", options.stepId);
+    const startAndPark = async (call: StepCall): Promise<Json> => {
+      const token = await this.newWait(options.timeout, `${sid}:wait`, WaitKind.WAIT_KIND_TOKEN);
+      // the wait is open and this attempt holds its token: (re)start the tool with it
+      if (token.callbackUrl) await this.startTool(call, token);
+      return toolResult(sid, await this.wait(token));
+    };
+    return this.step(sid, startAndPark, { toolId, params: params ?? {}, compensation: options.compensation });
+  }
+
+  /**
+   * Starts a parked tool call's tool (ExecuteTool with the wait's callback URL). The gateway
+   * de-duplicates by the step's idempotency key: a repeat (this attempt's predecessor died before it
+   * parked) runs nothing again and redirects the outcome to the new URL. A gateway that ran the tool
+   * at once instead (accepted false) answered its result: it completes the wait here, so the run
+   * goes on without parking.
+   */
+  private async startTool(call: StepCall, token: WaitToken): Promise<void> {
+    const resp = await this.client.call(this.client.gateway, "executeTool", {
+      toolId: call.toolId,
+      params: call.params,
+      idempotencyKey: call.idempotencyKey,
+      projectId: call.projectId,
+      runId: call.runId,
+      reason: `step ${call.stepId} (attempt ${call.attempt}), parked`,
+      callbackUrl: token.callbackUrl,
+    });
+    if (!resp.accepted) {
+      await this.client.call(this.client.scheduler, "completeWait", {
+        waitId: token.waitId,
+        result: { result: resp.result ?? {} },
+      });
+    }
+  }
+
+  private async newWait(
+    timeout: number,
+    stepId: string,
+    kind: WaitKind,
+    event: { matchChannel: ChannelType; correlationKey: string; lookback: number } = {
+      matchChannel: ChannelType.CHANNEL_TYPE_UNSPECIFIED,
+      correlationKey: "",
+      lookback: 0,
+    },
+  ): Promise<WaitToken> {
     const resp = await this.client.call(this.client.scheduler, "createWait", {
       lease: this.lease,
       stepId,
       kind,
       timeout: duration(timeout),
-      matchChannel: 0, // event waits: the Python SDK's wait_for_event
-      correlationKey: "",
+      matchChannel: event.matchChannel,
+      correlationKey: event.correlationKey,
+      lookback: duration(event.lookback),
     });
     const w = resp.wait;
     if (w === undefined) throw new Error(`CreateWait answered no wait for ${stepId}`);
@@ -577,6 +692,27 @@ export class RunContext {
       return resp.run as Run;
     });
   }
+}
+
+/** Errors that unwind a step without being its failure: the lease is gone, the run ended or parked. */
+function unwinding(err: unknown): boolean {
+  return err instanceof LeaseLost || err instanceof RunFinished || err instanceof RunParked;
+}
+
+/**
+ * The result a parked tool call's tool posted: `{ result: {...} }`, or `{ error, code }`
+ * (ParkedToolFailed); a body with neither key is the result itself.
+ */
+export function toolResult(stepId: string, posted: Json): Json {
+  if ("error" in posted && !("result" in posted)) {
+    throw new ParkedToolFailed(stepId, String(posted.error), posted.code ? String(posted.code) : "");
+  }
+  const result = "result" in posted ? posted.result : posted;
+  if (result === null || typeof result !== "object" || Array.isArray(result)) {
+    const kind = result === null ? "null" : Array.isArray(result) ? "array" : typeof result;
+    throw new ParkedToolFailed(stepId, `posted result is not an object: ${kind}`);
+  }
+  return result as Json;
 }
 
 /** `Type: message` of a thrown value, as the journal and FailRun record it. */

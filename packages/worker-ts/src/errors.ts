@@ -136,5 +136,21 @@ export class WaitTimeout extends Error {
   }
 }
 
+/**
+ * A parked tool call's tool posted an error (`{ error, code }`) instead of a result: the step is
+ * journaled failed (nothing to compensate) and this is thrown; left uncaught, the attempt fails as
+ * for any handler error.
+ */
+export class ParkedToolFailed extends Error {
+  constructor(
+    readonly stepId: string,
+    readonly toolMessage: string,
+    readonly code = "",
+  ) {
+    super(`tool of step ${stepId} failed: ${toolMessage}${code ? ` (${code})` : ""}`);
+    this.name = "ParkedToolFailed";
+  }
+}
+
 /** The error code of a run whose handler let WaitTimeout escape. */
 export const WAIT_TIMED_OUT_CODE = "E-WAIT-TIMEOUT";

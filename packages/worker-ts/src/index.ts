@@ -1,7 +1,7 @@
 // @awooop/worker: a typed awooop worker for Node (see README.md).
 export { Worker, defaultWorkerId, jsonLogger } from "./worker";
 export type { Logger, LogLevel, WorkerOptions, WorkerStats } from "./worker";
-export { RunContext, HandlerStopped, describe } from "./context";
+export { RunContext, HandlerStopped, describe, toolResult } from "./context";
 export type {
   Approval,
   Compensation,
@@ -14,8 +14,11 @@ export type {
   StepKind,
   StepOptions,
   StopReason,
+  ParkedToolOptions,
   WaitToken,
 } from "./context";
+export { keyOf } from "./eventMatches";
+export type { EventMatch, MatchChannel } from "./eventMatches";
 export { ToolClient } from "./tools";
 export { watchRun } from "./watch";
 export type { EventSource, RunEvent } from "./watch";
@@ -25,6 +28,7 @@ export type { ClientOptions, RequestOf, ResponseOf, UnaryMethod } from "./client
 export {
   AwooopError,
   LeaseLost,
+  ParkedToolFailed,
   RunFinished,
   RunParked,
   WaitTimeout,

@@ -3,7 +3,17 @@
 // Events go to stdout as JSON lines; the worker's own log to stderr.
 //
 //   node test/dist/worker.js '{"projects": ["wp"], "leaseTtl": 30, ...}'   (WorkerOptions as JSON)
-import { HandlerStopped, WaitTimeout, Worker, type Json, type RunContext, type WorkerOptions } from "@awooop/worker";
+import {
+  common,
+  HandlerStopped,
+  ParkedToolFailed,
+  WaitTimeout,
+  Worker,
+  type EventMatch,
+  type Json,
+  type RunContext,
+  type WorkerOptions,
+} from "@awooop/worker";
 
 const emit = (event: Json): void => {
   process.stdout.write(`${JSON.stringify(event)}\n`);
@@ -45,7 +55,68 @@ async function scale(ctx: RunContext): Promise<Json> {
   return { attempt: ctx.attempt, replicas: scaled.replicas };
 }
 
+/** An event wait: the event the run's input.match names, journaled; input.throw_after_event fails the attempt that received it once. */
+async function waitForEvent(ctx: RunContext): Promise<Json> {
+  let event: Json;
+  try {
+    event = await ctx.waitForEvent(ctx.input.match as EventMatch, {
+      timeout: Number(ctx.input.timeout ?? 120),
+      lookback: typeof ctx.input.lookback === "number" ? ctx.input.lookback : undefined,
+    });
+  } catch (err) {
+    if (err instanceof TypeError) return { bad_match: err.message }; // thrown before anything was sent
+    if (!(err instanceof WaitTimeout)) throw err;
+    emit({ event: "timed-out", run_id: ctx.runId, actions: ctx.actions });
+    return { timed_out: true };
+  }
+  emit({ event: "got-event", run_id: ctx.runId, attempt: ctx.attempt, actions: ctx.actions, got: event });
+  if (ctx.input.throw_after_event && ctx.actions["event-1:outcome"] === "execute") {
+    throw new Error("failing the attempt that received the event");
+  }
+  return { event_run_id: event.run_id as string, payload: event.payload as Json };
+}
+
+/**
+ * A parked tool call: knowledge_write through the gateway, which posts the outcome to the wait's
+ * callback URL after input.delay_ms; compensated by deleting the entry. input.then: "return"
+ * (default), "flaky" (the step after it fails once: the next attempt skips the tool step), "fail"
+ * (the run fails after it: compensated); input.tool_error makes the tool post an error.
+ */
+async function parkedTool(ctx: RunContext): Promise<Json | undefined> {
+  await ctx.step("before", () => {
+    emit({ event: "ran-before", run_id: ctx.runId, attempt: ctx.attempt });
+    return { done: true };
+  });
+  const entry = `kb-${ctx.runId}`;
+  const params: Json = { entry_id: entry, content: "deployed", simulate_delay_ms: Number(ctx.input.delay_ms ?? 300) };
+  if (ctx.input.tool_error) params.simulate_failure = String(ctx.input.tool_error);
+  emit({ event: "calling-tool", run_id: ctx.runId, attempt: ctx.attempt });
+  let result: Json;
+  try {
+    result = await ctx.callToolParked("knowledge_write", params, {
+      timeout: Number(ctx.input.timeout ?? 120),
+      stepId: "deploy",
+      compensation: { toolId: "knowledge_delete", params: { entry_id: entry }, reason: "undo deploy" },
+    });
+  } catch (err) {
+    if (err instanceof ParkedToolFailed) return { tool_failed: err.toolMessage, code: err.code };
+    throw err; // RunParked unwinds; WaitTimeout fails the run (E-WAIT-TIMEOUT)
+  }
+  emit({ event: "tool-done", run_id: ctx.runId, attempt: ctx.attempt, actions: ctx.actions, result });
+  await ctx.step("after", () => {
+    // fails in the attempt that finished the tool call: the next one finds the tool step completed
+    if (ctx.input.then === "flaky" && ctx.actions.deploy !== "skip") throw new Error("after fails once");
+    return { after: true };
+  });
+  if (ctx.input.then === "fail") {
+    await ctx.fail("a later step went wrong", { errorCode: "E-LATER" });
+    return undefined;
+  }
+  return { tool_result: result };
+}
+
 async function handle(ctx: RunContext): Promise<Json | undefined> {
+  if (ctx.run.channelType !== common.ChannelType.CHANNEL_TYPE_API) return { channel_event: true }; // waitForEvent's events
   const mode = String(ctx.input.mode ?? "scale");
   emit({ event: "handler-started", mode, run_id: ctx.runId, attempt: ctx.attempt, resumed: ctx.resumed });
   switch (mode) {
@@ -106,6 +177,10 @@ async function handle(ctx: RunContext): Promise<Json | undefined> {
       emit({ event: "actions", run_id: ctx.runId, attempt: ctx.attempt, actions: ctx.actions });
       return { posted };
     }
+    case "event":
+      return waitForEvent(ctx);
+    case "parked-tool":
+      return parkedTool(ctx);
     case "sleep": // a durable sleep: parked, resumed by its time
       emit({ event: "sleeping", run_id: ctx.runId });
       await ctx.sleep(Number(ctx.input.seconds ?? 0.5));
