@@ -39,12 +39,16 @@ class Principal:
     principal_type: str
     # project_id -> roles (the key "*" applies to every project)
     roles: dict[str, frozenset[str]] = field(default_factory=dict)
+    # project_id -> roles_in(project_id): a principal is cached with its key and asked on every call
+    _held: dict[str, frozenset[str]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def roles_in(self, project_id: str) -> set[str]:
-        held = set(self.roles.get(project_id, ())) | set(self.roles.get(ALL_PROJECTS, ()))
-        out = set(held)
-        for r in held:
-            out |= IMPLIED.get(r, set())
+    def roles_in(self, project_id: str) -> frozenset[str]:
+        out = self._held.get(project_id)
+        if out is None:
+            held = self.roles.get(project_id, frozenset()) | self.roles.get(ALL_PROJECTS, frozenset())
+            out = frozenset(held.union(*(IMPLIED.get(r, ()) for r in held)))
+            if len(self._held) < 1000:  # a key with roles in many projects: remember the usual ones
+                self._held[project_id] = out
         return out
 
     def member_of(self, project_id: str) -> bool:
