@@ -296,7 +296,7 @@ class _Explaining:
         return await self.conn.fetch(sql, *args)
 
 
-async def test_only_an_event_seen_before_reads_its_dedupe_row(db) -> None:
+async def test_only_an_event_seen_before_reads_its_dedupe_row(db: asyncpg.Connection) -> None:
     """StoreEvents answers a new event from its own insert: the probe of the dedupe key runs
     for the events whose insert met an existing row, never for the others (it ran for all)."""
 
