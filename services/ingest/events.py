@@ -80,6 +80,8 @@ class EventIngestor:
         self, events: Sequence[NewEvent], *, principal_id: str, actor: str, principal: Principal | None = None
     ) -> Sequence[Outcome]:
         """outcome[i] answers events[i]; the first refusal of an API-channel event is raised."""
+        if events and tracing.current_traceparent() is None and all(e.channel != "api" for e in events):
+            return await self._channel(events, principal_id, actor)  # no refusal to look for
         answers = await self.ingest_each(events, principal_id=principal_id, actor=actor, principal=principal)
         for a in answers:
             if isinstance(a, errors.ServiceError):
