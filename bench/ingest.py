@@ -228,12 +228,22 @@ async def _redis_keys(stores: env.Stores) -> int:
         await client.aclose()
 
 
+def _sample(metrics: dict[str, float], name: str, **labels: str) -> float:
+    """A scraped sample by its name and labels, whichever order the exposition wrote them in."""
+    want = {f'{k}="{v}"' for k, v in labels.items()}
+    for key, value in metrics.items():
+        metric, _, rest = key.partition("{")
+        if metric == name and set(rest.rstrip("}").split(",")) == want:
+            return value
+    return 0.0
+
+
 def _duplicates(
     fig: Figure, d: LoadResult, ceiling: LoadResult, rounds: dict[str, list[float]], metrics: dict[str, float], via: str
 ) -> None:
     """Fills a duplicate figure; notes when the fast path it names did not answer (nearly) all."""
-    hits = metrics.get(f'awooop_ingest_dedupe_answers_total{{channel="telegram",path="{via}",answer="duplicate"}}', 0.0)
-    dups = metrics.get('awooop_ingest_events_total{channel="telegram",outcome="duplicate"}', 0.0)
+    hits = _sample(metrics, "awooop_ingest_dedupe_answers_total", channel="telegram", path=via, answer="duplicate")
+    dups = _sample(metrics, "awooop_ingest_events_total", channel="telegram", outcome="duplicate")
     fig.measured(
         d.units_per_s,
         ceiling.calls_per_s,

@@ -277,6 +277,47 @@ async def test_a_batch_is_one_statement_on_postgres(db_dsn, db) -> None:
     assert await count(db, "awooop_run_state") == 301
 
 
+class _Explaining:
+    """A connection for store.ingest that first runs each statement under EXPLAIN ANALYZE in a
+    transaction it rolls back (keeping the plan), then runs it for real."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.plans: list[dict[str, Any]] = []
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        tr = self.conn.transaction()
+        await tr.start()
+        try:
+            raw = await self.conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args)
+        finally:
+            await tr.rollback()
+        self.plans.append(json.loads(raw)[0]["Plan"])
+        return await self.conn.fetch(sql, *args)
+
+
+async def test_only_an_event_seen_before_reads_its_dedupe_row(db: asyncpg.Connection) -> None:
+    """StoreEvents answers a new event from its own insert: the probe of the dedupe key runs
+    for the events whose insert met an existing row, never for the others (it ran for all)."""
+
+    def probes(plan: dict[str, Any]) -> list[int]:
+        index = "awooop_channel_event_dedupe_project_id_channel_type_provide_key"
+        found = [plan.get("Actual Loops", 0)] if plan.get("Index Name") == index else []
+        return found + [n for child in plan.get("Plans", []) for n in probes(child)]
+
+    def ev(name: str) -> NewEvent:
+        return NewEvent(PROJECT, "telegram", name, "{}", 3)
+
+    await store.ingest(db, [ev(f"seen-{i}") for i in range(5)], principal_id="p", actor="user:p", retention=60)
+    explaining = _Explaining(db)
+    events = [ev(f"seen-{i}") for i in range(5)] + [ev(f"new-{i}") for i in range(15)]
+    stored = await store.ingest(explaining, events, principal_id="p", actor="user:p", retention=60)  # type: ignore[arg-type]
+    assert [s.created for s in stored] == [False] * 5 + [True] * 15
+    assert all(s.ttl_left is not None and 0 < s.ttl_left <= 60 for s in stored[:5])
+    assert probes(explaining.plans[0]) == [5], explaining.plans[0]
+    assert await count(db, "awooop_run_state") == 20
+
+
 # --- the Redis fast path ----------------------------------------------------------------------
 
 

@@ -39,12 +39,16 @@ class Principal:
     principal_type: str
     # project_id -> roles (the key "*" applies to every project)
     roles: dict[str, frozenset[str]] = field(default_factory=dict)
+    # project_id -> roles_in(project_id): a principal is cached with its key and asked on every call
+    _held: dict[str, frozenset[str]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def roles_in(self, project_id: str) -> set[str]:
-        held = set(self.roles.get(project_id, ())) | set(self.roles.get(ALL_PROJECTS, ()))
-        out = set(held)
-        for r in held:
-            out |= IMPLIED.get(r, set())
+    def roles_in(self, project_id: str) -> frozenset[str]:
+        out = self._held.get(project_id)
+        if out is None:
+            held = self.roles.get(project_id, frozenset()) | self.roles.get(ALL_PROJECTS, frozenset())
+            out = frozenset(held.union(*(IMPLIED.get(r, ()) for r in held)))
+            if len(self._held) < 1000:  # a key with roles in many projects: remember the usual ones
+                self._held[project_id] = out
         return out
 
     def member_of(self, project_id: str) -> bool:
@@ -94,18 +98,17 @@ class Authenticator:
     async def authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
             raise _failed("missing", "missing authorization metadata: send 'authorization: Bearer <key>'")
+        now = time.monotonic()
+        hit = self._cache.get(authorization)  # by the header as sent: one verified needs no parsing
+        if hit is not None and hit[0] > now:
+            return hit[1]
         scheme, _, key = authorization.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise _failed("malformed", "authorization must be 'Bearer <key>'")
-        key = key.strip()
-        now = time.monotonic()
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        principal = await self._verify(key, now)
+        principal = await self._verify(key.strip(), now)
         if len(self._cache) > 10000:
             self._cache.clear()
-        self._cache[key] = (now + self.cache_seconds, principal)
+        self._cache[authorization] = (now + self.cache_seconds, principal)
         return principal
 
     async def _verify(self, key: str, now: float) -> Principal:

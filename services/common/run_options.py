@@ -76,6 +76,8 @@ def parse(
     concurrency_keys: Sequence[str] = (),
 ) -> RunOptions:
     """Validated options; problems go to v under `prefix` (e.g. "events[3].")."""
+    if not_before is None and not priority and policy is None and not concurrency_key and not concurrency_keys:
+        return NO_OPTIONS  # none set (most requests): nothing to check
     when = None
     if not_before is not None:
         when = timestamp(v, prefix + "not_before", not_before)

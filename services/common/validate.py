@@ -124,6 +124,15 @@ class Violations:
             self.add(field, str(exc))
             return {}, "{}"
 
+    def json_text(self, field: str, value: struct_pb2.Struct, *, max_bytes: int) -> str:
+        """A Struct under the JSON value rules as compact JSON text only (no plain data built);
+        a broken rule is a violation of field and the value is "{}"."""
+        try:
+            return jsonvalues.struct_json(value, max_bytes)
+        except jsonvalues.JsonValueError as exc:
+            self.add(field, str(exc))
+            return "{}"
+
     def struct(self, field: str, value: struct_pb2.Struct, *, max_bytes: int) -> dict[str, Any]:
         """A Struct as plain data under the JSON value rules."""
         return self.json(field, value, max_bytes=max_bytes)[0]

@@ -73,13 +73,15 @@ class EventIngestor:
         self._remember: Coalescer[tuple[str, str, float], None] = Coalescer(
             self._write_cache, max_in_flight=REDIS_IN_FLIGHT, max_items=max(1000, settings.max_batch), linger=LINGER
         )
-        self._writers: dict[str, Coalescer[NewEvent, store.Stored]] = {}
+        self._writers: dict[str, Coalescer[tuple[NewEvent, str], store.Stored]] = {}
         self.api = ApiEvents(pool, settings)
 
     async def ingest(
         self, events: Sequence[NewEvent], *, principal_id: str, actor: str, principal: Principal | None = None
     ) -> Sequence[Outcome]:
         """outcome[i] answers events[i]; the first refusal of an API-channel event is raised."""
+        if events and tracing.current_traceparent() is None and all(e.channel != "api" for e in events):
+            return await self._channel(events, principal_id, actor)  # no refusal to look for
         answers = await self.ingest_each(events, principal_id=principal_id, actor=actor, principal=principal)
         for a in answers:
             if isinstance(a, errors.ServiceError):
@@ -104,48 +106,51 @@ class EventIngestor:
         return await self._channel(events, principal_id, actor)
 
     async def _channel(self, events: Sequence[NewEvent], principal_id: str, actor: str) -> list[Outcome]:
-        keys = [dedupe_cache.key(self.cache, e.project_id, e.channel, e.provider_event_id) for e in events]
         recent = self.recent
-        run_ids = [recent.get(k) for k in keys]
-        duplicate = [True] * len(events)
-        # which path answered each event (the dedupe metric's label): memory unless below
-        path = ["memory"] * len(events)
-        unknown = [i for i, run_id in enumerate(run_ids) if run_id is None]
-        if unknown and self.cache.enabled and not self.gate.open:
-            metrics.REDIS_SKIPPED.inc(len(unknown))
-        elif unknown and self.cache.enabled:
-            cached = await self._lookups.submit([keys[i] for i in unknown])
-            for i, hit in zip(unknown, cached, strict=True):
-                if hit is not None:
-                    path[i] = "redis"
-                    run_ids[i] = hit[0]
-                    recent.put(keys[i], *hit)
-        misses = [i for i in unknown if run_ids[i] is None]
-        if misses:
-            stored = await self._writer(principal_id, actor).submit([events[i] for i in misses])
-            remember = []
-            ready: set[str] = set()
-            for i, s in zip(misses, stored, strict=True):
-                path[i] = "postgres"
-                run_ids[i] = s.run_id
-                duplicate[i] = not s.created
-                if s.created:
-                    ready.add(events[i].project_id)
-                ttl = self.redis_ttl if s.created else min(self.redis_ttl, s.ttl_left or 0.0)
-                remember.append((keys[i], s.run_id, ttl))
-                recent.put(keys[i], s.run_id, ttl)
-            self.notifier.ready(ready)
-            if self.cache.enabled:
-                self._remember.submit_nowait(remember)
-        if unknown:  # what Redis and Postgres answered: how often asking Redis first paid
-            self.gate.observe(len(unknown), sum(1 for i in unknown if duplicate[i]))
-
-        out = []
+        out: list[Outcome | None] = []
+        unknown: list[tuple[int, NewEvent, str]] = []  # (index, event, dedupe key) not in memory
         for i, e in enumerate(events):
-            (metrics.DUPLICATE if duplicate[i] else metrics.CREATED)[e.channel].inc()
-            metrics.DEDUPE_ANSWERS[e.channel, path[i], duplicate[i]].inc()
-            out.append(Outcome(run_ids[i] or "", e.provider_event_id, duplicate[i]))
-        return out
+            key = dedupe_cache.key(self.cache, e.project_id, e.channel, e.provider_event_id)
+            run_id = recent.get(key)
+            if run_id is None:
+                unknown.append((i, e, key))
+                out.append(None)
+            else:
+                metrics.DUPLICATE[e.channel].inc()
+                metrics.DEDUPE_ANSWERS[e.channel, "memory", True].inc()
+                out.append(Outcome(run_id, e.provider_event_id, True))
+        if unknown and self.cache.enabled:
+            if self.gate.open:
+                unknown = self._redis_answers(await self._lookups.submit([k for _, _, k in unknown]), unknown, out)
+            else:
+                metrics.REDIS_SKIPPED.inc(len(unknown))
+        if unknown:
+            # Postgres answers the rest; the flush counts, remembers and announces its answers
+            stored = await self._writer(principal_id, actor).submit([(e, k) for _, e, k in unknown])
+            for (i, e, _), st in zip(unknown, stored, strict=True):
+                out[i] = Outcome(st.run_id, e.provider_event_id, not st.created)
+        return out  # type: ignore[return-value]  # every slot is filled: memory, Redis or Postgres
+
+    def _redis_answers(
+        self,
+        cached: Sequence[tuple[str, float] | None],
+        unknown: list[tuple[int, NewEvent, str]],
+        out: list[Outcome | None],
+    ) -> list[tuple[int, NewEvent, str]]:
+        """Fills the events Redis knew (duplicates) into out; returns those it did not."""
+        misses = []
+        for item, hit in zip(unknown, cached, strict=True):
+            if hit is None:
+                misses.append(item)
+                continue
+            i, e, key = item
+            self.recent.put(key, *hit)
+            metrics.DUPLICATE[e.channel].inc()
+            metrics.DEDUPE_ANSWERS[e.channel, "redis", True].inc()
+            out[i] = Outcome(hit[0], e.provider_event_id, True)
+        if len(misses) < len(unknown):  # what Redis answered: how often asking it first paid
+            self.gate.observe(len(unknown) - len(misses), len(unknown) - len(misses))
+        return misses
 
     async def _with_api(
         self, events: Sequence[NewEvent], principal_id: str, actor: str, principal: Principal | None
@@ -180,12 +185,12 @@ class EventIngestor:
         for c in coalescers:
             await c.drain()
 
-    def _writer(self, principal_id: str, actor: str) -> Coalescer[NewEvent, store.Stored]:
+    def _writer(self, principal_id: str, actor: str) -> Coalescer[tuple[NewEvent, str], store.Stored]:
         writer = self._writers.get(actor)
         if writer is None:
 
-            async def flush(events: list[NewEvent]) -> list[store.Stored]:
-                return await self._store(events, principal_id, actor)
+            async def flush(items: list[tuple[NewEvent, str]]) -> list[store.Stored]:
+                return await self._store(items, principal_id, actor)
 
             # one caller's refused item must not fail its neighbours: only an outage is shared
             writer = self._writers[actor] = Coalescer(
@@ -193,17 +198,19 @@ class EventIngestor:
             )
         return writer
 
-    async def _store(self, events: list[NewEvent], principal_id: str, actor: str) -> list[store.Stored]:
-        """One statement for a flush; repeats of a key are duplicates of its first occurrence."""
-        first: dict[tuple[str, str, str], int] = {}
+    async def _store(self, items: list[tuple[NewEvent, str]], principal_id: str, actor: str) -> list[store.Stored]:
+        """One statement for a flush of (event, dedupe key); repeats of a key are duplicates of
+        its first occurrence. Then, once for the whole flush: the answers counted, remembered
+        (this process's memory, Redis), the projects with new runs handed to the notifier, and
+        the share of duplicates given to the lookup gate."""
+        first: dict[str, int] = {}
         unique: list[NewEvent] = []
         slot: list[int] = []
         repeated: set[int] = set()
-        for e in events:
-            k = (e.project_id, e.channel, e.provider_event_id)
-            j = first.get(k)
+        for e, key in items:
+            j = first.get(key)
             if j is None:
-                j = first[k] = len(unique)
+                j = first[key] = len(unique)
                 unique.append(e)
             else:
                 repeated.add(len(slot))
@@ -217,12 +224,35 @@ class EventIngestor:
             defaults_json=self.policy_defaults,
         )
         out = []
+        remember = []
+        ready: set[str] = set()
+        counts: dict[tuple[str, bool], int] = {}
+        recent = self.recent
         for n, j in enumerate(slot):
             s = stored[j]
             if n in repeated:
                 left = self.retention if s.created else s.ttl_left
                 s = store.Stored(s.run_id, False, left)
             out.append(s)
+            e, key = items[n]
+            if s.created:
+                ready.add(e.project_id)
+                ttl = self.redis_ttl
+            else:
+                ttl = min(self.redis_ttl, s.ttl_left or 0.0)
+            remember.append((key, s.run_id, ttl))
+            recent.put(key, s.run_id, ttl)
+            counts[e.channel, s.created] = counts.get((e.channel, s.created), 0) + 1
+        self.notifier.ready(ready)
+        if self.cache.enabled:
+            self._remember.submit_nowait(remember)
+        duplicates = 0
+        for (channel, created), count in counts.items():
+            (metrics.CREATED if created else metrics.DUPLICATE)[channel].inc(count)
+            metrics.DEDUPE_ANSWERS[channel, "postgres", not created].inc(count)
+            duplicates += 0 if created else count
+        # what Postgres answered: how often asking Redis first would have paid
+        self.gate.observe(len(items), duplicates)
         return out
 
     async def _lookup(self, keys: list[str]) -> list[tuple[str, float] | None]:

@@ -129,12 +129,15 @@ def parse_event(
                 v.add(f"{prefix}headers", f"header names are at most {MAX_HEADER_NAME} characters")
             elif len(value) > MAX_HEADER_VALUE:
                 v.add(f"{prefix}headers.{name}", f"at most {MAX_HEADER_VALUE} characters")
-    payload, payload_json = v.json(prefix + "payload", req.payload, max_bytes=max_payload_bytes)
+    payload_json = v.json_text(prefix + "payload", req.payload, max_bytes=max_payload_bytes)
     input_json = None
     if req.HasField("input"):
-        input_json = v.json(prefix + "input", req.input, max_bytes=max_payload_bytes)[1]
+        input_json = v.json_text(prefix + "input", req.input, max_bytes=max_payload_bytes)
     if not channel or len(v.items) > start:
         return []
+    # the payload as data only when the channel derives the event id from it (a given id is used
+    # as it is): JSON text straight from the Struct, read back only then
+    payload = json.loads(payload_json) if not pid else {}
     return delivery_events(
         v,
         prefix=prefix,

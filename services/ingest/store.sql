@@ -59,10 +59,17 @@ SELECT ev.ord,
        extract(epoch FROM d.created_at + make_interval(secs => :retention) - now())::float8 AS ttl_left
   FROM ev
   LEFT JOIN ins USING (run_id)
-  LEFT JOIN awooop_channel_event_dedupe d
-    ON ins.run_id IS NULL
-   AND d.project_id = ev.project_id AND d.channel_type = ev.channel_type
-   AND d.provider_event_id = ev.provider_event_id
+  -- only an event whose row was there already reads it: the lateral's filter on ins is checked
+  -- before its index probe (a one-time filter), so a created event costs no probe; as a plain
+  -- join the probe ran for every event and the filter after it
+  LEFT JOIN LATERAL (
+      SELECT d.run_id, d.created_at
+        FROM awooop_channel_event_dedupe d
+       WHERE ins.run_id IS NULL
+         AND d.project_id = ev.project_id AND d.channel_type = ev.channel_type
+         AND d.provider_event_id = ev.provider_event_id
+       LIMIT 1  -- (the key is unique) keeps the subquery a subquery, so the filter stays first
+  ) d ON true
 
 -- name: FindStoredEvents
 -- The run of each event whose dedupe row a concurrent request committed after StoreEvents took

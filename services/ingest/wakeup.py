@@ -46,18 +46,23 @@ class Notifier:
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Background loop until stopping; sends what is pending once more before it ends."""
-        while not stopping.is_set():
-            stop = asyncio.ensure_future(stopping.wait())
-            wake = asyncio.ensure_future(self._wake.wait())
-            try:
-                await asyncio.wait((stop, wake), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop.cancel()
-                wake.cancel()
-            if not await self.flush():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), timeout=RETRY_AFTER)
+        # stopping wakes the loop too, so each pass waits on one event (no tasks made per pass)
+        watch = asyncio.ensure_future(self._wake_when(stopping))
+        try:
+            while not stopping.is_set():
+                await self._wake.wait()
+                if stopping.is_set():
+                    break
+                if not await self.flush():
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(stopping.wait(), timeout=RETRY_AFTER)
+        finally:
+            watch.cancel()
         await self.flush()
+
+    async def _wake_when(self, stopping: asyncio.Event) -> None:
+        await stopping.wait()
+        self._wake.set()
 
     async def flush(self) -> bool:
         """Sends the pending wake-ups in one statement; False when the store refused them
