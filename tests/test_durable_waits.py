@@ -455,7 +455,12 @@ async def test_open_waits_are_gauged_by_project_and_kind_and_ended_waits_counted
     tokens = [await suite.park_one() for _ in range(2)]
     slept, _ = await suite.park_one(kind=scheduler_pb2.WAIT_KIND_SLEEP)
     cancelled, (doomed, _) = await suite.park_one(timeout=3600)
-    # the oldest open wait: ten minutes old, one hour overdue
+    # the oldest open wait: ten minutes old, one hour overdue. Until the first sample is read, a KEY
+    # SHARE lock keeps the timeout sweep (FOR UPDATE SKIP LOCKED) off it; it does not block the update
+    holder = await asyncpg.connect(db_dsn)
+    held = holder.transaction()
+    await held.start()
+    await holder.execute("SELECT 1 FROM awooop_wait WHERE run_id = $1 FOR KEY SHARE", uuid.UUID(slept))
     await db.execute(
         "UPDATE awooop_wait SET created_at = now() - interval '10 minutes', expires_at = now() - interval '1 hour'"
         " WHERE run_id = $1",
@@ -464,7 +469,11 @@ async def test_open_waits_are_gauged_by_project_and_kind_and_ended_waits_counted
     pool = await asyncpg.create_pool(db_dsn, min_size=1, max_size=2)
     sampler = QueueSampler(pool)  # one, as the scheduler keeps: it zeroes the labels it has seen
     try:
-        await sampler.sample()
+        try:
+            await sampler.sample()
+        finally:
+            await held.rollback()
+            await holder.close()
         assert sample("awooop_scheduler_waits_open", project=PROJECT, kind="token") == 3
         assert sample("awooop_scheduler_waits_open", project=PROJECT, kind="sleep") == 1
         assert sample("awooop_scheduler_waits_open", project=PROJECT, kind="event") == 0
