@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-import os
 import sys
 from typing import Any, TextIO
 
-from awooop.worker import Child, RunContext, StepCall, ToolClient, Worker
+from awooop.worker import Child, RunContext, StepCall, ToolClient
 from tests.harness.soak_waits_plan import CHILD_CODE, FATAL_CODE, REJECTED_CODE
-from tests.soak_worker import RecordingClient, RunFormatter
+from tests.soak_worker import serve
 
 WAIT_STEP = "approval"  # the wait's step id: its outcome is journaled as "approval:outcome"
 TOOL_STEPS = ("remember", "remember-2")
@@ -105,26 +103,8 @@ def make_handler(tools: ToolClient, tokens: TextIO) -> Any:
 
 
 async def main(worker_id: str, projects: list[str], errors_path: str, tokens_path: str) -> None:
-    handler = logging.StreamHandler()
-    handler.setFormatter(RunFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
-    lease_ttl = float(os.environ.get("AWOOOP_SOAK_LEASE_TTL", "2"))
-    client = RecordingClient(errors_path, timeout=5.0)
-    tools = ToolClient(client=client, timeout=5.0)
-    worker = Worker(
-        make_handler(tools, open(tokens_path, "a", buffering=1)),  # line-buffered: a SIGKILL loses nothing written
-        projects=projects,
-        worker_id=worker_id,
-        concurrency=8,
-        lease_ttl=lease_ttl,
-        heartbeat_interval=lease_ttl / 5,
-        claim_wait=2.0,
-        call_timeout=5.0,
-        shutdown_grace=1.0,
-        client=client,
-    )
-    print(json.dumps({"worker_id": worker_id, "pid": os.getpid()}), flush=True)
-    await worker.run()
+    tokens = open(tokens_path, "a", buffering=1)  # line-buffered: a SIGKILL loses nothing written
+    await serve(worker_id, projects, errors_path, lambda tools: make_handler(tools, tokens), concurrency=8)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from awooop.worker import AwooopError, Client, RunContext, StepCall, ToolClient, Worker
@@ -96,7 +97,11 @@ class RunFormatter(logging.Formatter):
         return f"{line} [run {run_id} attempt {getattr(record, 'attempt', '?')}]" if run_id else line
 
 
-async def main(worker_id: str, projects: list[str], errors_path: str) -> None:
+async def serve(
+    worker_id: str, projects: list[str], errors_path: str, make: Callable[[ToolClient], Any], *, concurrency: int
+) -> None:
+    """A soak worker process: the SDK Worker with the soak's lease and timeouts, its handler
+    make(tools), its RPC errors recorded in errors_path (the waits soak's worker too)."""
     handler = logging.StreamHandler()
     handler.setFormatter(RunFormatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
@@ -104,10 +109,10 @@ async def main(worker_id: str, projects: list[str], errors_path: str) -> None:
     client = RecordingClient(errors_path, timeout=5.0)
     tools = ToolClient(client=client, timeout=5.0)
     worker = Worker(
-        make_handler(tools),
+        make(tools),
         projects=projects,
         worker_id=worker_id,
-        concurrency=6,
+        concurrency=concurrency,
         lease_ttl=lease_ttl,
         heartbeat_interval=lease_ttl / 5,
         claim_wait=2.0,
@@ -120,4 +125,4 @@ async def main(worker_id: str, projects: list[str], errors_path: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2].split(","), sys.argv[3]))
+    asyncio.run(serve(sys.argv[1], sys.argv[2].split(","), sys.argv[3], make_handler, concurrency=6))

@@ -27,6 +27,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ from tests.harness.soak_invariants import (
     logged_bugs,
     unsettled,
 )
-from tests.harness.soak_plan import PROJECTS, Crash, RunPlan, SoakPlan
+from tests.harness.soak_plan import PROJECTS, Crash, Project, RunPlan, SoakPlan
 
 LEASE_TTL = 2.0
 REAPER_INTERVAL = 0.5
@@ -299,9 +300,10 @@ async def _call(client: Client, tally: Tally, method: Any, request: Any) -> Any:
             await asyncio.sleep(0.2)
 
 
-async def _set_up_projects(client: Client, tally: Tally) -> None:
+async def _set_up_projects(client: Client, tally: Tally, projects: Sequence[Project] = PROJECTS) -> None:
+    """Each project's flow settings, keys, pause and schedules (the waits soak's too)."""
     sched = client.scheduler
-    for p in PROJECTS:
+    for p in projects:
         if p.weight:
             policy = common_pb2.RetryPolicy(
                 initial_backoff=_dur(p.initial_backoff) if p.initial_backoff else None,

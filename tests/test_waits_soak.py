@@ -60,7 +60,7 @@ from tests.harness.soak_invariants import (
 from tests.harness.soak_plan import SEED_ENV, period_of
 from tests.harness.soak_waits_checks import Submitted, check_store, happenings
 from tests.harness.soak_waits_plan import RunPlan
-from tests.test_invariant_soak import SERVICE_ENV, Suite, Tally, _call, _dur, _service_key
+from tests.test_invariant_soak import SERVICE_ENV, Suite, Tally, _call, _service_key, _set_up_projects
 
 REAPER_INTERVAL = 0.5
 SCHEDULE_INTERVAL = 0.25
@@ -210,7 +210,7 @@ async def test_waits_and_child_runs_hold_through_worker_crashes_with_flow_contro
     tool = Client(key=tool_key, scheduler=suite.addr("scheduler"), timeout=5.0)
     try:
         await asyncio.gather(*(suite.start_service(s, extra[s]) for s in SERVICES))
-        await _set_up_projects(client, tally)
+        await _set_up_projects(client, tally, wp.PROJECTS)
         for i in range(wp.WORKERS):
             suite.start_worker(i)
         monitor = Monitor(dsn, outages, REAPER_INTERVAL + SLACK, violations)
@@ -287,32 +287,6 @@ async def test_waits_and_child_runs_hold_through_worker_crashes_with_flow_contro
     assert not violations.counts, (
         f"waits soak seed {plan.seed} broke (rerun with {SEED_ENV}={plan.seed}):\n{violations.report()}"
     )
-
-
-async def _set_up_projects(client: Client, tally: Tally) -> None:
-    sched = client.scheduler
-    for p in wp.PROJECTS:
-        policy = common_pb2.RetryPolicy(
-            initial_backoff=_dur(p.initial_backoff) if p.initial_backoff else None,
-            max_backoff=_dur(p.max_backoff) if p.max_backoff else None,
-            max_attempts=p.max_attempts,
-        )
-        flow = spb.SetProjectFlowRequest(project_id=p.name, retry_policy=policy, weight=p.weight)
-        await _call(client, tally, sched.SetProjectFlow, flow)
-        for limit in p.limits:
-            lim = spb.SetConcurrencyLimitRequest(
-                project_id=p.name,
-                key=limit.key,
-                max_running=limit.max_running,
-                max_starts=limit.max_starts,
-                per=_dur(limit.per_seconds) if limit.max_starts else None,
-            )
-            await _call(client, tally, sched.SetConcurrencyLimit, lim)
-        if p.paused:
-            await _call(client, tally, sched.PauseProject, spb.PauseProjectRequest(project_id=p.name, reason="soak"))
-        for name, cron in p.schedules:
-            schedule = spb.Schedule(project_id=p.name, name=name, cron=cron, time_zone="UTC")
-            await _call(client, tally, sched.SetSchedule, spb.SetScheduleRequest(schedule=schedule))
 
 
 async def _produce(
