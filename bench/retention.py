@@ -57,8 +57,6 @@ async def _side(stores: env.Stores, cfg: Config, prune: bool) -> dict[str, Any]:
             md,
             dsn,
             cfg.claim_jobs,
-            # over the two partial indexes of live runs: no scan of the finished ones
-            "SELECT count(*) FROM awooop_run_state WHERE status IN ('PENDING', 'RESUMED', 'RUNNING', 'WAITING_TOOL')",
         )
     finally:
         sched.stop()
