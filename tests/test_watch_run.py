@@ -344,6 +344,45 @@ async def test_an_emit_key_makes_a_repeated_emit_a_no_op(suite: Suite) -> None:
     assert (await suite.emit(lease, {"chunk": 2}, key="chunk-2")).count == 2
 
 
+async def test_progress_data_is_stored_as_the_object_sent(suite: Suite, db: asyncpg.Connection) -> None:
+    """SQL over the log sees an emitted event's fields (`data ->> 'text'`), and the run's byte
+    bound counts the event's compact JSON, not an escaped copy of it."""
+    run_id = await suite.create_run()
+    lease = await suite.claim(run_id)
+    sent = {"text": 'say "hi"'}
+    await suite.emit(lease, sent)
+    row = await db.fetchrow(
+        "SELECT jsonb_typeof(data) AS type, data ->> 'text' AS text, progress_bytes"
+        " FROM awooop_run_event WHERE run_id = $1 AND source = 'progress'",
+        run_id,
+    )
+    assert row is not None
+    assert (row["type"], row["text"]) == ("object", 'say "hi"')
+    # the size of the text Postgres stores for it (its own spacing), as the function measures it
+    assert row["progress_bytes"] == len(json.dumps(sent).encode())
+
+
+async def test_progress_rows_stored_as_strings_become_objects(db: asyncpg.Connection) -> None:
+    """Migration 0251 parses the progress rows EmitEvent stored as JSON strings before it was fixed,
+    and leaves every other row as it was."""
+    from pathlib import Path
+
+    import services
+
+    migration = Path(services.__file__).parent / "common" / "migrations" / "0251_progress_data_as_objects.sql"
+    run_id = "6f1c2a52-0000-4000-8000-000000000001"
+    await db.execute(
+        "INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt) VALUES"
+        " ($1, 1, 'p', 'progress', 'tick', to_jsonb('{\"n\":1}'::text), 1),"
+        " ($1, 2, 'p', 'progress', 'tick', '{\"n\":2}'::jsonb, 1),"
+        " ($1, 3, 'p', 'state', 'CLAIMED', '{\"action\":\"CLAIMED\"}'::jsonb, 1)",
+        run_id,
+    )
+    await db.execute(migration.read_text())
+    rows = await db.fetch("SELECT data::text FROM awooop_run_event WHERE run_id = $1 ORDER BY seq", run_id)
+    assert [r["data"] for r in rows] == ['{"n": 1}', '{"n": 2}', '{"action": "CLAIMED"}']
+
+
 async def test_bounds_give_a_clear_status(start_services: Any, make_key: Any) -> None:
     suite = await _suite(start_services, make_key, max_run_events=3, max_run_event_bytes=64, max_watchers=1)
     try:
