@@ -4,8 +4,10 @@
 -- while it is leased (status in :leased, RUNNING / WAITING_TOOL: runstate.LEASED) with the
 -- caller's fencing token (:attempt) in a project the caller may write (:projects; NULL: every
 -- project): FOR SHARE, or FOR NO KEY UPDATE when the write allocates a seq, so a reap or a fail
--- committed first makes the write find nothing. Each write touches one step row and looks up
--- max(seq) through the unique (run_id, seq) index, so its cost does not grow with the journal.
+-- committed first makes the write find nothing. Each write touches one step row and reads the
+-- run's last seq as the newest row of the unique (run_id, seq) index (ORDER BY seq DESC LIMIT 1:
+-- a max(seq) left the plan free to aggregate over the whole journal, migration 0250), so its
+-- cost does not grow with the journal.
 
 -- name: BeginStep
 -- A new step journaled pending at the next seq, or one an earlier attempt left pending or failed,
@@ -18,7 +20,7 @@ WITH lease AS (
 )
 INSERT INTO awooop_saga_step AS s (run_id, step_id, project_id, seq, step_type, tool_id, tool_params, status, attempt)
 SELECT l.run_id, :step_id, l.project_id,
-       COALESCE((SELECT max(seq) FROM awooop_saga_step WHERE run_id = l.run_id), 0) + 1,
+       COALESCE((SELECT seq FROM awooop_saga_step WHERE run_id = l.run_id ORDER BY seq DESC LIMIT 1), 0) + 1,
        :step_type, :tool_id, :tool_params, 'pending', :attempt
   FROM lease l
 ON CONFLICT (run_id, step_id) DO UPDATE
@@ -49,7 +51,7 @@ async_commit AS (
 INSERT INTO awooop_saga_step AS s (run_id, step_id, project_id, seq, step_type, tool_params, status, result, error,
                                    attempt, completed_at)
 SELECT l.run_id, :step_id, l.project_id,
-       COALESCE((SELECT max(seq) FROM awooop_saga_step WHERE run_id = l.run_id), 0) + 1,
+       COALESCE((SELECT seq FROM awooop_saga_step WHERE run_id = l.run_id ORDER BY seq DESC LIMIT 1), 0) + 1,
        :step_type, :params, :status, :result, :error, :attempt, now()
   FROM lease l, async_commit
 ON CONFLICT (run_id, step_id) DO UPDATE

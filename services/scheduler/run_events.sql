@@ -13,8 +13,10 @@ SELECT outcome, seq, progress_no, progress_bytes
                              :emit_key::text, :max_count::int, :max_bytes::bigint)
 
 -- name: LastRunEventSeq
--- The seq of a run's last log row (0: none yet): the highest offset WatchRun accepts.
-SELECT COALESCE(max(seq), 0) FROM awooop_run_event WHERE run_id = :run_id
+-- The seq of a run's last log row (0: none yet): the highest offset WatchRun accepts. The newest
+-- row of the primary key, not max(seq): a generic plan made while the run had few rows may
+-- aggregate over all of them (migration 0250).
+SELECT COALESCE((SELECT seq FROM awooop_run_event WHERE run_id = :run_id ORDER BY seq DESC LIMIT 1), 0)
 
 -- name: RunEventsAfter
 -- A run's log after offset :after, in order, at most :max_rows rows (the primary key's order).
