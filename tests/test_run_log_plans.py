@@ -1,5 +1,5 @@
 """A run's last seq is read as the newest row of its index, whatever the statistics said when the
-plan was made (migration 0250). PL/pgSQL keeps a statement's plan for the connection's life; a
+plan was made (migration 0250). PL/pgSQL keeps a statement's plan until the table's statistics change; a
 max(seq) planned on an empty, freshly analyzed awooop_run_event was a sequential scan of the whole
 log, or an aggregate over every row of the run, and every later append on that connection read
 that much.
