@@ -48,15 +48,14 @@ from tests.harness import soak_plan
 from tests.harness.helpers import ROOT, ServiceProcess, eventually, settings_env, spawn_services
 from tests.harness.pgcluster import PgCluster, create_migrated_db
 from tests.harness.soak_invariants import (
-    BAD_CODES,
     Monitor,
     Outages,
     Submitted,
     Violations,
+    check_answers_and_logs,
     check_schedule_ticks,
     check_store,
     client_errors,
-    logged_bugs,
     unsettled,
 )
 from tests.harness.soak_plan import PROJECTS, Crash, Project, RunPlan, SoakPlan
@@ -110,9 +109,6 @@ class Tally:
 
     def failed(self, err: AwooopError) -> None:
         self.seen[f"{err.method.rsplit('/', 1)[-1]} {err.code.name}/{err.reason}"] += 1
-
-    def bad(self) -> dict[str, int]:
-        return {k: v for k, v in self.seen.items() if k.split(" ")[1].split("/")[0] in BAD_CODES}
 
 
 @dataclass
@@ -260,13 +256,7 @@ async def test_invariants_hold_through_crashes_restarts_and_mixed_flow(
         statuses = await check_store(dsn, submitted, violations)
         ticks = await _check_schedules(dsn, t0 + 2, load_ended, outages, once_cron, violations)
         worker_seen = client_errors(suite.worker_errors)
-        for what, n in worker_seen.items():
-            if what.split(" ")[1].split("/")[0] in BAD_CODES:
-                violations.add("worker saw INTERNAL/UNKNOWN", f"{what}: {n}x")
-        for what, n in tally.bad().items():
-            violations.add("client saw INTERNAL/UNKNOWN", f"{what}: {n}x")
-        for bug, n in logged_bugs(suite.read_logs()).items():
-            violations.add("service logged a bug", f"{bug} ({n}x)")
+        check_answers_and_logs(worker_seen, tally.seen, suite.read_logs(), violations)
     except BaseException as err:
         err.add_note(f"invariant soak seed {plan.seed} (rerun with {soak_plan.SEED_ENV}={plan.seed})")
         raise

@@ -37,7 +37,7 @@ from awooop.tools.v1 import tools_pb2
 from awooop.worker import AwooopError, Client, ParkedToolFailed, RunContext, Worker, to_struct
 from services.common import errors
 from services.common.runtime import Runtime
-from tests.harness.helpers import ROOT, eventually, key_of
+from tests.harness.helpers import ROOT, eventually, key_of, start_with_callbacks
 from tests.harness.rpc_runs import ingest_runs
 
 PROJECT = "ptc"
@@ -70,20 +70,7 @@ class Suite:
 
 @pytest.fixture
 async def suite(start_services: Any, make_key: Any) -> Any:
-    gw = await start_services("gateway")
-    # ingest first: its HTTP address is what the callback URLs start with (the gateway posts there)
-    ing = await start_services("ingest")
-    rt = await start_services(
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        wait_callback_base_url=f"http://127.0.0.1:{ing.http_ports['ingest']}",
-        reaper_interval=0.1,
-        retry_backoff=0.05,
-        compensation_interval=0.2,
-        wait_sweep_interval=0.2,
-        auth_cache_seconds=0,
-    )
+    gw, ing, rt = await start_with_callbacks(start_services)
     addrs = {
         "ingest": f"127.0.0.1:{ing.ports['ingest']}",
         "scheduler": f"127.0.0.1:{rt.ports['scheduler']}",

@@ -41,7 +41,7 @@ from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import Client, from_struct, to_struct
 from tests.harness import rpc_proxy
 from tests.harness import suite as suite_harness
-from tests.harness.helpers import eventually, key_of
+from tests.harness.helpers import eventually, key_of, start_with_callbacks
 from tests.harness.scheduler import audit_actions, claims_waiting
 from tests.harness.suite import start_suite
 from tests.harness.ts_package import build_package, need
@@ -444,19 +444,7 @@ def telegram_update(update_id: int, chat_id: int, text: str) -> dict[str, Any]:
 async def parked_suite(start_services: Any, make_key: Any, package: Path) -> AsyncIterator[Suite]:
     """The services with the reference gateway, and the scheduler issuing callback URLs on ingest's
     HTTP address (where the gateway posts a parked tool call's outcome)."""
-    gw = await start_services("gateway")
-    ing = await start_services("ingest")
-    rt = await start_services(
-        "scheduler",
-        "saga",
-        gateway_addr=f"127.0.0.1:{gw.ports['gateway']}",
-        wait_callback_base_url=f"http://127.0.0.1:{ing.http_ports['ingest']}",
-        reaper_interval=0.1,
-        retry_backoff=0.05,
-        compensation_interval=0.2,
-        wait_sweep_interval=0.2,
-        auth_cache_seconds=0,
-    )
+    gw, ing, rt = await start_with_callbacks(start_services)
     worker_key = key_of(await make_key("ts-parker", {PROJECT: ["worker"]}, "service"))
     admin_key = key_of(await make_key("parked-boss", {PROJECT: ["admin"]}))
     admin = Client(

@@ -48,13 +48,12 @@ from services.common.settings import Settings
 from tests.harness import soak_waits_plan as wp
 from tests.harness.helpers import ROOT, eventually, settings_env, spawn_services
 from tests.harness.soak_invariants import (
-    BAD_CODES,
     Monitor,
     Outages,
     Violations,
+    check_answers_and_logs,
     check_schedule_ticks,
     client_errors,
-    logged_bugs,
     unsettled,
 )
 from tests.harness.soak_plan import SEED_ENV, period_of
@@ -260,13 +259,7 @@ async def test_waits_and_child_runs_hold_through_worker_crashes_with_flow_contro
         happened = await happenings(dsn)
         ticks = await _check_schedule(dsn, t0 + 2, load_ended, outages, violations)
         worker_seen = client_errors(suite.worker_errors)
-        for what, n in worker_seen.items():
-            if what.split(" ")[1].split("/")[0] in BAD_CODES:
-                violations.add("worker saw INTERNAL/UNKNOWN", f"{what}: {n}x")
-        for what, n in tally.bad().items():
-            violations.add("client saw INTERNAL/UNKNOWN", f"{what}: {n}x")
-        for bug, n in logged_bugs(suite.read_logs()).items():
-            violations.add("service logged a bug", f"{bug} ({n}x)")
+        check_answers_and_logs(worker_seen, tally.seen, suite.read_logs(), violations)
     except BaseException as err:
         err.add_note(f"waits soak seed {plan.seed} (rerun with {SEED_ENV}={plan.seed})")
         raise

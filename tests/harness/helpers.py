@@ -225,3 +225,29 @@ async def start_with_gateway(
     )
     rt.ports["gateway"] = gw.ports["gateway"]
     return gw, rt
+
+
+async def start_with_callbacks(
+    start_services: Callable[..., Awaitable[Runtime]], **settings: Any
+) -> tuple[Runtime, Runtime, Runtime]:
+    """The reference gateway, ingest, then the scheduler and saga issuing durable-wait callback URLs
+    on ingest's HTTP address (where the gateway posts a parked tool call's outcome), with quick
+    reaps, retries, compensation and wait sweeps unless settings say otherwise. Returns
+    (gateway, ingest, scheduler and saga)."""
+    gw = await start_services("gateway")
+    ing = await start_services("ingest")  # first: its HTTP address is what the callback URLs start with
+    rt = await start_services(
+        "scheduler",
+        "saga",
+        **{
+            "gateway_addr": f"127.0.0.1:{gw.ports['gateway']}",
+            "wait_callback_base_url": f"http://127.0.0.1:{ing.http_ports['ingest']}",
+            "reaper_interval": 0.1,
+            "retry_backoff": 0.05,
+            "compensation_interval": 0.2,
+            "wait_sweep_interval": 0.2,
+            "auth_cache_seconds": 0,
+            **settings,
+        },
+    )
+    return gw, ing, rt

@@ -388,6 +388,26 @@ def client_errors(paths: list[Path]) -> collections.Counter[str]:
     return seen
 
 
+def bad_answers(seen: collections.Counter[str]) -> dict[str, int]:
+    """The 'METHOD CODE/REASON' entries whose code is one of BAD_CODES."""
+    return {k: v for k, v in seen.items() if k.split(" ")[1].split("/")[0] in BAD_CODES}
+
+
+def check_answers_and_logs(
+    worker_seen: collections.Counter[str],
+    client_seen: collections.Counter[str],
+    logs: dict[str, str],
+    violations: Violations,
+) -> None:
+    """No worker (client_errors) and no client got INTERNAL/UNKNOWN, and no service logged a bug."""
+    for what, n in bad_answers(worker_seen).items():
+        violations.add("worker saw INTERNAL/UNKNOWN", f"{what}: {n}x")
+    for what, n in bad_answers(client_seen).items():
+        violations.add("client saw INTERNAL/UNKNOWN", f"{what}: {n}x")
+    for bug, n in logged_bugs(logs).items():
+        violations.add("service logged a bug", f"{bug} ({n}x)")
+
+
 # log messages that are bugs whatever the soak did to the processes (the interceptor's and the
 # background loops' unexpected exceptions, a pass's or one row's; store outages are warnings)
 LOGGED_BUGS = ("unhandled error in", "background loop failed", "failed and was skipped")
