@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -111,10 +110,8 @@ class LogRow:
 
     @classmethod
     def of(cls, r: Row) -> LogRow:
-        data = r["data"]
-        if isinstance(data, str):  # jsonb arrives as text without a codec
-            data = json.loads(data)
-        return cls(int(r["seq"]), EventSource(r["source"]), r["kind"], data, r["attempt"], r["created_at"])
+        # the pool's jsonb codec (db.py) answers the row's object; every log row's data is one
+        return cls(int(r["seq"]), EventSource(r["source"]), r["kind"], r["data"], r["attempt"], r["created_at"])
 
 
 @dataclass(frozen=True)
