@@ -170,6 +170,18 @@ class Suite:
         return {name: p.read_text(errors="replace") for name, p in self.logs.items() if p.exists()}
 
 
+def _worker_env(admin_key: str, ports: dict[str, int], lease_ttl: float) -> dict[str, str]:
+    """A soak worker process's environment: this one's without AWOOOP_ settings, then the
+    services' addresses, the admin key and the lease the worker asks for."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {
+        "AWOOOP_API_KEY": admin_key,
+        "AWOOOP_SCHEDULER_ADDR": f"127.0.0.1:{ports['scheduler']}",
+        "AWOOOP_SAGA_ADDR": f"127.0.0.1:{ports['saga']}",
+        "AWOOOP_GATEWAY_ADDR": f"127.0.0.1:{ports['gateway']}",
+        "AWOOOP_SOAK_LEASE_TTL": str(lease_ttl),
+    }
+
+
 async def test_invariants_hold_through_crashes_restarts_and_mixed_flow(
     settings: Settings, pg_cluster: PgCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,14 +200,7 @@ async def test_invariants_hold_through_crashes_restarts_and_mixed_flow(
         tmp_path,
         env,
         ports,
-        worker_env={k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
-        | {
-            "AWOOOP_API_KEY": admin_key,
-            "AWOOOP_SCHEDULER_ADDR": f"127.0.0.1:{ports['scheduler']}",
-            "AWOOOP_SAGA_ADDR": f"127.0.0.1:{ports['saga']}",
-            "AWOOOP_GATEWAY_ADDR": f"127.0.0.1:{ports['gateway']}",
-            "AWOOOP_SOAK_LEASE_TTL": str(LEASE_TTL),
-        },
+        worker_env=_worker_env(admin_key, ports, LEASE_TTL),
     )
     extra = {
         "saga": {"AWOOOP_GATEWAY_ADDR": suite.addr("gateway")},

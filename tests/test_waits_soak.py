@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import os
 import subprocess
 import sys
 import time
@@ -59,7 +58,7 @@ from tests.harness.soak_invariants import (
 from tests.harness.soak_plan import SEED_ENV, period_of
 from tests.harness.soak_waits_checks import Submitted, check_store, happenings
 from tests.harness.soak_waits_plan import RunPlan
-from tests.test_invariant_soak import SERVICE_ENV, Suite, Tally, _call, _service_key, _set_up_projects
+from tests.test_invariant_soak import SERVICE_ENV, Suite, Tally, _call, _service_key, _set_up_projects, _worker_env
 
 REAPER_INTERVAL = 0.5
 SCHEDULE_INTERVAL = 0.25
@@ -179,14 +178,7 @@ async def test_waits_and_child_runs_hold_through_worker_crashes_with_flow_contro
         tmp_path,
         env,
         ports,
-        worker_env={k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
-        | {
-            "AWOOOP_API_KEY": admin_key,
-            "AWOOOP_SCHEDULER_ADDR": f"127.0.0.1:{ports['scheduler']}",
-            "AWOOOP_SAGA_ADDR": f"127.0.0.1:{ports['saga']}",
-            "AWOOOP_GATEWAY_ADDR": f"127.0.0.1:{ports['gateway']}",
-            "AWOOOP_SOAK_LEASE_TTL": str(LEASE_TTL),
-        },
+        worker_env=_worker_env(admin_key, ports, LEASE_TTL),
         metrics={s: free_port() for s in SERVICES},
     )
     http_base = f"http://127.0.0.1:{http_port}"
