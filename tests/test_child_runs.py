@@ -313,6 +313,46 @@ async def test_cancelling_a_parent_cancels_its_children_and_compensates_the_fini
         assert child.run.child_depth == 1
 
 
+async def test_a_child_handler_reads_its_parent_from_the_claimed_run(suite: Suite, db: Any) -> None:
+    """ctx.run is the run as ClaimRuns answered it: a child's names its parent and step id, a
+    root's names none; a claim replayed by its claim id answers the same."""
+    seen: dict[str, tuple[str, str, int]] = {}
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        seen[ctx.input["role"]] = (ctx.run.parent_run_id, ctx.run.parent_step_id, ctx.run.child_depth)
+        if ctx.input["role"] == "parent":
+            [out] = await ctx.run_children([Child({"role": "child"}, step_id="kid")])
+            return {"child": out.status}
+        return {}
+
+    [parent] = await suite.create_runs([{"role": "parent"}])
+    worker = suite.worker(handler, concurrency=2)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+        await eventually(lambda: _done(db, parent), timeout=30, what="the parent completed")
+    finally:
+        await stop_worker(worker, task)
+    assert seen["parent"] == ("", "", 0)
+    assert seen["child"] == (parent, "kid", 1)
+    # by hand, with a claim id: the first answer and its replay carry the tree alike
+    [root] = await suite.create_runs([{"role": "root"}], priority=100)
+    lease = await suite.claim(root)
+    [child] = (await suite.start_children(lease, ["by-hand"])).children
+    await db.execute("UPDATE awooop_run_state SET priority = 90 WHERE run_id = $1", uuid.UUID(child.run_id))
+    c = suite.worker_client
+    ask = scheduler_pb2.ClaimRunsRequest(worker_id="hand", project_ids=[PROJECT], max_runs=1, claim_id="tree-1")
+    first = await c.call(c.scheduler.ClaimRuns, ask)
+    again = await c.call(c.scheduler.ClaimRuns, ask)
+    for answer in (first, again):
+        [got] = answer.runs
+        assert got.run.run_id == child.run_id
+        assert (got.run.parent_run_id, got.run.parent_step_id, got.run.child_depth) == (root, "by-hand", 1)
+
+
+async def _done(db: asyncpg.Connection, run_id: str) -> bool:
+    return await _status(db, run_id) == "COMPLETED"
+
+
 # --- a parent run again, fail-fast ---------------------------------------------------------------
 
 

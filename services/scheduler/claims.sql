@@ -29,8 +29,9 @@
 --
 -- Rows: one per item, in item order: the locked row's state (cur_*; NULL when the run does not
 -- exist) and, when this item completed the run, the changed row (run_id not NULL); then the
--- claimed runs (item NULL: the run columns, from_status, claim_wait: seconds since the run became
--- claimable), higher priority first, then oldest; no run claimed: one row with NULL run columns.
+-- claimed runs (item NULL: the run columns with the run's place in its tree, from_status,
+-- claim_wait: seconds since the run became claimable), higher priority first, then oldest; no
+-- run claimed: one row with NULL run columns.
 -- Every row carries `parked` (runs this statement parked behind full keys) and `recorded` (an
 -- answer was recorded for the claim id before: nothing was claimed, the call replays it).
 --
@@ -123,6 +124,7 @@ upd AS (
            r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
            r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
            r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+           r.parent_run_id, r.parent_step_id, r.child_depth,
            w.cur_status AS from_status, w.item AS upd_item, w.cur_worker AS prev_worker
 ),
 aud AS (
@@ -198,7 +200,8 @@ claimed AS (
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
            r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
            r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key, p.from_status,
+           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+           r.parent_run_id, r.parent_step_id, r.child_depth, p.from_status,
            EXTRACT(EPOCH FROM clock_timestamp() - p.ready_since)::float8 AS claim_wait
 ),
 claim_aud AS (
@@ -231,7 +234,8 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        claimed.cancel_requested, claimed.approval_expires_at, claimed.approval_summary, claimed.approval_decided_by,
        claimed.saga_status, claimed.compensation_started_at, claimed.compensation_completed_at, claimed.created_at,
        claimed.updated_at, claimed.not_before, claimed.traceparent, claimed.priority, claimed.wait_reason,
-       claimed.concurrency_keys, claimed.wait_key, claimed.from_status,
+       claimed.concurrency_keys, claimed.wait_key, claimed.parent_run_id, claimed.parent_step_id,
+       claimed.child_depth, claimed.from_status,
        NULL, NULL, NULL, claimed.claim_wait, o.parked, o.recorded
   FROM outcome o
   LEFT JOIN claimed ON true
@@ -291,7 +295,8 @@ SELECT a.project_ids AS first_projects, a.max_runs AS first_max_runs, a.lease_tt
               r.failure_reason, r.error_code, r.cancel_requested, r.approval_expires_at, r.approval_summary,
               r.approval_decided_by, r.saga_status, r.compensation_started_at, r.compensation_completed_at,
               r.created_at, r.updated_at, r.not_before, r.traceparent, r.priority, r.wait_reason,
-              r.concurrency_keys, r.wait_key, NULL::text AS from_status, NULL::float8 AS claim_wait
+              r.concurrency_keys, r.wait_key, r.parent_run_id, r.parent_step_id, r.child_depth,
+              NULL::text AS from_status, NULL::float8 AS claim_wait
          FROM unnest(a.run_ids, a.attempts) AS t(run_id, attempt)
          JOIN awooop_run_state r ON r.run_id = t.run_id
         WHERE r.attempt_count = t.attempt AND r.status IN ('RUNNING', 'WAITING_TOOL') AND r.worker_id = a.worker_id

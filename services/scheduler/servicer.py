@@ -94,6 +94,7 @@ def _claimed(rows: list[Any]) -> list[scheduler_pb2.ClaimedRun]:
     out = []
     for r in rows:
         run = run_to_pb(r)
+        set_run_tree(run, r)  # a child's handler reads its parent from ctx.run
         claimed = scheduler_pb2.ClaimedRun(
             run=run,
             lease=common_pb2.LeaseToken(run_id=run.run_id, attempt=r["attempt_count"]),

@@ -358,6 +358,8 @@ class Run(_message.Message):
     """The key a key_busy or rate_limited run waits on; empty otherwise."""
     parent_run_id: _builtins.str
     """--- child runs (issue 28): the run tree ---
+    Set in the runs of GetRun, ListRuns and ClaimRuns (what a worker's handler reads); the Run
+    a state change answers with (CompleteRun, CancelRun, ...) leaves these three unset.
     The run that started this one (StartChildRuns); empty for a root run.
     """
     parent_step_id: _builtins.str

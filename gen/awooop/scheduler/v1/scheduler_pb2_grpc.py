@@ -325,7 +325,9 @@ class SchedulerServiceServicer:
 
     def CompleteWait(self, request, context):
         """Completes an open token wait with a result; a run parked on it becomes PENDING. Worker or
-        tool role in the wait's project; a second outcome is FAILED_PRECONDITION / WAIT_CLOSED.
+        tool role in the wait's project. FAILED_PRECONDITION / WAIT_CLOSED for a wait already
+        ended (naming its outcome) and for a sleep or a children wait (they end on their own);
+        FAILED_PRECONDITION / INVALID_TRANSITION when the wait's run is over.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -334,7 +336,8 @@ class SchedulerServiceServicer:
     def ExpireWait(self, request, context):
         """Ends an open wait by hand as timed out (a sleep: woken now); a run parked on it becomes
         PENDING and its handler sees the timeout. Approver role in the wait's project (an operator,
-        audited with the caller as actor); a wait already ended is FAILED_PRECONDITION / WAIT_CLOSED.
+        audited with the caller as actor). FAILED_PRECONDITION / WAIT_CLOSED for a wait already
+        ended; FAILED_PRECONDITION / INVALID_TRANSITION when the wait's run is over.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

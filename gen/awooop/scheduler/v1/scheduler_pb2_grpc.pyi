@@ -79,12 +79,15 @@ class SchedulerServiceStub:
     """
     CompleteWait: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteWaitRequest, _scheduler_pb2.CompleteWaitResponse]
     """Completes an open token wait with a result; a run parked on it becomes PENDING. Worker or
-    tool role in the wait's project; a second outcome is FAILED_PRECONDITION / WAIT_CLOSED.
+    tool role in the wait's project. FAILED_PRECONDITION / WAIT_CLOSED for a wait already
+    ended (naming its outcome) and for a sleep or a children wait (they end on their own);
+    FAILED_PRECONDITION / INVALID_TRANSITION when the wait's run is over.
     """
     ExpireWait: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ExpireWaitRequest, _scheduler_pb2.ExpireWaitResponse]
     """Ends an open wait by hand as timed out (a sleep: woken now); a run parked on it becomes
     PENDING and its handler sees the timeout. Approver role in the wait's project (an operator,
-    audited with the caller as actor); a wait already ended is FAILED_PRECONDITION / WAIT_CLOSED.
+    audited with the caller as actor). FAILED_PRECONDITION / WAIT_CLOSED for a wait already
+    ended; FAILED_PRECONDITION / INVALID_TRANSITION when the wait's run is over.
     """
     ListWaits: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListWaitsRequest, _scheduler_pb2.ListWaitsResponse]
     """A run's durable waits, open ones first, then the newest. Any role in the run's project."""
@@ -196,12 +199,15 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """
     CompleteWait: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.CompleteWaitRequest, _scheduler_pb2.CompleteWaitResponse]  # type: ignore[assignment]
     """Completes an open token wait with a result; a run parked on it becomes PENDING. Worker or
-    tool role in the wait's project; a second outcome is FAILED_PRECONDITION / WAIT_CLOSED.
+    tool role in the wait's project. FAILED_PRECONDITION / WAIT_CLOSED for a wait already
+    ended (naming its outcome) and for a sleep or a children wait (they end on their own);
+    FAILED_PRECONDITION / INVALID_TRANSITION when the wait's run is over.
     """
     ExpireWait: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ExpireWaitRequest, _scheduler_pb2.ExpireWaitResponse]  # type: ignore[assignment]
     """Ends an open wait by hand as timed out (a sleep: woken now); a run parked on it becomes
     PENDING and its handler sees the timeout. Approver role in the wait's project (an operator,
-    audited with the caller as actor); a wait already ended is FAILED_PRECONDITION / WAIT_CLOSED.
+    audited with the caller as actor). FAILED_PRECONDITION / WAIT_CLOSED for a wait already
+    ended; FAILED_PRECONDITION / INVALID_TRANSITION when the wait's run is over.
     """
     ListWaits: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListWaitsRequest, _scheduler_pb2.ListWaitsResponse]  # type: ignore[assignment]
     """A run's durable waits, open ones first, then the newest. Any role in the run's project."""
@@ -400,7 +406,9 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.CompleteWaitResponse, _abc.Awaitable[_scheduler_pb2.CompleteWaitResponse]]:
         """Completes an open token wait with a result; a run parked on it becomes PENDING. Worker or
-        tool role in the wait's project; a second outcome is FAILED_PRECONDITION / WAIT_CLOSED.
+        tool role in the wait's project. FAILED_PRECONDITION / WAIT_CLOSED for a wait already
+        ended (naming its outcome) and for a sleep or a children wait (they end on their own);
+        FAILED_PRECONDITION / INVALID_TRANSITION when the wait's run is over.
         """
 
     @_abc_1.abstractmethod
@@ -411,7 +419,8 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_scheduler_pb2.ExpireWaitResponse, _abc.Awaitable[_scheduler_pb2.ExpireWaitResponse]]:
         """Ends an open wait by hand as timed out (a sleep: woken now); a run parked on it becomes
         PENDING and its handler sees the timeout. Approver role in the wait's project (an operator,
-        audited with the caller as actor); a wait already ended is FAILED_PRECONDITION / WAIT_CLOSED.
+        audited with the caller as actor). FAILED_PRECONDITION / WAIT_CLOSED for a wait already
+        ended; FAILED_PRECONDITION / INVALID_TRANSITION when the wait's run is over.
         """
 
     @_abc_1.abstractmethod
