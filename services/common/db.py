@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from services.common import errors
+from services.common import errors, planner
 from services.common.server_plans import STALE, ServerPlans
 from services.common.settings import Settings
 
@@ -191,33 +191,35 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 
 
 def _connector(settings: Settings) -> Callable[..., Awaitable[asyncpg.Connection]]:
-    """The pool's connect function. Statement timeouts go to the server as startup parameters
-    when it takes them; a pooler (PgBouncer) refuses unknown startup parameters, so after the
-    first refusal this process connects without them: asyncpg's command_timeout still cancels
-    a slow statement, and the server-side timeouts belong in role settings (docs/operations.md)."""
+    """The pool's connect function. Statement timeouts and the planner's settings
+    (services/common/planner.py) go to the server as startup parameters when it takes them; a
+    pooler (PgBouncer) refuses unknown startup parameters, so after the first refusal this process
+    connects without them: asyncpg's command_timeout still cancels a slow statement, and the
+    server-side timeouts belong in role settings (docs/operations.md)."""
     timeout_ms = int(settings.db_statement_timeout * 1000)
-    timeouts = {
+    session = {
         "statement_timeout": str(timeout_ms),
         "idle_in_transaction_session_timeout": str(max(timeout_ms * 3, 30000)),
+        **planner.SETTINGS,
     }
     # a transaction-mode pooler is what turning the statement cache off says: do not even try
-    state = {"send_timeouts": settings.db_statement_cache}
+    state = {"send_settings": settings.db_statement_cache}
 
     async def connect(*args: Any, **kwargs: Any) -> asyncpg.Connection:
         base = {"application_name": "awooop"}
-        if state["send_timeouts"]:
+        if state["send_settings"]:
             try:
-                return await asyncpg.connect(*args, server_settings={**base, **timeouts}, **kwargs)
+                return await asyncpg.connect(*args, server_settings={**base, **session}, **kwargs)
             except asyncpg.exceptions.PostgresError as exc:
                 if _REFUSED_PARAMETER not in str(exc):
                     raise
-                state["send_timeouts"] = False
+                state["send_settings"] = False
                 _warn_once(
                     "startup",
                     "the store refused a startup parameter (%s): a pooler is in front of Postgres; "
-                    "connecting without them. Set the timeouts as role settings (ALTER ROLE ... SET "
-                    "statement_timeout = '%dms'), and for a transaction-mode pooler set "
-                    "AWOOOP_DB_STATEMENT_CACHE=false",
+                    "connecting without them. Set them as role settings (ALTER ROLE ... SET "
+                    "statement_timeout = '%dms'; ALTER ROLE ... SET enable_seqscan = off), and for a "
+                    "transaction-mode pooler set AWOOOP_DB_STATEMENT_CACHE=false",
                     exc,
                     timeout_ms,
                 )

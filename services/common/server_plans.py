@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from services.common import planner
 from services.common import sql as named
 
 log = logging.getLogger("awooop.db")
@@ -46,7 +47,7 @@ TYPE_NAMES = Q["TypeNames"]
 PREFIX = "awooop_plan_"
 # Part of every function's name: a change to how the functions are generated (definition())
 # renames them all, so releases on either side of it never call each other's.
-GENERATION = "2"
+GENERATION = "3"
 _TAG = "$awooop_plan$"
 # A call of a function failed where its statement, which worked plain, would not: the function
 # was dropped or is not visible on this search_path, a migration changed a result column's type,
@@ -125,8 +126,11 @@ def definition(sql: str, params: list[str], columns: list[tuple[str, str]]) -> s
     result = ", ".join(f"{_ident(n)} {t}" for n, t in columns)
     # use_column: the result columns are also PL/pgSQL variables; a name in the statement that
     # is a column stays that column (no variable is ever meant)
+    # the planner's settings as the function's own (planner.py): its plans are kept per server
+    # connection like a prepared statement's
+    settings = " ".join(f"SET {name} = {value}" for name, value in planner.SETTINGS.items())
     return f"""CREATE FUNCTION {function_name(sql)}({signature}) RETURNS TABLE({result})
-LANGUAGE plpgsql VOLATILE AS {_TAG}
+LANGUAGE plpgsql VOLATILE {settings} AS {_TAG}
 #variable_conflict use_column
 BEGIN
 RETURN QUERY {sql.strip()};

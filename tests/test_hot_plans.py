@@ -1,0 +1,114 @@
+"""The claim cycle's statements read runs by their indexes whatever the table's size was when the
+plan was made. Postgres plans a prepared statement afresh for its first five calls, then keeps a
+generic plan costed on the table as it was then; a service that started on an empty
+awooop_run_state (a new install, a new project's first load) kept sequential scans of the whole
+table in its claim and heartbeat plans until autovacuum's next analyze of it: 7,400 buffers a claim
+at 65,000 runs, three times the Postgres CPU per run. The services' connections price sequential
+scans out (services/common/db.py, PLANNER), so a plan made on an empty table still uses the
+indexes.
+
+The plans are read as Postgres runs them: auto_explain logs each statement of the service pool's
+own connection to the client (client_min_messages = log), with the rows each node read, so the test
+sees the cached plan itself, not an EXPLAIN of a new one."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import asyncpg
+import pytest
+
+from services.common.db import create_pool
+from services.common.settings import Settings
+from services.scheduler import claim_answers, claiming, leases
+from services.scheduler.transitions import COMPLETE
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+WORKER = "w1"
+# other projects' runs, queued and leased, and the worker's own leased runs
+GROW = """
+INSERT INTO awooop_run_state (project_id, channel_type, input, status, worker_id, attempt_count, lease_until)
+SELECT 'other', 'api', '{}'::jsonb,
+       CASE WHEN g % 2 = 0 THEN 'PENDING' ELSE 'RUNNING' END,
+       CASE WHEN g % 2 = 0 THEN NULL ELSE 'w-' || (g % 50) END,
+       g % 2, CASE WHEN g % 2 = 0 THEN NULL ELSE now() + interval '1 hour' END
+  FROM generate_series(1, 30000) g
+UNION ALL
+SELECT 'p1', 'api', '{}'::jsonb, 'RUNNING', $1, 1, now() + interval '1 hour' FROM generate_series(1, 10)
+"""
+_SCAN = re.compile(r"(Seq Scan|Index Only Scan|Index Scan|Bitmap Heap Scan)[^\n]* on awooop_run_state\b[^\n]*")
+
+
+async def _plans(conn: asyncpg.Connection, call: object) -> list[str]:
+    """The plans auto_explain logged while `call` (an awaitable on conn) ran."""
+    plans: list[str] = []
+
+    def listen(_: asyncpg.Connection, msg: asyncpg.PostgresLogMessage) -> None:
+        if "plan:" in str(msg):
+            plans.append(str(msg))
+
+    conn.add_log_listener(listen)
+    try:
+        await conn.execute("SET client_min_messages = log")
+        await call  # type: ignore[misc]
+        await conn.execute("RESET client_min_messages")
+    finally:
+        conn.remove_log_listener(listen)
+    return plans
+
+
+@pytest.mark.parametrize("statement_cache", [True, False], ids=["prepared", "plan-functions"])
+async def test_claims_and_heartbeats_planned_on_an_empty_table_read_runs_by_index(
+    db: asyncpg.Connection, settings: Settings, statement_cache: bool
+) -> None:
+    """Prepared statements (a direct connection), and the plan functions a transaction-mode
+    pooler's connections call (AWOOOP_DB_STATEMENT_CACHE=false), which keep their plans alike."""
+    await db.execute("VACUUM ANALYZE awooop_run_state")  # empty, and the statistics say so
+    pool = await create_pool(settings.with_(db_pool_max=1, db_pool_min=1, db_statement_cache=statement_cache))
+    claim = claiming.claim_statement(1, 10)
+    unknown = [uuid.uuid4() for _ in range(10)]
+
+    def claim_args(run_ids: list[uuid.UUID], attempts: list[int]) -> list[object]:
+        return claim.args(
+            projects=["p1"], lease_secs=30.0, worker_id=WORKER, actor="test", **claim_answers.NO_KEY,
+            run_ids=run_ids, attempts=attempts, outputs=["{}"] * len(run_ids),
+            allowed=list(COMPLETE.allowed), worker_projects=None,
+        )  # fmt: skip
+
+    def heartbeat_args(run_ids: list[uuid.UUID]) -> list[object]:
+        return leases.HEARTBEAT.args(
+            run_ids=run_ids, attempts=[1] * len(run_ids), worker_id=WORKER, lease_secs=30.0, worker_projects=None
+        )
+
+    try:
+        async with pool.acquire() as conn:
+            # past the five custom plans of each prepared statement, while the table is empty
+            for _ in range(8):
+                await conn.fetch(claim.sql, *claim_args(unknown, [1] * 10))
+                await conn.fetch(leases.HEARTBEAT.sql, *heartbeat_args(unknown))
+            await db.execute(GROW, WORKER)
+            mine = [r["run_id"] for r in await db.fetch("SELECT run_id FROM awooop_run_state WHERE project_id = 'p1'")]
+            await conn.execute("LOAD 'auto_explain'")
+            for setting in (
+                "log_min_duration = 0",
+                "log_analyze = on",
+                "sample_rate = 1",
+                "log_nested_statements = on",
+            ):
+                await conn.execute(f"SET auto_explain.{setting}")
+            plans = await _plans(conn, conn.fetch(leases.HEARTBEAT.sql, *heartbeat_args(mine)))
+            plans += await _plans(conn, conn.fetch(claim.sql, *claim_args(mine, [1] * 10)))
+    finally:
+        await pool.close()
+    # the statements' own plans (a plan function's call around one reads no table)
+    statements = [plan for plan in plans if _SCAN.search(plan)]
+    assert len(statements) == 2, plans
+    for plan in statements:
+        assert "Seq Scan" not in _SCAN.findall(plan), plan
+    if not statement_cache:  # the statements ran as their functions
+        assert any("awooop_plan_" in plan for plan in plans), plans
+    # and they did their work: the heartbeat renewed the ten leases, the claim completed them
+    done = await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE project_id = 'p1' AND status = 'COMPLETED'")
+    assert done == 10
