@@ -86,3 +86,38 @@ async def test_a_flood_of_unknown_keys_costs_a_bounded_number_of_store_queries(
         grpc.StatusCode.UNAUTHENTICATED,
     )
     assert (failures("missing") - missing, failures("malformed") - malformed) == (1, 1)
+
+
+class SlowRefresh:
+    """The real pool; each query of the live key ids takes `delay` longer, and says when it began."""
+
+    def __init__(self, pool: Any, delay: float) -> None:
+        self.pool = pool
+        self.delay = delay
+        self.began = asyncio.Event()
+
+    async def fetch(self, *args: Any) -> Any:
+        self.began.set()
+        await asyncio.sleep(self.delay)
+        return await self.pool.fetch(*args)
+
+
+async def test_a_burst_of_calls_with_a_new_key_waits_for_one_refresh(
+    start_services: Any, channels: Any, make_key: Any
+) -> None:
+    """A new worker fleet's first calls arrive while the refresh the first one started is running:
+    that refresh finds the key and answers them all; none waits for the next one (30 s here)."""
+    rt = await start_services("scheduler", auth_key_refresh_seconds=30.0)
+    stub = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+    auth = rt.authenticator
+    assert auth is not None
+    slow = SlowRefresh(auth.live.pool, delay=0.3)
+    auth.live.pool = slow  # type: ignore[assignment]
+    key = await make_key("fleet", {"p": ["worker"]})
+    before = auth.live.refreshes
+    first = asyncio.ensure_future(stub.ListRuns(pb.ListRunsRequest(project_id="p"), metadata=key))
+    await slow.began.wait()  # the first call's refresh is running: the rest arrive after it began
+    rest = [stub.ListRuns(pb.ListRunsRequest(project_id="p"), metadata=key) for _ in range(9)]
+    answers = await asyncio.wait_for(asyncio.gather(first, *rest), timeout=15)
+    assert len(answers) == 10
+    assert auth.live.refreshes == before + 1

@@ -5,7 +5,9 @@ A key id not in the set is looked up again only through a refresh of the whole s
 refreshes start at most once per `min_interval` seconds however many requests miss: a
 flood of random, well-formed, all different keys costs one small query per interval, not one
 each. A request that misses waits for a refresh that starts after it arrived (at most
-min_interval), so a key issued a moment ago works on its first request.
+min_interval), so a key issued a moment ago works on its first request; a refresh already running
+when it arrived that finds its key id answers it too (a burst of a new worker fleet's first
+calls waits for one refresh, not for the next interval).
 
 The set is a pre-filter only: a key id in it is still checked against the store (secret,
 revocation, roles; auth.Authenticator), so a revoked id that lingers in the set until the next
@@ -42,6 +44,8 @@ class LiveKeyIds:
                 delay = max(0.0, self._started_at + self.min_interval - time.monotonic())
                 task = self._task = asyncio.get_running_loop().create_task(self._refresh(delay))
             await asyncio.shield(task)  # one caller going away does not cancel the others' refresh
+            if key_id in self._ids:
+                return True
         return key_id in self._ids
 
     async def _refresh(self, delay: float) -> None:
