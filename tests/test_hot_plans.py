@@ -27,7 +27,7 @@ from services.scheduler.transitions import COMPLETE
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 WORKER = "w1"
-# other projects' runs, queued and leased, and the worker's own leased runs
+# other projects' runs, queued and leased, the worker's own leased runs and runs it can claim
 GROW = """
 INSERT INTO awooop_run_state (project_id, channel_type, input, status, worker_id, attempt_count, lease_until)
 SELECT 'other', 'api', '{}'::jsonb,
@@ -37,8 +37,32 @@ SELECT 'other', 'api', '{}'::jsonb,
   FROM generate_series(1, 30000) g
 UNION ALL
 SELECT 'p1', 'api', '{}'::jsonb, 'RUNNING', $1, 1, now() + interval '1 hour' FROM generate_series(1, 10)
+UNION ALL
+SELECT 'p1', 'api', '{}'::jsonb, 'PENDING', NULL, 0, NULL FROM generate_series(1, 15)
 """
 _SCAN = re.compile(r"(Seq Scan|Index Only Scan|Index Scan|Bitmap Heap Scan)[^\n]* on awooop_run_state\b[^\n]*")
+_ROWS = re.compile(r"actual [^)]*rows=(\d+) loops=(\d+)")
+_REMOVED = re.compile(r"Rows Removed by (?:Filter|Index Recheck|Join Filter): (\d+)")
+
+
+def _rows_read(plan: str) -> list[tuple[str, int]]:
+    """Each scan of awooop_run_state in plan: its line and the rows it read (returned, times its
+    loops, plus those its filter removed)."""
+    out: list[tuple[str, int]] = []
+    lines = plan.splitlines()
+    for i, line in enumerate(lines):
+        if not _SCAN.search(line):
+            continue
+        m = _ROWS.search(line)
+        read = int(m.group(1)) * int(m.group(2)) if m else 0
+        for detail in lines[i + 1 :]:
+            if "->" in detail:
+                break
+            removed = _REMOVED.search(detail)
+            if removed and "Join Filter" not in detail:
+                read += int(removed.group(1))
+        out.append((line.strip(), read))
+    return out
 
 
 async def _plans(conn: asyncpg.Connection, call: object) -> list[str]:
@@ -89,7 +113,12 @@ async def test_claims_and_heartbeats_planned_on_an_empty_table_read_runs_by_inde
                 await conn.fetch(claim.sql, *claim_args(unknown, [1] * 10))
                 await conn.fetch(leases.HEARTBEAT.sql, *heartbeat_args(unknown))
             await db.execute(GROW, WORKER)
-            mine = [r["run_id"] for r in await db.fetch("SELECT run_id FROM awooop_run_state WHERE project_id = 'p1'")]
+            mine = [
+                r["run_id"]
+                for r in await db.fetch(
+                    "SELECT run_id FROM awooop_run_state WHERE project_id = 'p1' AND worker_id = $1", WORKER
+                )
+            ]
             await conn.execute("LOAD 'auto_explain'")
             for setting in (
                 "log_min_duration = 0",
@@ -106,9 +135,11 @@ async def test_claims_and_heartbeats_planned_on_an_empty_table_read_runs_by_inde
     statements = [plan for plan in plans if _SCAN.search(plan)]
     assert len(statements) == 2, plans
     for plan in statements:
-        assert "Seq Scan" not in _SCAN.findall(plan), plan
+        # the ten runs of the call (each scan's probes), not the 30,000 others
+        for scan, read in _rows_read(plan):
+            assert "Seq Scan" not in scan and read <= 20, f"{scan} read {read} rows\n{plan}"
     if not statement_cache:  # the statements ran as their functions
         assert any("awooop_plan_" in plan for plan in plans), plans
-    # and they did their work: the heartbeat renewed the ten leases, the claim completed them
-    done = await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE project_id = 'p1' AND status = 'COMPLETED'")
-    assert done == 10
+    # and they did their work: the claim completed the ten runs and claimed ten others
+    counts = dict(await db.fetch("SELECT status, count(*) FROM awooop_run_state WHERE project_id = 'p1' GROUP BY 1"))
+    assert counts == {"COMPLETED": 10, "RUNNING": 10, "PENDING": 5}, counts

@@ -91,7 +91,7 @@ cur AS (
            cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
            worker_id AS cur_worker, concurrency_keys AS cur_keys
       FROM awooop_run_state
-     WHERE run_id IN (SELECT run_id FROM items)
+     WHERE run_id = ANY(:run_ids::uuid[])
      ORDER BY run_id
        FOR UPDATE
 ),
@@ -114,7 +114,8 @@ upd AS (
        SET status = 'COMPLETED', output = w.output, lease_until = NULL, worker_id = NULL,
            failure_reason = NULL, error_code = NULL, not_before = NULL, saga_status = 'not_needed', updated_at = now()
       FROM win w
-     WHERE r.run_id = w.run_id
+     WHERE r.run_id = ANY(:run_ids::uuid[])
+       AND r.run_id = w.run_id
        AND r.attempt_count = w.attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
        AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
@@ -176,7 +177,8 @@ parked AS (
            wait_reason = CASE WHEN b.window_end IS NULL THEN 'key_busy' ELSE 'rate_limited' END,
            wait_key = b.key
       FROM blocked b
-     WHERE r.run_id = b.run_id
+     WHERE r.run_id = ANY(ARRAY(SELECT run_id FROM blocked))
+       AND r.run_id = b.run_id
  RETURNING r.run_id
 ),
 go AS (
@@ -195,7 +197,8 @@ claimed AS (
            wait_key = NULL,
            updated_at = now()
       FROM go p
-     WHERE r.run_id = p.run_id
+     WHERE r.run_id = ANY(ARRAY(SELECT run_id FROM go))
+       AND r.run_id = p.run_id
  RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
            r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
