@@ -9,7 +9,9 @@
 -- awooop_run_leased_idx (RUNNING, WAITING_TOOL with a worker) and awooop_run_waiting_idx
 -- (WAITING_TOOL parked on a durable wait: no worker; migration 0161), one arm each, so the
 -- planner reads the four indexes (a BitmapOr) and its cost follows the backlog, not the history
--- of finished runs.
+-- of finished runs. The paused projects are read once, as an array (an InitPlan), not probed per
+-- run: with sequential scans priced out (services/common/planner.py) a correlated NOT EXISTS was
+-- an index probe of awooop_project_flow for every unfinished run.
 SELECT project_id, status, count(*) AS n,
        count(*) FILTER (WHERE claimable) AS claimable,
        COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(ready_since) FILTER (WHERE claimable)), 0)::float8
@@ -18,7 +20,7 @@ SELECT project_id, status, count(*) AS n,
                (status IN ('PENDING', 'RESUMED')
                 AND (not_before IS NULL OR not_before <= now())
                 AND attempt_count - released_count < max_attempts
-                AND NOT EXISTS (SELECT 1 FROM awooop_project_flow f WHERE f.project_id = r.project_id AND f.paused))
+                AND r.project_id <> ALL (ARRAY(SELECT f.project_id FROM awooop_project_flow f WHERE f.paused)))
                    AS claimable,
                GREATEST(updated_at, not_before) AS ready_since
           FROM awooop_run_state r
