@@ -218,8 +218,8 @@ def _connector(settings: Settings) -> Callable[..., Awaitable[asyncpg.Connection
                     "startup",
                     "the store refused a startup parameter (%s): a pooler is in front of Postgres; "
                     "connecting without them. Set them as role settings (ALTER ROLE ... SET "
-                    "statement_timeout = '%dms'; ALTER ROLE ... SET enable_seqscan = off), and for a "
-                    "transaction-mode pooler set AWOOOP_DB_STATEMENT_CACHE=false",
+                    "statement_timeout = '%dms'; ALTER ROLE ... SET enable_seqscan = off; ALTER ROLE ... "
+                    "SET jit = off), and for a transaction-mode pooler set AWOOOP_DB_STATEMENT_CACHE=false",
                     exc,
                     timeout_ms,
                 )
