@@ -3,13 +3,12 @@ plan was made. Postgres plans a prepared statement afresh for its first five cal
 generic plan costed on the table as it was then; a service that started on an empty
 awooop_run_state (a new install, a new project's first load) kept sequential scans of the whole
 table in its claim and heartbeat plans until autovacuum's next analyze of it: 7,400 buffers a claim
-at 65,000 runs, three times the Postgres CPU per run. The services' connections price sequential
-scans out (services/common/db.py, PLANNER), so a plan made on an empty table still uses the
-indexes.
+at 65,000 runs, three times the Postgres CPU per run. The services price sequential scans out
+(services/common/planner.py) and the statements name their runs as `run_id = ANY(ids)`, so a plan
+made on an empty table probes the primary key per run; each scan here may read 20 rows.
 
-The plans are read as Postgres runs them: auto_explain logs each statement of the service pool's
-own connection to the client (client_min_messages = log), with the rows each node read, so the test
-sees the cached plan itself, not an EXPLAIN of a new one."""
+The plans are read as Postgres runs them, on the service pool's own connection
+(tests/harness/plans.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ from services.common.db import create_pool
 from services.common.settings import Settings
 from services.scheduler import claim_answers, claiming, leases
 from services.scheduler.transitions import COMPLETE
+from tests.harness.plans import explain_to_client, logged_plans
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -65,24 +65,6 @@ def _rows_read(plan: str) -> list[tuple[str, int]]:
     return out
 
 
-async def _plans(conn: asyncpg.Connection, call: object) -> list[str]:
-    """The plans auto_explain logged while `call` (an awaitable on conn) ran."""
-    plans: list[str] = []
-
-    def listen(_: asyncpg.Connection, msg: asyncpg.PostgresLogMessage) -> None:
-        if "plan:" in str(msg):
-            plans.append(str(msg))
-
-    conn.add_log_listener(listen)
-    try:
-        await conn.execute("SET client_min_messages = log")
-        await call  # type: ignore[misc]
-        await conn.execute("RESET client_min_messages")
-    finally:
-        conn.remove_log_listener(listen)
-    return plans
-
-
 @pytest.mark.parametrize("statement_cache", [True, False], ids=["prepared", "plan-functions"])
 async def test_claims_and_heartbeats_planned_on_an_empty_table_read_runs_by_index(
     db: asyncpg.Connection, settings: Settings, statement_cache: bool
@@ -119,16 +101,9 @@ async def test_claims_and_heartbeats_planned_on_an_empty_table_read_runs_by_inde
                     "SELECT run_id FROM awooop_run_state WHERE project_id = 'p1' AND worker_id = $1", WORKER
                 )
             ]
-            await conn.execute("LOAD 'auto_explain'")
-            for setting in (
-                "log_min_duration = 0",
-                "log_analyze = on",
-                "sample_rate = 1",
-                "log_nested_statements = on",
-            ):
-                await conn.execute(f"SET auto_explain.{setting}")
-            plans = await _plans(conn, conn.fetch(leases.HEARTBEAT.sql, *heartbeat_args(mine)))
-            plans += await _plans(conn, conn.fetch(claim.sql, *claim_args(mine, [1] * 10)))
+            await explain_to_client(conn, nested=True)
+            plans = await logged_plans(conn, conn.fetch(leases.HEARTBEAT.sql, *heartbeat_args(mine)))
+            plans += await logged_plans(conn, conn.fetch(claim.sql, *claim_args(mine, [1] * 10)))
     finally:
         await pool.close()
     # the statements' own plans (a plan function's call around one reads no table)

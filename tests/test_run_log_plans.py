@@ -16,6 +16,8 @@ import uuid
 import asyncpg
 import pytest
 
+from tests.harness.plans import explain_to_client, logged_plans
+
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 APPEND = "SELECT awooop_append_run_event($1, 'p1', 'progress', 'tick', '{}'::jsonb, 1)"
@@ -33,38 +35,19 @@ SELECT r, g, 'p1', 'progress', 'tick', '{}'::jsonb, 1 FROM unnest($1::uuid[]) r,
 _READ = re.compile(r"(Seq Scan|Index Only Scan|Index Scan)[^\n]* on awooop_run_event\b[^\n]*rows=(\d+) loops=1")
 
 
-async def _explained(conn: asyncpg.Connection, sql: str, *args: object) -> list[str]:
-    """The plans of every statement `sql` ran, nested ones included."""
-    plans: list[str] = []
-
-    def listen(_: asyncpg.Connection, msg: asyncpg.PostgresLogMessage) -> None:
-        if "plan:" in str(msg):
-            plans.append(str(msg))
-
-    conn.add_log_listener(listen)
-    try:
-        await conn.execute("SET client_min_messages = log")
-        await conn.execute(sql, *args)
-        await conn.execute("RESET client_min_messages")
-    finally:
-        conn.remove_log_listener(listen)
-    return plans
-
-
 async def test_last_seq_probes_planned_on_an_empty_log_read_one_row(db: asyncpg.Connection, db_dsn: str) -> None:
     await db.execute("VACUUM ANALYZE awooop_run_event")  # empty, and the statistics say so
     run_id, other = uuid.uuid4(), uuid.uuid4()
     conn = await asyncpg.connect(db_dsn)
     try:
-        await conn.execute("LOAD 'auto_explain'")
-        for setting in ("log_min_duration = 0", "log_nested_statements = on", "log_analyze = on"):
-            await conn.execute(f"SET auto_explain.{setting}")
+        await explain_to_client(conn, nested=True)
         # plan both probes while the log is empty: past PL/pgSQL's five custom plans
         for _ in range(8):
             await conn.execute(APPEND, run_id)
             await conn.execute(AUDIT, [other])
         await db.execute(GROW, [run_id, other])
-        plans = await _explained(conn, APPEND, run_id) + await _explained(conn, AUDIT, [other])
+        plans = await logged_plans(conn, conn.execute(APPEND, run_id))
+        plans += await logged_plans(conn, conn.execute(AUDIT, [other]))
     finally:
         await conn.close()
     probes = [p for p in plans if re.search(r"max\(seq\)|max\(e\.seq\)|ORDER BY e\.seq DESC LIMIT 1", p)]
