@@ -40,6 +40,13 @@ SELECT 'p1', 'api', '{}'::jsonb, 'RUNNING', $1, 1, now() + interval '1 hour' FRO
 UNION ALL
 SELECT 'p1', 'api', '{}'::jsonb, 'PENDING', NULL, 0, NULL FROM generate_series(1, 15)
 """
+# two older runs behind a key with one slot: the claim takes them first, grants one and parks the
+# other (the statement's `parked` update)
+KEYED = """
+INSERT INTO awooop_concurrency_limit (project_id, key, max_running) VALUES ('p1', 'k', 1);
+INSERT INTO awooop_run_state (project_id, channel_type, input, status, attempt_count, concurrency_keys, created_at)
+SELECT 'p1', 'api', '{}'::jsonb, 'PENDING', 0, ARRAY['k'], now() - interval '1 hour' FROM generate_series(1, 2);
+"""
 _SCAN = re.compile(r"(Seq Scan|Index Only Scan|Index Scan|Bitmap Heap Scan)[^\n]* on awooop_run_state\b[^\n]*")
 _ROWS = re.compile(r"actual [^)]*rows=(\d+) loops=(\d+)")
 _REMOVED = re.compile(r"Rows Removed by (?:Filter|Index Recheck|Join Filter): (\d+)")
@@ -95,6 +102,7 @@ async def test_claims_and_heartbeats_planned_on_an_empty_table_read_runs_by_inde
                 await conn.fetch(claim.sql, *claim_args(unknown, [1] * 10))
                 await conn.fetch(leases.HEARTBEAT.sql, *heartbeat_args(unknown))
             await db.execute(GROW, WORKER)
+            await db.execute(KEYED)
             mine = [
                 r["run_id"]
                 for r in await db.fetch(
@@ -115,6 +123,9 @@ async def test_claims_and_heartbeats_planned_on_an_empty_table_read_runs_by_inde
             assert "Seq Scan" not in scan and read <= 20, f"{scan} read {read} rows\n{plan}"
     if not statement_cache:  # the statements ran as their functions
         assert any("awooop_plan_" in plan for plan in plans), plans
-    # and they did their work: the claim completed the ten runs and claimed ten others
+    # and they did their work: the claim completed the ten runs, parked one keyed run and claimed
+    # the other nine it picked
     counts = dict(await db.fetch("SELECT status, count(*) FROM awooop_run_state WHERE project_id = 'p1' GROUP BY 1"))
-    assert counts == {"COMPLETED": 10, "RUNNING": 10, "PENDING": 5}, counts
+    assert counts == {"COMPLETED": 10, "RUNNING": 9, "PENDING": 8}, counts
+    parked = await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE wait_reason = 'key_busy'")
+    assert parked == 1
