@@ -7,6 +7,13 @@ at 65,000 runs, three times the Postgres CPU per run. The services price sequent
 (services/common/planner.py) and the statements name their runs as `run_id = ANY(ids)`, so a plan
 made on an empty table probes the primary key per run; each scan here may read 20 rows.
 
+A project the statistics have not seen (its runs came after the table's last analyze: a new
+project on a busy install, every project where autovacuum is off) looked to the planner like a
+handful of runs, and a statement that found a run by id and checked the caller's projects read the
+project's whole index (awooop_run_list_idx) instead: a heartbeat of ten leases read 28,000 rows
+under the bench's dispatch load. The scope checks are not index conditions (`(...) IS TRUE`,
+docs/architecture.md "Store"); the second test holds them to the runs they name.
+
 The plans are read as Postgres runs them, on the service pool's own connection
 (tests/harness/plans.py)."""
 
@@ -19,8 +26,10 @@ import asyncpg
 import pytest
 
 from services.common.db import create_pool
+from services.common.runstate import LEASED
 from services.common.settings import Settings
-from services.scheduler import claim_answers, claiming, leases
+from services.saga import journal
+from services.scheduler import claim_answers, claiming, leases, run_events
 from services.scheduler.transitions import COMPLETE
 from tests.harness.plans import explain_to_client, logged_plans
 
@@ -50,6 +59,7 @@ SELECT 'p1', 'api', '{}'::jsonb, 'PENDING', 0, ARRAY['k'], now() - interval '1 h
 _SCAN = re.compile(r"(Seq Scan|Index Only Scan|Index Scan|Bitmap Heap Scan)[^\n]* on awooop_run_state\b[^\n]*")
 _ROWS = re.compile(r"actual [^)]*rows=(\d+) loops=(\d+)")
 _REMOVED = re.compile(r"Rows Removed by (?:Filter|Index Recheck|Join Filter): (\d+)")
+_BUFFERS = re.compile(r"Buffers: shared(?: hit=(\d+))?(?: read=(\d+))?")
 
 
 def _rows_read(plan: str) -> list[tuple[str, int]]:
@@ -69,6 +79,22 @@ def _rows_read(plan: str) -> list[tuple[str, int]]:
             if removed and "Join Filter" not in detail:
                 read += int(removed.group(1))
         out.append((line.strip(), read))
+    return out
+
+
+def _pages_read(plan: str) -> list[tuple[str, int]]:
+    """Each scan of awooop_run_state in plan (logged with buffers) and the pages it read: an index
+    condition on a later column of an index filters inside the index, which no row count shows."""
+    out: list[tuple[str, int]] = []
+    lines = plan.splitlines()
+    for i, line in enumerate(lines):
+        if _SCAN.search(line):
+            for detail in lines[i + 1 :]:
+                if "->" in detail:
+                    break
+                if m := _BUFFERS.search(detail):
+                    out.append((line.strip(), sum(int(g or 0) for g in m.groups())))
+                    break
     return out
 
 
@@ -129,3 +155,79 @@ async def test_claims_and_heartbeats_planned_on_an_empty_table_read_runs_by_inde
     assert counts == {"COMPLETED": 10, "RUNNING": 9, "PENDING": 8}, counts
     parked = await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE wait_reason = 'key_busy'")
     assert parked == 1
+
+
+# runs of another project, analyzed; then the worker's project grows past what the statistics say
+OLD = """INSERT INTO awooop_run_state (project_id, channel_type, input, status)
+         SELECT 'other', 'api', '{}'::jsonb, 'COMPLETED' FROM generate_series(1, 2000)"""
+NEW = """INSERT INTO awooop_run_state (project_id, channel_type, input, status, worker_id, attempt_count, lease_until)
+         SELECT 'p1', 'api', '{}'::jsonb, 'COMPLETED', NULL, 1, NULL FROM generate_series(1, 30000)
+         UNION ALL
+         SELECT 'p1', 'api', '{}'::jsonb, 'RUNNING', $1, 1, now() + interval '1 hour' FROM generate_series(1, 12)"""
+
+
+@pytest.mark.parametrize("statement_cache", [True, False], ids=["prepared", "plan-functions"])
+async def test_scope_checks_of_a_project_newer_than_its_statistics_read_runs_by_id(
+    db: asyncpg.Connection, settings: Settings, statement_cache: bool
+) -> None:
+    """The heartbeat, a progress event (migration 0260's function), a claim carrying completions,
+    CompleteRun and the saga's BeginStep, each
+    with the caller's projects named (as the servicers call them), in their first (custom)
+    plans: every scan of awooop_run_state reads the runs the call names, not the project."""
+    await db.execute(OLD)
+    await db.execute("ANALYZE awooop_run_state")
+    await db.execute(NEW, WORKER)
+    mine = [
+        r["run_id"]
+        for r in await db.fetch("SELECT run_id FROM awooop_run_state WHERE worker_id = $1 ORDER BY run_id", WORKER)
+    ]
+    ten, one, last = mine[:10], mine[10], mine[11]
+    scope = ["p1"]
+    claim = claiming.claim_statement(1, 10)
+    pool = await create_pool(settings.with_(db_pool_max=1, db_pool_min=1, db_statement_cache=statement_cache))
+    try:
+        async with pool.acquire() as conn:
+            await explain_to_client(conn, nested=True, buffers=True)
+            heartbeat = leases.HEARTBEAT.args(
+                run_ids=ten, attempts=[1] * 10, worker_id=WORKER, lease_secs=30.0, worker_projects=scope
+            )
+            begin = journal.BEGIN.args(
+                run_id=last, attempt=1, leased=list(LEASED), projects=scope, step_id="s1",
+                step_type="tool_call", tool_id="t", tool_params="{}",
+            )  # fmt: skip
+            complete = COMPLETE.statement.args(
+                run_id=one, output="{}", attempt=1, allowed=list(COMPLETE.allowed), worker_projects=scope, actor="test"
+            )
+            claim_completing = claim.args(
+                projects=["nobody"], lease_secs=30.0, worker_id=WORKER, actor="test", **claim_answers.NO_KEY,
+                run_ids=ten, attempts=[1] * 10, outputs=["{}"] * 10,
+                allowed=list(COMPLETE.allowed), worker_projects=scope,
+            )  # fmt: skip
+            emit = run_events.EMIT.args(
+                run_id=last, attempt=1, projects=scope, kind="progress", data="{}", emit_key=None,
+                max_count=10, max_bytes=10_000,
+            )  # fmt: skip
+            calls = [
+                conn.fetch(leases.HEARTBEAT.sql, *heartbeat),
+                conn.fetch(run_events.EMIT.sql, *emit),
+                conn.fetch(journal.BEGIN.sql, *begin),
+                conn.fetch(COMPLETE.statement.sql, *complete),
+                conn.fetch(claim.sql, *claim_completing),
+            ]
+            plans = [plan for call in calls for plan in await logged_plans(conn, call)]
+    finally:
+        await pool.close()
+    statements = [plan for plan in plans if _SCAN.search(plan)]
+    assert len(statements) >= 5, plans
+    for plan in statements:
+        for scan, read in _rows_read(plan):
+            assert "Seq Scan" not in scan and read <= 20, f"{scan} read {read} rows\n{plan}"
+        # the project's part of awooop_run_list_idx is ~250 pages; ten runs' probes ~50
+        for scan, pages in _pages_read(plan):
+            assert pages <= 100, f"{scan} read {pages} pages\n{plan}"
+    # and the calls did their work: eleven runs completed, the twelfth holds its begun step
+    counts = dict(await db.fetch("SELECT status, count(*) FROM awooop_run_state WHERE project_id = 'p1' GROUP BY 1"))
+    assert counts == {"COMPLETED": 30011, "RUNNING": 1}, counts
+    assert await db.fetchval("SELECT count(*) FROM awooop_saga_step WHERE run_id = $1", last) == 1
+    progress = "SELECT count(*) FROM awooop_run_event WHERE run_id = $1 AND source = 'progress'"
+    assert await db.fetchval(progress, last) == 1

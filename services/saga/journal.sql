@@ -15,7 +15,7 @@
 WITH lease AS (
     SELECT run_id, project_id FROM awooop_run_state
      WHERE run_id = :run_id AND attempt_count = :attempt AND status = ANY(:leased::text[])
-       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[]))
+       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[])) IS TRUE
        FOR NO KEY UPDATE
 )
 INSERT INTO awooop_saga_step AS s (run_id, step_id, project_id, seq, step_type, tool_id, tool_params, status, attempt)
@@ -42,7 +42,7 @@ RETURNING (s.xmax = 0) AS inserted, s.step_id, s.step_type, s.tool_id, s.tool_pa
 WITH lease AS (
     SELECT run_id, project_id FROM awooop_run_state
      WHERE run_id = :run_id AND attempt_count = :attempt AND status = ANY(:leased::text[])
-       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[]))
+       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[])) IS TRUE
        FOR NO KEY UPDATE
 ),
 async_commit AS (
@@ -68,7 +68,7 @@ RETURNING s.step_id, s.step_type, s.tool_id, s.tool_params, s.status, s.result, 
 WITH lease AS (
     SELECT run_id FROM awooop_run_state
      WHERE run_id = :run_id AND attempt_count = :attempt AND status = ANY(:leased::text[])
-       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[]))
+       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[])) IS TRUE
        FOR SHARE
 )
 UPDATE awooop_saga_step s

@@ -31,7 +31,7 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND r.attempt_count = :attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
+       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
        AND NOT r.cancel_requested
  RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
@@ -63,7 +63,7 @@ WITH upd AS (
     UPDATE awooop_run_state r
        SET approval_token_hash = :token_hash, updated_at = now()
      WHERE r.run_id = :run_id AND r.attempt_count = :attempt AND r.status IN ('WAITING_APPROVAL')
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
+       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
  RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
            r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
@@ -111,7 +111,7 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND r.status = 'WAITING_APPROVAL'
        AND (cur.expired OR r.approval_token_hash = :token_hash)
-       AND (:approver_projects::text[] IS NULL OR r.project_id = ANY(:approver_projects::text[]))
+       AND (:approver_projects::text[] IS NULL OR r.project_id = ANY(:approver_projects::text[])) IS TRUE
  RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
            r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,

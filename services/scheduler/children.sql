@@ -10,7 +10,7 @@ SELECT r.run_id, r.project_id, r.child_depth,
          WHERE c.parent_run_id = r.run_id AND NOT c.parent_step_id = ANY(:step_ids::text[])) AS children
   FROM awooop_run_state r
  WHERE r.run_id = :run_id AND r.attempt_count = :attempt AND r.status = 'RUNNING'
-   AND (:projects::text[] IS NULL OR r.project_id = ANY(:projects::text[]))
+   AND (:projects::text[] IS NULL OR r.project_id = ANY(:projects::text[])) IS TRUE
 
 -- name: StartChildRuns
 -- Starts the caller's children (:children, a JSON array in the handler's order: step_id, input,
@@ -28,7 +28,7 @@ WITH parent AS (
     SELECT run_id, project_id, child_depth, traceparent
       FROM awooop_run_state
      WHERE run_id = :run_id AND attempt_count = :attempt AND status = 'RUNNING'
-       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[]))
+       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[])) IS TRUE
 ),
 spec AS (
     SELECT e.c ->> 'step_id' AS step_id, e.c -> 'input' AS input, (e.c ->> 'priority')::int AS priority,

@@ -123,7 +123,7 @@ upd AS (
        AND r.run_id = w.run_id
        AND r.attempt_count = w.attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
+       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
        AND (SELECT count(*) FROM held_keys) >= 0
  RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,

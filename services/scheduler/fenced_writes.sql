@@ -49,7 +49,7 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND r.attempt_count = :attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
+       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
  RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
            r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
@@ -117,7 +117,7 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND r.attempt_count = :attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
+       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
  RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
            r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
@@ -174,7 +174,7 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND r.attempt_count = :attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
+       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
  RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
            r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
@@ -221,7 +221,7 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND r.attempt_count = :attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
+       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
  RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
            r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
@@ -259,7 +259,7 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND r.attempt_count = :attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
+       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
  RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
            r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
@@ -297,7 +297,7 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND r.attempt_count = :attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
+       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
        AND r.cancel_requested
  RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
@@ -354,7 +354,7 @@ upd AS (
       FROM cur
      WHERE r.run_id = cur.cur_run_id
        AND cur.cur_status IN ('PENDING', 'RUNNING', 'WAITING_TOOL', 'WAITING_APPROVAL', 'RESUMED')
-       AND (:cancel_projects::text[] IS NULL OR r.project_id = ANY(:cancel_projects::text[]))
+       AND (:cancel_projects::text[] IS NULL OR r.project_id = ANY(:cancel_projects::text[])) IS TRUE
  RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
            r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
            r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,

@@ -29,7 +29,7 @@ locked AS (
      WHERE r.run_id = ANY(:run_ids::uuid[])
        AND r.worker_id = :worker_id
        AND (r.status IN ('RUNNING', 'WAITING_TOOL')) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[]))
+       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
      ORDER BY r.run_id
        FOR UPDATE OF r
 )

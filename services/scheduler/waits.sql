@@ -14,7 +14,7 @@
 WITH lease AS (
     SELECT run_id, project_id FROM awooop_run_state
      WHERE run_id = :run_id AND attempt_count = :attempt AND status = 'RUNNING'
-       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[]))
+       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[])) IS TRUE
 )
 INSERT INTO awooop_wait AS w (project_id, run_id, step_id, kind, token_hash, expires_at, match_channel, match_key,
                                match_since)
@@ -61,7 +61,7 @@ upd AS (
            not_before = w.expires_at
       FROM cur, w
      WHERE r.run_id = cur.cur_run_id AND r.attempt_count = :attempt AND r.status = 'RUNNING'
-       AND (:projects::text[] IS NULL OR r.project_id = ANY(:projects::text[]))
+       AND (:projects::text[] IS NULL OR r.project_id = ANY(:projects::text[])) IS TRUE
        AND NOT r.cancel_requested AND w.status = 'open'
  RETURNING r.run_id, r.project_id, r.attempt_count, cur.cur_worker AS prev_worker
 ),
@@ -88,7 +88,7 @@ SELECT cur.*, (SELECT count(*) FROM parked) > 0 AS parked, w.wait_id, w.status A
 SELECT * FROM awooop_end_wait(:wait_id, 'completed', :result, :actor, :projects::text[])
  WHERE NOT EXISTS (SELECT 1 FROM awooop_wait
                     WHERE wait_id = :wait_id AND kind = 'children'
-                      AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[])))
+                      AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[])) IS TRUE)
 
 -- name: ExpireWaits
 -- The timeout sweep: open waits past their expiry end timed_out, and runs parked on them are

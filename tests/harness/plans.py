@@ -10,13 +10,15 @@ from typing import Any
 import asyncpg
 
 
-async def explain_to_client(conn: asyncpg.Connection, *, nested: bool = False) -> None:
+async def explain_to_client(conn: asyncpg.Connection, *, nested: bool = False, buffers: bool = False) -> None:
     """Loads auto_explain on conn: every statement (and with nested, every statement a function
-    runs) logs its plan with actual rows."""
+    runs) logs its plan with actual rows (and with buffers, the pages each node read)."""
     await conn.execute("LOAD 'auto_explain'")
     settings = ["log_min_duration = 0", "log_analyze = on", "sample_rate = 1"]
     if nested:
         settings.append("log_nested_statements = on")
+    if buffers:
+        settings.append("log_buffers = on")
     for setting in settings:
         await conn.execute(f"SET auto_explain.{setting}")
 
