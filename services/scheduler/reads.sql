@@ -45,7 +45,7 @@ SELECT run_id, project_id, channel_type, provider_event_id, status, input, outpu
         UNION ALL
         (SELECT * FROM awooop_run_state
           WHERE parent_run_id = :parent_run_id::uuid
-            AND EXISTS (SELECT 1 FROM awooop_run_state p WHERE p.run_id = :parent_run_id::uuid AND p.project_id = :project_id)
+            AND EXISTS (SELECT 1 FROM awooop_run_state p WHERE p.run_id = :parent_run_id::uuid AND (p.project_id = :project_id) IS TRUE)
             AND (:statuses::text[] IS NULL OR status = ANY(:statuses::text[]))
             AND (:channels::text[] IS NULL OR channel_type = ANY(:channels::text[]))
             AND (:created_after::timestamptz IS NULL OR created_at >= :created_after)
