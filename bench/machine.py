@@ -23,6 +23,9 @@ PG_SETTINGS = (
     "max_wal_size",
     "checkpoint_timeout",
     "jit",
+    # off on some machines (CI's Postgres here): no analyze ever refreshes the planner's statistics,
+    # so a run's plans are made on what the tables looked like when created (docs/benchmarks.md)
+    "autovacuum",
 )
 PACKAGES = ("grpcio", "protobuf", "asyncpg", "redis", "uvloop", "pgqueuer", "dbos", "psycopg", "SQLAlchemy")
 
