@@ -664,8 +664,23 @@ async def test_the_run_page_links_a_parent_and_its_children(env: ConsoleEnv, bro
     status, html, _ = await browser.get(f"/runs/{parent}")
     assert status == 200 and 'id="tree"' in html
     assert all(f'href="/runs/{k}"' in html for k in kids) and "sub-0" in html and "sub-1" in html
+    project = await env.db.fetchval("SELECT project_id FROM awooop_run_state WHERE run_id = $1", parent)
+    children_list = f"/projects/{project}/runs?parent={parent}"
+    assert f'href="{children_list}"' in html  # the children in the runs list, to filter
     status, html, _ = await browser.get(f"/runs/{kids[1]}")
     assert status == 200 and f'href="/runs/{parent}"' in html and "step sub-1, depth 1" in html
+    # the runs list of the parent's children: both, not the parent; with a status filter, the one
+    # that failed
+    await env.db.execute("UPDATE awooop_run_state SET status = 'FAILED' WHERE run_id = $1", kids[0])
+    status, html, _ = await browser.get(children_list)
+    rows = html.split("<tbody>")[1]
+    assert status == 200 and "Children of run" in html
+    assert all(f'href="/runs/{k}"' in rows for k in kids) and f'href="/runs/{parent}"' not in rows
+    status, html, _ = await browser.get(f"{children_list}&status=FAILED")
+    rows = html.split("<tbody>")[1]
+    assert status == 200 and f'href="/runs/{kids[0]}"' in rows and f'href="/runs/{kids[1]}"' not in rows
+    status, html, _ = await browser.get(f"/projects/{project}/runs?parent=not-a-run")
+    assert status == 200 and "is not a run id" in html
 
 
 async def test_the_schedules_page_lists_next_ticks_and_failures_and_an_admin_deletes_one(

@@ -31,6 +31,7 @@ class RunView:
     waits: list[scheduler_pb2.Wait] = field(default_factory=list)  # ListWaits: open ones first
     progress: list[scheduler_pb2.WatchEvent] = field(default_factory=list)  # the handler's ctx.emit events
     children: list[scheduler_pb2.ChildRunRef] = field(default_factory=list)  # the run tree, start order
+    more_children: bool = False  # GetRun listed only the first children: the runs page lists them all
 
 
 class Backend:
@@ -84,7 +85,9 @@ class Backend:
             problems.append(f"progress events: {progress_r.details.render()}")
         else:
             progress = progress_r
-        return RunView(run_r.run, history, journal, problems, waits, progress, list(run_r.children))
+        return RunView(
+            run_r.run, history, journal, problems, waits, progress, list(run_r.children), run_r.more_children
+        )
 
     async def progress(self, key: str, run_id: str) -> list[scheduler_pb2.WatchEvent]:
         """The run's progress events so far (WatchRun with snapshot: the log as it is, no following)."""

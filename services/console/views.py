@@ -210,7 +210,11 @@ class Console:
         statuses = [s for s in q.getall("status", []) if s in pages.STATUSES]
         channels = [c for c in q.getall("channel", []) if c in pages.CHANNELS]
         search = q.get("q", "").strip()[:MAX_QUERY]
+        parent = q.get("parent", "").strip()[:MAX_QUERY]
         errors: list[str] = []
+        if parent and not _is_uuid(parent):
+            errors.append("'children of' is not a run id (a UUID such as the ones in the run column)")
+            parent = ""
         since = until = None
         try:
             since = pages.parse_time(q.get("since", ""))
@@ -236,6 +240,7 @@ class Console:
             page_size=RUNS_PAGE,
             page_token=q.get("page_token", "")[:MAX_QUERY],
             provider_event_id=search if search and not _is_uuid(search) else "",
+            parent_run_id=parent,
         )
         if since:
             req.created_after.FromDatetime(since)
@@ -250,7 +255,8 @@ class Console:
             ),
         )
         rows = [] if search and _is_uuid(search) else [pages.run_row(r) for r in listed.runs]
-        if not listed.runs and not (statuses or channels or since or until or search):
+        filtered = bool(statuses or channels or since or until or search or parent)
+        if not listed.runs and not filtered:
             known = await self.call(request, self.backend.scheduler.ListProjects, scheduler_pb2.ListProjectsRequest())
             if project not in known.project_ids:  # a typo, or a project nobody has used: say so
                 return self.not_found(
@@ -274,12 +280,13 @@ class Console:
             since=q.get("since", ""),
             until=q.get("until", ""),
             search=search,
+            parent=parent,
             errors=errors,
             next_url=("?" + urlencode([*keep, ("page_token", listed.next_page_token)]))
             if listed.next_page_token
             else "",
             first_url=("?" + urlencode(keep)) if q.get("page_token") else "",
-            filtered=bool(statuses or channels or since or until or search),
+            filtered=filtered,
         )
 
     async def run(self, request: web.Request) -> web.StreamResponse:
@@ -306,6 +313,7 @@ class Console:
             page=page,
             run=view.run,
             children=[(c.run_id, c.step_id, timeline.status_name(c.status)) for c in view.children],
+            more_children=view.more_children,
             project=view.run.project_id,
             query=request.query,
         )
