@@ -10,7 +10,8 @@ with completed steps skipped, durable waits (a token's callback URL, a timeout, 
 group's resolve, each matched by the server's key of the event) and parked tool calls
 (ctx.callToolParked: the tool outlives a SIGKILLed worker and posts to the callback URL, runs
 once, compensates, posts an error, times out), each journaled and answered from the journal when
-the handler runs again, and SIGTERM: handlers finish in the grace period or are
+the handler runs again, child runs (ctx.runChildren, ctx.startChild: the parent parked until its
+children ended, then answered their outcomes), and SIGTERM: handlers finish in the grace period or are
 handed back, settling calls retried through hangs and UNAVAILABLE, a claim answered after the
 signal handed back, and a non-zero exit naming the runs it could not settle.
 
@@ -333,6 +334,50 @@ async def test_a_durable_wait_parks_the_run_and_the_callback_url_resumes_it_with
         ("wait-1", "callback", "completed"),
         ("wait-1:outcome", "callback", "completed"),
     ]
+
+
+async def test_child_runs_park_the_parent_until_they_end_and_answer_their_outcomes(
+    suite: Suite, db: Any, tmp_path: Path
+) -> None:
+    """ctx.runChildren (one completes, one fails), ctx.startChild with handle.result(), and a
+    runChildren timeout: each parent parks holding no lease and runs again from the top once its
+    children ended, as the Python SDK's run_children and start_child."""
+    both, handle, timing_out = await suite.create_runs(
+        {"mode": "children"}, {"mode": "child-handle"}, {"mode": "children-timeout"}
+    )
+    async with node_worker(suite, tmp_path, concurrency=3) as worker:
+        for run_id in (both, handle, timing_out):
+            await eventually(
+                lambda r=run_id: suite.status_is(r, common_pb2.RUN_STATUS_COMPLETED), timeout=30, what=f"{run_id} done"
+            )
+        started = await worker.event("child-started", run_id=handle)
+        assert await worker.sigterm() == 0, worker.text()
+    outcomes = (await suite.run(both)).output["outcomes"]
+    assert [(o["step_id"], o["status"], o["ok"]) for o in outcomes] == [
+        ("child-1", "completed", True),
+        ("child-2", "failed", False),
+    ]
+    assert outcomes[0]["output"] == {"ok": True}
+    kids = await db.fetch(
+        "SELECT run_id::text, parent_step_id, child_depth, status FROM awooop_run_state"
+        " WHERE parent_run_id = $1 ORDER BY parent_step_id",
+        both,
+    )
+    assert [(k["run_id"], k["parent_step_id"], k["child_depth"], k["status"]) for k in kids] == [
+        (outcomes[0]["run_id"], "child-1", 1, "COMPLETED"),
+        (outcomes[1]["run_id"], "child-2", 1, "FAILED"),
+    ]
+    # the parent parked once (no lease held meanwhile) and answered from its children when it ran again
+    assert "WAIT_PARKED" in await audit_actions(db, both)
+    starts = [e for e in worker.events() if e["event"] == "handler-started" and e["run_id"] == both]
+    assert len(starts) == 2 and starts[1]["resumed"], starts
+    [actions] = [e["actions"] for e in worker.events() if e["event"] == "actions" and e["run_id"] == both]
+    assert actions == {"children-1": "children"}
+    # the handle: the same child found again by the resumed attempt, its output read from it
+    done = (await suite.run(handle)).output
+    assert done["child"] == started["child"] and started["started"] is True
+    assert done["status"] == "completed" and done["output"] == {"ok": True}
+    assert (await suite.run(timing_out)).output["children_timed_out"] == "children-1"
 
 
 # --- event waits and parked tool calls: the Python SDK's semantics ---

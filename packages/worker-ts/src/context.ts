@@ -13,6 +13,7 @@
 // JavaScript cannot cancel a promise: the worker stops a handler by aborting `ctx.signal` (lease
 // lost, cancel requested, shutdown). From then on every ctx call throws HandlerStopped, and the
 // worker no longer waits for the handler: pass `ctx.signal` (or `call.signal`) to what you await.
+import { childSpec, ChildrenTimeout, outcomeOf, type Child, type ChildOutcome } from "./children";
 import type { Client } from "./client";
 import type { CompletionBatcher } from "./completions";
 import {
@@ -35,14 +36,30 @@ import {
   type SagaStep,
 } from "./gen/awooop/common/v1/common";
 import { StepAction } from "./gen/awooop/saga/v1/saga";
-import { WaitKind, WaitStatus, type ClaimedRun } from "./gen/awooop/scheduler/v1/scheduler";
+import {
+  WaitKind,
+  WaitStatus,
+  type ChildRun,
+  type ChildRunSpec,
+  type ClaimedRun,
+} from "./gen/awooop/scheduler/v1/scheduler";
 import { duration } from "./time";
 
 /** A JSON object (a google.protobuf.Struct): inputs, outputs, step params and results. */
 export type Json = { [key: string]: unknown };
 
 export type StepKind = "llm_call" | "tool_call" | "approval_request" | "callback";
-export type StepActionName = "execute" | "skip" | "retry";
+/** What this attempt did at a step id: a step's action, or `children` where runChildren returned. */
+export type StepActionName = "execute" | "skip" | "retry" | "children";
+/** A started child (ctx.startChild): `await handle.result()` parks the parent until it ended. */
+export interface ChildHandle {
+  runId: string;
+  stepId: string;
+  /** This call started it (false: an earlier attempt had, under the same step id). */
+  started: boolean;
+  result(options?: { timeout?: number }): Promise<ChildOutcome>;
+}
+
 /** Why the worker stopped a handler. */
 export type StopReason = "lease_lost" | "cancel_requested" | "shutdown";
 
@@ -642,6 +659,94 @@ export class RunContext {
       error: "",
     });
     return [completed, result];
+  }
+
+  // --- child runs ---
+
+  /**
+   * Starts a child run of this run's project (or finds the one an earlier attempt started under the
+   * same stepId: `child-1`, `child-2`, ... in call order when not given) and returns its handle at
+   * once; `await handle.result()` parks this run until the child has ended (its wait's step id is
+   * `<stepId>:wait`).
+   */
+  async startChild(input: Json = {}, options: Omit<Child, "input"> = {}): Promise<ChildHandle> {
+    this.live("startChild");
+    const stepId = this.waitStepId("child", options.stepId);
+    const spec = childSpec({ ...options, input }, stepId);
+    const resp = await this.client.call(this.client.scheduler, "startChildRuns", {
+      lease: this.lease,
+      children: [spec],
+      waitStepId: "",
+      failFast: false,
+    });
+    const [c] = resp.children;
+    if (c === undefined) throw new Error(`StartChildRuns answered no child for ${stepId}`);
+    return {
+      runId: c.runId,
+      stepId,
+      started: c.started,
+      result: async (opts = {}) => {
+        this.live("result");
+        const [outcome] = await this.childOutcomes([spec], `${stepId}:wait`, false, opts.timeout);
+        return outcome as ChildOutcome;
+      },
+    };
+  }
+
+  /**
+   * Starts the children in one call and parks this run until all of them have ended (RunParked: the
+   * handler unwinds and runs again from the top when they have, and this call then resolves at once
+   * with each child's outcome, in order). failFast: the wait ends at the first child that does not
+   * complete, and its unfinished siblings are cancelled. Throws ChildrenTimeout when they did not
+   * all end in `timeout` seconds. Step ids: `children-1`, ... for the wait, `child-1`, ... for the
+   * children, in call order, unless given.
+   */
+  async runChildren(
+    children: Child[],
+    options: { failFast?: boolean; stepId?: string; timeout?: number } = {},
+  ): Promise<ChildOutcome[]> {
+    this.live("runChildren");
+    const waitStepId = this.waitStepId("children", options.stepId);
+    const specs = children.map((c) => childSpec(c, this.waitStepId("child", c.stepId)));
+    return this.childOutcomes(specs, waitStepId, options.failFast ?? false, options.timeout);
+  }
+
+  /**
+   * StartChildRuns with the wait over specs: the children's outcomes once the wait has ended (the
+   * children are read again when it ended while this attempt asked to park), RunParked while open.
+   */
+  private async childOutcomes(
+    specs: ChildRunSpec[],
+    waitStepId: string,
+    failFast: boolean,
+    timeout: number | undefined,
+  ): Promise<ChildOutcome[]> {
+    const request = { lease: this.lease, children: specs, waitStepId, failFast, timeout: duration(timeout) };
+    let resp = await this.client.call(this.client.scheduler, "startChildRuns", request);
+    let w = resp.wait;
+    if (w === undefined) throw new Error(`StartChildRuns answered no wait for ${waitStepId}`);
+    if (w.status === WaitStatus.WAIT_STATUS_OPEN) {
+      const waitId = w.waitId;
+      const parked = await this.ending("parked", () =>
+        this.client.call(this.client.scheduler, "awaitWait", { lease: this.lease, waitId }),
+      );
+      if (parked.parked) throw new RunParked(waitStepId);
+      this.outcome = undefined; // the children ended meanwhile: the run is still ours
+      w = parked.wait ?? w;
+      resp = await this.client.call(this.client.scheduler, "startChildRuns", { ...request, waitStepId: "" });
+    }
+    if (w.status === WaitStatus.WAIT_STATUS_TIMED_OUT) throw new ChildrenTimeout(waitStepId, w.waitId);
+    const outcomes: ChildOutcome[] = [];
+    for (const c of resp.children) outcomes.push(outcomeOf(c, await this.childOutput(c)));
+    this.actions[waitStepId] = "children";
+    return outcomes;
+  }
+
+  /** A child's output: from StartChildRuns' answer, or read with GetRun when it did not fit there. */
+  private async childOutput(c: ChildRun): Promise<Json> {
+    if (!c.outputOmitted) return (c.output ?? {}) as Json;
+    const got = await this.client.call(this.client.scheduler, "getRun", { runId: c.runId });
+    return (got.run?.output ?? {}) as Json;
   }
 
   // --- the run's end ---

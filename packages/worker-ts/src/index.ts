@@ -4,6 +4,7 @@ export type { Logger, LogLevel, WorkerOptions, WorkerStats } from "./worker";
 export { RunContext, HandlerStopped, describe, toolResult } from "./context";
 export type {
   Approval,
+  ChildHandle,
   Compensation,
   CompensationCommand,
   Handler,
@@ -17,6 +18,8 @@ export type {
   ParkedToolOptions,
   WaitToken,
 } from "./context";
+export { ChildrenTimeout } from "./children";
+export type { Child, ChildOutcome } from "./children";
 export { keyOf } from "./eventMatches";
 export type { EventMatch, MatchChannel } from "./eventMatches";
 export { ToolClient } from "./tools";

@@ -4,6 +4,7 @@
 //
 //   node test/dist/worker.js '{"projects": ["wp"], "leaseTtl": 30, ...}'   (WorkerOptions as JSON)
 import {
+  ChildrenTimeout,
   common,
   HandlerStopped,
   ParkedToolFailed,
@@ -181,6 +182,38 @@ async function handle(ctx: RunContext): Promise<Json | undefined> {
       return waitForEvent(ctx);
     case "parked-tool":
       return parkedTool(ctx);
+    case "children": {
+      // two children in one call, the parent parked until both ended: one completes, one fails
+      const outcomes = await ctx.runChildren([
+        { input: { mode: "quick" } },
+        { input: { mode: "throw" }, maxAttempts: 1 },
+      ]);
+      emit({ event: "actions", run_id: ctx.runId, attempt: ctx.attempt, actions: ctx.actions });
+      const seen = outcomes.map((o) => ({
+        step_id: o.stepId,
+        run_id: o.runId,
+        status: o.status,
+        ok: o.ok,
+        output: o.output,
+        error_code: o.errorCode,
+      }));
+      return { outcomes: seen };
+    }
+    case "child-handle": {
+      // one child started at once, its result awaited later (the parent parks on `<stepId>:wait`)
+      const child = await ctx.startChild({ mode: "quick" }, { stepId: "one" });
+      emit({ event: "child-started", run_id: ctx.runId, child: child.runId, started: child.started });
+      const outcome = await child.result();
+      return { child: outcome.runId, status: outcome.status, output: outcome.output };
+    }
+    case "children-timeout":
+      try {
+        await ctx.runChildren([{ input: { mode: "quick" }, delay: 3600 }], { timeout: 0.5 });
+      } catch (err) {
+        if (!(err instanceof ChildrenTimeout)) throw err;
+        return { children_timed_out: err.stepId };
+      }
+      return { children_timed_out: false };
     case "sleep": // a durable sleep: parked, resumed by its time
       emit({ event: "sleeping", run_id: ctx.runId });
       await ctx.sleep(Number(ctx.input.seconds ?? 0.5));
