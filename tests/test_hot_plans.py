@@ -231,3 +231,50 @@ async def test_scope_checks_of_a_project_newer_than_its_statistics_read_runs_by_
     assert await db.fetchval("SELECT count(*) FROM awooop_saga_step WHERE run_id = $1", last) == 1
     progress = "SELECT count(*) FROM awooop_run_event WHERE run_id = $1 AND source = 'progress'"
     assert await db.fetchval(progress, last) == 1
+
+
+QUEUED = """INSERT INTO awooop_run_state (project_id, channel_type, input, status, not_before)
+            SELECT 'p1', 'api', '{}'::jsonb, 'PENDING', 'infinity'::timestamptz FROM generate_series(1, 10000)
+            UNION ALL
+            SELECT 'p1', 'api', '{}'::jsonb, 'PENDING', NULL FROM generate_series(1, 5000)
+            UNION ALL
+            SELECT 'p1', 'api', '{}'::jsonb, 'PENDING', now() - interval '1 minute' FROM generate_series(1, 500)
+            UNION ALL
+            SELECT 'p1', 'api', '{}'::jsonb, 'RESUMED', now() + interval '1 hour' + g * interval '1 second'
+              FROM generate_series(1, 5000) g
+            UNION ALL
+            SELECT 'p2', 'api', '{}'::jsonb, 'PENDING', now() + interval '90 seconds'"""
+
+
+async def test_the_earliest_backoff_is_found_without_reading_the_queue(
+    db: asyncpg.Connection, settings: Settings
+) -> None:
+    """SecondsUntilReady, asked after every empty long-poll claim, for a project holding 10,000 runs
+    parked behind a key, 5,000 queued (a paused project's backlog), 500 due and 5,000 delayed: it
+    reads a few index pages (the first delayed run past now()), not the queue, and Postgres keeps
+    one plan for it instead of planning each call."""
+    await db.execute(QUEUED)
+    st = claiming.SECONDS_UNTIL_READY.variant(count=1)
+    pool = await create_pool(settings.with_(db_pool_max=1, db_pool_min=1))
+    try:
+        async with pool.acquire() as conn:
+            await explain_to_client(conn, buffers=True)
+            for _ in range(8):  # a prepared statement's generic plan is weighed from its sixth call
+                plans = await logged_plans(conn, conn.fetchval(st.sql, *st.args(projects=["p1"])))
+            generic, custom = await conn.fetchrow(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1", st.sql
+            )
+        one = await claiming.seconds_until_ready(pool, ["p1"])
+        both = await claiming.seconds_until_ready(pool, ["p1", "p2"])
+        nobody = await claiming.seconds_until_ready(pool, ["p3"])
+    finally:
+        await pool.close()
+    assert one is not None and 3590 < one < 3602, one  # the first delayed run, not a parked or due one
+    assert both is not None and 80 < both < 91, both
+    assert nobody is None
+    assert custom == 5 and generic >= 3, (generic, custom)
+    [plan] = plans
+    scans = _pages_read(plan)
+    assert scans, plan
+    for scan, pages in scans:
+        assert "awooop_run_delayed_idx" in scan and pages <= 5, f"{scan} read {pages} pages\n{plan}"

@@ -106,7 +106,8 @@ async def claim_once(
 
 async def seconds_until_ready(pool: asyncpg.Pool, projects: list[str]) -> float | None:
     """Seconds until the earliest backoff of these projects ends; None when none is pending."""
-    value = await pool.fetchval(SECONDS_UNTIL_READY.sql, *SECONDS_UNTIL_READY.args(projects=projects))
+    st = SECONDS_UNTIL_READY.variant(count=len(projects))
+    value = await pool.fetchval(st.sql, *st.args(projects=projects))
     return None if value is None else max(0.0, float(value))
 
 

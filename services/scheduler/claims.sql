@@ -250,13 +250,21 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
  ORDER BY item, priority DESC, created_at
 
 -- name: SecondsUntilReady
--- When nothing is claimable: seconds until the earliest retry backoff of :projects ends (a
--- long-polling claim re-checks then). Only run on the empty path. Parked runs ('infinity') wait
--- for a key, not a time.
-SELECT EXTRACT(EPOCH FROM min(not_before) - now())::float8
-  FROM awooop_run_state
- WHERE status IN ('PENDING', 'RESUMED') AND project_id = ANY(:projects::text[]) AND not_before > now()
-   AND not_before < 'infinity'
+-- slots: count=1
+-- When nothing is claimable: seconds until the earliest retry backoff, delay or rate-limit window
+-- of :projects ends (a long-polling claim re-checks then); NULL when none is pending. Only run on
+-- the empty path. Parked runs ('infinity') wait for a key or a wait, not a time. Per project, the
+-- first entry of awooop_run_delayed_idx past now() (migration 0270), however many runs are queued.
+-- {{count}} is the number of projects: with it in the text Postgres keeps one plan for the
+-- statement instead of planning it on every call (an array parameter's length is unknown to a
+-- generic plan, which then costs it as ten projects).
+SELECT EXTRACT(EPOCH FROM min(d.due) - now())::float8
+  FROM (SELECT * FROM unnest(:projects::text[]) LIMIT {{count}}) AS p(project_id)
+ CROSS JOIN LATERAL (
+        SELECT min(not_before) AS due
+          FROM awooop_run_state
+         WHERE project_id = p.project_id AND status IN ('PENDING', 'RESUMED')
+           AND not_before > now() AND not_before < 'infinity') d
 
 -- name: HandBackUndelivered
 -- The hand-back (runstate Action.HAND_BACK; services/scheduler/hand_back.py decides when): runs a
