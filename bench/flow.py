@@ -19,7 +19,10 @@ the lateness of delayed runs, and dispatch latency.
   answer and SDK (`legs`).
 - dispatch_latency_loaded_p50/p99: the same while another project gets runs through ingest at
   half the claim cycle's throughput (the claims group's drain, measured here first), claimed
-  and completed by the claims group's workers, on the same services.
+  and completed by the claims group's workers, on the same services. The JSON also has the
+  server's WAL while sampled (`wal_while_sampled`: bytes and flushes per second, and with
+  track_wal_io_timing on a flush's mean time and the share of the window spent flushing), since
+  every claim is a commit that waits for its flush.
 """
 
 from __future__ import annotations
@@ -345,7 +348,14 @@ class _Dispatch:
 
 
 async def _loaded(
-    dispatch: _Dispatch, cfg: Config, svc: procs.Service, ing: procs.Service, md_load: Any, rate: float, samples: int
+    dispatch: _Dispatch,
+    conn: asyncpg.Connection,
+    cfg: Config,
+    svc: procs.Service,
+    ing: procs.Service,
+    md_load: Any,
+    rate: float,
+    samples: int,
 ) -> tuple[list[float], dict[str, Any]]:
     """Dispatch samples while LOAD gets `rate` runs/s through ingest, claimed and completed by
     the claims group's workers (cfg.claim_workers over cfg.processes) on the same services."""
@@ -380,10 +390,12 @@ async def _loaded(
     )
     await started.wait()
     await asyncio.sleep(at[0] + warmup - time.monotonic())
+    wal0 = await _wal_stats(conn)
     snap0, t0 = cpu.snapshot(svc.pid), time.monotonic()
     out = await dispatch.samples(samples, until=at[0] + seconds - 1.0)  # the last ends inside the load
     t1 = time.monotonic()
     cores = cpu.cores(snap0, cpu.snapshot(svc.pid), t1 - t0)
+    wal = _wal(wal0, await _wal_stats(conn), t1 - t0)
     results = await load
     producer, workers = results[0], results[1:]
     if t1 > at[0] + seconds:
@@ -395,6 +407,34 @@ async def _loaded(
         "completed_per_s": round(sum(r["done"] for r in workers) / seconds, 1),
         "load_errors": {k: v for r in workers for k, v in r["errors"].items()},
         "cpu_cores_while_sampled": cores,
+        "wal_while_sampled": wal,
+    }
+
+
+# the server's WAL writes and flushes (every database: the machine's own Postgres may serve others)
+WAL_STATS = """SELECT wal_bytes::float8 AS bytes, wal_sync::float8 AS syncs, wal_sync_time AS sync_ms,
+                     current_setting('track_wal_io_timing')::bool AS timed FROM pg_stat_wal"""
+
+
+async def _wal_stats(conn: asyncpg.Connection) -> asyncpg.Record | None:
+    try:
+        return await conn.fetchrow(WAL_STATS)
+    except asyncpg.exceptions.UndefinedTableError:  # before PostgreSQL 14
+        return None
+
+
+def _wal(before: asyncpg.Record | None, after: asyncpg.Record | None, seconds: float) -> dict[str, float | None]:
+    """The WAL flushes a window cost every commit in it: bytes and flushes per second, and (with
+    track_wal_io_timing on) each flush's mean time and the share of the window a flush was running."""
+    if before is None or after is None:
+        return {}
+    syncs = after["syncs"] - before["syncs"]
+    sync_ms = after["sync_ms"] - before["sync_ms"] if after["timed"] else None
+    return {
+        "bytes_per_s": round((after["bytes"] - before["bytes"]) / seconds),
+        "flushes_per_s": round(syncs / seconds, 1),
+        "ms_per_flush": round(sync_ms / syncs, 2) if sync_ms is not None and syncs else None,
+        "flushing_share": round(sync_ms / 1000 / seconds, 2) if sync_ms is not None else None,
     }
 
 
@@ -418,7 +458,7 @@ async def _latencies(stores: env.Stores, cfg: Config, figures: dict[str, Figure]
                 idle = await dispatch.samples(samples)
                 idle_legs = await dispatch.breakdown(conn, 5)
                 since = len(dispatch.walls)
-                loaded, load = await _loaded(dispatch, cfg, svc, ing, md_load, drained["per_s"] / 2, samples)
+                loaded, load = await _loaded(dispatch, conn, cfg, svc, ing, md_load, drained["per_s"] / 2, samples)
                 load["legs"] = await dispatch.breakdown(conn, since)
             claim = scheduler_pb2.ClaimRunsRequest(
                 worker_id="bench", project_ids=[PROJECT], max_runs=1, wait=Duration(seconds=10)
