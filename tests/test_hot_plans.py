@@ -278,3 +278,39 @@ async def test_the_earliest_backoff_is_found_without_reading_the_queue(
     assert scans, plan
     for scan, pages in scans:
         assert "awooop_run_delayed_idx" in scan and pages <= 5, f"{scan} read {pages} pages\n{plan}"
+
+
+NOT_DUE = """INSERT INTO awooop_run_state (project_id, channel_type, input, status, not_before, wait_reason)
+             SELECT 'p1', 'api', '{}'::jsonb, 'PENDING', 'infinity'::timestamptz, 'key_busy'
+               FROM generate_series(1, 10000)
+             UNION ALL
+             SELECT 'p1', 'api', '{}'::jsonb, 'PENDING', now() + interval '1 hour' + g * interval '1 second', NULL
+               FROM generate_series(1, 5000) g
+             UNION ALL
+             SELECT 'p1', 'api', '{}'::jsonb, 'PENDING', NULL, NULL FROM generate_series(1, 3)"""
+
+
+async def test_a_claim_passes_over_runs_not_due_inside_the_index(db: asyncpg.Connection, settings: Settings) -> None:
+    """A claim for ten runs of a project with three ready, 10,000 parked behind a busy key and 5,000
+    delayed: it takes the three and reads the others' index entries only (the due bound is the
+    claim index's expression), not each one's heap row for not_before."""
+    await db.execute(NOT_DUE)
+    claim = claiming.claim_statement(1, 10)
+    args = claim.args(
+        projects=["p1"], lease_secs=30.0, worker_id=WORKER, actor="test", **claim_answers.NO_KEY,
+        **claiming.NO_COMPLETIONS,
+    )  # fmt: skip
+    pool = await create_pool(settings.with_(db_pool_max=1, db_pool_min=1))
+    try:
+        async with pool.acquire() as conn:
+            await explain_to_client(conn, buffers=True)
+            plans = await logged_plans(conn, conn.fetch(claim.sql, *args))
+    finally:
+        await pool.close()
+    [plan] = [p for p in plans if _SCAN.search(p)]
+    claimed = await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE worker_id = $1", WORKER)
+    assert claimed == 3
+    scans = [(scan, read) for scan, read in _rows_read(plan) if "awooop_run_claim_idx" in scan]
+    assert scans, plan
+    for scan, read in scans:
+        assert read <= 20, f"{scan} read {read} rows\n{plan}"

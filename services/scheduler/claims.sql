@@ -69,7 +69,14 @@
 -- first, then the earliest due (not_before, else creation). awooop_run_claim_idx is (project_id,
 -- priority DESC, due), so each scan reads the runs in that order and stops after max_runs ready
 -- ones; equality on project_id keeps the index order, so the cost does not grow with the backlog
--- (`project_id = ANY(...)` would sort every pending run of the projects on each claim). A paused
+-- (`project_id = ANY(...)` would sort every pending run of the projects on each claim). When fewer
+-- than max_runs are ready the scan goes on into the runs not due yet (parked, delayed): the due
+-- bound is the index's own expression, so they are passed over inside the index instead of read
+-- from the heap one by one for not_before (a claim of a project with 10,000 parked runs and none
+-- ready read all 10,000). The bound is a second later than now(), so it never leaves out a run the
+-- exact filter before it takes (StoreEvents spaces a batch's created_at by a microsecond an event,
+-- from its transaction's start); a run created more than a second ahead of a claim's clock (the
+-- clock stepped back) waits for a claim that comes after its creation time. A paused
 -- project is left out of the projects scanned (PauseProject). Then max_runs of those, interleaved
 -- by the projects' weights. Fairness: the k-th run of a project sorts at (k - 1 + e) / weight, e
 -- drawn per project and claim from Exp(1): the first run goes to a project with probability
@@ -83,7 +90,7 @@
 -- order, decides them in claim order, writes the keys' counts and returns the runs it refused,
 -- each with the key it waits on; a claim whose picked runs carry no keys does not call it. A
 -- refused run is parked: behind a busy key (not_before 'infinity', wait_reason key_busy: after
--- every ready run in the claim index, so later claims never scan it, until the trigger of
+-- every ready run in the claim index, past the due bound of later claims' scans, until the trigger of
 -- migration 0120 wakes it when the key frees a slot) or until the key's rate window ends
 -- (rate_limited). The key rows' locks order this claim against a release of the same keys, so a
 -- run is never parked behind a key that has room.
@@ -158,6 +165,7 @@ picked AS (
                      WHERE project_id = p.project_id
                        AND status IN ('PENDING', 'RESUMED')
                        AND (not_before IS NULL OR not_before <= now())
+                       AND COALESCE(not_before, created_at) <= now() + interval '1 second'
                        AND attempt_count - released_count < max_attempts
                        AND (SELECT count(*) FROM cur) >= 0
                        AND NOT EXISTS (SELECT 1 FROM prior)
