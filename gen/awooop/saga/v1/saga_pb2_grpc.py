@@ -5,7 +5,7 @@ import warnings
 
 from awooop.saga.v1 import saga_pb2 as awooop_dot_saga_dot_v1_dot_saga__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

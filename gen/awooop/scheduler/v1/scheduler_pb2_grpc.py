@@ -5,7 +5,7 @@ import warnings
 
 from awooop.scheduler.v1 import scheduler_pb2 as awooop_dot_scheduler_dot_v1_dot_scheduler__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
