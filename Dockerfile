@@ -22,19 +22,29 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 # only what the packages are built from (see [tool.setuptools] in pyproject.toml and in
-# packages/worker/pyproject.toml: the client package awooop-worker, which the server requires)
-COPY pyproject.toml README.md ./
+# packages/worker/pyproject.toml: the client package awooop-worker, which the server requires),
+# the lock and the pinned uv that reads it
+COPY pyproject.toml uv.lock README.md ./
+COPY scripts/uv-requirements.txt ./scripts/
 COPY packages ./packages
 COPY gen ./gen
 COPY sdk ./sdk
 COPY services ./services
+# Exactly what uv.lock says (docs/dependencies.md): uv (hash-pinned) exports the runtime set with
+# hashes, pip installs it with --require-hashes from whichever index is configured (a mirror serves
+# the same files: the hashes decide), then the two packages themselves without resolving anything.
 RUN --mount=type=secret,id=ca,required=false \
     set -e; \
     [ -n "$PIP_INDEX_URL" ] || unset PIP_INDEX_URL; \
     [ -n "$PIP_EXTRA_INDEX_URL" ] || unset PIP_EXTRA_INDEX_URL; \
     [ -n "$PIP_TRUSTED_HOST" ] || unset PIP_TRUSTED_HOST; \
     if [ -s /run/secrets/ca ]; then export PIP_CERT=/run/secrets/ca; fi; \
-    pip install ./packages/worker . \
+    pip install --require-hashes --no-deps --target /tmp/uv -r scripts/uv-requirements.txt; \
+    /tmp/uv/bin/uv export --frozen --no-emit-workspace --no-dev --no-header -q -o /tmp/requirements.txt; \
+    pip install --require-hashes --no-deps -r /tmp/requirements.txt; \
+    pip install --no-deps ./packages/worker .; \
+    pip check; \
+    rm -rf /tmp/uv /tmp/requirements.txt \
  && useradd --system --uid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin awooop \
  && install -d -o 10001 -m 0700 /var/lib/awooop/keys
 

@@ -285,6 +285,9 @@ def test_dockerfile_runs_awooop_as_a_non_root_user() -> None:
     assert {"PIP_INDEX_URL", "PIP_TRUSTED_HOST"} <= set(base_args)
     run = next(rest for word, rest in steps if word == "RUN")
     assert "--mount=type=secret,id=ca,required=false" in run  # the index's CA, never in a layer
+    # exactly what uv.lock says: the pinned uv exports it, pip installs it hash-checked, nothing resolved
+    assert "-r scripts/uv-requirements.txt" in run and "uv export --frozen" in run
+    assert run.count("--require-hashes") == 2 and "pip install --no-deps ./packages/worker ." in run
     user = [rest for word, rest in steps if word == "USER"]
     assert user and user[-1] not in ("root", "0")
     exposed = {int(p) for word, rest in steps if word == "EXPOSE" for p in rest.split()}
@@ -310,6 +313,7 @@ def test_the_files_the_image_copies_build_a_complete_package(tmp_path: Path) -> 
         if origin.is_dir():
             shutil.copytree(origin, src / path, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
+            (src / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(origin, src / path)
     # the server package and the client package it requires (packages/worker), as the image installs them
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)]
