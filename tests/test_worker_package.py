@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 
 from tests.harness.helpers import ROOT
+from tests.harness.lock import locked_requirements
 from tests.harness.up import approval_asked, fresh_terminal_env, run_reaches, start_fresh_up
 
 # what `pip install awooop-worker` may bring: the package, grpcio and what it needs
@@ -43,7 +44,8 @@ def run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[
 
 @pytest.fixture(scope="module")
 def worker_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with only the awooop-worker wheel (built from packages/worker) and its requirements."""
+    """A fresh venv with only the awooop-worker wheel (built from packages/worker) and its requirements,
+    at the versions uv.lock pins (hash-checked): what the lock promises a worker pod is what is tested."""
     tmp = tmp_path_factory.mktemp("worker-package")
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp)]
     built = run([*pip_wheel, str(ROOT / "packages" / "worker")])
@@ -52,7 +54,12 @@ def worker_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp / "venv"
     made = run([sys.executable, "-m", "venv", str(venv)])
     assert made.returncode == 0, made.stderr
-    installed = run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)], cwd=tmp)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
+    requirements = locked_requirements("awooop-worker", tmp / "requirements.txt")
+    installed = run([*pip, "--require-hashes", "--no-deps", "-r", str(requirements)], cwd=tmp)
+    assert installed.returncode == 0, installed.stderr
+    # the wheel's own requirements are met by the lock's set: nothing more is fetched
+    installed = run([*pip, "--no-index", str(wheel)], cwd=tmp)
     assert installed.returncode == 0, installed.stderr
     return venv
 
