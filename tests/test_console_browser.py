@@ -2,7 +2,10 @@
 downloaded browser), against the real services, the real `awooop demo` (whose worker process
 is SIGKILLed mid-run) and real Postgres/Redis.
 
-Set CONSOLE_SCREENSHOT=docs/console.png to refresh the documentation's screenshot of the run page."""
+Set CONSOLE_SCREENSHOT=docs/console.png to refresh the documentation's screenshot of the run page.
+
+Written for Debian 12's chromium (156 when written; .ci/install-debian prints the version) driven by
+the locked Playwright (uv.lock) over CDP, which Playwright keeps compatible with current Chromium."""
 
 from __future__ import annotations
 

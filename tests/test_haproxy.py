@@ -3,7 +3,10 @@ of two scheduler replicas over h2c, checking each replica's grpc.health.v1 statu
 tcp-check (haproxy has no gRPC health check: the check sends one HTTP/2 Health/Check request
 for the whole server, "", and expects the SERVING answer). A replica that drains (health
 NOT_SERVING during AWOOOP_SHUTDOWN_DELAY) is taken out by the check before it refuses calls,
-and the clients behind the proxy see no error."""
+and the clients behind the proxy see no error.
+
+Written for HAProxy 2.6 (Debian 12, .ci/install-debian prints the version): `proto h2` servers and
+the raw tcp-check send-binary / expect binary rules."""
 
 from __future__ import annotations
 

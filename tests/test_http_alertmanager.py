@@ -8,6 +8,9 @@ own retry logic sends the same notification again after the endpoint already sto
 
 Shown: fire + its repeats + the retries after 503 = 1 run; resolve = its own run; the same alert
 firing again (a new incident, new startsAt) = a new run, whose repeats are duplicates again.
+
+Written for Alertmanager 0.25 (Debian 12, .ci/install-debian prints the version): its v2 API (/api/v2/alerts)
+and the webhook payload it sends.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 standard grpc_server_* metrics, every labelled series at 0 from start-up, no `_created` series,
 only a process's own metrics on its endpoint (scraped from real `awooop serve` processes and
 linted by `promtool check metrics`), and a real Prometheus with the shipped rules firing on the
-first compensation failure and on a run nobody claims."""
+first compensation failure and on a run nobody claims.
+
+Written for Prometheus and promtool 2.42 (Debian 12, .ci/install-debian prints the version): the
+lint rules of `promtool check metrics` and the rule-file format of that release."""
 
 from __future__ import annotations
 

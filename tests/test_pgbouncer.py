@@ -1,7 +1,10 @@
 """The services behind a real PgBouncer in transaction mode (Debian's pgbouncer, started here
 on a free port): the RPC pools go through the pooler with AWOOOP_DB_STATEMENT_CACHE=false, and
 LISTEN, migrations and `awooop admin` use AWOOOP_DATABASE_DIRECT_URL. Misconfigurations are
-named once in the log and answer UNAVAILABLE, never INTERNAL."""
+named once in the log and answer UNAVAILABLE, never INTERNAL.
+
+Written for PgBouncer 1.18 (Debian 12, .ci/install-debian prints the version): transaction mode
+without its prepared-statement support (1.21 and later), hence the statement cache off."""
 
 from __future__ import annotations
 
