@@ -36,6 +36,7 @@ from awooop.worker.children import read_outcome
 from services.common import errors
 from services.common.runtime import Runtime
 from services.common.settings import Settings
+from services.saga.driver import CLAIM
 from tests.harness import suite as suite_harness
 from tests.harness.helpers import ROOT, eventually, key_of, service_key, settings_env, spawn_services
 from tests.harness.rpc_runs import ingest_runs
@@ -772,6 +773,106 @@ async def test_a_parent_that_fails_compensates_its_finished_children_before_its_
         uuid.UUID(parent),
     )
     assert [t["trigger"] for t in triggers] == ["parent_ended", "parent_ended"]
+
+
+async def _claimable_compensations(db: asyncpg.Connection) -> set[str]:
+    """The runs whose compensation request the saga would claim now (its own statement, rolled back)."""
+    tx = db.transaction()
+    await tx.start()
+    try:
+        rows = await db.fetch(CLAIM.sql, *CLAIM.args(worker_id="probe", lease_ttl=30.0, batch=100))
+    finally:
+        await tx.rollback()
+    return {str(r["run_id"]) for r in rows}
+
+
+@pytest.mark.parametrize("ending", ["cancelled", "failed"])
+async def test_a_child_that_completes_after_its_parents_end_reached_it_is_compensated_before_the_parent(
+    suite: Suite, db: Any, ending: str
+) -> None:
+    """Issue 41, item 1: the parent ends (an operator's cancel, or its own failure) while a child is
+    leased mid-run; the child is asked to cancel, but its worker completes it before the next
+    heartbeat delivers the request. The parent's compensation is not claimable while that child
+    runs; the child's completion gets it a parent_ended request; the child's step is undone, then
+    the parent's."""
+    tools = ToolClient(suite.gateway, key=suite.worker_key)
+    journaled, release = asyncio.Event(), asyncio.Event()
+
+    def undo(result: dict[str, Any]) -> dict[str, Any]:
+        return {"tool_id": "knowledge_delete", "params": {"entry_id": result["entry_id"]}, "reason": "undo"}
+
+    async def write(ctx: RunContext, step: str, entry: str) -> None:
+        params = {"entry_id": entry, "content": {}}
+        await ctx.step(step, tools.execute, tool_id="knowledge_write", params=params, compensation=undo)
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        if ctx.input.get("role") == "late":
+            await write(ctx, "a", f"late-{ending}-a")
+            journaled.set()
+            await release.wait()
+            return {"late": True}
+        await write(ctx, "own", f"parent-{ending}-own")
+        if ending == "failed":
+            await ctx.start_child({"role": "late"}, step_id="late")
+            await journaled.wait()
+            await ctx.fail("the parent gave up", error_code="E-PARENT")
+            return {}
+        await ctx.run_children([Child({"role": "late"}, step_id="late")])
+        return {"unexpected": True}
+
+    [parent] = await suite.create_runs([{"role": "parent"}])
+    # heartbeats far apart: the child's worker hears of the cancel only after it completed the child
+    worker = suite.worker(handler, concurrency=3, heartbeat_interval=60, lease_ttl=120)
+    task = asyncio.create_task(worker.run(install_signal_handlers=False))
+    try:
+        await asyncio.wait_for(journaled.wait(), 30)
+        child = await db.fetchval("SELECT run_id FROM awooop_run_state WHERE parent_run_id = $1", uuid.UUID(parent))
+        if ending == "cancelled":
+
+            async def parked() -> bool:
+                return await _status(db, parent) == "WAITING_TOOL"
+
+            await eventually(parked, timeout=30, what="the parent parked on its children")
+            await suite.admin.call(
+                suite.admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=parent, reason="operator")
+            )
+        else:
+
+            async def failed() -> bool:
+                return await _status(db, parent) == "FAILED"
+
+            await eventually(failed, timeout=30, what="the parent failed")
+        row = await db.fetchrow("SELECT status, cancel_requested FROM awooop_run_state WHERE run_id = $1", child)
+        assert (row["status"], row["cancel_requested"]) == ("RUNNING", True)
+        # the parent's request exists and waits for its running child
+        assert await db.fetchval("SELECT status FROM awooop_compensation_request WHERE run_id = $1", uuid.UUID(parent))
+        assert parent not in await _claimable_compensations(db)
+        release.set()
+
+        async def compensated() -> bool:
+            sagas = await db.fetch(
+                "SELECT saga_status FROM awooop_run_state WHERE run_id = ANY($1)", [uuid.UUID(parent), child]
+            )
+            return [s["saga_status"] for s in sagas] == ["compensated", "compensated"]
+
+        await eventually(compensated, timeout=30, what="the late child and the parent compensated")
+    finally:
+        release.set()
+        await stop_worker(worker, task)
+        await tools.close()
+    assert await _status(db, str(child)) == "COMPLETED"
+    trigger = await db.fetchval("SELECT trigger FROM awooop_compensation_request WHERE run_id = $1", child)
+    assert trigger == "parent_ended"
+    rows = await db.fetch(
+        "SELECT idempotency_key FROM awooop_refgw_request WHERE project_id = $1 AND idempotency_key LIKE '%:compensate'"
+        " AND outcome = 'executed' ORDER BY request_id",
+        PROJECT,
+    )
+    names = {str(child): "late", parent: "parent"}
+    order = [f"{names[k.split(':')[0]]}:{k.split(':')[1]}" for k in (r["idempotency_key"] for r in rows)]
+    assert order == ["late:a", "parent:own"], order
+    left = await db.fetchval("SELECT count(*) FROM awooop_refgw_knowledge WHERE project_id = $1", PROJECT)
+    assert left == 0
 
 
 async def test_children_whose_outputs_do_not_fit_one_answer_are_marked_and_read_by_the_sdk(

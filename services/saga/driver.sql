@@ -7,9 +7,11 @@
 -- Open requests, oldest first, of runs that ended without success (or of finished child runs
 -- whose parent did: trigger parent_ended, migration 0190): pending, or running with an expired
 -- lease (a crashed replica's), skipping those another replica holds locked. The run tree's order
--- (docs/architecture.md "Child runs"): a run's request waits while a request of one of its
--- children is open (children are undone before the parent's own steps), and a parent_ended
--- request waits while a newer sibling's parent_ended request is open (newest child first).
+-- (docs/architecture.md "Child runs"): a run's request waits while one of its children has not
+-- ended (a leased child asked to cancel may still complete, and is then undone too: migration
+-- 0280) or has a request open (children are undone before the parent's own steps), and a
+-- parent_ended request waits while a newer sibling's parent_ended request is open (newest child
+-- first).
 UPDATE awooop_compensation_request c
    SET status = 'running', worker_id = :worker_id, lease_until = now() + make_interval(secs => :lease_ttl),
        attempt_count = c.attempt_count + 1, updated_at = now()
@@ -19,8 +21,9 @@ UPDATE awooop_compensation_request c
          WHERE (q.status = 'pending' OR (q.status = 'running' AND q.lease_until < now()))
            AND (r.status IN ('FAILED', 'CANCELLED') OR q.trigger = 'parent_ended')
            AND NOT EXISTS (SELECT 1 FROM awooop_run_state k
-                             JOIN awooop_compensation_request kq ON kq.run_id = k.run_id
-                            WHERE k.parent_run_id = q.run_id AND kq.status <> 'done')
+                             LEFT JOIN awooop_compensation_request kq ON kq.run_id = k.run_id
+                            WHERE k.parent_run_id = q.run_id
+                              AND (k.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED') OR kq.status <> 'done'))
            AND NOT (q.trigger = 'parent_ended' AND r.parent_run_id IS NOT NULL AND EXISTS (
                     SELECT 1 FROM awooop_run_state s
                       JOIN awooop_compensation_request sq ON sq.run_id = s.run_id
