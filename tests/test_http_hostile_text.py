@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import logging
 from typing import Any
 
 import grpc
@@ -191,3 +192,33 @@ async def test_grpc_strings_that_are_not_utf8_are_malformed_requests(
     else:
         raise AssertionError("protobuf serialized a lone surrogate")
     assert await stored(db) == before
+
+
+async def test_oversized_headers_cookies_and_lines_are_400_in_one_info_line_each(
+    start_services: Any, channels: Any, make_key: Any, caplog: Any
+) -> None:
+    """Issue 41, item 6: what aiohttp cannot parse (a header, a cookie, a query string over its
+    limits) is answered 400 and logged as one INFO line naming the peer, never an ERROR with a
+    traceback: a client's mistake must not fill the error log."""
+    rt, _stub, _admin, port = await setup(start_services, channels, make_key)
+    huge = b"x" * 20_000
+    sent = [
+        ("header", b"/v1/projects/p/events", [(b"X-Padding", huge)]),
+        ("cookie", b"/v1/projects/p/events", [(b"Cookie", b"session=" + huge)]),
+        ("query", b"/v1/runs/r/events?after=" + huge, []),
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="awooop.http"):
+        for what, target, headers in sent:
+            answer = await rawhttp.request(port, "GET", target, headers)
+            assert answer.status == 400, (what, answer.status)
+    errors = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert errors == [], [r.getMessage() for r in errors]
+    refused = [r for r in caplog.records if r.name == "awooop.http"]
+    assert len(refused) == len(sent), [r.getMessage() for r in refused]
+    for r in refused:
+        assert r.levelno == logging.INFO and r.exc_info is None and r.exc_text is None
+        assert r.getMessage().startswith("refused a malformed HTTP request from 127.0.0.1: 400"), r.getMessage()
+    # the server goes on: an ordinary request is answered as before
+    assert (await rawhttp.request(port, "POST", f"/v1/projects/{PROJECT}/events".encode(), body=b"{}")).status == 401
+    del rt

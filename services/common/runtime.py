@@ -243,7 +243,11 @@ class Runtime:
     async def _serve_http(self, name: str, app: Any) -> int:
         from aiohttp import web  # only services with an HTTP side need it loaded
 
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.settings.shutdown_grace)
+        from services.common import http_log
+
+        runner = web.AppRunner(
+            app, access_log=None, logger=http_log.server_logger(), shutdown_timeout=self.settings.shutdown_grace
+        )
         await runner.setup()
         self._http_runners.append(runner)
         port = 0 if self.port_zero else self.settings.http_port

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from awooop.cli.client import when
 from awooop.worker.errors import AwooopError
+from services.common import http_log
 from services.common.db import create_pool
 from services.common.observability import start_metrics
 from services.common.settings import Settings
@@ -208,7 +209,7 @@ class ConsoleServer:
             secure=s.console_secure_cookie,
             throttle=throttle,
         )
-        self._runner = web.AppRunner(make_app(console), access_log=None)
+        self._runner = web.AppRunner(make_app(console), access_log=None, logger=http_log.server_logger())
         await self._runner.setup()
         context = None
         if self.tls:
