@@ -80,7 +80,7 @@ class Suite:
 async def _suite(start_services: Any, make_key: Any, **overrides: Any) -> Suite:
     sched = await start_services("scheduler", "saga", reaper_interval=0.2, auth_cache_seconds=0, **overrides)
     ingest = await start_services(
-        "ingest", http_scheduler_addr=f"127.0.0.1:{sched.ports['scheduler']}", auth_cache_seconds=0
+        "ingest", scheduler_addr=f"127.0.0.1:{sched.ports['scheduler']}", auth_cache_seconds=0
     )
     worker_key = key_of(await make_key("watch-worker", {PROJECT: ["worker"]}, "service"))
     admin_key = key_of(await make_key("watch-admin", {PROJECT: ["admin"]}))
@@ -281,6 +281,21 @@ async def test_another_projects_run_is_not_found_and_a_bad_offset_is_invalid(sui
         async with s.get(url, headers={"Authorization": f"Bearer {suite.admin_key}", "Last-Event-ID": "999"}) as resp:
             assert resp.status == 400
             assert (await resp.json(content_type=None))["reason"] == errors.FIELD_INVALID
+        # offsets no int64 holds, or no stream sends, are 400 naming where they came from (issue 41,
+        # item 5: past 2^63 - 1 they were a 503 with a traceback, which an EventSource retries forever)
+        admin = {"Authorization": f"Bearer {suite.admin_key}"}
+        for header, query, field in [
+            ("9223372036854775808", "", "headers.Last-Event-ID"),
+            ("", "?after=99999999999999999999999", "query.after"),
+            ("", "?after=-1", "query.after"),
+            ("", "?after=1e3", "query.after"),
+            ("-5", "?after=1", "headers.Last-Event-ID"),
+        ]:
+            headers = admin | ({"Last-Event-ID": header} if header else {})
+            async with s.get(url + query, headers=headers) as resp:
+                doc = await resp.json(content_type=None)
+                assert (resp.status, doc["reason"]) == (400, errors.FIELD_INVALID), (header, query, doc)
+                assert field in json.dumps(doc), (field, doc)
     with pytest.raises(AwooopError) as caught:
         await _grpc_watch(suite.admin, run_id, after=999)
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT

@@ -28,6 +28,7 @@ from services.common.settings import Settings
 
 ROUTE = "/v1/runs/{run_id}/events"
 LAST_EVENT_ID = "Last-Event-ID"
+MAX_OFFSET = 2**63 - 1  # WatchRunRequest.after is an int64; a run's log offsets are positive
 KEEPALIVE_SECONDS = 15.0  # a comment line this often while no event comes (idle timeouts of proxies)
 SOURCES = {
     scheduler_pb2.RUN_EVENT_SOURCE_STATE: "state",
@@ -57,26 +58,36 @@ def _sse(event: str, data: dict[str, Any], ident: int | None = None) -> bytes:
     return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+def _offset(request: web.Request) -> int:
+    """The offset to resume after: Last-Event-ID, else ?after=, else 0; INVALID_ARGUMENT (400)
+    naming the one given unless it is an offset the stream could have sent (0 to 2^63 - 1)."""
+    if request.headers.get(LAST_EVENT_ID, "").strip():
+        field, raw = f"headers.{LAST_EVENT_ID}", request.headers[LAST_EVENT_ID]
+    else:
+        field, raw = "query.after", request.query.get("after", "") or "0"
+    try:
+        after = int(raw) if raw.strip().isdigit() else -1
+    except ValueError:  # more digits than int() reads
+        after = -1
+    if not 0 <= after <= MAX_OFFSET:
+        raise errors.invalid([(field, "must be an offset (a whole number) the stream sent as id")])
+    return after
+
+
 def add_routes(app: web.Application, settings: Settings) -> None:
     """Registers the stream route on ingest's HTTP app; the channel to the scheduler
-    (AWOOOP_HTTP_SCHEDULER_ADDR) opens on first use."""
+    (Settings.scheduler_address: AWOOOP_SCHEDULER_ADDR, else its port on this host) opens on first use."""
     state: dict[str, scheduler_pb2_grpc.SchedulerServiceAsyncStub] = {}
 
     def scheduler() -> scheduler_pb2_grpc.SchedulerServiceAsyncStub:
         if "stub" not in state:
-            channel = peer_channel(settings.http_scheduler_addr, settings.tls_cert_file)
+            channel = peer_channel(settings.scheduler_address(), settings.tls_cert_file)
             state["stub"] = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         return state["stub"]
 
     async def events(request: web.Request) -> web.StreamResponse:
         run_id = request.match_info["run_id"]
-        raw = request.headers.get(LAST_EVENT_ID) or request.query.get("after") or "0"
-        try:
-            after = int(raw)
-        except ValueError:
-            raise errors.invalid(
-                [(f"headers.{LAST_EVENT_ID}", "must be an offset (a whole number) the stream sent as id")]
-            ) from None
+        after = _offset(request)
         metadata = (("authorization", request.headers.get("Authorization", "")),)
         call = scheduler().WatchRun(scheduler_pb2.WatchRunRequest(run_id=run_id, after=after), metadata=metadata)
         try:
