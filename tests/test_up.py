@@ -11,6 +11,7 @@ import socket
 import urllib.request
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 import pytest
 
@@ -41,6 +42,22 @@ async def check_printed_commands(up: Up) -> None:
     for name, full in SERVICES.items():
         out = await up.paste(f"grpcurl -plaintext 127.0.0.1:{up.ports[name]} list")
         assert out.returncode == 0 and full in out.stdout.split(), out.stderr
+
+
+async def check_the_run_stream_relays_to_its_own_scheduler(up: Up, db: asyncpg.Connection) -> None:
+    """Issue 41, item 4: with every port moved (start_up), ingest's HTTP run stream relays to this
+    suite's scheduler: it answered 503 (nothing on 50052), or sent the caller's key to whatever
+    listened there."""
+    run_id = await db.fetchval("SELECT run_id FROM awooop_run_state ORDER BY created_at LIMIT 1")
+    assert run_id is not None, "check_printed_commands created no run"
+    url = f"http://127.0.0.1:{up.ports['http']}/v1/runs/{run_id}/events"
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(url, headers={"Authorization": f"Bearer {up.key}"}) as resp,
+    ):
+        assert resp.status == 200, await resp.text()
+        first = await asyncio.wait_for(resp.content.readuntil(b"\n\n"), 30)
+    assert b"event: state" in first, first
 
 
 def port_open(port: int) -> bool:
@@ -119,6 +136,7 @@ async def test_up_on_a_configured_store(db_dsn: str, redis_url: str, db: asyncpg
 
         await eventually(accepted, timeout=30, what="the gateway to accept the saga's key")
         assert "compensation is stopped" not in up.err()
+        await check_the_run_stream_relays_to_its_own_scheduler(up, db)
         out = await up.paste(f"awooop health 127.0.0.1:{up.ports['saga']} --service saga")
         assert out.returncode == 0 and "SERVING" in out.stdout, out.stdout + out.stderr
     finally:

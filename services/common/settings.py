@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from awooop.worker.client import client_host
 from services.common.limits import MAX_CHILD_DEPTH, MAX_CHILDREN_PER_RUN
 
 
@@ -94,8 +95,9 @@ class Settings:
     saga_port: int = 50053  # gRPC port of the saga service
     gateway_port: int = 50054  # gRPC port of the reference tool gateway
     http_port: int = 8080  # HTTP port of the ingest service (webhooks, API events: docs/channels.md); 0 disables
-    # the scheduler ingest's HTTP run event streams (GET /v1/runs/<id>/events) call WatchRun on
-    http_scheduler_addr: str = "127.0.0.1:50052"
+    # where the scheduler listens, as the CLI and SDK read the same variable: ingest's HTTP run event
+    # streams (GET /v1/runs/<id>/events) call WatchRun there; empty: AWOOOP_SCHEDULER_PORT on this host
+    scheduler_addr: str = ""
     # Prometheus /metrics (one per process); 0 disables the endpoint. Unset in a process of one
     # service (`awooop serve saga`): that service's own port, 9464 ingest, 9465 scheduler, 9466 saga,
     # 9467 gateway, so single-service processes on one host do not collide
@@ -232,6 +234,14 @@ class Settings:
 
     def port_of(self, service: str) -> int:
         return int(getattr(self, f"{service}_port"))
+
+    def scheduler_address(self) -> str:
+        """Where this deployment's scheduler is: AWOOOP_SCHEDULER_ADDR, else its port on this host
+        (the rule the CLI and SDK apply to the same variables, awooop.worker.client.resolve_address)."""
+        if self.scheduler_addr:
+            return self.scheduler_addr
+        host = client_host(self.host)
+        return f"[{host}]:{self.scheduler_port}" if ":" in host else f"{host}:{self.scheduler_port}"
 
 
 # the /metrics port of a process serving one service when AWOOOP_METRICS_PORT is unset
@@ -375,8 +385,9 @@ def markdown() -> str:
         "`AWOOOP_INGEST_ADDR`, `AWOOOP_SCHEDULER_ADDR`, `AWOOOP_SAGA_ADDR`, `AWOOOP_GATEWAY_ADDR` (where the",
         "CLI and SDK find each service; default 127.0.0.1 and the default ports), `AWOOOP_TLS` and",
         "`AWOOOP_TLS_CA_FILE` (dial with TLS, trusting that CA), `AWOOOP_DATA_DIR` (where `awooop up`",
-        "keeps its embedded Postgres and Redis; default `.awooop`). `AWOOOP_SAGA_ADDR` is also the",
-        "scheduler's setting below: in both roles it says where the saga service listens.",
+        "keeps its embedded Postgres and Redis; default `.awooop`). `AWOOOP_SAGA_ADDR` and",
+        "`AWOOOP_SCHEDULER_ADDR` are also server settings below (the scheduler's and ingest's): in both",
+        "roles each says where that service listens.",
     ]
     section = None
     for f in fields(Settings):

@@ -108,6 +108,7 @@ async def start_up(data_dir: Path, tmp_path: Path, **env: str) -> Up:
     full = child_env(**{f"AWOOOP_{n.upper()}_PORT": str(p) for n, p in ports.items()}, **env)
     full.setdefault("AWOOOP_METRICS_PORT", str(free_port()))
     full.setdefault("AWOOOP_HTTP_PORT", str(free_port()))
+    ports["http"] = int(full["AWOOOP_HTTP_PORT"])  # ingest's HTTP side (webhooks, run streams)
     full.setdefault("AWOOOP_CONSOLE_PORT", str(free_port()))
     n = len(list(tmp_path.glob("up-*.out")))
     out_path, err_path = tmp_path / f"up-{n}.out", tmp_path / f"up-{n}.err"

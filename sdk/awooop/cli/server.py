@@ -205,6 +205,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             internal_api_key=internal,
             saga_addr=settings.saga_addr or f"{local}:{settings.saga_port}",
             gateway_addr=f"{local}:{settings.gateway_port}",
+            scheduler_addr=f"{local}:{settings.scheduler_port}",  # ingest's run streams relay to its own
         )
         runtime = Runtime(settings, UP_SERVICES)
         console = ConsoleServer(settings, f"{local}:{settings.scheduler_port}", f"{local}:{settings.saga_port}")
