@@ -31,8 +31,10 @@ from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
+from awooop.worker import Client
 from services.common.embedded import free_port
 from services.common.settings import Settings
+from services.saga.app import COMPENSATION
 from tests.harness.helpers import ROOT, eventually, expect_error, service_key, settings_env, spawn_services
 from tests.harness.saga import PROJECT, check_seed_format, new_run, struct
 from tests.harness.telegram_stub import TelegramStub
@@ -840,17 +842,27 @@ async def test_a_saga_without_a_key_is_not_serving_says_what_to_set_and_compensa
     start_services, channels, make_key, db, caplog
 ) -> None:
     """No AWOOOP_INTERNAL_API_KEY: every compensation call would be refused by the gateway. The saga
-    says so once, at ERROR, naming the setting; its health is NOT_SERVING; the recorded request
-    waits, claimed by nobody, instead of ending compensation_failed step by step."""
+    says so once, at ERROR, naming the setting; its compensation plane's health is NOT_SERVING
+    while the journal (SagaService, the whole server) stays SERVING (issue 41, item 3: a whole-server
+    NOT_SERVING stopped every project's steps); the recorded request waits, claimed by nobody,
+    instead of ending compensation_failed step by step."""
     caplog.set_level(logging.ERROR, logger="awooop.saga")
     h = await harness(start_services, channels, make_key, db, internal_api_key="")
-    assert await h.saga_health() == NOT_SERVING and await h.saga_health("") == NOT_SERVING
+    assert await h.saga_health(COMPENSATION) == NOT_SERVING
+    assert await h.saga_health() == SERVING and await h.saga_health("") == SERVING
     (line,) = key_lines(caplog, "AWOOOP_INTERNAL_API_KEY is not set")
     assert "set AWOOOP_INTERNAL_API_KEY" in line and h.gateway_addr in line
 
     # journaling still works (nothing a worker sends is lost); compensation waits
     run_id = await failed_and_waiting(h, db)
     assert await h.statuses(run_id) == {"scale-api": "completed"}
+    # through the SDK's channel, which health-checks the whole server before any call: answered
+    sdk = Client(key=h.admin[0][1].removeprefix("Bearer "), saga=f"127.0.0.1:{h.saga_port}", timeout=10)
+    try:
+        journal = await sdk.call(sdk.saga.GetJournal, saga_pb2.GetJournalRequest(run_id=run_id))
+        assert [s.step_id for s in journal.steps] == ["scale-api"]
+    finally:
+        await sdk.close()
     assert len(key_lines(caplog, "AWOOOP_INTERNAL_API_KEY is not set")) == 1  # one line, not one per pass
 
 
@@ -874,7 +886,7 @@ async def key_restored_then_compensated(h: Harness, db: asyncpg.Connection, run_
         return await h.request_done(run_id) and await h.saga_status(run_id) == "compensated"
 
     await eventually(compensated, timeout=15, what="the compensation once the key is accepted")
-    assert await h.saga_health() == SERVING
+    assert await h.saga_health(COMPENSATION) == SERVING
     assert await h.compensation_calls(run_id) == [("scale-api", "executed")]
     assert await db.fetchval("SELECT replicas FROM awooop_refgw_deployment WHERE name = 'api'") == 1
 
@@ -891,9 +903,10 @@ async def test_a_key_the_gateway_refuses_is_not_serving_and_compensation_resumes
     h = await harness(start_services, channels, make_key, db, internal_api_key=key)
 
     async def not_serving() -> bool:
-        return await h.saga_health() == NOT_SERVING
+        return await h.saga_health(COMPENSATION) == NOT_SERVING
 
-    await eventually(not_serving, what="the saga to report NOT_SERVING")
+    await eventually(not_serving, what="the saga's compensation to report NOT_SERVING")
+    assert await h.saga_health() == SERVING and await h.saga_health("") == SERVING
     assert counter("awooop_saga_gateway_auth_probes_total", outcome="refused") > refused_before
     (line,) = key_lines(caplog, "refuses AWOOOP_INTERNAL_API_KEY (UNAUTHENTICATED")
     assert "set AWOOOP_INTERNAL_API_KEY" in line and h.gateway_addr in line
@@ -935,7 +948,7 @@ async def test_a_compensation_refused_unauthenticated_logs_an_error_counts_it_an
         return counter("awooop_saga_gateway_auth_probes_total", outcome="accepted") > accepted_before
 
     await eventually(probed, what="the gateway to accept the saga's key")
-    assert await h.saga_health() == SERVING
+    assert await h.saga_health(COMPENSATION) == SERVING
     run_id = await h.run_with_steps([scale("scale-api", "api", 3)])
     refused_before = counter("awooop_saga_gateway_unauthenticated_total")
     await db.execute("UPDATE awooop_api_key SET revoked_at = now() WHERE key_id = $1", key_id)
@@ -947,7 +960,8 @@ async def test_a_compensation_refused_unauthenticated_logs_an_error_counts_it_an
     await eventually(refused, what="the compensation call to be refused")
     (line,) = key_lines(caplog, "compensation of step scale-api refused UNAUTHENTICATED")
     assert "set AWOOOP_INTERNAL_API_KEY" in line
-    assert await h.saga_health() == NOT_SERVING
+    assert await h.saga_health(COMPENSATION) == NOT_SERVING
+    assert await h.saga_health() == SERVING
     await compensation_passes(2)
     assert await db.fetchval("SELECT status FROM awooop_compensation_request WHERE run_id = $1", run_id) == "pending"
     assert await h.statuses(run_id) == {"scale-api": "compensating"}  # started, nothing ran: called again later
@@ -956,12 +970,13 @@ async def test_a_compensation_refused_unauthenticated_logs_an_error_counts_it_an
     await key_restored_then_compensated(h, db, run_id, key_id)
 
 
-async def test_awooop_serve_saga_without_a_key_fails_its_healthcheck_and_logs_what_to_set(
+async def test_awooop_serve_saga_without_a_key_fails_its_compensation_healthcheck_and_logs_what_to_set(
     start_services, settings: Settings, tmp_path: Path
 ) -> None:
     """As a deployment sees it: `awooop serve saga` with no AWOOOP_INTERNAL_API_KEY next to a real
-    gateway; the image's healthcheck (`awooop health --service saga`) fails and the process's log
-    has the one ERROR line saying what to set."""
+    gateway; `awooop health --service compensation` fails while the image's healthcheck and the
+    readiness probe's name (`--service saga`) and the whole server pass (the journal serves), and
+    the process's log has the one ERROR line saying what to set."""
     gw = await start_services("gateway")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
@@ -974,17 +989,20 @@ async def test_awooop_serve_saga_without_a_key_fails_its_healthcheck_and_logs_wh
         )
     try:
 
-        def healthcheck() -> subprocess.CompletedProcess[str]:
-            argv = [sys.executable, "-m", "awooop.cli", "health", f"127.0.0.1:{port}", "--service", "saga"]
+        def healthcheck(service: str) -> subprocess.CompletedProcess[str]:
+            argv = [sys.executable, "-m", "awooop.cli", "health", f"127.0.0.1:{port}", "--service", service]
             return subprocess.run(argv, capture_output=True, text=True, timeout=30)
 
         async def answered() -> subprocess.CompletedProcess[str] | None:
             assert proc.poll() is None, log_path.read_text()
-            out = await asyncio.to_thread(healthcheck)
+            out = await asyncio.to_thread(healthcheck, "compensation")
             return out if "unreachable" not in out.stdout + out.stderr else None
 
         verdict = await eventually(answered, timeout=30, interval=0.2, what="the saga to answer its healthcheck")
-        assert verdict.returncode == 1 and "SagaService: NOT_SERVING" in verdict.stderr, verdict.stdout + verdict.stderr
+        assert verdict.returncode == 1 and "compensation: NOT_SERVING" in verdict.stderr, verdict.stderr
+        for service in ("saga", ""):
+            journal = await asyncio.to_thread(healthcheck, service)
+            assert journal.returncode == 0, (service, journal.stdout + journal.stderr)
         lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
         errors = [entry["msg"] for entry in lines if entry["level"] == "error"]
         assert len(errors) == 1 and "AWOOOP_INTERNAL_API_KEY is not set" in errors[0], errors

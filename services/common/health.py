@@ -113,10 +113,10 @@ async def wait_serving(address: str, timeout: float) -> bool:
 
 
 class Readiness:
-    """A service's own verdict beyond "the server is up": while it names a problem (the saga has
-    no key the tool gateway accepts), the service's health is NOT_SERVING, so a healthcheck or a
-    load balancer shows what a log line alone would hide. Runtime attaches the service's health
-    servicer; the service sets or clears the problem."""
+    """A verdict beyond "the server is up" on one plane of a service: while it names a problem (the
+    saga has no key the tool gateway accepts), that plane's health name is NOT_SERVING, so a
+    healthcheck shows what a log line alone would hide. Runtime attaches it to the plane's name
+    (ServiceParts.planes), never to the service's own names; the service sets or clears it."""
 
     def __init__(self, problem: str | None = None) -> None:
         self.problem = problem

@@ -2,8 +2,9 @@
 `awooop up` (all of them in one process) and the tests all go through Runtime.
 
 A service package provides `app.build(ctx) -> ServiceParts`: its servicers, the full
-names of its gRPC services, its background loops, and optionally its readiness (NOT_SERVING
-while the service cannot do its job: the saga without a key the gateway accepts). Runtime adds
+names of its gRPC services, its background loops, and optionally the health names of planes
+that can fail on their own (NOT_SERVING while that plane cannot work: the saga's compensation
+without a key the gateway accepts; its journal stays SERVING). Runtime adds
 the rest: one grpc.aio server per service with the interceptor, grpc.health.v1 (per-service status),
 server reflection (v1 and v1alpha, with proto comments), optional TLS, Prometheus metrics, and graceful shutdown:
 
@@ -82,8 +83,10 @@ class ServiceParts:
     public: bool = False
     # an aiohttp web.Application served on AWOOOP_HTTP_PORT (the ingest service's webhooks)
     http_app: Any = None
-    # the service's own verdict on whether it can do its job: NOT_SERVING while it names a problem
-    readiness: Readiness | None = None
+    # health names of the service's planes that can fail on their own (the saga's compensation), each
+    # NOT_SERVING while its verdict names a problem; the service's names and "" stay SERVING: one
+    # plane's problem must not take the others out of their load balancers
+    planes: dict[str, Readiness] = field(default_factory=dict)
 
 
 def load_service(name: str) -> Callable[[AppContext], ServiceParts]:
@@ -225,11 +228,10 @@ class Runtime:
             self._service_names[name] = parts.service_names
             self._on_stop.extend(parts.on_stop)
             await server.start()
-            if parts.readiness is not None:
-                await parts.readiness.attach(hs, [*parts.service_names, ""])
-            else:
-                for svc in [*parts.service_names, ""]:
-                    await hs.set(svc, SERVING)
+            for svc in [*parts.service_names, ""]:
+                await hs.set(svc, SERVING)
+            for plane, readiness in parts.planes.items():
+                await readiness.attach(hs, [plane])
             self.ports[name] = bound
             if parts.http_app is not None and s.http_port:
                 self.http_ports[name] = await self._serve_http(name, parts.http_app)

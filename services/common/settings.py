@@ -118,7 +118,8 @@ class Settings:
     # --- auth ---
     auth_cache_seconds: float = 5.0  # how long a verified API key is trusted before re-reading it
     # service key (a principal with a role in every project) the scheduler presents to the saga and the
-    # saga to the tool gateway; without one the saga compensates nothing and reports NOT_SERVING
+    # saga to the tool gateway; without one the saga compensates nothing and its compensation health
+    # (awooop.saga.compensation) is NOT_SERVING, while its journal serves
     internal_api_key: str = ""
     # a file holding AWOOOP_INTERNAL_API_KEY (a mounted secret; docker-compose.yml's internal-key step
     # writes one), read at start-up when AWOOOP_INTERNAL_API_KEY is empty; unreadable or empty stops the process

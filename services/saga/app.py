@@ -3,6 +3,7 @@ driver's background loop (which also delivers escalation alerts), and their clos
 
 from __future__ import annotations
 
+from awooop.cli.health import PLANE_ALIASES
 from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
 from services.common.runtime import AppContext, ServiceParts
 from services.saga.driver import CompensationDriver
@@ -10,6 +11,8 @@ from services.saga.notifier import Notifier
 from services.saga.servicer import SagaServicer
 
 SERVICE_NAME = saga_pb2.DESCRIPTOR.services_by_name["SagaService"].full_name
+# the compensation plane's health name (`awooop health ADDR --service compensation`)
+COMPENSATION = PLANE_ALIASES["compensation"]
 
 
 def build(ctx: AppContext) -> ServiceParts:
@@ -20,5 +23,6 @@ def build(ctx: AppContext) -> ServiceParts:
         service_names=[SERVICE_NAME],
         background=[driver.loop],
         on_stop=[driver.close, notifier.close],
-        readiness=driver.auth.readiness,  # NOT_SERVING while the gateway cannot be authenticated to
+        # NOT_SERVING while the gateway cannot be authenticated to; the journal stays SERVING
+        planes={COMPENSATION: driver.auth.readiness},
     )

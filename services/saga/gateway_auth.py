@@ -2,8 +2,12 @@
 
 Every compensation is a ToolGateway call made with AWOOOP_INTERNAL_API_KEY. Without a key the
 gateway accepts, every compensation would end compensation_failed (UNAUTHENTICATED) one by one.
-So while the key is missing or refused the saga's health is NOT_SERVING, one ERROR line says what
-to set, and the driver claims no compensation request: they wait, recorded, until the key works.
+So while the key is missing or refused the compensation plane's health (`awooop.saga.compensation`)
+is NOT_SERVING, one ERROR line says what to set, the awooop_saga_gateway_key_refused gauge is 1
+(alert AwooopSagaKeyRefused), and the driver claims no compensation request: they wait, recorded,
+until the key works. The journal (SagaService, the whole server "") stays SERVING: workers'
+steps of every project go on (a whole-server NOT_SERVING made every SDK's health-checked channel
+refuse BeginStep and RecordStep).
 
 The check: an empty ExecuteTool request. A gateway authenticates a call before it reads it
 (the reference gateway, like every awooop service, in its interceptor), and an empty request
@@ -58,7 +62,7 @@ def refused_key(gateway_addr: str, detail: str) -> str:
 
 
 class GatewayAuth:
-    """The saga's standing with the gateway, reported through its health (readiness)."""
+    """The saga's standing with the gateway, reported through its compensation plane's health."""
 
     def __init__(
         self,

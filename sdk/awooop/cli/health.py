@@ -19,6 +19,9 @@ SERVICE_ALIASES = {
     "saga": "awooop.saga.v1.SagaService",
     "gateway": "awooop.tools.v1.ToolGatewayService",
 }
+# health names of a service's planes that can fail on their own: the saga's compensation is
+# NOT_SERVING while the tool gateway refuses its key, while its journal (saga, "") stays SERVING
+PLANE_ALIASES = {"compensation": "awooop.saga.compensation"}
 HEALTHY = 0
 UNHEALTHY = 1
 
@@ -32,7 +35,7 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--service",
         default="",
-        help="ingest, scheduler, saga, gateway or a full gRPC service name; default: the whole server",
+        help="ingest, scheduler, saga, compensation, gateway or a full gRPC service name; default: the whole server",
     )
     p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default 3)")
     p.add_argument("--tls", action="store_true", help="connect with TLS (the server has AWOOOP_TLS_CERT_FILE set)")
@@ -43,7 +46,7 @@ def register(sub: Any) -> None:
 
 
 def resolve_service(name: str) -> str:
-    return SERVICE_ALIASES.get(name, name)
+    return SERVICE_ALIASES.get(name) or PLANE_ALIASES.get(name, name)
 
 
 def check(channel: Any, service: str = "", timeout: float = 3.0) -> tuple[int, str]:
