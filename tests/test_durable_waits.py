@@ -689,7 +689,7 @@ async def test_unknown_and_other_projects_waits_are_not_found_and_sleeps_take_no
     assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_a_completion_before_the_handler_waits_is_kept_and_a_repeated_create_replaces_the_token(
+async def test_a_completion_before_the_handler_waits_is_kept_and_a_repeated_create_keeps_every_token_valid(
     suite: Suite, db: Any
 ) -> None:
     suite.parks += 1
@@ -704,10 +704,11 @@ async def test_a_completion_before_the_handler_waits_is_kept_and_a_repeated_crea
     again = await c.call(c.scheduler.CreateWait, request)  # its answer lost, say: the same wait, a new token
     assert first.created and not again.created and again.wait.wait_id == first.wait.wait_id
     assert again.token and again.token != first.token
-    status, _ = await _post(suite.http + first.callback_url, {"old": True})
-    assert status == 404  # the replaced token names no wait
-    status, body = await _post(suite.http + again.callback_url, {"early": True})
+    # the first URL may have been handed out already (issue 41, item 2): it still names the wait
+    status, body = await _post(suite.http + first.callback_url, {"early": True})
     assert status == 200 and body["resumed"] is False, body  # nobody parked on it yet
+    status, body = await _post(suite.http + again.callback_url, {"late": True})
+    assert status == 409 and body["reason"] == errors.WAIT_CLOSED, body  # one wait, one outcome
     assert (await _row(db, run_id))["status"] == "RUNNING"
     answer = await c.call(
         c.scheduler.AwaitWait, scheduler_pb2.AwaitWaitRequest(lease=lease, wait_id=first.wait.wait_id)

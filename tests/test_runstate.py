@@ -81,8 +81,9 @@ async def _put_in(s: Sched, status: RunStatus, action: Action) -> str:
                 "UPDATE awooop_run_state SET worker_id = NULL, lease_until = NULL WHERE run_id = $1", uuid.UUID(run_id)
             )
         await s.db.execute(
-            """INSERT INTO awooop_wait (project_id, run_id, step_id, kind, token_hash, expires_at, parked_attempt)
-               VALUES ('p', $1, 'w', 'token', $2, now() + make_interval(secs => $3), $4)""",
+            """WITH w AS (INSERT INTO awooop_wait (project_id, run_id, step_id, kind, expires_at, parked_attempt)
+                          VALUES ('p', $1, 'w', 'token', now() + make_interval(secs => $3), $4) RETURNING wait_id)
+               INSERT INTO awooop_wait_token (token_hash, wait_id) SELECT $2, wait_id FROM w""",
             uuid.UUID(run_id),
             hashlib.sha256(run_id.encode()).digest(),
             1.0 if action is Action.EXPIRE_WAIT else 600.0,

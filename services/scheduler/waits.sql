@@ -6,28 +6,35 @@
 -- The wait named :step_id of the caller's run, created open with its expiry (an event wait with
 -- its match: channel, correlation key and the look-back its events may arrive in), or the one an
 -- earlier attempt (or an earlier call of this attempt) created: the handler runs again from the
--- top after a resume and must find the same wait. An open token wait gets a new token
--- (:token_hash) in place of one whose answer may have been lost (the attempt that received it
--- crashed before it parked), as a repeated RequestApproval does; `issued` says whether the
--- caller's token is now the wait's. The lease is checked, not locked: a wait written for a run
--- whose lease was lost meanwhile is found by the run's next attempt, which is what it is for.
+-- top after a resume and must find the same wait. An open token wait gets the caller's token
+-- (:token_hash) as one more that completes it (awooop_wait_token, migration 0290): the answer that
+-- carried an earlier one may have been lost (its attempt crashed before it parked), or it was
+-- handed out already and must keep working; `issued` says whether the caller's token was added.
+-- The conflict's no-op update locks the wait, so a completion ending it meanwhile is seen as
+-- ended here and no token is issued for it. The lease is checked, not locked: a wait written for a
+-- run whose lease was lost meanwhile is found by the run's next attempt, which is what it is for.
 WITH lease AS (
     SELECT run_id, project_id FROM awooop_run_state
      WHERE run_id = :run_id AND attempt_count = :attempt AND status = 'RUNNING'
        AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[])) IS TRUE
+),
+w AS (
+    INSERT INTO awooop_wait AS w (project_id, run_id, step_id, kind, expires_at, match_channel, match_key, match_since)
+    SELECT l.project_id, l.run_id, :step_id::text, :kind::text, now() + make_interval(secs => :timeout),
+           CASE WHEN :kind::text = 'event' THEN :match_channel::text END,
+           CASE WHEN :kind::text = 'event' THEN :match_key::text END,
+           CASE WHEN :kind::text = 'event' THEN now() - make_interval(secs => :lookback) END
+      FROM lease l
+    ON CONFLICT (run_id, step_id) DO UPDATE SET status = w.status
+    RETURNING w.wait_id, w.run_id, w.project_id, w.step_id, w.kind, w.status, w.expires_at, w.result, w.completed_by,
+              w.completed_at, w.created_at, (w.xmax = 0) AS created,
+              (w.status = 'open' AND w.kind = 'token') AS issued
+),
+token AS (
+    INSERT INTO awooop_wait_token (token_hash, wait_id)
+    SELECT :token_hash::bytea, w.wait_id FROM w WHERE w.issued
 )
-INSERT INTO awooop_wait AS w (project_id, run_id, step_id, kind, token_hash, expires_at, match_channel, match_key,
-                               match_since)
-SELECT l.project_id, l.run_id, :step_id::text, :kind::text, CASE WHEN :kind::text = 'token' THEN :token_hash::bytea END,
-       now() + make_interval(secs => :timeout),
-       CASE WHEN :kind::text = 'event' THEN :match_channel::text END,
-       CASE WHEN :kind::text = 'event' THEN :match_key::text END,
-       CASE WHEN :kind::text = 'event' THEN now() - make_interval(secs => :lookback) END
-  FROM lease l
-ON CONFLICT (run_id, step_id) DO UPDATE
-   SET token_hash = CASE WHEN w.status = 'open' AND w.kind = 'token' THEN EXCLUDED.token_hash ELSE w.token_hash END
-RETURNING w.wait_id, w.run_id, w.project_id, w.step_id, w.kind, w.status, w.expires_at, w.result, w.completed_by,
-          w.completed_at, w.created_at, (w.xmax = 0) AS created, COALESCE(w.token_hash = :token_hash, false) AS issued
+SELECT * FROM w
 
 -- name: ParkOnWait
 -- The caller's run parks on its wait: RUNNING -> WAITING_TOOL with no lease (runstate PARK). The
