@@ -9,9 +9,11 @@
 -- lease (a crashed replica's), skipping those another replica holds locked. The run tree's order
 -- (docs/architecture.md "Child runs"): a run's request waits while one of its children has not
 -- ended (a leased child asked to cancel may still complete, and is then undone too: migration
--- 0280) or has a request open (children are undone before the parent's own steps), and a
--- parent_ended request waits while a newer sibling's parent_ended request is open (newest child
--- first).
+-- 0280) or has a request open (children are undone before the parent's own steps), and the
+-- request of a child whose tree is being undone (trigger parent_ended, or a parent that ended
+-- FAILED or CANCELLED) waits while a newer sibling (child_seq) has not ended or has a request
+-- open (newest child first, also when the newer one was still running, asked to cancel, when
+-- the older one's request was written).
 UPDATE awooop_compensation_request c
    SET status = 'running', worker_id = :worker_id, lease_until = now() + make_interval(secs => :lease_ttl),
        attempt_count = c.attempt_count + 1, updated_at = now()
@@ -24,11 +26,14 @@ UPDATE awooop_compensation_request c
                              LEFT JOIN awooop_compensation_request kq ON kq.run_id = k.run_id
                             WHERE k.parent_run_id = q.run_id
                               AND (k.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED') OR kq.status <> 'done'))
-           AND NOT (q.trigger = 'parent_ended' AND r.parent_run_id IS NOT NULL AND EXISTS (
-                    SELECT 1 FROM awooop_run_state s
-                      JOIN awooop_compensation_request sq ON sq.run_id = s.run_id
-                     WHERE s.parent_run_id = r.parent_run_id AND s.child_seq > r.child_seq
-                       AND sq.trigger = 'parent_ended' AND sq.status <> 'done'))
+           AND NOT (r.parent_run_id IS NOT NULL
+                    AND (q.trigger = 'parent_ended'
+                         OR EXISTS (SELECT 1 FROM awooop_run_state p
+                                     WHERE p.run_id = r.parent_run_id AND p.status IN ('FAILED', 'CANCELLED')))
+                    AND EXISTS (SELECT 1 FROM awooop_run_state s
+                                  LEFT JOIN awooop_compensation_request sq ON sq.run_id = s.run_id
+                                 WHERE s.parent_run_id = r.parent_run_id AND s.child_seq > r.child_seq
+                                   AND (s.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED') OR sq.status <> 'done')))
          ORDER BY q.created_at LIMIT :batch
            FOR UPDATE OF q SKIP LOCKED)
 RETURNING c.run_id, c.project_id, c.trigger, c.reason, c.attempt_count
