@@ -195,6 +195,7 @@ class Client:
         ca_file: str | None = None,
         channel_options: Sequence[tuple[str, Any]] | None = None,
         tracer_provider: Any = None,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
     ) -> None:
         self.key = api_key(key)
         # OpenTelemetry: given, or the application's global provider; None: calls are not traced
@@ -207,6 +208,8 @@ class Client:
         self._tls = tls
         self._ca_file = ca_file
         self._channel_options = list(channel_options or ())
+        # grpc.aio client interceptors of the application's own, after the tracing one
+        self._interceptors = list(interceptors)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, Any] = {}
         # False once the saga service answered RecordStep with UNIMPLEMENTED (an older service):
@@ -224,7 +227,7 @@ class Client:
                 tls=self._tls,
                 ca_file=self._ca_file,
                 options=self._channel_options,
-                interceptors=tracing.client_interceptors(self.tracer_provider),
+                interceptors=[*tracing.client_interceptors(self.tracer_provider), *self._interceptors],
             )
             self._channels[service] = ch
             self._stubs[service] = STUBS[service](ch)
