@@ -633,6 +633,47 @@ async def test_completion_racing_the_timeout_has_one_winner(suite: Suite, db: An
         assert (await _row(db, run_id))["status"] == "PENDING"
 
 
+async def test_a_completion_after_the_wait_expired_but_before_any_sweep_is_the_timeout(
+    start_services: Any, make_key: Any, db: Any
+) -> None:
+    """Migration 0160's rule (issue 41, item 7): a completion that arrives when the wait's time is
+    up, before the sweep has ended it, commits the timeout instead and is refused naming it, by the
+    callback URL and by CompleteWait alike; the parked run resumes to see the timeout. The sweep is
+    an hour away here, so only the rule can end these waits."""
+    rt, worker_key, admin, _ = await start_suite(
+        start_services, make_key, PROJECT, worker="dw-late", admin="dw-late-boss", wait_sweep_interval=3600
+    )
+    worker_client = Client(key=worker_key, **addresses(rt))
+    late = Suite(rt, PROJECT, worker_key, admin, worker_client, worker_client)
+    try:
+        for by in ("url", "rpc"):
+            run_id, (created, _) = await late.park_one(timeout=0.3)
+            wait_id = uuid.UUID(created.wait.wait_id)
+
+            async def due(wait_id: uuid.UUID = wait_id) -> bool:
+                query = "SELECT expires_at <= now() FROM awooop_wait WHERE wait_id = $1"
+                return bool(await db.fetchval(query, wait_id))
+
+            await eventually(due, timeout=10, what="the wait's time up")
+            assert await db.fetchval("SELECT status FROM awooop_wait WHERE wait_id = $1", wait_id) == "open"
+            if by == "url":
+                status, body = await _post(late.http + created.callback_url, {"late": True})
+                assert (status, body["reason"], body["outcome"]) == (409, errors.WAIT_CLOSED, "timed_out"), body
+            else:
+                with pytest.raises(AwooopError) as refused:
+                    await late.complete_wait(created.wait.wait_id, {"late": True})
+                assert refused.value.reason == errors.WAIT_CLOSED
+                assert refused.value.details.metadata["outcome"] == "timed_out"
+            wait = await db.fetchrow("SELECT status, result FROM awooop_wait WHERE wait_id = $1", wait_id)
+            assert (wait["status"], wait["result"]) == ("timed_out", None)
+            assert (await _row(db, run_id))["status"] == "PENDING"  # resumed, to meet its timeout
+            audit = await _audit(db, run_id)
+            assert audit.count("WAIT_TIMED_OUT") == 1 and "WAIT_COMPLETED" not in audit, audit
+    finally:
+        await worker_client.close()
+        await admin.close()
+
+
 async def test_cancel_reaches_a_parked_run_at_once_and_a_racing_completion_loses_cleanly(suite: Suite, db: Any) -> None:
     # alone: one CancelRun ends the parked run
     run_id, (created, lease) = await suite.park_one()
