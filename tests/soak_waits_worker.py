@@ -64,7 +64,7 @@ def make_handler(tools: ToolClient, tokens: TextIO) -> Any:
         await asyncio.sleep(float(plan.get("work_ms", 100)) / 1000)
         if kind in ("url", "rpc", "timeout"):
             token = await ctx.create_wait(float(plan["timeout"]), step_id=WAIT_STEP)
-            if token.callback_url:  # this attempt holds the wait's token: hand it out (a newer one replaces it)
+            if token.callback_url:  # this attempt got a token of the wait: hand it out (earlier ones stay valid)
                 line = {"run_id": ctx.run_id, "attempt": ctx.attempt, "callback_url": token.callback_url}
                 tokens.write(json.dumps(line) + "\n")
                 await ctx.emit({"wait_id": token.wait_id}, kind="waiting")

@@ -216,6 +216,7 @@ async def test_waits_and_child_runs_hold_through_worker_crashes_with_flow_contro
         producers = [
             asyncio.create_task(_produce(client, plan.stream(i), submitted, tally, stop_load)) for i in range(PRODUCERS)
         ]
+        background.append(asyncio.create_task(_cancel_parents(client, submitted, tally, stop_completing)))
         kills = asyncio.create_task(_kill_workers(plan, suite, t0))
         await asyncio.sleep(max(0.0, t0 + wp.RESUME_AT - time.time()))  # the timeline's next step, not a wait
         monitor.paused = False
@@ -297,8 +298,32 @@ async def _produce(
                 await asyncio.sleep(0.2)
                 continue
             submitted.acked[p.event_id] = answer.outcomes[0].run_id
+            submitted.acked_at[p.event_id] = time.time()
             break
         await asyncio.sleep(stream.pause())
+
+
+async def _cancel_parents(client: Client, submitted: Submitted, tally: Tally, stop: asyncio.Event) -> None:
+    """The operator: each children run whose plan says so is cancelled cancel_after seconds after it
+    was acknowledged (while its children run, or before, or after it ended); what CancelRun
+    answered is kept for the checks. Until stopped."""
+    while not stop.is_set():
+        for event_id, run_id in list(submitted.acked.items()):
+            plan = submitted.plans[event_id]
+            due = submitted.acked_at[event_id] + plan.cancel_after
+            if not plan.cancel_after or run_id in submitted.cancels or time.time() < due:
+                continue
+            request = spb.CancelRunRequest(run_id=run_id, reason="soak: the operator cancels the tree")
+            try:
+                resp = await client.call(client.scheduler.CancelRun, request)
+            except AwooopError as err:
+                tally.failed(err)
+                if err.reason == errors.INVALID_TRANSITION:
+                    submitted.cancels[run_id] = "refused"  # it had ended
+                continue  # UNAVAILABLE: again on the next pass
+            ended = resp.run.status == common_pb2.RUN_STATUS_CANCELLED
+            submitted.cancels[run_id] = "cancelled" if ended else "requested"
+        await asyncio.sleep(0.1)
 
 
 async def _kill_workers(plan: wp.SoakPlan, suite: WaitsSuite, t0: float) -> None:
@@ -322,8 +347,8 @@ async def _complete_waits(
 ) -> None:
     """The systems that answer the waits: each open wait of a url / rpc run, once its plan's delay
     has passed, completed with {"verdict", "by"}: POSTed to the callback URL the run's newest attempt
-    handed out (a newer attempt's token replaces an older one: the old URL answers 404, the next pass
-    uses the new), or sent with CompleteWait and the tool key. Until stopped."""
+    handed out (every URL an attempt handed out completes the wait: a 404 is a violation), or sent
+    with CompleteWait and the tool key. Until stopped."""
     conn = await asyncpg.connect(dsn)
     try:
         async with aiohttp.ClientSession() as http:
@@ -339,7 +364,9 @@ async def _complete_waits(
                         async with http.post(url, json=body) as resp:
                             answer = await resp.json(content_type=None)
                         completions[f"url {resp.status}"] += 1
-                        if resp.status not in (200, 404) and answer.get("reason") not in EXPECTED_REFUSALS:
+                        if resp.status == 404:
+                            violations.add("a handed-out callback URL named no wait", f"{r['run_id']}: {url}")
+                        elif resp.status != 200 and answer.get("reason") not in EXPECTED_REFUSALS:
                             violations.add("a callback URL refused a completion", f"{r['run_id']}: {answer}")
                     elif plan.kind == "rpc":
                         request = spb.CompleteWaitRequest(wait_id=r["wait_id"], result=to_struct(body))

@@ -4,12 +4,14 @@ soak's samples and checks it reuses (tests/harness/soak_invariants.py). Each bro
 
 - every run ended exactly once (one audit row into a terminal status), as its plan says (a durable
   wait's run by the outcome posted through the path its plan names, the URL or the RPC; a timed-out
-  one E-WAIT-TIMEOUT; a parent by its children's ends), or failed by the reaper's attempts;
+  one E-WAIT-TIMEOUT; a parent by its children's ends; a parent an operator cancelled CANCELLED,
+  its children with it), or failed by the reaper's attempts;
 - no tool side effect ran twice (the gateway's log: one execution per idempotency key), each wait
   ended once, each parent started each of its children once;
-- every failed run with completed tool steps compensated, each run's steps newest first, and a
-  failed parent's completed children, newest first, before its own steps; completed runs keep
-  their side effects;
+- every failed or cancelled run with completed tool steps compensated, and every completed child
+  of such a parent (no completed step of a cancelled tree left undone), each run's steps newest
+  first, and a failed or cancelled parent's completed children, newest first, before its own
+  steps; completed runs keep their side effects;
 - every acknowledged event is exactly one run, and no run nobody asked for;
 - no background loop recorded a failure: no LOOP_ERROR on a run's history, no schedule error.
 """
@@ -88,6 +90,10 @@ class Submitted:
 
     plans: dict[str, RunPlan] = field(default_factory=dict)  # event id -> plan, once sent
     acked: dict[str, str] = field(default_factory=dict)  # event id -> run id, once acknowledged
+    acked_at: dict[str, float] = field(default_factory=dict)  # event id -> when it was acknowledged
+    # run id -> what CancelRun answered a parent's planned cancel: "cancelled" (at once),
+    # "requested" (it was leased: it may still end as planned) or "refused" (it had ended)
+    cancels: dict[str, str] = field(default_factory=dict)
 
     def plan_of_run(self) -> dict[str, RunPlan]:
         return {run_id: self.plans[event_id] for event_id, run_id in self.acked.items()}
@@ -134,9 +140,11 @@ async def check_store(dsn: str, submitted: Submitted, tool_actor: str, violation
             continue
         if r["ends"] != 1:
             violations.add("run did not end exactly once", f"{name}: {r['ends']} terminal audit rows")
-        _check_outcome(r, plan, children.get(run_id, []), name, violations)
-        # a completed child of a parent that did not complete is undone with its parent
         parent = runs.get(r["parent_run_id"]) if r["parent_run_id"] else None
+        cancel = submitted.cancels.get(run_id, "")
+        if not parent or parent["status"] != "CANCELLED" or r["status"] != "CANCELLED":  # cancelled with it
+            _check_outcome(r, plan, children.get(run_id, []), name, cancel, violations)
+        # a completed child of a parent that did not complete is undone with its parent
         undone = r["status"] != "COMPLETED" or (parent is not None and parent["status"] != "COMPLETED")
         _check_saga(r, steps.get(run_id, []), knowledge, undone, name, violations)
     _check_order(runs, steps, children, tools, violations)
@@ -168,9 +176,18 @@ async def check_store(dsn: str, submitted: Submitted, tool_actor: str, violation
     return dict(sorted(ended.items()))
 
 
-def _check_outcome(r: Any, plan: RunPlan | None, kids: list[Any], name: str, violations: Violations) -> None:
-    """Ended as its plan says (or failed by the reaper's attempts, whatever the plan)."""
+def _check_outcome(
+    r: Any, plan: RunPlan | None, kids: list[Any], name: str, cancel: str, violations: Violations
+) -> None:
+    """Ended as its plan says (or failed by the reaper's attempts, whatever the plan); a parent its
+    operator cancelled ended CANCELLED (or, the cancel only requested of its leased worker, as
+    planned; refused, the run had ended as planned)."""
     if r["status"] == "FAILED" and r["error_code"] == wp.MAX_ATTEMPTS_CODE:
+        return
+    if cancel in ("cancelled", "requested") and r["status"] == "CANCELLED":
+        return
+    if cancel == "cancelled":
+        violations.add("a cancelled parent did not end CANCELLED", f"{name}: {r['status']}")
         return
     if plan is None:  # a schedule tick completes; a child ends as its own plan says
         own = _json(r["plan"]) or {}
@@ -251,7 +268,7 @@ def _check_order(
         done = undone(run_id)
         if [w for _, w in done] != sorted(w for _, w in done):
             violations.add("a run's steps compensated out of order (not newest first)", f"{run_id}: {done}")
-        if r["status"] != "FAILED":
+        if r["status"] not in ("FAILED", "CANCELLED"):
             continue
         kids = sorted((k for k in children.get(run_id, []) if k["status"] == "COMPLETED"), key=lambda k: k["child_seq"])
         firsts = [min((w for _, w in undone(k["run_id"])), default=None) for k in reversed(kids)]

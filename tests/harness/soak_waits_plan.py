@@ -63,11 +63,12 @@ class RunPlan:
     seconds: float = 0.0  # sleep
     flaky_after: bool = False  # url / rpc: the attempt that receives the outcome fails once
     children: tuple[str, ...] = ()  # children: each child's outcome, in order
+    cancel_after: float = 0.0  # children: an operator cancels the parent this long after it was acknowledged
 
     def input(self) -> dict[str, Any]:
         """What the worker reads (input.soak): the plan without its routing."""
         plan = asdict(self)
-        for routing in ("event_id", "project", "keys", "priority"):
+        for routing in ("event_id", "project", "keys", "priority", "cancel_after"):
             plan.pop(routing)
         plan["children"] = list(self.children)
         return {"soak": plan}
@@ -117,6 +118,8 @@ class RunStream:
             base["seconds"] = round(rng.uniform(0.2, 1.5), 2)
         else:
             base["children"] = tuple(_outcome(rng, flaky=False) for _ in range(rng.randint(2, 3)))
+            if rng.random() < 0.5:  # cancelled while its children run (or before, or after it ended)
+                base["cancel_after"] = round(rng.uniform(0.05, 0.8), 2)
         return RunPlan(**base)
 
     def pause(self) -> float:
