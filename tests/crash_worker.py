@@ -22,6 +22,8 @@ compensation that deletes it, so the gateway's log shows each side effect and ea
 | event        | a tool step, wait_for_event on the API channel's correlation key (the run's tag)      |
 | parked_tool  | a tool step, call_tool_parked (the gateway posts the outcome back), a tool step       |
 | children     | a tool step, run_children of two children (each one tool step), completes             |
+| tree         | as children, but the first child parks (a durable sleep) after its step and the       |
+|              | second fails after its step (compensated on its own): the cancel enumeration's tree   |
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ def make_handler(tools: ToolClient, crash: CrashPoint, handout: str) -> Any:
         crash.track(ctx.run_id)
         if ctx.input.get("child") is not None:
             await write(ctx, "child")
+            if ctx.input.get("park"):
+                await ctx.sleep(0.5, step_id="nap")
+            if ctx.input.get("fail"):
+                await ctx.fail("the child fails", error_code="E-CRASH-CHILD")
+                return None
             return {"child": ctx.input["child"]}
         await write(ctx, "a")
         if pattern == "steps":
@@ -106,8 +113,12 @@ def make_handler(tools: ToolClient, crash: CrashPoint, handout: str) -> Any:
             )
             await write(ctx, "b")
             return {"tool": result}
-        if pattern == "children":
-            kids = [Child({"pattern": "children", "child": i}, step_id=f"c{i}") for i in range(2)]
+        if pattern in ("children", "tree"):
+            kids = [
+                Child({"pattern": pattern, "child": i, "park": pattern == "tree" and i == 0,
+                       "fail": pattern == "tree" and i == 1}, step_id=f"c{i}")
+                for i in range(2)
+            ]  # fmt: skip
             outcomes = await ctx.run_children(kids)
             return {"children": [o.status for o in outcomes]}
         raise ValueError(f"unknown pattern {pattern!r}")

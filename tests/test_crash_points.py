@@ -329,20 +329,26 @@ async def test_every_crash_point_of_the_pattern_keeps_the_invariants(
 
 async def tree_violations(w: World, db: asyncpg.Connection, parent: str, answer: str) -> list[str]:
     """A cancelled parent's tree: each run ended once; each side effect ran once; every step
-    journaled completed was undone exactly once, the children's (newest first) before the parent's.
-    The cancel's answer: "cancelled" (the parent ended CANCELLED at once), "requested" (it was
-    leased: its worker may complete it before a heartbeat delivers the request, and then nothing
-    is undone), "refused" (it had completed: nothing undone)."""
+    journaled completed of a run that failed or was cancelled, or whose parent was, undone exactly
+    once, and what the cancel set undoing (requests from the parent's end on) undone children
+    newest first, the parent last; a run of a tree that completed keeps its steps. The cancel's
+    answer: "cancelled" (the parent ended CANCELLED at once), "requested" (it was leased: its
+    worker may complete it before a heartbeat delivers the request), "refused" (it had completed)."""
     found: list[str] = []
     tree = await db.fetch(
-        "SELECT run_id::text, status, saga_status, parent_run_id FROM awooop_run_state"
-        " WHERE run_id = $1 OR parent_run_id = $1 ORDER BY child_seq NULLS FIRST",
+        "SELECT r.run_id::text, r.status, r.parent_run_id::text, q.created_at AS requested,"
+        "       (SELECT max(a.created_at) FROM awooop_audit_log a WHERE a.run_id = r.run_id"
+        "           AND a.to_status = ANY($2::text[])) AS ended_at"
+        "  FROM awooop_run_state r LEFT JOIN awooop_compensation_request q ON q.run_id = r.run_id"
+        " WHERE r.run_id = $1 OR r.parent_run_id = $1 ORDER BY r.child_seq NULLS FIRST",
         uuid.UUID(parent),
+        list(TERMINAL),
     )
+    root = tree[0]
     allowed = {"cancelled": ("CANCELLED",), "requested": ("CANCELLED", "COMPLETED"), "refused": ("COMPLETED",)}
-    if tree[0]["status"] not in allowed[answer]:
-        found.append(f"the parent ended {tree[0]['status']} (cancel {answer})")
-    cancelled = tree[0]["status"] == "CANCELLED"
+    if root["status"] not in allowed[answer]:
+        found.append(f"the parent ended {root['status']} (cancel {answer})")
+    unsuccessful = ("FAILED", "CANCELLED")
     for r in tree:
         ends = await db.fetchval(
             "SELECT count(*) FROM awooop_audit_log WHERE run_id = $1::uuid AND to_status = ANY($2::text[])"
@@ -352,14 +358,15 @@ async def tree_violations(w: World, db: asyncpg.Connection, parent: str, answer:
         )
         if ends != 1:
             found.append(f"{r['run_id']} ended {ends} times")
-        left = await db.fetch(
-            "SELECT step_id, status FROM awooop_saga_step WHERE run_id = $1::uuid AND step_type = 'tool_call'"
-            " AND status NOT IN ('compensated', 'pending', 'failed') AND $2",
+        undo = r["status"] in unsuccessful or (r["parent_run_id"] is not None and root["status"] in unsuccessful)
+        steps = await db.fetch(
+            "SELECT step_id, status FROM awooop_saga_step WHERE run_id = $1::uuid AND step_type = 'tool_call'",
             r["run_id"],
-            cancelled,
         )
-        if left:
-            found.append(f"{r['run_id']} ({r['status']}) left {[(s['step_id'], s['status']) for s in left]} undone")
+        kept = ("compensated", "pending", "failed") if undo else ("completed", "pending", "failed")
+        wrong = [(s["step_id"], s["status"]) for s in steps if s["status"] not in kept]
+        if wrong:
+            found.append(f"{r['run_id']} ({r['status']}, undo {undo}) has steps {wrong}")
     twice = await db.fetch(
         "SELECT idempotency_key FROM awooop_refgw_request WHERE idempotency_key LIKE ANY($1::text[])"
         " AND outcome = 'executed' GROUP BY idempotency_key HAVING count(*) > 1",
@@ -367,17 +374,19 @@ async def tree_violations(w: World, db: asyncpg.Connection, parent: str, answer:
     )
     if twice:
         found.append(f"ran more than once: {[t['idempotency_key'] for t in twice]}")
-    undone = [
-        k["idempotency_key"].split(":")[0]
-        for k in await db.fetch(
-            "SELECT idempotency_key FROM awooop_refgw_request WHERE idempotency_key LIKE ANY($1::text[])"
-            " AND outcome = 'executed' ORDER BY request_id",
-            [r["run_id"] + ":%:compensate" for r in tree],
-        )
-    ]
-    order = [r["run_id"] for r in reversed(tree[1:]) if r["run_id"] in undone] + ([parent] if parent in undone else [])
-    if undone != order or (undone and not cancelled):
-        found.append(f"undone in the order {undone}, expected newest child first, the parent last: {order}")
+    if root["status"] == "CANCELLED":  # what its end set undoing: newest child first, the parent last
+        cascade = [r["run_id"] for r in tree if r["requested"] is not None and r["requested"] >= root["ended_at"]]
+        undone = [
+            k["idempotency_key"].split(":")[0]
+            for k in await db.fetch(
+                "SELECT idempotency_key FROM awooop_refgw_request WHERE idempotency_key LIKE ANY($1::text[])"
+                " AND outcome = 'executed' ORDER BY request_id",
+                [run + ":%:compensate" for run in cascade],
+            )
+        ]
+        order = [run for run in [*(r["run_id"] for r in reversed(tree[1:])), parent] if run in undone]
+        if undone != order:
+            found.append(f"undone in the order {undone}, expected newest child first, the parent last: {order}")
     return found
 
 
@@ -385,15 +394,17 @@ async def tree_violations(w: World, db: asyncpg.Connection, parent: str, answer:
 async def test_cancelling_a_parent_at_every_point_of_its_childrens_lives_undoes_the_tree_once_in_order(
     world: World, db: asyncpg.Connection
 ) -> None:
-    """The parent of the children pattern (its own tool step, then two children with one tool step
-    each) is cancelled with its worker frozen at each point of the tree's calls (each call, each
-    phase: a child queued, claimed, mid-step, its step journaled, completing, the parent parked or
-    resuming), and once before any worker ran. Then the worker goes on: whatever any run of the tree
-    completed is undone once, children newest first, before the parent's own step."""
+    """The parent of the tree pattern (its own tool step, then two children with one tool step each,
+    the first of which then parks on a durable sleep and the second fails, compensated on its own)
+    is cancelled with its worker frozen at each point of the tree's calls (each call, each phase: a
+    child queued, claimed, mid-step, its step journaled, parked, completing, failing and being
+    compensated, the parent parked or resuming), and once before any worker ran. Then the worker
+    goes on: whatever any run of the tree completed is undone once, children newest first, before
+    the parent's own step."""
     w = world
     rec = w.tmp / "tree-record"
     project = "cp-tree--1"
-    parent, _ = await start(w, "children", project)
+    parent, _ = await start(w, "tree", project)
     async with worker(w, "record", rec, [project]):
         await eventually(lambda: settled(w.pool, parent), timeout=60, what="the recorded tree")
     labels = (rec / "calls").read_text().split()
@@ -415,7 +426,7 @@ async def test_cancelling_a_parent_at_every_point_of_its_childrens_lives_undoes_
         project = f"cp-tree-{i}"
         out = w.tmp / f"tree-{i}"
         out.mkdir(parents=True, exist_ok=True)
-        run_id, _ = await start(w, "children", project)
+        run_id, _ = await start(w, "tree", project)
         async with gate:
             if point == "queued":
                 parents[point] = (run_id, await cancel(run_id, point))
