@@ -711,6 +711,33 @@ async def test_cancel_reaches_a_parked_run_at_once_and_a_racing_completion_loses
         assert audit[-1] == "CANCELLED" and "CLAIMED" not in audit[audit.index("WAIT_PARKED") :], audit
 
 
+async def test_cancels_and_callback_posts_racing_on_many_parked_runs_end_each_run_once(suite: Suite, db: Any) -> None:
+    """The second test of the cancel-against-completion promise (issue 41, item 7), through the
+    callback URL and many runs at once: every run ends CANCELLED exactly once, never claimed again;
+    a post that won answered 200 and its wait is completed, one that lost answered 409 naming the
+    cancelled run, and no wait is completed by a post that was refused."""
+    parked = [await suite.park_one() for _ in range(12)]
+
+    async def cancel(run_id: str) -> None:
+        await suite.admin.call(suite.admin.scheduler.CancelRun, scheduler_pb2.CancelRunRequest(run_id=run_id))
+
+    answers = await asyncio.gather(
+        *(cancel(run_id) for run_id, _ in parked),
+        *(_post(suite.http + created.callback_url, {"raced": True}) for _, (created, _) in parked),
+    )
+    posts = answers[len(parked) :]
+    for (run_id, (created, _)), (status, body) in zip(parked, posts, strict=True):
+        audit = await _audit(db, run_id)
+        assert (await _row(db, run_id))["status"] == "CANCELLED" and audit.count("CANCELLED") == 1, audit
+        assert "CLAIMED" not in audit[audit.index("WAIT_PARKED") :], audit
+        wait = await db.fetchval("SELECT status FROM awooop_wait WHERE wait_id = $1", uuid.UUID(created.wait.wait_id))
+        if status == 200:
+            assert wait == "completed" and audit.count("WAIT_COMPLETED") == 1, (body, audit)
+        else:
+            assert (status, body["reason"]) == (409, errors.INVALID_TRANSITION), body
+            assert wait != "completed" and "WAIT_COMPLETED" not in audit, (wait, audit)
+
+
 # --- the boundary ------------------------------------------------------------------------------
 
 
