@@ -41,10 +41,21 @@ import pytest
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import AwooopError, Client
+from services.common.embedded import free_port
+from services.common.settings import Settings
 from tests.harness.crashpoints import Point, enumerate_points
-from tests.harness.helpers import ROOT, eventually, key_of, start_with_callbacks
+from tests.harness.helpers import ROOT, eventually, internal_key, key_of, settings_env, spawn_services
 from tests.harness.rpc_runs import ingest_run
 
+# the services' loops act within a fraction of a second (tests/harness/suite.py QUICK, and the sweeps)
+QUICK_ENV = {
+    "AWOOOP_REAPER_INTERVAL": "0.1",
+    "AWOOOP_RETRY_BACKOFF": "0.05",
+    "AWOOOP_COMPENSATION_INTERVAL": "0.2",
+    "AWOOOP_AUTH_CACHE_SECONDS": "0",
+    "AWOOOP_APPROVAL_SWEEP_INTERVAL": "0.5",
+    "AWOOOP_WAIT_SWEEP_INTERVAL": "0.2",
+}
 PATTERNS = ["steps", "fail", "callback", "approval", "sleep", "event", "parked_tool", "children"]
 AT_ONCE = 4  # crash workers alive at a time (2 cores)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
@@ -63,9 +74,19 @@ class World:
 
 
 @pytest.fixture
-async def world(start_services: Any, make_key: Any, db_dsn: str, tmp_path: Path) -> AsyncIterator[World]:
-    gw, ing, rt = await start_with_callbacks(start_services, approval_sweep_interval=0.5, wait_sweep_interval=0.2)
-    # a project per crash point: keys with their role in every project
+async def world(settings: Settings, make_key: Any, tmp_path: Path) -> AsyncIterator[World]:
+    """The services as processes of their own (a project per crash point: hundreds of projects,
+    whose metrics must not use up the test process's label budget), acting quickly."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
+    env = base | settings_env(settings) | QUICK_ENV
+    env["AWOOOP_INTERNAL_API_KEY"] = await internal_key(settings.database_url)
+    gw = await spawn_services(["gateway"], env, tmp_path, "gateway")
+    http_port = free_port()
+    ing = await spawn_services(["ingest"], env | {"AWOOOP_HTTP_PORT": str(http_port)}, tmp_path, "ingest")
+    http = f"http://127.0.0.1:{http_port}"
+    env |= {"AWOOOP_GATEWAY_ADDR": f"127.0.0.1:{gw.ports['gateway']}", "AWOOOP_WAIT_CALLBACK_BASE_URL": http}
+    rt = await spawn_services(["scheduler", "saga"], env, tmp_path, "scheduler")
+    # keys with their role in every project
     worker_key = key_of(await make_key("cp-worker", {"*": ["worker"]}, "service"))
     admin_key = key_of(await make_key("cp-admin", {"*": ["admin"]}))
     addrs = {
@@ -74,13 +95,16 @@ async def world(start_services: Any, make_key: Any, db_dsn: str, tmp_path: Path)
         "saga": f"127.0.0.1:{rt.ports['saga']}",
         "gateway": f"127.0.0.1:{gw.ports['gateway']}",
     }
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
-    env |= {f"AWOOOP_{s.upper()}_ADDR": a for s, a in addrs.items()} | {"AWOOOP_API_KEY": worker_key}
+    worker_env = base | {f"AWOOOP_{s.upper()}_ADDR": a for s, a in addrs.items()} | {"AWOOOP_API_KEY": worker_key}
     admin = Client(key=admin_key, **addrs)
-    pool = await asyncpg.create_pool(db_dsn, min_size=2, max_size=8)
-    yield World(pool, env, admin, f"http://127.0.0.1:{ing.http_ports['ingest']}", tmp_path)
-    await admin.close()
-    await pool.close()
+    pool = await asyncpg.create_pool(settings.database_url, min_size=2, max_size=8)
+    try:
+        yield World(pool, worker_env, admin, http, tmp_path)
+    finally:
+        await admin.close()
+        await pool.close()
+        for sp in (rt, ing, gw):
+            sp.terminate()
 
 
 @contextlib.asynccontextmanager
@@ -178,6 +202,17 @@ async def settled(db: asyncpg.Pool, run_id: str) -> bool:
 # --- the invariants ---------------------------------------------------------------------------
 
 
+async def ends(db: asyncpg.Connection, run_id: str) -> int:
+    """How many times the run reached a terminal status (its audit log's transitions into one)."""
+    n: int = await db.fetchval(
+        "SELECT count(*) FROM awooop_audit_log WHERE run_id = $1::uuid AND to_status = ANY($2::text[])"
+        " AND (from_status IS NULL OR from_status <> ALL($2::text[]))",
+        run_id,
+        list(TERMINAL),
+    )
+    return n
+
+
 async def violations(
     w: World, db: asyncpg.Connection, pattern: str, run_id: str, tag: str, outs: list[Path]
 ) -> list[str]:
@@ -189,14 +224,8 @@ async def violations(
     )
     root = tree[0]
     for r in tree:
-        ends = await db.fetchval(
-            "SELECT count(*) FROM awooop_audit_log WHERE run_id = $1::uuid AND to_status = ANY($2::text[])"
-            " AND (from_status IS NULL OR from_status <> ALL($2::text[]))",
-            r["run_id"],
-            list(TERMINAL),
-        )
-        if ends != 1:
-            found.append(f"{r['run_id']} ended {ends} times")
+        if (n := await ends(db, r["run_id"])) != 1:
+            found.append(f"{r['run_id']} ended {n} times")
         executed = await db.fetch(
             "SELECT idempotency_key, count(*) AS n FROM awooop_refgw_request"
             " WHERE idempotency_key LIKE $1 AND outcome = 'executed' GROUP BY idempotency_key ORDER BY min(request_id)",
@@ -350,14 +379,8 @@ async def tree_violations(w: World, db: asyncpg.Connection, parent: str, answer:
         found.append(f"the parent ended {root['status']} (cancel {answer})")
     unsuccessful = ("FAILED", "CANCELLED")
     for r in tree:
-        ends = await db.fetchval(
-            "SELECT count(*) FROM awooop_audit_log WHERE run_id = $1::uuid AND to_status = ANY($2::text[])"
-            " AND (from_status IS NULL OR from_status <> ALL($2::text[]))",
-            r["run_id"],
-            list(TERMINAL),
-        )
-        if ends != 1:
-            found.append(f"{r['run_id']} ended {ends} times")
+        if (n := await ends(db, r["run_id"])) != 1:
+            found.append(f"{r['run_id']} ended {n} times")
         undo = r["status"] in unsuccessful or (r["parent_run_id"] is not None and root["status"] in unsuccessful)
         steps = await db.fetch(
             "SELECT step_id, status FROM awooop_saga_step WHERE run_id = $1::uuid AND step_type = 'tool_call'",
