@@ -115,6 +115,21 @@ async def _output(db: asyncpg.Connection, run_id: str) -> Any:
     return json.loads(raw) if raw is not None else None
 
 
+def undo(result: dict[str, Any]) -> dict[str, Any]:
+    """A knowledge entry's compensation: delete it."""
+    return {"tool_id": "knowledge_delete", "params": {"entry_id": result["entry_id"]}, "reason": "undo"}
+
+
+def writer(tools: ToolClient) -> Any:
+    """write(ctx, step, entry): a tool step writing a knowledge entry, compensated by deleting it."""
+
+    async def write(ctx: RunContext, step: str, entry: str) -> None:
+        params = {"entry_id": entry, "content": {}}
+        await ctx.step(step, tools.execute, tool_id="knowledge_write", params=params, compensation=undo)
+
+    return write
+
+
 # --- fan-out over worker processes, two SIGKILLed ----------------------------------------------
 
 WORKER_SCRIPT = textwrap.dedent(
@@ -723,12 +738,7 @@ async def test_a_parent_that_fails_compensates_its_finished_children_before_its_
 ) -> None:
     tools = ToolClient(suite.gateway, key=suite.worker_key)
 
-    def undo(result: dict[str, Any]) -> dict[str, Any]:
-        return {"tool_id": "knowledge_delete", "params": {"entry_id": result["entry_id"]}, "reason": "undo"}
-
-    async def write(ctx: RunContext, step: str, entry: str) -> None:
-        params = {"entry_id": entry, "content": {}}
-        await ctx.step(step, tools.execute, tool_id="knowledge_write", params=params, compensation=undo)
+    write = writer(tools)
 
     async def handler(ctx: RunContext) -> dict[str, Any]:
         if ctx.input.get("role") == "child":
@@ -798,12 +808,7 @@ async def test_a_child_that_completes_after_its_parents_end_reached_it_is_compen
     tools = ToolClient(suite.gateway, key=suite.worker_key)
     journaled, release = asyncio.Event(), asyncio.Event()
 
-    def undo(result: dict[str, Any]) -> dict[str, Any]:
-        return {"tool_id": "knowledge_delete", "params": {"entry_id": result["entry_id"]}, "reason": "undo"}
-
-    async def write(ctx: RunContext, step: str, entry: str) -> None:
-        params = {"entry_id": entry, "content": {}}
-        await ctx.step(step, tools.execute, tool_id="knowledge_write", params=params, compensation=undo)
+    write = writer(tools)
 
     async def handler(ctx: RunContext) -> dict[str, Any]:
         if ctx.input.get("role") == "late":
