@@ -9,6 +9,7 @@ import asyncio
 import json
 import socket
 import urllib.request
+import uuid
 from pathlib import Path
 
 import aiohttp
@@ -113,7 +114,8 @@ async def test_up_on_a_configured_store(db_dsn: str, redis_url: str, db: asyncpg
         tmp_path,
         AWOOOP_DATABASE_URL=db_dsn,
         AWOOOP_REDIS_URL=redis_url,
-        AWOOOP_REDIS_PREFIX=f"awooop:up-{tmp_path.name}:",
+        # a prefix of its own: the printed event's dedupe key must not meet an earlier session's
+        AWOOOP_REDIS_PREFIX=f"awooop:up-{uuid.uuid4().hex}:",
     )
     try:
         assert "postgres   configured (schema up to date)" in up.out()
