@@ -76,8 +76,8 @@ def tool_result(step_id: str, posted: dict[str, Any]) -> dict[str, Any]:
 class WaitToken:
     """A wait of this run. `callback_url` (POST a JSON object to it) and `token` exist only in
     the answer that issued them: an attempt that finds an ended wait gets neither, and one that
-    finds an open wait again (its predecessor crashed before it parked) gets a new token that
-    replaces the earlier one."""
+    finds an open wait again (its predecessor crashed before it parked) gets a new token; the
+    earlier ones keep completing the wait, so a URL already handed out stays valid."""
 
     wait_id: str
     step_id: str
