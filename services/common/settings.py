@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from awooop.worker.client import client_host
+from awooop.worker.client import local_address
 from services.common.limits import MAX_CHILD_DEPTH, MAX_CHILDREN_PER_RUN
 
 
@@ -239,10 +239,7 @@ class Settings:
     def scheduler_address(self) -> str:
         """Where this deployment's scheduler is: AWOOOP_SCHEDULER_ADDR, else its port on this host
         (the rule the CLI and SDK apply to the same variables, awooop.worker.client.resolve_address)."""
-        if self.scheduler_addr:
-            return self.scheduler_addr
-        host = client_host(self.host)
-        return f"[{host}]:{self.scheduler_port}" if ":" in host else f"{host}:{self.scheduler_port}"
+        return self.scheduler_addr or local_address(self.host, self.scheduler_port)
 
 
 # the /metrics port of a process serving one service when AWOOOP_METRICS_PORT is unset

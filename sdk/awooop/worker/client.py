@@ -85,6 +85,12 @@ def client_host(host: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
 
 
+def local_address(host: str, port: int | str) -> str:
+    """host:port a local client dials for a listener bound to host on port (IPv6 in brackets)."""
+    dial = client_host(host)
+    return f"[{dial}]:{port}" if ":" in dial else f"{dial}:{port}"
+
+
 def resolve_address(service: str, given: str | None = None) -> tuple[str, str]:
     """(address, where it came from): the given address ("argument"), else AWOOOP_<SERVICE>_ADDR,
     else AWOOOP_<SERVICE>_PORT on AWOOOP_HOST (the port the service was configured to listen on),
@@ -96,8 +102,7 @@ def resolve_address(service: str, given: str | None = None) -> tuple[str, str]:
         return os.environ[f"AWOOOP_{name}_ADDR"], f"AWOOOP_{name}_ADDR"
     port = os.environ.get(f"AWOOOP_{name}_PORT", "").strip()
     if port.isdigit():
-        host = client_host(os.environ.get("AWOOOP_HOST", "127.0.0.1").strip())
-        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}", f"AWOOOP_{name}_PORT"
+        return local_address(os.environ.get("AWOOOP_HOST", "127.0.0.1").strip(), port), f"AWOOOP_{name}_PORT"
     return DEFAULT_ADDRESSES[service], "default"
 
 
