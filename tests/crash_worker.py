@@ -42,10 +42,15 @@ APPROVAL_TTL = 8.0  # a token lost with its answer (a crash there) expires: the 
 
 
 def make_handler(tools: ToolClient, crash: CrashPoint, handout: str) -> Any:
-    def hand_out(run_id: str, kind: str, value: str) -> Any:
+    def hand_out(run_id: str, kind: str, value: str) -> None:
+        with open(handout, "a") as out:
+            out.write(json.dumps({"run_id": run_id, "kind": kind, "value": value}) + "\n")
+
+    def hand_out_step(run_id: str, kind: str, value: str) -> Any:
+        """hand_out as a journaled step's function."""
+
         def fn(call: StepCall) -> dict[str, Any]:
-            with open(handout, "a") as out:
-                out.write(json.dumps({"run_id": run_id, "kind": kind, "value": value}) + "\n")
+            hand_out(run_id, kind, value)
             return {"handed_out": kind}
 
         return fn
@@ -84,14 +89,14 @@ def make_handler(tools: ToolClient, crash: CrashPoint, handout: str) -> Any:
         if pattern == "callback":
             token = await ctx.create_wait(60, step_id="cb")
             if token.callback_url:
-                await ctx.step("hand-out", hand_out(ctx.run_id, "url", token.callback_url))
+                await ctx.step("hand-out", hand_out_step(ctx.run_id, "url", token.callback_url))
             posted = await ctx.wait(token)
             await write(ctx, "b")
             return {"posted": posted}
         if pattern == "approval":
             approval = await ctx.request_approval("go on?", ttl=APPROVAL_TTL)
             if not approval.granted:
-                hand_out(ctx.run_id, "approval", approval.token)(None)  # type: ignore[arg-type]
+                hand_out(ctx.run_id, "approval", approval.token)
                 return None
             await write(ctx, "b")
             return {"approved_by": approval.decided_by}
