@@ -27,8 +27,6 @@ WORKDIR /app
 COPY pyproject.toml uv.lock README.md ./
 COPY scripts/uv-requirements.txt ./scripts/
 COPY packages ./packages
-COPY gen ./gen
-COPY sdk ./sdk
 COPY services ./services
 # Exactly what uv.lock says (docs/dependencies.md): uv (hash-pinned) exports the runtime set with
 # hashes, pip installs it with --require-hashes from whichever index is configured (a mirror serves

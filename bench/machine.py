@@ -55,7 +55,7 @@ def _git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "services", "sdk", "bench"],
+            ["git", "status", "--porcelain", "--", "services", "packages/worker", "bench"],
             cwd=root,
             capture_output=True,
             text=True,

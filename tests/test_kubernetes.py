@@ -272,8 +272,8 @@ def flag(command: list[str], name: str) -> str:
 
 def test_a_worker_pod_is_killed_only_after_the_sdks_drain(rendered: dict[str, list[dict[str, Any]]]) -> None:
     """On SIGTERM the SDK gives handlers --shutdown-grace, then hands back what it still holds with
-    retries for up to 2 call timeouts (sdk/awooop/worker/worker.py); a claim in flight is awaited
-    (it ends within --claim-wait). The kubelet's SIGKILL must come after all of that."""
+    retries for up to 2 call timeouts (packages/worker/src/awooop/worker/worker.py); a claim in
+    flight is awaited (it ends within --claim-wait). The kubelet's SIGKILL must come after all of that."""
     docs = rendered["base"]
     deployment = one(docs, "Deployment", "awooop-worker")
     pod = deployment["spec"]["template"]

@@ -1,5 +1,5 @@
 """The reproducible build (docs/dependencies.md): uv.lock matches both pyproject.toml files, the
-packages' floors admit no runtime older than the one gen/ was generated for, and every npm install
+packages' floors admit no runtime older than the one the contracts were generated for, and every npm install
 is `npm ci` from a committed package-lock.json that pins the TypeScript generators."""
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ def floor(requirement: str) -> tuple[int, ...]:
     return tuple(int(x) for x in found[1].split("."))
 
 
-def test_the_packages_floors_admit_no_runtime_older_than_gen() -> None:
+def test_the_packages_floors_admit_no_runtime_older_than_the_generated_code() -> None:
     """An install beside an older grpcio or protobuf than the generator's fails at import time."""
-    grpc_stub = (ROOT / "gen" / "awooop" / "common" / "v1" / "common_pb2_grpc.py").read_text()
+    generated = ROOT / "packages" / "worker" / "src" / "awooop" / "common" / "v1"
+    grpc_stub = (generated / "common_pb2_grpc.py").read_text()
     grpc_generated = tuple(int(x) for x in re.search(r"GRPC_GENERATED_VERSION = '([\d.]+)'", grpc_stub)[1].split("."))
-    message = (ROOT / "gen" / "awooop" / "common" / "v1" / "common_pb2.py").read_text()
+    message = (generated / "common_pb2.py").read_text()
     major, minor, patch = re.search(r"Domain.PUBLIC,\s*(\d+),\s*(\d+),\s*(\d+),", message).groups()
     proto_generated = (int(major), int(minor), int(patch))
     for path in PYPROJECTS:
@@ -52,7 +53,7 @@ def test_the_packages_floors_admit_no_runtime_older_than_gen() -> None:
         assert floor(by_name["protobuf"]) >= proto_generated, (path, by_name["protobuf"], proto_generated)
     pins = locked()
     generator = tuple(int(x) for x in pins["grpcio-tools"].split("."))
-    assert generator == grpc_generated, "gen/ was not made by the locked grpcio-tools: run scripts/gen-protos"
+    assert generator == grpc_generated, "the contracts were not made by the locked grpcio-tools: run scripts/gen-protos"
 
 
 def test_npm_installs_are_clean_installs_of_committed_locks() -> None:

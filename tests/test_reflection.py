@@ -40,7 +40,7 @@ def test_buf_build_of_protos_alone_resolves_google_rpc(tmp_path: Path) -> None:
     assert {"google/rpc/status.proto", "google/rpc/error_details.proto"} <= names
     assert "Apache License" in (ROOT / "protos/google/LICENSE").read_text()
     # Python keeps googleapis-common-protos' google.rpc modules: nothing generated for them
-    assert not (ROOT / "gen/google").exists()
+    assert not (ROOT / "packages/worker/src/google").exists()
 
 
 async def _v1_call(port: int, req: alpha_pb2.ServerReflectionRequest) -> alpha_pb2.ServerReflectionResponse:

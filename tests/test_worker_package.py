@@ -1,5 +1,6 @@
 """The client package a worker pod installs (packages/worker, `awooop-worker`), installed from its
-wheel into a fresh venv as a platform team would: it brings a gRPC client and protobuf only (no
+wheel, and from its sdist (built from that directory alone), into a fresh venv as a platform team
+would: it brings a gRPC client and protobuf only (no
 database, cache, web or template library, no `services` package), and from that venv alone the
 README's worker (examples/worker.py) runs the demo story against real services to COMPLETED and
 to compensated, decided with that venv's `awooop runs approve|reject`."""
@@ -42,15 +43,9 @@ def run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
 
 
-@pytest.fixture(scope="module")
-def worker_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with only the awooop-worker wheel (built from packages/worker) and its requirements,
-    at the versions uv.lock pins (hash-checked): what the lock promises a worker pod is what is tested."""
-    tmp = tmp_path_factory.mktemp("worker-package")
-    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp)]
-    built = run([*pip_wheel, str(ROOT / "packages" / "worker")])
-    assert built.returncode == 0, built.stderr
-    (wheel,) = tmp.glob("awooop_worker-*.whl")
+def install_in_a_fresh_venv(tmp: Path, wheel: Path) -> Path:
+    """A fresh venv with only this wheel and its requirements, at the versions uv.lock pins
+    (hash-checked): what the lock promises a worker pod is what is tested."""
     venv = tmp / "venv"
     made = run([sys.executable, "-m", "venv", str(venv)])
     assert made.returncode == 0, made.stderr
@@ -61,6 +56,42 @@ def worker_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # the wheel's own requirements are met by the lock's set: nothing more is fetched
     installed = run([*pip, "--no-index", str(wheel)], cwd=tmp)
     assert installed.returncode == 0, installed.stderr
+    return venv
+
+
+def build_wheel(source: Path, out: Path) -> Path:
+    """A wheel built from source (a directory or an sdist) with the locked setuptools, as the image does."""
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out)]
+    built = run([*pip_wheel, str(source)])
+    assert built.returncode == 0, built.stderr
+    (wheel,) = out.glob("awooop_worker-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The awooop-worker wheel built from packages/worker, installed in a fresh venv."""
+    tmp = tmp_path_factory.mktemp("worker-wheel")
+    return install_in_a_fresh_venv(tmp, build_wheel(ROOT / "packages" / "worker", tmp))
+
+
+@pytest.fixture(scope="module")
+def sdist_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The awooop-worker sdist built from packages/worker, then a wheel built from that sdist alone
+    (pip unpacks it outside the repository), installed in a fresh venv: the sdist is complete."""
+    tmp = tmp_path_factory.mktemp("worker-sdist")
+    build = f"from setuptools import build_meta; print(build_meta.build_sdist({str(tmp)!r}))"
+    built = run([sys.executable, "-c", build], cwd=ROOT / "packages" / "worker")
+    assert built.returncode == 0, built.stderr
+    sdist = tmp / built.stdout.strip().splitlines()[-1]
+    assert sdist.name.endswith(".tar.gz") and sdist.is_file(), built.stdout
+    return install_in_a_fresh_venv(tmp, build_wheel(sdist, tmp / "wheel"))
+
+
+@pytest.fixture(scope="module", params=["wheel_venv", "sdist_venv"])
+def worker_venv(request: pytest.FixtureRequest) -> Path:
+    """The client package installed from its wheel, and from its sdist."""
+    venv: Path = request.getfixturevalue(request.param)
     return venv
 
 
@@ -77,6 +108,10 @@ def test_the_worker_package_installs_a_grpc_client_and_nothing_of_the_server(wor
         "import importlib.util, awooop.worker\n"
         "from awooop.worker import Worker, RunContext, ToolClient\n"
         "from awooop.scheduler.v1 import scheduler_pb2\n"
+        # reflection's descriptors and the stubs' .pyi files are package data: they came along
+        "from importlib.resources import files\n"
+        "assert files('awooop.common').joinpath('descriptors.binpb').is_file()\n"
+        "assert files('awooop.scheduler.v1').joinpath('scheduler_pb2.pyi').is_file()\n"
         "assert importlib.util.find_spec('services') is None\n"
         # without the tracing extra, a tracer_provider is refused with what to install, not ignored
         "try:\n"
@@ -92,6 +127,7 @@ def test_the_worker_package_installs_a_grpc_client_and_nothing_of_the_server(wor
     assert out.stdout.strip().startswith(str(worker_venv)), out.stdout
     # the client half of the command works; the server half says what to install instead of a traceback
     awooop = str(worker_venv / "bin" / "awooop")
+    assert run([awooop, "--help"]).returncode == 0
     assert run([awooop, "runs", "--help"]).returncode == 0
     served = run([awooop, "serve", "ingest"])
     assert served.returncode == 2, served.stderr
@@ -100,11 +136,11 @@ def test_the_worker_package_installs_a_grpc_client_and_nothing_of_the_server(wor
 
 
 async def test_the_readme_worker_runs_from_the_worker_package_alone(
-    worker_venv: Path, db_dsn: str, redis_url: str, db: asyncpg.Connection, tmp_path: Path
+    wheel_venv: Path, db_dsn: str, redis_url: str, db: asyncpg.Connection, tmp_path: Path
 ) -> None:
     up = await start_fresh_up(tmp_path, db_dsn, redis_url)
     # after the banner's export lines: the worker venv first, so `python` and `awooop` are its own
-    first = f"export PATH={worker_venv / 'bin'}:$PATH"
+    first = f"export PATH={wheel_venv / 'bin'}:$PATH"
     worker: asyncio.subprocess.Process | None = None
     try:
         with open(tmp_path / "worker.err", "wb") as err:
