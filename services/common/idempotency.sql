@@ -1,12 +1,12 @@
 -- The idempotent-mutation engine's statements (services/common/idempotency.py).
 
--- name: LockScope
+-- name: LockScope :exec
 -- Serializes every request of one scope for the rest of the transaction; lock_timeout is the
 -- caller's remaining deadline ("0": no limit beyond statement_timeout).
 SELECT pg_advisory_xact_lock(hashtextextended(:lock_name, 0))
   FROM (SELECT set_config('lock_timeout', :lock_timeout, true)) AS t
 
--- name: LookupKey
+-- name: LookupKey :one
 -- One row always: the key's columns (NULL when absent or expired) and the window a new key gets.
 -- An expired row is deleted here, so the insert after the mutation does not meet it.
 WITH expired AS (
@@ -23,7 +23,7 @@ SELECT k.request_fingerprint, k.policy_version, k.response_snapshot, k.resource_
    AND k.operation = :operation AND k.key = :key
    AND k.expires_at > now()
 
--- name: InsertKey
+-- name: InsertKey :exec
 -- The key row of a mutation that just ran, in the same transaction.
 INSERT INTO awooop_idempotency_key
     (project_id, principal_type, principal_id, operation, key, request_fingerprint, policy_version,

@@ -1,4 +1,4 @@
--- name: RecordLoopError
+-- name: RecordLoopError :exec
 -- A loop's error on the run's history (a LOOP_ERROR audit row with the run's status), once: not
 -- again while the run's newest audit row is this same error. :error is what an operator reads,
 -- :loop the loop's name, :actor the loop's.

@@ -2,22 +2,22 @@
 -- advisory lock (:lock_key: the first 8 bytes of sha256("awooop-migrate")) while it applies, so
 -- concurrent runs wait for each other instead of racing.
 
--- name: LockMigrations
+-- name: LockMigrations :exec
 SELECT pg_advisory_lock(:lock_key)
 
--- name: UnlockMigrations
+-- name: UnlockMigrations :exec
 SELECT pg_advisory_unlock(:lock_key)
 
--- name: CreateMigrationsTable
+-- name: CreateMigrationsTable :exec
 -- The list of applied migrations; the first migration cannot create the table it is recorded in.
 CREATE TABLE IF NOT EXISTS awooop_schema_migrations (
     version    INT PRIMARY KEY,
     name       TEXT NOT NULL,
     applied_at TIMESTAMPTZ NOT NULL DEFAULT now())
 
--- name: AppliedMigrations
+-- name: AppliedMigrations :many
 SELECT version FROM awooop_schema_migrations
 
--- name: RecordMigration
+-- name: RecordMigration :exec
 -- Written in the transaction of the migration it records.
 INSERT INTO awooop_schema_migrations (version, name) VALUES (:version, :name)

@@ -17,12 +17,12 @@ Variants. A few statements differ by a number written into the text rather than 
 parameter, because Postgres plans the literal better (the claim's `LIMIT`, for one). The rule
 is one: a slot `{{max_runs}}` in the text is replaced by an integer, and nothing else ever is;
 `Statement.variant(max_runs=10)` renders (and caches) one. A header line
-`-- slots: max_runs=10` gives the value the golden test renders.
+`-- slots: max_runs=10` gives the value the statement is planned with in the tests.
 
 Files are read once, at import of the module that names them (`load(__file__, "claims.sql")`);
 a misspelt statement name fails at import. tests/test_sql_statements.py renders every
-statement of every file, runs EXPLAIN on it against the migrated store and compares the text
-with its golden copy, so a change to a statement shows up in review as SQL.
+statement of every file and prepares and EXPLAINs it against the migrated store, so a name,
+type or parameter that no longer resolves fails there.
 """
 
 from __future__ import annotations
@@ -31,12 +31,21 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeAlias
 
-_HEADER = re.compile(r"^-- name: *([A-Za-z][A-Za-z0-9_]*) *$", re.M)
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+_HEADER = re.compile(r"^-- name: *([A-Za-z][A-Za-z0-9_]*) *(?::(one|many|val|exec))? *$", re.M)
 # quoted text and comments are skipped whole, so `':x'` or `-- :x` never names a parameter
 _TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|(?<![:\w]):([a-z_][a-z0-9_]*)\b")
 _SLOT = re.compile(r"\{\{ *([a-z_][a-z0-9_]*) *\}\}")
 _SLOTS_LINE = re.compile(r"^-- slots: *(.+)$", re.M)
+
+
+# What a generated statement function runs on: the pool, or a connection (its own or one the pool
+# lent, inside a transaction of several statements).
+Queryable: TypeAlias = asyncpg.Pool | asyncpg.Connection | PoolConnectionProxy
 
 
 class StatementError(Exception):
@@ -69,12 +78,25 @@ class Statement:
     sql: str
     params: tuple[str, ...]
     slots: tuple[str, ...] = ()
-    # a slot's value the golden test renders (-- slots: name=value)
+    # what a call returns (sqlc's modes): one row, many rows, one value, the command tag
+    mode: str = ""
+    # a slot's value the tests plan the statement with (-- slots: name=value)
     samples: Mapping[str, int] = field(default_factory=dict)
     _variants: dict[tuple[tuple[str, int], ...], Statement] = field(default_factory=dict, compare=False, repr=False)
 
+    @property
+    def comment(self) -> str:
+        """The `--` lines right under the header: what the statement does."""
+        lines = []
+        for line in self.source.splitlines():
+            if not line.startswith("--"):
+                break
+            if not line.startswith("-- slots:"):
+                lines.append(line)
+        return "\n".join(lines)
+
     @classmethod
-    def parse(cls, name: str, file: str, source: str) -> Statement:
+    def parse(cls, name: str, file: str, source: str, mode: str = "") -> Statement:
         text = source.strip()
         samples: dict[str, int] = {}
         for line in _SLOTS_LINE.findall(text):
@@ -85,7 +107,7 @@ class Statement:
         if set(samples) != set(slots):
             raise StatementError(f"{file} {name}: slots {slots} but samples for {sorted(samples)}")
         sql, params = _number(text) if not slots else (text, ())
-        return cls(name, file, text, sql, params, slots, samples)
+        return cls(name, file, text, sql, params, slots, mode=mode, samples=samples)
 
     def args(self, **values: object) -> tuple[object, ...]:
         """The values in parameter order; every parameter exactly once, by name."""
@@ -114,12 +136,14 @@ class Statement:
 
         text = _SLOT.sub(fill, self.source)
         sql, params = _number(text)
-        rendered = Statement(f"{self.name}[{','.join(f'{k}={v}' for k, v in key)}]", self.file, text, sql, params)
+        rendered = Statement(
+            f"{self.name}[{','.join(f'{k}={v}' for k, v in key)}]", self.file, text, sql, params, mode=self.mode
+        )
         self._variants[key] = rendered
         return rendered
 
     def samples_rendered(self) -> Statement:
-        """The variant the golden test renders (the statement itself when it has no slots)."""
+        """The variant the tests plan (the statement itself when it has no slots)."""
         return self.variant(**self.samples) if self.slots else self
 
 
@@ -133,12 +157,12 @@ class Statements(Mapping[str, Statement]):
         if parts[0].strip() and not all(line.startswith("--") for line in parts[0].strip().splitlines()):
             raise StatementError(f"{path.name}: text before the first '-- name:' header")
         self._by_name: dict[str, Statement] = {}
-        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        for name, mode, body in zip(parts[1::3], parts[2::3], parts[3::3], strict=True):
             if name in self._by_name:
                 raise StatementError(f"{path.name}: {name} is defined twice")
             if not body.strip():
                 raise StatementError(f"{path.name}: {name} is empty")
-            self._by_name[name] = Statement.parse(name, path.name, body)
+            self._by_name[name] = Statement.parse(name, path.name, body, mode or "")
 
     def __getitem__(self, name: str) -> Statement:
         try:
@@ -165,6 +189,10 @@ def load(module_file: str, file_name: str) -> Statements:
     return found
 
 
+# The current schema, written by services/common/schema_dump.py: SQL, but no named statements.
+SCHEMA_DUMP = Path(__file__).resolve().with_name("schema.sql")
+
+
 def statement_files(root: Path) -> list[Path]:
-    """Every statement file under root (migrations are not statement files)."""
-    return sorted(p for p in root.rglob("*.sql") if "migrations" not in p.parts)
+    """Every statement file under root (migrations and the schema dump are not statement files)."""
+    return sorted(p for p in root.rglob("*.sql") if "migrations" not in p.parts and p.resolve() != SCHEMA_DUMP)

@@ -1,4 +1,4 @@
--- name: SeedDemo
+-- name: SeedDemo :val
 -- One statement: the demo resource and its deployment row together, as k8s_create_resource makes
 -- them; nothing when the resource exists. Returns the name when it created them.
 WITH resource AS (

@@ -1,6 +1,6 @@
 -- API-channel events on seed 003's rules (services/ingest/api_channel.py), a batch at a time.
 
--- name: IngestApiEvents
+-- name: IngestApiEvents :many
 -- A batch of API events (distinct (project, key) pairs, one principal) in ONE statement: each
 -- event's live key row is read, or a key row is claimed and its run and RUN_CREATED audit row are
 -- written, or the event's key is found in the channel dedupe table of the previous release.
@@ -111,7 +111,7 @@ SELECT ev.ord,
   LEFT JOIN live USING (ord)
   LEFT JOIN legacy USING (ord)
 
--- name: RecordLegacyApiKeys
+-- name: RecordLegacyApiKeys :exec
 -- The key rows of old-rule keys that were just replayed (their checks passed), so later replays
 -- take the ordinary path. A row recorded meanwhile by a concurrent replay is the same one; an
 -- expired row is replaced.

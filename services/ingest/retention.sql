@@ -1,4 +1,4 @@
--- name: PruneDedupe
+-- name: PruneDedupe :many
 -- One batch of dedupe rows older than :retention seconds, oldest first; the victims are chosen
 -- with FOR UPDATE SKIP LOCKED, so replicas pruning at once never wait on each other or delete a
 -- row twice. Returns the keys, whose Redis copies go next.
@@ -10,7 +10,7 @@ DELETE FROM awooop_channel_event_dedupe
                         FOR UPDATE SKIP LOCKED)
 RETURNING project_id, channel_type, provider_event_id
 
--- name: PruneIdempotencyKeys
+-- name: PruneIdempotencyKeys :exec
 -- One batch of idempotency keys past expires_at, chosen as PruneDedupe's.
 DELETE FROM awooop_idempotency_key
  WHERE idempotency_id IN (SELECT idempotency_id FROM awooop_idempotency_key
@@ -19,7 +19,7 @@ DELETE FROM awooop_idempotency_key
                            LIMIT :batch
                              FOR UPDATE SKIP LOCKED)
 
--- name: PruneRuns
+-- name: PruneRuns :exec
 -- One batch of finished runs (COMPLETED, FAILED, CANCELLED) last changed more than :retention
 -- seconds ago, with their audit rows and their event log (journal, compensation request, alerts
 -- and watch marks go by ON DELETE CASCADE). A run is kept while anything may still answer with it: its event's dedupe row (a

@@ -1,4 +1,4 @@
--- name: StoreEvents
+-- name: StoreEvents :many
 -- The whole first-arrival path for any number of events in ONE statement (so one round trip
 -- and one transaction): dedupe rows ON CONFLICT DO NOTHING, a PENDING run and a RUN_CREATED
 -- audit row for each dedupe row actually inserted, and the existing run_id for each event that
@@ -71,7 +71,7 @@ SELECT ev.ord,
        LIMIT 1  -- (the key is unique) keeps the subquery a subquery, so the filter stays first
   ) d ON true
 
--- name: FindStoredEvents
+-- name: FindStoredEvents :many
 -- The run of each event whose dedupe row a concurrent request committed after StoreEvents took
 -- its snapshot, with the seconds that row has left before retention (:retention) prunes it.
 SELECT t.ord, d.run_id,
@@ -80,7 +80,7 @@ SELECT t.ord, d.run_id,
        AS t(ord, project_id, channel_type, provider_event_id)
   JOIN awooop_channel_event_dedupe d USING (project_id, channel_type, provider_event_id)
 
--- name: CreateRun
+-- name: CreateRun :one
 -- A PENDING run of the API channel (CreateRun) with its RUN_CREATED audit row, in one statement;
 -- the idempotency key is recorded in the audit row (the run has no provider_event_id: its dedupe
 -- is the idempotency key table). max_attempts as StoreEvents'; a requested delay (:not_before)

@@ -3,7 +3,7 @@
 -- and lease_until. (worker_id, attempt_count) is the fencing token: every write re-checks it, so
 -- a replica that lost its lease writes nothing.
 
--- name: ClaimCompensationRequests
+-- name: ClaimCompensationRequests :many
 -- Open requests, oldest first, of runs that ended without success (or of finished child runs
 -- whose parent did: trigger parent_ended, migration 0190): pending, or running with an expired
 -- lease (a crashed replica's), skipping those another replica holds locked. The run tree's order
@@ -38,37 +38,37 @@ UPDATE awooop_compensation_request c
            FOR UPDATE OF q SKIP LOCKED)
 RETURNING c.run_id, c.project_id, c.trigger, c.reason, c.attempt_count
 
--- name: FenceCompensationRequest
+-- name: FenceCompensationRequest :val
 -- The lease is still ours: locks the request row for the rest of the transaction (after the run
 -- row, LockRun), or returns nothing when another replica took it over.
 SELECT 1 FROM awooop_compensation_request
  WHERE run_id = :run_id AND worker_id = :worker_id AND attempt_count = :attempt AND status = 'running'
    FOR UPDATE
 
--- name: RenewCompensationLease
+-- name: RenewCompensationLease :val
 -- Extends our lease (per step and per gateway try); nothing returned: the lease was lost.
 UPDATE awooop_compensation_request SET lease_until = now() + make_interval(secs => :lease_ttl), updated_at = now()
  WHERE run_id = :run_id AND worker_id = :worker_id AND attempt_count = :attempt AND status = 'running'
 RETURNING 1
 
--- name: ReleaseCompensationRequest
+-- name: ReleaseCompensationRequest :exec
 -- The gateway refused our key: the request waits unclaimed until the key works (GatewayAuth), and
 -- its step left 'compensating' is called again then, with the same idempotency key.
 UPDATE awooop_compensation_request SET status = 'pending', worker_id = NULL, lease_until = NULL, updated_at = now()
  WHERE run_id = :run_id AND worker_id = :worker_id AND attempt_count = :attempt AND status = 'running'
 
--- name: FinishCompensationRequest
+-- name: FinishCompensationRequest :exec
 -- No step is left to undo; run in the transaction that fenced the request (FenceCompensationRequest).
 UPDATE awooop_compensation_request SET status = 'done', lease_until = NULL, updated_at = now()
  WHERE run_id = :run_id
 
--- name: CompensatableSteps
+-- name: CompensatableSteps :many
 -- The steps the driver still has to undo, newest first (the order it undoes them in).
 SELECT step_id, tool_id, seq FROM awooop_saga_step
  WHERE run_id = :run_id AND awooop_step_compensatable(step_type, compensation_cmd, status)
  ORDER BY seq DESC
 
--- name: StepsNotCompensated
+-- name: StepsNotCompensated :many
 -- The completed or pending steps the compensation leaves in place, and why (for the audit row's
 -- details; at most 100 listed).
 SELECT step_id, step_type, tool_id, status,
@@ -80,7 +80,7 @@ SELECT step_id, step_type, tool_id, status,
    AND NOT awooop_step_compensatable(step_type, compensation_cmd, status)
  ORDER BY seq DESC LIMIT 100
 
--- name: MarkStepCompensating
+-- name: MarkStepCompensating :one
 -- The durable intent, committed before the gateway call: a crash leaves the step 'compensating'
 -- and the next owner calls again with the same idempotency key (the gateway replays).
 UPDATE awooop_saga_step SET status = 'compensating'
@@ -88,22 +88,22 @@ UPDATE awooop_saga_step SET status = 'compensating'
 RETURNING step_id, step_type, tool_id, tool_params, status, result, error, compensation_cmd, attempt, seq,
     started_at, completed_at, compensated_at, resolved_by, resolution_reason
 
--- name: StepCompensated
+-- name: StepCompensated :val
 UPDATE awooop_saga_step SET status = 'compensated', compensated_at = now(), error = NULL
  WHERE run_id = :run_id AND step_id = :step_id AND status = 'compensating'
 RETURNING step_id
 
--- name: StepCompensationFailed
+-- name: StepCompensationFailed :val
 -- Written with its audit row and its alert (InsertAlert) in one transaction.
 UPDATE awooop_saga_step SET status = 'compensation_failed', error = :error
  WHERE run_id = :run_id AND step_id = :step_id AND status = 'compensating'
 RETURNING step_id
 
--- name: InsertAlert
+-- name: InsertAlert :exec
 -- The escalation outbox row of a failed compensation (services/saga/notifier.py delivers it).
 INSERT INTO awooop_saga_alert (project_id, run_id, step_id, tool_id, error)
 VALUES (:project_id, :run_id, :step_id, :tool_id, :error)
 
--- name: RunTraceparent
+-- name: RunTraceparent :val
 -- The run's trace context, so the compensation is a span of the run's trace.
 SELECT traceparent FROM awooop_run_state WHERE run_id = :run_id

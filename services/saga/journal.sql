@@ -9,7 +9,7 @@
 -- a max(seq) left the plan free to aggregate over the whole journal, migration 0250), so its
 -- cost does not grow with the journal.
 
--- name: BeginStep
+-- name: BeginStep :one
 -- A new step journaled pending at the next seq, or one an earlier attempt left pending or failed,
 -- of the same kind, begun again by this attempt (`inserted` tells the two apart).
 WITH lease AS (
@@ -31,7 +31,7 @@ ON CONFLICT (run_id, step_id) DO UPDATE
    AND s.tool_id IS NOT DISTINCT FROM EXCLUDED.tool_id
 RETURNING (s.xmax = 0) AS inserted, s.step_id, s.step_type, s.tool_id, s.tool_params, s.status, s.result, s.error, s.compensation_cmd, s.attempt, s.seq, s.started_at, s.completed_at, s.compensated_at, s.resolved_by, s.resolution_reason
 
--- name: RecordStep
+-- name: RecordStep :one
 -- A step that already ran, journaled completed (or failed) in one statement, the way BeginStep
 -- journals it pending (same lease lock, same seq allocation). A pending or failed row of the same
 -- kind (an earlier attempt's) is overwritten; a completed one is left alone.
@@ -61,7 +61,7 @@ ON CONFLICT (run_id, step_id) DO UPDATE
    AND s.step_type = EXCLUDED.step_type AND s.tool_id IS NULL
 RETURNING s.step_id, s.step_type, s.tool_id, s.tool_params, s.status, s.result, s.error, s.compensation_cmd, s.attempt, s.seq, s.started_at, s.completed_at, s.compensated_at, s.resolved_by, s.resolution_reason
 
--- name: FinishStep
+-- name: FinishStep :one
 -- A pending step begun by this attempt ends as :status: completed with its :result and (tool
 -- calls that are not irreversible only) its :compensation_cmd, or failed with its :error (the
 -- result and the compensation command kept as they were).
@@ -81,7 +81,7 @@ UPDATE awooop_saga_step s
    AND (:compensation_cmd::jsonb IS NULL OR (s.step_type = 'tool_call' AND COALESCE(s.tool_id, '') <> ALL(:irreversible::text[])))
 RETURNING s.step_id, s.step_type, s.tool_id, s.tool_params, s.status, s.result, s.error, s.compensation_cmd, s.attempt, s.seq, s.started_at, s.completed_at, s.compensated_at, s.resolved_by, s.resolution_reason
 
--- name: WhyNotWritten
+-- name: WhyNotWritten :one
 -- The follow-up read after a write changed nothing: the run, the caller's lease and the step, in
 -- one snapshot (not found, LEASE_LOST, invalid step transition, bad argument).
 SELECT r.project_id, r.status AS run_status, r.attempt_count, s.step_id IS NOT NULL AS has_step, s.step_id, s.step_type, s.tool_id, s.tool_params, s.status, s.result, s.error, s.compensation_cmd, s.attempt, s.seq, s.started_at, s.completed_at, s.compensated_at, s.resolved_by, s.resolution_reason
@@ -89,14 +89,14 @@ SELECT r.project_id, r.status AS run_status, r.attempt_count, s.step_id IS NOT N
   LEFT JOIN awooop_saga_step s ON s.run_id = r.run_id AND s.step_id = :step_id
  WHERE r.run_id = :run_id
 
--- name: JournalRun
+-- name: JournalRun :one
 SELECT project_id, saga_status, compensation_started_at, compensation_completed_at
   FROM awooop_run_state WHERE run_id = :run_id
 
--- name: JournalSteps
+-- name: JournalSteps :many
 SELECT step_id, step_type, tool_id, tool_params, status, result, error, compensation_cmd, attempt, seq,
     started_at, completed_at, compensated_at, resolved_by, resolution_reason FROM awooop_saga_step WHERE run_id = :run_id ORDER BY seq
 
--- name: SeedSteps
+-- name: SeedSteps :val
 -- The seed's saga_steps JSONB array (ADR-119 D1), assembled on read by the view.
 SELECT saga_steps FROM awooop_run_saga_steps WHERE run_id = :run_id

@@ -1,6 +1,6 @@
 -- Delivery of the escalation outbox awooop_saga_alert (services/saga/notifier.py).
 
--- name: ClaimAlerts
+-- name: ClaimAlerts :many
 -- Undelivered alerts, oldest first, that no replica holds: held for 60 seconds (an alert claimed
 -- by a replica that died is retried after that), attempts counts the delivery passes.
 UPDATE awooop_saga_alert a
@@ -13,7 +13,7 @@ UPDATE awooop_saga_alert a
 RETURNING a.alert_id, a.project_id, a.run_id, a.step_id, a.tool_id, a.error, a.created_at,
           a.redis_sent_at, a.telegram_sent_at, a.attempts
 
--- name: FinishAlert
+-- name: FinishAlert :exec
 -- The pass's outcome: a channel's sent time is written once; done ends delivery.
 UPDATE awooop_saga_alert
    SET redis_sent_at = COALESCE(redis_sent_at, CASE WHEN :redis_sent THEN now() END),

@@ -8,7 +8,7 @@
 -- by the worker that resumes, the SDK does it). The error codes and the reason are approvals.py's
 -- EXPIRED_CODE, REJECTED_CODE and EXPIRED_REASON (the refusals read them back).
 
--- name: RequestApproval
+-- name: RequestApproval :one
 -- A fenced write (fenced_writes.sql's shape): RUNNING -> WAITING_APPROVAL, the lease dropped, the
 -- token's hash (:token_hash) valid for :ttl seconds. The hand-back does not count as a used
 -- attempt (released_count + 1), so a run may ask for approval without spending its max_attempts.
@@ -53,7 +53,7 @@ SELECT cur.*, upd.*,
        0::bigint AS notified
   FROM cur LEFT JOIN upd ON true
 
--- name: ReissueApprovalToken
+-- name: ReissueApprovalToken :one
 -- A RequestApproval repeated by the same lease after its first call committed: the answer, the
 -- only copy of the token, was lost (a dropped connection, a timeout), and the run waits for an
 -- approval nobody can give. WAITING_APPROVAL with this attempt can only be this lease's request (a
@@ -78,7 +78,7 @@ aud AS (
 )
 SELECT upd.*, NULL::text AS comp_trigger FROM upd
 
--- name: DecideApproval
+-- name: DecideApproval :one
 -- One statement decides (:approve) or, when the token expired, fails the run with E-APPROVAL-002
 -- (so the caller's answer and the stored state agree even before the sweep runs). The token is
 -- single use: only a WAITING_APPROVAL run is decided, and the next request replaces its hash. The
@@ -155,7 +155,7 @@ notified AS (
 SELECT cur.*, upd.*, (SELECT reason FROM comp) AS comp_trigger, (SELECT n FROM notified) AS notified
   FROM cur LEFT JOIN upd ON true
 
--- name: CheckApproval
+-- name: CheckApproval :one
 -- DecideApproval with validate_only: the run and what a decision would find, nothing written.
 SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
        attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
@@ -167,7 +167,7 @@ SELECT run_id, project_id, channel_type, provider_event_id, status, input, outpu
   FROM awooop_run_state
  WHERE run_id = :run_id
 
--- name: ExpireApprovals
+-- name: ExpireApprovals :many
 -- The expiry sweep: up to :batch expired approvals fail with E-APPROVAL-002, a batch per
 -- statement, picked with SKIP LOCKED so several scheduler replicas sweep without waiting on each
 -- other. :only_run: one run only (NULL: any; the pass's fallback when a batch failed for one run's
@@ -213,7 +213,7 @@ aud AS (
 SELECT upd.run_id, upd.failure_reason, comp.reason AS trigger
   FROM upd LEFT JOIN comp USING (run_id)
 
--- name: DueApprovals
+-- name: DueApprovals :many
 -- The runs a sweep batch would take, for expiring them one at a time.
 SELECT run_id FROM awooop_run_state
  WHERE status = 'WAITING_APPROVAL' AND approval_expires_at <= now()

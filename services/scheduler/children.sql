@@ -1,7 +1,7 @@
 -- Child runs' statements (services/scheduler/children.py; docs/architecture.md "Child runs";
 -- migration 0190).
 
--- name: ParentOfChildren
+-- name: ParentOfChildren :one
 -- The caller's parent run under its lease, for the limits StartChildRuns checks before it writes:
 -- its depth and how many children it has besides those named :step_ids (the fan-out limit counts
 -- every child it ever started; a parent run again names children it has already).
@@ -12,7 +12,7 @@ SELECT r.run_id, r.project_id, r.child_depth,
  WHERE r.run_id = :run_id AND r.attempt_count = :attempt AND r.status = 'RUNNING'
    AND (:projects::text[] IS NULL OR r.project_id = ANY(:projects::text[])) IS TRUE
 
--- name: StartChildRuns
+-- name: StartChildRuns :many
 -- Starts the caller's children (:children, a JSON array in the handler's order: step_id, input,
 -- priority, not_before, concurrency_keys, max_attempts) in the parent's project, each PENDING with
 -- its RUN_CREATED audit row, the parent's trace context (:traceparent: this RPC's span, else the
@@ -102,7 +102,7 @@ SELECT k.ord, k.step_id, k.run_id, k.status, k.output, k.failure_reason, k.error
   FROM kids k LEFT JOIN wait w ON true
  ORDER BY k.ord
 
--- name: ChildrenOf
+-- name: ChildrenOf :many
 -- A run's children in the order they were started (GetRun's run tree; at most :limit).
 SELECT run_id, parent_step_id, status
   FROM awooop_run_state

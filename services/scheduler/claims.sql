@@ -22,7 +22,7 @@
 -- generic plan made while the table was empty or small (services/common/planner.py) probes the
 -- primary key per run instead of reading the whole index to join it (tests/test_hot_plans.py).
 
--- name: ClaimRuns
+-- name: ClaimRuns :many
 -- slots: max_runs=10, count=3
 -- ClaimRuns (carrying completions or not) and CompleteRuns, in one statement and one commit: the
 -- items (ClaimRunsRequest.complete, CompleteRuns' runs; empty arrays when the call has none) are
@@ -257,7 +257,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
   LEFT JOIN claimed ON true
  ORDER BY item, priority DESC, created_at
 
--- name: SecondsUntilReady
+-- name: SecondsUntilReady :val
 -- slots: count=1
 -- When nothing is claimable: seconds until the earliest retry backoff, delay or rate-limit window
 -- of :projects ends (a long-polling claim re-checks then); NULL when none is pending. Only run on
@@ -274,7 +274,7 @@ SELECT EXTRACT(EPOCH FROM min(d.due) - now())::float8
          WHERE project_id = p.project_id AND status IN ('PENDING', 'RESUMED')
            AND not_before > now() AND not_before < 'infinity') d
 
--- name: HandBackUndelivered
+-- name: HandBackUndelivered :many
 -- The hand-back (runstate Action.HAND_BACK; services/scheduler/hand_back.py decides when): runs a
 -- claim took but did not deliver (left out of the answer, or their caller is gone) go back in one
 -- statement, as a ReleaseRun would (released_count + 1: the attempt does not count), to the status
@@ -306,7 +306,7 @@ notified AS (
 )
 SELECT (SELECT count(*) FROM upd) AS handed_back, (SELECT n FROM notified) AS notified
 
--- name: ReplayClaimAnswer
+-- name: ReplayClaimAnswer :many
 -- The answer recorded for a claim id (:principal, :worker_id, :claim_id; claim_answers.py): its
 -- parameters, and its runs that still hold the lease it granted (same attempt, still RUNNING or
 -- WAITING_TOOL, same worker; lease_until as renewed since), in the claim's answer order. One row
@@ -329,7 +329,7 @@ SELECT a.project_ids AS first_projects, a.max_runs AS first_max_runs, a.lease_tt
  WHERE a.principal = :principal AND a.worker_id = :worker_id AND a.claim_id = :claim_id
  ORDER BY c.priority DESC, c.created_at
 
--- name: PruneClaimAnswers
+-- name: PruneClaimAnswers :exec
 -- Answers whose lease would have expired unrenewed: up to :batch per statement, picked with SKIP
 -- LOCKED so that replicas prune disjoint rows.
 DELETE FROM awooop_claim_answer

@@ -5,7 +5,7 @@
 -- queued (PENDING/RESUMED) with not_before 'infinity'. Each change writes a CONCURRENCY_LIMIT_SET
 -- audit row (runstate.Audit).
 
--- name: SetConcurrencyLimit
+-- name: SetConcurrencyLimit :one
 -- :max_running (NULL: none), :max_starts (NULL: none) per :per_secs seconds for (:project_id,
 -- :key). Setting a limit counts the key's leased runs (a worker holds them: not a run parked on a
 -- durable wait, migration 0241) in the same statement, so a limit set while runs hold leases
@@ -45,7 +45,7 @@ SELECT lim.*, (SELECT count(*) FROM woken) AS woken,
        (SELECT pg_notify('awooop_run_ready', :project_id::text) WHERE EXISTS (SELECT 1 FROM woken)) IS NULL AS quiet
   FROM lim
 
--- name: RemoveConcurrencyLimit
+-- name: RemoveConcurrencyLimit :one
 -- (:project_id, :key) becomes unlimited and its parked runs claimable.
 WITH gone AS (
     DELETE FROM awooop_concurrency_limit WHERE project_id = :project_id AND key = :key RETURNING project_id, key
@@ -65,7 +65,7 @@ aud AS (
 SELECT (SELECT count(*) FROM woken) AS woken,
        (SELECT pg_notify('awooop_run_ready', :project_id::text) WHERE EXISTS (SELECT 1 FROM woken)) IS NULL AS quiet
 
--- name: ListConcurrencyLimits
+-- name: ListConcurrencyLimits :many
 -- A project's limits, each with the runs waiting on it (parked behind it or its rate window).
 SELECT k.project_id, k.key, k.max_running, k.running, k.max_starts,
        extract(epoch FROM k.rate_period)::float8 AS per,

@@ -28,7 +28,7 @@
 -- reads is not executed. The audit details of a fenced write start with the attempt and the
 -- worker that held it.
 
--- name: CompleteRun
+-- name: CompleteRun :one
 -- RUNNING -> COMPLETED with :output (JSON), the lease dropped. A completed run is never compensated
 -- (Compensate takes FAILED and CANCELLED runs only), so its saga ends here: not_needed. (Failed and
 -- cancelled runs with nothing to undo get not_needed from the trigger of migration 0080.)
@@ -68,7 +68,7 @@ SELECT cur.*, upd.*,
        0::bigint AS notified
   FROM cur LEFT JOIN upd ON true
 
--- name: FailRun
+-- name: FailRun :one
 -- The failure is retried (PENDING after a backoff, wait_reason backoff) only when :retryable, the
 -- run's retry policy does not name its :error_code as non-retryable, no cancel is pending, and
 -- attempts are left (ReleaseRun hand-backs do not count: attempts used = attempt_count -
@@ -151,7 +151,7 @@ SELECT cur.*, upd.*,
        (SELECT n FROM notified) AS notified
   FROM cur LEFT JOIN upd ON true
 
--- name: ReleaseRun
+-- name: ReleaseRun :one
 -- The worker hands the run back: PENDING again, the attempt not spent (released_count + 1). A
 -- hand-back while a cancel is pending ends the run CANCELLED: re-queuing would ignore the cancel.
 -- The audit details carry `released`, the mark a repeat of this ReleaseRun finds (replays.sql
@@ -204,7 +204,7 @@ SELECT cur.*, upd.*,
        (SELECT n FROM notified) AS notified
   FROM cur LEFT JOIN upd ON true
 
--- name: WaitTool
+-- name: WaitTool :one
 -- RUNNING -> WAITING_TOOL: the lease is kept (heartbeats go on) while a tool (:tool_id) answers.
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
@@ -242,7 +242,7 @@ SELECT cur.*, upd.*,
        0::bigint AS notified
   FROM cur LEFT JOIN upd ON true
 
--- name: ResumeTool
+-- name: ResumeTool :one
 -- WAITING_TOOL -> RUNNING: the tool answered; same lease.
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
@@ -278,7 +278,7 @@ SELECT cur.*, upd.*,
        0::bigint AS notified
   FROM cur LEFT JOIN upd ON true
 
--- name: AcknowledgeCancel
+-- name: AcknowledgeCancel :one
 -- The worker ends its leased run as the requested cancel asks: CANCELLED, the lease dropped. Only
 -- when a cancel was requested (cur_cancel tells the caller which refusal it was).
 WITH cur AS (
@@ -323,7 +323,7 @@ SELECT cur.*, upd.*,
        0::bigint AS notified
   FROM cur LEFT JOIN upd ON true
 
--- name: CancelRun
+-- name: CancelRun :one
 -- CancelRun (no lease; :cancel_projects: the projects where the caller may cancel, NULL: all).
 -- Queued and waiting runs (parked ones too) end CANCELLED at once; a leased run gets cancel_requested (delivered in
 -- the Heartbeat reply) and ends when its worker acknowledges or its lease is reaped. The statuses

@@ -1,7 +1,7 @@
 -- Renewing leases (seed 000 D2; docs/architecture.md, "Leases and fencing"), as it runs:
 -- services/scheduler/leases.py. The claim that grants a lease is in claims.sql.
 
--- name: Heartbeat
+-- name: Heartbeat :many
 -- ONE statement for a whole batch of leases: :run_ids and :attempts (same order), :worker_id,
 -- :lease_secs, :worker_projects (the projects where the caller is a worker; NULL: all). Returns the
 -- positions (1-based) of the renewed leases; the others are lost. A lease is renewed while the run

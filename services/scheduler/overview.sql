@@ -1,4 +1,4 @@
--- name: CountLiveRuns
+-- name: CountLiveRuns :many
 -- A project's unfinished runs per status, how many of them are claimable now, and the oldest
 -- claimable one's creation time. One branch per partial index of unfinished runs (a single
 -- `status IN (...)` list is not matched to partial indexes, and the project's other index,
@@ -28,7 +28,7 @@ SELECT status, count(*) AS n, count(*) FILTER (WHERE claimable) AS claimable,
          WHERE project_id = :project_id AND status = 'WAITING_APPROVAL') live
  GROUP BY status
 
--- name: CountFinishedRuns
+-- name: CountFinishedRuns :many
 -- A project's finished runs per status: reads every finished run of the project kept by
 -- retention (AWOOOP_RUN_RETENTION), so CountRuns runs it only when asked (include_finished).
 SELECT status, count(*) AS n
@@ -36,7 +36,7 @@ SELECT status, count(*) AS n
  WHERE project_id = :project_id AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
  GROUP BY status
 
--- name: ListProjects
+-- name: ListProjects :many
 -- Distinct projects that have runs, by a loose index scan over awooop_run_list_idx (one index
 -- probe per project instead of reading every run), at most :max_projects.
 WITH RECURSIVE p AS (

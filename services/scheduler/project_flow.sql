@@ -1,8 +1,8 @@
--- name: GetProjectFlow
+-- name: GetProjectFlow :one
 -- A project's flow settings (no row: the defaults).
 SELECT retry_policy, weight, paused FROM awooop_project_flow WHERE project_id = :project_id
 
--- name: SetProjectFlow
+-- name: SetProjectFlow :one
 -- Sets a project's retry policy (:retry_policy, JSON text) and claim weight, with its
 -- PROJECT_FLOW_SET audit row.
 WITH upd AS (
@@ -21,7 +21,7 @@ aud AS (
 )
 SELECT retry_policy, weight, paused FROM upd
 
--- name: PauseProject
+-- name: PauseProject :one
 -- Pauses (:paused true) or resumes a project, with its PROJECT_PAUSED or PROJECT_RESUMED audit
 -- row. Resuming wakes the project's waiting claims (the NOTIFY is sent at commit).
 WITH upd AS (

@@ -1,4 +1,4 @@
--- name: SampleQueue
+-- name: SampleQueue :many
 -- The queue gauges: unfinished runs by project and status, how many of them are claimable now,
 -- and the age of the oldest claimable run (by the time it became claimable: its last state
 -- change, or the end of its retry backoff or delay; GREATEST ignores a NULL not_before).
@@ -29,7 +29,7 @@ SELECT project_id, status, count(*) AS n,
                OR (status = 'WAITING_TOOL' AND worker_id IS NULL)) unfinished
  GROUP BY project_id, status
 
--- name: SampleWaits
+-- name: SampleWaits :many
 -- The durable waits' gauges: open waits by project and kind, the age of the oldest of each, and
 -- how long past its expiry the most overdue one is (the timeout sweep ends a wait within its
 -- interval of the expiry: minutes overdue means no sweep runs). Reads only open waits

@@ -1,4 +1,4 @@
--- name: GetRun
+-- name: GetRun :one
 -- One run's columns (services/common/runs.py RUN_COLUMNS, the order run_to_pb reads).
 SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
     attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
@@ -6,7 +6,7 @@ SELECT run_id, project_id, channel_type, provider_event_id, status, input, outpu
     compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
     wait_reason, concurrency_keys, wait_key, parent_run_id, parent_step_id, child_depth FROM awooop_run_state WHERE run_id = :run_id
 
--- name: ListRuns
+-- name: ListRuns :many
 -- A page of ListRuns: a project's runs newest first, keyset-paginated on (created_at DESC, run_id)
 -- to follow awooop_run_list_idx, :page_rows rows, after the last row of the previous page
 -- (:after_created_at, :after_run_id; both NULL for the first page). Each filter is NULL for
@@ -59,7 +59,7 @@ SELECT run_id, project_id, channel_type, provider_event_id, status, input, outpu
  ORDER BY created_at DESC, run_id
  LIMIT :page_rows
 
--- name: RunHistory
+-- name: RunHistory :many
 -- A run's audit rows, oldest first, at most :max_events. The run's project comes with the events
 -- (one row with NULL events when it has none), so one round trip answers and authorizes.
 SELECT r.project_id AS run_project, a.created_at, a.action, a.from_status, a.to_status, a.actor, a.reason, a.details

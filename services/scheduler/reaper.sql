@@ -1,6 +1,6 @@
 -- The stale-lease reaper (seed 000 D3), as it runs: services/scheduler/reaper.py.
 
--- name: ReapExpiredLeases
+-- name: ReapExpiredLeases :many
 -- RUNNING / WAITING_TOOL runs whose lease expired go back to PENDING while attempts are left, else
 -- FAILED "Max retry attempts exceeded" (seed 000 D3; error code E-RUN-MAX-ATTEMPTS); a run with a
 -- pending cancel becomes CANCELLED instead. WAITING_APPROVAL holds no lease and is never touched,
@@ -83,7 +83,7 @@ notified AS (
 SELECT upd.run_id, upd.status, upd.failure_reason, comp.reason AS trigger, (SELECT n FROM notified) AS notified
   FROM upd LEFT JOIN comp USING (run_id)
 
--- name: ExpiredLeases
+-- name: ExpiredLeases :many
 -- The runs a reaper batch would take, for reaping them one at a time.
 SELECT run_id FROM awooop_run_state
  WHERE status IN ('RUNNING', 'WAITING_TOOL') AND worker_id IS NOT NULL AND lease_until < now()

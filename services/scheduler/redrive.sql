@@ -1,4 +1,4 @@
--- name: RedriveRuns
+-- name: RedriveRuns :many
 -- RedriveRuns: requeues a project's FAILED runs (runstate Action.REDRIVE: from FAILED to PENDING)
 -- that match the filter (:error_code; failed at or after :failed_after and before :failed_before;
 -- each NULL for any), oldest failure first, at most :max_runs, each with fresh attempts, in one

@@ -3,7 +3,7 @@
 -- the refusal path (the write changed nothing); the details keys they look for are written by the
 -- statements of fenced_writes.sql (FailRun: `retryable`; ReleaseRun: `released`).
 
--- name: CurrentRuns
+-- name: CurrentRuns :many
 -- The runs as they are now (the run columns and the compensation request's trigger).
 SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
        attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
@@ -14,14 +14,14 @@ SELECT run_id, project_id, channel_type, provider_event_id, status, input, outpu
   FROM awooop_run_state r
  WHERE run_id = ANY(:run_ids::uuid[])
 
--- name: FailedBy
+-- name: FailedBy :val
 -- The holder of :attempt failed :run_id (only FailRun writes `retryable` into its details).
 SELECT EXISTS (
     SELECT 1 FROM awooop_audit_log
      WHERE run_id = :run_id AND details ? 'retryable' AND (details->>'attempt')::int = :attempt
        AND from_status IN ('RUNNING', 'WAITING_TOOL'))
 
--- name: ReleasedBy
+-- name: ReleasedBy :val
 -- The holder of :attempt released :run_id (only ReleaseRun writes `released`; a claim's hand-back
 -- of undelivered runs does not).
 SELECT EXISTS (
@@ -29,7 +29,7 @@ SELECT EXISTS (
      WHERE run_id = :run_id AND details ? 'released' AND (details->>'attempt')::int = :attempt
        AND from_status IN ('RUNNING', 'WAITING_TOOL'))
 
--- name: Wrote
+-- name: Wrote :val
 -- The holder of :attempt wrote one of :audit_actions (WaitTool, ResumeTool, AcknowledgeCancel)
 -- from a leased status.
 SELECT EXISTS (
@@ -37,7 +37,7 @@ SELECT EXISTS (
      WHERE run_id = :run_id AND action = ANY(:audit_actions::text[]) AND (details->>'attempt')::int = :attempt
        AND from_status IN ('RUNNING', 'WAITING_TOOL'))
 
--- name: CancelledBy
+-- name: CancelledBy :val
 -- CancelRun is no lease's write: its repeat is recognised by its actor. :actor cancelled the run,
 -- or asked its worker to (which then did): :audit_actions, the audit actions of CancelRun's outcomes.
 SELECT EXISTS (

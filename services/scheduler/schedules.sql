@@ -1,4 +1,4 @@
--- name: DueSchedules
+-- name: DueSchedules :many
 -- The schedules due now, locked for this pass (another replica's pass skips them), at most 100
 -- (the rest wait for the next pass). One whose last tick failed waits :error_retry before it is
 -- tried again. now() is the pass's clock: the tick fired and the next one are computed from it.
@@ -9,11 +9,11 @@ SELECT project_id, name, cron, time_zone, input::text AS input, next_tick, now()
  LIMIT 100
    FOR UPDATE SKIP LOCKED
 
--- name: NotifyRunReady
+-- name: NotifyRunReady :exec
 -- The wake-up of the claims waiting on the project (sent at the commit of the pass).
 SELECT pg_notify(:channel, :project_id)
 
--- name: AdvanceSchedule
+-- name: AdvanceSchedule :exec
 -- After a fired tick: :next_tick is the next one ('infinity' when there is none; :error then
 -- says why, else NULL clears the schedule's last error).
 UPDATE awooop_schedule
@@ -21,17 +21,17 @@ UPDATE awooop_schedule
        last_error_at = CASE WHEN :error::text IS NOT NULL THEN now() END, updated_at = now()
  WHERE project_id = :project_id AND name = :name
 
--- name: ScheduleFailed
+-- name: ScheduleFailed :exec
 -- A tick that failed (rolled back alone): the error goes on the schedule, next_tick stays.
 UPDATE awooop_schedule SET last_error = :error, last_error_at = now(), updated_at = now()
  WHERE project_id = :project_id AND name = :name
 
--- name: DatabaseNow
+-- name: DatabaseNow :val
 -- The store's clock, which every timestamp of a schedule comes from: SetSchedule's first tick
 -- is computed (in Python: cron is croniter's) from this now(), read in SetSchedule's transaction.
 SELECT now()
 
--- name: SetSchedule
+-- name: SetSchedule :one
 -- Creates or replaces a schedule (clearing its last error) with its SCHEDULE_SET audit row.
 WITH s AS (
     INSERT INTO awooop_schedule (project_id, name, cron, time_zone, input, next_tick, created_by)
@@ -49,7 +49,7 @@ aud AS (
 )
 SELECT * FROM s
 
--- name: DeleteSchedule
+-- name: DeleteSchedule :val
 -- Deletes a schedule with its SCHEDULE_DELETED audit row; n is 0 when there was none.
 WITH d AS (
     DELETE FROM awooop_schedule WHERE project_id = :project_id::text AND name = :name::text RETURNING project_id, name
@@ -60,7 +60,7 @@ aud AS (
 )
 SELECT count(*) AS n FROM d
 
--- name: ListSchedules
+-- name: ListSchedules :many
 SELECT project_id, name, cron, time_zone, input, next_tick, last_error, last_error_at
   FROM awooop_schedule
  WHERE project_id = :project_id

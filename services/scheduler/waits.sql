@@ -2,7 +2,7 @@
 -- Locks are taken wait first, then run, in every statement that takes both (and in
 -- awooop_end_wait, migration 0160), so parks, completions and the sweep never deadlock.
 
--- name: CreateWait
+-- name: CreateWait :one
 -- The wait named :step_id of the caller's run, created open with its expiry (an event wait with
 -- its match: channel, correlation key and the look-back its events may arrive in), or the one an
 -- earlier attempt (or an earlier call of this attempt) created: the handler runs again from the
@@ -36,7 +36,7 @@ token AS (
 )
 SELECT * FROM w
 
--- name: ParkOnWait
+-- name: ParkOnWait :one
 -- The caller's run parks on its wait: RUNNING -> WAITING_TOOL with no lease (runstate PARK). The
 -- attempt's token is spent (attempt_count + 1) so nothing the parked attempt still sends (a
 -- heartbeat, a journal write, a FailRun) can touch the run; released_count + 2 keeps the attempts
@@ -89,7 +89,7 @@ SELECT cur.*, (SELECT count(*) FROM parked) > 0 AS parked, w.wait_id, w.status A
        w.result, w.completed_by, w.completed_at, w.step_id
   FROM cur LEFT JOIN w ON true
 
--- name: CompleteWait
+-- name: CompleteWait :one
 -- A wait ended by the RPC CompleteWait: the first outcome wins (awooop_end_wait). A children wait
 -- (migration 0190) of the caller's projects ends only by its children: no row, nothing ended.
 SELECT * FROM awooop_end_wait(:wait_id, 'completed', :result, :actor, :projects::text[])
@@ -97,7 +97,7 @@ SELECT * FROM awooop_end_wait(:wait_id, 'completed', :result, :actor, :projects:
                     WHERE wait_id = :wait_id AND kind = 'children'
                       AND (:projects::text[] IS NULL OR project_id = ANY(:projects::text[])) IS TRUE)
 
--- name: ExpireWaits
+-- name: ExpireWaits :many
 -- The timeout sweep: open waits past their expiry end timed_out, and runs parked on them are
 -- re-queued (the handler sees the timeout). SKIP LOCKED batches, so several scheduler replicas
 -- sweep without waiting on each other; :only restricts it to one run's waits (the pass's fallback
@@ -111,7 +111,7 @@ SELECT e.*
            FOR UPDATE SKIP LOCKED) due,
        LATERAL awooop_end_wait(due.wait_id, 'timed_out', NULL, :actor, NULL) e
 
--- name: MatchEventWaits
+-- name: MatchEventWaits :many
 -- The event matcher: each open event wait takes the earliest event of its project and channel
 -- whose match key (awooop_event_key, migration 0171: an API event's correlation key, a Telegram
 -- message's chat, an Alertmanager resolve's group) is the wait's and that arrived since the
@@ -138,7 +138,7 @@ SELECT e.*
                                                   'payload', hit.input, 'arrived_at', hit.arrived_at),
                                :actor, NULL) e
 
--- name: MatchedEventWaitRuns
+-- name: MatchedEventWaitRuns :many
 -- The runs whose event waits a matcher batch would end, for ending them one run at a time.
 SELECT w.run_id
   FROM awooop_wait w
@@ -150,7 +150,7 @@ SELECT w.run_id
  ORDER BY w.created_at
  LIMIT :batch
 
--- name: DueWaitRuns
+-- name: DueWaitRuns :many
 -- The runs whose waits a sweep batch would end, for ending them one run at a time.
 SELECT run_id
   FROM awooop_wait
@@ -158,21 +158,21 @@ SELECT run_id
  ORDER BY expires_at
  LIMIT :batch
 
--- name: RunState
+-- name: RunState :one
 -- The run's state when CreateWait found no lease, to choose its error as a fenced write does.
 SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
        reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at
   FROM awooop_run_state
  WHERE run_id = :run_id::uuid
 
--- name: ExpireWait
+-- name: ExpireWait :one
 -- A wait ended by hand (the RPC ExpireWait, an operator with the approver role): timed out now,
 -- whatever its expiry; the first outcome wins (awooop_end_wait), and its audit row names the
 -- operator as actor. A sleep ended so is woken early. An open wait of a run that is over is
 -- refused ('run_ended', migration 0240) and left to the sweep, as a completion of it is.
 SELECT * FROM awooop_expire_wait_by_hand(:wait_id, :actor, :projects::text[])
 
--- name: ListWaits
+-- name: ListWaits :many
 -- A run's waits for ListWaits (`awooop runs waits list`, the console's run page): one row with
 -- the run's project and NULL wait columns when it has none; no row when the run does not exist.
 SELECT r.project_id AS run_project, w.wait_id, w.run_id, w.project_id, w.step_id, w.kind, w.status, w.expires_at,
@@ -183,6 +183,6 @@ SELECT r.project_id AS run_project, w.wait_id, w.run_id, w.project_id, w.step_id
  ORDER BY w.status = 'open' DESC, w.created_at DESC
  LIMIT 1000
 
--- name: WaitProject
+-- name: WaitProject :one
 -- The project of a wait ExpireWait found outside the caller's projects, to choose its error.
 SELECT project_id, run_id FROM awooop_wait WHERE wait_id = :wait_id::uuid
