@@ -439,6 +439,14 @@ async def test_the_cli_lists_completes_and_expires_a_runs_wait(suite: Suite, db:
     closed = await cli("expire", run_id, "--wait", created.wait.wait_id)
     assert closed.returncode == 1 and "WAIT_CLOSED" in closed.stderr
 
+    # a sleep whose time came ended as a sleep ends: listed "ended", not as a wait that timed out
+    run_id, (created, _) = await suite.park_one(kind=scheduler_pb2.WAIT_KIND_SLEEP)
+    assert (await cli("expire", run_id)).returncode == 0
+    listed = await cli("list", run_id)
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line.split() for line in listed.stdout.splitlines() if line.startswith(created.wait.wait_id)]
+    assert row[2:4] == ["sleep", "ended"], listed.stdout
+
 
 async def test_open_waits_are_gauged_by_project_and_kind_and_ended_waits_counted_by_outcome(
     suite: Suite, db: Any, db_dsn: str, make_key: Any

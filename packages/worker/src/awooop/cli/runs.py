@@ -39,7 +39,15 @@ from awooop.cli.client import (
     to_json,
     when,
 )
-from awooop.cli.timeline import channel_name, compensation_text, saga_name, status_name, step_status, step_type
+from awooop.cli.timeline import (
+    channel_name,
+    compensation_text,
+    saga_name,
+    status_name,
+    step_status,
+    step_type,
+    wait_status,
+)
 from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
@@ -445,7 +453,6 @@ def _json_object(value: str) -> dict[str, Any]:
 
 
 WAIT_KINDS = {v: n.removeprefix("WAIT_KIND_").lower() for n, v in scheduler_pb2.WaitKind.items()}
-WAIT_STATUSES = {v: n.removeprefix("WAIT_STATUS_").lower() for n, v in scheduler_pb2.WaitStatus.items()}
 
 
 async def _waits(client: Client, run_id: str) -> list[scheduler_pb2.Wait]:
@@ -466,7 +473,7 @@ async def cmd_waits_list(args: argparse.Namespace, client: Client) -> int:
             x.wait_id,
             x.step_id,
             WAIT_KINDS.get(x.kind, "?"),
-            WAIT_STATUSES.get(x.status, "?"),
+            wait_status(x),
             when(x.expires_at),
             when(x.completed_at) or "-",
             x.completed_by or "-",

@@ -21,6 +21,13 @@ from awooop.worker.structs import from_struct
 # audit details that repeat what the timeline line already says
 HIDDEN_DETAILS = ("lease_until", "expires_at")
 
+# A durable sleep ends when its time is up: its normal end, not a wait that timed out. The audit
+# log records it as any wait's timeout (WAIT_TIMED_OUT, or WAIT_ENDED when the run was not parked
+# on it yet; details kind=sleep, outcome=timed_out), so the label is chosen here, for every renderer.
+SLEEP_ENDED = "SLEEP_ENDED"
+_SLEEP_KIND = "sleep"
+_WAIT_TIMEOUTS = ("WAIT_TIMED_OUT", "WAIT_ENDED")
+
 
 def status_name(value: int) -> str:
     return str(enum_name(common_pb2.RunStatus, value, "RUN_STATUS_"))
@@ -183,6 +190,21 @@ def compensation_text(s: common_pb2.SagaStep) -> str:
     return ""
 
 
+def action_label(action: str, details: dict[str, Any]) -> str:
+    """The timeline's name for an audit action: the action, but SLEEP_ENDED for a sleep's end."""
+    if action in _WAIT_TIMEOUTS and details.get("kind") == _SLEEP_KIND and details.get("outcome") == "timed_out":
+        return SLEEP_ENDED
+    return action
+
+
+def wait_status(w: scheduler_pb2.Wait) -> str:
+    """A durable wait's status as the CLI lists it: open, completed or timed_out, and "ended" for
+    a sleep whose time came (its normal end)."""
+    if w.kind == scheduler_pb2.WAIT_KIND_SLEEP and w.status == scheduler_pb2.WAIT_STATUS_TIMED_OUT:
+        return "ended"
+    return str(enum_name(scheduler_pb2.WaitStatus, w.status, "WAIT_STATUS_")).lower()
+
+
 def history_entries(history: list[scheduler_pb2.RunEvent]) -> list[Entry]:
     out = []
     for i, e in enumerate(history):
@@ -191,12 +213,14 @@ def history_entries(history: list[scheduler_pb2.RunEvent]) -> list[Entry]:
             a = status_name(e.from_status) if e.from_status else ""
             move = f"{a} -> {status_name(e.to_status)}" if e.to_status else a
         details = from_struct(e.details)
+        label = action_label(e.action, details)
+        hidden = (*HIDDEN_DETAILS, "outcome") if label == SLEEP_ENDED else HIDDEN_DETAILS  # the label says it
         extra = " ".join(
             f"{k}={v if isinstance(v, str | int | float) else dumps(v)}"
             for k, v in details.items()
-            if v not in (None, "", [], {}) and k not in HIDDEN_DETAILS
+            if v not in (None, "", [], {}) and k not in hidden
         )
-        out.append(Entry(e.at, i, "run", e.action, move=move, actor=e.actor, reason=e.reason, details=extra))
+        out.append(Entry(e.at, i, "run", label, move=move, actor=e.actor, reason=e.reason, details=extra))
     return out
 
 
