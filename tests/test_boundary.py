@@ -205,7 +205,7 @@ async def test_undecodable_requests_are_invalid_argument_malformed_request_count
     def count(method: str) -> float:
         return served(method, "INVALID_ARGUMENT")
 
-    caplog.set_level("INFO", logger="awooop.rpc")
+    caplog.set_level("DEBUG", logger="awooop.rpc")  # the access log's level
     for service, method, data in cases:
         before = count(method)
         call = _raw(channels(rt.ports[service]), method)

@@ -197,7 +197,7 @@ async def test_python_m_service_exposes_metrics_and_writes_json_access_log(
 ) -> None:
     md = await make_key("metrics", {"p": ["ingest"]})
     metrics_port = free_port()
-    env, port = child_env(settings, access_log=True)
+    env, port = child_env(settings, access_log=True, log_level="DEBUG")  # the access log is written at DEBUG
     env["AWOOOP_METRICS_PORT"] = str(metrics_port)
     proc = await spawn([sys.executable, "-m", "services.ingest"], env, tmp_path, port)
     procs.append(proc)
@@ -238,7 +238,7 @@ async def test_python_m_service_exposes_metrics_and_writes_json_access_log(
     assert [r["code"] for r in rpc] == ["UNAUTHENTICATED"] * 3 + [authed_code]
     for r in rpc:
         assert isinstance(r["ms"], float | int) and r["ms"] >= 0
-        assert r["level"] == "info" and r["peer"].startswith("ipv")
+        assert r["level"] == "debug" and r["peer"].startswith("ipv")
     assert rpc[-1]["principal"] == "metrics" and rpc[0]["principal"] == ""
 
 

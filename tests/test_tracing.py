@@ -48,14 +48,14 @@ def exporter() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
 
 @pytest.fixture
 def rpc_log() -> Iterator[io.StringIO]:
-    """The awooop.rpc access log as JSON lines."""
+    """The awooop.rpc access log (written at DEBUG) as JSON lines."""
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(JsonFormatter())
     logger = logging.getLogger("awooop.rpc")
     logger.addHandler(handler)
     level = logger.level
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)
     yield out
     logger.removeHandler(handler)
     logger.setLevel(level)

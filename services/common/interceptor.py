@@ -1,4 +1,4 @@
-"""The service interceptor: authentication, error mapping, metrics and access log.
+"""The service interceptor: authentication, error mapping, metrics and access log (at DEBUG).
 
 Handlers raise ServiceError (or let a store failure propagate); this turns it into a
 status with google.rpc details. A method the servicer does not implement (the generated
@@ -251,8 +251,10 @@ class _Call:
             reset_principal(self._principal)
         elapsed = time.perf_counter() - self._started
         self._rpc.handled(self._code, elapsed)
-        if self._access_log:
-            log.info(
+        # at DEBUG: a line per call buried everything else a process says (AWOOOP_LOG_LEVEL=DEBUG shows them);
+        # failures are counted by code in grpc_server_handled_total, and a bug is logged at ERROR above
+        if self._access_log and log.isEnabledFor(logging.DEBUG):
+            log.debug(
                 "rpc",
                 extra={
                     "method": self._method,

@@ -112,7 +112,7 @@ class Settings:
     # UNAVAILABLE / OVERLOADED at once (retryable: the SDK retries with backoff); 0: no limit
     max_concurrent_rpcs: int = 2000
     log_level: str = "INFO"  # DEBUG, INFO, WARNING or ERROR; logs are JSON lines on stderr
-    access_log: bool = True  # one JSON line per RPC (method, code, ms, principal, peer)
+    access_log: bool = True  # one JSON line per RPC (method, code, ms, principal, peer), at DEBUG
     uvloop: bool = False  # run the event loop on uvloop (pip install awooop[uvloop])
 
     # --- auth ---

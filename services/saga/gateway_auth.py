@@ -13,7 +13,9 @@ The check: an empty ExecuteTool request. A gateway authenticates a call before i
 (the reference gateway, like every awooop service, in its interceptor), and an empty request
 names no tool, key or project, so nothing runs: UNAUTHENTICATED means the key is refused, any
 other answer (INVALID_ARGUMENT) that it got through. No answer (gateway unreachable) decides
-nothing: compensations go ahead and fail or succeed on their own, as before.
+nothing: compensations go ahead and fail or succeed on their own, as before. (The health service
+cannot tell: it is public, so it never looks at a key.) The probe is quiet: it runs until the key
+is accepted once, and an awooop gateway logs it, like every call, only in its access log at DEBUG.
 """
 
 from __future__ import annotations
