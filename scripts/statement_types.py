@@ -18,7 +18,9 @@ exactly. libpq's describe (through psycopg) reports the parameter types, the res
 for a result column read straight from a table, that table column: its NOT NULL is the only
 nullability a statement's result can be trusted with. A column is typed without None when it
 comes from a NOT NULL table column and the statement has no outer join or set operation (either
-can yield NULL where the table has none); every other column may be None. Parameters are typed
+can yield NULL where the table has none), or when the statement's header vouches for it
+(`-- not null: total, run_id`: a count, a COALESCE, the outer side of a join); every other column
+may be None. Parameters are typed
 `T | None`: SQL takes NULL for any parameter, and several statements mean it.
 """
 
@@ -161,8 +163,11 @@ class Describer:
             if name in seen:
                 continue  # a Record answers a repeated name with its first column
             seen.add(name)
-            not_null = not outer and self._column_not_null(d.ftable(i), d.ftablecol(i))
+            not_null = name in statement.not_null or (not outer and self._column_not_null(d.ftable(i), d.ftablecol(i)))
             columns.append(Column(name, self._type(d.ftype(i))[0], not_null))
+        unknown = set(statement.not_null) - seen
+        if unknown:
+            raise SystemExit(f"{statement.file} {statement.name}: -- not null names no result column {sorted(unknown)}")
         if mode in ("one", "many", "val") and not columns:
             raise SystemExit(f"{statement.file} {statement.name}: :{mode} but the statement returns no columns")
         return Described(statement, mode, params, tuple(columns))
@@ -203,7 +208,8 @@ def _function(d: Described) -> list[str]:
     returns = {
         "one": f"{st.name}Row | None",
         "many": f"list[{st.name}Row]",
-        "val": _annotation(Column("", d.columns[0].pytype, False)) if d.columns else "None",
+        # a value: None also when there is no row, unless the header vouches for the column
+        "val": _annotation(Column("", d.columns[0].pytype, d.columns[0].name in st.not_null)) if d.columns else "None",
         "exec": "str",
     }[d.mode]
     method = {"one": "fetchrow", "many": "fetch", "val": "fetchval", "exec": "execute"}[d.mode]

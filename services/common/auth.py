@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from services.common import errors, sql
+from services.common import auth_sql, errors, sql
 from services.common.db import Conn
 from services.common.keyids import LiveKeyIds
 from services.common.observability import AUTH_FAILURES
@@ -132,7 +132,7 @@ class Authenticator:
         return principal
 
     async def _load(self, key_id: str) -> tuple[bytes | None, Principal | None]:
-        rows = await self.pool.fetch(LOAD_KEY.sql, *LOAD_KEY.args(key_id=key_id))
+        rows = await auth_sql.load_key(self.pool, key_id=key_id)
         if not rows:
             return None, None
         roles: dict[str, set[str]] = {}
@@ -156,8 +156,7 @@ async def has_role_now(conn: Conn, principal: Principal, project_id: str, role: 
     """Reads the principal's membership from the store now (no cache)."""
     wanted = [r for r, implied in IMPLIED.items() if role in implied] + [role]
     return bool(
-        await conn.fetchval(
-            HAS_ROLE_NOW.sql,
-            *HAS_ROLE_NOW.args(principal_id=principal.principal_id, projects=[project_id, ALL_PROJECTS], roles=wanted),
+        await auth_sql.has_role_now(
+            conn, principal_id=principal.principal_id, projects=[project_id, ALL_PROJECTS], roles=wanted
         )
     )

@@ -54,7 +54,7 @@ from typing import Any
 import asyncpg
 from google.protobuf import timestamp_pb2
 
-from services.common import errors, sql
+from services.common import errors, idempotency_sql, sql
 from services.common.db import Conn
 
 # Leave the server this much of the caller's deadline to answer after a lock wait.
@@ -213,10 +213,8 @@ async def _attempt(
         "key": s.key,
     }
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            LOCK_SCOPE.sql, *LOCK_SCOPE.args(lock_timeout=_lock_timeout(deadline), lock_name=s.lock_name())
-        )
-        row = await conn.fetchrow(LOOKUP_KEY.sql, *LOOKUP_KEY.args(**key, ttl=float(ttl)))
+        await idempotency_sql.lock_scope(conn, lock_timeout=_lock_timeout(deadline), lock_name=s.lock_name())
+        row = await idempotency_sql.lookup_key(conn, **key, ttl=float(ttl))
         assert row is not None
         if row["request_fingerprint"] is not None:
             stored = StoredKey(
@@ -231,17 +229,15 @@ async def _attempt(
         window = KeyWindow(row["window_start"], row["window_end"])
         done = await execute(conn, window)
         try:
-            await conn.execute(
-                INSERT_KEY.sql,
-                *INSERT_KEY.args(
-                    **key,
-                    fingerprint=fp,
-                    policy_version=policy_version,
-                    snapshot=done.snapshot,
-                    resource_id=done.resource_id,
-                    created_at=window.created_at,
-                    expires_at=window.expires_at,
-                ),
+            await idempotency_sql.insert_key(
+                conn,
+                **key,
+                fingerprint=fp,
+                policy_version=policy_version,
+                snapshot=done.snapshot,
+                resource_id=done.resource_id,
+                created_at=window.created_at,
+                expires_at=window.expires_at,
             )
         except asyncpg.UniqueViolationError:
             raise _KeyRace() from None  # leaving the block rolls the whole attempt back

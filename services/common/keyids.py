@@ -20,7 +20,7 @@ import time
 
 import asyncpg
 
-from services.common import sql
+from services.common import keyids_sql, sql
 
 LIVE_KEY_IDS = sql.load(__file__, "keyids.sql")["LiveKeyIds"]
 
@@ -53,5 +53,5 @@ class LiveKeyIds:
             await asyncio.sleep(delay)
         self._started_at = time.monotonic()
         self.refreshes += 1
-        rows = await self.pool.fetch(LIVE_KEY_IDS.sql)
+        rows = await keyids_sql.live_key_ids(self.pool)
         self._ids = frozenset(r["key_id"] for r in rows)

@@ -24,7 +24,7 @@ from typing import Any
 import asyncpg
 from prometheus_client import Counter
 
-from services.common import sql
+from services.common import loops_sql, sql
 from services.common.db import store_error
 from services.common.observability import LOOP_RUNS, preset
 
@@ -101,9 +101,7 @@ async def each_run(
             done += await one(run_id)
         except Exception as exc:
             row_failed(name, f"run {run_id}", exc)
-            await pool.execute(
-                RUN_ERROR.sql, *RUN_ERROR.args(run_id=run_id, actor=actor, error=describe(exc), loop=name)
-            )
+            await loops_sql.record_loop_error(pool, run_id=run_id, actor=actor, error=describe(exc), loop=name)
     return done
 
 

@@ -17,7 +17,7 @@ from importlib import resources
 
 import asyncpg
 
-from services.common import hot_statements, server_plans, sql
+from services.common import hot_statements, migrate_sql, server_plans, sql
 
 log = logging.getLogger("awooop.migrate")
 
@@ -51,23 +51,34 @@ def load() -> list[Migration]:
 
 async def apply(conn: asyncpg.Connection) -> list[str]:
     """Applies pending migrations; returns the names applied (empty when up to date)."""
-    await conn.execute(LOCK.sql, *LOCK.args(lock_key=LOCK_KEY))
+    await migrate_sql.lock_migrations(conn, lock_key=LOCK_KEY)
     try:
-        await conn.execute(CREATE_TABLE.sql)
-        done = {r["version"] for r in await conn.fetch(APPLIED.sql)}
+        await migrate_sql.create_migrations_table(conn)
+        done = {r["version"] for r in await migrate_sql.applied_migrations(conn)}
         applied = []
         for m in load():
             if m.version in done:
                 continue
             async with conn.transaction():
                 await conn.execute(m.sql)
-                await conn.execute(RECORD.sql, *RECORD.args(version=m.version, name=m.name))
-            log.info("applied migration", extra={"migration": m.name})
+                await migrate_sql.record_migration(conn, version=m.version, name=m.name)
+            log.debug("applied migration", extra={"migration": m.name})
             applied.append(m.name)
+        if applied:  # one line, however many: a fresh store has dozens
+            log.info(summary(applied))
         await create_plan_functions(conn, verify=bool(applied))
         return applied
     finally:
-        await conn.execute(UNLOCK.sql, *UNLOCK.args(lock_key=LOCK_KEY))
+        await migrate_sql.unlock_migrations(conn, lock_key=LOCK_KEY)
+
+
+def summary(applied: list[str]) -> str:
+    """What a pass of apply() did, in one line: "applied 36 migrations (0001..0290)"."""
+    if not applied:
+        return "schema up to date"
+    first, last = (name.split("_", 1)[0] for name in (applied[0], applied[-1]))
+    span = first if len(applied) == 1 else f"{first}..{last}"
+    return f"applied {len(applied)} migration{'s' if len(applied) > 1 else ''} ({span})"
 
 
 async def create_plan_functions(conn: asyncpg.Connection, *, verify: bool) -> server_plans.Created:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.common import sql
+from services.common import principals_sql, sql
 
 Q = sql.load(__file__, "principals.sql")
 CREATE_PRINCIPAL = Q["CreatePrincipal"]
@@ -61,18 +61,16 @@ async def create_principal(
 ) -> None:
     if principal_type not in PRINCIPAL_TYPES:
         raise ValueError(f"principal_type must be one of {PRINCIPAL_TYPES}")
-    await conn.execute(
-        CREATE_PRINCIPAL.sql,
-        *CREATE_PRINCIPAL.args(principal_id=principal_id, principal_type=principal_type, display_name=display_name),
+    await principals_sql.create_principal(
+        conn, principal_id=principal_id, principal_type=principal_type, display_name=display_name
     )
 
 
 async def issue_key(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str, label: str = "") -> IssuedKey:
     key_id = secrets.token_hex(8)
     secret = secrets.token_urlsafe(32).replace("_", "-")
-    status = await conn.execute(
-        ISSUE_KEY.sql,
-        *ISSUE_KEY.args(key_id=key_id, principal_id=principal_id, secret_sha256=hash_secret(secret), label=label),
+    status = await principals_sql.issue_key(
+        conn, key_id=key_id, principal_id=principal_id, secret_sha256=hash_secret(secret), label=label
     )
     if status.endswith(" 0"):
         raise LookupError(f"principal {principal_id} does not exist")
@@ -80,7 +78,7 @@ async def issue_key(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str, 
 
 
 async def revoke_key(conn: asyncpg.Connection | asyncpg.Pool, key_id: str) -> bool:
-    status = await conn.execute(REVOKE_KEY.sql, *REVOKE_KEY.args(key_id=key_id))
+    status = await principals_sql.revoke_key(conn, key_id=key_id)
     return not status.endswith(" 0")
 
 
@@ -88,9 +86,7 @@ async def grant_role(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str,
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}")
     try:
-        await conn.execute(
-            GRANT_ROLE.sql, *GRANT_ROLE.args(project_id=project_id, principal_id=principal_id, role=role)
-        )
+        await principals_sql.grant_role(conn, project_id=project_id, principal_id=principal_id, role=role)
     except asyncpg.ForeignKeyViolationError:
         raise LookupError(f"principal {principal_id} does not exist") from None
 
@@ -99,14 +95,12 @@ async def revoke_role(
     conn: asyncpg.Connection | asyncpg.Pool, principal_id: str, project_id: str, role: str | None = None
 ) -> int:
     """Removes one role, or every role when role is None; returns rows removed."""
-    status = await conn.execute(
-        REVOKE_ROLE.sql, *REVOKE_ROLE.args(principal_id=principal_id, project_id=project_id, role=role)
-    )
+    status = await principals_sql.revoke_role(conn, principal_id=principal_id, project_id=project_id, role=role)
     return int(status.split()[-1])
 
 
 async def list_principals(conn: asyncpg.Connection | asyncpg.Pool) -> list[asyncpg.Record]:
-    return await conn.fetch(LIST_PRINCIPALS.sql)
+    return await principals_sql.list_principals(conn)
 
 
 async def bootstrap_admin(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str = "dev-admin") -> IssuedKey:
@@ -118,7 +112,7 @@ async def bootstrap_admin(conn: asyncpg.Connection | asyncpg.Pool, principal_id:
 
 async def list_keys(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str | None = None) -> list[asyncpg.Record]:
     """Key ids with label and dates (never a secret), newest first; one principal's or all."""
-    return await conn.fetch(LIST_KEYS.sql, *LIST_KEYS.args(principal_id=principal_id))
+    return await principals_sql.list_keys(conn, principal_id=principal_id)
 
 
 # The internal service principal: the saga presents its key to the tool gateway (which needs a
@@ -134,11 +128,8 @@ async def service_key_valid(conn: asyncpg.Connection, key: str, principal_id: st
         return False
     key_id, secret = parsed
     return bool(
-        await conn.fetchval(
-            SERVICE_KEY_VALID.sql,
-            *SERVICE_KEY_VALID.args(
-                key_id=key_id, secret_sha256=hash_secret(secret), principal_id=principal_id, role=INTERNAL_ROLE
-            ),
+        await principals_sql.service_key_valid(
+            conn, key_id=key_id, secret_sha256=hash_secret(secret), principal_id=principal_id, role=INTERNAL_ROLE
         )
     )
 

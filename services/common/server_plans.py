@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.common import planner
+from services.common import planner, server_plans_sql
 from services.common import sql as named
 
 log = logging.getLogger("awooop.db")
@@ -109,7 +109,7 @@ async def describe(conn: asyncpg.Connection, statements: list[str]) -> list[tupl
             if stmt.get_name():  # a named statement (the connection's statement cache is on)
                 await conn.execute(f"DEALLOCATE {_ident(stmt.get_name())}")
         oids = sorted({o for params, columns in shapes for o in [*params, *(t for _, t in columns)]})
-        rows = await conn.fetch(TYPE_NAMES.sql, *TYPE_NAMES.args(oids=oids))
+        rows = await server_plans_sql.type_names(conn, oids=oids)
     name_of = {r["oid"]: r["name"] for r in rows}
     return [([name_of[o] for o in params], [(n, name_of[o]) for n, o in columns]) for params, columns in shapes]
 
@@ -166,7 +166,7 @@ async def create_functions(conn: asyncpg.Connection, statements: Iterable[str], 
     all goes well; should that fail, each statement on its own, so one that cannot be a function
     is skipped (and reported) and the rest go on. The caller serializes concurrent callers
     (migrate's advisory lock)."""
-    existing = {r["name"]: r["comment"] for r in await conn.fetch(PLAN_FUNCTIONS.sql, *PLAN_FUNCTIONS.args())}
+    existing = {r["name"]: r["comment"] for r in await server_plans_sql.plan_functions(conn)}
     out = Created([], [], 0, [])
     todo = []
     for sql in dict.fromkeys(statements):
@@ -236,7 +236,7 @@ class ServerPlans:
         that cannot answer it (not a connection failure) leaves every statement plain."""
         self._learning = True
         try:
-            rows = await conn.fetch(PLAN_FUNCTIONS.sql, *PLAN_FUNCTIONS.args())
+            rows = await server_plans_sql.plan_functions(conn)
         except asyncpg.PostgresError as exc:
             if isinstance(exc, asyncpg.PostgresConnectionError):
                 raise

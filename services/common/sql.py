@@ -41,6 +41,9 @@ _HEADER = re.compile(r"^-- name: *([A-Za-z][A-Za-z0-9_]*) *(?::(one|many|val|exe
 _TOKEN = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|(?<![:\w]):([a-z_][a-z0-9_]*)\b")
 _SLOT = re.compile(r"\{\{ *([a-z_][a-z0-9_]*) *\}\}")
 _SLOTS_LINE = re.compile(r"^-- slots: *(.+)$", re.M)
+# result columns the author vouches are never NULL where Postgres cannot tell (count(*), COALESCE,
+# a column of an outer join's inner side): the typed layer types them without None
+_NOT_NULL_LINE = re.compile(r"^-- not null: *(.+)$", re.M)
 
 
 # What a generated statement function runs on: the pool, or a connection (its own or one the pool
@@ -80,6 +83,7 @@ class Statement:
     slots: tuple[str, ...] = ()
     # what a call returns (sqlc's modes): one row, many rows, one value, the command tag
     mode: str = ""
+    not_null: tuple[str, ...] = ()
     # a slot's value the tests plan the statement with (-- slots: name=value)
     samples: Mapping[str, int] = field(default_factory=dict)
     _variants: dict[tuple[tuple[str, int], ...], Statement] = field(default_factory=dict, compare=False, repr=False)
@@ -91,7 +95,7 @@ class Statement:
         for line in self.source.splitlines():
             if not line.startswith("--"):
                 break
-            if not line.startswith("-- slots:"):
+            if not line.startswith(("-- slots:", "-- not null:")):
                 lines.append(line)
         return "\n".join(lines)
 
@@ -107,7 +111,8 @@ class Statement:
         if set(samples) != set(slots):
             raise StatementError(f"{file} {name}: slots {slots} but samples for {sorted(samples)}")
         sql, params = _number(text) if not slots else (text, ())
-        return cls(name, file, text, sql, params, slots, mode=mode, samples=samples)
+        not_null = tuple(c.strip() for line in _NOT_NULL_LINE.findall(text) for c in line.split(",") if c.strip())
+        return cls(name, file, text, sql, params, slots, mode=mode, not_null=not_null, samples=samples)
 
     def args(self, **values: object) -> tuple[object, ...]:
         """The values in parameter order; every parameter exactly once, by name."""

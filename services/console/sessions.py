@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from services.common import sql
+from services.console import sessions_sql
 
 TOKEN_BYTES = 32
 # token_urlsafe(32): 43 characters of base64url. A cookie of anything else (longer, or bytes that
@@ -79,18 +80,20 @@ class SessionStore:
         nonce = os.urandom(12)
         ciphertext = _aead(token).encrypt(nonce, api_key.encode(), _digest(token))
         label = key_label(api_key)
-        expires = await self.pool.fetchval(
-            CREATE.sql,
-            *CREATE.args(
-                session_hash=_digest(token), key_ciphertext=ciphertext, key_nonce=nonce, key_label=label, ttl=self.ttl
-            ),
+        expires = await sessions_sql.create_session(
+            self.pool,
+            session_hash=_digest(token),
+            key_ciphertext=ciphertext,
+            key_nonce=nonce,
+            key_label=label,
+            ttl=self.ttl,
         )
         return token, Session(api_key, label, expires, csrf_for(token))
 
     async def get(self, token: str) -> Session | None:
         if not TOKEN_RE.fullmatch(token):
             return None
-        row = await self.pool.fetchrow(TOUCH.sql, *TOUCH.args(session_hash=_digest(token)))
+        row = await sessions_sql.touch_session(self.pool, session_hash=_digest(token))
         if row is None:
             return None
         try:
@@ -101,13 +104,13 @@ class SessionStore:
 
     async def revoke(self, token: str) -> None:
         if TOKEN_RE.fullmatch(token):
-            await self.pool.execute(REVOKE.sql, *REVOKE.args(session_hash=_digest(token)))
+            await sessions_sql.revoke_session(self.pool, session_hash=_digest(token))
 
     async def prune(self) -> int:
         """Deletes sessions that ended more than a day ago; returns how many."""
         total = 0
         while True:
-            status = await self.pool.execute(PRUNE.sql, *PRUNE.args(batch=PRUNE_BATCH))
+            status = await sessions_sql.prune_sessions(self.pool, batch=PRUNE_BATCH)
             n = int(status.split()[-1])
             total += n
             if n < PRUNE_BATCH:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from services.common import sql
 from services.common.db import Conn
+from services.gateway import seed_sql
 
 DEMO_PROJECT = "demo"
 DEMO_DEPLOYMENT = "api"
@@ -17,8 +18,6 @@ SEED_DEMO = sql.load(__file__, "seed.sql")["SeedDemo"]
 async def seed_demo(conn: Conn) -> bool:
     """Creates the demo deployment unless it exists; True when it was created now."""
     return (
-        await conn.fetchval(
-            SEED_DEMO.sql, *SEED_DEMO.args(project_id=DEMO_PROJECT, name=DEMO_DEPLOYMENT, replicas=DEMO_REPLICAS)
-        )
+        await seed_sql.seed_demo(conn, project_id=DEMO_PROJECT, name=DEMO_DEPLOYMENT, replicas=DEMO_REPLICAS)
         is not None
     )

@@ -39,6 +39,7 @@ from services.common.db import Conn
 from services.common.limits import MAX_ID, MAX_IDEMPOTENCY_KEY, MAX_TEXT, MAX_URL
 from services.common.observability import preset
 from services.common.validate import Violations, to_struct
+from services.gateway import servicer_sql
 from services.gateway.callbacks import CallbackPoster
 from services.gateway.tools import TOOLS, tool_failed
 
@@ -181,8 +182,8 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
 
     async def _execute(self, call: ToolCall) -> tuple[dict[str, Any], bool]:
         project_id, key, tool_id = call.project_id, call.key, call.tool_id
-        request_id = await self.pool.fetchval(
-            LOG.sql, *LOG.args(project_id=project_id, idempotency_key=key, tool_id=tool_id)
+        request_id = await servicer_sql.log_request(
+            self.pool, project_id=project_id, idempotency_key=key, tool_id=tool_id
         )
         try:
             result, replayed = await self._once(
@@ -198,7 +199,7 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
         return result, replayed
 
     async def _outcome(self, request_id: int, outcome: str, error: str | None) -> None:
-        await self.pool.execute(OUTCOME.sql, *OUTCOME.args(request_id=request_id, outcome=outcome, error=error))
+        await servicer_sql.record_outcome(self.pool, request_id=request_id, outcome=outcome, error=error)
 
     async def _log_failure(self, request_id: int, text: str) -> None:
         try:
@@ -228,10 +229,10 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
                             f"idempotency key {key} was used for {recorded['tool_id']}, not {tool_id}",
                             idempotency_key=key,
                         )
-                    await conn.execute(REPLAYED.sql, *REPLAYED.args(project_id=project_id, idempotency_key=key))
+                    await servicer_sql.count_replay(conn, project_id=project_id, idempotency_key=key)
                     return recorded["result"], True
             # injected faults are consumed outside the tool's transaction so the count survives the failure
-            fault = await conn.fetchrow(FAULT.sql, *FAULT.args(project_id=project_id, tool_id=tool_id))
+            fault = await servicer_sql.take_fault(conn, project_id=project_id, tool_id=tool_id)
             if fault is not None:
                 code = getattr(grpc.StatusCode, fault["code"])
                 raise errors.ServiceError(code, errors.TOOL_FAILED, fault["message"], metadata={"tool_id": tool_id})
@@ -240,25 +241,23 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
             async with conn.transaction():
                 recorded = await _lock_and_read(conn, project_id, key)
                 if recorded is not None:  # a concurrent call with the same key ran it meanwhile
-                    await conn.execute(REPLAYED.sql, *REPLAYED.args(project_id=project_id, idempotency_key=key))
+                    await servicer_sql.count_replay(conn, project_id=project_id, idempotency_key=key)
                     return recorded["result"], True
                 result = await TOOLS[tool_id](conn, project_id, params)
-                await conn.execute(
-                    RECORD.sql,
-                    *RECORD.args(
-                        project_id=project_id,
-                        idempotency_key=key,
-                        tool_id=tool_id,
-                        params=params,
-                        result=result,
-                        run_id=run_id,
-                        reason=reason or None,
-                    ),
+                await servicer_sql.record_call(
+                    conn,
+                    project_id=project_id,
+                    idempotency_key=key,
+                    tool_id=tool_id,
+                    params=params,
+                    result=result,
+                    run_id=run_id,
+                    reason=reason or None,
                 )
                 return result, False
 
 
 async def _lock_and_read(conn: Conn, project_id: str, key: str) -> asyncpg.Record | None:
     """Takes the key's lock for the transaction, then reads its recorded success (if any)."""
-    await conn.execute(LOCK.sql, *LOCK.args(lock_name=f"{project_id}/{key}"))
-    return await conn.fetchrow(RECORDED.sql, *RECORDED.args(project_id=project_id, idempotency_key=key))
+    await servicer_sql.lock_key(conn, lock_name=f"{project_id}/{key}")
+    return await servicer_sql.recorded_call(conn, project_id=project_id, idempotency_key=key)

@@ -24,6 +24,7 @@ import grpc
 from services.common import errors, sql
 from services.common.db import Conn
 from services.common.validate import TOKEN_RE, Violations
+from services.gateway import tools_sql
 
 NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")  # k8s-style names and kinds
 TABLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -71,10 +72,10 @@ async def k8s_scale_deployment(conn: Conn, project_id: str, params: dict[str, An
     name = _name(v, params, "deployment")
     replicas = _int(v, params, "replicas", 0, MAX_REPLICAS)
     v.raise_if_any()
-    previous = await conn.fetchval(LOCK_DEPLOYMENT.sql, *LOCK_DEPLOYMENT.args(project_id=project_id, name=name))
+    previous = await tools_sql.lock_deployment(conn, project_id=project_id, name=name)
     if previous is None:
         raise tool_failed(f"deployment {name} not found", deployment=name)
-    await conn.execute(SCALE.sql, *SCALE.args(project_id=project_id, name=name, replicas=replicas))
+    await tools_sql.scale_deployment(conn, project_id=project_id, name=name, replicas=replicas)
     return {"deployment": name, "replicas": replicas, "previous_replicas": previous}
 
 
@@ -87,15 +88,11 @@ async def k8s_create_resource(conn: Conn, project_id: str, params: dict[str, Any
         v.add("params.spec", "must be an object")
     replicas = _int(v, spec if isinstance(spec, dict) else {}, "replicas", 0, MAX_REPLICAS, default=1)
     v.raise_if_any()
-    created = await conn.fetchval(
-        CREATE_RESOURCE.sql, *CREATE_RESOURCE.args(project_id=project_id, kind=kind, name=name, spec=spec)
-    )
+    created = await tools_sql.create_resource(conn, project_id=project_id, kind=kind, name=name, spec=spec)
     if not created:
         raise tool_failed(f"{kind} {name} already exists", kind=kind, name=name)
     if kind == "Deployment":
-        await conn.execute(
-            PUT_DEPLOYMENT.sql, *PUT_DEPLOYMENT.args(project_id=project_id, name=name, replicas=replicas)
-        )
+        await tools_sql.put_deployment(conn, project_id=project_id, name=name, replicas=replicas)
     return {"kind": kind, "name": name, "created": True}
 
 
@@ -104,11 +101,9 @@ async def k8s_delete_resource(conn: Conn, project_id: str, params: dict[str, Any
     kind = _name(v, params, "kind")
     name = _name(v, params, "name")
     v.raise_if_any()
-    deleted = await conn.fetchval(
-        DELETE_RESOURCE.sql, *DELETE_RESOURCE.args(project_id=project_id, kind=kind, name=name)
-    )
+    deleted = await tools_sql.delete_resource(conn, project_id=project_id, kind=kind, name=name)
     if kind == "Deployment":
-        await conn.execute(DELETE_DEPLOYMENT.sql, *DELETE_DEPLOYMENT.args(project_id=project_id, name=name))
+        await tools_sql.delete_deployment(conn, project_id=project_id, name=name)
     # already gone counts as done: a compensation's goal is the state, not the act
     return {"kind": kind, "name": name, "deleted": bool(deleted)}
 
@@ -126,9 +121,7 @@ async def pg_mutate(conn: Conn, project_id: str, params: dict[str, Any]) -> dict
         if not isinstance(row, dict):
             v.add("params.row", "required for INSERT: an object")
         v.raise_if_any()
-        inserted = await conn.fetchval(
-            INSERT_ROW.sql, *INSERT_ROW.args(project_id=project_id, table_name=table, data=row)
-        )
+        inserted = await tools_sql.insert_row(conn, project_id=project_id, table_name=table, data=row)
         return {"table": table, "inserted_id": str(inserted)}
     row_id = params.get("id")
     try:
@@ -138,9 +131,7 @@ async def pg_mutate(conn: Conn, project_id: str, params: dict[str, Any]) -> dict
     if op == "DELETE" and parsed is None:
         v.add("params.id", "required for DELETE: the inserted_id (a UUID)")
     v.raise_if_any()
-    deleted = await conn.fetchval(
-        DELETE_ROW.sql, *DELETE_ROW.args(project_id=project_id, table_name=table, row_id=parsed)
-    )
+    deleted = await tools_sql.delete_row(conn, project_id=project_id, table_name=table, row_id=parsed)
     return {"table": table, "id": str(parsed), "deleted": bool(deleted)}
 
 
@@ -152,10 +143,7 @@ async def knowledge_write(conn: Conn, project_id: str, params: dict[str, Any]) -
     if "content" not in params:
         v.add("params.content", "required")
     v.raise_if_any()
-    created = await conn.fetchval(
-        WRITE_KNOWLEDGE.sql,
-        *WRITE_KNOWLEDGE.args(project_id=project_id, entry_id=entry_id, content=params["content"]),
-    )
+    created = await tools_sql.write_knowledge(conn, project_id=project_id, entry_id=entry_id, content=params["content"])
     return {"entry_id": entry_id, "created": bool(created)}
 
 
@@ -165,9 +153,7 @@ async def knowledge_delete(conn: Conn, project_id: str, params: dict[str, Any]) 
     if not isinstance(entry_id, str) or not entry_id or len(entry_id) > 128:
         v.add("params.entry_id", "required: 1-128 characters")
     v.raise_if_any()
-    deleted = await conn.fetchval(
-        DELETE_KNOWLEDGE.sql, *DELETE_KNOWLEDGE.args(project_id=project_id, entry_id=entry_id)
-    )
+    deleted = await tools_sql.delete_knowledge(conn, project_id=project_id, entry_id=entry_id)
     return {"entry_id": entry_id, "deleted": bool(deleted)}
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from services.common import sql
+from services.ingest import endpoints_sql
 
 WEBHOOK_CHANNELS = ("telegram", "alertmanager", "gitea", "line")
 MAX_GRACE_SECONDS = 30 * 24 * 3600.0
@@ -59,29 +60,27 @@ async def create(
     db: asyncpg.Pool, project_id: str, channel: str, name: str, secret: str, created_by: str
 ) -> EndpointRow | None:
     """The new endpoint, or None when one of that name exists."""
-    r = await db.fetchrow(
-        CREATE.sql,
-        *CREATE.args(project_id=project_id, channel=channel, name=name, secret=secret, created_by=created_by),
+    r = await endpoints_sql.create_endpoint(
+        db, project_id=project_id, channel=channel, name=name, secret=secret, created_by=created_by
     )
     return None if r is None else _row(r)
 
 
 async def list_all(db: asyncpg.Pool, project_id: str) -> list[EndpointRow]:
-    return [_row(r) for r in await db.fetch(LIST.sql, *LIST.args(project_id=project_id))]
+    return [_row(r) for r in await endpoints_sql.list_endpoints(db, project_id=project_id)]
 
 
 async def rotate(
     db: asyncpg.Pool, project_id: str, channel: str, name: str, secret: str, grace: float
 ) -> EndpointRow | None:
-    r = await db.fetchrow(
-        ROTATE.sql,
-        *ROTATE.args(project_id=project_id, channel=channel, name=name, secret=secret, grace=float(grace)),
+    r = await endpoints_sql.rotate_endpoint(
+        db, project_id=project_id, channel=channel, name=name, secret=secret, grace=float(grace)
     )
     return None if r is None else _row(r)
 
 
 async def remove(db: asyncpg.Pool, project_id: str, channel: str, name: str) -> bool:
-    status = await db.execute(REMOVE.sql, *REMOVE.args(project_id=project_id, channel=channel, name=name))
+    status = await endpoints_sql.remove_endpoint(db, project_id=project_id, channel=channel, name=name)
     return not status.endswith(" 0")
 
 
@@ -116,7 +115,7 @@ class Directory:
         hit = self._cache.get(key)
         if not fresh and hit is not None and hit[0] > now:
             return hit[1]
-        r = await self.pool.fetchrow(SECRETS.sql, *SECRETS.args(project_id=project_id, channel=channel, name=name))
+        r = await endpoints_sql.endpoint_secrets(self.pool, project_id=project_id, channel=channel, name=name)
         found = None
         if r is not None:
             left = r["previous_left"] or 0.0

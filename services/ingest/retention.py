@@ -25,7 +25,7 @@ import asyncpg
 from services.common import sql
 from services.common.cache import Cache
 from services.common.settings import Settings
-from services.ingest import dedupe_cache, metrics
+from services.ingest import dedupe_cache, metrics, retention_sql
 
 MAX_BATCHES_PER_PASS = 20
 
@@ -46,7 +46,7 @@ async def prune_dedupe(pool: asyncpg.Pool, cache: Cache, *, retention: float, ba
     """Deletes expired dedupe rows (and their Redis keys); returns how many."""
     total = 0
     for _ in range(MAX_BATCHES_PER_PASS):
-        rows = await pool.fetch(PRUNE_DEDUPE.sql, *PRUNE_DEDUPE.args(retention=float(retention), batch=batch))
+        rows = await retention_sql.prune_dedupe(pool, retention=float(retention), batch=batch)
         if rows:
             total += len(rows)
             metrics.PRUNED.labels("awooop_channel_event_dedupe").inc(len(rows))
@@ -60,7 +60,7 @@ async def prune_idempotency_keys(pool: asyncpg.Pool, *, batch: int) -> int:
     """Deletes expired idempotency keys; returns how many."""
     total = 0
     for _ in range(MAX_BATCHES_PER_PASS):
-        status = await pool.execute(PRUNE_KEYS.sql, *PRUNE_KEYS.args(batch=batch))
+        status = await retention_sql.prune_idempotency_keys(pool, batch=batch)
         n = int(status.split()[-1])
         if n:
             total += n
@@ -76,7 +76,7 @@ async def prune_runs(pool: asyncpg.Pool, *, retention: float, batch: int) -> int
         return 0
     total = 0
     for _ in range(MAX_BATCHES_PER_PASS):
-        status = await pool.execute(PRUNE_RUNS.sql, *PRUNE_RUNS.args(retention=float(retention), batch=batch))
+        status = await retention_sql.prune_runs(pool, retention=float(retention), batch=batch)
         n = int(status.split()[-1])
         if n:
             total += n

@@ -17,6 +17,7 @@ from asyncpg.pgproto.pgproto import UUID
 from services.common import errors, sql
 from services.common.db import Conn, fetch_again_on_deadlock
 from services.common.retry_policy import DEFAULTS_JSON
+from services.ingest import store_sql
 from services.ingest.parsing import NewEvent, NewRun
 
 Executor = asyncpg.Pool | Conn
@@ -96,15 +97,13 @@ async def ingest(
                 out[pending[r["ord"]]] = Stored(str(r["run_id"]), r["created"], r["ttl_left"])
         if missing:
             # committed by a concurrent request after our statement's snapshot: read it now
-            found = await db.fetch(
-                FIND_STORED.sql,
-                *FIND_STORED.args(
-                    ords=missing,
-                    project_ids=[ev[i].project_id for i in missing],
-                    channels=[ev[i].channel for i in missing],
-                    provider_event_ids=[ev[i].provider_event_id for i in missing],
-                    retention=float(retention),
-                ),
+            found = await store_sql.find_stored_events(
+                db,
+                ords=missing,
+                project_ids=[ev[i].project_id for i in missing],
+                channels=[ev[i].channel for i in missing],
+                provider_event_ids=[ev[i].provider_event_id for i in missing],
+                retention=float(retention),
             )
             for r in found:
                 out[pending[r["ord"]]] = Stored(str(r["run_id"]), False, r["ttl_left"])
@@ -125,22 +124,20 @@ async def create_run(
 ) -> asyncpg.Record:
     """Inserts a PENDING API run with its audit row (traceparent: the creating span's); returns the run row."""
     o = run.options
-    row = await conn.fetchrow(
-        CREATE_RUN.sql,
-        *CREATE_RUN.args(
-            project_id=run.project_id,
-            input=run.input_json,
-            max_attempts=run.max_attempts,
-            principal_id=principal_id,
-            actor=actor,
-            idempotency_key=run.key,
-            not_before=o.not_before,
-            priority=o.priority,
-            retry_policy=o.retry_policy_json,
-            policy_defaults=defaults_json,
-            concurrency_keys=o.keys_param,
-            traceparent=traceparent,
-        ),
+    row = await store_sql.create_run(
+        conn,
+        project_id=run.project_id,
+        input=run.input_json,
+        max_attempts=run.max_attempts,
+        principal_id=principal_id,
+        actor=actor,
+        idempotency_key=run.key,
+        not_before=o.not_before,
+        priority=o.priority,
+        retry_policy=o.retry_policy_json,
+        policy_defaults=defaults_json,
+        concurrency_keys=o.keys_param,
+        traceparent=traceparent,
     )
     assert row is not None
     return row

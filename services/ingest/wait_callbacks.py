@@ -19,6 +19,7 @@ from aiohttp import web
 
 from services.common import errors, jsonvalues, sql, wait_outcomes
 from services.common.settings import Settings
+from services.ingest import wait_callbacks_sql
 from services.ingest.http import parse_body, problem
 
 Q = sql.load(__file__, "wait_callbacks.sql")
@@ -41,7 +42,7 @@ def add_routes(app: web.Application, pool: asyncpg.Pool, settings: Settings) -> 
         except jsonvalues.JsonValueError as exc:
             raise errors.invalid([("body", str(exc))]) from None
         digest = hashlib.sha256(token.encode()).digest()
-        row = await pool.fetchrow(COMPLETE.sql, *COMPLETE.args(result=result, actor=ACTOR, token_hash=digest))
+        row = await wait_callbacks_sql.complete_wait_by_token(pool, result=result, actor=ACTOR, token_hash=digest)
         if row is None:
             raise errors.not_found("wait", "(token)")
         try:

@@ -24,7 +24,7 @@ import asyncpg
 from services.common import sql
 from services.common.db import store_error
 from services.common.runs import RUN_READY_CHANNEL
-from services.ingest import metrics
+from services.ingest import metrics, wakeup_sql
 
 log = logging.getLogger("awooop.ingest.wakeup")
 
@@ -72,7 +72,7 @@ class Notifier:
             return True
         projects, self._ready = sorted(self._ready), set()
         try:
-            await self.pool.execute(NOTIFY.sql, *NOTIFY.args(channel=RUN_READY_CHANNEL, projects=projects))
+            await wakeup_sql.notify_projects(self.pool, channel=RUN_READY_CHANNEL, projects=projects)
         except Exception as exc:
             if store_error(exc) is None:
                 log.exception("run-ready NOTIFY failed")

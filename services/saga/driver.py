@@ -42,7 +42,7 @@ from services.common.peers import peer_channel
 from services.common.runtime import AppContext
 from services.common.sagastate import SAGA_TRANSITIONS, SagaAction, SagaAudit, SagaStatus, StepStatus
 from services.common.validate import to_struct
-from services.saga import saga_status
+from services.saga import driver_sql, saga_status
 from services.saga.gateway_auth import HOW, GatewayAuth
 from services.saga.metrics import (
     COMPENSATION_RUNS,
@@ -185,9 +185,8 @@ class CompensationDriver:
             await self._channel.close()
 
     async def run_pass(self) -> int:
-        rows = await self.pool.fetch(
-            CLAIM.sql,
-            *CLAIM.args(worker_id=self.worker_id, lease_ttl=float(self.settings.compensation_lease), batch=BATCH),
+        rows = await driver_sql.claim_compensation_requests(
+            self.pool, worker_id=self.worker_id, lease_ttl=float(self.settings.compensation_lease), batch=BATCH
         )
         claims = [Claim(r["run_id"], r["project_id"], r["trigger"], r["reason"], r["attempt_count"]) for r in rows]
         await asyncio.gather(*(self._drive_logged(c) for c in claims))
@@ -217,7 +216,7 @@ class CompensationDriver:
         if tracing.tracer is None:
             await self.drive(claim)
             return
-        parent = await self.pool.fetchval(TRACEPARENT.sql, *TRACEPARENT.args(run_id=claim.run_id))
+        parent = await driver_sql.run_traceparent(self.pool, run_id=claim.run_id)
         attributes = {"awooop.run_id": str(claim.run_id), "awooop.trigger": claim.trigger}
         with tracing.span("awooop.saga.compensate", parent=parent, attributes=attributes):
             await self.drive(claim)
@@ -238,7 +237,7 @@ class CompensationDriver:
         return {"run_id": claim.run_id, "worker_id": self.worker_id, "attempt": claim.attempt}
 
     async def _fence(self, conn: Conn, claim: Claim) -> None:
-        if await conn.fetchval(FENCE.sql, *FENCE.args(**self._lease(claim))) is None:
+        if await driver_sql.fence_compensation_request(conn, **self._lease(claim)) is None:
             raise LeaseLost()
 
     async def _settle(self, claim: Claim) -> list[asyncpg.Record]:
@@ -248,7 +247,7 @@ class CompensationDriver:
             run = await saga_status.lock_run(conn, claim.run_id)
             await self._fence(conn, claim)
             assert run is not None  # a request names an existing run (foreign key)
-            steps = await conn.fetch(COMPENSATABLE_STEPS.sql, *COMPENSATABLE_STEPS.args(run_id=claim.run_id))
+            steps = await driver_sql.compensatable_steps(conn, run_id=claim.run_id)
             if steps:
                 if run.saga_status in STARTS_FROM:
                     await saga_status.start(conn, claim.run_id)
@@ -298,11 +297,11 @@ class CompensationDriver:
                     details={"trigger": claim.trigger, "not_compensated": await self._not_compensated(conn, claim)},
                 )
                 COMPENSATION_RUNS.labels(SKIPPED).inc()
-            await conn.execute(FINISH.sql, *FINISH.args(run_id=claim.run_id))
+            await driver_sql.finish_compensation_request(conn, run_id=claim.run_id)
             return []
 
     async def _not_compensated(self, conn: Conn, claim: Claim) -> list[dict[str, Any]]:
-        rows = await conn.fetch(NOT_COMPENSATED.sql, *NOT_COMPENSATED.args(run_id=claim.run_id))
+        rows = await driver_sql.steps_not_compensated(conn, run_id=claim.run_id)
         return [{"step_id": r["step_id"], "tool_id": r["tool_id"], "why": r["why"]} for r in rows]
 
     async def _renew(self, claim: Claim, conn: Conn | asyncpg.Pool | None = None) -> None:
@@ -315,7 +314,7 @@ class CompensationDriver:
     async def _compensate_step(self, claim: Claim, step: asyncpg.Record) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
             await self._renew(claim, conn)
-            marked = await conn.fetchrow(MARK.sql, *MARK.args(run_id=claim.run_id, step_id=step["step_id"]))
+            marked = await driver_sql.mark_step_compensating(conn, run_id=claim.run_id, step_id=step["step_id"])
         if marked is None:
             return  # resolved or changed meanwhile
         cmd = marked["compensation_cmd"]
@@ -327,15 +326,13 @@ class CompensationDriver:
                 if not outcome.ok:
                     span.set_status(Status(StatusCode.ERROR, outcome.error[:256]))
         if outcome.refused:
-            await self.pool.execute(RELEASE.sql, *RELEASE.args(**self._lease(claim)))
+            await driver_sql.release_compensation_request(self.pool, **self._lease(claim))
             raise KeyRefused()
         alert = False
         async with self.pool.acquire() as conn, conn.transaction():
             await self._fence(conn, claim)
             if outcome.ok:
-                done = await conn.fetchval(
-                    COMPENSATED.sql, *COMPENSATED.args(run_id=claim.run_id, step_id=marked["step_id"])
-                )
+                done = await driver_sql.step_compensated(conn, run_id=claim.run_id, step_id=marked["step_id"])
                 if done is not None:
                     await audit(
                         conn,
@@ -354,9 +351,8 @@ class CompensationDriver:
                         },
                     )
                     COMPENSATIONS.labels(UndoOutcome.REPLAYED if outcome.replayed else UndoOutcome.COMPENSATED).inc()
-            elif await conn.fetchval(
-                COMPENSATION_FAILED.sql,
-                *COMPENSATION_FAILED.args(run_id=claim.run_id, step_id=marked["step_id"], error=outcome.error),
+            elif await driver_sql.step_compensation_failed(
+                conn, run_id=claim.run_id, step_id=marked["step_id"], error=outcome.error
             ):
                 # seed ADR-119 D4: a failure does not stop the others; audit + escalate
                 await audit(
@@ -370,15 +366,13 @@ class CompensationDriver:
                     reason=outcome.error,
                     details={"step_id": marked["step_id"], "tool_id": marked["tool_id"], "compensation_cmd": cmd},
                 )
-                await conn.execute(
-                    ALERT.sql,
-                    *ALERT.args(
-                        project_id=claim.project_id,
-                        run_id=claim.run_id,
-                        step_id=marked["step_id"],
-                        tool_id=cmd.get("tool_id"),
-                        error=outcome.error,
-                    ),
+                await driver_sql.insert_alert(
+                    conn,
+                    project_id=claim.project_id,
+                    run_id=claim.run_id,
+                    step_id=marked["step_id"],
+                    tool_id=cmd.get("tool_id"),
+                    error=outcome.error,
                 )
                 COMPENSATIONS.labels(UndoOutcome.FAILED).inc()
                 # an error: a completed side effect stays in place until someone retries or resolves it

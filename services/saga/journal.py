@@ -24,6 +24,7 @@ from services.common.auth import Principal
 from services.common.principals import MEMBER_ROLES
 from services.common.runstate import LEASED
 from services.common.sagastate import RESTARTABLE, STEP_TRANSITIONS, StepAction, StepStatus, StepType
+from services.saga import journal_sql
 from services.saga.steps import IRREVERSIBLE_TOOLS
 
 # How often a write is tried again when the follow-up read finds nothing wrong: the state changed
@@ -88,7 +89,7 @@ async def _why(
 ) -> asyncpg.Record:
     """The follow-up read after a write changed nothing: raises NOT_FOUND / FORBIDDEN / LEASE_LOST,
     or returns the row for the operation to decide."""
-    row = await conn.fetchrow(WHY.sql, *WHY.args(run_id=lease.run_id, step_id=step_id))
+    row = await journal_sql.why_not_written(conn, run_id=lease.run_id, step_id=step_id)
     check_run_access(principal, row["project_id"] if row else None, "worker", lease.run_id)
     assert row is not None
     if row["attempt_count"] != lease.attempt or row["run_status"] not in LEASED:
@@ -321,9 +322,9 @@ async def get_journal(pool: asyncpg.Pool, principal: Principal, run_id: str) -> 
     """The journal in order, read in one snapshot. Any member role in the run's project (not tool) may read it, as
     GetRun and GetRunHistory (`awooop runs show` reads all three)."""
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-        run = await conn.fetchrow(RUN.sql, *RUN.args(run_id=run_id))
+        run = await journal_sql.journal_run(conn, run_id=run_id)
         check_run_access(principal, run["project_id"] if run else None, MEMBER_ROLES, run_id)
         assert run is not None  # check_run_access raised NOT_FOUND for a missing run
-        steps = await conn.fetch(STEPS.sql, *STEPS.args(run_id=run_id))
-        seed = await conn.fetchval(SEED_JSON.sql, *SEED_JSON.args(run_id=run_id))
+        steps = await journal_sql.journal_steps(conn, run_id=run_id)
+        seed = await journal_sql.seed_steps(conn, run_id=run_id)
     return Journal(run, list(steps), seed or [])

@@ -24,6 +24,7 @@ import asyncpg
 from services.common import loops, sql
 from services.common.runtime import AppContext
 from services.common.sagastate import StepStatus
+from services.saga import notifier_sql
 from services.saga.metrics import ALERTS
 
 log = logging.getLogger("awooop.saga.notifier")
@@ -90,7 +91,7 @@ class Notifier:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def deliver_pending(self) -> int:
-        rows = await self.ctx.pool.fetch(CLAIM.sql, *CLAIM.args(batch=BATCH))
+        rows = await notifier_sql.claim_alerts(self.ctx.pool, batch=BATCH)
         for row in rows:
             try:
                 await self._deliver(row)
@@ -118,15 +119,13 @@ class Notifier:
                 extra={"alert_id": row["alert_id"], "run_id": str(row["run_id"]), "problems": problems},
             )
             done = True
-        await self.ctx.pool.execute(
-            FINISH.sql,
-            *FINISH.args(
-                alert_id=row["alert_id"],
-                redis_sent=redis_ok and self.ctx.cache.enabled,
-                telegram_sent=telegram_ok and self.telegram_enabled,
-                last_error="; ".join(problems) or None,
-                done=done,
-            ),
+        await notifier_sql.finish_alert(
+            self.ctx.pool,
+            alert_id=row["alert_id"],
+            redis_sent=redis_ok and self.ctx.cache.enabled,
+            telegram_sent=telegram_ok and self.telegram_enabled,
+            last_error="; ".join(problems) or None,
+            done=done,
         )
 
     async def _to_redis(self, row: asyncpg.Record) -> bool:

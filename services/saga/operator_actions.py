@@ -21,7 +21,7 @@ from services.common.auth import Principal
 from services.common.db import Conn
 from services.common.runstate import COMPENSATABLE
 from services.common.sagastate import RequestStatus, SagaAudit, SagaStatus, Trigger
-from services.saga import saga_status
+from services.saga import operator_actions_sql, saga_status
 from services.saga.journal import step_transition
 from services.saga.saga_status import LockedRun
 
@@ -58,7 +58,7 @@ async def _lock_run(conn: Conn, principal: Principal, run_id: str) -> LockedRun:
 
 async def _refuse_step(conn: Conn, run_id: str, step_id: str, verb: str) -> NoReturn:
     """Why the step could not be acted on: there is no such step, or it is in another status."""
-    status = await conn.fetchval(STEP_STATUS.sql, *STEP_STATUS.args(run_id=run_id, step_id=step_id))
+    status = await operator_actions_sql.step_status(conn, run_id=run_id, step_id=step_id)
     if status is None:
         raise errors.not_found("step", step_id, run_id=run_id)
     raise step_transition(run_id, step_id, str(status), verb)
@@ -71,9 +71,8 @@ async def request(pool: asyncpg.Pool, principal: Principal, run_id: str, trigger
         run = await _lock_run(conn, principal, run_id)
         if run.status not in COMPENSATABLE:
             raise errors.invalid_transition(run_id, run.status, "compensate")
-        created = await conn.fetchval(
-            INSERT_REQUEST.sql,
-            *INSERT_REQUEST.args(run_id=run_id, project_id=run.project_id, trigger=trigger, reason=reason or None),
+        created = await operator_actions_sql.insert_request(
+            conn, run_id=run_id, project_id=run.project_id, trigger=trigger, reason=reason or None
         )
         if created is not None:
             await audit(
@@ -86,7 +85,7 @@ async def request(pool: asyncpg.Pool, principal: Principal, run_id: str, trigger
                 reason=reason or None,
                 details={"trigger": trigger},
             )
-        steps = await conn.fetch(PLANNED.sql, *PLANNED.args(run_id=run_id))
+        steps = await operator_actions_sql.planned_steps(conn, run_id=run_id)
     return Requested(run.saga_status, list(steps), created is not None)
 
 
@@ -95,12 +94,11 @@ async def retry(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id: 
     gateway again with the same idempotency key (the gateway replays only successes)."""
     async with pool.acquire() as conn, conn.transaction():
         run = await _lock_run(conn, principal, run_id)
-        await conn.fetchval(
-            REOPEN_REQUEST.sql,
-            *REOPEN_REQUEST.args(run_id=run_id, project_id=run.project_id, reason="retry requested by an operator"),
+        await operator_actions_sql.reopen_request(
+            conn, run_id=run_id, project_id=run.project_id, reason="retry requested by an operator"
         )
         reopened = [
-            r["step_id"] for r in await conn.fetch(RETRY_STEPS.sql, *RETRY_STEPS.args(run_id=run_id, step_id=step_id))
+            r["step_id"] for r in await operator_actions_sql.retry_failed_steps(conn, run_id=run_id, step_id=step_id)
         ]
         if not reopened:
             if step_id:
@@ -126,17 +124,16 @@ async def resolve(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id
     handled)."""
     async with pool.acquire() as conn, conn.transaction():
         run = await _lock_run(conn, principal, run_id)
-        req_status = await conn.fetchval(LOCK_REQUEST.sql, *LOCK_REQUEST.args(run_id=run_id))
-        step = await conn.fetchrow(
-            RESOLVE.sql,
-            *RESOLVE.args(run_id=run_id, step_id=step_id, resolved_by=principal.principal_id, reason=reason),
+        req_status = await operator_actions_sql.lock_request(conn, run_id=run_id)
+        step = await operator_actions_sql.resolve_step(
+            conn, run_id=run_id, step_id=step_id, resolved_by=principal.principal_id, reason=reason
         )
         if step is None:
             await _refuse_step(conn, run_id, step_id, "resolve the compensation of")
         after = run.saga_status
         # no driver holds the request (none, or done) and nothing is left failed or to undo
         unheld = req_status is None or req_status == RequestStatus.DONE
-        if unheld and not await conn.fetchval(OPEN_LEFT.sql, *OPEN_LEFT.args(run_id=run_id)):
+        if unheld and not await operator_actions_sql.open_steps_left(conn, run_id=run_id):
             await saga_status.resolved(conn, run_id)
             after = SagaStatus.COMPENSATED
         await audit(

@@ -10,6 +10,7 @@ from services.common import sql
 from services.common.db import Conn
 from services.common.runstate import RunStatus
 from services.common.sagastate import SagaStatus
+from services.saga import saga_status_sql
 
 Q = sql.load(__file__, "saga_status.sql")
 LOCK_RUN = Q["LockRun"]
@@ -31,7 +32,7 @@ class LockedRun:
 async def lock_run(conn: Conn, run_id: object) -> LockedRun | None:
     """Locks the run row (None: no such run). Lock order, shared by the driver and the operator
     actions so they never deadlock: the run row, then the request row, then step rows."""
-    row = await conn.fetchrow(LOCK_RUN.sql, *LOCK_RUN.args(run_id=run_id))
+    row = await saga_status_sql.lock_run(conn, run_id=run_id)
     if row is None:
         return None
     return LockedRun(row["project_id"], RunStatus(row["status"]), SagaStatus(row["saga_status"]))
@@ -39,19 +40,19 @@ async def lock_run(conn: Conn, run_id: object) -> LockedRun | None:
 
 async def start(conn: Conn, run_id: object) -> None:
     """The compensation starts, or starts again after RetryCompensation."""
-    await conn.execute(START.sql, *START.args(run_id=run_id))
+    await saga_status_sql.start_compensation(conn, run_id=run_id)
 
 
 async def end(conn: Conn, run_id: object) -> SagaStatus:
     """No step is left to undo: compensated, or compensation_failed when an undo failed."""
-    return SagaStatus(await conn.fetchval(END.sql, *END.args(run_id=run_id)))
+    return SagaStatus(await saga_status_sql.end_compensation(conn, run_id=run_id))
 
 
 async def skip(conn: Conn, run_id: object) -> None:
     """Nothing to undo (seed ADR-119 D6): not_needed."""
-    await conn.execute(SKIP.sql, *SKIP.args(run_id=run_id))
+    await saga_status_sql.skip_compensation(conn, run_id=run_id)
 
 
 async def resolved(conn: Conn, run_id: object) -> None:
     """An operator resolved the last failed step, nothing is left: compensated."""
-    await conn.execute(RESOLVED.sql, *RESOLVED.args(run_id=run_id))
+    await saga_status_sql.resolved_compensation(conn, run_id=run_id)

@@ -21,7 +21,7 @@ from services.common import errors, loops, sql
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.runstate import TRANSITIONS, Action, RunStatus
-from services.scheduler import metrics, replays
+from services.scheduler import approvals_sql, metrics, replays
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.transitions import WORKER_ROLE, Changed, fenced_op, fenced_write, settled
 
@@ -158,7 +158,7 @@ CHECK = Q["CheckApproval"]
 async def check(pool: asyncpg.Pool, principal: Principal, run_id: str, token: str) -> asyncpg.Record:
     """The run, when this caller could decide it with this token now; else the error a decision
     would answer (an expired token is reported, not committed: the sweep or a decision does that)."""
-    row = await pool.fetchrow(CHECK.sql, *CHECK.args(run_id=run_id, token_hash=token_hash(token)))
+    row = await approvals_sql.check_approval(pool, run_id=run_id, token_hash=token_hash(token))
     if row is None:
         raise errors.not_found("run", run_id)
     if row["status"] == RunStatus.WAITING_APPROVAL and not row["expired"] and row["token_matches"]:
@@ -187,7 +187,7 @@ async def expire_approvals(pool: asyncpg.Pool, saga: SagaNudger, batch: int = SW
     settled: list[int] = []
 
     async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
-        return await pool.fetch(SWEEP.sql, *SWEEP.args(batch=size, actor=SWEEP_ACTOR, only_run=only))
+        return await approvals_sql.expire_approvals(pool, batch=size, actor=SWEEP_ACTOR, only_run=only)
 
     await loops.in_batches(
         SWEEP_LOOP, SWEEP_ACTOR, pool, batch, statement, DUE.sql, lambda rows: settled.append(_settle(rows, saga))

@@ -25,7 +25,7 @@ from services.common.auth import Principal
 from services.common.db import Row
 from services.common.limits import MAX_CHILD_DEPTH, MAX_CHILDREN_PER_RUN
 from services.common.settings import Settings
-from services.scheduler import metrics
+from services.scheduler import children_sql, metrics
 from services.scheduler.refusals import fenced_refusal
 from services.scheduler.transitions import WORKER_ROLE
 from services.scheduler.waits import RUN_STATE
@@ -82,9 +82,8 @@ async def start(
 ) -> list[Row]:
     """The children in order (started now or found), each row carrying the wait's columns."""
     projects = projects_with(principal, WORKER_ROLE)
-    parent = await pool.fetchrow(
-        PARENT.sql,
-        *PARENT.args(run_id=run_id, attempt=attempt, projects=projects, step_ids=[c.step_id for c in children]),
+    parent = await children_sql.parent_of_children(
+        pool, run_id=run_id, attempt=attempt, projects=projects, step_ids=[c.step_id for c in children]
     )
     if parent is None:
         await _refuse(pool, principal, run_id, attempt)
@@ -104,21 +103,19 @@ async def start(
             limit=str(fan_out_limit(settings)),
             children=str(parent["children"]),
         )
-    rows = await pool.fetch(
-        START.sql,
-        *START.args(
-            run_id=run_id,
-            attempt=attempt,
-            projects=projects,
-            children=json.dumps([c.as_json() for c in children]),
-            policy_defaults=policy_defaults,
-            principal_id=principal.principal_id,
-            traceparent=traceparent,
-            actor=principal.actor,
-            wait_step_id=wait_step_id,
-            timeout=timeout,
-            fail_fast=fail_fast,
-        ),
+    rows = await children_sql.start_child_runs(
+        pool,
+        run_id=run_id,
+        attempt=attempt,
+        projects=projects,
+        children=json.dumps([c.as_json() for c in children]),
+        policy_defaults=policy_defaults,
+        principal_id=principal.principal_id,
+        traceparent=traceparent,
+        actor=principal.actor,
+        wait_step_id=wait_step_id,
+        timeout=timeout,
+        fail_fast=fail_fast,
     )
     if not rows or not rows[0]["leased"]:
         await _refuse(pool, principal, run_id, attempt)
@@ -142,4 +139,4 @@ async def _refuse(pool: asyncpg.Pool, principal: Principal, run_id: str, attempt
 async def children_of(pool: asyncpg.Pool, run_id: str) -> list[Row]:
     """A run's children in start order, at most MAX_LISTED + 1 (one more says there are more;
     GetRun; the caller's access to the run is checked)."""
-    return list(await pool.fetch(CHILDREN_OF.sql, *CHILDREN_OF.args(run_id=run_id, limit=MAX_LISTED + 1)))
+    return list(await children_sql.children_of(pool, run_id=run_id, limit=MAX_LISTED + 1))

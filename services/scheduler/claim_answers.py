@@ -33,6 +33,7 @@ from typing import Any
 import asyncpg
 
 from services.common import errors, sql
+from services.scheduler import claims_sql
 
 Q = sql.load(__file__, "claims.sql")
 REPLAY = Q["ReplayClaimAnswer"]
@@ -103,7 +104,7 @@ async def prune(pool: asyncpg.Pool, *, batch: int) -> int:
     """Deletes expired claim answers (at most MAX_BATCHES_PER_PASS batches); the number deleted."""
     total = 0
     for _ in range(MAX_BATCHES_PER_PASS):
-        status = await pool.execute(PRUNE.sql, *PRUNE.args(batch=batch))
+        status = await claims_sql.prune_claim_answers(pool, batch=batch)
         n = int(status.split()[-1])
         total += n
         if n < batch:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import asyncpg
 
 from services.common import sql
+from services.scheduler import concurrency_sql
 
 Q = sql.load(__file__, "concurrency.sql")
 SET, REMOVE, LIST = Q["SetConcurrencyLimit"], Q["RemoveConcurrencyLimit"], Q["ListConcurrencyLimits"]
@@ -49,7 +50,7 @@ async def set_limit(
 ) -> Limit:
     """max_running / max_starts 0: no such limit; both 0 removes the key's limits."""
     if max_running == 0 and max_starts == 0:
-        await pool.fetchrow(REMOVE.sql, *REMOVE.args(project_id=project_id, key=key, actor=actor))
+        await concurrency_sql.remove_concurrency_limit(pool, project_id=project_id, key=key, actor=actor)
         return Limit(project_id, key, 0, 0)
     args = SET.args(
         project_id=project_id,
@@ -65,5 +66,5 @@ async def set_limit(
 
 
 async def list_limits(pool: asyncpg.Pool, project_id: str) -> list[Limit]:
-    rows = await pool.fetch(LIST.sql, *LIST.args(project_id=project_id))
+    rows = await concurrency_sql.list_concurrency_limits(pool, project_id=project_id)
     return [_limit(r, r["waiting"]) for r in rows]

@@ -14,6 +14,7 @@ import asyncpg
 from services.common import sql
 from services.common.auth import Principal
 from services.common.principals import ALL_PROJECTS
+from services.scheduler import overview_sql
 
 MAX_PROJECTS = 1000
 
@@ -32,12 +33,12 @@ class Counts:
 
 
 async def count_runs(pool: asyncpg.Pool, project_id: str, include_finished: bool = False) -> Counts:
-    rows = await pool.fetch(COUNT_LIVE.sql, *COUNT_LIVE.args(project_id=project_id))
+    rows = await overview_sql.count_live_runs(pool, project_id=project_id)
     by_status = {str(r["status"]): int(r["n"]) for r in rows}
     oldest = min((r["oldest"] for r in rows if r["oldest"] is not None), default=None)
     db_now = rows[0]["db_now"] if rows else None
     if include_finished:
-        done = await pool.fetch(COUNT_FINISHED.sql, *COUNT_FINISHED.args(project_id=project_id))
+        done = await overview_sql.count_finished_runs(pool, project_id=project_id)
         by_status.update({str(r["status"]): int(r["n"]) for r in done})
     return Counts(by_status, sum(int(r["claimable"]) for r in rows), oldest, db_now)
 
@@ -48,5 +49,5 @@ async def list_projects(pool: asyncpg.Pool, principal: Principal) -> tuple[list[
     named = {p for p in principal.roles if p != ALL_PROJECTS and principal.member_of(p)}
     if not principal.member_of(ALL_PROJECTS):
         return sorted(named)[:MAX_PROJECTS], False
-    rows = await pool.fetch(PROJECTS.sql, *PROJECTS.args(max_projects=MAX_PROJECTS))
+    rows = await overview_sql.list_projects(pool, max_projects=MAX_PROJECTS)
     return sorted(named | {r["project_id"] for r in rows})[:MAX_PROJECTS], True

@@ -10,6 +10,7 @@ from typing import Any
 import asyncpg
 
 from services.common import retry_policy, sql
+from services.scheduler import project_flow_sql
 
 DEFAULT_WEIGHT = 1
 MAX_WEIGHT = 1000
@@ -35,7 +36,7 @@ def _policy(value: Any) -> retry_policy.Policy:
 
 
 async def get(pool: asyncpg.Pool, project_id: str) -> ProjectFlow:
-    row = await pool.fetchrow(GET.sql, *GET.args(project_id=project_id))
+    row = await project_flow_sql.get_project_flow(pool, project_id=project_id)
     if row is None:
         return ProjectFlow(project_id, {}, DEFAULT_WEIGHT)
     return ProjectFlow(project_id, _policy(row["retry_policy"]), row["weight"], row["paused"])
@@ -44,15 +45,14 @@ async def get(pool: asyncpg.Pool, project_id: str) -> ProjectFlow:
 async def set_flow(
     pool: asyncpg.Pool, project_id: str, policy: retry_policy.Policy, weight: int, actor: str
 ) -> ProjectFlow:
-    row = await pool.fetchrow(
-        SET.sql,
-        *SET.args(project_id=project_id, retry_policy=json.dumps(policy, sort_keys=True), weight=weight, actor=actor),
+    row = await project_flow_sql.set_project_flow(
+        pool, project_id=project_id, retry_policy=json.dumps(policy, sort_keys=True), weight=weight, actor=actor
     )
     assert row is not None
     return ProjectFlow(project_id, _policy(row["retry_policy"]), row["weight"], row["paused"])
 
 
 async def set_paused(pool: asyncpg.Pool, project_id: str, paused: bool, actor: str, reason: str) -> ProjectFlow:
-    row = await pool.fetchrow(PAUSE.sql, *PAUSE.args(project_id=project_id, paused=paused, actor=actor, reason=reason))
+    row = await project_flow_sql.pause_project(pool, project_id=project_id, paused=paused, actor=actor, reason=reason)
     assert row is not None
     return ProjectFlow(project_id, _policy(row["retry_policy"]), row["weight"], row["paused"])

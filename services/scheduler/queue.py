@@ -14,7 +14,7 @@ import asyncpg
 
 from services.common import sql
 from services.common.runstate import WaitKind
-from services.scheduler import metrics
+from services.scheduler import metrics, queue_sql
 
 Q = sql.load(__file__, "queue.sql")
 SAMPLE = Q["SampleQueue"]
@@ -28,7 +28,7 @@ class QueueSampler:
         self.seen_waits: set[tuple[str, str]] = set()  # (project, kind) labels of the wait gauges
 
     async def sample(self) -> None:
-        rows = await self.pool.fetch(SAMPLE.sql)
+        rows = await queue_sql.sample_queue(self.pool)
         runs: dict[tuple[str, str], int] = defaultdict(int)
         claimable: dict[str, int] = defaultdict(int)
         oldest: dict[str, float] = defaultdict(float)
@@ -47,7 +47,7 @@ class QueueSampler:
         metrics.SAMPLE_AGE.set(time.time())
 
     async def sample_waits(self) -> None:
-        rows = await self.pool.fetch(SAMPLE_WAITS.sql)
+        rows = await queue_sql.sample_waits(self.pool)
         open_: dict[tuple[str, str], int] = defaultdict(int)
         oldest: dict[str, float] = defaultdict(float)
         overdue: dict[str, float] = defaultdict(float)

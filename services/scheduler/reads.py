@@ -15,6 +15,7 @@ import asyncpg
 from services.common import errors, sql
 from services.common.access import check_run_access
 from services.common.auth import Principal
+from services.scheduler import reads_sql
 
 ANY_ROLE = ("ingest", "worker", "approver", "admin")
 HISTORY_LIMIT = 1000  # events returned by GetRunHistory (a run's history is short: one row per change)
@@ -51,7 +52,7 @@ class RunFilter:
 
 
 async def get_run(pool: asyncpg.Pool, principal: Principal, run_id: str) -> asyncpg.Record:
-    row = await pool.fetchrow(GET.sql, *GET.args(run_id=run_id))
+    row = await reads_sql.get_run(pool, run_id=run_id)
     if row is None:
         raise errors.not_found("run", run_id)
     check_run_access(principal, row["project_id"], ANY_ROLE, run_id)
@@ -107,7 +108,7 @@ async def list_runs(
 
 
 async def history(pool: asyncpg.Pool, principal: Principal, run_id: str) -> list[asyncpg.Record]:
-    rows = await pool.fetch(HISTORY.sql, *HISTORY.args(run_id=run_id, max_events=HISTORY_LIMIT))
+    rows = await reads_sql.run_history(pool, run_id=run_id, max_events=HISTORY_LIMIT)
     if not rows:
         raise errors.not_found("run", run_id)
     check_run_access(principal, rows[0]["run_project"], ANY_ROLE, run_id)

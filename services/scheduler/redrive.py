@@ -8,6 +8,7 @@ import datetime as dt
 import asyncpg
 
 from services.common import sql
+from services.scheduler import redrive_sql
 
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
@@ -26,16 +27,14 @@ async def redrive(
     actor: str,
     reason: str,
 ) -> list[str]:
-    rows = await pool.fetch(
-        REDRIVE.sql,
-        *REDRIVE.args(
-            project_id=project_id,
-            error_code=error_code,
-            failed_after=failed_after,
-            failed_before=failed_before,
-            max_runs=limit,
-            actor=actor,
-            reason=reason,
-        ),
+    rows = await redrive_sql.redrive_runs(
+        pool,
+        project_id=project_id,
+        error_code=error_code,
+        failed_after=failed_after,
+        failed_before=failed_before,
+        max_runs=limit,
+        actor=actor,
+        reason=reason,
     )
     return [str(r["run_id"]) for r in rows]

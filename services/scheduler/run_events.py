@@ -26,7 +26,7 @@ from services.common.auth import Principal
 from services.common.db import Row
 from services.common.run_events import EmitOutcome, EventSource
 from services.common.runstate import TERMINAL
-from services.scheduler import reads
+from services.scheduler import reads, run_events_sql
 from services.scheduler.wakeup import RunReadyListener
 
 Q = sql.load(__file__, "run_events.sql")
@@ -62,18 +62,16 @@ async def emit(
 ) -> Emitted:
     """Appends a progress event to the caller's leased run. LEASE_LOST for a stale token;
     RUN_EVENTS_EXHAUSTED past the run's bounds; NOT_FOUND for a run outside the caller's projects."""
-    row = await pool.fetchrow(
-        EMIT.sql,
-        *EMIT.args(
-            run_id=run_id,
-            attempt=attempt,
-            projects=projects_with(principal, WORKER_ROLE),
-            kind=kind,
-            data=data_json,
-            emit_key=key,
-            max_count=bounds.max_count,
-            max_bytes=bounds.max_bytes,
-        ),
+    row = await run_events_sql.emit_run_event(
+        pool,
+        run_id=run_id,
+        attempt=attempt,
+        projects=projects_with(principal, WORKER_ROLE),
+        kind=kind,
+        data=data_json,
+        emit_key=key,
+        max_count=bounds.max_count,
+        max_bytes=bounds.max_bytes,
     )
     assert row is not None  # the function always answers one row
     outcome = EmitOutcome(row["outcome"])
@@ -149,7 +147,7 @@ async def open_watch(pool: asyncpg.Pool, principal: Principal, run_id: str, afte
     """The run, once the caller may watch it from `after`: NOT_FOUND for another project's run,
     INVALID_ARGUMENT for an offset past the log's end."""
     run = await reads.get_run(pool, principal, run_id)
-    last = await pool.fetchval(LAST_SEQ.sql, *LAST_SEQ.args(run_id=run_id))
+    last = await run_events_sql.last_run_event_seq(pool, run_id=run_id)
     if after < 0 or after > int(last or 0):
         raise errors.invalid(
             [("after", f"must be between 0 and the run's last offset ({int(last or 0)})")],
@@ -176,11 +174,11 @@ async def watch(
                 raise errors.shutting_down(f"this scheduler is shutting down; watch run {run_id} again after {after}")
             now = time.monotonic()
             if now >= marked_until and not snapshot:  # (re)announce the watch before reading, so no NOTIFY is skipped
-                await pool.execute(MARK.sql, *MARK.args(run_id=run_id, ttl=WATCH_TTL))
+                await run_events_sql.mark_watched(pool, run_id=run_id, ttl=WATCH_TTL)
                 marked_until = now + WATCH_TTL / 2
             woken.clear()
             run = await pool.fetchrow(reads.GET.sql, *reads.GET.args(run_id=run_id))
-            rows = await pool.fetch(AFTER.sql, *AFTER.args(run_id=run_id, after=after, max_rows=PAGE_ROWS))
+            rows = await run_events_sql.run_events_after(pool, run_id=run_id, after=after, max_rows=PAGE_ROWS)
             for r in rows:
                 item = LogRow.of(r)
                 after = item.offset

@@ -38,6 +38,7 @@ from services.common.limits import MAX_TIME_ZONE
 from services.common.runs import RUN_READY_CHANNEL
 from services.ingest import store
 from services.ingest.parsing import NewEvent
+from services.scheduler import schedules_sql
 
 log = logging.getLogger(__name__)
 
@@ -137,14 +138,14 @@ async def tick(pool: asyncpg.Pool, *, policy_defaults: str) -> int:
     and the pass goes on for every other schedule."""
     created = 0
     async with pool.acquire() as conn, conn.transaction():
-        for r in await conn.fetch(DUE.sql, *DUE.args(error_retry=ERROR_RETRY)):
+        for r in await schedules_sql.due_schedules(conn, error_retry=ERROR_RETRY):
             try:
                 async with conn.transaction():
                     created += await _fire(conn, r, policy_defaults)
             except Exception as exc:
                 loops.row_failed(LOOP, f"schedule {r['name']!r} of project {r['project_id']!r}", exc)
-                await conn.execute(
-                    FAILED.sql, *FAILED.args(project_id=r["project_id"], name=r["name"], error=loops.describe(exc))
+                await schedules_sql.schedule_failed(
+                    conn, project_id=r["project_id"], name=r["name"], error=loops.describe(exc)
                 )
     return created
 
@@ -169,10 +170,8 @@ async def _fire(conn: Conn, r: asyncpg.Record, policy_defaults: str) -> int:
         defaults_json=policy_defaults,
     )
     if stored.created:
-        await conn.execute(NOTIFY.sql, *NOTIFY.args(channel=RUN_READY_CHANNEL, project_id=r["project_id"]))
-    await conn.execute(
-        ADVANCE.sql, *ADVANCE.args(project_id=r["project_id"], name=r["name"], next_tick=nxt, error=error)
-    )
+        await schedules_sql.notify_run_ready(conn, channel=RUN_READY_CHANNEL, project_id=r["project_id"])
+    await schedules_sql.advance_schedule(conn, project_id=r["project_id"], name=r["name"], next_tick=nxt, error=error)
     return 1 if stored.created else 0
 
 
@@ -207,27 +206,25 @@ async def set_schedule(
     (raises ScheduleError)."""
     check_cron(cron)
     async with pool.acquire() as conn, conn.transaction():
-        now: dt.datetime = await conn.fetchval(DB_NOW.sql)
+        now: dt.datetime = await schedules_sql.database_now(conn)
         first = next_after(cron, time_zone, now)
-        row = await conn.fetchrow(
-            SET.sql,
-            *SET.args(
-                project_id=project_id,
-                name=name,
-                cron=cron,
-                time_zone=time_zone,
-                input=input_json,
-                next_tick=first,
-                actor=actor,
-            ),
+        row = await schedules_sql.set_schedule(
+            conn,
+            project_id=project_id,
+            name=name,
+            cron=cron,
+            time_zone=time_zone,
+            input=input_json,
+            next_tick=first,
+            actor=actor,
         )
     assert row is not None
     return _schedule(row)
 
 
 async def delete_schedule(pool: asyncpg.Pool, project_id: str, name: str, actor: str) -> bool:
-    return bool(await pool.fetchval(DELETE.sql, *DELETE.args(project_id=project_id, name=name, actor=actor)))
+    return bool(await schedules_sql.delete_schedule(pool, project_id=project_id, name=name, actor=actor))
 
 
 async def list_schedules(pool: asyncpg.Pool, project_id: str) -> list[Schedule]:
-    return [_schedule(r) for r in await pool.fetch(LIST.sql, *LIST.args(project_id=project_id))]
+    return [_schedule(r) for r in await schedules_sql.list_schedules(pool, project_id=project_id)]

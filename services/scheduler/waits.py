@@ -26,6 +26,7 @@ from services.common.auth import Principal
 from services.common.db import Row
 from services.common.principals import TOOL_ROLE
 from services.common.runstate import TRANSITIONS, Action, RunStatus, WaitKind, WaitStatus
+from services.scheduler import waits_sql
 from services.scheduler.approvals import APPROVER_ROLE, new_token
 from services.scheduler.refusals import fenced_refusal
 from services.scheduler.transitions import WORKER_ROLE
@@ -90,20 +91,18 @@ async def create(
     """The wait step_id of the caller's RUNNING run (created, or found again); an open token wait
     gets a new token. NOT_FOUND / LEASE_LOST / INVALID_TRANSITION when the lease does not hold."""
     token, digest = new_token()
-    row = await pool.fetchrow(
-        CREATE.sql,
-        *CREATE.args(
-            run_id=run_id,
-            attempt=attempt,
-            projects=projects_with(principal, WORKER_ROLE),
-            step_id=step_id,
-            kind=kind,
-            token_hash=digest,
-            timeout=timeout,
-            match_channel=match.channel if match else None,
-            match_key=match.correlation_key if match else None,
-            lookback=match.lookback if match else 0.0,
-        ),
+    row = await waits_sql.create_wait(
+        pool,
+        run_id=run_id,
+        attempt=attempt,
+        projects=projects_with(principal, WORKER_ROLE),
+        step_id=step_id,
+        kind=kind,
+        token_hash=digest,
+        timeout=timeout,
+        match_channel=match.channel if match else None,
+        match_key=match.correlation_key if match else None,
+        lookback=match.lookback if match else 0.0,
     )
     if row is None:
         await _refuse_lease(pool, principal, run_id, attempt, TRANSITIONS[Action.PARK].describe)
@@ -113,7 +112,7 @@ async def create(
 
 async def _refuse_lease(pool: asyncpg.Pool, principal: Principal, run_id: str, attempt: int, action: str) -> None:
     """Raises the error of a fenced call that found no lease (the same choice as any fenced write)."""
-    cur = await pool.fetchrow(RUN_STATE.sql, *RUN_STATE.args(run_id=run_id))
+    cur = await waits_sql.run_state(pool, run_id=run_id)
     if cur is None:
         raise errors.not_found("run", run_id)
     check_run_access(principal, cur["cur_project"], WORKER_ROLE, run_id)
@@ -123,15 +122,13 @@ async def _refuse_lease(pool: asyncpg.Pool, principal: Principal, run_id: str, a
 async def park(pool: asyncpg.Pool, principal: Principal, run_id: str, attempt: int, wait_id: str) -> tuple[bool, Row]:
     """(True, wait): the run is parked on its open wait. (False, wait): the wait had ended (its
     outcome is in the row) and the run goes on under its lease."""
-    row = await pool.fetchrow(
-        PARK.sql,
-        *PARK.args(
-            run_id=run_id,
-            attempt=attempt,
-            wait_id=wait_id,
-            projects=projects_with(principal, WORKER_ROLE),
-            actor=principal.actor,
-        ),
+    row = await waits_sql.park_on_wait(
+        pool,
+        run_id=run_id,
+        attempt=attempt,
+        wait_id=wait_id,
+        projects=projects_with(principal, WORKER_ROLE),
+        actor=principal.actor,
     )
     if row is None:
         raise errors.not_found("run", run_id)
@@ -156,14 +153,8 @@ async def complete(pool: asyncpg.Pool, principal: Principal, wait_id: str, resul
     one of a project the caller has no role in; PERMISSION_DENIED to a member of its project
     without a role of COMPLETE_ROLES; WAIT_CLOSED naming the first outcome; INVALID_TRANSITION
     when the run is over."""
-    row = await pool.fetchrow(
-        COMPLETE.sql,
-        *COMPLETE.args(
-            wait_id=wait_id,
-            result=result,
-            actor=principal.actor,
-            projects=projects_with(principal, COMPLETE_ROLES),
-        ),
+    row = await waits_sql.complete_wait(
+        pool, wait_id=wait_id, result=result, actor=principal.actor, projects=projects_with(principal, COMPLETE_ROLES)
     )
     if row is None:  # a children wait: its children end it (migration 0190)
         raise errors.wait_closed(
@@ -180,9 +171,8 @@ async def expire_by_hand(pool: asyncpg.Pool, principal: Principal, wait_id: str)
     approver projects (PERMISSION_DENIED when the caller has another role there); WAIT_CLOSED
     naming the first outcome; INVALID_TRANSITION naming the run's status when the run is over
     (migration 0240: the sweep closes such waits, an operator's expiry changes nothing)."""
-    row = await pool.fetchrow(
-        EXPIRE_BY_HAND.sql,
-        *EXPIRE_BY_HAND.args(wait_id=wait_id, actor=principal.actor, projects=projects_with(principal, HAND_ROLES)),
+    row = await waits_sql.expire_wait(
+        pool, wait_id=wait_id, actor=principal.actor, projects=projects_with(principal, HAND_ROLES)
     )
     assert row is not None  # the function always answers one row
     if row["outcome"] == "not_found":
@@ -197,7 +187,7 @@ async def _refuse_outside(
     naming the roles when the caller holds another role in the wait's project; otherwise it
     returns, and the caller answers NOT_FOUND for the wait (as for an unknown one: another
     project's wait and run ids cannot be probed)."""
-    seen = await pool.fetchrow(WAIT_PROJECT.sql, *WAIT_PROJECT.args(wait_id=wait_id))
+    seen = await waits_sql.wait_project(pool, wait_id=wait_id)
     if seen is None:
         return
     project = seen["project_id"]
@@ -215,7 +205,7 @@ async def _refuse_outside(
 async def list_for_run(pool: asyncpg.Pool, principal: Principal, run_id: str) -> list[Row]:
     """ListWaits: the run's waits, open ones first. NOT_FOUND for an unknown run or one outside
     the caller's projects."""
-    rows = await pool.fetch(LIST.sql, *LIST.args(run_id=run_id))
+    rows = await waits_sql.list_waits(pool, run_id=run_id)
     if not rows:
         raise errors.not_found("run", run_id)
     check_run_access(principal, rows[0]["run_project"], READ_ROLES, run_id)
@@ -240,7 +230,7 @@ async def match_events(pool: asyncpg.Pool, batch: int = SWEEP_BATCH) -> int:
     done: list[int] = []
 
     async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
-        return await pool.fetch(MATCH.sql, *MATCH.args(only=only, batch=size, actor=EVENTS_ACTOR))
+        return await waits_sql.match_event_waits(pool, only=only, batch=size, actor=EVENTS_ACTOR)
 
     await loops.in_batches(
         SWEEP_LOOP, EVENTS_ACTOR, pool, batch, statement, MATCHED.sql, lambda rows: _settle(rows, done)
@@ -255,7 +245,7 @@ async def expire(pool: asyncpg.Pool, batch: int = SWEEP_BATCH) -> int:
     done: list[int] = []
 
     async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
-        return await pool.fetch(EXPIRE.sql, *EXPIRE.args(only=only, batch=size, actor=SWEEP_ACTOR))
+        return await waits_sql.expire_waits(pool, only=only, batch=size, actor=SWEEP_ACTOR)
 
     await loops.in_batches(SWEEP_LOOP, SWEEP_ACTOR, pool, batch, statement, DUE.sql, lambda rows: _settle(rows, done))
     return sum(done)

@@ -37,7 +37,7 @@ import asyncpg
 
 from services.common import sql
 from services.common.runs import RUN_EVENT_CHANNEL, RUN_READY_CHANNEL
-from services.scheduler import metrics
+from services.scheduler import metrics, wakeup_sql
 
 Q = sql.load(__file__, "wakeup.sql")
 PROBE, PING = Q["ProbeNotify"], Q["Ping"]
@@ -150,7 +150,7 @@ class RunReadyListener:
         try:
             sender = await asyncpg.connect(self.dsn, timeout=self.connect_timeout, statement_cache_size=0)
             try:
-                await sender.execute(PROBE.sql, *PROBE.args(channel=PROBE_CHANNEL, token=token))
+                await wakeup_sql.probe_notify(sender, channel=PROBE_CHANNEL, token=token)
             finally:
                 await sender.close()
             try:
