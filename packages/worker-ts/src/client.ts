@@ -3,7 +3,8 @@
 //   draining server, STORE_UNAVAILABLE), 4 attempts with backoff 0.1 s doubling to 2 s; every
 //   other status is an answer;
 // - balancing: round_robin over every address of the target;
-// - deadlines: every call gets one; auth: `authorization: Bearer <key>` on every call.
+// - deadlines: every call gets one; auth: `authorization: Bearer <key>` on every call;
+// - tracing: a call made inside a span carries it as `traceparent` (tracing.ts).
 import { readFileSync } from "node:fs";
 import {
   ChannelCredentials,
@@ -19,6 +20,7 @@ import { SagaServiceClient } from "./gen/awooop/saga/v1/saga";
 import { SchedulerServiceClient } from "./gen/awooop/scheduler/v1/scheduler";
 import { ToolGatewayServiceClient } from "./gen/awooop/tools/v1/tools";
 import { address, apiKey, channelTarget, tlsFromEnv } from "./settings";
+import { activeTraceparent } from "./tracing";
 
 export const DEFAULT_TIMEOUT = 10; // seconds
 
@@ -134,8 +136,11 @@ export class Client {
     const fn = client[method] as unknown as Unary<RequestOf<C[M]>, ResponseOf<C[M]>>;
     const deadline = new Date(Date.now() + (timeout ?? this.timeout) * 1000);
     const name = String(method).charAt(0).toUpperCase() + String(method).slice(1); // claimRuns -> ClaimRuns
+    const traceparent = activeTraceparent();
+    const metadata = traceparent ? this.metadata.clone() : this.metadata;
+    if (traceparent) metadata.set("traceparent", traceparent);
     return new Promise((resolve, reject) => {
-      fn.call(client, request, this.metadata, { deadline }, (err, resp) =>
+      fn.call(client, request, metadata, { deadline }, (err, resp) =>
         err ? reject(AwooopError.fromServiceError(err, name)) : resolve(resp),
       );
     });

@@ -17,6 +17,7 @@ import { AwooopError, LEASE_LOST, LeaseLost } from "./errors";
 import type { Client } from "./client";
 import type { Run } from "./gen/awooop/common/v1/common";
 import type { CompleteRunRequest, CompleteRunResult } from "./gen/awooop/scheduler/v1/scheduler";
+import { untraced } from "./tracing";
 
 const BATCH = 1000; // the scheduler's limit per CompleteRuns call (and per ClaimRunsRequest.complete)
 
@@ -120,9 +121,9 @@ export class CompletionBatcher {
     const batch = this.queue.splice(0, BATCH);
     try {
       this.calls += 1;
-      const resp = await this.client.call(this.client.scheduler, "completeRuns", {
-        runs: batch.map((p) => p.request),
-      });
+      const resp = await untraced(() =>
+        this.client.call(this.client.scheduler, "completeRuns", { runs: batch.map((p) => p.request) }),
+      );
       answer(batch, resp.results);
     } catch (err) {
       if (err instanceof AwooopError && err.code === Code.INVALID_ARGUMENT && batch.length > 1) {
@@ -138,7 +139,7 @@ export class CompletionBatcher {
 
   private async completeOne(p: PendingCompletion): Promise<void> {
     try {
-      const resp = await this.client.call(this.client.scheduler, "completeRun", p.request);
+      const resp = await untraced(() => this.client.call(this.client.scheduler, "completeRun", p.request));
       if (resp.run === undefined) throw new Error("CompleteRun answered no run");
       p.resolve(resp.run);
     } catch (err) {

@@ -13,6 +13,7 @@
 // JavaScript cannot cancel a promise: the worker stops a handler by aborting `ctx.signal` (lease
 // lost, cancel requested, shutdown). From then on every ctx call throws HandlerStopped, and the
 // worker no longer waits for the handler: pass `ctx.signal` (or `call.signal`) to what you await.
+import type { Attributes, Context, Span, Tracer } from "@opentelemetry/api";
 import { childSpec, ChildrenTimeout, outcomeOf, type Child, type ChildOutcome } from "./children";
 import type { Client } from "./client";
 import type { CompletionBatcher } from "./completions";
@@ -43,7 +44,9 @@ import {
   type ChildRunSpec,
   type ClaimedRun,
 } from "./gen/awooop/scheduler/v1/scheduler";
+import * as metrics from "./metrics";
 import { duration } from "./time";
+import { inSpan } from "./tracing";
 
 /** A JSON object (a google.protobuf.Struct): inputs, outputs, step params and results. */
 export type Json = { [key: string]: unknown };
@@ -69,7 +72,7 @@ const STEP_TYPES: Readonly<Record<StepKind, StepType>> = {
   approval_request: StepType.STEP_TYPE_APPROVAL_REQUEST,
   callback: StepType.STEP_TYPE_CALLBACK,
 };
-const ACTIONS: Readonly<Partial<Record<StepAction, StepActionName>>> = {
+const ACTIONS: Readonly<Partial<Record<StepAction, metrics.StepAction>>> = {
   [StepAction.STEP_ACTION_EXECUTE]: "execute",
   [StepAction.STEP_ACTION_SKIP]: "skip",
   [StepAction.STEP_ACTION_RETRY]: "retry",
@@ -180,6 +183,8 @@ export class RunContext {
   outcome: string | undefined;
   /** W3C traceparent of the run's trace ("" when the scheduler traced nothing). */
   readonly traceparent: string;
+  /** The context of this run's span (the Worker's); undefined when tracing is off. */
+  traceContext: Context | undefined;
   private readonly controller = new AbortController();
   // the journal as this attempt knows it (stepId -> entry), for steps journaled after they ran;
   // undefined until read. A first attempt's journal is empty: nothing to read.
@@ -195,6 +200,7 @@ export class RunContext {
     /** Aborted when the worker shuts down: finish within its grace period or be handed back. */
     readonly stopping: AbortSignal,
     private readonly completions?: CompletionBatcher,
+    private readonly tracer?: Tracer,
   ) {
     if (claimed.run === undefined || claimed.lease === undefined) throw new Error("a claimed run without run or lease");
     this.run = claimed.run;
@@ -243,6 +249,32 @@ export class RunContext {
    * (the next attempt retries it with the same idempotency key).
    */
   async step(stepId: string, fn: StepFn, options: StepOptions = {}): Promise<Json> {
+    const attributes = {
+      "awooop.step_id": stepId,
+      "awooop.step_type": options.stepType ?? "",
+      "awooop.tool_id": options.toolId ?? "",
+    };
+    return this.traced("awooop.worker.step", attributes, async (span) => {
+      const result = await this.untracedStep(stepId, fn, options);
+      span?.setAttribute("awooop.action", this.actions[stepId] ?? "");
+      return result;
+    });
+  }
+
+  /** fn in a span of this run (undefined: tracing is off). */
+  private traced<T>(name: string, attributes: Attributes, fn: (span: Span | undefined) => Promise<T>): Promise<T> {
+    if (this.tracer === undefined || this.traceContext === undefined) return fn(undefined);
+    return inSpan(this.tracer, name, this.traceContext, attributes, fn);
+  }
+
+  /** An action met at a step id: the attempt's record and the steps counter. */
+  private met(stepId: string, action: metrics.StepAction): void {
+    this.actions[stepId] = action;
+    metrics.STEPS.inc({ action });
+  }
+
+  /** step without its span. */
+  private async untracedStep(stepId: string, fn: StepFn, options: StepOptions): Promise<Json> {
     this.live(`step ${stepId}`);
     const kind: StepKind = options.stepType ?? (options.toolId ? "tool_call" : "callback");
     if (!(kind in STEP_TYPES)) throw new TypeError(`stepType must be one of ${Object.keys(STEP_TYPES).join(", ")}`);
@@ -263,7 +295,7 @@ export class RunContext {
       toolParams: options.toolId || Object.keys(params).length > 0 ? params : undefined,
     });
     const action = ACTIONS[begin.action] ?? "execute";
-    this.actions[stepId] = action;
+    this.met(stepId, action);
     if (action === "skip") return (begin.step?.result ?? {}) as Json;
     const call = this.stepCall(stepId, begin.idempotencyKey, options.toolId ?? "", params, action === "retry");
     let result: Json;
@@ -315,11 +347,11 @@ export class RunContext {
     known: SagaStep | undefined,
   ): Promise<Json> {
     if (known?.status === StepStatus.STEP_STATUS_COMPLETED) {
-      this.actions[stepId] = "skip";
+      this.met(stepId, "skip");
       return (known.result ?? {}) as Json;
     }
-    const action: StepActionName = known !== undefined ? "retry" : "execute";
-    this.actions[stepId] = action;
+    const action: metrics.StepAction = known !== undefined ? "retry" : "execute";
+    this.met(stepId, action);
     const call = this.stepCall(stepId, `${this.runId}:${stepId}`, "", params, action === "retry");
     const base = {
       lease: this.lease,
@@ -399,6 +431,15 @@ export class RunContext {
    */
   async requestApproval(summary: string, options: { stepId?: string; ttl?: number } = {}): Promise<Approval> {
     const stepId = options.stepId ?? "approval";
+    return this.traced("awooop.worker.approval", { "awooop.step_id": stepId }, async (span) => {
+      const approval = await this.untracedApproval(summary, stepId, options.ttl);
+      span?.setAttribute("awooop.approved", approval.granted);
+      return approval;
+    });
+  }
+
+  /** requestApproval without its span. */
+  private async untracedApproval(summary: string, stepId: string, ttl: number | undefined): Promise<Approval> {
     this.live("requestApproval");
     const begin = await this.client.call(this.client.saga, "beginStep", {
       lease: this.lease,
@@ -407,7 +448,7 @@ export class RunContext {
       toolId: "",
     });
     const action = ACTIONS[begin.action] ?? "execute";
-    this.actions[stepId] = action;
+    this.met(stepId, action);
     if (action === "skip") {
       return { granted: true, token: "", decidedBy: String(begin.step?.result?.decided_by ?? "") };
     }
@@ -424,7 +465,7 @@ export class RunContext {
       this.client.call(this.client.scheduler, "requestApproval", {
         lease: this.lease,
         summary,
-        ttl: duration(options.ttl),
+        ttl: duration(ttl),
       }),
     );
     return { granted: false, token: resp.approvalToken, expiresAt: resp.expiresAt, decidedBy: "" };
@@ -673,21 +714,28 @@ export class RunContext {
     this.live("startChild");
     const stepId = this.waitStepId("child", options.stepId);
     const spec = childSpec({ ...options, input }, stepId);
-    const resp = await this.client.call(this.client.scheduler, "startChildRuns", {
-      lease: this.lease,
-      children: [spec],
-      waitStepId: "",
-      failFast: false,
-    });
+    // the child's trace hangs under this span (StartChildRuns stores the call's context with it)
+    const resp = await this.traced("awooop.worker.start_child", { "awooop.step_id": stepId }, () =>
+      this.client.call(this.client.scheduler, "startChildRuns", {
+        lease: this.lease,
+        children: [spec],
+        waitStepId: "",
+        failFast: false,
+      }),
+    );
     const [c] = resp.children;
     if (c === undefined) throw new Error(`StartChildRuns answered no child for ${stepId}`);
+    if (c.started) metrics.CHILDREN_STARTED.inc();
+    const waitStepId = `${stepId}:wait`;
     return {
       runId: c.runId,
       stepId,
       started: c.started,
       result: async (opts = {}) => {
         this.live("result");
-        const [outcome] = await this.childOutcomes([spec], `${stepId}:wait`, false, opts.timeout);
+        const [outcome] = await this.traced("awooop.worker.child_result", { "awooop.step_id": waitStepId }, () =>
+          this.childOutcomes([spec], waitStepId, false, opts.timeout),
+        );
         return outcome as ChildOutcome;
       },
     };
@@ -708,7 +756,10 @@ export class RunContext {
     this.live("runChildren");
     const waitStepId = this.waitStepId("children", options.stepId);
     const specs = children.map((c) => childSpec(c, this.waitStepId("child", c.stepId)));
-    return this.childOutcomes(specs, waitStepId, options.failFast ?? false, options.timeout);
+    const attributes = { "awooop.step_id": waitStepId, "awooop.children": specs.length };
+    return this.traced("awooop.worker.run_children", attributes, () =>
+      this.childOutcomes(specs, waitStepId, options.failFast ?? false, options.timeout),
+    );
   }
 
   /**
@@ -723,6 +774,8 @@ export class RunContext {
   ): Promise<ChildOutcome[]> {
     const request = { lease: this.lease, children: specs, waitStepId, failFast, timeout: duration(timeout) };
     let resp = await this.client.call(this.client.scheduler, "startChildRuns", request);
+    const started = resp.children.filter((c) => c.started).length;
+    if (started > 0) metrics.CHILDREN_STARTED.inc(started);
     let w = resp.wait;
     if (w === undefined) throw new Error(`StartChildRuns answered no wait for ${waitStepId}`);
     if (w.status === WaitStatus.WAIT_STATUS_OPEN) {
@@ -739,6 +792,7 @@ export class RunContext {
     const outcomes: ChildOutcome[] = [];
     for (const c of resp.children) outcomes.push(outcomeOf(c, await this.childOutput(c)));
     this.actions[waitStepId] = "children";
+    for (const o of outcomes) if (o.ended) metrics.CHILDREN_ENDED.inc({ status: o.status });
     return outcomes;
   }
 

@@ -42,7 +42,10 @@ export {
   reasonName,
 } from "./errors";
 export type { FieldViolation } from "./errors";
-export { address, apiKey, channelTarget, DEFAULT_PORTS } from "./settings";
+export { address, apiKey, channelTarget, DEFAULT_PORTS, workerHttpPort } from "./settings";
+export { registerMetrics, LABEL_VALUES } from "./metrics";
+export type { Health } from "./health";
+export { SCOPE as TRACER_SCOPE, formatTraceparent, parseTraceparent } from "./tracing";
 export type { Service } from "./settings";
 // the generated contracts, for calls the worker does not wrap
 export * as common from "./gen/awooop/common/v1/common";

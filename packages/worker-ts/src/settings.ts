@@ -64,3 +64,15 @@ export function channelTarget(addr: string): string {
   if (v4.length > 0) return `ipv4:${v4.join(",")}`; // one scheme per target: IPv4 when both are given
   return `ipv6:${v6.join(",")}`;
 }
+
+/**
+ * The port a worker serves /metrics and /healthz on: AWOOOP_WORKER_HTTP_PORT (0: any free port);
+ * undefined when unset (no HTTP server). Anything but a port number is refused.
+ */
+export function workerHttpPort(env: Env = process.env): number | undefined {
+  const raw = (env.AWOOOP_WORKER_HTTP_PORT ?? "").trim();
+  if (raw === "") return undefined;
+  const port = /^\d+$/.test(raw) ? Number(raw) : NaN;
+  if (!(port >= 0 && port <= 65535)) throw new RangeError(`AWOOOP_WORKER_HTTP_PORT: not a port number: ${JSON.stringify(raw)}`);
+  return port;
+}

@@ -15,16 +15,24 @@
 //   stop is not cancelled (its runs may be claimed already): its answer is awaited and its runs
 //   handed back unstarted. Runs that could not be settled are logged and run() rejects with a
 //   WorkerError naming them.
+// - Observability: the Python SDK's awooop_worker_* Prometheus metrics (metrics.ts), a span per run
+//   and per step (tracing.ts), and optionally /metrics and /healthz over HTTP (health.ts).
 import { randomBytes } from "node:crypto";
 import { hostname } from "node:os";
 import { status as Code } from "@grpc/grpc-js";
+import { ROOT_CONTEXT, context, trace, type Tracer, type TracerProvider } from "@opentelemetry/api";
+import type { Registry } from "prom-client";
 import { Client, DEFAULT_TIMEOUT, type ClientOptions } from "./client";
 import { ClaimIds } from "./claimIds";
 import { CompletionBatcher, type PendingCompletion } from "./completions";
 import { describe, RunContext, type Handler, type Json, type StopReason } from "./context";
 import { AwooopError, LeaseLost, RunFinished, RunParked, WAIT_TIMED_OUT_CODE, WaitTimeout, WorkerError } from "./errors";
 import { LeaseOutcome, type ClaimedRun, type ClaimRunsResponse } from "./gen/awooop/scheduler/v1/scheduler";
+import { HealthServer, type Health } from "./health";
+import * as metrics from "./metrics";
+import { workerHttpPort } from "./settings";
 import * as settling from "./settling";
+import { startRunSpan, tracerOf, untraced } from "./tracing";
 import { aborted, duration, now, sleep, within } from "./time";
 
 // errors no retry will fix: the worker stops instead of spinning
@@ -59,6 +67,14 @@ export interface WorkerOptions extends ClientOptions {
   logger?: Logger;
   /** An open Client to use (its addresses, key and timeout) instead of opening one. */
   client?: Client;
+  /** Where the awooop_worker_* metrics are registered (default: prom-client's default registry). */
+  registry?: Registry;
+  /** Spans go to this provider (default: the global one; without an OpenTelemetry SDK, none). */
+  tracerProvider?: TracerProvider;
+  /** Serve /metrics and /healthz on this port while run() runs (default AWOOOP_WORKER_HTTP_PORT, else none; 0: any free port). */
+  httpPort?: number;
+  /** The address that HTTP server listens on (default every interface). */
+  httpHost?: string;
 }
 
 export interface WorkerStats {
@@ -91,6 +107,18 @@ const OUTCOMES: Readonly<Record<string, Outcome>> = {
   failed: "failed",
   waiting_approval: "waitingApproval",
   parked: "parked",
+};
+
+// the metric's label of each outcome (the Python SDK's names)
+const OUTCOME_LABELS: Readonly<Record<Outcome, metrics.RunOutcome>> = {
+  completed: "completed",
+  failed: "failed",
+  waitingApproval: "waiting_approval",
+  parked: "parked",
+  lost: "lost",
+  cancelled: "cancelled",
+  released: "released",
+  errors: "error",
 };
 
 interface Held {
@@ -151,6 +179,10 @@ export class Worker {
   private inFlightClaim: Promise<ClaimRunsResponse> | undefined; // a claim in flight at the stop
   private readonly returning: Promise<void>[] = []; // hand-backs of runs claimed while stopping
   private readonly unsettled: string[] = []; // "run (attempt n)" of runs neither ended nor handed back
+  private readonly tracer: Tracer;
+  private readonly registry: Registry | undefined;
+  private readonly http: { port: number; host: string | undefined } | undefined;
+  private healthServer: HealthServer | undefined;
 
   constructor(
     private readonly handler: Handler,
@@ -172,6 +204,16 @@ export class Worker {
     this.log = options.logger ?? jsonLogger;
     this.ownClient = options.client === undefined;
     this.client = options.client ?? new Client({ ...options, timeout: this.callTimeout });
+    this.registry = options.registry;
+    metrics.registerMetrics(this.registry); // a process with a Worker exports the awooop_worker_* metrics
+    this.tracer = tracerOf(options.tracerProvider);
+    let httpPort: number | undefined;
+    try {
+      httpPort = options.httpPort ?? workerHttpPort();
+    } catch (err) {
+      throw new WorkerError((err as Error).message);
+    }
+    this.http = httpPort === undefined ? undefined : { port: httpPort, host: options.httpHost };
     this.completions = new CompletionBatcher(this.client);
     this.completions.setCarrier(
       () => this.awaitingSlot && !this.stopping.signal.aborted,
@@ -184,9 +226,23 @@ export class Worker {
     return { ...this.counts, completeRunsCalls: this.completions.calls, completionsCarried: this.completions.carried };
   }
 
+  /** Where /metrics and /healthz are served ("host:port") while run() runs; "" when not. */
+  get httpAddress(): string {
+    return this.healthServer?.address ?? "";
+  }
+
   /** `${runId} (attempt n)` of every lease held now. */
   get leases(): string[] {
     return [...this.held.values()].map((h) => name(h.ctx));
+  }
+
+  /** What /healthz answers. */
+  private health(): Health {
+    return {
+      status: this.stopping.signal.aborted ? "draining" : "serving",
+      worker_id: this.workerId,
+      held: this.held.size,
+    };
   }
 
   /** Asks the worker to stop: no new claims; running handlers finish or are handed back. */
@@ -212,8 +268,18 @@ export class Worker {
     const onSignal = (): void => this.stop();
     const signals: NodeJS.Signals[] = options.installSignalHandlers === false ? [] : ["SIGTERM", "SIGINT"];
     for (const sig of signals) process.on(sig, onSignal);
+    if (this.http !== undefined) {
+      try {
+        this.healthServer = await HealthServer.listen(this.http.port, this.http.host, this.registry, () => this.health());
+      } catch (err) {
+        for (const sig of signals) process.off(sig, onSignal);
+        this.running = false;
+        throw new WorkerError(`httpPort ${this.http.port}: ${describe(err)}`);
+      }
+    }
     const heartbeatsDone = new AbortController();
-    const heartbeats = this.heartbeatLoop(heartbeatsDone.signal);
+    // the loops' batched calls belong to no run's trace, whatever span run() was called in
+    const heartbeats = untraced(() => this.heartbeatLoop(heartbeatsDone.signal));
     this.log("info", "worker started", {
       worker_id: this.workerId,
       projects: this.projects,
@@ -221,7 +287,7 @@ export class Worker {
     });
     let failure: unknown;
     try {
-      await this.claimLoop();
+      await untraced(() => this.claimLoop());
     } catch (err) {
       failure = err;
     }
@@ -233,6 +299,8 @@ export class Worker {
     await heartbeats;
     for (const sig of signals) process.off(sig, onSignal);
     if (this.ownClient) this.client.close();
+    await this.healthServer?.close();
+    this.healthServer = undefined;
     this.running = false;
     this.log("info", "worker stopped", { worker_id: this.workerId });
     if (failure !== undefined) throw failure;
@@ -357,7 +425,7 @@ export class Worker {
   private accept(runs: ClaimedRun[]): void {
     for (const claimed of runs) {
       this.counts.claimed += 1;
-      const ctx = new RunContext(this.client, claimed, this.workerId, this.stopping.signal, this.completions);
+      const ctx = new RunContext(this.client, claimed, this.workerId, this.stopping.signal, this.completions, this.tracer);
       if (this.stopping.signal.aborted) {
         this.log("info", "claimed while stopping; handing it back unstarted", { run_id: ctx.runId });
         this.returning.push(
@@ -375,8 +443,19 @@ export class Worker {
     const ttl = this.leaseTtl ?? grantedTtl(claimed) ?? 300;
     const h: Held = { ctx, ttl, renewedUntil: now() + ttl, done: Promise.resolve(), handlerDone: false, settled: false };
     this.held.set(key(ctx), h);
+    metrics.HELD.set(this.held.size);
     this.log("info", "claimed run", { run_id: ctx.runId, attempt: ctx.attempt, resumed: ctx.resumed });
-    h.done = this.execute(h);
+    const span = startRunSpan(this.tracer, {
+      traceparent: ctx.traceparent,
+      claimableSince: claimed.claimableSince,
+      attributes: { "awooop.run_id": ctx.runId, "awooop.attempt": ctx.attempt, "awooop.worker_id": this.workerId },
+    });
+    if (span === undefined) {
+      h.done = this.execute(h);
+      return;
+    }
+    ctx.traceContext = trace.setSpan(ROOT_CONTEXT, span);
+    h.done = context.with(ctx.traceContext, () => this.execute(h)).finally(() => span.end());
   }
 
   // --- one run ---
@@ -388,6 +467,7 @@ export class Worker {
       this.log("error", "settling the run failed", { run_id: h.ctx.runId, error: describe(err) });
     } finally {
       this.held.delete(key(h.ctx));
+      metrics.HELD.set(this.held.size);
       this.slotFreed.abort();
       if (!h.settled && this.stopping.signal.aborted) this.unsettled.push(name(h.ctx));
     }
@@ -477,6 +557,7 @@ export class Worker {
     const ctx = h.ctx;
     if (h.stopReason === "lease_lost") {
       this.count("lost");
+      metrics.LEASES_LOST.inc();
       this.log("warn", "lease lost; handler stopped", { run_id: ctx.runId, attempt: ctx.attempt });
       return true;
     }
@@ -539,6 +620,7 @@ export class Worker {
 
   private count(outcome: Outcome): void {
     this.counts[outcome] += 1;
+    metrics.RUNS.inc({ outcome: OUTCOME_LABELS[outcome] });
   }
 
   private stopHandler(h: Held, reason: StopReason): void {
@@ -577,6 +659,7 @@ export class Worker {
           leaseTtl: duration(this.leaseTtl),
         });
       } catch (err) {
+        metrics.HEARTBEATS.inc({ result: "error" });
         this.log("warn", "heartbeat failed", { error: describe(err), leases: batch.length });
         for (const h of batch) {
           if (now() >= h.renewedUntil) {
@@ -586,6 +669,7 @@ export class Worker {
         }
         continue;
       }
+      metrics.HEARTBEATS.inc({ result: "ok" });
       const byKey = new Map(batch.map((h) => [key(h.ctx), h]));
       for (const renewal of resp.renewals) {
         const h = renewal.lease && byKey.get(`${renewal.lease.runId}/${renewal.lease.attempt}`);
