@@ -23,7 +23,7 @@ from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import AwooopError, Client, Event, LeaseLost, RunContext, Worker, to_struct, watch_run
-from services.common import audit, errors
+from services.common import audit_sql, errors
 from services.common.runtime import Runtime
 from tests.harness.helpers import eventually, key_of, lock_waiters
 
@@ -475,9 +475,10 @@ async def test_runs_show_lists_progress_events_and_runs_watch_follows_a_run(suit
 # --- the log's sequence under writers that do not lock the run ------------------------------------
 
 
-def _audit_args(run_id: Any, action: str) -> list[Any]:
-    """InsertAuditRow's arguments (details as JSON text: these connections have no jsonb codec)."""
-    return audit.INSERT.args(
+async def _audit(conn: asyncpg.Connection, run_id: Any, action: str) -> str:
+    """One InsertAuditRow (details as JSON text: these connections have no jsonb codec)."""
+    return await audit_sql.insert_audit_row(
+        conn,
         project_id="watch",
         run_id=run_id,
         actor="t",
@@ -501,10 +502,10 @@ async def test_audit_writers_racing_on_one_run_get_consecutive_offsets_in_commit
         )
         t1 = first.transaction()
         await t1.start()
-        await first.execute(audit.INSERT.sql, *_audit_args(run_id, "FIRST"))
+        await _audit(first, run_id, "FIRST")
         t2 = second.transaction()
         await t2.start()
-        blocked = asyncio.create_task(second.execute(audit.INSERT.sql, *_audit_args(run_id, "SECOND")))
+        blocked = asyncio.create_task(_audit(second, run_id, "SECOND"))
 
         # the second statement waits on the first's row
         await eventually(lambda: lock_waiters(check), what="the second writer waiting on the first")

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 
-from services.common import sql
+from services.common import audit_sql
 from services.common.db import Conn
-
-INSERT = sql.load(__file__, "audit.sql")["InsertAuditRow"]
 
 
 async def audit(
     conn: Conn | asyncpg.Pool,
     *,
     project_id: str,
-    run_id: Any,
+    run_id: UUID | str,
     actor: str,
     action: str,
     from_status: str | None = None,
@@ -25,7 +24,8 @@ async def audit(
     details: dict[str, Any] | None = None,
 ) -> None:
     """One audit row. Call it inside the transaction of the change it records."""
-    args = INSERT.args(
+    await audit_sql.insert_audit_row(
+        conn,
         project_id=project_id,
         run_id=run_id,
         actor=actor,
@@ -35,4 +35,3 @@ async def audit(
         reason=reason,
         details=details or {},
     )
-    await conn.execute(INSERT.sql, *args)
