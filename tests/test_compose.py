@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from awooop.cli.main import build_parser
-from awooop.cli.server import SERVICE_CHOICES
+from services.cli.server import SERVICE_CHOICES
 from services.common.settings import Settings, SettingsError, env_names
 from tests.harness.infra import require_program
 

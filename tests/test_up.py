@@ -148,7 +148,7 @@ async def test_up_on_a_configured_store(db_dsn: str, redis_url: str, db: asyncpg
 
 @pytest.mark.parametrize("host", ["0.0.0.0"])
 async def test_banner_dials_a_local_address_when_bound_to_all(host: str) -> None:
-    from awooop.cli.server import banner
+    from services.cli.server import banner
     from services.common.settings import Settings
 
     text = banner(

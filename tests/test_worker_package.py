@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
+from awooop.cli.main import SERVER_COMMANDS
 from tests.harness.helpers import ROOT
 from tests.harness.lock import locked_requirements
 from tests.harness.up import approval_asked, fresh_terminal_env, run_reaches, start_fresh_up
@@ -127,12 +129,37 @@ def test_the_worker_package_installs_a_grpc_client_and_nothing_of_the_server(wor
     assert out.stdout.strip().startswith(str(worker_venv)), out.stdout
     # the client half of the command works; the server half says what to install instead of a traceback
     awooop = str(worker_venv / "bin" / "awooop")
-    assert run([awooop, "--help"]).returncode == 0
     assert run([awooop, "runs", "--help"]).returncode == 0
-    served = run([awooop, "serve", "ingest"])
-    assert served.returncode == 2, served.stderr
-    assert "needs the server package (pip install awooop)" in served.stderr
-    assert "Traceback" not in served.stderr
+
+
+def listed_commands(awooop: str) -> set[str]:
+    """The commands `awooop --help` offers."""
+    helped = run([awooop, "--help"])
+    assert helped.returncode == 0, helped.stderr
+    return set(re.findall(r"^    (\w+) ", helped.stdout, re.M))
+
+
+def test_a_client_only_install_lists_no_server_commands_and_says_what_to_install(worker_venv: Path) -> None:
+    """The server's commands come from the server package's `awooop.cli_commands` entry points:
+    without it, `awooop --help` offers none of them, and each says it needs the server package."""
+    awooop = str(worker_venv / "bin" / "awooop")
+    listed = listed_commands(awooop)
+    assert {"runs", "health", "channels", "flow", "demo"} <= listed, listed
+    assert not listed & set(SERVER_COMMANDS), listed
+    for command in [["serve", "ingest"], ["up"], ["migrate"], ["config"], ["admin", "list"]]:
+        answered = run([awooop, *command])
+        assert answered.returncode == 2, (command, answered.stderr)
+        assert f"`awooop {command[0]}` needs the server package (pip install awooop)" in answered.stderr
+        assert "Traceback" not in answered.stderr, answered.stderr
+
+
+def test_the_full_install_takes_the_server_commands_from_the_server_package() -> None:
+    """With both packages (this environment) the entry points give the command every server command."""
+    awooop = str(Path(sys.executable).parent / "awooop")
+    assert set(SERVER_COMMANDS) <= listed_commands(awooop)
+    configured = run([awooop, "config"])
+    assert configured.returncode == 0, configured.stderr
+    assert "AWOOOP_DATABASE_URL=" in configured.stdout
 
 
 async def test_the_readme_worker_runs_from_the_worker_package_alone(

@@ -1,45 +1,64 @@
-"""`awooop`: the command line. Server-side commands (serve, up, migrate, admin) import the
-services lazily so the client-side commands stay light, and so that the client-only package
-(awooop-worker, packages/worker) can ship this command: there they say what to install."""
+"""`awooop`: the command line. This package (awooop-worker) has the client-side commands; the
+server-side ones (serve, up, migrate, config, admin) come with the server package, which registers
+them under the `awooop.cli_commands` entry points. Without it they say what to install."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from importlib.metadata import entry_points
 
-from awooop.cli import admin, channels, demo, flow, health, runs, server
+from awooop.cli import channels, demo, flow, health, runs
 
 # each module contributes subcommands: register(subparsers) sets args.func
-MODULES: list[Callable[[argparse._SubParsersAction], None]] = [  # type: ignore[type-arg]
-    server.register,
-    admin.register,
+Register = Callable[[argparse._SubParsersAction], None]  # type: ignore[type-arg]
+MODULES: list[Register] = [
     health.register,
     runs.register,
     channels.register,
     flow.register,
     demo.register,
 ]
+# the entry-point group where other packages (the server package) add commands: register functions
+COMMANDS_GROUP = "awooop.cli_commands"
+# what the server package adds: named so that, without it, they answer with what to install
+SERVER_COMMANDS = ("serve", "up", "migrate", "config", "admin")
 
 
-# top-level modules only the server package (`awooop`) installs
-SERVER_MODULES = {"services", "asyncpg", "redis", "aiohttp", "jinja2", "croniter"}
+def installed_commands() -> list[Register]:
+    """The register functions of the installed `awooop.cli_commands` entry points, by name."""
+    return [ep.load() for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda ep: ep.name)]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return _parser_and_commands()[0]
+
+
+def _parser_and_commands() -> tuple[argparse.ArgumentParser, Collection[str]]:
     parser = argparse.ArgumentParser(
         prog="awooop",
         description="Exactly-once runs, fenced leases and saga compensation on Postgres and Redis.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for register in MODULES:
+    for register in [*installed_commands(), *MODULES]:
         register(sub)
-    return parser
+    return parser, sub.choices or {}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser, commands = _parser_and_commands()
+    # the top-level parser has no option taking a value: the first word is the command
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in SERVER_COMMANDS and command not in commands:
+        print(
+            f"error: `awooop {command}` needs the server package (pip install awooop); "
+            "this installation is the client-only awooop-worker",
+            file=sys.stderr,
+        )
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -50,15 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `awooop config | head`: the reader left, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] not in SERVER_MODULES:
-            raise
-        print(
-            f"error: `awooop {args.command}` needs the server package (pip install awooop); "
-            f"this installation is the client-only awooop-worker (missing: {exc.name})",
-            file=sys.stderr,
-        )
-        return 2
     return int(result or 0)
 
 

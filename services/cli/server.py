@@ -1,5 +1,5 @@
-"""Server-side commands: serve, up, migrate, config. Service code is imported lazily so the
-client-side commands stay light."""
+"""Server-side commands: serve, up, migrate, config. Service code is imported lazily: the client
+command loads this module (an `awooop.cli_commands` entry point) for every command it runs."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ async def _internal_key(dsn: str, key_file: Path) -> str:
     """The internal service key kept in the data dir, re-issued when missing or no longer valid."""
     import asyncpg
 
-    from awooop.cli.admin import ensure_key_file
+    from services.cli.admin import ensure_key_file
     from services.common.principals import INTERNAL_PRINCIPAL
 
     conn = await asyncpg.connect(dsn)

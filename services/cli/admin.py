@@ -14,7 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROLES = ("ingest", "worker", "approver", "admin", "tool")  # services.common.principals.ROLES
+# services.common.principals.ROLES, not imported: loading this module (for every `awooop` command,
+# an `awooop.cli_commands` entry point) stays free of the store's libraries
+ROLES = ("ingest", "worker", "approver", "admin", "tool")
 # the store's column sizes (0001_initial.sql) and the services' project id rule
 PRINCIPAL_RE = re.compile(r"^[\x21-\x7e]{1,128}$")
 PROJECT_RE = re.compile(r"^(\*|[A-Za-z0-9][A-Za-z0-9._-]{0,63})$")
