@@ -3,11 +3,15 @@ and every transition with the statuses it may start from, where it may end, whet
 fenced by the lease token, and the audit action it writes.
 
 This module is the one place these facts are declared. The fenced writes bind their
-allowed-from lists from it, and the error of a refused transition is chosen by it; the CHECK
-constraint of migration 0001, the protobuf RunStatus enum and the README's diagram are checked
-against it, and a test runs every (status, action) pair against the real store, so the named
-statements' guards and audit actions (services/scheduler/*.sql) are held to it
-(tests/test_runstate.py).
+allowed-from lists from it, and the error of a refused transition is chosen by it; the store's
+CHECK constraint, the protobuf RunStatus enum and the README's diagram are checked against it,
+and a test runs every (status, action) pair against the real store, so the named statements'
+guards and audit actions (services/scheduler/*.sql) are held to it (tests/test_runstate.py).
+Every list of statuses written out in a .sql file (statements, migrations' functions, triggers
+and indexes, and the current schema, services/common/schema.sql) must be one of the sets declared
+here (a named set, a status enum, or a transition's allowed_from or to_states), and a simple
+`CASE status WHEN ... THEN '<audit>'` must map each status to the audit action of one
+transition's outcome (tests/test_status_sets.py).
 
 A transition is one SQL statement (services/scheduler/fenced_writes.sql, claims.sql,
 approvals.sql, reaper.sql): its `WHERE` allows exactly `allowed_from`, its `SET` chooses one of

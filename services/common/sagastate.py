@@ -12,7 +12,9 @@ The statements that make the transitions are named statements in services/saga/*
 the writes the scheduler makes when a run ends, in the scheduler's); they write these values as
 literals, and Python code compares with the enums. tests/test_sagastate.py checks every declared
 set against the store's CHECK constraints and column defaults, against the protobuf enums, and
-every status literal of the saga's statements against the declared sets.
+every status literal of the saga's statements against the declared sets; tests/test_status_sets.py
+requires every list of statuses written out in any .sql file (statements, migrations and the
+current schema, services/common/schema.sql) to be one of the sets declared here or in runstate.py.
 """
 
 from __future__ import annotations
@@ -97,6 +99,12 @@ PLANNED: tuple[StepStatus, ...] = (
     StepStatus.COMPENSATION_FAILED,
     StepStatus.RESOLVED,
 )
+# Steps whose effect happened or may have (pending: begun, its outcome never recorded): the
+# compensation lists those it does not undo as left in place (driver.sql StepsNotCompensated).
+RAN_OR_MAY_HAVE: tuple[StepStatus, ...] = (StepStatus.COMPLETED, StepStatus.PENDING)
+# A saga nothing is being undone in and no failed undo of which waits for an operator: the
+# retention may delete an ended run in these (services/ingest/retention.sql).
+SAGA_SETTLED: tuple[SagaStatus, ...] = (SagaStatus.IN_PROGRESS, SagaStatus.NOT_NEEDED, SagaStatus.COMPENSATED)
 
 S = TypeVar("S", SagaStatus, StepStatus, RequestStatus)
 
