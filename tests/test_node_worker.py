@@ -4,7 +4,10 @@ the CLI are (AWOOOP_*_ADDR, or AWOOOP_*_PORT): the demo story of examples/worker
 handler diagnoses, scales `api` through the reference gateway with a compensation, sleeps (a
 durable wait: the run parks and is claimed again), and asks for approval, printing the `awooop
 runs approve` line; the rejected run is compensated (api back to 1 replica), the approved one
-COMPLETED on a later claim without scaling again; SIGTERM then stops the worker with exit code 0."""
+COMPLETED on a later claim without scaling again, its /metrics and /healthz served over HTTP;
+SIGTERM then stops the worker with exit code 0. The worker runs with the command its Kubernetes
+Deployment gives (node itself); under `npm start` SIGTERM reaches node too, which drains before
+npm exits."""
 
 from __future__ import annotations
 
@@ -16,7 +19,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+import yaml
 
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
@@ -27,6 +32,33 @@ from tests.harness.ts_package import NPM_QUIET, build_package, need, npm
 
 EXAMPLE = ROOT / "examples" / "node-worker"
 PROJECT = "node"
+
+
+def deployment_command() -> list[str]:
+    """The command examples/node-worker/kubernetes.yaml runs (node, never npm), with this node."""
+    docs = [d for d in yaml.safe_load_all((EXAMPLE / "kubernetes.yaml").read_text()) if d]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    command: list[str] = container["command"]
+    assert command[0] == "node", command
+    return [need("node"), *command[1:]]
+
+
+async def http_address(err_log: Path) -> str:
+    """Where the worker serves /metrics and /healthz, from its "worker started" log line."""
+
+    async def started() -> str:
+        for line in err_log.read_text(errors="replace").splitlines():
+            if line.startswith("{") and json.loads(line)["message"] == "worker started":
+                return str(json.loads(line)["http"])
+        return ""
+
+    return await eventually(started, timeout=30, what="the worker's start")
+
+
+def sample(metrics: str, name: str) -> float:
+    (value,) = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name + " ")]
+    return value
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +88,7 @@ async def test_node_worker_runs_the_demo_story_to_compensated_and_to_completed(
         {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
         | where
         | {"AWOOOP_API_KEY": worker_md[0][1].removeprefix("Bearer "), "AWOOOP_PROJECT": PROJECT}
-        | {"SETTLE_SECONDS": "0.5"}
+        | {"SETTLE_SECONDS": "0.5", "AWOOOP_WORKER_HTTP_PORT": "0"}
     )
     ingest = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
     scheduler = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
@@ -72,7 +104,7 @@ async def test_node_worker_runs_the_demo_story_to_compensated_and_to_completed(
     err_log = tmp_path / "worker.err"
     with open(err_log, "wb") as err:
         proc = await asyncio.create_subprocess_exec(
-            need("node"), "dist/worker.js", cwd=example, env=env, stdout=subprocess.PIPE, stderr=err
+            *deployment_command(), cwd=example, env=env, stdout=subprocess.PIPE, stderr=err
         )
     try:
         assert proc.stdout is not None
@@ -144,6 +176,20 @@ async def test_node_worker_runs_the_demo_story_to_compensated_and_to_completed(
         status, output = lines[-1].removeprefix("ended ").split(" ", 1)
         assert status == "RUN_STATUS_COMPLETED"
         assert json.loads(output) == {"kept": {"deployment": "api", "replicas": 3}}
+        # the pod's endpoint: the Python SDK's metrics for what this worker did, and its liveness
+        http = await http_address(err_log)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://{http}/healthz") as resp:
+                assert resp.status == 200 and (await resp.json())["status"] == "serving"
+            async with session.get(f"http://{http}/metrics") as resp:
+                assert resp.status == 200
+                metrics = await resp.text()
+        assert sample(metrics, 'awooop_worker_runs_total{outcome="completed"}') == 1
+        assert sample(metrics, 'awooop_worker_runs_total{outcome="waiting_approval"}') == 2
+        assert sample(metrics, 'awooop_worker_runs_total{outcome="parked"}') == 2  # the sleeps
+        assert sample(metrics, 'awooop_worker_steps_total{action="skip"}') >= 4  # done steps on later attempts
+        assert sample(metrics, "awooop_worker_leases_lost_total") == 0
+        assert sample(metrics, "awooop_worker_leases_held") == 0
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 60) == 0, err_log.read_text()
     finally:
@@ -167,3 +213,43 @@ async def test_node_worker_runs_the_demo_story_to_compensated_and_to_completed(
         "SELECT count(*) AS keys, sum(replays) AS replays FROM awooop_refgw_call WHERE project_id = $1", PROJECT
     )
     assert (calls["keys"], calls["replays"]) == (3, 0)  # two scales and one compensation, each run once
+
+
+async def test_npm_start_hands_sigterm_to_node_which_drains_before_npm_exits(
+    example: Path, start_services: Any, make_key: Any, tmp_path: Path
+) -> None:
+    """`npm start` runs the script through sh, which would keep SIGTERM from node (npm exits, node
+    runs on, nothing drains): the script execs node, so npm's SIGTERM reaches the Worker, which
+    stops and exits, and npm exits with it."""
+    _, rt = await start_with_gateway(start_services)
+    worker_md = await make_key("node-npm", {PROJECT: ["worker"]})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {
+        "AWOOOP_API_KEY": worker_md[0][1].removeprefix("Bearer "),
+        "AWOOOP_PROJECT": PROJECT,
+        "AWOOOP_SCHEDULER_ADDR": f"127.0.0.1:{rt.ports['scheduler']}",
+        "AWOOOP_SAGA_ADDR": f"127.0.0.1:{rt.ports['saga']}",
+        "AWOOOP_GATEWAY_ADDR": f"127.0.0.1:{rt.ports['gateway']}",
+        "AWOOOP_WORKER_HTTP_PORT": "0",
+    }
+    err_log = tmp_path / "npm.err"
+    with open(err_log, "wb") as err:
+        npm_proc = subprocess.Popen(
+            [need("npm"), "start", "--silent"], cwd=example, env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
+    try:
+        http = await http_address(err_log)
+        async with aiohttp.ClientSession() as session, session.get(f"http://{http}/healthz") as resp:
+            node_pid = int((await resp.json())["worker_id"].rsplit("-", 2)[1])  # <hostname>-<pid>-<random>
+        assert node_pid != npm_proc.pid
+        npm_proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(npm_proc.wait, 60) == 0, err_log.read_text()
+        log = [json.loads(line)["message"] for line in err_log.read_text().splitlines() if line.startswith("{")]
+        assert "worker stopping: no new claims; handlers finish or are handed back" in log
+        assert log[-1] == "worker stopped", log
+        # node exited before npm did: no worker left running without a word
+        with pytest.raises(ProcessLookupError):
+            os.kill(node_pid, 0)
+    finally:
+        if npm_proc.poll() is None:
+            npm_proc.kill()
+            npm_proc.wait()

@@ -284,6 +284,7 @@ export class Worker {
       worker_id: this.workerId,
       projects: this.projects,
       concurrency: this.concurrency,
+      ...(this.healthServer ? { http: this.healthServer.address } : {}),
     });
     let failure: unknown;
     try {
