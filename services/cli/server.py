@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from awooop.worker.client import client_host
+from awooop.worker.client import client_host, local_address
 
 SERVICE_CHOICES = ("ingest", "scheduler", "saga", "gateway", "console")
 UP_SERVICES = ["ingest", "scheduler", "saga", "gateway"]
@@ -25,6 +25,7 @@ SERVICE_NAMES = {
     "gateway": "awooop.tools.v1.ToolGatewayService",
 }
 DEV_KEY_FILE = "dev-admin.key"
+ENV_FILE = "up.env"  # the banner's export lines, for `source` in another terminal
 INTERNAL_KEY_FILE = "internal-api-key"  # the internal service key (awooop admin ensure-service-key)
 
 
@@ -206,6 +207,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             saga_addr=settings.saga_addr or f"{local}:{settings.saga_port}",
             gateway_addr=f"{local}:{settings.gateway_port}",
             scheduler_addr=f"{local}:{settings.scheduler_port}",  # ingest's run streams relay to its own
+            wait_callback_base_url=settings.wait_callback_base_url or http_base(settings),
         )
         runtime = Runtime(settings, UP_SERVICES)
         console = ConsoleServer(settings, f"{local}:{settings.scheduler_port}", f"{local}:{settings.saga_port}")
@@ -221,7 +223,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             except BaseException:
                 await runtime.stop()
                 raise
-            print(banner(settings, key, store=store, redis=redis, migrated=applied, console=console.url), flush=True)
+            env_file = write_env_file(data_dir / ENV_FILE, settings, key)
+            text = banner(settings, key, store=store, redis=redis, migrated=applied, console=console.url, env=env_file)
+            print(text, flush=True)
             await stop.wait()
             logging.getLogger("awooop.up").info("shutting down")
             await console.stop()
@@ -267,18 +271,28 @@ def _dev_defaults(settings: Any) -> Any:
     return settings.with_(**unset)
 
 
-def client_exports(settings: Any, key: str) -> list[str]:
+def http_base(settings: Any) -> str:
+    """ingest's HTTP address as a local client reaches it ("" when HTTP is off): in `awooop up` the
+    start of every durable wait's callback URL, unless AWOOOP_WAIT_CALLBACK_BASE_URL says otherwise."""
+    if not settings.http_port:
+        return ""
+    scheme = "https" if settings.tls_cert_file and settings.tls_key_file else "http"
+    return f"{scheme}://{local_address(settings.host, settings.http_port)}"
+
+
+def client_exports(settings: Any, key: str, *, with_password: bool = False) -> list[str]:
     """The shell lines that give a second terminal what this process knows: the venv's programs
     (awooop, grpcurl, python) on PATH, the key, the store for `awooop admin`, and the listeners
     the CLI and SDK would not guess (a host or ports other than the defaults), as the settings they
-    read: AWOOOP_HOST and AWOOOP_<SERVICE>_PORT, AWOOOP_HTTP_PORT."""
+    read: AWOOOP_HOST and AWOOOP_<SERVICE>_PORT, AWOOOP_HTTP_PORT. A store password is printed only
+    with_password (the env file, readable by its owner alone, like the key file beside it)."""
     from services.common.settings import Settings
 
     lines = [
         f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH",
         f"export AWOOOP_API_KEY={key}",
     ]
-    if urlsplit(settings.database_url).password:  # a password is never printed: the URL you gave has it
+    if urlsplit(settings.database_url).password and not with_password:  # the URL you gave has it
         lines.append(f"export AWOOOP_DATABASE_URL=...  # yours, with its password: {redact(settings.database_url)}")
     else:
         lines.append(f"export AWOOOP_DATABASE_URL={shlex.quote(settings.database_url)}")
@@ -292,8 +306,29 @@ def client_exports(settings: Any, key: str) -> list[str]:
     return lines
 
 
-def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[str], console: str = "") -> str:
+def write_env_file(path: Path, settings: Any, key: str) -> Path:
+    """The banner's export lines as a file a shell can `source` (mode 0600: it holds the key)."""
+    text = "# written by `awooop up`: source it in another terminal\n"
+    text += "\n".join(client_exports(settings, key, with_password=True)) + "\n"
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(text)
+    return path
+
+
+def banner(
+    settings: Any,
+    key: str,
+    *,
+    store: str,
+    redis: str,
+    migrated: list[str],
+    console: str = "",
+    env: Path | None = None,
+) -> str:
     """What `awooop up` prints once every service is SERVING; the grpcurl lines work when pasted."""
+    from services.common.migrate import summary
+
     h = client_host(settings.host)
     flags = grpcurl_target(settings)
     ingest = f"{h}:{settings.ingest_port}"
@@ -309,9 +344,13 @@ def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[st
         lines.append(f"  {'metrics':<10} http://{h}:{settings.metrics_port}/metrics")
     if settings.http_port:
         lines.append(f"  {'webhooks':<10} http://{h}:{settings.http_port}/v1/webhooks/... (awooop channels add)")
+    if settings.wait_callback_base_url:
+        lines.append(
+            f"  {'callbacks':<10} {settings.wait_callback_base_url}/v1/waits/... (AWOOOP_WAIT_CALLBACK_BASE_URL)"
+        )
     lines += [
         "",
-        f"  postgres   {store} ({'migrated: ' + ', '.join(migrated) if migrated else 'schema up to date'})",
+        f"  postgres   {store} ({summary(migrated)})",
         f"             {redact(settings.database_url)}",
         f"  redis      {redis}, {redact(settings.redis_url)}",
         f"  reaper     every {settings.reaper_interval:g} s, default lease {settings.lease_ttl:g} s"
@@ -320,7 +359,9 @@ def banner(settings: Any, key: str, *, store: str, redis: str, migrated: list[st
         f"  dev admin key (admin in every project): {key}",
         "  demo       project demo has a deployment api in the reference gateway, for python examples/worker.py",
         "",
-        "In another terminal, paste these first (then the commands below, the README's and `awooop admin` work):",
+        "In another terminal, paste these first (then the commands below, the README's and `awooop admin` work)"
+        + (f", or run: source {shlex.quote(str(env))}" if env else "")
+        + ":",
         *(f"  {line}" for line in client_exports(settings, key)),
         "",
         "Try:",
