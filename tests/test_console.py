@@ -682,6 +682,16 @@ async def test_the_run_page_links_a_parent_and_its_children(env: ConsoleEnv, bro
     assert status == 200 and f'href="/runs/{kids[0]}"' in rows and f'href="/runs/{kids[1]}"' not in rows
     status, html, _ = await browser.get(f"/projects/{project}/runs?parent=not-a-run")
     assert status == 200 and "is not a run id" in html
+    # the counts are the children's: the parent (RUNNING) is not among them
+    status, html, _ = await browser.get(children_list)
+    counts = html.split('class="counts"')[1].split("</section>")[0]
+    assert "<span>children</span> <b>2</b>" in counts and "status-running" not in counts, counts
+    assert f"?parent={parent}&amp;status=FAILED" in counts  # a count filters the children
+    # a run nobody has: said so; the children of a run of another project: listed in its project
+    status, html, _ = await browser.get(f"/projects/{project}/runs?parent={uuid.uuid4()}")
+    assert status == 200 and "no run" in html and "in your projects" in html
+    status, _, r = await browser.get(f"/projects/elsewhere/runs?parent={parent}", allow_redirects=False)
+    assert status == 303 and r.headers["Location"] == f"/projects/{project}/runs?parent={parent}"
 
 
 async def test_the_schedules_page_lists_next_ticks_and_failures_and_an_admin_deletes_one(

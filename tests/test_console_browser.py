@@ -18,7 +18,11 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from awooop.scheduler.v1 import scheduler_pb2
+from awooop.worker import to_struct
+from tests.harness import rpc_runs
 from tests.harness.console import ROOT, ConsoleEnv, start_console_env, stop_console_env
+from tests.harness.helpers import eventually
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 WAIT_MS = 30_000  # bound of every wait for something to appear (a failing test stops here)
@@ -226,3 +230,107 @@ async def test_the_runs_tables_reason_column_is_readable_at_1400_px(env: Console
         assert page_width <= 1400, page_width  # the page itself does not scroll sideways
     finally:
         await page.set_viewport_size({"width": 1440, "height": 900})
+
+
+# Words of a cell that the browser laid out over more than one line (a word broken inside, as
+# "COMPLET ED"): for each word of each text node, the lines its characters' boxes sit on.
+BROKEN_WORDS_JS = """
+(cells) => {
+  const broken = [];
+  for (const cell of cells) {
+    const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      for (const m of node.textContent.matchAll(/\\S+/g)) {
+        const range = document.createRange();
+        range.setStart(node, m.index);
+        range.setEnd(node, m.index + m[0].length);
+        const lines = new Set([...range.getClientRects()].map((r) => Math.round(r.top)));
+        if (lines.size > 1) broken.push(m[0]);
+      }
+    }
+  }
+  return broken;
+}
+"""
+
+
+async def test_the_children_of_a_run_at_1400_px_counts_them_shows_their_steps_and_breaks_no_status(
+    env: ConsoleEnv, page: Any
+) -> None:
+    """The runs list filtered to a run's four children in a 1400 px window: the counts are the
+    children's (not the project's, where the parent and other runs are), each row names the step
+    its parent started it under (as `awooop runs list --parent`), and no status, saga state or
+    channel is broken inside a word even with long worker names and event ids pressing on the table."""
+    from playwright.async_api import expect
+
+    await env.failed_compensation()  # FAILED, compensation_failed: a project run, no child
+    await env.db.execute("DELETE FROM awooop_refgw_fault")
+    parent = await env.create()
+    lease = await env.claim(parent)
+    steps = [f"deploy-region-{r}-canary-then-full-rollout" for r in ("eu-west-1", "us-east-2", "ap-south-1", "sa-1")]
+    specs = [scheduler_pb2.ChildRunSpec(step_id=s, input=to_struct({"step": s})) for s in steps]
+    started = await env.worker.call(
+        env.worker.scheduler.StartChildRuns, scheduler_pb2.StartChildRunsRequest(lease=lease, children=specs)
+    )
+    kids = {c.step_id: c.run_id for c in started.children}
+    # of the children (the only claimable runs yet): one COMPLETED, one RUNNING under a long pod name
+    done = await rpc_runs.claim_one(env.worker, "console-test-worker", "ops")
+    await env.worker.call(env.worker.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=done))
+    running = await rpc_runs.claim_one(env.worker, "console-test-worker-" + "x" * 40, "ops")
+    assert {done.run_id, running.run_id} <= set(kids.values())
+    for _ in range(3):  # the project's other runs, which the children's counts must leave out
+        await env.create()
+    await page.set_viewport_size({"width": 1400, "height": 900})
+    try:
+        await page.goto(f"{env.url}/projects/ops/runs")
+        if await page.locator("form.signin").count():
+            await sign_in(page, env.admin_key)
+        await page.goto(f"{env.url}/projects/ops/runs")
+        await expect(page.locator(".counts .total b")).to_have_text("9")  # the project: 4 + 1 + 1 + 3 runs
+        assert await page.evaluate(BROKEN_WORDS_JS, await page.locator("table.runs td.word").element_handles()) == []
+
+        await page.goto(f"{env.url}/runs/{parent}")
+        await page.click(f"a[href='/projects/ops/runs?parent={parent}']")
+        await expect(page.locator(".parent-filter")).to_contain_text(parent)
+        counts = page.locator(".counts")
+        await expect(counts.locator(".total")).to_have_text("children 4")
+        await expect(counts.locator(".status-completed")).to_have_text("COMPLETED 1")
+        await expect(counts.locator(".status-running")).to_have_text("RUNNING 1")
+        await expect(counts.locator(".status-pending")).to_have_text("PENDING 2")
+        await expect(counts.locator(".status-failed")).to_have_count(0)  # the project's failed run is no child
+        await expect(page.locator("table.runs thead th")).to_contain_text(["run", "step", "status"])
+        for step, run_id in kids.items():
+            row = page.locator(f"table.runs tr:has(a[href='/runs/{run_id}'])")
+            await expect(row.locator("td.step")).to_have_text(step)
+        assert await page.evaluate(BROKEN_WORDS_JS, await page.locator("table.runs td.word").element_handles()) == []
+        page_width = await page.evaluate("document.documentElement.scrollWidth")
+        assert page_width <= 1400, page_width  # the page does not scroll sideways
+
+        # a count is a filter of the children, not of the project
+        await counts.locator(".status-pending").click()
+        await expect(page.locator("table.runs tbody tr")).to_have_count(2)
+        await expect(page.locator(".parent-filter")).to_contain_text(parent)
+    finally:
+        await page.set_viewport_size({"width": 1440, "height": 900})
+    assert not page.dialogs
+
+
+async def test_a_sleep_that_ended_shows_as_a_finished_sleep(env: ConsoleEnv, page: Any) -> None:
+    """A durable sleep ends when its time is up: the run page says the sleep ended, not that a
+    wait timed out (the audit row is the timeout's, with kind=sleep)."""
+    from playwright.async_api import expect
+
+    run_id, wait_id = await env.parked_on_wait(scheduler_pb2.WAIT_KIND_SLEEP, timeout_s=1)
+
+    async def slept() -> bool:
+        return bool(await env.db.fetchval("SELECT status FROM awooop_wait WHERE wait_id = $1::uuid", wait_id) != "open")
+
+    await eventually(slept, timeout=30, what="the scheduler's sweep to end the sleep")
+    await page.goto(f"{env.url}/runs/{run_id}")
+    if await page.locator("form.signin").count():
+        await sign_in(page, env.admin_key)
+    timeline = page.locator("#timeline")
+    await expect(timeline).to_contain_text("SLEEP_ENDED")
+    await expect(timeline).not_to_contain_text("WAIT_TIMED_OUT")
+    await expect(timeline).not_to_contain_text("timed_out")
+    assert not page.dialogs

@@ -68,6 +68,7 @@ class RunRow:
     updated: str
     reason: str
     cancel_requested: bool
+    step: str  # a child run's step id in its parent ("" for a root run)
 
 
 def run_row(r: common_pb2.Run) -> RunRow:
@@ -76,13 +77,14 @@ def run_row(r: common_pb2.Run) -> RunRow:
         status=timeline.status_name(r.status),
         channel=timeline.channel_name(r.channel_type),
         event=r.provider_event_id,
-        attempts=f"{r.attempt_count}/{r.max_attempts}",
+        attempts=timeline.attempts_text(r, "/"),
         saga=timeline.saga_name(r.saga_status),
         worker=r.worker_id,
         created=when(r.created_at),
         updated=when(r.updated_at),
         reason=timeline.short(" ".join(x for x in (r.error_code, r.failure_reason) if x), 80),
         cancel_requested=r.cancel_requested,
+        step=r.parent_step_id,
     )
 
 
@@ -92,6 +94,7 @@ class Overview:
     total: int
     oldest_claimable_age: str  # '' when none is claimable
     oldest_claimable_at: str
+    partial: bool = False  # counted from the first children GetRun lists, not all of them
 
 
 def overview(resp: scheduler_pb2.CountRunsResponse) -> Overview:
@@ -103,6 +106,18 @@ def overview(resp: scheduler_pb2.CountRunsResponse) -> Overview:
         oldest_claimable_age=age(resp.oldest_claimable_age.ToTimedelta().total_seconds()) if has_oldest else "",
         oldest_claimable_at=when(resp.oldest_claimable_created_at) if has_oldest else "",
     )
+
+
+def children_overview(children: list[scheduler_pb2.ChildRunRef], more: bool) -> Overview:
+    """The counts of a run's children by status (the runs list filtered to them), from GetRun's
+    list of them: CountRuns counts a whole project. Statuses in the state machine's order, as
+    CountRuns gives them; the oldest claimable run is the project's measure, so not shown."""
+    tally: dict[str, int] = {}
+    for c in children:
+        name = timeline.status_name(c.status)
+        tally[name] = tally.get(name, 0) + 1
+    counts = [(name, tally[name]) for name in STATUSES if name in tally]
+    return Overview(counts=counts, total=len(children), oldest_claimable_age="", oldest_claimable_at="", partial=more)
 
 
 @dataclass

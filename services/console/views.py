@@ -246,14 +246,28 @@ class Console:
             req.created_after.FromDatetime(since)
         if until:
             req.created_before.FromDatetime(until)
-        listed, counted = await asyncio.gather(
-            self.call(request, self.backend.scheduler.ListRuns, req),
-            self.call(
-                request,
-                self.backend.scheduler.CountRuns,
-                scheduler_pb2.CountRunsRequest(project_id=project, include_finished=True),
-            ),
-        )
+        if parent:  # the children's counts come with their parent (CountRuns counts the whole project)
+            listed, got_parent = await asyncio.gather(
+                self.call(request, self.backend.scheduler.ListRuns, req), self._parent(request, parent)
+            )
+            if got_parent is not None and got_parent.run.project_id != project:  # children live with their parent
+                home = quote(got_parent.run.project_id, safe="")
+                raise web.HTTPSeeOther(f"/projects/{home}/runs?{request.query_string}")
+            if got_parent is None:
+                errors.append(f"'children of': no run {parent} in your projects")
+                overview = pages.children_overview([], False)
+            else:
+                overview = pages.children_overview(list(got_parent.children), got_parent.more_children)
+        else:
+            listed, counted = await asyncio.gather(
+                self.call(request, self.backend.scheduler.ListRuns, req),
+                self.call(
+                    request,
+                    self.backend.scheduler.CountRuns,
+                    scheduler_pb2.CountRunsRequest(project_id=project, include_finished=True),
+                ),
+            )
+            overview = pages.overview(counted)
         rows = [] if search and _is_uuid(search) else [pages.run_row(r) for r in listed.runs]
         filtered = bool(statuses or channels or since or until or search or parent)
         if not listed.runs and not filtered:
@@ -272,7 +286,7 @@ class Console:
             "runs.html",
             project=project,
             rows=rows,
-            overview=pages.overview(counted),
+            overview=overview,
             statuses=pages.STATUSES,
             channels=pages.CHANNELS,
             chosen_statuses=statuses,
@@ -288,6 +302,18 @@ class Console:
             first_url=("?" + urlencode(keep)) if q.get("page_token") else "",
             filtered=filtered,
         )
+
+    async def _parent(self, request: web.Request, run_id: str) -> scheduler_pb2.GetRunResponse | None:
+        """GetRun of the run whose children are listed; None when the caller has no such run."""
+        try:
+            got: scheduler_pb2.GetRunResponse = await self.call(
+                request, self.backend.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id)
+            )
+        except AwooopError as err:
+            if err.code.name != "NOT_FOUND":
+                raise
+            return None
+        return got
 
     async def run(self, request: web.Request) -> web.StreamResponse:
         session = self.need(request)

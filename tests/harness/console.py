@@ -71,11 +71,11 @@ class ConsoleEnv:
         await self.scale_step(lease)
         return run_id, await rpc_runs.request_approval(self.worker, lease, summary)
 
-    async def parked_on_wait(self, kind: int = scheduler_pb2.WAIT_KIND_TOKEN) -> tuple[str, str]:
+    async def parked_on_wait(self, kind: int = scheduler_pb2.WAIT_KIND_TOKEN, timeout_s: int = 3600) -> tuple[str, str]:
         """A run parked on an open durable wait (WAITING_TOOL, no lease); returns (run_id, wait_id)."""
         run_id = await self.create()
         lease = await self.claim(run_id)
-        timeout = Duration(seconds=3600)
+        timeout = Duration(seconds=timeout_s)
         created = await self.worker.call(
             self.worker.scheduler.CreateWait,
             scheduler_pb2.CreateWaitRequest(lease=lease, step_id="deploy-done", kind=kind, timeout=timeout),  # type: ignore[arg-type]
