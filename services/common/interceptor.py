@@ -35,11 +35,9 @@ from services.common import errors, tracing
 from services.common.auth import Authenticator, Principal, reset_principal, set_principal
 from services.common.db import store_error
 from services.common.observability import RUN_ID, RpcMetrics, run_id_getter
+from services.common.public_methods import is_public
 
 log = logging.getLogger("awooop.rpc")
-
-PUBLIC_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
-
 
 if TYPE_CHECKING:  # grpc's classes are generic only in their stubs
     Handler = grpc.RpcMethodHandler[Any, Any]
@@ -112,14 +110,14 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:  # unknown method: grpc answers UNIMPLEMENTED; not cached (any name can come)
             return handler
-        if not method.startswith(PUBLIC_PREFIXES) and handler.unary_unary is not None:
+        if not is_public(method) and handler.unary_unary is not None:
             handler = grpc.unary_unary_rpc_method_handler(
                 # on a grpc.aio server the handlers are coroutine functions taking an aio context
                 self._wrap(method, cast("AioUnary", handler.unary_unary)),
                 request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
-        elif not method.startswith(PUBLIC_PREFIXES) and handler.unary_stream is not None:
+        elif not is_public(method) and handler.unary_stream is not None:
             handler = grpc.unary_stream_rpc_method_handler(
                 # an async generator function taking an aio context
                 self._wrap_stream(method, cast("AioStream", handler.unary_stream)),

@@ -34,6 +34,8 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from services.common.public_methods import is_public
+
 PROPAGATOR = TraceContextTextMapPropagator()
 SCOPE = "awooop"
 
@@ -119,10 +121,8 @@ def server_interceptors() -> list[grpc.aio.ServerInterceptor]:
         return []
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
-    from services.common.interceptor import PUBLIC_PREFIXES  # (it imports this module)
-
     def traced(details: grpc.HandlerCallDetails) -> bool:
-        return not details.method.startswith(PUBLIC_PREFIXES)
+        return not is_public(details.method)
 
     return [aio_server_interceptor(tracer_provider=provider, filter_=traced)]  # type: ignore[no-untyped-call]
 
