@@ -28,7 +28,7 @@ def _import_services() -> None:
 def _render_claim_variants() -> None:
     # imported here: the scheduler imports services.common, never the other way at import time
     from services.scheduler import claiming
-    from services.scheduler.servicer import MAX_CLAIM_RUNS
+    from services.scheduler.claim_rpcs import MAX_CLAIM_RUNS
 
     for max_runs in range(1, MAX_CLAIM_RUNS + 1):
         claiming.claim_statement(1, max_runs)

@@ -2,7 +2,13 @@
 docs/architecture.md "State machine, leases and fencing").
 
 Modules, transport first:
-    servicer.py     SchedulerService RPCs: validate, call the logic, build responses
+    servicer.py     SchedulerService transport: each RPC handed to its group's module below
+    claim_rpcs.py, worker_write_rpcs.py, approval_rpcs.py, wait_rpcs.py, child_rpcs.py,
+    read_rpcs.py, flow_rpcs.py, schedule_rpcs.py, watch_rpcs.py
+                    the RPC groups (claims and leases; fenced worker writes; approvals and cancel;
+                    durable waits; child runs; run reads; project flow, limits, pause, redrive;
+                    schedules; watching runs): validate, call the logic, build responses
+    rpc_fields.py   request fields and answer parts several groups share (a lease token, a status)
     claiming.py     the ClaimRuns long-poll (wake-up, a backoff's end, or the wait's end) around the claim
     batch_complete.py  CompleteRuns, and the claim that carries completions
     hand_back.py    handing back claimed runs the call does not deliver (no room, caller gone, error)
