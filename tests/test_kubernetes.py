@@ -13,6 +13,7 @@ import base64
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -311,3 +312,49 @@ def test_keda_scales_the_workers_on_the_schedulers_queue_metrics(
     (container,) = worker["spec"]["template"]["spec"]["containers"]
     assert meta["threshold"] == flag(container["command"], "concurrency")
     assert "--project=demo" in container["command"]
+
+
+def ts_default(path: Path, pattern: str) -> float:
+    """A default the TypeScript package's source sets (seconds)."""
+    found = re.search(pattern, path.read_text())
+    assert found, (path, pattern)
+    return float(found[1])
+
+
+def test_the_typescript_worker_example_runs_node_drains_before_its_sigkill_and_is_probed_on_its_health_port() -> None:
+    """examples/node-worker/kubernetes.yaml (applied beside the base, not part of it) is valid for
+    the API; its container runs node itself, as the example's image does, never npm (npm start's
+    script execs node, for the same reason); the kubelet's SIGKILL comes after the TypeScript
+    Worker's drain (shutdownGrace, then hand-backs for up to 2 call timeouts; a claim in flight
+    ends within claimWait); the liveness probe asks /healthz on the port the worker serves it on."""
+    example = ROOT / "examples" / "node-worker"
+    docs = [d for d in yaml.safe_load_all((example / "kubernetes.yaml").read_text()) if d]
+    for doc in docs:
+        for version in VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+    pod = one(docs, "Deployment", "awooop-node-worker")["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    dockerfile = (example / "Dockerfile").read_text()
+    image_command = [
+        json.loads(line.removeprefix("CMD ")) for line in dockerfile.splitlines() if line.startswith("CMD ")
+    ]
+    assert container["command"] == image_command[-1] == ["node", "dist/worker.js"]
+    scripts = json.loads((example / "package.json").read_text())["scripts"]
+    assert scripts["start"] == "exec node dist/worker.js"
+    # the example keeps the package's shutdown defaults
+    assert "shutdownGrace" not in (example / "worker.ts").read_text()
+    src = ROOT / "packages" / "worker-ts" / "src"
+    grace = ts_default(src / "worker.ts", r"options\.shutdownGrace \?\? (\d+)")
+    claim_wait = ts_default(src / "worker.ts", r"options\.claimWait \?\? (\d+)")
+    call_timeout = ts_default(src / "client.ts", r"DEFAULT_TIMEOUT = (\d+)")
+    kill_after = pod["spec"]["terminationGracePeriodSeconds"]
+    assert kill_after > grace + 2 * call_timeout and kill_after > claim_wait, (kill_after, grace, call_timeout)
+    env = {e["name"]: e["value"] for e in container["env"]}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz" and ports[probe["port"]] == int(env["AWOOOP_WORKER_HTTP_PORT"])
+    assert f"ENV AWOOOP_WORKER_HTTP_PORT={env['AWOOOP_WORKER_HTTP_PORT']}" in dockerfile
+    for name in ("scheduler", "saga", "gateway"):
+        assert env[f"AWOOOP_{name.upper()}_ADDR"] == f"awooop-{name}:{Settings().port_of(name)}"
+    pdb = one(docs, "PodDisruptionBudget", "awooop-node-worker")
+    assert selects(pdb["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
