@@ -13,7 +13,8 @@ once, compensates, posts an error, times out), each journaled and answered from 
 the handler runs again, child runs (ctx.runChildren, ctx.startChild: the parent parked until its
 children ended, then answered their outcomes), and SIGTERM: handlers finish in the grace period or are
 handed back, settling calls retried through hangs and UNAVAILABLE, a claim answered after the
-signal handed back, and a non-zero exit naming the runs it could not settle.
+signal handed back, and a non-zero exit naming the runs it could not settle. The package's own
+unit tests (`npm test`, node's test runner) run here too.
 
 The handler is packages/worker-ts/test/worker.ts: each run's input.mode says what it does."""
 
@@ -25,6 +26,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 from collections.abc import AsyncIterator
@@ -153,6 +155,15 @@ async def steps_of(db: Any, run_id: str) -> dict[str, Any]:
         run_id,
     )
     return {r["step_id"]: r for r in rows}
+
+
+def test_the_packages_own_unit_tests_pass(package: Path) -> None:
+    """`npm test` in the package: node's test runner over its unit tests (settings, the metrics'
+    names and labels, spans with the OpenTelemetry SDK, the /metrics and /healthz endpoint)."""
+    out = subprocess.run([need("npm"), "test"], cwd=package, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, f"{out.stdout}\n{out.stderr}"
+    counts = dict(re.findall(r"^# (pass|fail|cancelled) (\d+)$", out.stdout, re.M))
+    assert int(counts["pass"]) > 0 and counts["fail"] == counts["cancelled"] == "0", out.stdout
 
 
 async def test_a_worker_killed_mid_step_has_its_run_reaped_and_finished_by_another(

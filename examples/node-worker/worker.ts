@@ -6,6 +6,7 @@
 //   AWOOOP_SAGA_ADDR        else AWOOOP_SAGA_PORT on AWOOOP_HOST, else 127.0.0.1:50053
 //   AWOOOP_GATEWAY_ADDR     else AWOOOP_GATEWAY_PORT on AWOOOP_HOST, else 127.0.0.1:50054
 //   AWOOOP_PROJECT          default demo
+//   AWOOOP_WORKER_HTTP_PORT serve /metrics and /healthz there (unset: no HTTP server)
 import { ToolClient, Worker, type CompensationCommand, type Json, type RunContext } from "@awooop/worker";
 
 const tools = new ToolClient(); // the tool gateway
