@@ -201,46 +201,59 @@ class Runtime:
             ("grpc.server.max_pending_requests_hard_limit", pending_limit(s.max_concurrent_rpcs)),
         ]
         for name in self.services:
-            parts = load_service(name)(self.ctx)
-            interceptor = ServiceInterceptor(
-                authenticator, s.access_log, authenticate=not parts.public, max_concurrent_rpcs=s.max_concurrent_rpcs
-            )
-            # tracing's interceptor (none while off) outside ours: its span covers the whole call
-            server = grpc.aio.server(interceptors=[*tracing.server_interceptors(), interceptor], options=options)
-            for add, servicer in parts.servicers:
-                add(servicer, server)
-            preset_grpc_metrics(parts.service_names)
-            hs = HealthServicer()
-            health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-            reflection.enable([*parts.service_names, health.SERVICE_NAME], server)
-            port = 0 if self.port_zero else s.port_of(name)
-            address = f"{s.host}:{port}"
-            try:
-                if credentials is not None:
-                    bound = server.add_secure_port(address, credentials)
-                else:
-                    bound = server.add_insecure_port(address)
-            except RuntimeError as exc:  # grpc's "Failed to bind to address"
-                setting = f"AWOOOP_{name.upper()}_PORT"
-                raise SystemExit(f"{name}: cannot listen on {address} (in use?): set {setting}: {exc}") from exc
-            self.servers[name] = server
-            self.health[name] = hs
-            self._service_names[name] = parts.service_names
-            self._on_stop.extend(parts.on_stop)
-            await server.start()
-            for svc in [*parts.service_names, ""]:
-                await hs.set(svc, SERVING)
-            for plane, readiness in parts.planes.items():
-                await readiness.attach(hs, [plane])
-            self.ports[name] = bound
-            if parts.http_app is not None and s.http_port:
-                self.http_ports[name] = await self._serve_http(name, parts.http_app)
-            for loop in parts.background:
-                self._tasks.append(asyncio.create_task(loop(), name=f"{name}:{loop.__name__}"))
-            log.info(
-                "serving",
-                extra={"service": name, "address": f"{s.host}:{bound}", "tls": credentials is not None},
-            )
+            await self._serve(name, self.ctx, authenticator, credentials, options)
+
+    async def _serve(
+        self,
+        name: str,
+        ctx: AppContext,
+        authenticator: Authenticator,
+        credentials: grpc.ServerCredentials | None,
+        options: list[tuple[str, Any]],
+    ) -> None:
+        """One service: its gRPC server (interceptors, health, reflection) bound and started, its
+        HTTP side and its background loops."""
+        s = self.settings
+        parts = load_service(name)(ctx)
+        interceptor = ServiceInterceptor(
+            authenticator, s.access_log, authenticate=not parts.public, max_concurrent_rpcs=s.max_concurrent_rpcs
+        )
+        # tracing's interceptor (none while off) outside ours: its span covers the whole call
+        server = grpc.aio.server(interceptors=[*tracing.server_interceptors(), interceptor], options=options)
+        for add, servicer in parts.servicers:
+            add(servicer, server)
+        preset_grpc_metrics(parts.service_names)
+        hs = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+        reflection.enable([*parts.service_names, health.SERVICE_NAME], server)
+        port = 0 if self.port_zero else s.port_of(name)
+        address = f"{s.host}:{port}"
+        try:
+            if credentials is not None:
+                bound = server.add_secure_port(address, credentials)
+            else:
+                bound = server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc's "Failed to bind to address"
+            setting = f"AWOOOP_{name.upper()}_PORT"
+            raise SystemExit(f"{name}: cannot listen on {address} (in use?): set {setting}: {exc}") from exc
+        self.servers[name] = server
+        self.health[name] = hs
+        self._service_names[name] = parts.service_names
+        self._on_stop.extend(parts.on_stop)
+        await server.start()
+        for svc in [*parts.service_names, ""]:
+            await hs.set(svc, SERVING)
+        for plane, readiness in parts.planes.items():
+            await readiness.attach(hs, [plane])
+        self.ports[name] = bound
+        if parts.http_app is not None and s.http_port:
+            self.http_ports[name] = await self._serve_http(name, parts.http_app)
+        for loop in parts.background:
+            self._tasks.append(asyncio.create_task(loop(), name=f"{name}:{loop.__name__}"))
+        log.info(
+            "serving",
+            extra={"service": name, "address": f"{s.host}:{bound}", "tls": credentials is not None},
+        )
 
     async def _serve_http(self, name: str, app: Any) -> int:
         from aiohttp import web  # only services with an HTTP side need it loaded
