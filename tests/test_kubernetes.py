@@ -3,8 +3,11 @@ against the Kubernetes API schemas (kubernetes-validate, strict: unknown fields 
 oldest release it supports (1.30) and the newest bundled; the KEDA ScaledObject against KEDA's CRD
 schema (tests/schemas). Then the manifests against the code they run: commands the CLI parses,
 variables that are settings, probes on the ports and grpc.health.v1 names the services serve,
-termination grace above the drain it must cover, PodDisruptionBudgets that select the pods, and
-the setup Job's internal-key script run for real against a store."""
+termination grace above the drain it must cover, PodDisruptionBudgets that select the pods, the
+console on its settings' port, the Ingress on ingest's HTTP routes with the callback URLs made
+from its host, NetworkPolicies that admit exactly the pods whose settings name a service, /tmp
+writable under every read-only root, base applying without the workers' key, and the setup
+Job's internal-key script run for real against a store."""
 
 from __future__ import annotations
 
@@ -14,10 +17,12 @@ import copy
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -29,20 +34,23 @@ from awooop.cli.main import build_parser
 from awooop.worker.client import DEFAULT_TIMEOUT
 from services.common.principals import INTERNAL_PRINCIPAL, parse_key
 from services.common.settings import Settings, env_names
+from services.ingest import run_stream, wait_callbacks
+from services.ingest.http import HttpIngest
 from services.scheduler import metrics as scheduler_metrics
+from services.scheduler.waits import callback_url
 from tests.harness.helpers import ROOT
 
 KUBECTL = Path(sys.executable).parent / "kubectl"
 DEPLOY = ROOT / "deploy" / "kubernetes"
-OVERLAYS = ("base", "keda")
+OVERLAYS = ("base", "worker", "keda")
 VERSIONS = ("1.30", kubernetes_validate.latest_version())
 SERVED = tuple(SERVICE_ALIASES)  # ingest, scheduler, saga, gateway
 KEY_SECRET = "awooop-internal-key"
 
 
-def render(overlay: str) -> list[dict[str, Any]]:
+def render(overlay: str, deploy: Path = DEPLOY) -> list[dict[str, Any]]:
     out = subprocess.run(
-        [str(KUBECTL), "kustomize", str(DEPLOY / overlay)], capture_output=True, text=True, timeout=120
+        [str(KUBECTL), "kustomize", str(deploy / overlay)], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
@@ -99,8 +107,9 @@ def test_every_manifest_validates_against_the_kubernetes_schemas(
                 validate(doc, scaled_object_schema)
             except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as exc:
                 raise AssertionError(f"{overlay}: {doc['kind']}/{doc['metadata']['name']}: {exc}") from None
-    kinds = {d["kind"] for d in rendered["keda"]}
-    assert {"Deployment", "Service", "PodDisruptionBudget", "Job", "ScaledObject"} <= kinds
+    kinds = {d["kind"] for d in rendered["base"]}
+    assert {"Deployment", "Service", "PodDisruptionBudget", "Job", "Ingress", "NetworkPolicy"} <= kinds
+    assert {d["kind"] for d in rendered["keda"]} == {"Deployment", "PodDisruptionBudget", "ScaledObject"}
 
 
 def test_the_validation_refuses_a_broken_manifest(
@@ -275,7 +284,7 @@ def test_a_worker_pod_is_killed_only_after_the_sdks_drain(rendered: dict[str, li
     """On SIGTERM the SDK gives handlers --shutdown-grace, then hands back what it still holds with
     retries for up to 2 call timeouts (packages/worker/src/awooop/worker/worker.py); a claim in
     flight is awaited (it ends within --claim-wait). The kubelet's SIGKILL must come after all of that."""
-    docs = rendered["base"]
+    docs = rendered["worker"]
     deployment = one(docs, "Deployment", "awooop-worker")
     pod = deployment["spec"]["template"]
     (container,) = pod["spec"]["containers"]
@@ -358,3 +367,160 @@ def test_the_typescript_worker_example_runs_node_drains_before_its_sigkill_and_i
         assert env[f"AWOOOP_{name.upper()}_ADDR"] == f"awooop-{name}:{Settings().port_of(name)}"
     pdb = one(docs, "PodDisruptionBudget", "awooop-node-worker")
     assert selects(pdb["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+
+
+def pod_templates(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Deployment or Job name -> its pod template."""
+    return {d["metadata"]["name"]: d["spec"]["template"] for d in docs if d["kind"] in ("Deployment", "Job")}
+
+
+def test_the_console_serves_on_its_settings_port_and_calls_the_services_by_their_names(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    from aiohttp import web
+
+    from services.console.app import make_app, templates
+    from services.console.views import Console
+
+    docs = rendered["base"]
+    deployment = one(docs, "Deployment", "awooop-console")
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    args = parses(container["command"])
+    assert args.func.__name__ == "cmd_serve" and args.services == ["console"]
+    env = container_env(docs, container)
+    assert not set(env) - set(env_names()), f"not settings: {set(env) - set(env_names())}"
+    s = Settings.from_env(env | {"AWOOOP_DATABASE_URL": "postgresql://awooop@store/awooop"})
+    assert s.host == "0.0.0.0" and s.console_port == Settings().console_port
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": s.console_port, "metrics": s.metrics_port}
+    assert s.console_scheduler_addr == f"awooop-scheduler:{Settings().scheduler_port}"
+    assert s.console_saga_addr == f"awooop-saga:{Settings().saga_port}"
+    # the probes' path is the console's own health route, which needs no session
+    app = make_app(Console(templates(), None, None, trace_url="", secure=False))  # type: ignore[arg-type]
+    routes = {r.resource.canonical for r in app.router.routes() if r.method == "GET" and r.resource is not None}
+    for probe in (container["readinessProbe"], container["livenessProbe"]):
+        assert probe["httpGet"]["port"] == "http" and probe["httpGet"]["path"] in routes
+    assert isinstance(app, web.Application)
+    service = one(docs, "Service", "awooop-console")
+    assert selects(service["spec"]["selector"], pod["metadata"]["labels"])
+    assert {p["port"] for p in service["spec"]["ports"]} == {s.console_port, s.metrics_port}
+    pdb = one(docs, "PodDisruptionBudget", "awooop-console")
+    assert selects(pdb["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
+    assert pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+
+
+def test_the_ingress_routes_ingests_http_endpoint_and_its_host_makes_the_callback_urls(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """Webhooks, the API channel, callback URLs and run event streams reach ingest's HTTP port
+    through the Ingress; the callback URLs the scheduler hands out start with the Ingress's host,
+    and follow it when an operator sets another."""
+    docs = rendered["base"]
+    ingress = one(docs, "Ingress", "awooop-ingest")
+    (rule,) = ingress["spec"]["rules"]
+    (path,) = rule["http"]["paths"]
+    assert path["pathType"] == "Prefix"
+    backend = path["backend"]["service"]
+    assert backend["name"] == "awooop-ingest"
+    service = one(docs, "Service", "awooop-ingest")
+    (service_port,) = [p for p in service["spec"]["ports"] if p["name"] == backend["port"]["name"]]
+    http_port = Settings.from_env(container_env(docs, the_container(docs, "awooop-ingest"))).http_port
+    assert service_port["port"] == http_port == Settings().http_port
+    # ingest's HTTP routes, registered as its app registers them (nothing is called)
+    app = HttpIngest(Settings(), None, None, None).app()  # type: ignore[arg-type]
+    wait_callbacks.add_routes(app, None, Settings())  # type: ignore[arg-type]
+    run_stream.add_routes(app, Settings())
+    routes = [r.canonical for r in app.router.resources()]
+    assert len(routes) == 4 and all(r.startswith(path["path"]) for r in routes), routes
+    assert any(rule["host"] in t["hosts"] for t in ingress["spec"]["tls"]), "the route is served with TLS"
+    assert run_stream.KEEPALIVE_SECONDS < 60  # below a proxy's usual read timeout: streams stay open
+
+    def callback_base(docs: list[dict[str, Any]]) -> str:
+        env = container_env(docs, the_container(docs, "awooop-scheduler"))
+        env.pop("AWOOOP_INTERNAL_API_KEY_FILE")  # the Secret's file, mounted in the pod only
+        return Settings.from_env(env).wait_callback_base_url
+
+    url = urlsplit(callback_url(callback_base(docs), "tok"))
+    assert (url.scheme, url.netloc) == ("https", rule["host"]) and url.path.startswith(path["path"])
+    # an operator's host: set once, in ingress.yaml
+    copied = tmp_path / "kubernetes"
+    shutil.copytree(DEPLOY, copied)
+    ingress_file = copied / "base" / "ingress.yaml"
+    ingress_file.write_text(ingress_file.read_text().replace(rule["host"], "hooks.corp.example"))
+    assert callback_base(render("base", copied)) == "https://hooks.corp.example"
+
+
+def test_network_policies_admit_exactly_the_pods_whose_settings_name_the_service(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Who calls whom is read from the manifests' *_ADDR variables (awooop-<service>:<port>); each
+    internal gRPC service's policy admits exactly those pods on its gRPC port, and anyone on /metrics."""
+    pods = {**pod_templates(rendered["base"]), **pod_templates(rendered["worker"])}
+    address = re.compile(r"awooop-(\w+):(\d+)")
+    callers: dict[str, set[str]] = {}
+    for template in pods.values():
+        component = template["metadata"]["labels"]["app.kubernetes.io/component"]
+        for container in template["spec"]["containers"]:
+            for e in container.get("env", []):
+                m = address.fullmatch(e.get("value", ""))
+                if e["name"].endswith("_ADDR") and m:
+                    assert int(m.group(2)) == Settings().port_of(m.group(1)), e
+                    callers.setdefault(m.group(1), set()).add(component)
+    policies = [d for d in rendered["base"] if d["kind"] == "NetworkPolicy"]
+    guarded = {}
+    for policy in policies:
+        target = policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        grpc_rule, metrics_rule = policy["spec"]["ingress"]
+        (source,) = grpc_rule["from"]
+        expressions = {x["key"]: x for x in source["podSelector"]["matchExpressions"]}
+        assert expressions["app.kubernetes.io/name"]["values"] == ["awooop"]
+        guarded[target] = set(expressions["app.kubernetes.io/component"]["values"])
+        assert grpc_rule["ports"] == [{"port": "grpc"}] and metrics_rule == {"ports": [{"port": "metrics"}]}
+        (container,) = pods[f"awooop-{target}"]["spec"]["containers"]
+        names = {p["name"] for p in container["ports"]}
+        assert names == {"grpc", "metrics"}, f"{target}: a port the policy would close"
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert set(guarded) == {"gateway", "saga", "scheduler"}  # ingest and the console face their users
+    assert guarded == {t: callers[t] for t in guarded}, (guarded, callers)
+
+
+def test_every_read_only_root_has_a_writable_tmp(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    for overlay in OVERLAYS:
+        for name, template in pod_templates(rendered[overlay]).items():
+            spec = template["spec"]
+            empty = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
+            for container in [*spec.get("initContainers", []), *spec["containers"]]:
+                if container.get("securityContext", {}).get("readOnlyRootFilesystem"):
+                    tmp = [m for m in container.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
+                    assert tmp and tmp[0]["name"] in empty and not tmp[0].get("readOnly"), (name, container["name"])
+
+
+def secrets_used(template: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """(Secrets a pod's containers take variables from, Secrets it mounts and needs)."""
+    spec = template["spec"]
+    env = set()
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        env |= {s["secretRef"]["name"] for s in container.get("envFrom", []) if "secretRef" in s}
+        env |= {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", []) if "valueFrom" in e}
+    mounted = {
+        v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v and not v["secret"].get("optional")
+    }
+    return env, mounted
+
+
+def test_base_applies_before_the_workers_key_exists(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """kustomize cannot order objects, so base holds nothing that needs the workers' key (made after
+    the setup Job migrated the store): its pods take variables only from the store's Secret, made
+    first, and mount only the Secret the Job makes (a pod waits for a missing secret volume in
+    ContainerCreating, a missing variable source would be CreateContainerConfigError). The
+    workers, which need their key, are the worker and keda overlays, applied after it."""
+    for name, template in pod_templates(rendered["base"]).items():
+        env, mounted = secrets_used(template)
+        assert env <= {"awooop-store"} and mounted <= {KEY_SECRET}, (name, env, mounted)
+    for overlay in ("worker", "keda"):
+        (template,) = pod_templates(rendered[overlay]).values()
+        assert secrets_used(template)[0] == {"awooop-worker-key"}
+        assert not [
+            d for d in rendered[overlay] if d["kind"] not in ("Deployment", "PodDisruptionBudget", "ScaledObject")
+        ]
