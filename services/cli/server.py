@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import shlex
@@ -50,8 +51,11 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(func=cmd_up)
 
-    p = sub.add_parser("config", help="list every AWOOOP_* setting with its default")
+    p = sub.add_parser(
+        "config", help="list every AWOOOP_* setting: its value here and where it came from (secrets masked)"
+    )
     p.add_argument("--markdown", action="store_true", help="print docs/configuration.md (with meanings)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=cmd_config)
 
 
@@ -97,13 +101,38 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from services.common.settings import describe, markdown
+    """Each setting as this environment configures it, where it came from, and what a command
+    changes on top (`awooop up`'s development defaults, a one-service process's metrics port)."""
+    from services.common.settings import SERVICE_METRICS_PORTS, SettingsError, effective, markdown
 
     if args.markdown:
         print(markdown(), end="")
         return 0
-    for name, default in describe():
-        print(f"{name}={default}")
+    try:
+        settings = effective()
+    except SettingsError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return 1
+    ports = ", ".join(f"{port} {service}" for service, port in SERVICE_METRICS_PORTS.items())
+    notes = {f"AWOOOP_{k.upper()}": f"`awooop up` uses {v:g}" for k, v in DEV_DEFAULTS.items()}
+    notes["AWOOOP_METRICS_PORT"] = f"a process serving one service uses its own: {ports}"
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "settings": [
+                        {"name": e.name, "value": e.value, "source": e.source}
+                        | ({"note": notes[e.name]} if e.source == "default" and e.name in notes else {})
+                        for e in settings
+                    ]
+                },
+                indent=2,
+            )
+        )
+        return 0
+    for e in settings:
+        note = f"; {notes[e.name]}" if e.source == "default" and e.name in notes else ""
+        print(f"{e.name}={e.text()}  # {e.source}{note}")
     return 0
 
 

@@ -13,10 +13,12 @@ import inspect
 import io
 import os
 import re
+import shlex
 import tokenize
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from awooop.worker.client import local_address
 from services.common.limits import MAX_CHILD_DEPTH, MAX_CHILDREN_PER_RUN
@@ -221,8 +223,9 @@ class Settings:
             default = f.default
             values[f.name] = _env(f.name.upper(), default, type(default), environ)
         values.update(overrides)
-        if not values["internal_api_key"] and values["internal_api_key_file"]:
-            values["internal_api_key"] = read_key_file("AWOOOP_INTERNAL_API_KEY_FILE", values["internal_api_key_file"])
+        for key, file_setting in KEY_FILES.items():
+            if not values[key] and values[file_setting]:
+                values[key] = read_key_file(f"AWOOOP_{file_setting.upper()}", values[file_setting])
         return cls(**values)
 
     def with_(self, **changes: Any) -> Settings:
@@ -242,6 +245,75 @@ class Settings:
         return self.scheduler_addr or local_address(self.host, self.scheduler_port)
 
 
+# a secret setting -> the setting naming a file it is read from when it is empty (a mounted secret)
+KEY_FILES = {"internal_api_key": "internal_api_key_file"}
+# settings whose value is a secret: `awooop config` says whether they are set, never what they are
+SECRET_SETTINGS = frozenset({"internal_api_key", "telegram_bot_token"})
+MASK = "****"
+# a libpq keyword DSN's password (`host=db password=x`), or a URL's query parameter (`?password=x`)
+_PASSWORD_PARAM = re.compile(r"(password=)[^\s&]*", re.I)
+
+
+@dataclass(frozen=True)
+class Effective:
+    """A setting as this environment configures it, for `awooop config`."""
+
+    name: str  # AWOOOP_<NAME>
+    value: Any  # the parsed value; secrets and the passwords in URLs masked
+    source: str  # "environment", "file AWOOOP_<NAME>_FILE" or "default"
+
+    def text(self) -> str:
+        """The value as a shell would set it (a masked secret as the mask alone)."""
+        if self.value == MASK:
+            return MASK
+        if isinstance(self.value, bool):
+            return "true" if self.value else "false"
+        value = self.value
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        return shlex.quote(str(value))
+
+
+def masked(setting: str, value: Any) -> Any:
+    """The value with its secret parts hidden: a secret setting's whole value (when set), a URL's
+    or DSN's password."""
+    if not isinstance(value, str) or not value:
+        return value
+    if setting in SECRET_SETTINGS:
+        return MASK
+    try:
+        url = urlsplit(value)
+        password = url.password
+    except ValueError:  # not a URL (a port that does not parse, ...): only keyword passwords
+        password = None
+    if password is not None:
+        user = f"{url.username or ''}:{MASK}@"
+        value = urlunsplit(url._replace(netloc=user + url.netloc.rpartition("@")[2]))
+    return _PASSWORD_PARAM.sub(rf"\g<1>{MASK}", value)
+
+
+def effective(environ: Mapping[str, str] | None = None) -> list[Effective]:
+    """Every setting's value in this environment (os.environ unless environ is given) and where
+    it came from, secrets masked; raises SettingsError as Settings.from_env does."""
+    env = os.environ if environ is None else environ
+    settings = Settings.from_env(env)
+    from_file = {key: f"file AWOOOP_{name.upper()}" for key, name in KEY_FILES.items()}
+    out = []
+    for f in fields(Settings):
+        if f.name == "extra":
+            continue
+        name = f"AWOOOP_{f.name.upper()}"
+        value = getattr(settings, f.name)
+        if env.get(name, "") != "":  # an empty variable is unset, as from_env reads it
+            source = "environment"
+        elif f.name in from_file and value:
+            source = from_file[f.name]
+        else:
+            source = "default"
+        out.append(Effective(name, masked(f.name, value), source))
+    return out
+
+
 # the /metrics port of a process serving one service when AWOOOP_METRICS_PORT is unset
 # (docker-compose.yml publishes the services' metrics on the same host ports)
 SERVICE_METRICS_PORTS = {"ingest": 9464, "scheduler": 9465, "saga": 9466, "gateway": 9467}
@@ -253,16 +325,6 @@ def metrics_port_for(settings: Settings, services: list[str], environ: Mapping[s
     if (os.environ if environ is None else environ).get("AWOOOP_METRICS_PORT", "") != "" or len(services) != 1:
         return settings.metrics_port
     return SERVICE_METRICS_PORTS.get(services[0], settings.metrics_port)
-
-
-def describe() -> list[tuple[str, str]]:
-    """(ENV NAME, default) pairs, for docs and `awooop config`."""
-    out = []
-    for f in fields(Settings):
-        if f.name == "extra":
-            continue
-        out.append((f"AWOOOP_{f.name.upper()}", repr(f.default)))
-    return out
 
 
 # AWOOOP_* variables that are not server settings: read by the CLI, the worker SDK and the tests.
@@ -376,8 +438,9 @@ def markdown() -> str:
         "It is generated from `services/common/settings.py` by `python -m services.common.settings >",
         "docs/configuration.md`, and a test fails when the two differ. Durations are seconds (decimals",
         "allowed), sizes are bytes, booleans accept `1/true/yes/on` and `0/false/no/off`; a value that does",
-        "not parse stops the service with a message naming the variable. `awooop config` prints the same",
-        "names with their defaults.",
+        "not parse stops the service with a message naming the variable. `awooop config` prints each",
+        "setting's value in the environment it runs in and where it came from (environment, file or",
+        "default), secrets masked.",
         "",
         "Client-side variables (not server settings): `AWOOOP_API_KEY` (the key the CLI and SDK send),",
         "`AWOOOP_INGEST_ADDR`, `AWOOOP_SCHEDULER_ADDR`, `AWOOOP_SAGA_ADDR`, `AWOOOP_GATEWAY_ADDR` (where the",
