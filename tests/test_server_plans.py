@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from services.common import db as store
-from services.common import hot_statements, migrate, server_plans
+from services.common import migrate, server_plans
 from services.common.db import create_pool
 from services.common.settings import Settings
 from services.scheduler import claim_answers, claiming, leases
@@ -113,7 +113,7 @@ async def test_the_migration_creates_a_function_for_every_hot_statement_named_by
     # a migration creates what is missing: every statement marked in this process (tests render
     # more variants than a service has marked when it migrates)
     await migrate.create_plan_functions(db, verify=False)
-    hot = hot_statements.statements()
+    hot = migrate.hot_statements()
     names = {r["name"]: r for r in await db.fetch(server_plans.PLAN_FUNCTIONS.sql)}
     assert set(names) == {server_plans.function_name(sql) for sql in hot}
     # then one with nothing to apply changes nothing
@@ -149,7 +149,7 @@ async def test_two_releases_migrating_at_once_create_each_function_once(db_dsn: 
 
     results = await asyncio.gather(migrate.migrate(db_dsn), migrate.migrate(db_dsn), other_release())
     assert results[:2] == [[], []]  # no migration to apply; the functions were missing
-    hot = hot_statements.statements()
+    hot = migrate.hot_statements()
     assert await db.fetchval(COUNT_FUNCTIONS) == len(hot) + 1
     names = [r["proname"] for r in await db.fetch("SELECT proname FROM pg_proc WHERE proname LIKE 'awooop\\_plan\\_%'")]
     assert sorted(names) == sorted({server_plans.function_name(s) for s in [*hot, changed]})

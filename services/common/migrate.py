@@ -1,5 +1,7 @@
 """Applies the ordered SQL files in services/common/migrations exactly once each, then creates
-the plan functions of this release's hot statements (services/common/server_plans.py).
+the plan functions of this release's hot statements (services/common/server_plans.py), which the
+services register under the `awooop.hot_statements` entry points (pyproject.toml): this module
+knows no service.
 
 Each file runs in its own transaction together with its row in awooop_schema_migrations;
 a session advisory lock makes concurrent `awooop migrate` runs (several replicas starting
@@ -14,12 +16,16 @@ import itertools
 import logging
 from dataclasses import dataclass
 from importlib import resources
+from importlib.metadata import entry_points
 
 import asyncpg
 
-from services.common import hot_statements, migrate_sql, server_plans, sql
+from services.common import migrate_sql, server_plans, sql
 
 log = logging.getLogger("awooop.migrate")
+
+# where a service registers a function listing its hot statements (`statements() -> list[str]`)
+HOT_STATEMENTS_GROUP = "awooop.hot_statements"
 
 # pg_advisory_lock key: the first 8 bytes of sha256("awooop-migrate")
 LOCK_KEY = int.from_bytes(hashlib.sha256(b"awooop-migrate").digest()[:8], "big", signed=True)
@@ -81,11 +87,21 @@ def summary(applied: list[str]) -> str:
     return f"applied {len(applied)} migration{'s' if len(applied) > 1 else ''} ({span})"
 
 
+def hot_statements() -> list[str]:
+    """Every statement that gets a plan function: what each registered service lists, in a stable
+    order. None registered means the server package is not installed (its metadata is missing):
+    an error, since the services would then run every statement plain behind a pooler."""
+    listed = [ep.load() for ep in entry_points(group=HOT_STATEMENTS_GROUP)]
+    if not listed:
+        raise RuntimeError(f"no {HOT_STATEMENTS_GROUP} entry points: install the server package (pip install awooop)")
+    return sorted({statement for statements in listed for statement in statements()})
+
+
 async def create_plan_functions(conn: asyncpg.Connection, *, verify: bool) -> server_plans.Created:
     """The plan functions of this release's hot statements: those missing are created; with
     verify (migrations were just applied, so types may have changed) the others are checked too.
     A statement no function can be made of is logged and runs plain; the migration succeeds."""
-    done = await server_plans.create_functions(conn, hot_statements.statements(), verify=verify)
+    done = await server_plans.create_functions(conn, hot_statements(), verify=verify)
     if done.created or done.replaced:
         log.info(
             "created plan functions",

@@ -12,8 +12,9 @@ statement around it is cheap to plan.
 
 Who does what:
 - The migration step creates the functions (`awooop migrate`, services/common/migrate.py, with
-  the statements services/common/hot_statements.py lists), never a service: create_functions()
-  below. Nothing is hand-copied: each function is generated from the text the services run.
+  the statements the services list: services/scheduler/hot_statements.py), never a service:
+  create_functions() below. Nothing is hand-copied: each function is generated from the text the
+  services run.
 - A function is named by a hash of its statement's text (function_name), so when a release
   changes a statement, old and new releases call different functions side by side during a
   rolling deploy; a release that keeps a text keeps its function.
