@@ -55,8 +55,9 @@ USER 10001
 
 # inside a container the listeners must be reachable from other containers
 ENV AWOOOP_HOST=0.0.0.0
-# gRPC: ingest, scheduler, saga, reference tool gateway; then Prometheus /metrics
-EXPOSE 50051 50052 50053 50054 9464 8080
+# gRPC: ingest, scheduler, saga, reference tool gateway; then Prometheus /metrics, ingest's HTTP
+# endpoint and the operator console (HTTP)
+EXPOSE 50051 50052 50053 50054 9464 8080 8081
 
 # matches the default command; docker-compose.yml sets one per service. OCI images (podman's
 # default format) have no HEALTHCHECK: build with `podman build --format docker` to keep it.

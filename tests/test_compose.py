@@ -30,7 +30,8 @@ from tests.harness.infra import require_program
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
-SERVED = ("ingest", "scheduler", "saga", "gateway")
+SERVED = ("ingest", "scheduler", "saga", "gateway")  # the gRPC services
+CONSOLE = "console"  # HTTP
 ONE_SHOT = ("migrate", "internal-key")
 INTERPOLATION = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 KEY_FILE_VAR = "AWOOOP_INTERNAL_API_KEY_FILE"
@@ -73,18 +74,18 @@ def parses(argv: list[str]) -> Any:
 
 def test_the_stack_is_complete(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"postgres", "redis", *ONE_SHOT, *SERVED}
+    assert set(services) == {"postgres", "redis", *ONE_SHOT, *SERVED, CONSOLE}
     assert services["postgres"]["image"] == "postgres:16"
     assert services["redis"]["image"] == "redis:7"
-    images = {services[name]["image"] for name in (*ONE_SHOT, *SERVED)}
+    images = {services[name]["image"] for name in (*ONE_SHOT, *SERVED, CONSOLE)}
     assert images == {"awooop:local"}  # one image, built from the Dockerfile
-    assert all(services[name]["build"] == "." for name in (*ONE_SHOT, *SERVED))
+    assert all(services[name]["build"] == "." for name in (*ONE_SHOT, *SERVED, CONSOLE))
 
 
 def test_every_command_is_a_real_awooop_command(compose: dict[str, Any]) -> None:
     services = compose["services"]
     assert parses(services["migrate"]["command"]).func.__name__ == "cmd_migrate"
-    for name in SERVED:
+    for name in (*SERVED, CONSOLE):
         args = parses(services[name]["command"])
         assert args.func.__name__ == "cmd_serve" and args.services == [name]
         assert name in SERVICE_CHOICES
@@ -92,14 +93,14 @@ def test_every_command_is_a_real_awooop_command(compose: dict[str, Any]) -> None
 
 def test_every_variable_is_a_setting_and_parses(compose: dict[str, Any], key_file: Path) -> None:
     known = set(env_names())
-    for name in (*ONE_SHOT, *SERVED):
+    for name in (*ONE_SHOT, *SERVED, CONSOLE):
         env = service_env(compose["services"][name], key_file)
         unknown = [k for k in env if k.startswith("AWOOOP_") and k not in known]
         assert not unknown, f"{name}: not settings: {unknown}"
         s = Settings.from_env(env)  # raises SettingsError naming a value that does not parse
         assert urlsplit(s.database_url).hostname == "postgres"
         assert urlsplit(s.redis_url).hostname == "redis"
-        if name in SERVED:
+        if name in (*SERVED, CONSOLE):
             assert s.host == "0.0.0.0", f"{name} must listen beyond the container's loopback"
 
 
@@ -122,9 +123,48 @@ def test_healthchecks_and_ports_match_the_settings(compose: dict[str, Any], key_
         assert deps["migrate"]["condition"] == "service_completed_successfully"
         assert deps["internal-key"]["condition"] == "service_completed_successfully"
         assert deps["redis"]["condition"] == "service_healthy"
+    published += [p.split(":")[0] for p in compose["services"][CONSOLE]["ports"]]
     assert len(published) == len(set(published)), "two services publish the same host port"
     assert compose["services"]["saga"]["depends_on"]["gateway"]["condition"] == "service_healthy"
     assert compose["services"]["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_the_console_serves_on_its_settings_port_and_calls_the_services_by_their_compose_names(
+    compose: dict[str, Any], key_file: Path
+) -> None:
+    from services.console.app import make_app, templates
+    from services.console.views import Console
+
+    services = compose["services"]
+    svc = services[CONSOLE]
+    s = Settings.from_env(service_env(svc))
+    assert s.console_port == Settings().console_port  # the documented default
+    targets = {int(p.split(":")[1]): p.split(":")[0] for p in svc["ports"]}
+    assert set(targets) == {s.console_port, s.metrics_port}, svc["ports"]
+    scheduler_port = Settings.from_env(service_env(services["scheduler"], key_file)).scheduler_port
+    saga_port = Settings.from_env(service_env(services["saga"], key_file)).saga_port
+    assert (s.console_scheduler_addr, s.console_saga_addr) == (f"scheduler:{scheduler_port}", f"saga:{saga_port}")
+    for name in ("migrate", "internal-key"):
+        assert svc["depends_on"][name]["condition"] == "service_completed_successfully"
+    for name in ("scheduler", "saga"):
+        assert svc["depends_on"][name]["condition"] == "service_healthy"
+    # the healthcheck asks the console's own health route (no session) on its port
+    test = svc["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    (url,) = re.findall(r"'(http://[^']+)'", test[3])
+    app = make_app(Console(templates(), None, None, trace_url="", secure=False))  # type: ignore[arg-type]
+    routes = {r.resource.canonical for r in app.router.routes() if r.method == "GET" and r.resource is not None}
+    assert urlsplit(url).netloc == f"127.0.0.1:{s.console_port}" and urlsplit(url).path in routes
+
+
+def test_callback_urls_start_with_ingests_published_http_port(compose: dict[str, Any], key_file: Path) -> None:
+    """A durable wait's callback URL (handed out by the scheduler) reaches ingest's HTTP endpoint
+    as compose publishes it on the host."""
+    services = compose["services"]
+    base = urlsplit(Settings.from_env(service_env(services["scheduler"], key_file)).wait_callback_base_url)
+    http_port = Settings.from_env(service_env(services["ingest"])).http_port
+    published = {int(p.split(":")[1]): int(p.split(":")[0]) for p in services["ingest"]["ports"]}
+    assert base.scheme == "http" and base.port == published[http_port]
 
 
 def test_saga_reaches_the_gateway_by_its_compose_name(compose: dict[str, Any]) -> None:
@@ -292,7 +332,12 @@ def test_dockerfile_runs_awooop_as_a_non_root_user() -> None:
     assert user and user[-1] not in ("root", "0")
     exposed = {int(p) for word, rest in steps if word == "EXPOSE" for p in rest.split()}
     defaults = Settings()
-    assert exposed == {*(defaults.port_of(s) for s in SERVED), defaults.metrics_port, defaults.http_port}
+    assert exposed == {
+        *(defaults.port_of(s) for s in SERVED),
+        defaults.metrics_port,
+        defaults.http_port,
+        defaults.console_port,
+    }
     cmd = json.loads(next(rest for word, rest in steps if word == "CMD"))
     assert parses(cmd).func.__name__ == "cmd_serve"
     health = next(rest for word, rest in steps if word == "HEALTHCHECK")
