@@ -8,8 +8,9 @@ Per statement, by the mode its header names (`-- name: CompleteRun :one`, the mo
   column of the first row or None (fetchval), `:exec` the command tag (execute);
 - a typed async function taking each parameter by name (and each `{{slot}}` as an int), and
 - for `:one` and `:many`, a row type: a Protocol whose `row["column"]` is typed per column. The
-  rows are asyncpg's Records, unchanged (no copy per row); only mypy sees the Protocol, and it
-  refuses a column the statement does not return.
+  rows are asyncpg's Records, unchanged (no copy per row); only mypy sees the Protocol. A column
+  the statement does not return reads as `object` (so a misspelt one fails where it is used), and
+  the row still passes where code takes any row (services/common/db.py Row).
 
 Why a small generator and not sqlc: sqlc's Python output is a plugin that emits SQLAlchemy code,
 its parser would have to understand our `:name` parameters and `{{slot}}` variants, and its
@@ -187,14 +188,14 @@ def _annotation(col: Column) -> str:
 def _row_class(d: Described) -> list[str]:
     name = f"{d.statement.name}Row"
     out = ["", "", f"class {name}(Protocol):", f'    """A row of {d.statement.name}."""', ""]
-    if len(d.columns) == 1:
-        col = d.columns[0]
-        return [*out, f'    def __getitem__(self, key: Literal["{col.name}"], /) -> {_annotation(col)}: ...']
     for col in d.columns:
         out += [
             "    @overload",
             f'    def __getitem__(self, key: Literal["{col.name}"], /) -> {_annotation(col)}: ...',
         ]
+    # any other name is `object`: a misspelt column read as a value fails type checking, and the
+    # row still passes where code takes any row (db.Row)
+    out += ["    @overload", "    def __getitem__(self, key: str, /) -> object: ...", ""]
     out.append("    def __getitem__(self, key: str, /) -> Any: ...")
     return out
 

@@ -284,6 +284,19 @@ STORE_EXCEPTIONS: tuple[type[BaseException], ...] = (
 )
 
 
+async def again_on_deadlock(call: Callable[[], Awaitable[T]], attempts: int = 3) -> T:
+    """Runs call() (one statement, outside a transaction block); when Postgres aborts it as one
+    side of a deadlock it changed nothing and runs again. For statements that lock rows whose order
+    they cannot fully fix: batches whose runs' triggers lock concurrency keys, dedupe rows."""
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except asyncpg.exceptions.DeadlockDetectedError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 async def fetch_again_on_deadlock(
     db: asyncpg.Pool | Conn, sql: str, *args: Any, attempts: int = 3
 ) -> list[asyncpg.Record]:

@@ -18,8 +18,8 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import asyncpg
 from prometheus_client import Counter
@@ -85,17 +85,20 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_TEXT]
 
 
+R = TypeVar("R")
+
+
 async def each_run(
     name: str,
     actor: str,
     pool: asyncpg.Pool,
     run_ids: list[uuid.UUID],
-    one: Callable[[uuid.UUID], Awaitable[list[asyncpg.Record]]],
-) -> list[asyncpg.Record]:
+    one: Callable[[uuid.UUID], Awaitable[list[R]]],
+) -> list[R]:
     """Runs the statement for one run at a time: a run whose statement fails is skipped, logged,
     counted and noted on its history; the others go on. Used after a batch statement failed
     for its data (poisoned)."""
-    done: list[asyncpg.Record] = []
+    done: list[R] = []
     for run_id in run_ids:
         try:
             done += await one(run_id)
@@ -110,20 +113,20 @@ async def in_batches(
     actor: str,
     pool: asyncpg.Pool,
     batch: int,
-    statement: Callable[[uuid.UUID | None, int], Awaitable[list[asyncpg.Record]]],
-    due_sql: str,
-    settle: Callable[[list[asyncpg.Record]], None],
+    statement: Callable[[uuid.UUID | None, int], Awaitable[list[R]]],
+    due: Callable[[int], Awaitable[Sequence[uuid.UUID]]],
+    settle: Callable[[list[R]], None],
 ) -> None:
     """Runs statement(None, batch) until a batch comes back short, settling each batch's rows. A
-    batch that fails for its data is run again one run at a time: due_sql ($1 limit) lists the
-    runs a batch would take, and statement(run_id, 1) restricts the same statement to one."""
+    batch that fails for its data is run again one run at a time: due(limit) lists the runs a
+    batch would take, and statement(run_id, 1) restricts the same statement to one."""
     while True:
         try:
             rows = await statement(None, batch)
         except Exception as exc:
             if not poisoned(exc):
                 raise
-            ids = [r["run_id"] for r in await pool.fetch(due_sql, batch)]
+            ids = list(await due(batch))
             settle(await each_run(name, actor, pool, ids, lambda run_id: statement(run_id, 1)))
             return
         settle(rows)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from google.protobuf import timestamp_pb2
 
@@ -41,24 +41,24 @@ def _enum(known: Mapping[str, int], value: str, name: str) -> int:
     return number
 
 
-def status_to_pb(status: str | None) -> int:
-    return _enum(_STATUS_PB, status, "RunStatus") if status else 0
+def status_to_pb(status: str | None) -> common_pb2.RunStatus.ValueType:
+    return common_pb2.RunStatus.ValueType(_enum(_STATUS_PB, status, "RunStatus") if status else 0)
 
 
 def status_from_pb(value: int) -> str:
     return common_pb2.RunStatus.Name(common_pb2.RunStatus.ValueType(value)).removeprefix("RUN_STATUS_")
 
 
-def channel_to_pb(channel: str) -> int:
-    return _enum(_CHANNEL_PB, channel, "ChannelType")
+def channel_to_pb(channel: str) -> common_pb2.ChannelType.ValueType:
+    return common_pb2.ChannelType.ValueType(_enum(_CHANNEL_PB, channel, "ChannelType"))
 
 
 def channel_from_pb(value: int) -> str:
     return common_pb2.ChannelType.Name(common_pb2.ChannelType.ValueType(value)).removeprefix("CHANNEL_TYPE_").lower()
 
 
-def saga_status_to_pb(value: str | None) -> int:
-    return _enum(_SAGA_PB, value, "SagaStatus") if value else 0
+def saga_status_to_pb(value: str | None) -> common_pb2.SagaStatus.ValueType:
+    return common_pb2.SagaStatus.ValueType(_enum(_SAGA_PB, value, "SagaStatus") if value else 0)
 
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -82,23 +82,17 @@ def ts(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
     return t
 
 
-# Columns every Run needs (the approval token hash never leaves the store).
-RUN_COLUMNS = """run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
-    attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
-    cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
-    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
-    wait_reason, concurrency_keys, wait_key"""
-
-
 def run_to_pb(row: Row) -> common_pb2.Run:
+    """The Run message of any statement's run columns (every statement returning a run returns all
+    of awooop_run_state's: `r.*`)."""
     keys = row["concurrency_keys"] or []
     held = row["not_before"] is not None
     run = common_pb2.Run(
         run_id=str(row["run_id"]),
         project_id=row["project_id"],
-        channel_type=channel_to_pb(row["channel_type"]),  # type: ignore[arg-type]
+        channel_type=channel_to_pb(row["channel_type"]),
         provider_event_id=row["provider_event_id"] or "",
-        status=status_to_pb(row["status"]),  # type: ignore[arg-type]
+        status=status_to_pb(row["status"]),
         max_attempts=row["max_attempts"],
         attempt_count=row["attempt_count"],
         worker_id=row["worker_id"] or "",
@@ -107,7 +101,7 @@ def run_to_pb(row: Row) -> common_pb2.Run:
         cancel_requested=row["cancel_requested"],
         approval_decided_by=row["approval_decided_by"] or "",
         approval_summary=row["approval_summary"] or "",
-        saga_status=saga_status_to_pb(row["saga_status"]),  # type: ignore[arg-type]
+        saga_status=saga_status_to_pb(row["saga_status"]),
         priority=row["priority"],
         concurrency_keys=keys,
         concurrency_key=keys[0] if keys else "",
@@ -118,8 +112,18 @@ def run_to_pb(row: Row) -> common_pb2.Run:
     run.input.CopyFrom(to_struct(_obj(row["input"])))
     if row["output"] is not None:
         run.output.CopyFrom(to_struct(_obj(row["output"])))
-    for name in _RUN_TIMES:
-        value = row[name]
+    times = {
+        "lease_until": row["lease_until"],
+        "heartbeat_at": row["heartbeat_at"],
+        "reaped_at": row["reaped_at"],
+        "approval_expires_at": row["approval_expires_at"],
+        "compensation_started_at": row["compensation_started_at"],
+        "compensation_completed_at": row["compensation_completed_at"],
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+        "not_before": row["not_before"],
+    }
+    for name, value in times.items():
         if value is not None:
             set_time(getattr(run, name), value)
     return run
@@ -134,17 +138,16 @@ def set_run_tree(run: common_pb2.Run, row: Row) -> None:
     run.child_depth = row["child_depth"]
 
 
-_RUN_TIMES = (
-    "lease_until",
-    "heartbeat_at",
-    "reaped_at",
-    "approval_expires_at",
-    "compensation_started_at",
-    "compensation_completed_at",
-    "created_at",
-    "updated_at",
-    "not_before",
-)
+class AttemptsUsedRow(Protocol):
+    """A row of a read that selects attempts_used (reads.sql GetRun, ListRuns)."""
+
+    def __getitem__(self, key: Literal["attempts_used"], /) -> int: ...
+
+
+def set_attempts_used(run: common_pb2.Run, row: AttemptsUsedRow) -> None:
+    """The attempts that count against max_attempts, for the reads that select them: the store's
+    expression, the one the retry decision compares (never recomputed here)."""
+    run.attempts_used = row["attempts_used"]
 
 
 def _obj(value: Any) -> dict[str, Any]:

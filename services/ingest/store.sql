@@ -94,11 +94,7 @@ WITH run AS (
         || COALESCE(:retry_policy::text::jsonb, '{}'))->>'max_attempts')::int), :principal_id,
             :not_before, CASE WHEN :not_before::timestamptz IS NOT NULL THEN 'delayed' END, :priority,
             :retry_policy::text::jsonb, :concurrency_keys::text[], :traceparent)
-    RETURNING run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
-    attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
-    cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
-    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
-    wait_reason, concurrency_keys, wait_key, parent_run_id, parent_step_id, child_depth
+    RETURNING *
 ),
 audited AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)

@@ -152,10 +152,7 @@ def _refusal(
     return errors.approval_invalid(run_id)
 
 
-CHECK = Q["CheckApproval"]
-
-
-async def check(pool: asyncpg.Pool, principal: Principal, run_id: str, token: str) -> asyncpg.Record:
+async def check(pool: asyncpg.Pool, principal: Principal, run_id: str, token: str) -> approvals_sql.CheckApprovalRow:
     """The run, when this caller could decide it with this token now; else the error a decision
     would answer (an expired token is reported, not committed: the sweep or a decision does that)."""
     row = await approvals_sql.check_approval(pool, run_id=run_id, token_hash=token_hash(token))
@@ -177,25 +174,25 @@ def _left_by(cur: asyncpg.Record, approve: bool) -> bool:
 
 # --- the expiry sweep ------------------------------------------------------------------------
 
-SWEEP = Q["ExpireApprovals"]
-DUE = Q["DueApprovals"]
-
 
 async def expire_approvals(pool: asyncpg.Pool, saga: SagaNudger, batch: int = SWEEP_BATCH) -> int:
     """One sweep: fails every expired approval (in batches); returns how many. A batch that
     fails for one run's data is swept again one run at a time (that run skipped and noted)."""
     settled: list[int] = []
 
-    async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
+    async def statement(only: uuid.UUID | None, size: int) -> list[approvals_sql.ExpireApprovalsRow]:
         return await approvals_sql.expire_approvals(pool, batch=size, actor=SWEEP_ACTOR, only_run=only)
 
+    async def due(size: int) -> list[uuid.UUID]:
+        return [r["run_id"] for r in await approvals_sql.due_approvals(pool, batch=size)]
+
     await loops.in_batches(
-        SWEEP_LOOP, SWEEP_ACTOR, pool, batch, statement, DUE.sql, lambda rows: settled.append(_settle(rows, saga))
+        SWEEP_LOOP, SWEEP_ACTOR, pool, batch, statement, due, lambda rows: settled.append(_settle(rows, saga))
     )
     return sum(settled)
 
 
-def _settle(rows: list[asyncpg.Record], saga: SagaNudger) -> int:
+def _settle(rows: list[approvals_sql.ExpireApprovalsRow], saga: SagaNudger) -> int:
     metrics.APPROVALS_EXPIRED.inc(len(rows))
     for r in rows:
         if r["trigger"]:

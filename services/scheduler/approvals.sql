@@ -33,11 +33,7 @@ upd AS (
        AND (r.status = ANY(:allowed::text[])) IS TRUE
        AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
        AND NOT r.cancel_requested
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+ RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
 aud AS (
@@ -64,11 +60,7 @@ WITH upd AS (
        SET approval_token_hash = :token_hash, updated_at = now()
      WHERE r.run_id = :run_id AND r.attempt_count = :attempt AND r.status IN ('WAITING_APPROVAL')
        AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key
+ RETURNING r.*
 ),
 aud AS (
     INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
@@ -112,11 +104,7 @@ upd AS (
        AND r.status = 'WAITING_APPROVAL'
        AND (cur.expired OR r.approval_token_hash = :token_hash)
        AND (:approver_projects::text[] IS NULL OR r.project_id = ANY(:approver_projects::text[])) IS TRUE
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+ RETURNING r.*,
            cur.expired
 ),
 approval_step AS (
@@ -157,11 +145,8 @@ SELECT cur.*, upd.*, (SELECT reason FROM comp) AS comp_trigger, (SELECT n FROM n
 
 -- name: CheckApproval :one
 -- DecideApproval with validate_only: the run and what a decision would find, nothing written.
-SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
-       attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
-       cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
-       compensation_started_at, compensation_completed_at, created_at, updated_at, not_before,
-       traceparent, priority, wait_reason, concurrency_keys, wait_key,
+-- not null: expired, token_matches
+SELECT *,
        COALESCE(approval_expires_at <= now(), false) AS expired,
        COALESCE(approval_token_hash = :token_hash, false) AS token_matches
   FROM awooop_run_state

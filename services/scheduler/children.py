@@ -19,21 +19,15 @@ from typing import Any
 
 import asyncpg
 
-from services.common import errors, sql
+from services.common import errors
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.db import Row
 from services.common.limits import MAX_CHILD_DEPTH, MAX_CHILDREN_PER_RUN
 from services.common.settings import Settings
-from services.scheduler import children_sql, metrics
+from services.scheduler import children_sql, metrics, waits_sql
 from services.scheduler.refusals import fenced_refusal
 from services.scheduler.transitions import WORKER_ROLE
-from services.scheduler.waits import RUN_STATE
-
-Q = sql.load(__file__, "children.sql")
-PARENT = Q["ParentOfChildren"]
-START = Q["StartChildRuns"]
-CHILDREN_OF = Q["ChildrenOf"]
 
 MAX_LISTED = 1000  # children GetRun lists
 
@@ -129,7 +123,7 @@ async def start(
 
 
 async def _refuse(pool: asyncpg.Pool, principal: Principal, run_id: str, attempt: int) -> None:
-    cur = await pool.fetchrow(RUN_STATE.sql, *RUN_STATE.args(run_id=run_id))
+    cur = await waits_sql.run_state(pool, run_id=run_id)
     if cur is None:
         raise errors.not_found("run", run_id)
     check_run_access(principal, cur["cur_project"], WORKER_ROLE, run_id)

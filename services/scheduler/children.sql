@@ -5,6 +5,7 @@
 -- The caller's parent run under its lease, for the limits StartChildRuns checks before it writes:
 -- its depth and how many children it has besides those named :step_ids (the fan-out limit counts
 -- every child it ever started; a parent run again names children it has already).
+-- not null: children
 SELECT r.run_id, r.project_id, r.child_depth,
        (SELECT count(*) FROM awooop_run_state c
          WHERE c.parent_run_id = r.run_id AND NOT c.parent_step_id = ANY(:step_ids::text[])) AS children

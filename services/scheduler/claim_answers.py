@@ -32,12 +32,8 @@ from typing import Any
 
 import asyncpg
 
-from services.common import errors, sql
+from services.common import errors
 from services.scheduler import claims_sql
-
-Q = sql.load(__file__, "claims.sql")
-REPLAY = Q["ReplayClaimAnswer"]
-PRUNE = Q["PruneClaimAnswers"]
 
 TABLE = "awooop_claim_answer"
 PRIMARY_KEY = f"{TABLE}_pkey"
@@ -68,12 +64,13 @@ def recorded_meanwhile(err: asyncpg.exceptions.UniqueViolationError) -> bool:
     return getattr(err, "constraint_name", None) == PRIMARY_KEY
 
 
-async def replay(pool: asyncpg.Pool, key: ClaimKey) -> list[asyncpg.Record]:
+async def replay(pool: asyncpg.Pool, key: ClaimKey) -> list[claims_sql.ReplayClaimAnswerRow]:
     """The runs of the key's recorded answer that still hold its leases (claimed rows without
     from_status and claim_wait). A claim id first used with other parameters is refused with
     IDEMPOTENCY_CONFLICT; an answer pruned meanwhile answers no runs."""
-    args = REPLAY.args(principal=key.principal, worker_id=key.worker_id, claim_id=key.claim_id)
-    rows = await pool.fetch(REPLAY.sql, *args)
+    rows = await claims_sql.replay_claim_answer(
+        pool, principal=key.principal, worker_id=key.worker_id, claim_id=key.claim_id
+    )
     if not rows:
         return []
     first = rows[0]

@@ -4,7 +4,7 @@ lease renewal (leases), build the answer."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from awooop.scheduler.v1 import scheduler_pb2
 from services.common import errors
 from services.common.access import projects_with, require_role
 from services.common.auth import Principal, current_principal
+from services.common.db import Row
 from services.common.limits import MAX_ID
 from services.common.runs import run_to_pb, set_run_tree, set_time, ts
 from services.common.runtime import AppContext
@@ -32,7 +33,7 @@ MAX_HEARTBEAT_LEASES = 1000
 MAX_LEASE_TTL = 3600.0  # seconds
 
 
-def _claimed(rows: list[Any]) -> list[scheduler_pb2.ClaimedRun]:
+def _claimed(rows: Sequence[Row]) -> list[scheduler_pb2.ClaimedRun]:
     out = []
     for r in rows:
         run = run_to_pb(r)

@@ -19,12 +19,13 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import asyncpg
 
 from services.common import sql
+from services.common.db import Row
 from services.common.server_plans import keep_plan
 from services.scheduler import claim_answers, hand_back, metrics
 from services.scheduler.claim_answers import ClaimKey
@@ -56,18 +57,18 @@ class Claim(NamedTuple):
     """What a claim answers: the runs it claimed, or (replayed) the runs an earlier claim with the
     same claim id claimed that still hold its leases (claim_answers.replay)."""
 
-    rows: list[asyncpg.Record]
+    rows: Sequence[Row]  # ClaimRuns rows, or ReplayClaimAnswer rows: the same run columns
     replayed: bool = False
 
     @property
-    def taken(self) -> list[asyncpg.Record]:
+    def taken(self) -> Sequence[Row]:
         """The runs this call claimed (to hand back if they are not delivered): a replay took none."""
         return [] if self.replayed else self.rows
 
 
 async def claim(
     pool: asyncpg.Pool, projects: list[str], max_runs: int, lease_ttl: float, worker_id: str, actor: str
-) -> list[asyncpg.Record]:
+) -> Sequence[Row]:
     """A claim without a claim id: the claimed rows."""
     return (await claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor)).rows
 
@@ -111,7 +112,7 @@ async def seconds_until_ready(pool: asyncpg.Pool, projects: list[str]) -> float 
     return None if value is None else max(0.0, float(value))
 
 
-def _taken(result: Claim) -> list[asyncpg.Record]:
+def _taken(result: Claim) -> Sequence[Row]:
     return result.taken
 
 
@@ -168,31 +169,44 @@ async def claim_runs(
                     if timer:
                         _pass_on(listener, projects, woken)
                     return result
-                timeout = left
-                next_ready = await seconds_until_ready(pool, projects)
-                timer = next_ready is not None
-                if next_ready is not None:
-                    timeout = min(timeout, next_ready + 0.001)
-                poll = listener.poll_interval
-                if poll is not None:
-                    timeout = min(timeout, poll)
-                metrics.CLAIMS_WAITING.inc()
-                try:
-                    # asyncio.timeout, not wait_for: on 3.11 wait_for returns normally when the
-                    # event is set in the same turn the call is cancelled, and the cancel is lost
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(timeout):
-                            await woken.wait()
-                except asyncio.CancelledError:
-                    metrics.CLAIMS_ABANDONED.inc()  # (a claim statement's own is counted by to_the_end)
-                    raise
-                finally:
-                    metrics.CLAIMS_WAITING.dec()
+                timeout, timer = await _wait_timeout(pool, listener, projects, left)
+                await _wait(woken, timeout)
             except asyncio.CancelledError:  # the call ended: while it waited, claimed or looked
                 if woken_before or woken.is_set() or timer:
                     _pass_on(listener, projects, woken)
                 raise
             woken_before = woken.is_set()
+
+
+async def _wait_timeout(
+    pool: asyncpg.Pool, listener: RunReadyListener, projects: list[str], left: float
+) -> tuple[float, bool]:
+    """How long an empty claim waits to be woken: at most `left`, until the earliest backoff of
+    these projects ends, at most the poll interval; and whether it counts on a backoff ending."""
+    timeout = left
+    next_ready = await seconds_until_ready(pool, projects)
+    if next_ready is not None:
+        timeout = min(timeout, next_ready + 0.001)
+    poll = listener.poll_interval
+    if poll is not None:
+        timeout = min(timeout, poll)
+    return timeout, next_ready is not None
+
+
+async def _wait(woken: asyncio.Event, timeout: float) -> None:
+    """Waits until woken or timeout seconds pass, counted in the claim gauges."""
+    metrics.CLAIMS_WAITING.inc()
+    try:
+        # asyncio.timeout, not wait_for: on 3.11 wait_for returns normally when the
+        # event is set in the same turn the call is cancelled, and the cancel is lost
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await woken.wait()
+    except asyncio.CancelledError:
+        metrics.CLAIMS_ABANDONED.inc()  # (a claim statement's own is counted by to_the_end)
+        raise
+    finally:
+        metrics.CLAIMS_WAITING.dec()
 
 
 def _pass_on(listener: RunReadyListener, projects: list[str], own: asyncio.Event) -> None:

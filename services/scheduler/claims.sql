@@ -132,12 +132,7 @@ upd AS (
        AND (r.status = ANY(:allowed::text[])) IS TRUE
        AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
        AND (SELECT count(*) FROM held_keys) >= 0
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
-           r.parent_run_id, r.parent_step_id, r.child_depth,
+ RETURNING r.*,
            w.cur_status AS from_status, w.item AS upd_item, w.cur_worker AS prev_worker
 ),
 aud AS (
@@ -212,12 +207,8 @@ claimed AS (
       FROM go p
      WHERE r.run_id = ANY(ARRAY(SELECT run_id FROM go))
        AND r.run_id = p.run_id
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
-           r.parent_run_id, r.parent_step_id, r.child_depth, p.from_status,
+ -- upd's columns in upd's order (NULL where a claim has none), so the final UNION ALL's arms line up
+ RETURNING r.*, p.from_status, NULL::bigint AS upd_item, NULL::text AS prev_worker, NULL::text AS comp_trigger,
            EXTRACT(EPOCH FROM clock_timestamp() - p.ready_since)::float8 AS claim_wait
 ),
 claim_aud AS (
@@ -243,16 +234,7 @@ SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger, NULL::float8 AS claim_
   LEFT JOIN cur ON cur.cur_run_id = it.run_id
   LEFT JOIN upd ON upd.upd_item = it.item
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       claimed.run_id, claimed.project_id, claimed.channel_type, claimed.provider_event_id, claimed.status,
-       claimed.input, claimed.output, claimed.max_attempts, claimed.attempt_count, claimed.lease_until,
-       claimed.heartbeat_at, claimed.worker_id, claimed.reaped_at, claimed.failure_reason, claimed.error_code,
-       claimed.cancel_requested, claimed.approval_expires_at, claimed.approval_summary, claimed.approval_decided_by,
-       claimed.saga_status, claimed.compensation_started_at, claimed.compensation_completed_at, claimed.created_at,
-       claimed.updated_at, claimed.not_before, claimed.traceparent, claimed.priority, claimed.wait_reason,
-       claimed.concurrency_keys, claimed.wait_key, claimed.parent_run_id, claimed.parent_step_id,
-       claimed.child_depth, claimed.from_status,
-       NULL, NULL, NULL, claimed.claim_wait, o.parked, o.recorded
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, claimed.*, o.parked, o.recorded
   FROM outcome o
   LEFT JOIN claimed ON true
  ORDER BY item, priority DESC, created_at
@@ -311,16 +293,12 @@ SELECT (SELECT count(*) FROM upd) AS handed_back, (SELECT n FROM notified) AS no
 -- parameters, and its runs that still hold the lease it granted (same attempt, still RUNNING or
 -- WAITING_TOOL, same worker; lease_until as renewed since), in the claim's answer order. One row
 -- with NULL run columns when none does; no row when none is recorded.
+-- not null: first_projects, first_max_runs, first_lease_ttl, first_claimed_at
 SELECT a.project_ids AS first_projects, a.max_runs AS first_max_runs, a.lease_ttl AS first_lease_ttl,
        a.created_at AS first_claimed_at, c.*
   FROM awooop_claim_answer a
   LEFT JOIN LATERAL (
-       SELECT r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output,
-              r.max_attempts, r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at,
-              r.failure_reason, r.error_code, r.cancel_requested, r.approval_expires_at, r.approval_summary,
-              r.approval_decided_by, r.saga_status, r.compensation_started_at, r.compensation_completed_at,
-              r.created_at, r.updated_at, r.not_before, r.traceparent, r.priority, r.wait_reason,
-              r.concurrency_keys, r.wait_key, r.parent_run_id, r.parent_step_id, r.child_depth,
+       SELECT r.*,
               NULL::text AS from_status, NULL::float8 AS claim_wait
          FROM unnest(a.run_ids, a.attempts) AS t(run_id, attempt)
          JOIN awooop_run_state r ON r.run_id = t.run_id

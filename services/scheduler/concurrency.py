@@ -11,11 +11,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.common import sql
 from services.scheduler import concurrency_sql
-
-Q = sql.load(__file__, "concurrency.sql")
-SET, REMOVE, LIST = Q["SetConcurrencyLimit"], Q["RemoveConcurrencyLimit"], Q["ListConcurrencyLimits"]
 
 # a limit's largest value (SetConcurrencyLimit wakes at most this many parked runs of an unlimited key)
 MAX_LIMIT = 100_000
@@ -32,7 +28,9 @@ class Limit:
     per: float = 0.0
 
 
-def _limit(r: asyncpg.Record, waiting: int = 0) -> Limit:
+def _limit(
+    r: concurrency_sql.SetConcurrencyLimitRow | concurrency_sql.ListConcurrencyLimitsRow, waiting: int = 0
+) -> Limit:
     return Limit(
         r["project_id"], r["key"], r["max_running"] or 0, r["running"], waiting, r["max_starts"] or 0, r["per"] or 0.0
     )
@@ -52,7 +50,8 @@ async def set_limit(
     if max_running == 0 and max_starts == 0:
         await concurrency_sql.remove_concurrency_limit(pool, project_id=project_id, key=key, actor=actor)
         return Limit(project_id, key, 0, 0)
-    args = SET.args(
+    row = await concurrency_sql.set_concurrency_limit(
+        pool,
         project_id=project_id,
         key=key,
         max_running=max_running or None,
@@ -60,8 +59,7 @@ async def set_limit(
         max_starts=max_starts or None,
         per_secs=per if max_starts else None,
     )
-    row = await pool.fetchrow(SET.sql, *args)
-    assert row is not None
+    assert row is not None  # an upsert returns its row
     return _limit(row)
 
 

@@ -67,6 +67,7 @@ SELECT (SELECT count(*) FROM woken) AS woken,
 
 -- name: ListConcurrencyLimits :many
 -- A project's limits, each with the runs waiting on it (parked behind it or its rate window).
+-- not null: waiting
 SELECT k.project_id, k.key, k.max_running, k.running, k.max_starts,
        extract(epoch FROM k.rate_period)::float8 AS per,
        (SELECT count(*) FROM awooop_run_state r

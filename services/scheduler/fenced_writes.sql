@@ -50,11 +50,7 @@ upd AS (
        AND r.attempt_count = :attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
        AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+ RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
 aud AS (
@@ -118,11 +114,7 @@ upd AS (
        AND r.attempt_count = :attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
        AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+ RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
 comp AS (
@@ -175,11 +167,7 @@ upd AS (
        AND r.attempt_count = :attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
        AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+ RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
 comp AS (
@@ -222,11 +210,7 @@ upd AS (
        AND r.attempt_count = :attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
        AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+ RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
 aud AS (
@@ -260,11 +244,7 @@ upd AS (
        AND r.attempt_count = :attempt
        AND (r.status = ANY(:allowed::text[])) IS TRUE
        AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+ RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
 aud AS (
@@ -299,11 +279,7 @@ upd AS (
        AND (r.status = ANY(:allowed::text[])) IS TRUE
        AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
        AND r.cancel_requested
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+ RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
 comp AS (
@@ -355,11 +331,7 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND cur.cur_status IN ('PENDING', 'RUNNING', 'WAITING_TOOL', 'WAITING_APPROVAL', 'RESUMED')
        AND (:cancel_projects::text[] IS NULL OR r.project_id = ANY(:cancel_projects::text[])) IS TRUE
- RETURNING r.run_id, r.project_id, r.channel_type, r.provider_event_id, r.status, r.input, r.output, r.max_attempts,
-           r.attempt_count, r.lease_until, r.heartbeat_at, r.worker_id, r.reaped_at, r.failure_reason, r.error_code,
-           r.cancel_requested, r.approval_expires_at, r.approval_summary, r.approval_decided_by, r.saga_status,
-           r.compensation_started_at, r.compensation_completed_at, r.created_at, r.updated_at, r.not_before,
-           r.traceparent, r.priority, r.wait_reason, r.concurrency_keys, r.wait_key,
+ RETURNING r.*,
            cur.cur_status AS from_status
 ),
 comp AS (

@@ -11,6 +11,7 @@ import asyncpg
 
 from services.common import sql
 from services.common.server_plans import keep_plan
+from services.scheduler import leases_sql
 
 HEARTBEAT = sql.load(__file__, "leases.sql")["Heartbeat"]
 keep_plan(HEARTBEAT.sql)
@@ -29,14 +30,14 @@ async def heartbeat(
     lease_ttl: float,
     projects: list[str] | None,
 ) -> list[Renewal]:
-    args = HEARTBEAT.args(
+    rows = await leases_sql.heartbeat(
+        pool,
         run_ids=[r for r, _ in leases],
         attempts=[a for _, a in leases],
         worker_id=worker_id,
         lease_secs=lease_ttl,
         worker_projects=projects,
     )
-    rows = await pool.fetch(HEARTBEAT.sql, *args)
     # a run listed twice is updated once: answer every position that names it
     renewed = {(str(leases[r["ord"] - 1][0]), leases[r["ord"] - 1][1]): r for r in rows}
     out = []

@@ -20,6 +20,7 @@
 -- plan; services/common/planner.py) still probes the primary key per lease instead of reading the
 -- whole index and joining. The update sets no indexed column (migration 0040), so it is a HOT
 -- update.
+-- not null: ord
 WITH t AS (
     SELECT * FROM unnest(:run_ids::uuid[], :attempts::int[]) WITH ORDINALITY AS t(run_id, attempt, ord)
 ),

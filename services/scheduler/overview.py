@@ -20,8 +20,6 @@ MAX_PROJECTS = 1000
 
 Q = sql.load(__file__, "overview.sql")
 COUNT_LIVE = Q["CountLiveRuns"]
-COUNT_FINISHED = Q["CountFinishedRuns"]
-PROJECTS = Q["ListProjects"]
 
 
 @dataclass(frozen=True)

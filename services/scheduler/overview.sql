@@ -8,6 +8,7 @@
 -- through awooop_run_waiting_idx, WAITING_APPROVAL through awooop_run_approval_idx. Claimable is
 -- the claim's own test (a claimable status, not before its time, attempts left, the project not
 -- paused), written out here.
+-- not null: status, n, claimable, db_now
 SELECT status, count(*) AS n, count(*) FILTER (WHERE claimable) AS claimable,
        min(created_at) FILTER (WHERE claimable) AS oldest, now() AS db_now
   FROM (SELECT status, created_at,
@@ -31,6 +32,7 @@ SELECT status, count(*) AS n, count(*) FILTER (WHERE claimable) AS claimable,
 -- name: CountFinishedRuns :many
 -- A project's finished runs per status: reads every finished run of the project kept by
 -- retention (AWOOOP_RUN_RETENTION), so CountRuns runs it only when asked (include_finished).
+-- not null: n
 SELECT status, count(*) AS n
   FROM awooop_run_state
  WHERE project_id = :project_id AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
@@ -39,6 +41,7 @@ SELECT status, count(*) AS n
 -- name: ListProjects :many
 -- Distinct projects that have runs, by a loose index scan over awooop_run_list_idx (one index
 -- probe per project instead of reading every run), at most :max_projects.
+-- not null: project_id
 WITH RECURSIVE p AS (
     (SELECT project_id FROM awooop_run_state ORDER BY project_id LIMIT 1)
     UNION ALL

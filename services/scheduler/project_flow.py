@@ -9,16 +9,11 @@ from typing import Any
 
 import asyncpg
 
-from services.common import retry_policy, sql
+from services.common import retry_policy
 from services.scheduler import project_flow_sql
 
 DEFAULT_WEIGHT = 1
 MAX_WEIGHT = 1000
-
-Q = sql.load(__file__, "project_flow.sql")
-GET = Q["GetProjectFlow"]
-SET = Q["SetProjectFlow"]
-PAUSE = Q["PauseProject"]
 
 
 @dataclass(frozen=True)

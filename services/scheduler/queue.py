@@ -18,7 +18,6 @@ from services.scheduler import metrics, queue_sql
 
 Q = sql.load(__file__, "queue.sql")
 SAMPLE = Q["SampleQueue"]
-SAMPLE_WAITS = Q["SampleWaits"]
 
 
 class QueueSampler:

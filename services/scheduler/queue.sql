@@ -12,6 +12,7 @@
 -- of finished runs. The paused projects are read once, as an array (an InitPlan), not probed per
 -- run: with sequential scans priced out (services/common/planner.py) a correlated NOT EXISTS was
 -- an index probe of awooop_project_flow for every unfinished run.
+-- not null: project_id, status, n, claimable, oldest
 SELECT project_id, status, count(*) AS n,
        count(*) FILTER (WHERE claimable) AS claimable,
        COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(ready_since) FILTER (WHERE claimable)), 0)::float8
@@ -34,6 +35,7 @@ SELECT project_id, status, count(*) AS n,
 -- how long past its expiry the most overdue one is (the timeout sweep ends a wait within its
 -- interval of the expiry: minutes overdue means no sweep runs). Reads only open waits
 -- (awooop_wait_due_idx is partial on status = 'open').
+-- not null: project_id, kind, n, oldest, overdue
 SELECT project_id, kind, count(*) AS n,
        EXTRACT(EPOCH FROM clock_timestamp() - min(created_at))::float8 AS oldest,
        COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(expires_at) FILTER (WHERE expires_at <= now())), 0)::float8

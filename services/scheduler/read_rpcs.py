@@ -117,7 +117,7 @@ class ReadRpcs:
         resp = scheduler_pb2.CountRunsResponse(
             counts=[
                 scheduler_pb2.StatusCount(
-                    status=status_to_pb(s.value),  # type: ignore[arg-type]  # the enum value as an int
+                    status=status_to_pb(s.value),
                     count=counts.by_status.get(s.value, 0),
                 )
                 for s in RunStatus
@@ -144,10 +144,10 @@ class ReadRpcs:
             events=[
                 scheduler_pb2.RunEvent(
                     at=ts(r["created_at"]),
-                    action=r["action"],
+                    action=r["action"] or "",  # history() keeps only rows with an action
                     from_status=status_of(r["from_status"]),  # type: ignore[arg-type]
                     to_status=status_of(r["to_status"]),  # type: ignore[arg-type]
-                    actor=r["actor"],
+                    actor=r["actor"] or "",
                     reason=r["reason"] or "",
                     details=to_struct(r["details"] if isinstance(r["details"], dict) else {}),
                 )

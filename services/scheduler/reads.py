@@ -23,7 +23,6 @@ HISTORY_LIMIT = 1000  # events returned by GetRunHistory (a run's history is sho
 Q = sql.load(__file__, "reads.sql")
 GET = Q["GetRun"]
 LIST = Q["ListRuns"]
-HISTORY = Q["RunHistory"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,7 @@ class RunFilter:
         }
 
 
-async def get_run(pool: asyncpg.Pool, principal: Principal, run_id: str) -> asyncpg.Record:
+async def get_run(pool: asyncpg.Pool, principal: Principal, run_id: str) -> reads_sql.GetRunRow:
     row = await reads_sql.get_run(pool, run_id=run_id)
     if row is None:
         raise errors.not_found("run", run_id)
@@ -107,7 +106,7 @@ async def list_runs(
     return page, encode_page_token(last["created_at"], last["run_id"])
 
 
-async def history(pool: asyncpg.Pool, principal: Principal, run_id: str) -> list[asyncpg.Record]:
+async def history(pool: asyncpg.Pool, principal: Principal, run_id: str) -> list[reads_sql.RunHistoryRow]:
     rows = await reads_sql.run_history(pool, run_id=run_id, max_events=HISTORY_LIMIT)
     if not rows:
         raise errors.not_found("run", run_id)

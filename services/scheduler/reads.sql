@@ -1,10 +1,9 @@
 -- name: GetRun :one
--- One run's columns (services/common/runs.py RUN_COLUMNS, the order run_to_pb reads).
-SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
-    attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
-    cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
-    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
-    wait_reason, concurrency_keys, wait_key, parent_run_id, parent_step_id, child_depth FROM awooop_run_state WHERE run_id = :run_id
+-- One run's columns (services/common/runs.py RUN_COLUMNS, the order run_to_pb reads), and its
+-- attempts used as the retry decision counts them (FailRun, the reaper, the claim: hand-backs and
+-- parks on a wait do not count).
+-- not null: attempts_used
+SELECT *, attempt_count - released_count AS attempts_used FROM awooop_run_state WHERE run_id = :run_id
 
 -- name: ListRuns :many
 -- A page of ListRuns: a project's runs newest first, keyset-paginated on (created_at DESC, run_id)
@@ -24,12 +23,9 @@ SELECT run_id, project_id, channel_type, provider_event_id, status, input, outpu
 -- run in their parent's project), not on each child: a project condition on the children lets the
 -- planner AND the project's index into the scan (5,000 children: 4 ms a page instead of 0.3). The
 -- arms' filters are the same lines, written twice because a filter cannot move below an arm's
--- LIMIT (tests/test_read_statements.py holds them equal).
-SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
-    attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
-    cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
-    compensation_started_at, compensation_completed_at, created_at, updated_at, not_before, traceparent, priority,
-    wait_reason, concurrency_keys, wait_key, parent_run_id, parent_step_id, child_depth
+-- LIMIT (tests/test_read_statements.py holds them equal). attempts_used: as GetRun's.
+-- not null: attempts_used
+SELECT *, attempt_count - released_count AS attempts_used
   FROM ((SELECT * FROM awooop_run_state
           WHERE project_id = :project_id AND :parent_run_id::uuid IS NULL
             AND (:statuses::text[] IS NULL OR status = ANY(:statuses::text[]))

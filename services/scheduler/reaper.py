@@ -13,17 +13,12 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.common import loops, sql
-from services.common.db import fetch_again_on_deadlock
+from services.common import loops
+from services.common.db import again_on_deadlock
 from services.common.runs import RUN_READY_CHANNEL
 from services.common.runstate import RunStatus
-from services.scheduler import metrics
+from services.scheduler import metrics, reaper_sql
 from services.scheduler.saga_client import SagaNudger
-
-Q = sql.load(__file__, "reaper.sql")
-REAP = Q["ReapExpiredLeases"]
-# the runs a batch would take, for reaping them one at a time
-EXPIRED = Q["ExpiredLeases"]
 
 LOOP = "scheduler.reaper"
 REAPER_ACTOR = "system:reaper"
@@ -52,23 +47,25 @@ async def reap(
     and every other project's leases are still taken back."""
     counts = {"requeued": 0, "failed": 0, "cancelled": 0}
 
-    async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
+    async def statement(only: uuid.UUID | None, size: int) -> list[reaper_sql.ReapExpiredLeasesRow]:
         # the batch's runs give their keys' slots back in row order: a deadlock aborts it whole
-        args = REAP.args(
-            batch=size, actor=REAPER_ACTOR, channel=RUN_READY_CHANNEL, policy=policy_defaults, only_run=only
+        return await again_on_deadlock(
+            lambda: reaper_sql.reap_expired_leases(
+                pool, batch=size, actor=REAPER_ACTOR, channel=RUN_READY_CHANNEL, policy=policy_defaults, only_run=only
+            )
         )
-        return await fetch_again_on_deadlock(pool, REAP.sql, *args)
 
-    await loops.in_batches(
-        LOOP, REAPER_ACTOR, pool, batch, statement, EXPIRED.sql, lambda rows: _settle(rows, counts, saga)
-    )
+    async def due(size: int) -> list[uuid.UUID]:
+        return [r["run_id"] for r in await reaper_sql.expired_leases(pool, batch=size)]
+
+    await loops.in_batches(LOOP, REAPER_ACTOR, pool, batch, statement, due, lambda rows: _settle(rows, counts, saga))
     return ReapResult(**counts)
 
 
-def _settle(rows: list[asyncpg.Record], counts: dict[str, int], saga: SagaNudger) -> None:
+def _settle(rows: list[reaper_sql.ReapExpiredLeasesRow], counts: dict[str, int], saga: SagaNudger) -> None:
     """Counts the reaped runs and nudges the saga service for those to compensate."""
     for r in rows:
-        outcome = _OUTCOME[r["status"]]
+        outcome = _OUTCOME[RunStatus(r["status"])]
         counts[outcome] += 1
         metrics.REAPED.labels(outcome).inc()
         if r["trigger"]:

@@ -25,6 +25,7 @@
 -- crashes its worker every time backs off too. The audit rows, compensation requests
 -- (awooop_request_compensation, migration 0210) and wake-up NOTIFY are written by the same
 -- statement (as in fenced_writes.sql).
+-- not null: run_id, status
 WITH expired AS (
     SELECT s.run_id, s.status, s.worker_id, s.lease_until,
            awooop_effective_retry_policy(

@@ -31,6 +31,7 @@ import asyncpg
 from services.common import sql
 from services.common.db import Row
 from services.common.runstate import TRANSITIONS, Action, RunStatus
+from services.scheduler import replays_sql
 from services.scheduler.refusals import lease_was_reaped
 
 Q = sql.load(__file__, "replays.sql")
@@ -54,13 +55,13 @@ async def failed_by(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int) -> 
         return False
     if cur["cur_status"] != RunStatus.PENDING and lease_was_reaped(cur):  # a reaped lease's FailRun never committed
         return False
-    return bool(await pool.fetchval(FAILED_BY.sql, *FAILED_BY.args(run_id=run_id, attempt=attempt)))
+    return bool(await replays_sql.failed_by(pool, run_id=run_id, attempt=attempt))
 
 
 async def released_by(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int) -> bool:
     if cur["cur_attempt"] != attempt or cur["cur_status"] not in _RELEASED_INTO:
         return False
-    return bool(await pool.fetchval(RELEASED_BY.sql, *RELEASED_BY.args(run_id=run_id, attempt=attempt)))
+    return bool(await replays_sql.released_by(pool, run_id=run_id, attempt=attempt))
 
 
 async def wrote(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int, action: Action) -> bool:
@@ -69,21 +70,16 @@ async def wrote(pool: asyncpg.Pool, cur: Row, run_id: str, attempt: int, action:
     if cur["cur_attempt"] != attempt or cur["cur_status"] not in t.replays_from:
         return False
     audits = [t.audit_for(status) for status in t.replays_from]
-    args = WROTE.args(run_id=run_id, attempt=attempt, audit_actions=audits)
-    return bool(await pool.fetchval(WROTE.sql, *args))
+    return bool(await replays_sql.wrote(pool, run_id=run_id, attempt=attempt, audit_actions=audits))
 
 
 async def cancelled_by(pool: asyncpg.Pool, cur: Row, run_id: str, actor: str) -> bool:
     if cur["cur_status"] not in TRANSITIONS[Action.CANCEL].replays_from:
         return False
-    return bool(
-        await pool.fetchval(
-            CANCELLED_BY.sql, *CANCELLED_BY.args(run_id=run_id, actor=actor, audit_actions=_CANCEL_AUDITS)
-        )
-    )
+    return bool(await replays_sql.cancelled_by(pool, run_id=run_id, actor=actor, audit_actions=_CANCEL_AUDITS))
 
 
-async def current_rows(pool: asyncpg.Pool, run_ids: list[str]) -> dict[str, asyncpg.Record]:
-    """run id -> the run as it is now (RUN_COLUMNS and comp_trigger)."""
-    rows = await pool.fetch(RUNS.sql, *RUNS.args(run_ids=run_ids))
+async def current_rows(pool: asyncpg.Pool, run_ids: list[str]) -> dict[str, replays_sql.CurrentRunsRow]:
+    """run id -> the run as it is now (every run column and comp_trigger)."""
+    rows = await replays_sql.current_runs(pool, run_ids=run_ids)
     return {str(r["run_id"]): r for r in rows}

@@ -5,11 +5,7 @@
 
 -- name: CurrentRuns :many
 -- The runs as they are now (the run columns and the compensation request's trigger).
-SELECT run_id, project_id, channel_type, provider_event_id, status, input, output, max_attempts,
-       attempt_count, lease_until, heartbeat_at, worker_id, reaped_at, failure_reason, error_code,
-       cancel_requested, approval_expires_at, approval_summary, approval_decided_by, saga_status,
-       compensation_started_at, compensation_completed_at, created_at, updated_at, not_before,
-       traceparent, priority, wait_reason, concurrency_keys, wait_key,
+SELECT *,
        (SELECT trigger FROM awooop_compensation_request c WHERE c.run_id = r.run_id) AS comp_trigger
   FROM awooop_run_state r
  WHERE run_id = ANY(:run_ids::uuid[])

@@ -1,12 +1,14 @@
 """A run's event log (migration 0180; docs/architecture.md "Watching a run"): progress events a
 handler emits under its lease (EmitEvent), and the watch of a run (WatchRun): the log from an
-offset, then live, until the run has ended.
+offset, then live, until the run has ended (with until_saga_ends: and its saga too).
 
 A watcher reads the log in pages after its offset, then waits for a wake-up on its run
 (RunReadyListener.subscribe_run: the NOTIFY awooop_append_run_event sends for a watched run) or at
 most AWOOOP_WATCH_POLL_INTERVAL, and reads again. It reads the run before each page: a run that
 was already ended then has every row of its end in the log, so once a read after a terminal
-status comes back empty the stream sends the run and ends."""
+status (and, with until_saga_ends, an ended saga: sagastate.SAGA_ENDED) comes back empty the
+stream sends the run and ends. The saga's status changes are audited, so they wake the watcher
+as any state change does."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from services.common.auth import Principal
 from services.common.db import Row
 from services.common.run_events import EmitOutcome, EventSource
 from services.common.runstate import TERMINAL
-from services.scheduler import reads, run_events_sql
+from services.common.sagastate import SAGA_ENDED
+from services.scheduler import reads, reads_sql, run_events_sql
 from services.scheduler.wakeup import RunReadyListener
 
 Q = sql.load(__file__, "run_events.sql")
@@ -76,7 +79,7 @@ async def emit(
     assert row is not None  # the function always answers one row
     outcome = EmitOutcome(row["outcome"])
     if outcome is EmitOutcome.LEASE_LOST:
-        run = await pool.fetchrow(reads.GET.sql, *reads.GET.args(run_id=run_id))
+        run = await reads_sql.get_run(pool, run_id=run_id)
         check_run_access(principal, run["project_id"] if run is not None else None, WORKER_ROLE, run_id)
         raise errors.lease_lost(run_id, attempt)
     if outcome is EmitOutcome.EXHAUSTED:
@@ -164,9 +167,11 @@ async def watch(
     poll_interval: float,
     *,
     snapshot: bool = False,
+    until_saga_ends: bool = False,
 ) -> AsyncIterator[LogRow | Ended]:
     """The run's log after `after`, then live, then Ended (call open_watch first); with
-    snapshot, only the rows there are now."""
+    snapshot, only the rows there are now; with until_saga_ends, Ended waits for the run's saga
+    to end as well (its compensation's rows come first)."""
     with listener.subscribe_run(run_id) as woken:
         marked_until = 0.0
         while True:
@@ -177,7 +182,7 @@ async def watch(
                 await run_events_sql.mark_watched(pool, run_id=run_id, ttl=WATCH_TTL)
                 marked_until = now + WATCH_TTL / 2
             woken.clear()
-            run = await pool.fetchrow(reads.GET.sql, *reads.GET.args(run_id=run_id))
+            run = await reads_sql.get_run(pool, run_id=run_id)
             rows = await run_events_sql.run_events_after(pool, run_id=run_id, after=after, max_rows=PAGE_ROWS)
             for r in rows:
                 item = LogRow.of(r)
@@ -189,7 +194,7 @@ async def watch(
                 return
             if run is None:  # deleted by retention while watched: nothing more will come
                 raise errors.not_found("run", run_id)
-            if run["status"] in TERMINAL:
+            if run["status"] in TERMINAL and (not until_saga_ends or run["saga_status"] in SAGA_ENDED):
                 yield Ended(run)
                 return
             wait = poll_interval if listener.poll_interval is None else min(poll_interval, listener.poll_interval)

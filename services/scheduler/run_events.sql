@@ -8,6 +8,7 @@
 -- which locks the run row and then assigns the next seq: outcome emitted, duplicate (the key's
 -- first event), exhausted or lease_lost. :data is the event's JSON text, parsed here (a text
 -- parameter: the pool's jsonb codec would encode the text once more, as a JSON string).
+-- not null: outcome, seq, progress_no, progress_bytes
 SELECT outcome, seq, progress_no, progress_bytes
   FROM awooop_emit_run_event(:run_id::uuid, :attempt::int, :projects::text[], :kind::text, :data::text::jsonb,
                              :emit_key::text, :max_count::int, :max_bytes::bigint)

@@ -51,14 +51,8 @@ ERROR_RETRY = dt.timedelta(hours=1)
 LOOP = "scheduler.schedules"
 
 Q = sql.load(__file__, "schedules.sql")
-DUE = Q["DueSchedules"]
-NOTIFY = Q["NotifyRunReady"]
 ADVANCE = Q["AdvanceSchedule"]
-FAILED = Q["ScheduleFailed"]
-DB_NOW = Q["DatabaseNow"]
 SET = Q["SetSchedule"]
-DELETE = Q["DeleteSchedule"]
-LIST = Q["ListSchedules"]
 
 
 class ScheduleError(ValueError):
@@ -150,7 +144,7 @@ async def tick(pool: asyncpg.Pool, *, policy_defaults: str) -> int:
     return created
 
 
-async def _fire(conn: Conn, r: asyncpg.Record, policy_defaults: str) -> int:
+async def _fire(conn: Conn, r: schedules_sql.DueSchedulesRow, policy_defaults: str) -> int:
     """Fires the schedule's due tick (the latest one missed) and moves next_tick on."""
     now: dt.datetime = r["now"]
     latest = latest_at_or_before(r["cron"], r["time_zone"], now)
@@ -190,7 +184,7 @@ class Schedule:
     last_error_at: dt.datetime | None = None
 
 
-def _schedule(r: asyncpg.Record) -> Schedule:
+def _schedule(r: schedules_sql.SetScheduleRow | schedules_sql.ListSchedulesRow) -> Schedule:
     data = r["input"]
     if isinstance(data, str):
         data = json.loads(data)

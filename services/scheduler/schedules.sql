@@ -2,6 +2,7 @@
 -- The schedules due now, locked for this pass (another replica's pass skips them), at most 100
 -- (the rest wait for the next pass). One whose last tick failed waits :error_retry before it is
 -- tried again. now() is the pass's clock: the tick fired and the next one are computed from it.
+-- not null: now, input
 SELECT project_id, name, cron, time_zone, input::text AS input, next_tick, now() AS now
   FROM awooop_schedule
  WHERE next_tick <= now() AND (last_error_at IS NULL OR last_error_at <= now() - :error_retry::interval)
@@ -29,6 +30,7 @@ UPDATE awooop_schedule SET last_error = :error, last_error_at = now(), updated_a
 -- name: DatabaseNow :val
 -- The store's clock, which every timestamp of a schedule comes from: SetSchedule's first tick
 -- is computed (in Python: cron is croniter's) from this now(), read in SetSchedule's transaction.
+-- not null: now
 SELECT now()
 
 -- name: SetSchedule :one

@@ -91,7 +91,7 @@ REPLAYED_FROM_AUDIT = (WAIT_TOOL, RESUME_TOOL, ACKNOWLEDGE_CANCEL)
 
 @dataclass(frozen=True)
 class Changed:
-    row: asyncpg.Record
+    row: Row
     compensation_trigger: str | None
 
     @property

@@ -32,17 +32,7 @@ from services.scheduler.refusals import fenced_refusal
 from services.scheduler.transitions import WORKER_ROLE
 
 Q = sql.load(__file__, "waits.sql")
-CREATE = Q["CreateWait"]
 PARK = Q["ParkOnWait"]
-COMPLETE = Q["CompleteWait"]
-EXPIRE = Q["ExpireWaits"]
-DUE = Q["DueWaitRuns"]
-RUN_STATE = Q["RunState"]
-MATCH = Q["MatchEventWaits"]
-MATCHED = Q["MatchedEventWaitRuns"]
-EXPIRE_BY_HAND = Q["ExpireWait"]
-LIST = Q["ListWaits"]
-WAIT_PROJECT = Q["WaitProject"]
 
 # who may complete a wait by RPC (issue 27): the workers of its project and a tool posting its
 # result (the tool role, which may do nothing else), and an operator by hand (approver, below);
@@ -229,12 +219,13 @@ async def match_events(pool: asyncpg.Pool, batch: int = SWEEP_BATCH) -> int:
     """Open event waits that an event satisfies end completed with it (MatchEventWaits)."""
     done: list[int] = []
 
-    async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
+    async def statement(only: uuid.UUID | None, size: int) -> list[waits_sql.MatchEventWaitsRow]:
         return await waits_sql.match_event_waits(pool, only=only, batch=size, actor=EVENTS_ACTOR)
 
-    await loops.in_batches(
-        SWEEP_LOOP, EVENTS_ACTOR, pool, batch, statement, MATCHED.sql, lambda rows: _settle(rows, done)
-    )
+    async def due(size: int) -> list[uuid.UUID]:
+        return [r["run_id"] for r in await waits_sql.matched_event_wait_runs(pool, batch=size)]
+
+    await loops.in_batches(SWEEP_LOOP, EVENTS_ACTOR, pool, batch, statement, due, lambda rows: _settle(rows, done))
     return sum(done)
 
 
@@ -244,14 +235,17 @@ async def expire(pool: asyncpg.Pool, batch: int = SWEEP_BATCH) -> int:
     (that run skipped and noted)."""
     done: list[int] = []
 
-    async def statement(only: uuid.UUID | None, size: int) -> list[asyncpg.Record]:
+    async def statement(only: uuid.UUID | None, size: int) -> list[waits_sql.ExpireWaitsRow]:
         return await waits_sql.expire_waits(pool, only=only, batch=size, actor=SWEEP_ACTOR)
 
-    await loops.in_batches(SWEEP_LOOP, SWEEP_ACTOR, pool, batch, statement, DUE.sql, lambda rows: _settle(rows, done))
+    async def due(size: int) -> list[uuid.UUID]:
+        return [r["run_id"] for r in await waits_sql.due_wait_runs(pool, batch=size)]
+
+    await loops.in_batches(SWEEP_LOOP, SWEEP_ACTOR, pool, batch, statement, due, lambda rows: _settle(rows, done))
     return sum(done)
 
 
-def _settle(rows: list[asyncpg.Record], done: list[int]) -> None:
+def _settle(rows: list[waits_sql.MatchEventWaitsRow] | list[waits_sql.ExpireWaitsRow], done: list[int]) -> None:
     for row in rows:
         wait_outcomes.count(row)
     done.append(len(rows))

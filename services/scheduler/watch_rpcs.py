@@ -75,6 +75,7 @@ class WatchRpcs:
                 request.after,
                 self.settings.watch_poll_interval,
                 snapshot=request.snapshot,
+                until_saga_ends=request.until_saga_ends,
             )
             async for item in items:
                 if isinstance(item, run_events.Ended):
