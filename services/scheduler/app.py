@@ -6,6 +6,8 @@ pruning of recorded claim answers), each safe to run in several replicas at once
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import retry_policy
@@ -25,6 +27,19 @@ def build(ctx: AppContext) -> ServiceParts:
     listener = RunReadyListener(s.direct_url, ctx.stopping, connect_timeout=s.db_connect_timeout)
     saga = SagaNudger(s)
     metrics.PROJECTS.limit = s.metrics_max_projects
+    return ServiceParts(
+        servicers=[(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(ctx, listener, saga))],
+        service_names=[SERVICE_NAME],
+        background=_background(ctx, listener, saga),
+        on_stop=[listener.close, saga.close],
+    )
+
+
+def _background(
+    ctx: AppContext, listener: RunReadyListener, saga: SagaNudger
+) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+    """The LISTEN connection and the background loops, each run until shutdown."""
+    s = ctx.settings
     sampler = QueueSampler(ctx.pool)
 
     async def listen() -> None:
@@ -71,17 +86,12 @@ def build(ctx: AppContext) -> ServiceParts:
         if s.queue_metrics_interval > 0:
             await periodic("scheduler.queue_metrics", s.queue_metrics_interval, sampler.sample, ctx.stopping)
 
-    return ServiceParts(
-        servicers=[(scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server, SchedulerServicer(ctx, listener, saga))],
-        service_names=[SERVICE_NAME],
-        background=[
-            listen,
-            reap_loop,
-            approval_sweep_loop,
-            queue_metrics_loop,
-            schedule_loop,
-            claim_answers_loop,
-            wait_sweep_loop,
-        ],
-        on_stop=[listener.close, saga.close],
-    )
+    return [
+        listen,
+        reap_loop,
+        approval_sweep_loop,
+        queue_metrics_loop,
+        schedule_loop,
+        claim_answers_loop,
+        wait_sweep_loop,
+    ]
