@@ -524,3 +524,19 @@ def test_base_applies_before_the_workers_key_exists(rendered: dict[str, list[dic
         assert not [
             d for d in rendered[overlay] if d["kind"] not in ("Deployment", "PodDisruptionBudget", "ScaledObject")
         ]
+
+
+def test_every_image_but_awooops_own_is_named_where_mirrors_are_discussed(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """An operator behind a registry mirror must mirror every image the manifests pull."""
+    docs = (ROOT / "docs" / "operations.md").read_text()
+    mirrors = docs.split("### Containers: mirrors", 1)[1].split("\n### ", 1)[0]
+    images = {
+        c["image"]
+        for overlay in OVERLAYS
+        for template in pod_templates(rendered[overlay]).values()
+        for c in [*template["spec"].get("initContainers", []), *template["spec"]["containers"]]
+    }
+    others = images - {"awooop:local"}
+    assert others and all(f"`{image}`" in mirrors for image in others), (others, mirrors)
