@@ -332,63 +332,88 @@ class CompensationDriver:
         async with self.pool.acquire() as conn, conn.transaction():
             await self._fence(conn, claim)
             if outcome.ok:
-                done = await driver_sql.step_compensated(conn, run_id=claim.run_id, step_id=marked["step_id"])
-                if done is not None:
-                    await audit(
-                        conn,
-                        project_id=claim.project_id,
-                        run_id=claim.run_id,
-                        actor=ACTOR,
-                        action=SagaAudit.STEP_COMPENSATED,
-                        from_status=StepStatus.COMPLETED,
-                        to_status=StepStatus.COMPENSATED,
-                        reason=cmd.get("reason"),
-                        details={
-                            "step_id": marked["step_id"],
-                            "tool_id": cmd.get("tool_id"),
-                            "replayed": outcome.replayed,
-                            "result": outcome.result or {},
-                        },
-                    )
-                    COMPENSATIONS.labels(UndoOutcome.REPLAYED if outcome.replayed else UndoOutcome.COMPENSATED).inc()
-            elif await driver_sql.step_compensation_failed(
-                conn, run_id=claim.run_id, step_id=marked["step_id"], error=outcome.error
-            ):
-                # seed ADR-119 D4: a failure does not stop the others; audit + escalate
-                await audit(
-                    conn,
-                    project_id=claim.project_id,
-                    run_id=claim.run_id,
-                    actor=ACTOR,
-                    action=SagaAudit.FAILED,
-                    from_status=StepStatus.COMPLETED,
-                    to_status=StepStatus.COMPENSATION_FAILED,
-                    reason=outcome.error,
-                    details={"step_id": marked["step_id"], "tool_id": marked["tool_id"], "compensation_cmd": cmd},
-                )
-                await driver_sql.insert_alert(
-                    conn,
-                    project_id=claim.project_id,
-                    run_id=claim.run_id,
-                    step_id=marked["step_id"],
-                    tool_id=cmd.get("tool_id"),
-                    error=outcome.error,
-                )
-                COMPENSATIONS.labels(UndoOutcome.FAILED).inc()
-                # an error: a completed side effect stays in place until someone retries or resolves it
-                log.error(
-                    "compensation failed",
-                    extra={
-                        "project_id": claim.project_id,
-                        "run_id": str(claim.run_id),
-                        "step_id": marked["step_id"],
-                        "tool_id": cmd.get("tool_id"),
-                        "error": outcome.error,
-                    },
-                )
-                alert = True
+                await self._record_compensated(conn, claim, marked, cmd, outcome)
+            else:
+                alert = await self._record_failed(conn, claim, marked, cmd, outcome)
         if alert:
             self.notifier.deliver_soon()
+
+    async def _record_compensated(
+        self,
+        conn: Conn,
+        claim: Claim,
+        marked: driver_sql.MarkStepCompensatingRow,
+        cmd: dict[str, Any],
+        outcome: Outcome,
+    ) -> None:
+        """A step's undo succeeded: the step COMPENSATED (unless it changed meanwhile), audited."""
+        done = await driver_sql.step_compensated(conn, run_id=claim.run_id, step_id=marked["step_id"])
+        if done is not None:
+            await audit(
+                conn,
+                project_id=claim.project_id,
+                run_id=claim.run_id,
+                actor=ACTOR,
+                action=SagaAudit.STEP_COMPENSATED,
+                from_status=StepStatus.COMPLETED,
+                to_status=StepStatus.COMPENSATED,
+                reason=cmd.get("reason"),
+                details={
+                    "step_id": marked["step_id"],
+                    "tool_id": cmd.get("tool_id"),
+                    "replayed": outcome.replayed,
+                    "result": outcome.result or {},
+                },
+            )
+            COMPENSATIONS.labels(UndoOutcome.REPLAYED if outcome.replayed else UndoOutcome.COMPENSATED).inc()
+
+    async def _record_failed(
+        self,
+        conn: Conn,
+        claim: Claim,
+        marked: driver_sql.MarkStepCompensatingRow,
+        cmd: dict[str, Any],
+        outcome: Outcome,
+    ) -> bool:
+        """A step's undo failed: the step COMPENSATION_FAILED, audited, an alert row and an error
+        log. Whether it was recorded (an alert to deliver)."""
+        if not await driver_sql.step_compensation_failed(
+            conn, run_id=claim.run_id, step_id=marked["step_id"], error=outcome.error
+        ):
+            return False
+        # seed ADR-119 D4: a failure does not stop the others; audit + escalate
+        await audit(
+            conn,
+            project_id=claim.project_id,
+            run_id=claim.run_id,
+            actor=ACTOR,
+            action=SagaAudit.FAILED,
+            from_status=StepStatus.COMPLETED,
+            to_status=StepStatus.COMPENSATION_FAILED,
+            reason=outcome.error,
+            details={"step_id": marked["step_id"], "tool_id": marked["tool_id"], "compensation_cmd": cmd},
+        )
+        await driver_sql.insert_alert(
+            conn,
+            project_id=claim.project_id,
+            run_id=claim.run_id,
+            step_id=marked["step_id"],
+            tool_id=cmd.get("tool_id"),
+            error=outcome.error,
+        )
+        COMPENSATIONS.labels(UndoOutcome.FAILED).inc()
+        # an error: a completed side effect stays in place until someone retries or resolves it
+        log.error(
+            "compensation failed",
+            extra={
+                "project_id": claim.project_id,
+                "run_id": str(claim.run_id),
+                "step_id": marked["step_id"],
+                "tool_id": cmd.get("tool_id"),
+                "error": outcome.error,
+            },
+        )
+        return True
 
     # ---------------------------------------------------------------- gateway
 
