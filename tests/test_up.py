@@ -39,7 +39,7 @@ async def check_printed_commands(up: Up) -> None:
     assert SERVICES["ingest"] in out.stdout.split()
     out = await up.paste("awooop admin list --json")
     assert out.returncode == 0, out.stderr
-    assert "dev-admin" in {p["principal_id"] for p in json.loads(out.stdout)}
+    assert "dev-admin" in {p["principal_id"] for p in json.loads(out.stdout)["principals"]}
     out = await up.paste(call)
     for refused in ("Unauthenticated", "Unavailable", "PermissionDenied", "Internal"):
         assert f"Code: {refused}" not in out.stderr, out.stderr
@@ -175,7 +175,7 @@ async def test_up_on_an_embedded_store_then_again_on_the_same_data_dir(tmp_path:
         assert (data_dir / "internal-api-key").read_text() == internal_key  # and the same internal key
         assert "schema up to date" in second.out()
         out = await second.paste(f"awooop admin --database-url '{second.dsn}' list --json")
-        assert "kept-across-restarts" in {p["principal_id"] for p in json.loads(out.stdout)}, out.stderr
+        assert "kept-across-restarts" in {p["principal_id"] for p in json.loads(out.stdout)["principals"]}, out.stderr
         await check_printed_commands(second)
     finally:
         code = await second.stop()
