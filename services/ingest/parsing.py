@@ -121,14 +121,7 @@ def parse_event(
         concurrency_keys=req.concurrency_keys,
     )
     headers = req.headers
-    if headers:
-        if len(headers) > MAX_HEADERS:
-            v.add(prefix + "headers", f"at most {MAX_HEADERS} headers")
-        for name, value in headers.items():
-            if len(name) > MAX_HEADER_NAME:
-                v.add(f"{prefix}headers", f"header names are at most {MAX_HEADER_NAME} characters")
-            elif len(value) > MAX_HEADER_VALUE:
-                v.add(f"{prefix}headers.{name}", f"at most {MAX_HEADER_VALUE} characters")
+    _check_headers(v, prefix, headers)
     payload_json = v.json_text(prefix + "payload", req.payload, max_bytes=max_payload_bytes)
     input_json = None
     if req.HasField("input"):
@@ -154,6 +147,17 @@ def parse_event(
         endpoint=req.endpoint,
         options=options,
     )
+
+
+def _check_headers(v: Violations, prefix: str, headers: Mapping[str, str]) -> None:
+    """A delivery's HTTP headers within their count and sizes (violations recorded in v)."""
+    if len(headers) > MAX_HEADERS:
+        v.add(prefix + "headers", f"at most {MAX_HEADERS} headers")
+    for name, value in headers.items():
+        if len(name) > MAX_HEADER_NAME:
+            v.add(f"{prefix}headers", f"header names are at most {MAX_HEADER_NAME} characters")
+        elif len(value) > MAX_HEADER_VALUE:
+            v.add(f"{prefix}headers.{name}", f"at most {MAX_HEADER_VALUE} characters")
 
 
 def delivery_events(

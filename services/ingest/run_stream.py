@@ -74,6 +74,27 @@ def _offset(request: web.Request) -> int:
     return after
 
 
+def _frame(msg: scheduler_pb2.WatchRunResponse) -> bytes:
+    """One WatchRun message as an SSE frame: an event under its source's name, or the ended run
+    as the stream's last frame, `end`."""
+    if msg.HasField("run"):
+        run = json_format.MessageToDict(msg.run, preserving_proto_field_name=True)
+        for name in ("input", "output"):  # 42, not 42.0, as the run was given them
+            if msg.run.HasField(name):
+                run[name] = jsonvalues.struct_dict(getattr(msg.run, name))
+        return _sse("end", run)
+    e = msg.event
+    body: dict[str, Any] = {
+        "offset": e.offset,
+        "source": SOURCES.get(e.source, "unknown"),
+        "kind": e.kind,
+        "data": jsonvalues.struct_dict(e.data),
+        "attempt": e.attempt,
+        "at": e.at.ToJsonString(),
+    }
+    return _sse(body["source"], body, e.offset)
+
+
 def add_routes(app: web.Application, settings: Settings) -> None:
     """Registers the stream route on ingest's HTTP app; the channel to the scheduler
     (Settings.scheduler_address: AWOOOP_SCHEDULER_ADDR, else its port on this host) opens on first use."""
@@ -109,23 +130,9 @@ def add_routes(app: web.Application, settings: Settings) -> None:
                     msg, reading = reading.result(), None
                     if msg is grpc.aio.EOF:  # ended without the run (a scheduler that closed it): reconnect
                         break
+                    await response.write(_frame(msg))
                     if msg.HasField("run"):
-                        run = json_format.MessageToDict(msg.run, preserving_proto_field_name=True)
-                        for name in ("input", "output"):  # 42, not 42.0, as the run was given them
-                            if msg.run.HasField(name):
-                                run[name] = jsonvalues.struct_dict(getattr(msg.run, name))
-                        await response.write(_sse("end", run))
                         break
-                    e = msg.event
-                    body = {
-                        "offset": e.offset,
-                        "source": SOURCES.get(e.source, "unknown"),
-                        "kind": e.kind,
-                        "data": jsonvalues.struct_dict(e.data),
-                        "attempt": e.attempt,
-                        "at": e.at.ToJsonString(),
-                    }
-                    await response.write(_sse(body["source"], body, e.offset))
             except grpc.aio.AioRpcError as err:  # mid-stream: an SSE error event, then the client resumes
                 failure = service_error(err)
                 await response.write(_sse("error", {"code": failure.code.name, "reason": failure.reason}))
