@@ -112,21 +112,24 @@ def run_to_pb(row: Row) -> common_pb2.Run:
     run.input.CopyFrom(to_struct(_obj(row["input"])))
     if row["output"] is not None:
         run.output.CopyFrom(to_struct(_obj(row["output"])))
-    times = {
-        "lease_until": row["lease_until"],
-        "heartbeat_at": row["heartbeat_at"],
-        "reaped_at": row["reaped_at"],
-        "approval_expires_at": row["approval_expires_at"],
-        "compensation_started_at": row["compensation_started_at"],
-        "compensation_completed_at": row["compensation_completed_at"],
-        "created_at": row["created_at"],
-        "updated_at": row["updated_at"],
-        "not_before": row["not_before"],
-    }
-    for name, value in times.items():
+    for name in _RUN_TIMES:
+        value = row[name]
         if value is not None:
             set_time(getattr(run, name), value)
     return run
+
+
+_RUN_TIMES = (
+    "lease_until",
+    "heartbeat_at",
+    "reaped_at",
+    "approval_expires_at",
+    "compensation_started_at",
+    "compensation_completed_at",
+    "created_at",
+    "updated_at",
+    "not_before",
+)
 
 
 def set_run_tree(run: common_pb2.Run, row: Row) -> None:
