@@ -96,21 +96,27 @@ async def ingest(
             else:
                 out[pending[r["ord"]]] = Stored(str(r["run_id"]), r["created"], r["ttl_left"])
         if missing:
-            # committed by a concurrent request after our statement's snapshot: read it now
-            found = await store_sql.find_stored_events(
-                db,
-                ords=missing,
-                project_ids=[ev[i].project_id for i in missing],
-                channels=[ev[i].channel for i in missing],
-                provider_event_ids=[ev[i].provider_event_id for i in missing],
-                retention=float(retention),
-            )
-            for r in found:
+            for r in await _stored_meanwhile(db, ev, missing, retention):
                 out[pending[r["ord"]]] = Stored(str(r["run_id"]), False, r["ttl_left"])
         pending = [i for i in pending if out[i] is None]
         if not pending:
             return out  # type: ignore[return-value]
     raise errors.store_unavailable("dedupe rows changed under the request; retry")
+
+
+async def _stored_meanwhile(
+    db: Executor, ev: list[NewEvent], missing: list[int], retention: float
+) -> list[store_sql.FindStoredEventsRow]:
+    """The dedupe rows of ev[i] (i in missing, its "ord") that a concurrent request committed after
+    the statement's snapshot: read now."""
+    return await store_sql.find_stored_events(
+        db,
+        ords=missing,
+        project_ids=[ev[i].project_id for i in missing],
+        channels=[ev[i].channel for i in missing],
+        provider_event_ids=[ev[i].provider_event_id for i in missing],
+        retention=float(retention),
+    )
 
 
 async def create_run(
