@@ -140,7 +140,9 @@ class ApiEvents:
         created: set[str],
     ) -> list[int]:
         """One IngestApiEvents for the first events of batch's keys; answers those it settles and
-        returns the positions in batch it left unanswered (a key committed after its snapshot)."""
+        returns the positions in batch it left unanswered (a key committed after its snapshot).
+        Long because the statement takes one array per column of the batch (24 parameters) and
+        each of its rows is settled right below, against the same arrays it indexes."""
         ev = [events[k.event] for k in batch]
         run_ids = [str(u) for u in store.new_run_ids(len(ev))]
         snapshots = [_snapshot(r, legacy=False) for r in run_ids]
