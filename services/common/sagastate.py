@@ -105,6 +105,13 @@ RAN_OR_MAY_HAVE: tuple[StepStatus, ...] = (StepStatus.COMPLETED, StepStatus.PEND
 # A saga nothing is being undone in and no failed undo of which waits for an operator: the
 # retention may delete an ended run in these (services/ingest/retention.sql).
 SAGA_SETTLED: tuple[SagaStatus, ...] = (SagaStatus.IN_PROGRESS, SagaStatus.NOT_NEEDED, SagaStatus.COMPENSATED)
+# A saga the saga service has finished with: nothing was to be undone, everything was, or an undo
+# failed and waits for an operator. A watch that follows the saga (WatchRun until_saga_ends) ends here.
+SAGA_ENDED: tuple[SagaStatus, ...] = (
+    SagaStatus.NOT_NEEDED,
+    SagaStatus.COMPENSATED,
+    SagaStatus.COMPENSATION_FAILED,
+)
 
 S = TypeVar("S", SagaStatus, StepStatus, RequestStatus)
 

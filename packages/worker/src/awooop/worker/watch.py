@@ -50,13 +50,18 @@ def event_of(pb: scheduler_pb2.WatchEvent) -> Event:
     )
 
 
-async def watch_run(client: Client, run_id: str, *, after: int = 0) -> AsyncIterator[Event | common_pb2.Run]:
+async def watch_run(
+    client: Client, run_id: str, *, after: int = 0, until_saga_ends: bool = False
+) -> AsyncIterator[Event | common_pb2.Run]:
     """Yields the run's events after `after`, in order, then the ended Run (with its output), and
-    stops. Resumes after the last offset when the stream drops (UNAVAILABLE); other failures
-    raise AwooopError (NOT_FOUND, INVALID_ARGUMENT for a bad offset, ...)."""
+    stops; with until_saga_ends, a failed or cancelled run's compensation is followed to its end
+    first (compensated, compensation_failed or not_needed). Resumes after the last offset when the
+    stream drops (UNAVAILABLE); other failures raise AwooopError (NOT_FOUND, INVALID_ARGUMENT for a
+    bad offset, ...)."""
     while True:
         call = client.scheduler.WatchRun(
-            scheduler_pb2.WatchRunRequest(run_id=run_id, after=after), metadata=client.metadata
+            scheduler_pb2.WatchRunRequest(run_id=run_id, after=after, until_saga_ends=until_saga_ends),
+            metadata=client.metadata,
         )
         try:
             async for msg in call:

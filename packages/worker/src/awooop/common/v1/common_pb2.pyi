@@ -301,6 +301,7 @@ class Run(_message.Message):
     CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     CONCURRENCY_KEYS_FIELD_NUMBER: _builtins.int
     WAIT_KEY_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_USED_FIELD_NUMBER: _builtins.int
     PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
     PARENT_STEP_ID_FIELD_NUMBER: _builtins.int
     CHILD_DEPTH_FIELD_NUMBER: _builtins.int
@@ -317,9 +318,14 @@ class Run(_message.Message):
     status: Global___RunStatus.ValueType
     """Current status."""
     max_attempts: _builtins.int
-    """Claims allowed before the run fails (default 3)."""
+    """Attempts allowed: once attempts_used reaches it, a failure or an expired lease fails the run
+    (default 3).
+    """
     attempt_count: _builtins.int
-    """Claims so far; also the fencing token of the current lease."""
+    """The lease generation: the fencing token of the current lease (LeaseToken.attempt, the
+    `attempt` of audit rows, journal steps and run events). Every claim raises it and so does a
+    park on a durable wait, so it is not a count of tries: attempts_used is.
+    """
     worker_id: _builtins.str
     """Worker holding the lease."""
     failure_reason: _builtins.str
@@ -356,6 +362,13 @@ class Run(_message.Message):
 
     wait_key: _builtins.str
     """The key a key_busy or rate_limited run waits on; empty otherwise."""
+    attempts_used: _builtins.int
+    """Attempts that count against max_attempts: claims that failed or whose lease expired, and the
+    current claim while a worker holds the run. Hand-backs (ReleaseRun), approval requests and
+    parks on a durable wait do not count, and a redrive starts again from 0. The number the retry
+    decision compares with max_attempts (the store's attempt_count - released_count). Set in the
+    runs of GetRun, ListRuns and WatchRun's last message; unset elsewhere.
+    """
     parent_run_id: _builtins.str
     """--- child runs (issue 28): the run tree ---
     Set in the runs of GetRun, ListRuns and ClaimRuns (what a worker's handler reads); the Run
@@ -449,15 +462,18 @@ class Run(_message.Message):
         concurrency_key: _builtins.str = ...,
         concurrency_keys: _abc.Iterable[_builtins.str] | None = ...,
         wait_key: _builtins.str = ...,
+        attempts_used: _builtins.int | None = ...,
         parent_run_id: _builtins.str = ...,
         parent_step_id: _builtins.str = ...,
         child_depth: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["approval_expires_at", b"approval_expires_at", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "created_at", b"created_at", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "not_before", b"not_before", "output", b"output", "reaped_at", b"reaped_at", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_attempts_used", b"_attempts_used", "approval_expires_at", b"approval_expires_at", "attempts_used", b"attempts_used", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "created_at", b"created_at", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "not_before", b"not_before", "output", b"output", "reaped_at", b"reaped_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["approval_decided_by", b"approval_decided_by", "approval_expires_at", b"approval_expires_at", "approval_summary", b"approval_summary", "attempt_count", b"attempt_count", "cancel_requested", b"cancel_requested", "channel_type", b"channel_type", "child_depth", b"child_depth", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "created_at", b"created_at", "error_code", b"error_code", "failure_reason", b"failure_reason", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "max_attempts", b"max_attempts", "not_before", b"not_before", "output", b"output", "parent_run_id", b"parent_run_id", "parent_step_id", b"parent_step_id", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "reaped_at", b"reaped_at", "run_id", b"run_id", "saga_status", b"saga_status", "status", b"status", "updated_at", b"updated_at", "wait_key", b"wait_key", "wait_reason", b"wait_reason", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attempts_used", b"_attempts_used", "approval_decided_by", b"approval_decided_by", "approval_expires_at", b"approval_expires_at", "approval_summary", b"approval_summary", "attempt_count", b"attempt_count", "attempts_used", b"attempts_used", "cancel_requested", b"cancel_requested", "channel_type", b"channel_type", "child_depth", b"child_depth", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "created_at", b"created_at", "error_code", b"error_code", "failure_reason", b"failure_reason", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "max_attempts", b"max_attempts", "not_before", b"not_before", "output", b"output", "parent_run_id", b"parent_run_id", "parent_step_id", b"parent_step_id", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "reaped_at", b"reaped_at", "run_id", b"run_id", "saga_status", b"saga_status", "status", b"status", "updated_at", b"updated_at", "wait_key", b"wait_key", "wait_reason", b"wait_reason", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__attempts_used: _TypeAlias = _typing.Literal["attempts_used"]  # noqa: Y015
+    _WhichOneofArgType__attempts_used: _TypeAlias = _typing.Literal["_attempts_used", b"_attempts_used"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__attempts_used) -> _WhichOneofReturnType__attempts_used | None: ...
 
 Global___Run: _TypeAlias = Run  # noqa: Y015
 

@@ -2582,6 +2582,7 @@ class WatchRunRequest(_message.Message):
     RUN_ID_FIELD_NUMBER: _builtins.int
     AFTER_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
+    UNTIL_SAGA_ENDS_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     after: _builtins.int
@@ -2590,16 +2591,22 @@ class WatchRunRequest(_message.Message):
     """Send the rows the log holds now and end, without following the run or sending it (a read:
     `awooop runs show`, the console).
     """
+    until_saga_ends: _builtins.bool
+    """Follow a failed or cancelled run until its saga has ended too (compensated,
+    compensation_failed or not_needed), so the compensation's state changes and steps come
+    before the run; without it the stream ends at the run's terminal status (`awooop runs watch`).
+    """
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
         after: _builtins.int = ...,
         snapshot: _builtins.bool = ...,
+        until_saga_ends: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "run_id", b"run_id", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "run_id", b"run_id", "snapshot", b"snapshot", "until_saga_ends", b"until_saga_ends"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
