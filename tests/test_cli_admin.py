@@ -54,7 +54,7 @@ async def test_principal_key_and_role_lifecycle(db_dsn: str, db: asyncpg.Connect
     assert m, f"stdout must be the key alone: {issued.stdout!r}"
     key_id, secret = m.groups()
 
-    listed = json.loads((await admin("list", "--json")).stdout)
+    listed = json.loads((await admin("list", "--json")).stdout)["principals"]
     bot = next(p for p in listed if p["principal_id"] == "ci-bot")
     assert bot["principal_type"] == "service" and bot["display_name"] == "CI bot"
     assert bot["roles"] == ["proj-a:worker", "proj-b:ingest"] and bot["active_keys"] == 1
@@ -93,7 +93,7 @@ async def test_principal_key_and_role_lifecycle(db_dsn: str, db: asyncpg.Connect
         assert err.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED), err
     await admin("revoke-key", key_id)
     await expect_error(stub.CreateRun(req, metadata=md), grpc.StatusCode.UNAUTHENTICATED, "UNAUTHENTICATED")
-    assert json.loads((await admin("list", "--json")).stdout)[0]["active_keys"] == 0
+    assert json.loads((await admin("list", "--json")).stdout)["principals"][0]["active_keys"] == 0
 
     # a second key can be revoked by pasting the whole key
     second = (await admin("issue-key", "ci-bot")).stdout.strip()

@@ -101,7 +101,7 @@ async def test_list_filters_by_status_as_table_and_json(env: Env) -> None:
     out = await env.cli("list", "--project", PROJECT)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split()[:3] == ["RUN_ID", "STATUS", "ATTEMPT"]
+    assert lines[0].split()[:3] == ["RUN_ID", "STATUS", "ATTEMPTS"]
     by_id = {line.split()[0]: line.split() for line in lines[1:]}
     assert set(by_id) == {first, second, third}
     assert by_id[first][1:3] == ["RUNNING", "1/3"] and by_id[second][1] == "PENDING"

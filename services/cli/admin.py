@@ -222,7 +222,7 @@ async def _list(conn: Any, args: argparse.Namespace) -> int:
 
     rows = await principals.list_principals(conn)
     if args.json:
-        print(json.dumps([dict(r) | {"roles": list(r["roles"])} for r in rows], indent=2))
+        print(json.dumps({"principals": [dict(r) | {"roles": list(r["roles"])} for r in rows]}, indent=2))
         return 0
     print(f"{'PRINCIPAL':<24} {'TYPE':<8} {'KEYS':>4}  ROLES")
     for r in rows:
@@ -235,7 +235,7 @@ async def _list_keys(conn: Any, args: argparse.Namespace) -> int:
 
     rows = await principals.list_keys(conn, args.principal_id)
     if args.json:
-        print(json.dumps([dict(r) for r in rows], indent=2, default=str))
+        print(json.dumps({"keys": [dict(r) for r in rows]}, indent=2, default=str))
         return 0
     print(f"{'KEY ID':<18} {'PRINCIPAL':<24} {'CREATED':<20} {'REVOKED':<20} LABEL")
     for r in rows:

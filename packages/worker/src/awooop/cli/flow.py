@@ -204,7 +204,7 @@ async def cmd_schedules(args: argparse.Namespace, client: Client) -> int:
     req = scheduler_pb2.ListSchedulesRequest(project_id=args.project)
     found = (await client.call(client.scheduler.ListSchedules, req)).schedules
     if args.json:
-        print_json([to_json(s) for s in found])
+        print_json({"schedules": [to_json(s) for s in found]})
     else:
         rows = [(s.name, s.cron, s.time_zone, next_tick_text(s), error_text(s)) for s in found]
         print_table(("name", "cron", "time zone", "next tick", "error"), rows)

@@ -3,7 +3,8 @@
     awooop runs list --project P [--status RUNNING ...] [--limit N]
     awooop runs list --parent RUN_ID [--status ...] [--limit N]     a run's children (its project unless --project)
     awooop runs show RUN_ID                 run, state history and journal as one timeline, progress events
-    awooop runs watch RUN_ID [--after N]    follow a run's log (state changes, steps, progress) to its end
+    awooop runs watch RUN_ID [--after N]    follow a run's log (state changes, steps, progress) to its end,
+                                            and a failed or cancelled run's compensation to the saga's end
     awooop runs approve RUN_ID --token T [--reason R]
     awooop runs reject RUN_ID --token T [--reason R]
     awooop runs cancel RUN_ID [--reason R]
@@ -13,7 +14,8 @@
     awooop runs compensation retry RUN_ID [--step S]
     awooop runs compensation resolve RUN_ID --step S --reason R
 
-Every command takes --json; the connection flags go before or after the action. An RPC error
+Every command takes --json (one JSON object; `watch`: one per line, docs/cli.md); the connection
+flags go before or after the action. An RPC error
 prints `error: <CODE> <REASON>: message` (plus the field violations) on stderr and exits 1; bad arguments exit 2.
 """
 
@@ -90,7 +92,11 @@ def register(sub: Any) -> None:
     p.add_argument("run_id")
     p.set_defaults(func=run_command(cmd_show))
 
-    p = _leaf(r, "watch", "follow a run: state changes, journal steps and progress events, then its output")
+    p = _leaf(
+        r,
+        "watch",
+        "follow a run: state changes, journal steps and progress events, a failed run's compensation, then its end",
+    )
     p.add_argument("run_id")
     p.add_argument("--after", type=int, default=0, metavar="OFFSET", help="start after this offset (default 0)")
     p.set_defaults(func=run_command(cmd_watch))
@@ -207,13 +213,13 @@ async def cmd_list(args: argparse.Namespace, client: Client) -> int:
         return 0
     step = ["STEP"] if args.parent else []  # the children's step ids in their parent
     print_table(
-        ["RUN_ID", *step, "STATUS", "ATTEMPT", "CHANNEL", "SAGA", "WORKER", "CREATED", "UPDATED", "REASON"],
+        ["RUN_ID", *step, "STATUS", "ATTEMPTS", "CHANNEL", "SAGA", "WORKER", "CREATED", "UPDATED", "REASON"],
         [
             [
                 r.run_id,
                 *([r.parent_step_id] if args.parent else []),
                 status_name(r.status) + (" (cancel requested)" if r.cancel_requested else ""),
-                f"{r.attempt_count}/{r.max_attempts}",
+                timeline.attempts_text(r, "/"),
                 channel_name(r.channel_type),
                 saga_name(r.saga_status),
                 r.worker_id or "-",
@@ -320,17 +326,19 @@ def _print_progress(progress: list[Event]) -> None:
 
 
 async def cmd_watch(args: argparse.Namespace, client: Client) -> int:
-    async for item in watch_run(client, args.run_id, after=args.after):
+    """Follows the run, and a failed or cancelled run's compensation, to their end: the saga's
+    state changes and steps come after the run's own."""
+    async for item in watch_run(client, args.run_id, after=args.after, until_saga_ends=True):
         if isinstance(item, Event):
             if args.json:
-                print(json.dumps(_event_json(item)), flush=True)
+                print(json.dumps({"event": _event_json(item)}), flush=True)
             else:
                 print(_event_text(item), flush=True)
             continue
         if args.json:
             print(json.dumps({"run": to_json(item)}), flush=True)
         else:
-            print(f"ended  {status_name(item.status)}")
+            print(f"ended  {status_name(item.status)}  (saga {saga_name(item.saga_status)})")
             if item.HasField("output"):
                 print(f"output {_j(from_struct(item.output))}")
             elif item.failure_reason:
@@ -463,7 +471,7 @@ async def _waits(client: Client, run_id: str) -> list[scheduler_pb2.Wait]:
 async def cmd_waits_list(args: argparse.Namespace, client: Client) -> int:
     found = await _waits(client, args.run_id)
     if args.json:
-        print_json([to_json(x) for x in found])
+        print_json({"waits": [to_json(x) for x in found]})
         return 0
     if not found:
         print(f"run {args.run_id} has no durable waits")

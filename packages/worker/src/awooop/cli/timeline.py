@@ -91,8 +91,20 @@ PARKED = {
 }
 
 
+def attempts_text(run: common_pb2.Run, sep: str = " of ") -> str:
+    """The attempts that count against max_attempts (Run.attempts_used: failures and reaped
+    leases, the current claim while leased), "N of M"; "?" for N from a server that does not send
+    it. Not attempt_count, the lease generation, which every claim and every park raises."""
+    used = str(run.attempts_used) if run.HasField("attempts_used") else "?"
+    return f"{used}{sep}{run.max_attempts}"
+
+
 def waiting_why(run: common_pb2.Run) -> str:
-    """Why a queued run is not being claimed (its wait_reason, with its time or key), or ""."""
+    """Why a queued run is not being claimed (its wait_reason, with its time or key), or what a
+    run parked on a durable wait waits for (with its expiry), or ""."""
+    if run.status == common_pb2.RUN_STATUS_WAITING_TOOL and run.wait_reason in PARKED:
+        until = f" until {when(run.not_before)}" if run.HasField("not_before") else ""
+        return f"{PARKED[run.wait_reason]}{until}"
     if run.status not in (common_pb2.RUN_STATUS_PENDING, common_pb2.RUN_STATUS_RESUMED):
         return ""
     text = WAIT_REASONS.get(run.wait_reason)
@@ -110,8 +122,10 @@ def run_fields(run: common_pb2.Run, style: FieldStyle = TERMINAL) -> list[tuple[
         ("channel", channel_name(run.channel_type)),
         (style.event_label, run.provider_event_id or "-"),
         ("status", status_name(run.status) + (f"{style.gap}(cancel requested)" if run.cancel_requested else "")),
-        ("attempts", f"{run.attempt_count} of {run.max_attempts}"),
+        ("attempts", attempts_text(run)),
     ]
+    if run.attempt_count:  # the `attempt` the timeline, the journal and the run's events name
+        rows.append(("lease generation", str(run.attempt_count)))
     if run.parent_run_id:  # a child run: its place in the run tree
         rows.append(("parent", f"{run.parent_run_id}{style.gap}(step {run.parent_step_id}, depth {run.child_depth})"))
     if run.priority:
@@ -277,9 +291,8 @@ def waiting_reason(run: common_pb2.Run, now: float) -> str:
             text += f" on: {run.approval_summary}"
         return text + (f" (token expires in {_span(left)})" if left > 0 else " (token expired; the sweep fails it)")
     if status == common_pb2.RUN_STATUS_WAITING_TOOL and run.wait_reason in PARKED:
-        until = f" until {when(run.not_before)}" if run.HasField("not_before") else ""
         since = f"; parked since {when(run.updated_at)}" if run.HasField("updated_at") else ""
-        return f"{PARKED[run.wait_reason]}{until}{since} (holds no worker)"
+        return f"{waiting_why(run)}{since} (holds no worker)"
     if status == common_pb2.RUN_STATUS_WAITING_TOOL:
         return f"waiting on a tool call; worker {run.worker_id or '?'} holds the lease" + _lease_left(run, now)
     if status == common_pb2.RUN_STATUS_RUNNING:
