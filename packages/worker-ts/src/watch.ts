@@ -38,7 +38,7 @@ const RESUME_BACKOFF_MS = 200;
  */
 export async function* watchRun(client: Client, runId: string, after = 0): AsyncGenerator<RunEvent | Run> {
   for (;;) {
-    const stream = client.scheduler.watchRun({ runId, after, snapshot: false }, client.metadata);
+    const stream = client.scheduler.watchRun({ runId, after, snapshot: false, untilSagaEnds: false }, client.metadata);
     try {
       for await (const msg of stream as AsyncIterable<WatchRunResponse>) {
         if (msg.run !== undefined) {
