@@ -233,6 +233,16 @@ class ProgressView:
     data: str
 
 
+def _undoing(run: common_pb2.Run, steps: list[common_pb2.SagaStep]) -> bool:
+    """Whether the run's undo is under way or about to start (the page refreshes itself)."""
+    undo_pending = any(s.status == common_pb2.STEP_STATUS_COMPLETED and s.HasField("compensation_cmd") for s in steps)
+    return run.saga_status == common_pb2.SAGA_STATUS_COMPENSATING or (
+        run.status in (common_pb2.RUN_STATUS_FAILED, common_pb2.RUN_STATUS_CANCELLED)
+        and run.saga_status == common_pb2.SAGA_STATUS_IN_PROGRESS
+        and undo_pending
+    )
+
+
 def run_page(
     run: common_pb2.Run,
     history: list[scheduler_pb2.RunEvent],
@@ -258,14 +268,6 @@ def run_page(
     )
     f = timeline.run_fields(run, WEB_FIELDS)
     terminal = run.status in TERMINAL
-    undo_pending = any(
-        s.status == common_pb2.STEP_STATUS_COMPLETED and s.HasField("compensation_cmd") for s in raw_steps
-    )
-    refresh = run.saga_status == common_pb2.SAGA_STATUS_COMPENSATING or (
-        run.status in (common_pb2.RUN_STATUS_FAILED, common_pb2.RUN_STATUS_CANCELLED)
-        and run.saga_status == common_pb2.SAGA_STATUS_IN_PROGRESS
-        and undo_pending
-    )
     return RunPage(
         run=run,
         fields=f,
@@ -282,7 +284,7 @@ def run_page(
         waiting_approval=run.status == common_pb2.RUN_STATUS_WAITING_APPROVAL,
         terminal=terminal,
         open_waits=[] if terminal else [wait_view(w) for w in waits or [] if w.status == OPEN_WAIT],
-        refresh=refresh,
+        refresh=_undoing(run, raw_steps),
         trace_url=trace_url.replace("{run_id}", run.run_id) if trace_url else "",
         problems=problems,
         progress=[

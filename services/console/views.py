@@ -5,9 +5,11 @@ check (app.py) before it gets here and answers with a redirect, so a reload neve
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -207,69 +209,19 @@ class Console:
         self.need(request)
         project = request.match_info["project"]
         q = request.query
-        statuses = [s for s in q.getall("status", []) if s in pages.STATUSES]
-        channels = [c for c in q.getall("channel", []) if c in pages.CHANNELS]
-        search = q.get("q", "").strip()[:MAX_QUERY]
-        parent = q.get("parent", "").strip()[:MAX_QUERY]
-        errors: list[str] = []
-        if parent and not _is_uuid(parent):
-            errors.append("'children of' is not a run id (a UUID such as the ones in the run column)")
-            parent = ""
-        since = until = None
-        try:
-            since = pages.parse_time(q.get("since", ""))
-        except ValueError:
-            errors.append("'from' is not a date or time (use 2026-12-01 or 2026-12-01T07:30)")
-        try:
-            until = pages.parse_time(q.get("until", ""))
-        except ValueError:
-            errors.append("'to' is not a date or time (use 2026-12-01 or 2026-12-01T07:30)")
-        if search and _is_uuid(search):  # a run id: straight to its page when it is one of ours
+        f = _runs_query(request)
+        if f.search and _is_uuid(f.search):  # a run id: straight to its page when it is one of ours
             try:
                 got = await self.call(
-                    request, self.backend.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=search)
+                    request, self.backend.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=f.search)
                 )
                 raise web.HTTPSeeOther(f"/runs/{got.run.run_id}")
             except AwooopError as err:
                 if err.code.name != "NOT_FOUND":
                     raise
-        req = scheduler_pb2.ListRunsRequest(
-            project_id=project,
-            statuses=[common_pb2.RunStatus.Value(f"RUN_STATUS_{s}") for s in statuses],
-            channel_types=[common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{c.upper()}") for c in channels],
-            page_size=RUNS_PAGE,
-            page_token=q.get("page_token", "")[:MAX_QUERY],
-            provider_event_id=search if search and not _is_uuid(search) else "",
-            parent_run_id=parent,
-        )
-        if since:
-            req.created_after.FromDatetime(since)
-        if until:
-            req.created_before.FromDatetime(until)
-        if parent:  # the children's counts come with their parent (CountRuns counts the whole project)
-            listed, got_parent = await asyncio.gather(
-                self.call(request, self.backend.scheduler.ListRuns, req), self._parent(request, parent)
-            )
-            if got_parent is not None and got_parent.run.project_id != project:  # children live with their parent
-                home = quote(got_parent.run.project_id, safe="")
-                raise web.HTTPSeeOther(f"/projects/{home}/runs?{request.query_string}")
-            if got_parent is None:
-                errors.append(f"'children of': no run {parent} in your projects")
-                overview = pages.children_overview([], False)
-            else:
-                overview = pages.children_overview(list(got_parent.children), got_parent.more_children)
-        else:
-            listed, counted = await asyncio.gather(
-                self.call(request, self.backend.scheduler.ListRuns, req),
-                self.call(
-                    request,
-                    self.backend.scheduler.CountRuns,
-                    scheduler_pb2.CountRunsRequest(project_id=project, include_finished=True),
-                ),
-            )
-            overview = pages.overview(counted)
-        rows = [] if search and _is_uuid(search) else [pages.run_row(r) for r in listed.runs]
-        filtered = bool(statuses or channels or since or until or search or parent)
+        listed, overview = await self._listed(request, project, f)
+        rows = [] if f.search and _is_uuid(f.search) else [pages.run_row(r) for r in listed.runs]
+        filtered = bool(f.statuses or f.channels or f.since or f.until or f.search or f.parent)
         if not listed.runs and not filtered:
             known = await self.call(request, self.backend.scheduler.ListProjects, scheduler_pb2.ListProjectsRequest())
             if project not in known.project_ids:  # a typo, or a project nobody has used: say so
@@ -289,19 +241,59 @@ class Console:
             overview=overview,
             statuses=pages.STATUSES,
             channels=pages.CHANNELS,
-            chosen_statuses=statuses,
-            chosen_channels=channels,
+            chosen_statuses=f.statuses,
+            chosen_channels=f.channels,
             since=q.get("since", ""),
             until=q.get("until", ""),
-            search=search,
-            parent=parent,
-            errors=errors,
+            search=f.search,
+            parent=f.parent,
+            errors=f.errors,
             next_url=("?" + urlencode([*keep, ("page_token", listed.next_page_token)]))
             if listed.next_page_token
             else "",
             first_url=("?" + urlencode(keep)) if q.get("page_token") else "",
             filtered=filtered,
         )
+
+    async def _listed(
+        self, request: web.Request, project: str, f: _RunsQuery
+    ) -> tuple[scheduler_pb2.ListRunsResponse, pages.Overview]:
+        """The page of runs and the counts above it: the project's (CountRuns), or with 'children of'
+        the parent's children (they live with their parent: another project's parent redirects)."""
+        req = scheduler_pb2.ListRunsRequest(
+            project_id=project,
+            statuses=[common_pb2.RunStatus.Value(f"RUN_STATUS_{s}") for s in f.statuses],
+            channel_types=[common_pb2.ChannelType.Value(f"CHANNEL_TYPE_{c.upper()}") for c in f.channels],
+            page_size=RUNS_PAGE,
+            page_token=request.query.get("page_token", "")[:MAX_QUERY],
+            provider_event_id=f.search if f.search and not _is_uuid(f.search) else "",
+            parent_run_id=f.parent,
+        )
+        if f.since:
+            req.created_after.FromDatetime(f.since)
+        if f.until:
+            req.created_before.FromDatetime(f.until)
+        if not f.parent:
+            listed, counted = await asyncio.gather(
+                self.call(request, self.backend.scheduler.ListRuns, req),
+                self.call(
+                    request,
+                    self.backend.scheduler.CountRuns,
+                    scheduler_pb2.CountRunsRequest(project_id=project, include_finished=True),
+                ),
+            )
+            return listed, pages.overview(counted)
+        # the children's counts come with their parent (CountRuns counts the whole project)
+        listed, got_parent = await asyncio.gather(
+            self.call(request, self.backend.scheduler.ListRuns, req), self._parent(request, f.parent)
+        )
+        if got_parent is not None and got_parent.run.project_id != project:  # children live with their parent
+            home = quote(got_parent.run.project_id, safe="")
+            raise web.HTTPSeeOther(f"/projects/{home}/runs?{request.query_string}")
+        if got_parent is None:
+            f.errors.append(f"'children of': no run {f.parent} in your projects")
+            return listed, pages.children_overview([], False)
+        return listed, pages.children_overview(list(got_parent.children), got_parent.more_children)
 
     async def _parent(self, request: web.Request, run_id: str) -> scheduler_pb2.GetRunResponse | None:
         """GetRun of the run whose children are listed; None when the caller has no such run."""
@@ -584,6 +576,41 @@ def _json_object(text: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class _RunsQuery:
+    """The runs list's filters as the query string gives them, and what in it could not be read."""
+
+    statuses: list[str]
+    channels: list[str]
+    search: str
+    parent: str
+    since: dt.datetime | None
+    until: dt.datetime | None
+    errors: list[str]
+
+
+def _runs_query(request: web.Request) -> _RunsQuery:
+    q = request.query
+    statuses = [s for s in q.getall("status", []) if s in pages.STATUSES]
+    channels = [c for c in q.getall("channel", []) if c in pages.CHANNELS]
+    search = q.get("q", "").strip()[:MAX_QUERY]
+    parent = q.get("parent", "").strip()[:MAX_QUERY]
+    errors: list[str] = []
+    if parent and not _is_uuid(parent):
+        errors.append("'children of' is not a run id (a UUID such as the ones in the run column)")
+        parent = ""
+    since = until = None
+    try:
+        since = pages.parse_time(q.get("since", ""))
+    except ValueError:
+        errors.append("'from' is not a date or time (use 2026-12-01 or 2026-12-01T07:30)")
+    try:
+        until = pages.parse_time(q.get("until", ""))
+    except ValueError:
+        errors.append("'to' is not a date or time (use 2026-12-01 or 2026-12-01T07:30)")
+    return _RunsQuery(statuses, channels, search, parent, since, until, errors)
 
 
 def _is_uuid(value: str) -> bool:
