@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from awooop.worker.client import client_host, local_address
+
+if TYPE_CHECKING:  # service code is imported lazily, where it is used
+    from services.common.runtime import Runtime
+    from services.console.app import ConsoleServer
 
 SERVICE_CHOICES = ("ingest", "scheduler", "saga", "gateway", "console")
 UP_SERVICES = ["ingest", "scheduler", "saga", "gateway"]
@@ -190,8 +196,54 @@ def _terminate_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def _embedded_stores(settings: Any, data_dir: Path, stoppers: list[Callable[[], None]]) -> tuple[Any, str, str]:
+    """An embedded Postgres and Redis under data_dir for what settings leave unset (each one's
+    stop added to stoppers): the settings naming them, and how the banner describes each."""
+    from services.common import embedded
+
+    store = redis = "configured"
+    if not settings.database_url:
+        pg = embedded.start_postgres(data_dir / "postgres")
+        stoppers.append(pg.stop)
+        settings = settings.with_(database_url=pg.dsn)
+        store = f"embedded, {data_dir / 'postgres'}"
+    if not settings.redis_url:
+        rd = embedded.start_redis(data_dir / "redis")
+        stoppers.append(rd.stop)
+        settings = settings.with_(redis_url=rd.url)
+        redis = "embedded"
+    return settings, store, redis
+
+
+async def _serve_up(
+    runtime: Runtime,
+    console: ConsoleServer,
+    settings: Any,
+    env_path: Path,
+    key: str,
+    banner_text: Callable[..., str],
+) -> None:
+    """Serves the suite and the console until SIGTERM or SIGINT; the banner printed once all listen."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await runtime.start()
+    try:
+        await console.start()
+    except BaseException:
+        await runtime.stop()
+        raise
+    env_file = write_env_file(env_path, settings, key)
+    print(banner_text(settings, console=console.url, env=env_file), flush=True)
+    await stop.wait()
+    logging.getLogger("awooop.up").info("shutting down")
+    await console.stop()
+    await runtime.stop()
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    from services.common import embedded, migrate
+    from services.common import migrate
     from services.common.observability import setup_logging
     from services.common.runtime import Runtime, port_clash
     from services.console.app import ConsoleServer
@@ -206,19 +258,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _terminate_on_sigterm)
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    stoppers = []
-    store = redis = "configured"
+    stoppers: list[Callable[[], None]] = []
     try:
-        if not settings.database_url:
-            pg = embedded.start_postgres(data_dir / "postgres")
-            stoppers.append(pg.stop)
-            settings = settings.with_(database_url=pg.dsn)
-            store = f"embedded, {data_dir / 'postgres'}"
-        if not settings.redis_url:
-            rd = embedded.start_redis(data_dir / "redis")
-            stoppers.append(rd.stop)
-            settings = settings.with_(redis_url=rd.url)
-            redis = "embedded"
+        settings, store, redis = _embedded_stores(settings, data_dir, stoppers)
         try:
             applied = asyncio.run(migrate.migrate(settings.database_url))
             key = asyncio.run(_dev_store(settings.database_url, data_dir / DEV_KEY_FILE))
@@ -240,27 +282,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         )
         runtime = Runtime(settings, UP_SERVICES)
         console = ConsoleServer(settings, f"{local}:{settings.scheduler_port}", f"{local}:{settings.saga_port}")
-
-        async def main() -> None:
-            loop = asyncio.get_running_loop()
-            stop = asyncio.Event()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            await runtime.start()
-            try:
-                await console.start()
-            except BaseException:
-                await runtime.stop()
-                raise
-            env_file = write_env_file(data_dir / ENV_FILE, settings, key)
-            text = banner(settings, key, store=store, redis=redis, migrated=applied, console=console.url, env=env_file)
-            print(text, flush=True)
-            await stop.wait()
-            logging.getLogger("awooop.up").info("shutting down")
-            await console.stop()
-            await runtime.stop()
-
-        asyncio.run(main())
+        banner_text = functools.partial(banner, key=key, store=store, redis=redis, migrated=applied)
+        asyncio.run(_serve_up(runtime, console, settings, data_dir / ENV_FILE, key, banner_text))
     except KeyboardInterrupt:
         pass
     finally:
