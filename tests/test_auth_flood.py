@@ -26,9 +26,9 @@ class CountingPool:
         self.pool = pool
         self.calls = 0
 
-    async def fetch(self, *args: Any) -> Any:
+    async def fetch(self, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
-        return await self.pool.fetch(*args)
+        return await self.pool.fetch(*args, **kwargs)
 
 
 def failures(reason: str) -> float:
@@ -96,10 +96,10 @@ class SlowRefresh:
         self.delay = delay
         self.began = asyncio.Event()
 
-    async def fetch(self, *args: Any) -> Any:
+    async def fetch(self, *args: Any, **kwargs: Any) -> Any:
         self.began.set()
         await asyncio.sleep(self.delay)
-        return await self.pool.fetch(*args)
+        return await self.pool.fetch(*args, **kwargs)
 
 
 async def test_a_burst_of_calls_with_a_new_key_waits_for_one_refresh(

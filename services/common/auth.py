@@ -17,15 +17,11 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from services.common import auth_sql, errors, sql
+from services.common import auth_sql, errors
 from services.common.db import Conn
 from services.common.keyids import LiveKeyIds
 from services.common.observability import AUTH_FAILURES
 from services.common.principals import ALL_PROJECTS, hash_secret, parse_key
-
-Q = sql.load(__file__, "auth.sql")
-LOAD_KEY = Q["LoadKey"]
-HAS_ROLE_NOW = Q["HasRoleNow"]
 
 # admin implies every role
 IMPLIED = {"admin": {"ingest", "worker", "approver", "admin", "tool"}}
@@ -137,8 +133,9 @@ class Authenticator:
             return None, None
         roles: dict[str, set[str]] = {}
         for r in rows:
-            if r["project_id"] is not None:
-                roles.setdefault(r["project_id"], set()).add(r["role"])
+            project, role = r["project_id"], r["role"]
+            if project is not None and role is not None:  # both NULL: the principal holds no role
+                roles.setdefault(project, set()).add(role)
         principal = Principal(
             rows[0]["principal_id"],
             rows[0]["principal_type"],
@@ -155,8 +152,6 @@ def _failed(reason: str, message: str) -> errors.ServiceError:
 async def has_role_now(conn: Conn, principal: Principal, project_id: str, role: str) -> bool:
     """Reads the principal's membership from the store now (no cache)."""
     wanted = [r for r, implied in IMPLIED.items() if role in implied] + [role]
-    return bool(
-        await auth_sql.has_role_now(
-            conn, principal_id=principal.principal_id, projects=[project_id, ALL_PROJECTS], roles=wanted
-        )
+    return await auth_sql.has_role_now(
+        conn, principal_id=principal.principal_id, projects=[project_id, ALL_PROJECTS], roles=wanted
     )

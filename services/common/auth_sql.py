@@ -16,15 +16,18 @@ class LoadKeyRow(Protocol):
     """A row of LoadKey."""
 
     @overload
-    def __getitem__(self, key: Literal["secret_sha256"], /) -> bytes | None: ...
+    def __getitem__(self, key: Literal["secret_sha256"], /) -> bytes: ...
     @overload
-    def __getitem__(self, key: Literal["principal_id"], /) -> str | None: ...
+    def __getitem__(self, key: Literal["principal_id"], /) -> str: ...
     @overload
-    def __getitem__(self, key: Literal["principal_type"], /) -> str | None: ...
+    def __getitem__(self, key: Literal["principal_type"], /) -> str: ...
     @overload
     def __getitem__(self, key: Literal["project_id"], /) -> str | None: ...
     @overload
     def __getitem__(self, key: Literal["role"], /) -> str | None: ...
+    @overload
+    def __getitem__(self, key: str, /) -> object: ...
+
     def __getitem__(self, key: str, /) -> Any: ...
 
 
@@ -46,12 +49,10 @@ async def has_role_now(
     projects: Sequence[str] | None,
     roles: Sequence[str] | None,
     query_timeout: float | None = None,
-) -> bool | None:
+) -> bool:
     """HasRoleNow (auth.sql).
 
     The principal holds one of :roles (the role and those that imply it) in one of :projects (the
     project and '*'), read now (no cache).
     """
-    return cast(
-        "bool | None", await db.fetchval(HAS_ROLE_NOW.sql, principal_id, projects, roles, timeout=query_timeout)
-    )
+    return cast("bool", await db.fetchval(HAS_ROLE_NOW.sql, principal_id, projects, roles, timeout=query_timeout))
