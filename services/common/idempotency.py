@@ -54,7 +54,7 @@ from typing import Any
 import asyncpg
 from google.protobuf import timestamp_pb2
 
-from services.common import errors, idempotency_sql, sql
+from services.common import errors, idempotency_sql
 from services.common.db import Conn
 
 # Leave the server this much of the caller's deadline to answer after a lock wait.
@@ -110,12 +110,6 @@ def fingerprint(payload: Any) -> str:
     that define the mutation, never the key itself."""
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-Q = sql.load(__file__, "idempotency.sql")
-LOCK_SCOPE = Q["LockScope"]
-LOOKUP_KEY = Q["LookupKey"]
-INSERT_KEY = Q["InsertKey"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,33 +199,31 @@ async def _attempt(
     deadline: float | None,
 ) -> Outcome:
     s = scope
-    key = {
-        "project_id": s.project_id,
-        "principal_type": s.principal_type,
-        "principal_id": s.principal_id,
-        "operation": s.operation,
-        "key": s.key,
-    }
     async with pool.acquire() as conn, conn.transaction():
         await idempotency_sql.lock_scope(conn, lock_timeout=_lock_timeout(deadline), lock_name=s.lock_name())
-        row = await idempotency_sql.lookup_key(conn, **key, ttl=float(ttl))
-        assert row is not None
-        if row["request_fingerprint"] is not None:
-            stored = StoredKey(
-                row["request_fingerprint"],
-                row["policy_version"],
-                row["response_snapshot"],
-                row["resource_id"],
-                row["created_at"],
-                row["expires_at"],
-            )
+        row = await idempotency_sql.lookup_key(
+            conn,
+            project_id=s.project_id,
+            principal_type=s.principal_type,
+            principal_id=s.principal_id,
+            operation=s.operation,
+            key=s.key,
+            ttl=float(ttl),
+        )
+        assert row is not None  # one row always
+        stored = _stored(row)
+        if stored is not None:
             return replay(s, stored, fingerprint=fp, policy_version=policy_version, allowed=await recheck(conn))
         window = KeyWindow(row["window_start"], row["window_end"])
         done = await execute(conn, window)
         try:
             await idempotency_sql.insert_key(
                 conn,
-                **key,
+                project_id=s.project_id,
+                principal_type=s.principal_type,
+                principal_id=s.principal_id,
+                operation=s.operation,
+                key=s.key,
                 fingerprint=fp,
                 policy_version=policy_version,
                 snapshot=done.snapshot,
@@ -242,6 +234,16 @@ async def _attempt(
         except asyncpg.UniqueViolationError:
             raise _KeyRace() from None  # leaving the block rolls the whole attempt back
         return Outcome(done.snapshot, False, window.created_at, window.expires_at, done.resource_id)
+
+
+def _stored(row: idempotency_sql.LookupKeyRow) -> StoredKey | None:
+    """The live key a LookupKey row carries; None when there is none (its columns, from an outer
+    join, are then NULL together)."""
+    fp, version, snapshot = row["request_fingerprint"], row["policy_version"], row["response_snapshot"]
+    created, expires = row["created_at"], row["expires_at"]
+    if fp is None or version is None or snapshot is None or created is None or expires is None:
+        return None
+    return StoredKey(fp, version, snapshot, row["resource_id"], created, expires)
 
 
 def _lock_timeout(deadline: float | None) -> str:

@@ -7,6 +7,7 @@ SELECT pg_advisory_xact_lock(hashtextextended(:lock_name, 0))
   FROM (SELECT set_config('lock_timeout', :lock_timeout, true)) AS t
 
 -- name: LookupKey :one
+-- not null: window_start, window_end
 -- One row always: the key's columns (NULL when absent or expired) and the window a new key gets.
 -- An expired row is deleted here, so the insert after the mutation does not meet it.
 WITH expired AS (
