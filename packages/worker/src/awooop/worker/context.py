@@ -240,12 +240,26 @@ class RunContext:
             attempt=self.attempt,
             retry=action == "retry",
         )
+        result, cmd = await self._execute(call, fn, compensation)
+        await self.client.call(
+            self.client.saga.CompleteStep,
+            saga_pb2.CompleteStepRequest(
+                lease=self.lease, step_id=step_id, result=to_struct(result), compensation_cmd=_compensation_pb(cmd)
+            ),
+        )
+        return result
+
+    async def _execute(
+        self, call: StepCall, fn: Callable[[StepCall], Any], compensation: Compensation
+    ) -> tuple[Json, Mapping[str, Any] | None]:
+        """Runs a step's function: its result and compensation command. If fn raises, the step
+        is journaled failed (FailStep) and the error re-raised."""
         try:
             value = fn(call)
             if inspect.isawaitable(value):
                 value = await value
-            result = _as_result(value, step_id)
-            cmd = compensation(result) if callable(compensation) else compensation
+            result = _as_result(value, call.step_id)
+            return result, compensation(result) if callable(compensation) else compensation
         except (LeaseLost, RunFinished):
             raise
         except Exception as exc:
@@ -254,17 +268,10 @@ class RunContext:
                 await self.client.call(
                     self.client.saga.FailStep,
                     saga_pb2.FailStepRequest(
-                        lease=self.lease, step_id=step_id, error=f"{type(exc).__name__}: {exc}"[:4096]
+                        lease=self.lease, step_id=call.step_id, error=f"{type(exc).__name__}: {exc}"[:4096]
                     ),
                 )
             raise
-        await self.client.call(
-            self.client.saga.CompleteStep,
-            saga_pb2.CompleteStepRequest(
-                lease=self.lease, step_id=step_id, result=to_struct(result), compensation_cmd=_compensation_pb(cmd)
-            ),
-        )
-        return result
 
     async def _known(self, step_id: str) -> common_pb2.SagaStep | None:
         """This step's journal entry from an earlier attempt, if any (the journal is read once)."""

@@ -137,6 +137,8 @@ class Worker:
         channel_options: Sequence[tuple[str, Any]] | None = None,
         tracer_provider: Any = None,
     ) -> None:
+        """The options are documented in docs/worker-sdk.md. Long because it is a flat list of
+        them: each is checked and kept here once, beside the state the worker's loops share."""
         metrics.register()  # a process with a Worker exports the awooop_worker_* metrics
         self.handler = handler
         self.projects = list(projects)
