@@ -222,7 +222,17 @@ async def _list(conn: Any, args: argparse.Namespace) -> int:
 
     rows = await principals.list_principals(conn)
     if args.json:
-        print(json.dumps({"principals": [dict(r) | {"roles": list(r["roles"])} for r in rows]}, indent=2))
+        listed = [
+            {
+                "principal_id": r["principal_id"],
+                "principal_type": r["principal_type"],
+                "display_name": r["display_name"],
+                "roles": r["roles"],
+                "active_keys": r["active_keys"],
+            }
+            for r in rows
+        ]
+        print(json.dumps({"principals": listed}, indent=2))
         return 0
     print(f"{'PRINCIPAL':<24} {'TYPE':<8} {'KEYS':>4}  ROLES")
     for r in rows:
@@ -235,7 +245,17 @@ async def _list_keys(conn: Any, args: argparse.Namespace) -> int:
 
     rows = await principals.list_keys(conn, args.principal_id)
     if args.json:
-        print(json.dumps({"keys": [dict(r) for r in rows]}, indent=2, default=str))
+        keys = [
+            {
+                "key_id": r["key_id"],
+                "principal_id": r["principal_id"],
+                "label": r["label"],
+                "created_at": r["created_at"],
+                "revoked_at": r["revoked_at"],
+            }
+            for r in rows
+        ]
+        print(json.dumps({"keys": keys}, indent=2, default=str))
         return 0
     print(f"{'KEY ID':<18} {'PRINCIPAL':<24} {'CREATED':<20} {'REVOKED':<20} LABEL")
     for r in rows:

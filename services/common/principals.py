@@ -14,17 +14,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.common import principals_sql, sql
-
-Q = sql.load(__file__, "principals.sql")
-CREATE_PRINCIPAL = Q["CreatePrincipal"]
-ISSUE_KEY = Q["IssueKey"]
-REVOKE_KEY = Q["RevokeKey"]
-GRANT_ROLE = Q["GrantRole"]
-REVOKE_ROLE = Q["RevokeRole"]
-LIST_PRINCIPALS = Q["ListPrincipals"]
-LIST_KEYS = Q["ListKeys"]
-SERVICE_KEY_VALID = Q["ServiceKeyValid"]
+from services.common import principals_sql
 
 ROLES = ("ingest", "worker", "approver", "admin", "tool")
 # tool: a tool or external system that posts results (CompleteWait in its project) and nothing
@@ -99,7 +89,7 @@ async def revoke_role(
     return int(status.split()[-1])
 
 
-async def list_principals(conn: asyncpg.Connection | asyncpg.Pool) -> list[asyncpg.Record]:
+async def list_principals(conn: asyncpg.Connection | asyncpg.Pool) -> list[principals_sql.ListPrincipalsRow]:
     return await principals_sql.list_principals(conn)
 
 
@@ -110,7 +100,9 @@ async def bootstrap_admin(conn: asyncpg.Connection | asyncpg.Pool, principal_id:
     return await issue_key(conn, principal_id, "bootstrap")
 
 
-async def list_keys(conn: asyncpg.Connection | asyncpg.Pool, principal_id: str | None = None) -> list[asyncpg.Record]:
+async def list_keys(
+    conn: asyncpg.Connection | asyncpg.Pool, principal_id: str | None = None
+) -> list[principals_sql.ListKeysRow]:
     """Key ids with label and dates (never a secret), newest first; one principal's or all."""
     return await principals_sql.list_keys(conn, principal_id=principal_id)
 
@@ -127,10 +119,8 @@ async def service_key_valid(conn: asyncpg.Connection, key: str, principal_id: st
     if parsed is None:
         return False
     key_id, secret = parsed
-    return bool(
-        await principals_sql.service_key_valid(
-            conn, key_id=key_id, secret_sha256=hash_secret(secret), principal_id=principal_id, role=INTERNAL_ROLE
-        )
+    return await principals_sql.service_key_valid(
+        conn, key_id=key_id, secret_sha256=hash_secret(secret), principal_id=principal_id, role=INTERNAL_ROLE
     )
 
 

@@ -25,6 +25,7 @@ DELETE FROM awooop_project_member
  WHERE principal_id = :principal_id AND project_id = :project_id AND (:role::text IS NULL OR role = :role)
 
 -- name: ListPrincipals :many
+-- not null: principal_id, principal_type, display_name, roles, active_keys
 -- Every principal with its roles ("project:role") and the number of its live keys.
 SELECT p.principal_id, p.principal_type, p.display_name,
        COALESCE(array_agg(m.project_id || ':' || m.role ORDER BY m.project_id, m.role)
@@ -43,6 +44,7 @@ SELECT key_id, principal_id, label, created_at, revoked_at FROM awooop_api_key
  ORDER BY created_at DESC, key_id
 
 -- name: ServiceKeyValid :val
+-- not null: exists
 -- The key (:key_id, :secret_sha256) is live, belongs to :principal_id, and that principal still
 -- holds :role in every project ('*').
 SELECT EXISTS (
