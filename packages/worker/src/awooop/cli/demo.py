@@ -258,6 +258,24 @@ async def cmd_demo(args: argparse.Namespace, client: Client) -> int:
     return 0 if summary["ok"] else 1
 
 
+@dataclass
+class _Demo:
+    """What every act of the demo's story reads and adds to."""
+
+    args: argparse.Namespace
+    client: Client
+    story: Story
+    project: str
+    summary: dict[str, Any]
+    workers: list[WorkerProcess]
+    logdir: Path
+
+    @property
+    def checks(self) -> dict[str, bool]:
+        checks: dict[str, bool] = self.summary["checks"]
+        return checks
+
+
 async def _story(
     args: argparse.Namespace,
     client: Client,
@@ -267,16 +285,26 @@ async def _story(
     workers: list[WorkerProcess],
     logdir: Path,
 ) -> None:
-    checks: dict[str, bool] = summary["checks"]
-    deployment, replicas = args.deployment, args.replicas
+    """The story's acts in order, each printing its steps and adding to summary."""
+    d = _Demo(args, client, story, project, summary, workers, logdir)
     a = client.addresses
     story.plain(f"awooop demo: project {project}")
     story.plain(f"  ingest {a['ingest']}  scheduler {a['scheduler']}  saga {a['saga']}  gateway {a['gateway']}")
     if not client.key:
         raise DemoFailed("no API key: pass --key, set AWOOOP_API_KEY, or run from the directory of `awooop up`")
     story.plain()
+    await _create_deployment(d)
+    run_id = await _deliver_three_times(d)
+    wa, original, undo = await _worker_a_scales(d, run_id)
+    wb = await _crash_and_reap(d, run_id, wa)
+    approval = await _worker_b_resumes(d, run_id, wb)
+    journal, comp = await _reject_and_compensate(d, run_id, approval, undo)
+    await _journal_and_end(d, run_id, wb, journal, comp, original)
 
-    # 1. a deployment to scale, in the reference gateway
+
+async def _create_deployment(d: _Demo) -> None:
+    """Act 1: a deployment to scale, in the reference gateway."""
+    client, story, project, deployment = d.client, d.story, d.project, d.args.deployment
     try:
         await client.call(
             client.gateway.ExecuteTool,
@@ -294,9 +322,12 @@ async def _story(
             raise
         story.step(f"The reference gateway already has deployment {deployment} in project {project}.")
 
-    # 2. a Telegram update, delivered three times
+
+async def _deliver_three_times(d: _Demo) -> str:
+    """Act 2: a Telegram update, delivered three times; returns the one run's id."""
+    client, story, project = d.client, d.story, d.project
     update_id = secrets.randbelow(900_000_000) + 100_000_000
-    text = f"/scale {deployment} {replicas}"
+    text = f"/scale {d.args.deployment} {d.args.replicas}"
     payload = {
         "update_id": update_id,
         "message": {
@@ -319,17 +350,22 @@ async def _story(
         o = resp.outcomes[0]
         outcomes.append({"run_id": o.run_id, "duplicate": o.duplicate, "code": o.code})
         story.detail(f"delivery {i + 1} -> run {o.run_id}  " + (f"duplicate ({o.code})" if o.duplicate else "new run"))
-    run_id = outcomes[0]["run_id"]
-    summary.update(run_id=run_id, update_id=update_id, deliveries=outcomes)
-    checks["one_run_for_three_deliveries"] = len({o["run_id"] for o in outcomes}) == 1 and [
+    run_id: str = outcomes[0]["run_id"]
+    d.summary.update(run_id=run_id, update_id=update_id, deliveries=outcomes)
+    d.checks["one_run_for_three_deliveries"] = len({o["run_id"] for o in outcomes}) == 1 and [
         o["duplicate"] for o in outcomes
     ] == [False, True, True]
     story.detail("one run, PENDING")
+    return run_id
 
-    # 3. worker A claims and journals two steps
-    wa = await spawn_worker("A", args, client, project, logdir, pause_after="scale")
-    workers.append(wa)
-    summary["worker_a_pid"] = wa.pid
+
+async def _worker_a_scales(d: _Demo, run_id: str) -> tuple[WorkerProcess, Any, dict[str, Any]]:
+    """Act 3: worker A claims the run and journals two steps; returns worker A, the replicas
+    before the scale and the journaled compensation's params."""
+    args, client, story, deployment = d.args, d.client, d.story, d.args.deployment
+    wa = await spawn_worker("A", args, client, d.project, d.logdir, pause_after="scale")
+    d.workers.append(wa)
+    d.summary["worker_a_pid"] = wa.pid
     claimed = await wa.next_event(("claimed",), args.step_timeout)
     _same_run(claimed, run_id)
     story.step(
@@ -342,7 +378,7 @@ async def _story(
     scale = await poll(lambda: _journal_step(client, run_id, "scale", common_pb2.STEP_STATUS_COMPLETED), 30, "step 2")
     result = from_struct(scale.result)
     original = result.get("previous_replicas")
-    summary.update(replicas_before=original, replicas_scaled=result.get("replicas"))
+    d.summary.update(replicas_before=original, replicas_scaled=result.get("replicas"))
     undo = from_struct(scale.compensation_cmd.params) if scale.HasField("compensation_cmd") else {}
     story.step(
         f'Worker A runs step "scale" (tool_call k8s_scale_deployment through the gateway): '
@@ -351,16 +387,19 @@ async def _story(
     story.detail(
         f"idempotency key {run_id}:scale; compensation journaled: scale {deployment} back to {undo.get('replicas')}"
     )
+    return wa, original, undo
 
-    # 4. the crash
+
+async def _crash_and_reap(d: _Demo, run_id: str, wa: WorkerProcess) -> WorkerProcess:
+    """Acts 4 and 5: worker A crashes, worker B starts, the reaper returns the run; returns worker B."""
+    args, client, story, summary = d.args, d.client, d.story, d.summary
     await wa.kill()
     killed_at = time.monotonic()
     summary["worker_a_killed"] = True
     story.step("Worker A crashes (SIGKILL) before finishing; nobody renews its lease any more.")
 
-    # 5. worker B, the reaper
-    wb = await spawn_worker("B", args, client, project, logdir, pause_after=None)
-    workers.append(wb)
+    wb = await spawn_worker("B", args, client, d.project, d.logdir, pause_after=None)
+    d.workers.append(wb)
     summary["worker_b_pid"] = wb.pid
     story.step(f"Worker B (pid {wb.pid}) starts and waits for work.")
     story.detail(
@@ -379,13 +418,17 @@ async def _story(
     reaped = await poll(reaped_yet, args.reaper_timeout, "the reaper")
     after = time.monotonic() - killed_at
     summary["reaped_after_seconds"] = round(after, 1)
-    checks["reaped"] = True
+    d.checks["reaped"] = True
     story.step(
         f"The reaper finds the expired lease and returns the run to "
         f"{status_name(reaped.to_status)} ({after:.1f} s after the crash; attempt 1 counts)."
     )
+    return wb
 
-    # 6. worker B resumes, skipping the journaled steps
+
+async def _worker_b_resumes(d: _Demo, run_id: str, wb: WorkerProcess) -> dict[str, Any]:
+    """Act 6: worker B resumes, skipping the journaled steps, and asks for approval (returned)."""
+    args, client, story, summary = d.args, d.client, d.story, d.summary
     claimed = await wb.next_event(("claimed",), args.step_timeout)
     _same_run(claimed, run_id)
     actions = {}
@@ -394,7 +437,7 @@ async def _story(
         actions[ev["step_id"]] = ev["action"]
     summary["worker_b_attempt"] = claimed["attempt"]
     summary["worker_b_actions"] = actions
-    checks["resumed_without_repeating_steps"] = actions == {"diagnose": "skip", "scale": "skip"}
+    d.checks["resumed_without_repeating_steps"] = actions == {"diagnose": "skip", "scale": "skip"}
     story.step(
         f"Worker B claims it (attempt {claimed['attempt']}) and replays the journal: "
         f"diagnose {_done(actions.get('diagnose'))}, scale {_done(actions.get('scale'))} "
@@ -407,8 +450,15 @@ async def _story(
         f"run {status_name(run.status)}, no lease held; the token (shown once, to the worker) "
         f"expires {when(run.approval_expires_at)}"
     )
+    return approval
 
-    # 7. the approver rejects
+
+async def _reject_and_compensate(
+    d: _Demo, run_id: str, approval: dict[str, Any], undo: dict[str, Any]
+) -> tuple[saga_pb2.GetJournalResponse, dict[str, Any]]:
+    """Acts 7 and 8: the approver rejects and the saga compensates; returns the journal and the
+    undo's result."""
+    client, story = d.client, d.story
     decided = await client.call(
         client.scheduler.DecideApproval,
         scheduler_pb2.DecideApprovalRequest(
@@ -418,24 +468,34 @@ async def _story(
             reason="demo: the on-call lead says no",
         ),
     )
-    summary["approval"] = "rejected"
+    d.summary["approval"] = "rejected"
     story.step(
         f"The approver ({decided.run.approval_decided_by or 'you'}) rejects: run {status_name(decided.run.status)} "
         f"({decided.run.error_code}); compensation requested: {str(decided.compensation_requested).lower()}."
     )
 
-    # 8. the saga compensates
-    journal = await poll(lambda: _compensated(client, run_id), args.step_timeout, "the compensation")
+    journal = await poll(lambda: _compensated(client, run_id), d.args.step_timeout, "the compensation")
     event = await _history_event(client, run_id, "SAGA_STEP_COMPENSATED")
     comp = from_struct(event.details).get("result", {}) if event else {}
-    summary["replicas_after_compensation"] = comp.get("replicas")
+    d.summary["replicas_after_compensation"] = comp.get("replicas")
     story.step(
-        f"The saga compensates in reverse order: k8s_scale_deployment {deployment} -> "
+        f"The saga compensates in reverse order: k8s_scale_deployment {d.args.deployment} -> "
         f"{undo.get('replicas')} (gateway: {comp.get('previous_replicas', '?')} -> {comp.get('replicas', '?')} "
         f"replicas). saga_status {saga_name(journal.saga_status)}."
     )
+    return journal, comp
 
-    # 9. the journal
+
+async def _journal_and_end(
+    d: _Demo,
+    run_id: str,
+    wb: WorkerProcess,
+    journal: saga_pb2.GetJournalResponse,
+    comp: dict[str, Any],
+    original: Any,
+) -> None:
+    """Acts 9 and 10: the journal, and the end state."""
+    story, summary, checks = d.story, d.summary, d.checks
     story.step("The journal (seed ADR-119 saga_steps):")
     steps = []
     for s in journal.steps:
@@ -456,7 +516,7 @@ async def _story(
         story.detail(line)
     summary["journal"] = steps
     summary["saga_status"] = saga_name(journal.saga_status)
-    final = await _run(client, run_id)
+    final = await _run(d.client, run_id)
     summary["run_status"] = status_name(final.status)
     summary["attempts"] = final.attempt_count
     checks["journal_compensated"] = [(s["step_id"], s["status"]) for s in steps[:2]] == [
@@ -466,9 +526,8 @@ async def _story(
     checks["replicas_restored"] = original is not None and comp.get("replicas") == original
     checks["run_failed_by_rejection"] = final.status == common_pb2.RUN_STATUS_FAILED
 
-    # 10. the end state
     story.step(
-        f"Gateway: deployment {deployment} is back at {_replicas(comp.get('replicas'))}, as before the run. "
+        f"Gateway: deployment {d.args.deployment} is back at {_replicas(comp.get('replicas'))}, as before the run. "
         f"Run {summary['run_status']} after {final.attempt_count} attempts, saga {summary['saga_status']}."
     )
     rc = await wb.terminate()
