@@ -113,6 +113,12 @@ def register(sub: Any) -> None:
     p.add_argument("--reason", default="", help="why (audit log)")
     p.set_defaults(func=run_command(cmd_cancel))
 
+    _register_waits(r)
+    _register_compensation(r)
+
+
+def _register_waits(r: Any) -> None:
+    """The `runs waits` commands: list, complete, expire."""
     waits = r.add_parser("waits", help="list a run's durable waits; complete or expire one by hand (approver role)")
     add_connection_args(waits, inherited=True)
     w = waits.add_subparsers(dest="waits_command", metavar="ACTION", required=True)
@@ -129,6 +135,9 @@ def register(sub: Any) -> None:
     p.add_argument("--wait", default="", metavar="WAIT_ID", help="which wait (default: the run's only open wait)")
     p.set_defaults(func=run_command(cmd_waits_end), end="expire")
 
+
+def _register_compensation(r: Any) -> None:
+    """The `runs compensation` commands: retry, resolve."""
     comp = r.add_parser("compensation", help="retry or resolve a failed compensation (admin role)")
     add_connection_args(comp, inherited=True)
     c = comp.add_subparsers(dest="compensation_command", metavar="ACTION", required=True)
