@@ -19,7 +19,7 @@ import asyncpg
 import pytest
 
 from services.common import db as store
-from services.common import migrate, server_plans
+from services.common import migrate, server_plans, server_plans_sql
 from services.common.db import create_pool
 from services.common.settings import Settings
 from services.scheduler import claim_answers, claiming, leases
@@ -95,7 +95,7 @@ async def _track_functions(db: asyncpg.Connection) -> None:
 async def test_the_migration_creates_a_function_for_every_hot_statement_named_by_its_text(
     db: asyncpg.Connection,
 ) -> None:
-    names = {r["name"]: r for r in await db.fetch(server_plans.PLAN_FUNCTIONS.sql)}
+    names = {r["name"]: r for r in await server_plans_sql.plan_functions(db)}
     # the statements marked at import, and the per-call variants the worker SDK's claims render
     for sql in (
         HEARTBEAT_SQL,
@@ -114,7 +114,7 @@ async def test_the_migration_creates_a_function_for_every_hot_statement_named_by
     # more variants than a service has marked when it migrates)
     await migrate.create_plan_functions(db, verify=False)
     hot = migrate.hot_statements()
-    names = {r["name"]: r for r in await db.fetch(server_plans.PLAN_FUNCTIONS.sql)}
+    names = {r["name"]: r for r in await server_plans_sql.plan_functions(db)}
     assert set(names) == {server_plans.function_name(sql) for sql in hot}
     # then one with nothing to apply changes nothing
     oids = await db.fetch("SELECT oid FROM pg_proc WHERE proname LIKE 'awooop\\_plan\\_%' ORDER BY oid")

@@ -20,9 +20,7 @@ import time
 
 import asyncpg
 
-from services.common import keyids_sql, sql
-
-LIVE_KEY_IDS = sql.load(__file__, "keyids.sql")["LiveKeyIds"]
+from services.common import keyids_sql
 
 
 class LiveKeyIds:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast, overload
 
 from services.common import sql
 
@@ -13,7 +13,12 @@ LIVE_KEY_IDS = Q["LiveKeyIds"]
 class LiveKeyIdsRow(Protocol):
     """A row of LiveKeyIds."""
 
+    @overload
     def __getitem__(self, key: Literal["key_id"], /) -> str: ...
+    @overload
+    def __getitem__(self, key: str, /) -> object: ...
+
+    def __getitem__(self, key: str, /) -> Any: ...
 
 
 async def live_key_ids(db: sql.Queryable, /, *, query_timeout: float | None = None) -> list[LiveKeyIdsRow]:

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import asyncpg
 from prometheus_client import Counter
 
-from services.common import loops_sql, sql
+from services.common import loops_sql
 from services.common.db import store_error
 from services.common.observability import LOOP_RUNS, preset
 
@@ -74,8 +74,6 @@ def row_failed(name: str, row: str, exc: BaseException) -> None:
         extra={"loop": name, "row": row, "error": repr(exc)},
     )
 
-
-RUN_ERROR = sql.load(__file__, "loops.sql")["RecordLoopError"]
 
 MAX_ERROR_TEXT = 500
 

@@ -20,7 +20,7 @@ from importlib.metadata import entry_points
 
 import asyncpg
 
-from services.common import migrate_sql, server_plans, sql
+from services.common import migrate_sql, server_plans
 
 log = logging.getLogger("awooop.migrate")
 
@@ -29,10 +29,6 @@ HOT_STATEMENTS_GROUP = "awooop.hot_statements"
 
 # pg_advisory_lock key: the first 8 bytes of sha256("awooop-migrate")
 LOCK_KEY = int.from_bytes(hashlib.sha256(b"awooop-migrate").digest()[:8], "big", signed=True)
-
-Q = sql.load(__file__, "migrate.sql")
-LOCK, UNLOCK = Q["LockMigrations"], Q["UnlockMigrations"]
-CREATE_TABLE, APPLIED, RECORD = Q["CreateMigrationsTable"], Q["AppliedMigrations"], Q["RecordMigration"]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, cast
+from typing import Any, Literal, Protocol, cast, overload
 
 from services.common import sql
 
@@ -17,7 +17,12 @@ RECORD_MIGRATION = Q["RecordMigration"]
 class AppliedMigrationsRow(Protocol):
     """A row of AppliedMigrations."""
 
+    @overload
     def __getitem__(self, key: Literal["version"], /) -> int: ...
+    @overload
+    def __getitem__(self, key: str, /) -> object: ...
+
+    def __getitem__(self, key: str, /) -> Any: ...
 
 
 async def lock_migrations(db: sql.Queryable, /, *, lock_key: int | None, query_timeout: float | None = None) -> str:

@@ -38,12 +38,8 @@ from dataclasses import dataclass
 import asyncpg
 
 from services.common import planner, server_plans_sql
-from services.common import sql as named
 
 log = logging.getLogger("awooop.db")
-Q = named.load(__file__, "server_plans.sql")
-PLAN_FUNCTIONS = Q["PlanFunctions"]
-TYPE_NAMES = Q["TypeNames"]
 
 PREFIX = "awooop_plan_"
 # Part of every function's name: a change to how the functions are generated (definition())

@@ -1,6 +1,7 @@
 -- Statements of services/common/server_plans.py (the plan functions of hot statements).
 
 -- name: PlanFunctions :many
+-- not null: name, oid, callable
 -- The plan functions visible on this connection's search_path (callable by name), whether its
 -- role may EXECUTE them, and each one's comment (a digest of its definition). A service reads
 -- them once per pool and again after a call failed as stale; the migration step reads them to
@@ -14,6 +15,7 @@ SELECT p.proname::text AS name,
    AND pg_function_is_visible(p.oid)
 
 -- name: TypeNames :many
+-- not null: oid, name
 -- The SQL names of types by oid: the parameter and result types of statements, written into
 -- the signatures of their functions.
 SELECT t AS oid, format_type(t, NULL) AS name
