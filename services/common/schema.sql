@@ -249,6 +249,15 @@ BEGIN
 END
 $$;
 
+-- FUNCTION: awooop_fence_holds(integer, text, text, integer, text[], text[])
+CREATE FUNCTION public.awooop_fence_holds(attempt_count integer, status text, project_id text, p_attempt integer, p_allowed text[], p_projects text[]) RETURNS boolean
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT attempt_count = p_attempt
+       AND (status = ANY(p_allowed)) IS TRUE
+       AND (p_projects IS NULL OR project_id = ANY(p_projects)) IS TRUE
+$$;
+
 -- FUNCTION: awooop_grant_keys(uuid[], text[], text[])
 CREATE FUNCTION public.awooop_grant_keys(runs uuid[], projects text[], keys text[]) RETURNS TABLE(b_run uuid, b_key text, b_until timestamp with time zone)
     LANGUAGE plpgsql STRICT ROWS 1
@@ -884,22 +893,6 @@ CREATE TABLE public.awooop_refgw_row (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
--- TABLE: awooop_run_event
-CREATE TABLE public.awooop_run_event (
-    run_id uuid NOT NULL,
-    seq bigint NOT NULL,
-    project_id character varying(64) NOT NULL,
-    source character varying(16) NOT NULL,
-    kind character varying(128) DEFAULT ''::character varying NOT NULL,
-    data jsonb DEFAULT '{}'::jsonb NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    emit_key character varying(128),
-    progress_no integer,
-    progress_bytes bigint,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT awooop_run_event_source_check CHECK (((source)::text = ANY ((ARRAY['state'::character varying, 'step'::character varying, 'progress'::character varying])::text[])))
-);
-
 -- TABLE: awooop_run_state
 CREATE TABLE public.awooop_run_state (
     run_id uuid DEFAULT gen_random_uuid() NOT NULL,
@@ -948,6 +941,35 @@ CREATE TABLE public.awooop_run_state (
     CONSTRAINT awooop_run_state_priority_check CHECK (((priority >= '-1000'::integer) AND (priority <= 1000))),
     CONSTRAINT awooop_run_state_saga_status_check CHECK (((saga_status)::text = ANY ((ARRAY['in_progress'::character varying, 'not_needed'::character varying, 'compensating'::character varying, 'compensated'::character varying, 'compensation_failed'::character varying])::text[]))),
     CONSTRAINT awooop_run_state_status_check CHECK (((status)::text = ANY ((ARRAY['PENDING'::character varying, 'RUNNING'::character varying, 'WAITING_TOOL'::character varying, 'WAITING_APPROVAL'::character varying, 'RESUMED'::character varying, 'COMPLETED'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[])))
+);
+
+-- VIEW: awooop_run_cur
+CREATE VIEW public.awooop_run_cur AS
+ SELECT run_id AS cur_run_id,
+    project_id AS cur_project,
+    status AS cur_status,
+    attempt_count AS cur_attempt,
+    cancel_requested AS cur_cancel,
+    reaped_at AS cur_reaped_at,
+    heartbeat_at AS cur_heartbeat_at,
+    worker_id AS cur_worker,
+    concurrency_keys AS cur_keys
+   FROM public.awooop_run_state;
+
+-- TABLE: awooop_run_event
+CREATE TABLE public.awooop_run_event (
+    run_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    project_id character varying(64) NOT NULL,
+    source character varying(16) NOT NULL,
+    kind character varying(128) DEFAULT ''::character varying NOT NULL,
+    data jsonb DEFAULT '{}'::jsonb NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    emit_key character varying(128),
+    progress_no integer,
+    progress_bytes bigint,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT awooop_run_event_source_check CHECK (((source)::text = ANY ((ARRAY['state'::character varying, 'step'::character varying, 'progress'::character varying])::text[])))
 );
 
 -- TABLE: awooop_saga_step

@@ -14,12 +14,7 @@
 -- attempt (released_count + 1), so a run may ask for approval without spending its max_attempts.
 -- A run whose cancel is pending must not park itself where the cancel cannot reach it.
 WITH cur AS (
-    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
-           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
-           worker_id AS cur_worker
-      FROM awooop_run_state
-     WHERE run_id = :run_id
-       FOR UPDATE
+    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
 ),
 upd AS (
     UPDATE awooop_run_state r
@@ -29,9 +24,7 @@ upd AS (
            approval_summary = :summary, approval_decided_by = NULL, approval_decided_at = NULL, updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
-       AND r.attempt_count = :attempt
-       AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
+       AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
        AND NOT r.cancel_requested
  RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker

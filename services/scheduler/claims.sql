@@ -99,13 +99,7 @@ WITH RECURSIVE items AS (
       FROM unnest(:run_ids::uuid[], :attempts::int[], :outputs::text[]) WITH ORDINALITY AS t(run_id, attempt, output, item)
 ),
 cur AS (
-    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
-           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
-           worker_id AS cur_worker, concurrency_keys AS cur_keys
-      FROM awooop_run_state
-     WHERE run_id = ANY(:run_ids::uuid[])
-     ORDER BY run_id
-       FOR UPDATE
+    SELECT * FROM awooop_run_cur WHERE cur_run_id = ANY(:run_ids::uuid[]) ORDER BY cur_run_id FOR UPDATE
 ),
 held_keys AS MATERIALIZED (
     SELECT l.project_id, l.key FROM awooop_concurrency_limit l
@@ -128,9 +122,7 @@ upd AS (
       FROM win w
      WHERE r.run_id = ANY(:run_ids::uuid[])
        AND r.run_id = w.run_id
-       AND r.attempt_count = w.attempt
-       AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
+       AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, w.attempt, :allowed, :worker_projects)
        AND (SELECT count(*) FROM held_keys) >= 0
  RETURNING r.*,
            w.cur_status AS from_status, w.item AS upd_item, w.cur_worker AS prev_worker

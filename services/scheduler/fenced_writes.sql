@@ -1,21 +1,19 @@
 -- Fenced worker writes (CompleteRun, FailRun, ReleaseRun, WaitTool, ResumeTool, AcknowledgeCancel;
 -- RequestApproval is in approvals.sql) and CancelRun, as they run: services/scheduler/transitions.py.
 --
--- Each is ONE statement: lock the row (`cur`), change it only if the fencing token and the status
--- allow (`upd`), and in the same statement write the audit row (`aud`), record a compensation
--- request (`comp`) and NOTIFY waiting claimers (`notified`). The statement always returns the
--- locked row's current state too (cur_*), so when nothing changed (run_id NULL) the error is chosen
--- without a second round trip (refusals.py).
+-- Each is ONE statement: lock the row (`cur`: the view awooop_run_cur, migration 0300), change it
+-- only if the fence holds (`upd`), and in the same statement write the audit row (`aud`), record a
+-- compensation request (`comp`) and NOTIFY waiting claimers (`notified`). The statement always
+-- returns the locked row's current state too (cur_*), so when nothing changed (run_id NULL) the
+-- error is chosen without a second round trip (refusals.py).
 --
--- The fence, in every fenced write: the token (:run_id, :attempt) names the current attempt, the
--- status is one :allowed (the transition's allowed_from in services/common/runstate.py), and the
--- caller is a worker of the run's project (:worker_projects; NULL: every project). The status test
--- is wrapped in `IS TRUE` (status is NOT NULL: same meaning) so the planner cannot match it to the
--- predicate of awooop_run_leased_idx: believing that partial index nearly empty, it would scan all
--- of it instead of one primary-key probe. A lease is held until the reaper takes it, not until
--- lease_until passes: a write that arrives after lease_until but before the reaper's statement
--- still counts (the reaper and the write serialize on the row lock, and the token keeps any later
--- attempt safe).
+-- The fence is one SQL function, awooop_fence_holds (migration 0300; the planner inlines it): the
+-- token (:run_id, :attempt) names the current attempt, the status is one :allowed (the
+-- transition's allowed_from in services/common/runstate.py), and the caller is a worker of the
+-- run's project (:worker_projects; NULL: every project). A lease is held until the reaper takes
+-- it, not until lease_until passes: a write that arrives after lease_until but before the reaper's
+-- statement still counts (the reaper and the write serialize on the row lock, and the token keeps
+-- any later attempt safe).
 --
 -- comp: a run that ended FAILED or CANCELLED with steps to undo (a completed tool call with an undo
 -- command, or one whose undo was started: awooop_step_compensatable, migration 0141) gets its compensation
@@ -34,12 +32,7 @@
 -- cancelled runs with nothing to undo get not_needed from the trigger of migration 0080.)
 -- CompleteRuns (claims.sql ClaimRuns) writes the same SET list, fence and audit row per item.
 WITH cur AS (
-    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
-           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
-           worker_id AS cur_worker
-      FROM awooop_run_state
-     WHERE run_id = :run_id
-       FOR UPDATE
+    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
 ),
 upd AS (
     UPDATE awooop_run_state r
@@ -47,9 +40,7 @@ upd AS (
            failure_reason = NULL, error_code = NULL, not_before = NULL, saga_status = 'not_needed', updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
-       AND r.attempt_count = :attempt
-       AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
+       AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
  RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
@@ -75,12 +66,7 @@ SELECT cur.*, upd.*,
 -- retries this error code). The rest of the retry test reads the row being updated (r), not
 -- `pol`: a cancel committed while this statement waited for the row lock is seen there.
 WITH cur AS (
-    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
-           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
-           worker_id AS cur_worker
-      FROM awooop_run_state
-     WHERE run_id = :run_id
-       FOR UPDATE
+    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
 ),
 pol AS (
     SELECT awooop_effective_retry_policy(
@@ -111,9 +97,7 @@ upd AS (
            updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
-       AND r.attempt_count = :attempt
-       AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
+       AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
  RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
@@ -149,12 +133,7 @@ SELECT cur.*, upd.*,
 -- The audit details carry `released`, the mark a repeat of this ReleaseRun finds (replays.sql
 -- ReleasedBy); a claim's hand-back of undelivered runs (claims.sql HandBackUndelivered) does not.
 WITH cur AS (
-    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
-           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
-           worker_id AS cur_worker
-      FROM awooop_run_state
-     WHERE run_id = :run_id
-       FOR UPDATE
+    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
 ),
 upd AS (
     UPDATE awooop_run_state r
@@ -164,9 +143,7 @@ upd AS (
                                  ELSE r.failure_reason END, updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
-       AND r.attempt_count = :attempt
-       AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
+       AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
  RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
@@ -195,21 +172,14 @@ SELECT cur.*, upd.*,
 -- name: WaitTool :one
 -- RUNNING -> WAITING_TOOL: the lease is kept (heartbeats go on) while a tool (:tool_id) answers.
 WITH cur AS (
-    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
-           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
-           worker_id AS cur_worker
-      FROM awooop_run_state
-     WHERE run_id = :run_id
-       FOR UPDATE
+    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
 ),
 upd AS (
     UPDATE awooop_run_state r
        SET status = 'WAITING_TOOL', updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
-       AND r.attempt_count = :attempt
-       AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
+       AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
  RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
@@ -229,21 +199,14 @@ SELECT cur.*, upd.*,
 -- name: ResumeTool :one
 -- WAITING_TOOL -> RUNNING: the tool answered; same lease.
 WITH cur AS (
-    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
-           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
-           worker_id AS cur_worker
-      FROM awooop_run_state
-     WHERE run_id = :run_id
-       FOR UPDATE
+    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
 ),
 upd AS (
     UPDATE awooop_run_state r
        SET status = 'RUNNING', updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
-       AND r.attempt_count = :attempt
-       AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
+       AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
  RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker
 ),
@@ -262,12 +225,7 @@ SELECT cur.*, upd.*,
 -- The worker ends its leased run as the requested cancel asks: CANCELLED, the lease dropped. Only
 -- when a cancel was requested (cur_cancel tells the caller which refusal it was).
 WITH cur AS (
-    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
-           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
-           worker_id AS cur_worker
-      FROM awooop_run_state
-     WHERE run_id = :run_id
-       FOR UPDATE
+    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
 ),
 upd AS (
     UPDATE awooop_run_state r
@@ -275,9 +233,7 @@ upd AS (
            failure_reason = COALESCE(r.failure_reason, 'cancelled'), error_code = NULL, updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
-       AND r.attempt_count = :attempt
-       AND (r.status = ANY(:allowed::text[])) IS TRUE
-       AND (:worker_projects::text[] IS NULL OR r.project_id = ANY(:worker_projects::text[])) IS TRUE
+       AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
        AND r.cancel_requested
  RETURNING r.*,
            cur.cur_status AS from_status, cur.cur_worker AS prev_worker

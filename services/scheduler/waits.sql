@@ -50,12 +50,7 @@ WITH w AS (
        FOR UPDATE
 ),
 cur AS (
-    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, attempt_count AS cur_attempt,
-           cancel_requested AS cur_cancel, reaped_at AS cur_reaped_at, heartbeat_at AS cur_heartbeat_at,
-           worker_id AS cur_worker
-      FROM awooop_run_state
-     WHERE run_id = :run_id AND (SELECT count(*) FROM w) >= 0
-       FOR UPDATE
+    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id AND (SELECT count(*) FROM w) >= 0 FOR UPDATE
 ),
 upd AS (
     UPDATE awooop_run_state r
