@@ -1,5 +1,5 @@
 """CountRuns and ListProjects: the reads behind an operator's overview (the console's runs
-page) and an autoscaler's "claimable now". The role check is done by the caller (servicer)
+page) and an autoscaler's "claimable now". The role check is done by the caller (read_rpcs.py)
 before the read. CountRuns reads only unfinished runs (CountLiveRuns, its cost follows the
 backlog); finished runs are counted only when asked (CountFinishedRuns reads the project's
 retained history)."""
