@@ -28,8 +28,8 @@ import pytest
 from services.common.db import create_pool
 from services.common.runstate import LEASED
 from services.common.settings import Settings
-from services.saga import journal
-from services.scheduler import claim_answers, claiming, leases, run_events
+from services.saga import journal_sql
+from services.scheduler import claim_answers, claiming, claims_sql, leases, run_events
 from services.scheduler.transitions import COMPLETE
 from tests.harness.plans import explain_to_client, logged_plans
 
@@ -191,8 +191,8 @@ async def test_scope_checks_of_a_project_newer_than_its_statistics_read_runs_by_
             heartbeat = leases.HEARTBEAT.args(
                 run_ids=ten, attempts=[1] * 10, worker_id=WORKER, lease_secs=30.0, worker_projects=scope
             )
-            begin = journal.BEGIN.args(
-                run_id=last, attempt=1, leased=list(LEASED), projects=scope, step_id="s1",
+            begin = journal_sql.begin_step(
+                conn, run_id=last, attempt=1, leased=list(LEASED), projects=scope, step_id="s1",
                 step_type="tool_call", tool_id="t", tool_params="{}",
             )  # fmt: skip
             complete = COMPLETE.statement.args(
@@ -210,7 +210,7 @@ async def test_scope_checks_of_a_project_newer_than_its_statistics_read_runs_by_
             calls = [
                 conn.fetch(leases.HEARTBEAT.sql, *heartbeat),
                 conn.fetch(run_events.EMIT.sql, *emit),
-                conn.fetch(journal.BEGIN.sql, *begin),
+                begin,
                 conn.fetch(COMPLETE.statement.sql, *complete),
                 conn.fetch(claim.sql, *claim_completing),
             ]
@@ -254,7 +254,7 @@ async def test_the_earliest_backoff_is_found_without_reading_the_queue(
     reads a few index pages (the first delayed run past now()), not the queue, and Postgres keeps
     one plan for it instead of planning each call."""
     await db.execute(QUEUED)
-    st = claiming.SECONDS_UNTIL_READY.variant(count=1)
+    st = claims_sql.SECONDS_UNTIL_READY.variant(count=1)
     pool = await create_pool(settings.with_(db_pool_max=1, db_pool_min=1))
     try:
         async with pool.acquire() as conn:

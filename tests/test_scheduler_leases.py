@@ -21,7 +21,7 @@ from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from services.common import errors
 from services.common.db import create_pool
-from services.scheduler import reaper
+from services.scheduler import reaper, reaper_sql
 from services.scheduler.saga_client import SagaNudger
 from tests.harness.helpers import eventually, expect_error
 from tests.harness.scheduler import (
@@ -296,10 +296,12 @@ async def test_the_reaper_and_the_queue_sample_read_no_parked_run(s: Sched) -> N
         plan: dict[str, Any] = json.loads(raw)[0]["Plan"]
         return plan
 
-    reap = reaper.REAP.args(batch=1000, actor="test", channel="awooop_run_ready", policy="{}", only_run=None)
+    reap = reaper_sql.REAP_EXPIRED_LEASES.args(
+        batch=1000, actor="test", channel="awooop_run_ready", policy="{}", only_run=None
+    )
     for name, plan in [
-        ("ExpiredLeases", await explain(reaper.EXPIRED.sql, *reaper.EXPIRED.args(batch=1000))),
-        ("ReapExpiredLeases", await explain(reaper.REAP.sql, *reap)),
+        ("ExpiredLeases", await explain(reaper_sql.EXPIRED_LEASES.sql, *reaper_sql.EXPIRED_LEASES.args(batch=1000))),
+        ("ReapExpiredLeases", await explain(reaper_sql.REAP_EXPIRED_LEASES.sql, *reap)),
     ]:
         assert index_rows(plan, "awooop_run_leased_idx") == [3], (name, plan)
     sampled = await explain(queue.SAMPLE.sql)

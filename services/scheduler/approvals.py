@@ -17,15 +17,14 @@ import uuid
 
 import asyncpg
 
-from services.common import errors, loops, sql
+from services.common import errors, loops
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
+from services.common.db import Row
 from services.common.runstate import TRANSITIONS, Action, RunStatus
 from services.scheduler import approvals_sql, metrics, replays
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.transitions import WORKER_ROLE, Changed, fenced_op, fenced_write, settled
-
-Q = sql.load(__file__, "approvals.sql")
 
 APPROVER_ROLE = "approver"
 # as approvals.sql writes them (DecideApproval, ExpireApprovals); the refusals read them back
@@ -52,12 +51,12 @@ def new_token() -> tuple[str, bytes]:
 REQUEST = fenced_op(
     "RequestApproval",
     Action.REQUEST_APPROVAL,
-    Q["RequestApproval"],
+    approvals_sql.REQUEST_APPROVAL,
+    approvals_sql.request_approval,
     lambda cur: "request approval while a cancel is pending for" if cur["cur_cancel"] else "request approval of",
 )
 # a repeat of RequestApproval by the same lease gets a new token (approvals.sql ReissueApprovalToken)
 REQUEST_REPEATS = REQUEST.transition.replays_from
-REISSUE = Q["ReissueApprovalToken"]
 
 
 async def request(
@@ -79,21 +78,18 @@ async def request(
     except errors.ServiceError as refused:
         if refused.reason != errors.INVALID_TRANSITION or refused.metadata.get("status") not in REQUEST_REPEATS:
             raise
-        args = REISSUE.args(
+        row = await approvals_sql.reissue_approval_token(
+            pool,
             run_id=run_id,
             attempt=attempt,
             token_hash=digest,
             worker_projects=projects_with(principal, WORKER_ROLE),
             actor=principal.actor,
         )
-        row = await pool.fetchrow(REISSUE.sql, *args)
         if row is None:  # another attempt's approval: the refusal stands
             raise
         changed = Changed(row, None)
     return changed, token
-
-
-DECIDE = Q["DecideApproval"]
 
 
 async def decide(
@@ -108,7 +104,8 @@ async def decide(
 ) -> Changed:
     digest = token_hash(token)
     reason = reason or ("approved" if approve else "approval rejected")
-    args = DECIDE.args(
+    row = await approvals_sql.decide_approval(
+        pool,
         run_id=run_id,
         approver_projects=projects_with(principal, APPROVER_ROLE),
         actor=principal.actor,
@@ -117,7 +114,6 @@ async def decide(
         reason=reason,
         decided_by=principal.principal_id,
     )
-    row = await pool.fetchrow(DECIDE.sql, *args)
     if row is None:
         raise errors.not_found("run", run_id)
     if row["run_id"] is not None:
@@ -164,7 +160,7 @@ async def check(pool: asyncpg.Pool, principal: Principal, run_id: str, token: st
     raise _refusal(principal, run_id, row["project_id"], row["status"], row["error_code"], expired=row["expired"])
 
 
-def _left_by(cur: asyncpg.Record, approve: bool) -> bool:
+def _left_by(cur: Row, approve: bool) -> bool:
     """The run is still where the decision left it (RESUMED, or FAILED as rejected); once it
     moved on (claimed, cancelled), a repeat is refused as any late decision is."""
     if approve:

@@ -71,6 +71,7 @@ SELECT upd.*, NULL::text AS comp_trigger FROM upd
 -- lost) is recognised: `cur` says whether the token and the approver (:decided_by, the principal
 -- id) are the ones that decided. :approver_projects: the projects where the caller is an approver
 -- (NULL: all).
+-- not null: cur_run_id, cur_project, cur_status
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status,
            error_code AS cur_error_code,

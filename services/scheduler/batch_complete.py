@@ -11,6 +11,7 @@ current attempt wins, and the others are answered as if they had arrived one aft
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +20,9 @@ import asyncpg
 from services.common import errors
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
-from services.common.db import Row, fetch_again_on_deadlock
+from services.common.db import Row, again_on_deadlock
 from services.common.runstate import RunStatus
-from services.scheduler import claim_answers, hand_back, metrics, replays
+from services.scheduler import claim_answers, claims_sql, hand_back, metrics, replays
 from services.scheduler.claim_answers import ClaimKey
 from services.scheduler.claiming import Claim, claim_statement
 from services.scheduler.refusals import fenced_refusal
@@ -48,8 +49,8 @@ async def complete_many(
     CompleteRun would have raised for that item."""
     # the runs' triggers give their keys' slots back in the order the rows are updated, which a
     # batch cannot fix: should two such statements deadlock, the one aborted changed nothing
-    args = COMPLETE_MANY.args(**_params(principal, items), **NO_CLAIM)
-    rows = await fetch_again_on_deadlock(pool, COMPLETE_MANY.sql, *args)
+    params = _params(principal, items)
+    rows = await again_on_deadlock(lambda: claims_sql.claim_runs(pool, count=0, max_runs=0, **params, **NO_CLAIM))
     # the rows after the items': the claim's (none claimed: one row of NULLs)
     return await _with_replays(pool, items, _outcomes(principal, items, rows[: len(items)], saga))
 
@@ -69,13 +70,24 @@ async def complete_and_claim(
     """complete_many, then a claim (claiming.claim_once), in one statement: the items' outcomes
     in order, and the claim (its rows oldest first; with a claim key whose answer is recorded,
     that answer: the items are still completed, or replayed, as always)."""
-    st = claim_statement(len(projects), max_runs)
+    claim_statement(len(projects), max_runs)
     keyed = key.params() if key is not None else claim_answers.NO_KEY
-    args = st.args(**_params(principal, items), projects=projects, lease_secs=lease_ttl, worker_id=worker_id, **keyed)
+    params = _params(principal, items)
     for again in (True, False):
         try:
             # as complete_many (a deadlock aborts the statement whole: nothing completed, nothing claimed)
-            rows = await fetch_again_on_deadlock(pool, st.sql, *args)
+            rows = await again_on_deadlock(
+                lambda: claims_sql.claim_runs(
+                    pool,
+                    count=len(projects),
+                    max_runs=max_runs,
+                    **params,
+                    projects=projects,
+                    lease_secs=lease_ttl,
+                    worker_id=worker_id,
+                    **keyed,
+                )
+            )
             break
         except asyncpg.exceptions.UniqueViolationError as err:
             # a concurrent call of the claim id recorded its answer first: this statement changed
@@ -112,7 +124,7 @@ def _params(principal: Principal, items: list[Item]) -> dict[str, Any]:
 
 
 def _outcomes(
-    principal: Principal, items: list[Item], rows: list[asyncpg.Record], saga: SagaNudger
+    principal: Principal, items: list[Item], rows: Sequence[Row], saga: SagaNudger
 ) -> list[Changed | errors.ServiceError]:
     winners = {str(r["run_id"]): r["item"] for r in rows if r["run_id"] is not None}
     out: list[Changed | errors.ServiceError] = []
@@ -147,7 +159,18 @@ async def _with_replays(
     return out
 
 
-def _refusal(principal: Principal, it: Item, row: asyncpg.Record, winner: int | None) -> errors.ServiceError:
+class _CompletedInBatch:
+    """A refused item's locked row as its refusal sees it once an earlier item of the batch
+    completed the run: cur_status COMPLETED."""
+
+    def __init__(self, row: Row) -> None:
+        self.row = row
+
+    def __getitem__(self, key: str, /) -> Any:
+        return RunStatus.COMPLETED.value if key == "cur_status" else self.row[key]
+
+
+def _refusal(principal: Principal, it: Item, row: Row, winner: int | None) -> errors.ServiceError:
     if row["cur_run_id"] is None:
         return errors.not_found("run", it.run_id)
     try:
@@ -156,7 +179,7 @@ def _refusal(principal: Principal, it: Item, row: asyncpg.Record, winner: int | 
         return err
     cur: Row = row
     if winner is not None and winner < row["item"]:  # an earlier item of this batch completed the run
-        cur = {**dict(row), "cur_status": RunStatus.COMPLETED.value}
+        cur = _CompletedInBatch(row)
     refusal = fenced_refusal(cur, it.run_id, it.attempt, COMPLETE.describe(cur))
     if replays.completed_by(cur, it.attempt):  # this lease completed it (earlier, or earlier in this batch)
         return _Replay(refusal, it.run_id)

@@ -27,20 +27,17 @@ import asyncpg
 from services.common import sql
 from services.common.db import Row
 from services.common.server_plans import keep_plan
-from services.scheduler import claim_answers, hand_back, metrics
+from services.scheduler import claim_answers, claims_sql, hand_back, metrics
 from services.scheduler.claim_answers import ClaimKey
 from services.scheduler.wakeup import RunReadyListener
-
-Q = sql.load(__file__, "claims.sql")
-CLAIM = Q["ClaimRuns"]
-SECONDS_UNTIL_READY = Q["SecondsUntilReady"]
 
 
 @functools.lru_cache(maxsize=512)
 def claim_statement(count: int, max_runs: int) -> sql.Statement:
     """The claim of `count` distinct projects for up to max_runs runs, carrying completions or not
-    (claims.sql ClaimRuns; the numbers are written into the text)."""
-    st = CLAIM.variant(max_runs=max_runs, count=count)
+    (claims.sql ClaimRuns; the numbers are written into the text), marked to keep its plan. Call it
+    before running that variant through claims_sql.claim_runs."""
+    st = claims_sql.CLAIM_RUNS.variant(max_runs=max_runs, count=count)
     keep_plan(st.sql)
     return st
 
@@ -84,12 +81,21 @@ async def claim_once(
 ) -> Claim:
     """One claim (up to MAX_PARKING_ROUNDS statements while runs get parked); with a claim key,
     the answer recorded for its claim id when there is one."""
-    st = claim_statement(len(projects), max_runs)
+    claim_statement(len(projects), max_runs)
     keyed = key.params() if key is not None else claim_answers.NO_KEY
-    args = st.args(projects=projects, lease_secs=lease_ttl, worker_id=worker_id, actor=actor, **keyed, **NO_COMPLETIONS)
     for _ in range(MAX_PARKING_ROUNDS):
         try:
-            rows = await pool.fetch(st.sql, *args)
+            rows = await claims_sql.claim_runs(
+                pool,
+                count=len(projects),
+                max_runs=max_runs,
+                projects=projects,
+                lease_secs=lease_ttl,
+                worker_id=worker_id,
+                actor=actor,
+                **keyed,
+                **NO_COMPLETIONS,
+            )
         except asyncpg.exceptions.DeadlockDetectedError:
             continue  # two claims locking several keys in opposite orders; nothing was changed
         except asyncpg.exceptions.UniqueViolationError as err:
@@ -107,8 +113,7 @@ async def claim_once(
 
 async def seconds_until_ready(pool: asyncpg.Pool, projects: list[str]) -> float | None:
     """Seconds until the earliest backoff of these projects ends; None when none is pending."""
-    st = SECONDS_UNTIL_READY.variant(count=len(projects))
-    value = await pool.fetchval(st.sql, *st.args(projects=projects))
+    value = await claims_sql.seconds_until_ready(pool, count=len(projects), projects=projects)
     return None if value is None else max(0.0, float(value))
 
 

@@ -256,6 +256,7 @@ SELECT EXTRACT(EPOCH FROM min(d.due) - now())::float8
 -- claim's worker; :reason says why (the audit reason). A run whose cancel was requested in between
 -- is left to the reaper (which ends it as cancelled). The audit details carry no `released`: a
 -- repeat of a ReleaseRun never matches a hand-back (replays.sql ReleasedBy).
+-- not null: handed_back
 WITH t AS (
     SELECT * FROM unnest(:run_ids::uuid[], :attempts::int[], :from_statuses::text[]) AS t(run_id, attempt, from_status)
 ),

@@ -263,6 +263,7 @@ SELECT cur.*, upd.*,
 -- Before `cur` locks the run, awooop_lock_run_tree (migration 0200) locks the tree its cascade
 -- will write, in the order a child's end locks it (children, then the run's children wait, then
 -- the run), so a child ending meanwhile cannot deadlock with the cancel.
+-- not null: cur_run_id, cur_project, cur_status
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status,
            -- a run parked on a durable wait is WAITING_TOOL without a worker: no heartbeat would

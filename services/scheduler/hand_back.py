@@ -29,11 +29,8 @@ from typing import TypeVar
 import asyncpg
 
 from awooop.scheduler.v1 import scheduler_pb2
-from services.common import sql
-from services.common.db import Row, fetch_again_on_deadlock
-from services.scheduler import budget, metrics
-
-HAND_BACK = sql.load(__file__, "claims.sql")["HandBackUndelivered"]
+from services.common.db import Row, again_on_deadlock
+from services.scheduler import budget, claims_sql, metrics
 
 # Why claimed runs were not delivered (the audit reason of their hand-back)
 NO_ROOM = "not delivered: the claim's answer had no room left (AWOOOP_MAX_MESSAGE_BYTES)"
@@ -51,16 +48,18 @@ async def hand_back(pool: asyncpg.Pool, rows: Sequence[Row], worker_id: str, act
     number handed back (a run cancelled meanwhile is left to the reaper)."""
     if not rows:
         return 0
-    args = HAND_BACK.args(
-        run_ids=[r["run_id"] for r in rows],
-        attempts=[r["attempt_count"] for r in rows],
-        from_statuses=[r["from_status"] for r in rows],
-        worker_id=worker_id,
-        actor=actor,
-        reason=reason,
-    )
     # the runs give their keys' slots back in row order: a deadlock aborts the statement whole
-    got = await fetch_again_on_deadlock(pool, HAND_BACK.sql, *args)
+    got = await again_on_deadlock(
+        lambda: claims_sql.hand_back_undelivered(
+            pool,
+            run_ids=[r["run_id"] for r in rows],
+            attempts=[r["attempt_count"] for r in rows],
+            from_statuses=[r["from_status"] for r in rows],
+            worker_id=worker_id,
+            actor=actor,
+            reason=reason,
+        )
+    )
     return int(got[0]["handed_back"]) if got else 0
 
 

@@ -37,18 +37,6 @@ class RunFilter:
     saga_statuses: list[str] | None = None
     parent_run_id: str | None = None  # a run's children
 
-    def args(self) -> dict[str, object]:
-        """The filters as ListRuns names them."""
-        return {
-            "statuses": self.statuses,
-            "channels": self.channels,
-            "created_after": self.created_after,
-            "created_before": self.created_before,
-            "provider_event_id": self.provider_event_id,
-            "saga_statuses": self.saga_statuses,
-            "parent_run_id": self.parent_run_id,
-        }
-
 
 async def get_run(pool: asyncpg.Pool, principal: Principal, run_id: str) -> reads_sql.GetRunRow:
     row = await reads_sql.get_run(pool, run_id=run_id)
@@ -88,17 +76,23 @@ async def list_runs(
     where: RunFilter,
     page_size: int,
     after: tuple[dt.datetime, uuid.UUID] | None,
-) -> tuple[list[asyncpg.Record], str]:
+) -> tuple[list[reads_sql.ListRunsRow], str]:
     """A page of runs and the next page's token ('' on the last page)."""
     after_created_at, after_run_id = after if after is not None else (None, None)
-    args = LIST.args(
+    rows = await reads_sql.list_runs(
+        pool,
         project_id=project_id,
         page_rows=page_size + 1,
         after_created_at=after_created_at,
         after_run_id=after_run_id,
-        **where.args(),
+        statuses=where.statuses,
+        channels=where.channels,
+        created_after=where.created_after,
+        created_before=where.created_before,
+        provider_event_id=where.provider_event_id,
+        saga_statuses=where.saga_statuses,
+        parent_run_id=where.parent_run_id,
     )
-    rows = await pool.fetch(LIST.sql, *args)
     if len(rows) <= page_size:
         return list(rows), ""
     page = list(rows[:page_size])

@@ -10,7 +10,7 @@ state too, so when nothing changed the error is chosen without a second round tr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +22,9 @@ from services.common.auth import Principal
 from services.common.db import Row
 from services.common.runstate import TRANSITIONS, Action, Transition
 from services.common.server_plans import keep_plan
-from services.scheduler import metrics, replays
+from services.scheduler import fenced_writes_sql, metrics, replays
 from services.scheduler.refusals import fenced_refusal
 from services.scheduler.saga_client import SagaNudger
-
-Q = sql.load(__file__, "fenced_writes.sql")
 
 WORKER_ROLE = "worker"
 # CancelRun: people deciding about runs (approver), the service that created them from a
@@ -37,11 +35,17 @@ CANCEL_ROLES = ("admin", "approver", "ingest")
 FENCE_PARAMS = ("run_id", "attempt", "allowed", "worker_projects", "actor")
 
 
+# a fenced write's generated function (fenced_writes_sql, approvals_sql): the fence's parameters,
+# then the action's own, by name
+Write = Callable[..., Awaitable[Row | None]]
+
+
 @dataclass(frozen=True)
 class FencedOp:
     method: str  # RPC name (metrics label)
     transition: Transition  # runstate: the statuses it may start from, its outcomes and audit actions
     statement: sql.Statement
+    write: Write
     # what the refused action was, for INVALID_TRANSITION ("cannot <action> run X in status S");
     # None: the transition's own wording
     describe_cur: Callable[[Row], str] | None = None
@@ -59,28 +63,34 @@ class FencedOp:
 
 
 def fenced_op(
-    method: str, action: Action, statement: sql.Statement, describe: Callable[[Row], str] | None = None
+    method: str,
+    action: Action,
+    statement: sql.Statement,
+    write: Write,
+    describe: Callable[[Row], str] | None = None,
 ) -> FencedOp:
     """A fenced write of the runstate transition `action` (its statuses and the wording of its
-    refusal come from the table), run by `statement`: the fence's parameters (FENCE_PARAMS), then
-    the action's own by name."""
+    refusal come from the table), run by `statement` through its generated function `write`: the
+    fence's parameters (FENCE_PARAMS), then the action's own by name."""
     t = TRANSITIONS[action]
     assert t.fenced, action
     missing = set(FENCE_PARAMS) - set(statement.params)
     assert not missing, f"{statement.name} lacks the fence's parameters {missing}"
     keep_plan(statement.sql)
-    return FencedOp(method, t, statement, describe)
+    return FencedOp(method, t, statement, write, describe)
 
 
-COMPLETE = fenced_op("CompleteRun", Action.COMPLETE, Q["CompleteRun"])
-FAIL = fenced_op("FailRun", Action.FAIL, Q["FailRun"])
-RELEASE = fenced_op("ReleaseRun", Action.RELEASE, Q["ReleaseRun"])
-WAIT_TOOL = fenced_op("WaitTool", Action.WAIT_TOOL, Q["WaitTool"])
-RESUME_TOOL = fenced_op("ResumeTool", Action.RESUME_TOOL, Q["ResumeTool"])
+Q = fenced_writes_sql
+COMPLETE = fenced_op("CompleteRun", Action.COMPLETE, Q.COMPLETE_RUN, Q.complete_run)
+FAIL = fenced_op("FailRun", Action.FAIL, Q.FAIL_RUN, Q.fail_run)
+RELEASE = fenced_op("ReleaseRun", Action.RELEASE, Q.RELEASE_RUN, Q.release_run)
+WAIT_TOOL = fenced_op("WaitTool", Action.WAIT_TOOL, Q.WAIT_TOOL, Q.wait_tool)
+RESUME_TOOL = fenced_op("ResumeTool", Action.RESUME_TOOL, Q.RESUME_TOOL, Q.resume_tool)
 ACKNOWLEDGE_CANCEL = fenced_op(
     "AcknowledgeCancel",
     Action.ACKNOWLEDGE_CANCEL,
-    Q["AcknowledgeCancel"],
+    Q.ACKNOWLEDGE_CANCEL,
+    Q.acknowledge_cancel,
     lambda cur: "acknowledge a cancel" if cur["cur_cancel"] else "acknowledge an unrequested cancel of",
 )
 
@@ -111,8 +121,8 @@ async def fenced_write(
 ) -> Changed:
     """Runs a fenced write with the op's own parameters by name; raises NOT_FOUND /
     PERMISSION_DENIED / LEASE_LOST / INVALID_TRANSITION when it changed nothing."""
-    st = op.statement
-    args = st.args(
+    row = await op.write(
+        pool,
         run_id=run_id,
         attempt=attempt,
         allowed=list(op.allowed),
@@ -120,7 +130,6 @@ async def fenced_write(
         actor=principal.actor,
         **params,
     )
-    row = await pool.fetchrow(st.sql, *args)
     if row is None:
         raise errors.not_found("run", run_id)
     if row["run_id"] is None:
@@ -135,7 +144,7 @@ async def fenced_write(
     return settled(row, saga)
 
 
-async def _replayed(pool: asyncpg.Pool, op: FencedOp, cur: asyncpg.Record, run_id: str, attempt: int) -> Changed | None:
+async def _replayed(pool: asyncpg.Pool, op: FencedOp, cur: Row, run_id: str, attempt: int) -> Changed | None:
     """The same success again when this lease's earlier write of op committed (replays.py)."""
     if op is COMPLETE:
         done = replays.completed_by(cur, attempt)
@@ -153,7 +162,7 @@ async def _replayed(pool: asyncpg.Pool, op: FencedOp, cur: asyncpg.Record, run_i
     return None if row is None else Changed(row, row["comp_trigger"])
 
 
-def settled(row: asyncpg.Record, saga: SagaNudger) -> Changed:
+def settled(row: Row, saga: SagaNudger) -> Changed:
     """Counts a change and nudges the saga service when a compensation was recorded."""
     metrics.TRANSITIONS.labels(row["status"]).inc()
     trigger = row["comp_trigger"]
@@ -165,15 +174,16 @@ def settled(row: asyncpg.Record, saga: SagaNudger) -> Changed:
 
 # --- CancelRun -----------------------------------------------------------------------------
 
-CANCEL = Q["CancelRun"]
-
 
 async def cancel(pool: asyncpg.Pool, principal: Principal, run_id: str, reason: str, *, saga: SagaNudger) -> Changed:
     reason = reason or f"cancelled by {principal.actor}"
-    args = CANCEL.args(
-        run_id=run_id, cancel_projects=projects_with(principal, CANCEL_ROLES), actor=principal.actor, reason=reason
+    row = await fenced_writes_sql.cancel_run(
+        pool,
+        run_id=run_id,
+        cancel_projects=projects_with(principal, CANCEL_ROLES),
+        actor=principal.actor,
+        reason=reason,
     )
-    row = await pool.fetchrow(CANCEL.sql, *args)
     if row is None:
         raise errors.not_found("run", run_id)
     if row["run_id"] is None:
