@@ -20,8 +20,8 @@ for a result column read straight from a table, that table column: its NOT NULL 
 nullability a statement's result can be trusted with. A column is typed without None when it
 comes from a NOT NULL table column and the statement has no outer join or set operation (either
 can yield NULL where the table has none), or when the statement's header vouches for it
-(`-- not null: total, run_id`: a count, a COALESCE, the outer side of a join); every other column
-may be None. Parameters are typed
+(`-- not null: total, run_id`: a count, a COALESCE, the outer side of a join; `awooop_run_state.*`:
+that table's NOT NULL columns, for a UNION of its rows); every other column may be None. Parameters are typed
 `T | None`: SQL takes NULL for any parameter, and several statements mean it.
 """
 
@@ -145,6 +145,22 @@ class Describer:
             self._not_null[key] = bool(row and row[0])
         return self._not_null[key]
 
+    def _vouched(self, statement: sql.Statement) -> set[str]:
+        """The columns the header vouches for; `table.*` stands for the table's NOT NULL columns
+        (a UNION of the table's rows, whose nullability Postgres does not report)."""
+        out: set[str] = set()
+        for name in statement.not_null:
+            if not name.endswith(".*"):
+                out.add(name)
+                continue
+            rows = self.conn.execute(
+                "SELECT a.attname FROM pg_attribute a WHERE a.attrelid = %s::regclass"
+                " AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull",
+                (name.removesuffix(".*"),),
+            ).fetchall()
+            out.update(str(r[0]) for r in rows)
+        return out
+
     def describe(self, statement: sql.Statement) -> Described:
         mode = statement.mode
         st = statement.samples_rendered()
@@ -157,6 +173,7 @@ class Describer:
         d = pg.describe_prepared(b"")
         params = tuple((name, self._type(d.param_type(i))[1]) for i, name in enumerate(st.params))
         outer = bool(_NULLABLE_SHAPES.search(_code(st.source)))
+        vouched = self._vouched(statement)
         columns: list[Column] = []
         seen: set[str] = set()
         for i in range(d.nfields):
@@ -164,9 +181,9 @@ class Describer:
             if name in seen:
                 continue  # a Record answers a repeated name with its first column
             seen.add(name)
-            not_null = name in statement.not_null or (not outer and self._column_not_null(d.ftable(i), d.ftablecol(i)))
+            not_null = name in vouched or (not outer and self._column_not_null(d.ftable(i), d.ftablecol(i)))
             columns.append(Column(name, self._type(d.ftype(i))[0], not_null))
-        unknown = set(statement.not_null) - seen
+        unknown = vouched - seen
         if unknown:
             raise SystemExit(f"{statement.file} {statement.name}: -- not null names no result column {sorted(unknown)}")
         if mode in ("one", "many", "val") and not columns:
@@ -275,11 +292,52 @@ def module_text(path: Path, described: list[Described]) -> str:
     return "\n".join(head + body) + "\n"
 
 
+# Row types of whole tables, for code that maps any statement's row of that table: run_to_pb
+# takes every statement's run (each returns all of awooop_run_state's columns, `r.*`). A statement's
+# row is one of these when it has the table's columns with the same (or narrower) types: Protocols
+# match by structure. Unlike a statement's row, a table row has no catch-all overload: mypy would
+# then refuse every row with a column more than the table's.
+TABLE_ROWS = {"RunRow": "awooop_run_state"}
+TABLES_MODULE = SERVICES / "common" / "tables_sql.py"
+
+
+def _tables_module(describer: Describer) -> str:
+    body: list[str] = []
+    for name, table in TABLE_ROWS.items():
+        st = sql.Statement.parse(name.removesuffix("Row"), "(table)", f"SELECT * FROM {table}", "many")
+        d = describer.describe(st)
+        body += ["", "", f"class {name}(Protocol):", f'    """A row of {table}."""', ""]
+        for col in d.columns:
+            body += [
+                "    @overload",
+                f'    def __getitem__(self, key: Literal["{col.name}"], /) -> {_annotation(col)}: ...',
+            ]
+        body.append("    def __getitem__(self, key: str, /) -> Any: ...")
+    text = "\n".join(body)
+    head = [
+        '"""Generated from the migrated store by scripts/gen-statements: do not edit (change a migration)."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        *[
+            line
+            for line in (
+                "from datetime import datetime",
+                "from typing import Any, Literal, Protocol, overload",
+                "from uuid import UUID",
+            )
+            if re.search(rf"\b{line.split()[-1]}\b", text)
+        ],
+    ]
+    return "\n".join(head + body) + "\n"
+
+
 def generate(dsn: str) -> dict[Path, str]:
     """The generated module of every statement file, by path."""
     out: dict[Path, str] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         describer = Describer(conn)
+        out[TABLES_MODULE] = _tables_module(describer)
         for path in sql.statement_files(SERVICES):
             statements = sql.Statements(path)
             described = [describer.describe(statements[name]) for name in statements]

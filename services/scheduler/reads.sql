@@ -24,7 +24,7 @@ SELECT *, attempt_count - released_count AS attempts_used FROM awooop_run_state 
 -- planner AND the project's index into the scan (5,000 children: 4 ms a page instead of 0.3). The
 -- arms' filters are the same lines, written twice because a filter cannot move below an arm's
 -- LIMIT (tests/test_read_statements.py holds them equal). attempts_used: as GetRun's.
--- not null: attempts_used, run_id, created_at
+-- not null: attempts_used, awooop_run_state.*
 SELECT *, attempt_count - released_count AS attempts_used
   FROM ((SELECT * FROM awooop_run_state
           WHERE project_id = :project_id AND :parent_run_id::uuid IS NULL
