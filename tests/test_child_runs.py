@@ -36,7 +36,7 @@ from awooop.worker.children import read_outcome
 from services.common import errors
 from services.common.runtime import Runtime
 from services.common.settings import Settings
-from services.saga.driver import CLAIM
+from services.saga import driver_sql
 from tests.harness import suite as suite_harness
 from tests.harness.helpers import ROOT, eventually, key_of, service_key, settings_env, spawn_services
 from tests.harness.rpc_runs import ingest_runs
@@ -790,7 +790,7 @@ async def _claimable_compensations(db: asyncpg.Connection) -> set[str]:
     tx = db.transaction()
     await tx.start()
     try:
-        rows = await db.fetch(CLAIM.sql, *CLAIM.args(worker_id="probe", lease_ttl=30.0, batch=100))
+        rows = await driver_sql.claim_compensation_requests(db, worker_id="probe", lease_ttl=30.0, batch=100)
     finally:
         await tx.rollback()
     return {str(r["run_id"]) for r in rows}

@@ -149,25 +149,25 @@ async def test_record_commits_asynchronously_for_its_own_transaction_only(db) ->
     import json
 
     from services.common.runstate import LEASED
-    from services.saga.journal import RECORD
+    from services.saga import journal_sql
 
     run_id = await new_run(db)
     token = await claim(db, run_id)
-    args = RECORD.args(
-        run_id=run_id,
-        attempt=token,
-        step_id="think",
-        step_type="llm_call",
-        status="completed",
-        result=json.dumps({"a": 1}),
-        error=None,
-        projects=None,
-        leased=list(LEASED),
-        params=None,
-    )
     before = await db.fetchval("SHOW synchronous_commit")
     async with db.transaction():
-        row = await db.fetchrow(RECORD.sql, *args)
+        row = await journal_sql.record_step(
+            db,
+            run_id=run_id,
+            attempt=token,
+            step_id="think",
+            step_type="llm_call",
+            status="completed",
+            result=json.dumps({"a": 1}),
+            error=None,
+            projects=None,
+            leased=list(LEASED),
+            params=None,
+        )
         assert row is not None and row["status"] == "completed"
         assert await db.fetchval("SHOW synchronous_commit") == "off"
     assert await db.fetchval("SHOW synchronous_commit") == before

@@ -42,7 +42,7 @@ from services.common.runtime import Runtime
 from services.common.settings import Settings
 from services.ingest import api_channel
 from services.ingest import store as ingest_store
-from services.saga import driver, journal
+from services.saga import driver_sql, journal_sql
 from services.scheduler import approvals, batch_complete, leases, schedules, transitions
 from tests.harness.helpers import eventually, expect_error, service_key
 from tests.harness.infra import tg_event
@@ -431,7 +431,7 @@ def begin_scale(lease: common_pb2.LeaseToken) -> saga_pb2.BeginStepRequest:
 async def begin_step(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     req = begin_scale(c.lease)
-    await env.faulted(journal.BEGIN.sql, fault, lambda: env.saga.BeginStep(req))
+    await env.faulted(journal_sql.BEGIN_STEP.sql, fault, lambda: env.saga.BeginStep(req))
     again = await env.saga.BeginStep(req)
     # run it, with the step's key. A pending row of this attempt answers RETRY by design
     # (tests/test_saga.py: the service cannot tell a lost answer from a step already under way);
@@ -454,7 +454,7 @@ async def complete_step(env: Env, fault: Fault) -> None:
             tool_id=SCALE, params=struct({"deployment": "api", "replicas": 1})
         ),
     )
-    await env.faulted(journal.FINISH.sql, fault, lambda: env.saga.CompleteStep(req))
+    await env.faulted(journal_sql.FINISH_STEP.sql, fault, lambda: env.saga.CompleteStep(req))
     again = await env.saga.CompleteStep(req)
     assert again.step.status == common_pb2.STEP_STATUS_COMPLETED
     (step,) = await env.steps(c.run.run_id)
@@ -466,7 +466,7 @@ async def record_step(env: Env, fault: Fault) -> None:
     req = saga_pb2.RecordStepRequest(
         lease=c.lease, step_id="think", step_type=common_pb2.STEP_TYPE_LLM_CALL, result=struct({"plan": "scale"})
     )
-    await env.faulted(journal.RECORD.sql, fault, lambda: env.saga.RecordStep(req))
+    await env.faulted(journal_sql.RECORD_STEP.sql, fault, lambda: env.saga.RecordStep(req))
     again = await env.saga.RecordStep(req)
     assert again.step.status == common_pb2.STEP_STATUS_COMPLETED
     (step,) = await env.steps(c.run.run_id)
@@ -477,7 +477,7 @@ async def fail_step(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     await env.saga.BeginStep(begin_scale(c.lease))
     req = saga_pb2.FailStepRequest(lease=c.lease, step_id="scale", error="quota exceeded")
-    await env.faulted(journal.FINISH.sql, fault, lambda: env.saga.FailStep(req))
+    await env.faulted(journal_sql.FINISH_STEP.sql, fault, lambda: env.saga.FailStep(req))
     again = await env.saga.FailStep(req)
     assert again.step.status == common_pb2.STEP_STATUS_FAILED
     (step,) = await env.steps(c.run.run_id)
@@ -488,7 +488,7 @@ async def compensation_mark(env: Env, fault: Fault) -> None:
     """The saga's compensation driver (no caller): the transaction that marks a step
     `compensating` before the gateway call (the durable intent) fails or commits unheard; once
     the request's lease expires the driver takes it again, and the gateway executes the undo once."""
-    await _compensation(env, fault, driver.MARK.sql, gateway_calls=["executed"])
+    await _compensation(env, fault, driver_sql.MARK_STEP_COMPENSATING.sql, gateway_calls=["executed"])
 
 
 async def compensation_record(env: Env, fault: Fault) -> None:
@@ -496,7 +496,7 @@ async def compensation_record(env: Env, fault: Fault) -> None:
     call fails or commits unheard. Rolled back, the step is still `compensating` and the driver
     sends the same key again: the gateway replays instead of executing twice."""
     calls = ["executed", "replayed"] if fault is Fault.BEFORE else ["executed"]
-    await _compensation(env, fault, driver.COMPENSATED.sql, gateway_calls=calls)
+    await _compensation(env, fault, driver_sql.STEP_COMPENSATED.sql, gateway_calls=calls)
 
 
 async def _compensation(env: Env, fault: Fault, needle: str, gateway_calls: list[str]) -> None:

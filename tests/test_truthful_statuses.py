@@ -17,7 +17,7 @@ from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
 from awooop.scheduler.v1 import scheduler_pb2 as pb
 from services.common import errors
 from services.common.runstate import LEASED
-from services.saga import journal
+from services.saga import journal_sql
 from tests.harness.helpers import eventually, expect_error, lock_waiters
 from tests.harness.saga import struct
 from tests.harness.scheduler import (
@@ -209,20 +209,18 @@ async def test_a_run_failed_while_its_journal_write_commits_an_undo_gets_its_com
     try:
         tx = journal_write.transaction()
         await tx.start()
-        finished = await journal_write.fetchrow(
-            journal.FINISH.sql,
-            *journal.FINISH.args(
-                run_id=run_id,
-                attempt=r.lease.attempt,
-                step_id="scale",
-                status="completed",
-                result='{"ok": true}',
-                compensation_cmd='{"tool_id": "k8s_scale_deployment", "params": {"r": 1}}',
-                error=None,
-                projects=None,
-                leased=list(LEASED),
-                irreversible=[],
-            ),
+        finished = await journal_sql.finish_step(
+            journal_write,
+            run_id=run_id,
+            attempt=r.lease.attempt,
+            step_id="scale",
+            status="completed",
+            result='{"ok": true}',
+            compensation_cmd='{"tool_id": "k8s_scale_deployment", "params": {"r": 1}}',
+            error=None,
+            projects=None,
+            leased=list(LEASED),
+            irreversible=[],
         )
         assert finished is not None and finished["status"] == "completed"
         fail = asyncio.ensure_future(s.stub.FailRun(pb.FailRunRequest(lease=r.lease, reason="boom"), metadata=s.worker))

@@ -26,14 +26,15 @@ import os
 import secrets
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
+from uuid import UUID
 
 import asyncpg
 import grpc
 from opentelemetry.trace import Status, StatusCode
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
-from services.common import loops, sql, tracing
+from services.common import loops, tracing
 from services.common.audit import audit
 from services.common.db import Conn, store_error
 from services.common.jsonvalues import struct_dict
@@ -66,20 +67,6 @@ TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grp
 GATEWAY_TRIES = 3
 GATEWAY_BACKOFF = (0.2, 0.5)
 
-Q = sql.load(__file__, "driver.sql")
-CLAIM = Q["ClaimCompensationRequests"]
-FENCE = Q["FenceCompensationRequest"]
-RENEW = Q["RenewCompensationLease"]
-RELEASE = Q["ReleaseCompensationRequest"]
-FINISH = Q["FinishCompensationRequest"]
-COMPENSATABLE_STEPS = Q["CompensatableSteps"]
-NOT_COMPENSATED = Q["StepsNotCompensated"]
-MARK = Q["MarkStepCompensating"]
-COMPENSATED = Q["StepCompensated"]
-COMPENSATION_FAILED = Q["StepCompensationFailed"]
-ALERT = Q["InsertAlert"]
-TRACEPARENT = Q["RunTraceparent"]
-
 # the saga statuses the driver starts, or skips, a compensation from
 STARTS_FROM = SAGA_TRANSITIONS[SagaAction.START].allowed_from
 SKIPS_FROM = SAGA_TRANSITIONS[SagaAction.SKIP].allowed_from
@@ -87,7 +74,7 @@ SKIPS_FROM = SAGA_TRANSITIONS[SagaAction.SKIP].allowed_from
 
 @dataclass(frozen=True)
 class Claim:
-    run_id: Any
+    run_id: UUID
     project_id: str
     trigger: str
     reason: str | None
@@ -101,6 +88,14 @@ class Outcome:
     error: str = ""
     result: dict[str, Any] | None = None
     refused: bool = False  # the gateway refused our key (UNAUTHENTICATED): nothing ran
+
+
+class Lease(TypedDict):
+    """The fencing token's parameters of the driver's statements (worker_id, attempt) and the run."""
+
+    run_id: UUID
+    worker_id: str
+    attempt: int
 
 
 class LeaseLost(Exception):
@@ -232,7 +227,7 @@ class CompensationDriver:
                 await self._compensate_step(claim, step)
         log.warning("compensation still has work after %d rounds; next pass continues", MAX_ROUNDS)
 
-    def _lease(self, claim: Claim) -> dict[str, object]:
+    def _lease(self, claim: Claim) -> Lease:
         """The fencing token's parameters: this replica holds the request at this attempt."""
         return {"run_id": claim.run_id, "worker_id": self.worker_id, "attempt": claim.attempt}
 
@@ -240,7 +235,7 @@ class CompensationDriver:
         if await driver_sql.fence_compensation_request(conn, **self._lease(claim)) is None:
             raise LeaseLost()
 
-    async def _settle(self, claim: Claim) -> list[asyncpg.Record]:
+    async def _settle(self, claim: Claim) -> list[driver_sql.CompensatableStepsRow]:
         """Under the run and request locks: the steps left to compensate (marking the saga
         'compensating' when work starts), or, when none is left, the end of the request."""
         async with self.pool.acquire() as conn, conn.transaction():
@@ -267,7 +262,7 @@ class CompensationDriver:
                         },
                     )
                 await self._renew(claim, conn)
-                return list(steps)
+                return steps
             if run.saga_status == SagaStatus.COMPENSATING:
                 final = await saga_status.end(conn, claim.run_id)
                 await audit(
@@ -305,13 +300,13 @@ class CompensationDriver:
         return [{"step_id": r["step_id"], "tool_id": r["tool_id"], "why": r["why"]} for r in rows]
 
     async def _renew(self, claim: Claim, conn: Conn | asyncpg.Pool | None = None) -> None:
-        renewed = await (conn or self.pool).fetchval(
-            RENEW.sql, *RENEW.args(**self._lease(claim), lease_ttl=float(self.settings.compensation_lease))
+        renewed = await driver_sql.renew_compensation_lease(
+            conn or self.pool, **self._lease(claim), lease_ttl=float(self.settings.compensation_lease)
         )
         if renewed is None:
             raise LeaseLost()
 
-    async def _compensate_step(self, claim: Claim, step: asyncpg.Record) -> None:
+    async def _compensate_step(self, claim: Claim, step: driver_sql.CompensatableStepsRow) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
             await self._renew(claim, conn)
             marked = await driver_sql.mark_step_compensating(conn, run_id=claim.run_id, step_id=step["step_id"])

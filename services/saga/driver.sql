@@ -4,6 +4,7 @@
 -- a replica that lost its lease writes nothing.
 
 -- name: ClaimCompensationRequests :many
+-- not null: run_id, project_id, trigger, attempt_count
 -- Open requests, oldest first, of runs that ended without success (or of finished child runs
 -- whose parent did: trigger parent_ended, migration 0190): pending, or running with an expired
 -- lease (a crashed replica's), skipping those another replica holds locked. The run tree's order
@@ -69,6 +70,7 @@ SELECT step_id, tool_id, seq FROM awooop_saga_step
  ORDER BY seq DESC
 
 -- name: StepsNotCompensated :many
+-- not null: why
 -- The completed or pending steps the compensation leaves in place, and why (for the audit row's
 -- details; at most 100 listed).
 SELECT step_id, step_type, tool_id, status,

@@ -12,13 +12,14 @@ services/common/sagastate.py.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import grpc
 
-from services.common import errors, sql
+from services.common import errors
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.principals import MEMBER_ROLES
@@ -33,15 +34,6 @@ WRITE_TRIES = 3
 SEQ_CONSTRAINT = "awooop_saga_step_run_id_seq_key"
 SEQ_RACE_TRIES = 100  # each lost race means another begin of the run committed: progress
 
-Q = sql.load(__file__, "journal.sql")
-BEGIN = Q["BeginStep"]
-RECORD = Q["RecordStep"]
-FINISH = Q["FinishStep"]  # CompleteStep and FailStep
-WHY = Q["WhyNotWritten"]
-RUN = Q["JournalRun"]
-STEPS = Q["JournalSteps"]
-SEED_JSON = Q["SeedSteps"]
-
 COMPLETE_T = STEP_TRANSITIONS[StepAction.COMPLETE]
 FAIL_T = STEP_TRANSITIONS[StepAction.FAIL]
 
@@ -52,23 +44,36 @@ class Lease:
     attempt: int
 
 
+# A step as a write journaled it, or as the follow-up read found it (the step already completed)
+Why = journal_sql.WhyNotWrittenRow
+Written = TypeVar("Written", journal_sql.BeginStepRow, journal_sql.RecordStepRow)
+Finished = journal_sql.FinishStepRow | Why
+
+
 @dataclass(frozen=True)
 class Begun:
     action: str  # execute | skip | retry
-    step: asyncpg.Record
+    step: journal_sql.BeginStepRow | Why
 
 
 @dataclass(frozen=True)
 class Recorded:
     recorded: bool  # False: the step was already completed and its first result stands
-    step: asyncpg.Record
+    step: journal_sql.RecordStepRow | Why
 
 
 @dataclass(frozen=True)
 class Journal:
-    run: asyncpg.Record
-    steps: list[asyncpg.Record]
+    run: journal_sql.JournalRunRow
+    steps: list[journal_sql.JournalStepsRow]
     seed_steps: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _AlreadyCompleted:
+    """A new step's write found the step completed before: its first result stands."""
+
+    step: Why
 
 
 def step_transition(run_id: str, step_id: str, status: str, action: str, hint: str = "") -> errors.ServiceError:
@@ -84,9 +89,7 @@ def _retry_later() -> errors.ServiceError:
     return errors.store_unavailable("the step changed concurrently, retry")
 
 
-async def _why(
-    conn: asyncpg.Connection | asyncpg.Pool, principal: Principal, lease: Lease, step_id: str
-) -> asyncpg.Record:
+async def _why(conn: asyncpg.Connection | asyncpg.Pool, principal: Principal, lease: Lease, step_id: str) -> Why:
     """The follow-up read after a write changed nothing: raises NOT_FOUND / FORBIDDEN / LEASE_LOST,
     or returns the row for the operation to decide."""
     row = await journal_sql.why_not_written(conn, run_id=lease.run_id, step_id=step_id)
@@ -97,7 +100,7 @@ async def _why(
     return row
 
 
-def _same_kind(row: Any, step_type: str, tool_id: str | None) -> bool:
+def _same_kind(row: Why, step_type: str, tool_id: str | None) -> bool:
     return bool(row["step_type"] == step_type and row["tool_id"] == tool_id)
 
 
@@ -109,11 +112,10 @@ async def _new_step(
     step_type: str,
     tool_id: str | None,
     action: str,
-    statement: sql.Statement,
-    args: tuple[object, ...],
-) -> tuple[bool, asyncpg.Record]:
-    """Runs a step-inserting statement (BeginStep, RecordStep): (True, the written row), or
-    (False, the step as journaled) when it was already completed. Raises NOT_FOUND / LEASE_LOST,
+    write: Callable[[], Awaitable[Written | None]],
+) -> Written | _AlreadyCompleted:
+    """Runs a step-inserting statement (write: BeginStep or RecordStep): the written row, or the
+    step as journaled when it was already completed. Raises NOT_FOUND / LEASE_LOST,
     INVALID_ARGUMENT for a step id journaled as another kind of step, INVALID_TRANSITION for a
     step past completion.
 
@@ -124,7 +126,7 @@ async def _new_step(
     tries = races = 0
     while tries < WRITE_TRIES and races < SEQ_RACE_TRIES:
         try:
-            row = await pool.fetchrow(statement.sql, *args)
+            row = await write()
         except asyncpg.UniqueViolationError as exc:
             if exc.constraint_name != SEQ_CONSTRAINT:
                 raise
@@ -132,20 +134,21 @@ async def _new_step(
             continue
         tries += 1
         if row is not None:
-            return True, row
+            return row
         why = await _why(pool, principal, lease, step_id)
-        if not why["has_step"]:
+        status = why["status"]
+        if not why["has_step"] or status is None:
             continue  # lease held and no step: the insert raced with something; try again
         if not _same_kind(why, step_type, tool_id):
             raise _other_kind(step_id, why)
-        if why["status"] == StepStatus.COMPLETED:
-            return False, why
-        if why["status"] not in RESTARTABLE:  # BeginStep's and RecordStep's allowed_from
-            raise step_transition(lease.run_id, step_id, why["status"], action)
+        if status == StepStatus.COMPLETED:
+            return _AlreadyCompleted(why)
+        if status not in RESTARTABLE:  # BeginStep's and RecordStep's allowed_from
+            raise step_transition(lease.run_id, step_id, status, action)
     raise _retry_later()
 
 
-def _other_kind(step_id: str, why: Any) -> errors.ServiceError:
+def _other_kind(step_id: str, why: Why) -> errors.ServiceError:
     return errors.invalid(
         [
             (
@@ -167,7 +170,7 @@ async def begin_step(
     tool_params: dict[str, Any] | None,
 ) -> Begun:
     scope = projects_with(principal, "worker")
-    wrote, row = await _new_step(
+    got = await _new_step(
         pool,
         principal,
         lease,
@@ -175,8 +178,8 @@ async def begin_step(
         step_type,
         tool_id,
         "begin",
-        BEGIN,
-        BEGIN.args(
+        lambda: journal_sql.begin_step(
+            pool,
             run_id=lease.run_id,
             attempt=lease.attempt,
             step_id=step_id,
@@ -187,7 +190,9 @@ async def begin_step(
             leased=list(LEASED),
         ),
     )
-    return Begun(("execute" if row["inserted"] else "retry") if wrote else "skip", row)
+    if isinstance(got, _AlreadyCompleted):
+        return Begun("skip", got.step)
+    return Begun("execute" if got["inserted"] else "retry", got)
 
 
 async def record_step(
@@ -203,7 +208,7 @@ async def record_step(
     """Journals a step that already ran: completed with result, or failed with error."""
     scope = projects_with(principal, "worker")
     status = StepStatus.FAILED if error is not None else StepStatus.COMPLETED
-    wrote, row = await _new_step(
+    got = await _new_step(
         pool,
         principal,
         lease,
@@ -211,8 +216,8 @@ async def record_step(
         step_type,
         None,
         "record",
-        RECORD,
-        RECORD.args(
+        lambda: journal_sql.record_step(
+            pool,
             run_id=lease.run_id,
             attempt=lease.attempt,
             step_id=step_id,
@@ -225,7 +230,9 @@ async def record_step(
             params=params,
         ),
     )
-    return Recorded(wrote, row)
+    if isinstance(got, _AlreadyCompleted):
+        return Recorded(False, got.step)
+    return Recorded(True, got)
 
 
 async def _finish(
@@ -237,9 +244,10 @@ async def _finish(
     result: dict[str, Any] | None,
     compensation_cmd: dict[str, Any] | None,
     error: str | None,
-) -> asyncpg.Record | None:
+) -> journal_sql.FinishStepRow | None:
     """FinishStep: the step's row when this lease's pending step ended as status, else None."""
-    args = FINISH.args(
+    return await journal_sql.finish_step(
+        pool,
         run_id=lease.run_id,
         attempt=lease.attempt,
         step_id=step_id,
@@ -251,8 +259,6 @@ async def _finish(
         leased=list(LEASED),
         irreversible=list(IRREVERSIBLE_TOOLS),
     )
-    row: asyncpg.Record | None = await pool.fetchrow(FINISH.sql, *args)
-    return row
 
 
 async def complete_step(
@@ -262,16 +268,16 @@ async def complete_step(
     step_id: str,
     result: dict[str, Any],
     compensation_cmd: dict[str, Any] | None,
-) -> asyncpg.Record:
+) -> Finished:
     scope = projects_with(principal, "worker")
     for _ in range(WRITE_TRIES):
         row = await _finish(pool, scope, lease, step_id, StepStatus.COMPLETED, result, compensation_cmd, None)
         if row is not None:
             return row
         why = await _why(pool, principal, lease, step_id)
-        if not why["has_step"]:
-            raise errors.not_found("step", step_id, run_id=lease.run_id)
         status = why["status"]
+        if not why["has_step"] or status is None:
+            raise errors.not_found("step", step_id, run_id=lease.run_id)
         if status == StepStatus.COMPLETED and why["attempt"] == lease.attempt:
             return why  # a repeated CompleteStep: the first recorded result stands
         if compensation_cmd is not None and why["step_type"] != StepType.TOOL_CALL:
@@ -297,16 +303,16 @@ async def complete_step(
     raise _retry_later()
 
 
-async def fail_step(pool: asyncpg.Pool, principal: Principal, lease: Lease, step_id: str, error: str) -> asyncpg.Record:
+async def fail_step(pool: asyncpg.Pool, principal: Principal, lease: Lease, step_id: str, error: str) -> Finished:
     scope = projects_with(principal, "worker")
     for _ in range(WRITE_TRIES):
         row = await _finish(pool, scope, lease, step_id, StepStatus.FAILED, None, None, error)
         if row is not None:
             return row
         why = await _why(pool, principal, lease, step_id)
-        if not why["has_step"]:
-            raise errors.not_found("step", step_id, run_id=lease.run_id)
         status = why["status"]
+        if not why["has_step"] or status is None:
+            raise errors.not_found("step", step_id, run_id=lease.run_id)
         if status == StepStatus.FAILED and why["attempt"] == lease.attempt:
             return why  # a repeated FailStep
         if status in FAIL_T.allowed_from and why["attempt"] != lease.attempt:

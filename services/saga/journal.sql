@@ -10,6 +10,7 @@
 -- cost does not grow with the journal.
 
 -- name: BeginStep :one
+-- not null: inserted
 -- A new step journaled pending at the next seq, or one an earlier attempt left pending or failed,
 -- of the same kind, begun again by this attempt (`inserted` tells the two apart).
 WITH lease AS (
@@ -82,6 +83,7 @@ UPDATE awooop_saga_step s
 RETURNING s.step_id, s.step_type, s.tool_id, s.tool_params, s.status, s.result, s.error, s.compensation_cmd, s.attempt, s.seq, s.started_at, s.completed_at, s.compensated_at, s.resolved_by, s.resolution_reason
 
 -- name: WhyNotWritten :one
+-- not null: project_id, run_status, attempt_count, has_step
 -- The follow-up read after a write changed nothing: the run, the caller's lease and the step, in
 -- one snapshot (not found, LEASE_LOST, invalid step transition, bad argument).
 SELECT r.project_id, r.status AS run_status, r.attempt_count, s.step_id IS NOT NULL AS has_step, s.step_id, s.step_type, s.tool_id, s.tool_params, s.status, s.result, s.error, s.compensation_cmd, s.attempt, s.seq, s.started_at, s.completed_at, s.compensated_at, s.resolved_by, s.resolution_reason

@@ -19,9 +19,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-import asyncpg
-
-from services.common import loops, sql
+from services.common import loops
 from services.common.runtime import AppContext
 from services.common.sagastate import StepStatus
 from services.saga import notifier_sql
@@ -38,12 +36,10 @@ TELEGRAM_BACKOFF = (0.3, 1.0)
 TELEGRAM_TIMEOUT = 5.0
 TELEGRAM_MAX_TEXT = 4096  # Telegram's limit for one message
 
-Q = sql.load(__file__, "notifier.sql")
-CLAIM = Q["ClaimAlerts"]  # an alert claimed by a replica that died is retried after 60 seconds
-FINISH = Q["FinishAlert"]
+Alert = notifier_sql.ClaimAlertsRow  # an alert as delivery reads it
 
 
-def alert_text(row: Any) -> str:
+def alert_text(row: Alert) -> str:
     text = (
         "awooop: SAGA compensation failed, operator needed\n"
         f"project: {row['project_id']}\nrun: {row['run_id']}\nstep: {row['step_id']}\n"
@@ -99,7 +95,7 @@ class Notifier:
                 loops.row_failed(LOOP, f"alert {row['alert_id']} of run {row['run_id']}", exc)
         return len(rows)
 
-    async def _deliver(self, row: asyncpg.Record) -> None:
+    async def _deliver(self, row: Alert) -> None:
         redis_ok = row["redis_sent_at"] is not None or not self.ctx.cache.enabled
         telegram_ok = row["telegram_sent_at"] is not None or not self.telegram_enabled
         problems = []
@@ -128,7 +124,7 @@ class Notifier:
             done=done,
         )
 
-    async def _to_redis(self, row: asyncpg.Record) -> bool:
+    async def _to_redis(self, row: Alert) -> bool:
         fields = {
             "alert_id": str(row["alert_id"]),
             "kind": StepStatus.COMPENSATION_FAILED.value,  # the alert's kind: the step status it reports
@@ -144,7 +140,7 @@ class Notifier:
         ALERTS.labels("redis", "ok" if ok else "error").inc()
         return ok
 
-    async def _to_telegram(self, row: asyncpg.Record) -> str | None:
+    async def _to_telegram(self, row: Alert) -> str | None:
         """None when delivered, else the last error (the bot token never appears in it)."""
         s = self.settings
         url = f"{s.telegram_api_base.rstrip('/')}/bot{s.telegram_bot_token}/sendMessage"

@@ -14,7 +14,7 @@ from typing import NoReturn
 
 import asyncpg
 
-from services.common import errors, sql
+from services.common import errors
 from services.common.access import check_run_access
 from services.common.audit import audit
 from services.common.auth import Principal
@@ -25,27 +25,17 @@ from services.saga import operator_actions_sql, saga_status
 from services.saga.journal import step_transition
 from services.saga.saga_status import LockedRun
 
-Q = sql.load(__file__, "operator_actions.sql")
-PLANNED = Q["PlannedSteps"]
-INSERT_REQUEST = Q["InsertRequest"]
-REOPEN_REQUEST = Q["ReopenRequest"]
-LOCK_REQUEST = Q["LockRequest"]
-RETRY_STEPS = Q["RetryFailedSteps"]
-RESOLVE = Q["ResolveStep"]
-STEP_STATUS = Q["StepStatus"]
-OPEN_LEFT = Q["OpenStepsLeft"]
-
 
 @dataclass(frozen=True)
 class Requested:
     saga_status: SagaStatus
-    steps: list[asyncpg.Record]
+    steps: list[operator_actions_sql.PlannedStepsRow]
     created: bool
 
 
 @dataclass(frozen=True)
 class Resolved:
-    step: asyncpg.Record
+    step: operator_actions_sql.ResolveStepRow
     saga_status: SagaStatus
 
 
@@ -86,7 +76,7 @@ async def request(pool: asyncpg.Pool, principal: Principal, run_id: str, trigger
                 details={"trigger": trigger},
             )
         steps = await operator_actions_sql.planned_steps(conn, run_id=run_id)
-    return Requested(run.saga_status, list(steps), created is not None)
+    return Requested(run.saga_status, steps, created is not None)
 
 
 async def retry(pool: asyncpg.Pool, principal: Principal, run_id: str, step_id: str) -> SagaStatus:

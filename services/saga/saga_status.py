@@ -5,19 +5,12 @@ operator actions, and the run row lock they take first. The statements are in sa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from uuid import UUID
 
-from services.common import sql
 from services.common.db import Conn
 from services.common.runstate import RunStatus
 from services.common.sagastate import SagaStatus
 from services.saga import saga_status_sql
-
-Q = sql.load(__file__, "saga_status.sql")
-LOCK_RUN = Q["LockRun"]
-START = Q["StartCompensation"]
-END = Q["EndCompensation"]
-SKIP = Q["SkipCompensation"]
-RESOLVED = Q["ResolvedCompensation"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +22,7 @@ class LockedRun:
     saga_status: SagaStatus
 
 
-async def lock_run(conn: Conn, run_id: object) -> LockedRun | None:
+async def lock_run(conn: Conn, run_id: UUID | str) -> LockedRun | None:
     """Locks the run row (None: no such run). Lock order, shared by the driver and the operator
     actions so they never deadlock: the run row, then the request row, then step rows."""
     row = await saga_status_sql.lock_run(conn, run_id=run_id)
@@ -38,21 +31,24 @@ async def lock_run(conn: Conn, run_id: object) -> LockedRun | None:
     return LockedRun(row["project_id"], RunStatus(row["status"]), SagaStatus(row["saga_status"]))
 
 
-async def start(conn: Conn, run_id: object) -> None:
+async def start(conn: Conn, run_id: UUID | str) -> None:
     """The compensation starts, or starts again after RetryCompensation."""
     await saga_status_sql.start_compensation(conn, run_id=run_id)
 
 
-async def end(conn: Conn, run_id: object) -> SagaStatus:
+async def end(conn: Conn, run_id: UUID | str) -> SagaStatus:
     """No step is left to undo: compensated, or compensation_failed when an undo failed."""
-    return SagaStatus(await saga_status_sql.end_compensation(conn, run_id=run_id))
+    written = await saga_status_sql.end_compensation(conn, run_id=run_id)
+    if written is None:  # no row: the caller holds the run's row lock (lock_run), so it is a bug
+        raise LookupError(f"run {run_id} is gone under its row lock")
+    return SagaStatus(written)
 
 
-async def skip(conn: Conn, run_id: object) -> None:
+async def skip(conn: Conn, run_id: UUID | str) -> None:
     """Nothing to undo (seed ADR-119 D6): not_needed."""
     await saga_status_sql.skip_compensation(conn, run_id=run_id)
 
 
-async def resolved(conn: Conn, run_id: object) -> None:
+async def resolved(conn: Conn, run_id: UUID | str) -> None:
     """An operator resolved the last failed step, nothing is left: compensated."""
     await saga_status_sql.resolved_compensation(conn, run_id=run_id)

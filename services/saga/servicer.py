@@ -149,14 +149,16 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         j = await journal.get_journal(self.pool, current_principal(), run_id)
         resp = saga_pb2.GetJournalResponse(
             run_id=run_id,
-            saga_status=saga_status_to_pb(j.run["saga_status"]),  # type: ignore[arg-type]
+            saga_status=saga_status_to_pb(j.run["saga_status"]),
             steps=[step_to_pb(s) for s in j.steps],
             saga_steps_json=json.dumps(j.seed_steps, separators=(",", ":"), ensure_ascii=False),
         )
-        for name in ("compensation_started_at", "compensation_completed_at"):
-            t = ts(j.run[name])
+        for field, t in (
+            (resp.compensation_started_at, ts(j.run["compensation_started_at"])),
+            (resp.compensation_completed_at, ts(j.run["compensation_completed_at"])),
+        ):
             if t is not None:
-                getattr(resp, name).CopyFrom(t)
+                field.CopyFrom(t)
         if resp.ByteSize() > self.settings.max_message_bytes - 1024:
             raise errors.ServiceError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -180,7 +182,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         done = await operator_actions.request(self.pool, current_principal(), run_id, trigger, reason)
         self.driver.kick()
         return saga_pb2.CompensateResponse(
-            saga_status=saga_status_to_pb(done.saga_status),  # type: ignore[arg-type]
+            saga_status=saga_status_to_pb(done.saga_status),
             steps=[step_to_pb(s) for s in done.steps],
         )
 
@@ -193,7 +195,7 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         v.raise_if_any()
         status = await operator_actions.retry(self.pool, current_principal(), run_id, step_id)
         self.driver.kick()
-        return saga_pb2.RetryCompensationResponse(saga_status=saga_status_to_pb(status))  # type: ignore[arg-type]
+        return saga_pb2.RetryCompensationResponse(saga_status=saga_status_to_pb(status))
 
     async def ResolveCompensation(
         self, request: saga_pb2.ResolveCompensationRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -208,5 +210,5 @@ class SagaServicer(saga_pb2_grpc.SagaServiceServicer):
         done = await operator_actions.resolve(self.pool, current_principal(), run_id, step_id, reason)
         return saga_pb2.ResolveCompensationResponse(
             step=step_to_pb(done.step),
-            saga_status=saga_status_to_pb(done.saga_status),  # type: ignore[arg-type]
+            saga_status=saga_status_to_pb(done.saga_status),
         )
