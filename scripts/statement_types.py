@@ -22,7 +22,7 @@ comes from a NOT NULL table column and the statement has no outer join or set op
 can yield NULL where the table has none), or when the statement's header vouches for it
 (`-- not null: total, run_id`: a count, a COALESCE, the outer side of a join; `awooop_run_state.*`:
 that table's NOT NULL columns, for a UNION of its rows); every other column may be None. Parameters are typed
-`T | None`: SQL takes NULL for any parameter, and several statements mean it.
+`T | None`, an array's elements too: SQL takes NULL for any parameter, and several statements mean it.
 """
 
 from __future__ import annotations
@@ -129,7 +129,9 @@ class Describer:
             name, elem = str(row[0]), row[1]
             if elem is not None:
                 inner = _SCALARS.get(str(elem), ("Any", "object"))
-                self._types[oid] = (f"list[{inner[0]}]", f"Sequence[{inner[1]}]")
+                # an array parameter's elements may be NULL too (a batch statement unnests them)
+                element = inner[1] if inner[1] == "object" else f"{inner[1]} | None"
+                self._types[oid] = (f"list[{inner[0]}]", f"Sequence[{element}]")
             else:
                 self._types[oid] = _SCALARS.get(name, ("Any", "object"))
         return self._types[oid]

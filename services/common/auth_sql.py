@@ -46,8 +46,8 @@ async def has_role_now(
     /,
     *,
     principal_id: str | None,
-    projects: Sequence[str] | None,
-    roles: Sequence[str] | None,
+    projects: Sequence[str | None] | None,
+    roles: Sequence[str | None] | None,
     query_timeout: float | None = None,
 ) -> bool:
     """HasRoleNow (auth.sql).

@@ -54,7 +54,7 @@ async def plan_functions(db: sql.Queryable, /, *, query_timeout: float | None = 
 
 
 async def type_names(
-    db: sql.Queryable, /, *, oids: Sequence[int] | None, query_timeout: float | None = None
+    db: sql.Queryable, /, *, oids: Sequence[int | None] | None, query_timeout: float | None = None
 ) -> list[TypeNamesRow]:
     """TypeNames (server_plans.sql).
 

@@ -45,6 +45,9 @@ class IngestApiEventsRow(Protocol):
     def __getitem__(self, key: Literal["window_start"], /) -> datetime | None: ...
     @overload
     def __getitem__(self, key: Literal["window_end"], /) -> datetime | None: ...
+    @overload
+    def __getitem__(self, key: str, /) -> object: ...
+
     def __getitem__(self, key: str, /) -> Any: ...
 
 
@@ -52,19 +55,19 @@ async def ingest_api_events(
     db: sql.Queryable,
     /,
     *,
-    ord: Sequence[int] | None,
-    project_id: Sequence[str] | None,
-    key: Sequence[str] | None,
-    run_id: Sequence[UUID | str] | None,
-    input: Sequence[str] | None,
-    max_attempts: Sequence[int] | None,
-    not_before: Sequence[datetime] | None,
-    priority: Sequence[int] | None,
-    retry_policy: Sequence[str] | None,
-    concurrency_keys: Sequence[str] | None,
-    traceparent: Sequence[str] | None,
-    fingerprint: Sequence[str] | None,
-    snapshot: Sequence[bytes] | None,
+    ord: Sequence[int | None] | None,
+    project_id: Sequence[str | None] | None,
+    key: Sequence[str | None] | None,
+    run_id: Sequence[UUID | str | None] | None,
+    input: Sequence[str | None] | None,
+    max_attempts: Sequence[int | None] | None,
+    not_before: Sequence[datetime | None] | None,
+    priority: Sequence[int | None] | None,
+    retry_policy: Sequence[str | None] | None,
+    concurrency_keys: Sequence[str | None] | None,
+    traceparent: Sequence[str | None] | None,
+    fingerprint: Sequence[str | None] | None,
+    snapshot: Sequence[bytes | None] | None,
     principal_type: str | None,
     principal_id: str | None,
     operation: str | None,
@@ -74,7 +77,7 @@ async def ingest_api_events(
     defaults: str | None,
     actor: str | None,
     all_projects: str | None,
-    roles: Sequence[str] | None,
+    roles: Sequence[str | None] | None,
     query_timeout: float | None = None,
 ) -> list[IngestApiEventsRow]:
     """IngestApiEvents (api_channel.sql).
@@ -139,11 +142,11 @@ async def record_legacy_api_keys(
     operation: str | None,
     policy_version: str | None,
     ttl: float | None,
-    project_id: Sequence[str] | None,
-    key: Sequence[str] | None,
-    fingerprint: Sequence[str] | None,
-    snapshot: Sequence[bytes] | None,
-    resource_id: Sequence[str] | None,
+    project_id: Sequence[str | None] | None,
+    key: Sequence[str | None] | None,
+    fingerprint: Sequence[str | None] | None,
+    snapshot: Sequence[bytes | None] | None,
+    resource_id: Sequence[str | None] | None,
     query_timeout: float | None = None,
 ) -> str:
     """RecordLegacyApiKeys (api_channel.sql).

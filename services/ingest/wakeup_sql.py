@@ -11,7 +11,12 @@ NOTIFY_PROJECTS = Q["NotifyProjects"]
 
 
 async def notify_projects(
-    db: sql.Queryable, /, *, channel: str | None, projects: Sequence[str] | None, query_timeout: float | None = None
+    db: sql.Queryable,
+    /,
+    *,
+    channel: str | None,
+    projects: Sequence[str | None] | None,
+    query_timeout: float | None = None,
 ) -> str:
     """NotifyProjects (wakeup.sql).
 

@@ -449,8 +449,8 @@ async def request_approval(
     ttl: float | None,
     summary: str | None,
     attempt: int | None,
-    allowed: Sequence[str] | None,
-    worker_projects: Sequence[str] | None,
+    allowed: Sequence[str | None] | None,
+    worker_projects: Sequence[str | None] | None,
     actor: str | None,
     query_timeout: float | None = None,
 ) -> RequestApprovalRow | None:
@@ -485,7 +485,7 @@ async def reissue_approval_token(
     token_hash: bytes | None,
     run_id: UUID | str | None,
     attempt: int | None,
-    worker_projects: Sequence[str] | None,
+    worker_projects: Sequence[str | None] | None,
     actor: str | None,
     query_timeout: float | None = None,
 ) -> ReissueApprovalTokenRow | None:
@@ -514,7 +514,7 @@ async def decide_approval(
     run_id: UUID | str | None,
     approve: bool | None,
     reason: str | None,
-    approver_projects: Sequence[str] | None,
+    approver_projects: Sequence[str | None] | None,
     actor: str | None,
     query_timeout: float | None = None,
 ) -> DecideApprovalRow | None:

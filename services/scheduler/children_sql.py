@@ -98,10 +98,10 @@ async def parent_of_children(
     db: sql.Queryable,
     /,
     *,
-    step_ids: Sequence[str] | None,
+    step_ids: Sequence[str | None] | None,
     run_id: UUID | str | None,
     attempt: int | None,
-    projects: Sequence[str] | None,
+    projects: Sequence[str | None] | None,
     query_timeout: float | None = None,
 ) -> ParentOfChildrenRow | None:
     """ParentOfChildren (children.sql).
@@ -122,7 +122,7 @@ async def start_child_runs(
     *,
     run_id: UUID | str | None,
     attempt: int | None,
-    projects: Sequence[str] | None,
+    projects: Sequence[str | None] | None,
     children: str | None,
     policy_defaults: str | None,
     principal_id: str | None,

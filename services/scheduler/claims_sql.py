@@ -254,18 +254,18 @@ async def claim_runs(
     db: sql.Queryable,
     /,
     *,
-    run_ids: Sequence[UUID | str] | None,
-    attempts: Sequence[int] | None,
-    outputs: Sequence[str] | None,
-    allowed: Sequence[str] | None,
-    worker_projects: Sequence[str] | None,
+    run_ids: Sequence[UUID | str | None] | None,
+    attempts: Sequence[int | None] | None,
+    outputs: Sequence[str | None] | None,
+    allowed: Sequence[str | None] | None,
+    worker_projects: Sequence[str | None] | None,
     actor: str | None,
     principal: str | None,
     worker_id: str | None,
     claim_id: str | None,
-    projects: Sequence[str] | None,
+    projects: Sequence[str | None] | None,
     lease_secs: float | None,
-    sorted_projects: Sequence[str] | None,
+    sorted_projects: Sequence[str | None] | None,
     count: int,
     max_runs: int,
     query_timeout: float | None = None,
@@ -366,7 +366,7 @@ async def claim_runs(
 
 
 async def seconds_until_ready(
-    db: sql.Queryable, /, *, projects: Sequence[str] | None, count: int, query_timeout: float | None = None
+    db: sql.Queryable, /, *, projects: Sequence[str | None] | None, count: int, query_timeout: float | None = None
 ) -> float | None:
     """SecondsUntilReady (claims.sql).
 
@@ -386,9 +386,9 @@ async def hand_back_undelivered(
     db: sql.Queryable,
     /,
     *,
-    run_ids: Sequence[UUID | str] | None,
-    attempts: Sequence[int] | None,
-    from_statuses: Sequence[str] | None,
+    run_ids: Sequence[UUID | str | None] | None,
+    attempts: Sequence[int | None] | None,
+    from_statuses: Sequence[str | None] | None,
     worker_id: str | None,
     actor: str | None,
     reason: str | None,

@@ -32,10 +32,10 @@ async def heartbeat(
     db: sql.Queryable,
     /,
     *,
-    run_ids: Sequence[UUID | str] | None,
-    attempts: Sequence[int] | None,
+    run_ids: Sequence[UUID | str | None] | None,
+    attempts: Sequence[int | None] | None,
     worker_id: str | None,
-    worker_projects: Sequence[str] | None,
+    worker_projects: Sequence[str | None] | None,
     lease_secs: float | None,
     query_timeout: float | None = None,
 ) -> list[HeartbeatRow]:

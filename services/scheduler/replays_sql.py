@@ -107,7 +107,7 @@ class CurrentRunsRow(Protocol):
 
 
 async def current_runs(
-    db: sql.Queryable, /, *, run_ids: Sequence[UUID | str] | None, query_timeout: float | None = None
+    db: sql.Queryable, /, *, run_ids: Sequence[UUID | str | None] | None, query_timeout: float | None = None
 ) -> list[CurrentRunsRow]:
     """CurrentRuns (replays.sql).
 
@@ -142,7 +142,7 @@ async def wrote(
     /,
     *,
     run_id: UUID | str | None,
-    audit_actions: Sequence[str] | None,
+    audit_actions: Sequence[str | None] | None,
     attempt: int | None,
     query_timeout: float | None = None,
 ) -> bool | None:
@@ -160,7 +160,7 @@ async def cancelled_by(
     *,
     run_id: UUID | str | None,
     actor: str | None,
-    audit_actions: Sequence[str] | None,
+    audit_actions: Sequence[str | None] | None,
     query_timeout: float | None = None,
 ) -> bool | None:
     """CancelledBy (replays.sql).

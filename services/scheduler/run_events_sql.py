@@ -60,7 +60,7 @@ async def emit_run_event(
     *,
     run_id: UUID | str | None,
     attempt: int | None,
-    projects: Sequence[str] | None,
+    projects: Sequence[str | None] | None,
     kind: str | None,
     data: str | None,
     emit_key: str | None,

@@ -336,7 +336,7 @@ async def create_wait(
     *,
     run_id: UUID | str | None,
     attempt: int | None,
-    projects: Sequence[str] | None,
+    projects: Sequence[str | None] | None,
     step_id: str | None,
     kind: str | None,
     timeout: float | None,
@@ -385,7 +385,7 @@ async def park_on_wait(
     wait_id: UUID | str | None,
     run_id: UUID | str | None,
     attempt: int | None,
-    projects: Sequence[str] | None,
+    projects: Sequence[str | None] | None,
     actor: str | None,
     query_timeout: float | None = None,
 ) -> ParkOnWaitRow | None:
@@ -411,7 +411,7 @@ async def complete_wait(
     wait_id: UUID | str | None,
     result: object,
     actor: str | None,
-    projects: Sequence[str] | None,
+    projects: Sequence[str | None] | None,
     query_timeout: float | None = None,
 ) -> CompleteWaitRow | None:
     """CompleteWait (waits.sql).
@@ -506,7 +506,7 @@ async def expire_wait(
     *,
     wait_id: UUID | str | None,
     actor: str | None,
-    projects: Sequence[str] | None,
+    projects: Sequence[str | None] | None,
     query_timeout: float | None = None,
 ) -> ExpireWaitRow | None:
     """ExpireWait (waits.sql).
