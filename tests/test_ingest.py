@@ -285,15 +285,15 @@ class _Explaining:
         self.conn = conn
         self.plans: list[dict[str, Any]] = []
 
-    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+    async def fetch(self, sql: str, *args: Any, timeout: float | None = None) -> list[asyncpg.Record]:
         tr = self.conn.transaction()
         await tr.start()
         try:
-            raw = await self.conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args)
+            raw = await self.conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args, timeout=timeout)
         finally:
             await tr.rollback()
         self.plans.append(json.loads(raw)[0]["Plan"])
-        return await self.conn.fetch(sql, *args)
+        return await self.conn.fetch(sql, *args, timeout=timeout)
 
 
 async def test_only_an_event_seen_before_reads_its_dedupe_row(db: asyncpg.Connection) -> None:

@@ -12,7 +12,7 @@ import asyncpg
 from services.common import runstate
 from services.common.runstate import TRANSITIONS, Action
 from services.common.sql import Statement
-from services.ingest import retention, store
+from services.ingest import retention_sql, store_sql
 from services.scheduler import metrics, overview, queue, reads, redrive
 
 _IN = re.compile(r"\bstatus IN \(([^)]*)\)")
@@ -47,14 +47,14 @@ def test_redrive_takes_and_gives_the_declared_statuses() -> None:
 
 
 def test_retention_takes_finished_runs_only() -> None:
-    assert _status_lists(retention.PRUNE_RUNS) == [set(runstate.TERMINAL)]
+    assert _status_lists(retention_sql.PRUNE_RUNS) == [set(runstate.TERMINAL)]
 
 
 async def test_every_statement_that_answers_a_run_answers_the_same_columns(db: asyncpg.Connection) -> None:
     """GetRun, ListRuns and CreateRun write the run's column list out (run_to_pb reads
     it by name): the copies must not drift apart. Prepared, not executed."""
     answered = {}
-    for st in (reads.GET, reads.LIST, store.CREATE_RUN):
+    for st in (reads.GET, reads.LIST, store_sql.CREATE_RUN):
         answered[st.name] = [a.name for a in (await db.prepare(st.sql)).get_attributes()]
     first = answered[reads.GET.name]
     assert len(set(first)) == len(first)

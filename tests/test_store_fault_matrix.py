@@ -40,8 +40,7 @@ from services.common.db import store_error
 from services.common.retry_policy import DEFAULTS_JSON
 from services.common.runtime import Runtime
 from services.common.settings import Settings
-from services.ingest import api_channel
-from services.ingest import store as ingest_store
+from services.ingest import api_channel_sql, store_sql
 from services.saga import driver_sql, journal_sql
 from services.scheduler import approvals, batch_complete, leases, schedules, transitions
 from tests.harness.helpers import eventually, expect_error, service_key
@@ -176,7 +175,7 @@ class Env:
 
 async def ingest_event(env: Env, fault: Fault) -> None:
     req = tg_event(P, 1)
-    await env.faulted(ingest_store.STORE_EVENTS.sql, fault, lambda: env.ingest.IngestEvent(req))
+    await env.faulted(store_sql.STORE_EVENTS.sql, fault, lambda: env.ingest.IngestEvent(req))
     again = await env.ingest.IngestEvent(req)
     (run,) = await env.runs()  # exactly one run
     assert again.outcomes[0].run_id == str(run["run_id"])
@@ -187,7 +186,7 @@ async def ingest_event(env: Env, fault: Fault) -> None:
 
 async def ingest_events(env: Env, fault: Fault) -> None:
     req = ingest_pb2.IngestEventsRequest(events=[tg_event(P, i) for i in (1, 2, 3)])
-    await env.faulted(ingest_store.STORE_EVENTS.sql, fault, lambda: env.ingest.IngestEvents(req))
+    await env.faulted(store_sql.STORE_EVENTS.sql, fault, lambda: env.ingest.IngestEvents(req))
     again = await env.ingest.IngestEvents(req)
     runs = await env.runs()
     assert len(runs) == 3
@@ -199,7 +198,7 @@ async def ingest_api_event(env: Env, fault: Fault) -> None:
     req = ingest_pb2.IngestEventRequest(
         project_id=P, channel_type=common_pb2.CHANNEL_TYPE_API, provider_event_id="order-1", payload=struct({"n": 1})
     )
-    await env.faulted(api_channel.INGEST_API_EVENTS.sql, fault, lambda: env.ingest.IngestEvent(req))
+    await env.faulted(api_channel_sql.INGEST_API_EVENTS.sql, fault, lambda: env.ingest.IngestEvent(req))
     again = await env.ingest.IngestEvent(req)
     (run,) = await env.runs()
     assert again.outcomes[0].run_id == str(run["run_id"])
@@ -215,7 +214,7 @@ async def http_api_event(env: Env, fault: Fault) -> None:
         async with aiohttp.ClientSession() as http, http.post(url, json={"n": 1}, headers=headers) as r:
             return r.status, await r.json(content_type=None)
 
-    rule = env.proxy.arm(api_channel.INGEST_API_EVENTS.sql, fault)
+    rule = env.proxy.arm(api_channel_sql.INGEST_API_EVENTS.sql, fault)
     status, doc = await post()
     assert rule.fired.is_set() and not rule.failed_instead
     # RFC 9457 problem document carrying the same reason as gRPC's ErrorInfo
@@ -232,7 +231,7 @@ async def http_api_event(env: Env, fault: Fault) -> None:
 
 async def create_run(env: Env, fault: Fault) -> None:
     req = ingest_pb2.CreateRunRequest(project_id=P, idempotency_key="order-1", input=struct({"n": 1}))
-    await env.faulted(ingest_store.CREATE_RUN.sql, fault, lambda: env.ingest.CreateRun(req))
+    await env.faulted(store_sql.CREATE_RUN.sql, fault, lambda: env.ingest.CreateRun(req))
     again = await env.ingest.CreateRun(req)
     (run,) = await env.runs()
     assert again.run.run_id == str(run["run_id"])

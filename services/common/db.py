@@ -297,21 +297,6 @@ async def again_on_deadlock(call: Callable[[], Awaitable[T]], attempts: int = 3)
     raise AssertionError("unreachable")
 
 
-async def fetch_again_on_deadlock(
-    db: asyncpg.Pool | Conn, sql: str, *args: Any, attempts: int = 3
-) -> list[asyncpg.Record]:
-    """Runs one statement (outside a transaction block); when Postgres aborts it as one side of
-    a deadlock it changed nothing and runs again. For statements that lock rows whose order
-    they cannot fully fix: batches whose runs' triggers lock concurrency keys, dedupe rows."""
-    for attempt in range(attempts):
-        try:
-            return await db.fetch(sql, *args)
-        except asyncpg.exceptions.DeadlockDetectedError:
-            if attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
 def store_error(exc: BaseException) -> errors.ServiceError | None:
     """The ServiceError a store failure maps to, or None when it is not one."""
     if isinstance(exc, asyncpg.exceptions.QueryCanceledError):

@@ -211,7 +211,14 @@ async def _attempt(
             ttl=float(ttl),
         )
         assert row is not None  # one row always
-        stored = _stored(row)
+        stored = live_key(
+            row["request_fingerprint"],
+            row["policy_version"],
+            row["response_snapshot"],
+            row["resource_id"],
+            row["created_at"],
+            row["expires_at"],
+        )
         if stored is not None:
             return replay(s, stored, fingerprint=fp, policy_version=policy_version, allowed=await recheck(conn))
         window = KeyWindow(row["window_start"], row["window_end"])
@@ -236,14 +243,19 @@ async def _attempt(
         return Outcome(done.snapshot, False, window.created_at, window.expires_at, done.resource_id)
 
 
-def _stored(row: idempotency_sql.LookupKeyRow) -> StoredKey | None:
-    """The live key a LookupKey row carries; None when there is none (its columns, from an outer
-    join, are then NULL together)."""
-    fp, version, snapshot = row["request_fingerprint"], row["policy_version"], row["response_snapshot"]
-    created, expires = row["created_at"], row["expires_at"]
-    if fp is None or version is None or snapshot is None or created is None or expires is None:
+def live_key(
+    fp: str | None,
+    policy_version: str | None,
+    snapshot: bytes | None,
+    resource_id: str | None,
+    created_at: dt.datetime | None,
+    expires_at: dt.datetime | None,
+) -> StoredKey | None:
+    """The live key a statement read through an outer join (LookupKey, IngestApiEvents); None when
+    there is none (its columns are then NULL together; only resource_id may be NULL in a row)."""
+    if fp is None or policy_version is None or snapshot is None or created_at is None or expires_at is None:
         return None
-    return StoredKey(fp, version, snapshot, row["resource_id"], created, expires)
+    return StoredKey(fp, policy_version, snapshot, resource_id, created_at, expires_at)
 
 
 def _lock_timeout(deadline: float | None) -> str:

@@ -35,13 +35,13 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.common import errors, idempotency, retry_policy, sql
+from services.common import errors, idempotency, retry_policy
 from services.common.auth import IMPLIED, Principal
-from services.common.db import fetch_again_on_deadlock
+from services.common.db import again_on_deadlock
 from services.common.idempotency import StoredKey
 from services.common.principals import ALL_PROJECTS
 from services.common.settings import Settings
-from services.ingest import store
+from services.ingest import api_channel_sql, store
 from services.ingest.parsing import NewEvent
 
 OPERATION = "ingest.IngestEvent"
@@ -51,10 +51,6 @@ ROLES = [r for r, implied in IMPLIED.items() if ROLE in implied] + [ROLE]
 # Statements per batch for events whose key row another request committed meanwhile; the second
 # settles them unless the row is pruned in between (an expired key), which the third covers.
 MAX_ATTEMPTS = 3
-
-Q = sql.load(__file__, "api_channel.sql")
-INGEST_API_EVENTS = Q["IngestApiEvents"]
-RECORD_LEGACY_KEYS = Q["RecordLegacyApiKeys"]
 
 # (run_id, duplicate), or the event's own refusal
 Answer = tuple[str, bool] | errors.ServiceError
@@ -147,11 +143,9 @@ class ApiEvents:
         run_ids = [str(u) for u in store.new_run_ids(len(ev))]
         snapshots = [_snapshot(r, legacy=False) for r in run_ids]
         s = self.settings
-        st = INGEST_API_EVENTS
-        rows = await fetch_again_on_deadlock(
-            self.pool,
-            st.sql,
-            *st.args(
+        rows = await again_on_deadlock(
+            lambda: api_channel_sql.ingest_api_events(
+                self.pool,
                 ord=list(range(len(ev))),
                 project_id=[e.project_id for e in ev],
                 key=[e.provider_event_id for e in ev],
@@ -185,24 +179,25 @@ class ApiEvents:
             i = k.event
             k.allowed = r["allowed"]
             k.window = (r["window_start"], r["window_end"])
+            live = idempotency.live_key(
+                r["request_fingerprint"],
+                r["policy_version"],
+                r["response_snapshot"],
+                r["resource_id"],
+                r["created_at"],
+                r["expires_at"],
+            )
             if r["created"]:
                 k.stored = StoredKey(
                     fps[i], s.policy_version, snapshots[n], run_ids[n], r["window_start"], r["window_end"]
                 )
                 answers[i] = (run_ids[n], False)
                 created.add(e.project_id)
-            elif r["request_fingerprint"] is not None:
-                k.stored = StoredKey(
-                    r["request_fingerprint"],
-                    r["policy_version"],
-                    r["response_snapshot"],
-                    r["resource_id"],
-                    r["created_at"],
-                    r["expires_at"],
-                )
+            elif live is not None:
+                k.stored = live
                 answers[i] = _replayed(self._scope(e, principal), k.stored, fps[i], s.policy_version, k.allowed)
-            elif r["legacy_run_id"] is not None:
-                k.legacy = _Legacy(str(r["legacy_run_id"]), r["legacy_input"], r["legacy_max_attempts"])
+            elif (legacy := _legacy_run(r)) is not None:
+                k.legacy = legacy
                 answers[i] = self._legacy(k, i, self._scope(e, principal), e, fps[i])
             else:
                 left.append(n)
@@ -233,11 +228,9 @@ class ApiEvents:
         """Records the replayed old-rule keys (one statement), so later replays take the ordinary path."""
         rows = [(events[k.event], k.recorded) for k in keys if k.recorded is not None]  # one project and key per k
         s = self.settings
-        st = RECORD_LEGACY_KEYS
-        await fetch_again_on_deadlock(
-            self.pool,
-            st.sql,
-            *st.args(
+        await again_on_deadlock(
+            lambda: api_channel_sql.record_legacy_api_keys(
+                self.pool,
                 project_id=[e.project_id for e, _ in rows],
                 key=[e.provider_event_id for e, _ in rows],
                 fingerprint=[x.fingerprint for _, x in rows],
@@ -256,6 +249,15 @@ class ApiEvents:
         return idempotency.Scope(
             e.project_id, principal.principal_type, principal.principal_id, OPERATION, e.provider_event_id
         )
+
+
+def _legacy_run(r: api_channel_sql.IngestApiEventsRow) -> _Legacy | None:
+    """The old-rule key's run the statement found for the event, if any (outer-joined: its columns
+    are NULL together when there is none)."""
+    run_id, input_json, max_attempts = r["legacy_run_id"], r["legacy_input"], r["legacy_max_attempts"]
+    if run_id is None or input_json is None or max_attempts is None:
+        return None
+    return _Legacy(str(run_id), input_json, max_attempts)
 
 
 def _replayed(scope: idempotency.Scope, stored: StoredKey, fp: str, policy_version: str, allowed: bool) -> Answer:

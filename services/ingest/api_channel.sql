@@ -1,6 +1,7 @@
 -- API-channel events on seed 003's rules (services/ingest/api_channel.py), a batch at a time.
 
 -- name: IngestApiEvents :many
+-- not null: ord, created, allowed, window_start, window_end
 -- A batch of API events (distinct (project, key) pairs, one principal) in ONE statement: each
 -- event's live key row is read, or a key row is claimed and its run and RUN_CREATED audit row are
 -- written, or the event's key is found in the channel dedupe table of the previous release.

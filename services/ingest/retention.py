@@ -22,17 +22,11 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.common import sql
 from services.common.cache import Cache
 from services.common.settings import Settings
 from services.ingest import dedupe_cache, metrics, retention_sql
 
 MAX_BATCHES_PER_PASS = 20
-
-Q = sql.load(__file__, "retention.sql")
-PRUNE_DEDUPE = Q["PruneDedupe"]
-PRUNE_KEYS = Q["PruneIdempotencyKeys"]
-PRUNE_RUNS = Q["PruneRuns"]
 
 
 @dataclass(slots=True)
@@ -50,7 +44,8 @@ async def prune_dedupe(pool: asyncpg.Pool, cache: Cache, *, retention: float, ba
         if rows:
             total += len(rows)
             metrics.PRUNED.labels("awooop_channel_event_dedupe").inc(len(rows))
-            await dedupe_cache.forget(cache, [dedupe_cache.key(cache, *r) for r in rows])
+            keys = [dedupe_cache.key(cache, r["project_id"], r["channel_type"], r["provider_event_id"]) for r in rows]
+            await dedupe_cache.forget(cache, keys)
         if len(rows) < batch:
             break
     return total

@@ -14,18 +14,13 @@ from dataclasses import dataclass
 import asyncpg
 from asyncpg.pgproto.pgproto import UUID
 
-from services.common import errors, sql
-from services.common.db import Conn, fetch_again_on_deadlock
+from services.common import errors
+from services.common.db import Conn, again_on_deadlock
 from services.common.retry_policy import DEFAULTS_JSON
 from services.ingest import store_sql
 from services.ingest.parsing import NewEvent, NewRun
 
 Executor = asyncpg.Pool | Conn
-
-Q = sql.load(__file__, "store.sql")
-STORE_EVENTS = Q["StoreEvents"]
-FIND_STORED = Q["FindStoredEvents"]
-CREATE_RUN = Q["CreateRun"]
 
 # Attempts at an event whose dedupe row vanished between the insert and the follow-up read
 # (only retention pruning can do that); in practice the second attempt always settles it.
@@ -64,30 +59,8 @@ async def ingest(
     pending = list(range(len(events)))
     for _ in range(MAX_ATTEMPTS):
         ev = [events[i] for i in pending]
-        # keys are inserted in sorted order, so statements sharing keys should never deadlock; should
-        # Postgres still report one, the statement runs again (ON CONFLICT makes it idempotent)
-        rows = await fetch_again_on_deadlock(
-            db,
-            STORE_EVENTS.sql,
-            *STORE_EVENTS.args(
-                ords=list(range(len(ev))),
-                project_ids=[e.project_id for e in ev],
-                channels=[e.channel for e in ev],
-                provider_event_ids=[e.provider_event_id for e in ev],
-                run_ids=new_run_ids(len(ev)),
-                inputs=[e.input_json for e in ev],
-                max_attempts=[e.max_attempts for e in ev],
-                not_befores=[e.options.not_before for e in ev],
-                priorities=[e.options.priority for e in ev],
-                retry_policies=[e.options.retry_policy_json for e in ev],
-                # a run's keys joined by spaces (keys are tokens without spaces): unnest takes no ragged arrays
-                concurrency_keys=[" ".join(e.options.concurrency_keys) or None for e in ev],
-                traceparents=[e.traceparent for e in ev] if any(e.traceparent for e in ev) else None,
-                policy_defaults=defaults_json,
-                principal_id=principal_id,
-                actor=actor,
-                retention=float(retention),
-            ),
+        rows = await _store_events(
+            db, ev, principal_id=principal_id, actor=actor, retention=retention, defaults_json=defaults_json
         )
         missing: list[int] = []
         for r in rows:
@@ -96,12 +69,43 @@ async def ingest(
             else:
                 out[pending[r["ord"]]] = Stored(str(r["run_id"]), r["created"], r["ttl_left"])
         if missing:
-            for r in await _stored_meanwhile(db, ev, missing, retention):
-                out[pending[r["ord"]]] = Stored(str(r["run_id"]), False, r["ttl_left"])
+            for found in await _stored_meanwhile(db, ev, missing, retention):
+                out[pending[found["ord"]]] = Stored(str(found["run_id"]), False, found["ttl_left"])
         pending = [i for i in pending if out[i] is None]
         if not pending:
             return out  # type: ignore[return-value]
     raise errors.store_unavailable("dedupe rows changed under the request; retry")
+
+
+async def _store_events(
+    db: Executor, ev: list[NewEvent], *, principal_id: str, actor: str, retention: float, defaults_json: str
+) -> list[store_sql.StoreEventsRow]:
+    """StoreEvents of ev (its "ord": the index in ev). Keys are inserted in sorted order, so
+    statements sharing keys should never deadlock; should Postgres still report one, the
+    statement runs again (ON CONFLICT makes it idempotent)."""
+    run_ids = new_run_ids(len(ev))
+    return await again_on_deadlock(
+        lambda: store_sql.store_events(
+            db,
+            ords=list(range(len(ev))),
+            project_ids=[e.project_id for e in ev],
+            channels=[e.channel for e in ev],
+            provider_event_ids=[e.provider_event_id for e in ev],
+            run_ids=run_ids,
+            inputs=[e.input_json for e in ev],
+            max_attempts=[e.max_attempts for e in ev],
+            not_befores=[e.options.not_before for e in ev],
+            priorities=[e.options.priority for e in ev],
+            retry_policies=[e.options.retry_policy_json for e in ev],
+            # a run's keys joined by spaces (keys are tokens without spaces): unnest takes no ragged arrays
+            concurrency_keys=[" ".join(e.options.concurrency_keys) or None for e in ev],
+            traceparents=[e.traceparent for e in ev] if any(e.traceparent for e in ev) else None,
+            policy_defaults=defaults_json,
+            principal_id=principal_id,
+            actor=actor,
+            retention=float(retention),
+        )
+    )
 
 
 async def _stored_meanwhile(
@@ -127,7 +131,7 @@ async def create_run(
     actor: str,
     defaults_json: str = DEFAULTS_JSON,
     traceparent: str | None = None,
-) -> asyncpg.Record:
+) -> store_sql.CreateRunRow:
     """Inserts a PENDING API run with its audit row (traceparent: the creating span's); returns the run row."""
     o = run.options
     row = await store_sql.create_run(

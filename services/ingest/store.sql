@@ -1,4 +1,5 @@
 -- name: StoreEvents :many
+-- not null: ord, created
 -- The whole first-arrival path for any number of events in ONE statement (so one round trip
 -- and one transaction): dedupe rows ON CONFLICT DO NOTHING, a PENDING run and a RUN_CREATED
 -- audit row for each dedupe row actually inserted, and the existing run_id for each event that
@@ -72,6 +73,7 @@ SELECT ev.ord,
   ) d ON true
 
 -- name: FindStoredEvents :many
+-- not null: ord
 -- The run of each event whose dedupe row a concurrent request committed after StoreEvents took
 -- its snapshot, with the seconds that row has left before retention (:retention) prunes it.
 SELECT t.ord, d.run_id,

@@ -19,11 +19,11 @@ class StoreEventsRow(Protocol):
     """A row of StoreEvents."""
 
     @overload
-    def __getitem__(self, key: Literal["ord"], /) -> int | None: ...
+    def __getitem__(self, key: Literal["ord"], /) -> int: ...
     @overload
     def __getitem__(self, key: Literal["run_id"], /) -> UUID | None: ...
     @overload
-    def __getitem__(self, key: Literal["created"], /) -> bool | None: ...
+    def __getitem__(self, key: Literal["created"], /) -> bool: ...
     @overload
     def __getitem__(self, key: Literal["ttl_left"], /) -> float | None: ...
     @overload
@@ -36,7 +36,7 @@ class FindStoredEventsRow(Protocol):
     """A row of FindStoredEvents."""
 
     @overload
-    def __getitem__(self, key: Literal["ord"], /) -> int | None: ...
+    def __getitem__(self, key: Literal["ord"], /) -> int: ...
     @overload
     def __getitem__(self, key: Literal["run_id"], /) -> UUID: ...
     @overload
@@ -138,18 +138,18 @@ async def store_events(
     db: sql.Queryable,
     /,
     *,
-    ords: Sequence[int] | None,
-    project_ids: Sequence[str] | None,
-    channels: Sequence[str] | None,
-    provider_event_ids: Sequence[str] | None,
-    run_ids: Sequence[UUID | str] | None,
-    inputs: Sequence[str] | None,
-    max_attempts: Sequence[int] | None,
-    not_befores: Sequence[datetime] | None,
-    priorities: Sequence[int] | None,
-    retry_policies: Sequence[str] | None,
-    concurrency_keys: Sequence[str] | None,
-    traceparents: Sequence[str] | None,
+    ords: Sequence[int | None] | None,
+    project_ids: Sequence[str | None] | None,
+    channels: Sequence[str | None] | None,
+    provider_event_ids: Sequence[str | None] | None,
+    run_ids: Sequence[UUID | str | None] | None,
+    inputs: Sequence[str | None] | None,
+    max_attempts: Sequence[int | None] | None,
+    not_befores: Sequence[datetime | None] | None,
+    priorities: Sequence[int | None] | None,
+    retry_policies: Sequence[str | None] | None,
+    concurrency_keys: Sequence[str | None] | None,
+    traceparents: Sequence[str | None] | None,
     policy_defaults: str | None,
     principal_id: str | None,
     actor: str | None,
@@ -207,10 +207,10 @@ async def find_stored_events(
     /,
     *,
     retention: float | None,
-    ords: Sequence[int] | None,
-    project_ids: Sequence[str] | None,
-    channels: Sequence[str] | None,
-    provider_event_ids: Sequence[str] | None,
+    ords: Sequence[int | None] | None,
+    project_ids: Sequence[str | None] | None,
+    channels: Sequence[str | None] | None,
+    provider_event_ids: Sequence[str | None] | None,
     query_timeout: float | None = None,
 ) -> list[FindStoredEventsRow]:
     """FindStoredEvents (store.sql).
@@ -238,7 +238,7 @@ async def create_run(
     principal_id: str | None,
     not_before: datetime | None,
     priority: int | None,
-    concurrency_keys: Sequence[str] | None,
+    concurrency_keys: Sequence[str | None] | None,
     traceparent: str | None,
     actor: str | None,
     idempotency_key: str | None,
