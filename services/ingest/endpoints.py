@@ -16,19 +16,11 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.common import sql
 from services.ingest import endpoints_sql
 
 WEBHOOK_CHANNELS = ("telegram", "alertmanager", "gitea", "line")
 MAX_GRACE_SECONDS = 30 * 24 * 3600.0
 MAX_SECRET = 256  # Telegram's secret_token limit; LINE channel secrets are 32 hex characters
-
-Q = sql.load(__file__, "endpoints.sql")
-CREATE = Q["CreateEndpoint"]
-LIST = Q["ListEndpoints"]
-ROTATE = Q["RotateEndpoint"]
-REMOVE = Q["RemoveEndpoint"]
-SECRETS = Q["EndpointSecrets"]
 
 
 def new_secret() -> str:
@@ -50,7 +42,9 @@ class EndpointRow:
     previous_expires_at: dt.datetime | None
 
 
-def _row(r: asyncpg.Record) -> EndpointRow:
+def _row(
+    r: endpoints_sql.CreateEndpointRow | endpoints_sql.ListEndpointsRow | endpoints_sql.RotateEndpointRow,
+) -> EndpointRow:
     return EndpointRow(
         r["project_id"], r["channel_type"], r["name"], r["created_at"], r["rotated_at"], r["previous_expires_at"]
     )

@@ -17,13 +17,11 @@ from typing import Any
 import asyncpg
 from aiohttp import web
 
-from services.common import errors, jsonvalues, sql, wait_outcomes
+from services.common import errors, jsonvalues, wait_outcomes
 from services.common.settings import Settings
 from services.ingest import wait_callbacks_sql
 from services.ingest.http import parse_body, problem
 
-Q = sql.load(__file__, "wait_callbacks.sql")
-COMPLETE = Q["CompleteWaitByToken"]
 ROUTE = "/v1/waits/{token}"
 ACTOR = "callback:wait-url"
 MAX_TOKEN = 256
@@ -56,7 +54,7 @@ def add_routes(app: web.Application, pool: asyncpg.Pool, settings: Settings) -> 
     app.router.add_post(ROUTE, complete)
 
 
-def answer(row: Any) -> dict[str, Any]:
+def answer(row: wait_callbacks_sql.CompleteWaitByTokenRow) -> dict[str, Any]:
     """The decided wait, or the one rule's refusal (wait_outcomes.ended raises it)."""
     wait_id = str(row["wait_id"])
     wait_outcomes.ended(row, wait_id)

@@ -21,14 +21,12 @@ from collections.abc import Iterable
 
 import asyncpg
 
-from services.common import sql
 from services.common.db import store_error
 from services.common.runs import RUN_READY_CHANNEL
 from services.ingest import metrics, wakeup_sql
 
 log = logging.getLogger("awooop.ingest.wakeup")
 
-NOTIFY = sql.load(__file__, "wakeup.sql")["NotifyProjects"]
 RETRY_AFTER = 0.5  # seconds before retrying a NOTIFY that failed (store unreachable)
 
 
