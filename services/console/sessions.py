@@ -22,7 +22,6 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from services.common import sql
 from services.console import sessions_sql
 
 TOKEN_BYTES = 32
@@ -30,12 +29,6 @@ TOKEN_BYTES = 32
 # are not UTF-8, which aiohttp hands over as lone surrogates) is not ours: no session, no query.
 TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 PRUNE_BATCH = 1000
-
-Q = sql.load(__file__, "sessions.sql")
-CREATE = Q["CreateSession"]
-TOUCH = Q["TouchSession"]
-REVOKE = Q["RevokeSession"]
-PRUNE = Q["PruneSessions"]
 
 
 @dataclass(frozen=True)

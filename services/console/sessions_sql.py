@@ -25,6 +25,9 @@ class TouchSessionRow(Protocol):
     def __getitem__(self, key: Literal["key_label"], /) -> str: ...
     @overload
     def __getitem__(self, key: Literal["expires_at"], /) -> datetime: ...
+    @overload
+    def __getitem__(self, key: str, /) -> object: ...
+
     def __getitem__(self, key: str, /) -> Any: ...
 
 
@@ -38,13 +41,13 @@ async def create_session(
     key_label: str | None,
     ttl: float | None,
     query_timeout: float | None = None,
-) -> datetime | None:
+) -> datetime:
     """CreateSession (sessions.sql).
 
     A session for :ttl seconds; the token's digest and the API key encrypted under it.
     """
     return cast(
-        "datetime | None",
+        "datetime",
         await db.fetchval(
             CREATE_SESSION.sql, session_hash, key_ciphertext, key_nonce, key_label, ttl, timeout=query_timeout
         ),
