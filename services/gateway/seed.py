@@ -4,15 +4,12 @@ exists (a scale a run made, or one an operator made, is kept across restarts).""
 
 from __future__ import annotations
 
-from services.common import sql
 from services.common.db import Conn
 from services.gateway import seed_sql
 
 DEMO_PROJECT = "demo"
 DEMO_DEPLOYMENT = "api"
 DEMO_REPLICAS = 1
-
-SEED_DEMO = sql.load(__file__, "seed.sql")["SeedDemo"]
 
 
 async def seed_demo(conn: Conn) -> bool:

@@ -33,7 +33,7 @@ import grpc
 from prometheus_client import Counter
 
 from awooop.tools.v1 import tools_pb2, tools_pb2_grpc
-from services.common import errors, sql
+from services.common import errors
 from services.common.auth import current_principal
 from services.common.db import Conn
 from services.common.limits import MAX_ID, MAX_IDEMPOTENCY_KEY, MAX_TEXT, MAX_URL
@@ -48,15 +48,6 @@ log = logging.getLogger("awooop.gateway")
 CALLS = Counter("awooop_gateway_calls_total", "Reference gateway calls by tool and outcome", ["tool_id", "outcome"])
 preset(CALLS, (*TOOLS, "unknown"), ("executed", "replayed", "error"))
 MAX_DELAY_MS = 60000
-
-Q = sql.load(__file__, "servicer.sql")
-LOG = Q["LogRequest"]
-OUTCOME = Q["RecordOutcome"]
-LOCK = Q["LockKey"]
-RECORDED = Q["RecordedCall"]
-REPLAYED = Q["CountReplay"]
-RECORD = Q["RecordCall"]
-FAULT = Q["TakeFault"]
 
 
 @dataclass(frozen=True)
@@ -257,7 +248,7 @@ class GatewayServicer(tools_pb2_grpc.ToolGatewayServiceServicer):
                 return result, False
 
 
-async def _lock_and_read(conn: Conn, project_id: str, key: str) -> asyncpg.Record | None:
+async def _lock_and_read(conn: Conn, project_id: str, key: str) -> servicer_sql.RecordedCallRow | None:
     """Takes the key's lock for the transaction, then reads its recorded success (if any)."""
     await servicer_sql.lock_key(conn, lock_name=f"{project_id}/{key}")
     return await servicer_sql.recorded_call(conn, project_id=project_id, idempotency_key=key)

@@ -1,4 +1,5 @@
 -- name: LogRequest :val
+-- not null: request_id
 -- Every ExecuteTool call, before it runs (its outcome comes later).
 INSERT INTO awooop_refgw_request (project_id, idempotency_key, tool_id) VALUES (:project_id, :idempotency_key, :tool_id)
 RETURNING request_id

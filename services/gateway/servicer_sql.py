@@ -24,6 +24,9 @@ class RecordedCallRow(Protocol):
     def __getitem__(self, key: Literal["tool_id"], /) -> str: ...
     @overload
     def __getitem__(self, key: Literal["result"], /) -> Any: ...
+    @overload
+    def __getitem__(self, key: str, /) -> object: ...
+
     def __getitem__(self, key: str, /) -> Any: ...
 
 
@@ -34,6 +37,9 @@ class TakeFaultRow(Protocol):
     def __getitem__(self, key: Literal["code"], /) -> str: ...
     @overload
     def __getitem__(self, key: Literal["message"], /) -> str: ...
+    @overload
+    def __getitem__(self, key: str, /) -> object: ...
+
     def __getitem__(self, key: str, /) -> Any: ...
 
 
@@ -45,14 +51,12 @@ async def log_request(
     idempotency_key: str | None,
     tool_id: str | None,
     query_timeout: float | None = None,
-) -> int | None:
+) -> int:
     """LogRequest (servicer.sql).
 
     Every ExecuteTool call, before it runs (its outcome comes later).
     """
-    return cast(
-        "int | None", await db.fetchval(LOG_REQUEST.sql, project_id, idempotency_key, tool_id, timeout=query_timeout)
-    )
+    return cast("int", await db.fetchval(LOG_REQUEST.sql, project_id, idempotency_key, tool_id, timeout=query_timeout))
 
 
 async def record_outcome(

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from services.common import errors, sql
+from services.common import errors
 from services.common.db import Conn
 from services.common.validate import TOKEN_RE, Violations
 from services.gateway import tools_sql
@@ -29,18 +29,6 @@ from services.gateway import tools_sql
 NAME_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")  # k8s-style names and kinds
 TABLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 MAX_REPLICAS = 10000
-
-Q = sql.load(__file__, "tools.sql")
-LOCK_DEPLOYMENT = Q["LockDeployment"]
-SCALE = Q["ScaleDeployment"]
-CREATE_RESOURCE = Q["CreateResource"]
-PUT_DEPLOYMENT = Q["PutDeployment"]
-DELETE_RESOURCE = Q["DeleteResource"]
-DELETE_DEPLOYMENT = Q["DeleteDeployment"]
-INSERT_ROW = Q["InsertRow"]
-DELETE_ROW = Q["DeleteRow"]
-WRITE_KNOWLEDGE = Q["WriteKnowledge"]
-DELETE_KNOWLEDGE = Q["DeleteKnowledge"]
 
 Tool = Callable[[Conn, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
