@@ -9,9 +9,12 @@ with a header line and runs to the next one:
     UPDATE awooop_run_state SET ... WHERE run_id = :run_id AND attempt_count = :attempt ...
 
 Parameters are written by name (`:run_id`; a `::type` cast is not one). asyncpg takes them by
-position, so the loader numbers them in the order they first appear (`:run_id` -> `$1`) and
-`Statement.args(run_id=..., attempt=...)` returns the values in that order: a value can never be
-bound to the wrong position, and a missing or unknown one fails at the call.
+position, so the loader numbers them in the order they first appear (`:run_id` -> `$1`). Services
+run a statement through its generated typed function (`x_sql.py`, scripts/statement_types.py),
+which takes each parameter by name and passes them in that order. `Statement.args(run_id=...,
+attempt=...)` returns the values in that order for code that runs a statement's text itself (the
+tests' EXPLAINs and plan checks): a value can never be bound to the wrong position, and a
+missing or unknown one fails at the call.
 
 Variants. A few statements differ by a number written into the text rather than passed as a
 parameter, because Postgres plans the literal better (the claim's `LIMIT`, for one). The rule
