@@ -86,7 +86,7 @@ SELECT t.ord, d.run_id,
 -- A PENDING run of the API channel (CreateRun) with its RUN_CREATED audit row, in one statement;
 -- the idempotency key is recorded in the audit row (the run has no provider_event_id: its dedupe
 -- is the idempotency key table). max_attempts as StoreEvents'; a requested delay (:not_before)
--- is the run's wait_reason 'delayed'. Returns the run's columns (services/common/runs.py RUN_COLUMNS).
+-- is the run's wait_reason 'delayed'. Returns the run (every column: RunRow).
 WITH run AS (
     INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by, not_before, wait_reason,
                                   priority, retry_policy, concurrency_keys, traceparent)

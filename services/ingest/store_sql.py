@@ -249,7 +249,7 @@ async def create_run(
     A PENDING run of the API channel (CreateRun) with its RUN_CREATED audit row, in one statement;
     the idempotency key is recorded in the audit row (the run has no provider_event_id: its dedupe
     is the idempotency key table). max_attempts as StoreEvents'; a requested delay (:not_before)
-    is the run's wait_reason 'delayed'. Returns the run's columns (services/common/runs.py RUN_COLUMNS).
+    is the run's wait_reason 'delayed'. Returns the run (every column: RunRow).
     """
     return cast(
         "CreateRunRow | None",

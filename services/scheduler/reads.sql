@@ -1,5 +1,5 @@
 -- name: GetRun :one
--- One run's columns (services/common/runs.py RUN_COLUMNS, the order run_to_pb reads), and its
+-- One run (every column: RunRow, what run_to_pb reads), and its
 -- attempts used as the retry decision counts them (FailRun, the reaper, the claim: hand-backs and
 -- parks on a wait do not count).
 -- not null: attempts_used

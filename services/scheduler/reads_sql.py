@@ -223,7 +223,7 @@ async def get_run(
 ) -> GetRunRow | None:
     """GetRun (reads.sql).
 
-    One run's columns (services/common/runs.py RUN_COLUMNS, the order run_to_pb reads), and its
+    One run (every column: RunRow, what run_to_pb reads), and its
     attempts used as the retry decision counts them (FailRun, the reaper, the claim: hand-backs and
     parks on a wait do not count).
     """
