@@ -42,7 +42,15 @@ from services.common.runtime import Runtime
 from services.common.settings import Settings
 from services.ingest import api_channel_sql, store_sql
 from services.saga import driver_sql, journal_sql
-from services.scheduler import approvals, batch_complete, leases, schedules, transitions
+from services.scheduler import (
+    approvals,
+    approvals_sql,
+    batch_complete,
+    fenced_writes_sql,
+    leases,
+    schedules,
+    transitions,
+)
 from tests.harness.helpers import eventually, expect_error, service_key
 from tests.harness.infra import tg_event
 from tests.harness.pgfault import Fault, PgFaultProxy
@@ -338,7 +346,9 @@ async def acknowledge_cancel(env: Env, fault: Fault) -> None:
 async def cancel_run(env: Env, fault: Fault) -> None:
     (run_id,) = await env.pending_runs(1)
     req = spb.CancelRunRequest(run_id=run_id, reason="not needed")
-    await env.retried(transitions.CANCEL.sql, fault, env.sched.CancelRun, req, run_id, "CANCELLED", "CANCELLED")
+    await env.retried(
+        fenced_writes_sql.CANCEL_RUN.sql, fault, env.sched.CancelRun, req, run_id, "CANCELLED", "CANCELLED"
+    )
 
 
 async def request_approval(env: Env, fault: Fault) -> None:
@@ -370,7 +380,7 @@ async def _waiting_approval(env: Env) -> tuple[str, str]:
 async def _decide(env: Env, fault: Fault, decision: spb.Decision.ValueType, status: str, audit: str) -> None:
     run_id, token = await _waiting_approval(env)
     req = spb.DecideApprovalRequest(run_id=run_id, approval_token=token, decision=decision, reason="looked at it")
-    await env.retried(approvals.DECIDE.sql, fault, env.sched.DecideApproval, req, run_id, status, audit)
+    await env.retried(approvals_sql.DECIDE_APPROVAL.sql, fault, env.sched.DecideApproval, req, run_id, status, audit)
 
 
 async def approve(env: Env, fault: Fault) -> None:

@@ -30,6 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import asyncpg
+
 from services.common import embedded, migrate, sql
 
 SCHEMA = sql.SCHEMA_DUMP
@@ -50,11 +52,15 @@ _TOC = re.compile(r"^--\n-- Name: (?P<name>.*?); Type: (?P<type>[^;]*); Schema: 
 _SETTING = re.compile(r"\n(SET \w+ = [^\n]*;\s*)+$")
 
 
-def pg_dump_binary() -> Path:
-    """pg_dump of the embedded Postgres: the same major version as the server it dumps."""
-    import pgserver._commands
-
-    return Path(pgserver._commands.POSTGRES_BIN_PATH) / "pg_dump"
+async def pg_dump_binary(dsn: str) -> Path:
+    """pg_dump beside the server dsn names (its pg_config BINDIR, which Postgres computes from
+    where its own executable is): the same major version as the server it dumps."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        bindir = await conn.fetchval("SELECT setting FROM pg_config WHERE name = 'BINDIR'")
+    finally:
+        await conn.close()
+    return Path(str(bindir)) / "pg_dump"
 
 
 def normalize(dump: str) -> str:
@@ -80,8 +86,9 @@ def render() -> str:
         pg = embedded.start_postgres(Path(tmp) / "pg")
         try:
             asyncio.run(migrate.migrate(pg.dsn))
+            pg_dump = asyncio.run(pg_dump_binary(pg.dsn))
             dump = subprocess.run(
-                [str(pg_dump_binary()), "--schema-only", "--no-owner", "--no-privileges", pg.dsn],
+                [str(pg_dump), "--schema-only", "--no-owner", "--no-privileges", pg.dsn],
                 check=True,
                 capture_output=True,
                 text=True,
