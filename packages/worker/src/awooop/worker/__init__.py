@@ -14,8 +14,9 @@ See docs/worker-sdk.md.
 
 from awooop.worker.children import Child, ChildHandle, ChildOutcome, ChildrenTimeout
 from awooop.worker.client import Client, open_channel
-from awooop.worker.context import Approval, RunContext, StepCall
+from awooop.worker.context import Approval, RunContext
 from awooop.worker.errors import AwooopError, ErrorDetails, LeaseLost, RunFinished, details_of
+from awooop.worker.run_scope import StepCall
 from awooop.worker.structs import from_struct, to_struct
 from awooop.worker.tools import ToolClient
 from awooop.worker.waits import ParkedToolFailed, RunParked, WaitTimeout, WaitToken

@@ -18,18 +18,16 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import metrics, tracing
+from awooop.worker.run_scope import RunScope
 from awooop.worker.structs import from_struct, to_struct
 from awooop.worker.waits import RunParked, WaitTimeout, WaitToken
-
-if TYPE_CHECKING:
-    from awooop.worker.context import RunContext
 
 # the statuses a child's outcome names (lowercase RunStatus names)
 ENDED = ("completed", "failed", "cancelled")
@@ -78,7 +76,7 @@ class ChildrenTimeout(WaitTimeout):
 class ChildHandle:
     """A started child (ctx.start_child). `await handle.result()` parks the parent until it ended."""
 
-    ctx: RunContext
+    ctx: RunScope
     spec: scheduler_pb2.ChildRunSpec
     run_id: str
     step_id: str
@@ -106,7 +104,7 @@ def _spec(c: Child, step_id: str) -> scheduler_pb2.ChildRunSpec:
     return spec
 
 
-async def read_outcome(ctx: RunContext, c: scheduler_pb2.ChildRun) -> ChildOutcome:
+async def read_outcome(ctx: RunScope, c: scheduler_pb2.ChildRun) -> ChildOutcome:
     """A child of StartChildRuns' answer as the handler sees it (an omitted output read with GetRun)."""
     status = common_pb2.RunStatus.Name(c.status).removeprefix("RUN_STATUS_").lower()
     output = from_struct(c.output) if c.HasField("output") else {}
@@ -123,7 +121,7 @@ async def read_outcome(ctx: RunContext, c: scheduler_pb2.ChildRun) -> ChildOutco
     )
 
 
-async def start(ctx: RunContext, child: Child, step_id: str) -> ChildHandle:
+async def start(ctx: RunScope, child: Child, step_id: str) -> ChildHandle:
     spec = _spec(child, step_id)
     resp = await ctx.client.call(
         ctx.client.scheduler.StartChildRuns, scheduler_pb2.StartChildRunsRequest(lease=ctx.lease, children=[spec])
@@ -135,7 +133,7 @@ async def start(ctx: RunContext, child: Child, step_id: str) -> ChildHandle:
 
 
 async def run(
-    ctx: RunContext, children: Sequence[tuple[Child, str]], wait_step_id: str, fail_fast: bool, timeout: float | None
+    ctx: RunScope, children: Sequence[tuple[Child, str]], wait_step_id: str, fail_fast: bool, timeout: float | None
 ) -> list[ChildOutcome]:
     return await _run(ctx, [_spec(c, s) for c, s in children], wait_step_id, fail_fast, timeout)
 
@@ -147,7 +145,7 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 
 
 async def _run(
-    ctx: RunContext,
+    ctx: RunScope,
     specs: list[scheduler_pb2.ChildRunSpec],
     wait_step_id: str,
     fail_fast: bool,

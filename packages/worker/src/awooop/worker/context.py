@@ -34,6 +34,7 @@ from awooop.worker import children, event_matches, metrics, tracing, waits
 from awooop.worker.client import Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.errors import JOURNAL_TOO_LARGE, AwooopError, LeaseLost, RunFinished
+from awooop.worker.run_scope import StepCall
 from awooop.worker.structs import from_struct, to_struct
 from awooop.worker.waits import WaitTimeout, WaitToken
 
@@ -59,20 +60,6 @@ Json = dict[str, Any]
 # compensation: a command dict {"tool_id", "params", "reason"}, or a function of the step's result
 # returning one (or None when there is nothing to undo)
 Compensation = Mapping[str, Any] | Callable[[Json], Mapping[str, Any] | None] | None
-
-
-@dataclass(frozen=True)
-class StepCall:
-    """What a step function receives. Pass idempotency_key to the tool: it is the same on every attempt."""
-
-    run_id: str
-    project_id: str
-    step_id: str
-    idempotency_key: str
-    tool_id: str
-    params: Json
-    attempt: int
-    retry: bool  # an earlier attempt began this step and did not record its end
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from awooop.tools.v1 import tools_pb2
 from awooop.worker.client import Client
-from awooop.worker.context import StepCall
+from awooop.worker.run_scope import StepCall
 from awooop.worker.structs import from_struct, to_struct
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from google.protobuf import duration_pb2
 
@@ -25,10 +25,8 @@ from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.tools.v1 import tools_pb2
+from awooop.worker.run_scope import RunScope, StepCall
 from awooop.worker.structs import from_struct, to_struct
-
-if TYPE_CHECKING:
-    from awooop.worker.context import RunContext, StepCall
 
 TIMED_OUT_CODE = "E-WAIT-TIMEOUT"  # the error code of a run whose handler let WaitTimeout escape
 
@@ -93,7 +91,7 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 
 
 async def create(
-    ctx: RunContext,
+    ctx: RunScope,
     timeout: float,
     step_id: str,
     kind: scheduler_pb2.WaitKind.ValueType,
@@ -132,7 +130,7 @@ _KIND_NAMES = {
 }
 
 
-async def outcome(ctx: RunContext, token: WaitToken) -> tuple[bool, dict[str, Any]]:
+async def outcome(ctx: RunScope, token: WaitToken) -> tuple[bool, dict[str, Any]]:
     """(completed, result) of the wait; parks the run (raising RunParked) while it is open."""
     step_id = f"{token.step_id}:outcome"
     known = await ctx._known(step_id)
@@ -166,7 +164,7 @@ async def outcome(ctx: RunContext, token: WaitToken) -> tuple[bool, dict[str, An
     return completed, result
 
 
-async def start_tool(ctx: RunContext, call: StepCall, token: WaitToken) -> None:
+async def start_tool(ctx: RunScope, call: StepCall, token: WaitToken) -> None:
     """Starts a parked tool call's tool (ExecuteTool with the wait's callback URL). The gateway
     de-duplicates by the step's idempotency key: a repeat (this attempt's predecessor crashed
     before it parked) runs nothing again and redirects the outcome to the new URL. A gateway
