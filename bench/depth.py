@@ -160,12 +160,12 @@ async def run(stores: Any, cfg: Config, figures: list[Figure]) -> None:
     count_fig, gauges_fig = figures
     from services.common.db import create_pool
     from services.common.settings import Settings
-    from services.scheduler import overview, queue
+    from services.scheduler import overview_sql, queue_sql
 
-    live_args = tuple(overview.COUNT_LIVE.args(project_id=PROJECT))
+    live_args = tuple(overview_sql.COUNT_LIVE_RUNS.args(project_id=PROJECT))
     statements = {
-        "count_runs": (overview.COUNT_LIVE.sql, live_args),
-        "sample_queue": (queue.SAMPLE.sql, ()),
+        "count_runs": (overview_sql.COUNT_LIVE_RUNS.sql, live_args),
+        "sample_queue": (queue_sql.SAMPLE_QUEUE.sql, ()),
         "count_runs_before": (BEFORE_COUNT_RUNS, (PROJECT,)),
         "sample_queue_before": (BEFORE_SAMPLE_QUEUE, ()),
     }

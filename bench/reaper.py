@@ -22,6 +22,7 @@ import asyncpg
 from bench import env
 from bench.config import Config
 from bench.report import Figure
+from services.scheduler import reaper_sql
 
 PROJECT = "bench"
 FEW_EXPIRED = 10  # the secondary measurement: a pass with only a few expired leases
@@ -93,7 +94,7 @@ async def _settle(seed: asyncpg.Connection) -> None:
 def _reap_args(reaper: Any, policy: str) -> tuple[Any, ...]:
     """One batch of the reaper's statement, any run (not one)."""
     return tuple(
-        reaper.REAP.args(
+        reaper_sql.REAP_EXPIRED_LEASES.args(
             batch=reaper.REAP_BATCH, actor=reaper.REAPER_ACTOR, channel=_channel(), policy=policy, only_run=None
         )
     )
@@ -106,7 +107,7 @@ async def _time_statement(pool: asyncpg.Pool, reaper: Any, expired: int, repeats
         async with pool.acquire() as conn:
             await conn.execute(RESET_EXPIRED_SQL, expired)
             t0 = time.perf_counter()
-            rows = await conn.fetch(reaper.REAP.sql, *_reap_args(reaper, policy))
+            rows = await conn.fetch(reaper_sql.REAP_EXPIRED_LEASES.sql, *_reap_args(reaper, policy))
             times.append((time.perf_counter() - t0) * 1000)
         if len(rows) != min(expired, reaper.REAP_BATCH):
             raise RuntimeError(f"reaper statement reaped {len(rows)} runs, expected {expired}")
@@ -115,7 +116,9 @@ async def _time_statement(pool: asyncpg.Pool, reaper: Any, expired: int, repeats
         tx = conn.transaction()
         await tx.start()
         try:
-            plan = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + reaper.REAP.sql, *_reap_args(reaper, policy))
+            plan = await conn.fetch(
+                "EXPLAIN (ANALYZE, BUFFERS) " + reaper_sql.REAP_EXPIRED_LEASES.sql, *_reap_args(reaper, policy)
+            )
         finally:
             await tx.rollback()
     return {

@@ -56,9 +56,13 @@ WITH runs AS (
     SELECT $1, 'api', 'parked-' || g, 'WAITING_TOOL', '{"n": 1}'::jsonb, 2, 2, now() - interval '2 hours'
       FROM generate_series(1, $2) AS g
     RETURNING run_id, project_id
+),
+waits AS (
+    INSERT INTO awooop_wait (project_id, run_id, step_id, kind, expires_at, parked_attempt)
+    SELECT project_id, run_id, 'wait-1', 'token', now() + interval '1 day', 2 FROM runs
+    RETURNING wait_id, run_id
 )
-INSERT INTO awooop_wait (project_id, run_id, step_id, kind, token_hash, expires_at, parked_attempt)
-SELECT project_id, run_id, 'wait-1', 'token', sha256(run_id::text::bytea), now() + interval '1 day', 2 FROM runs
+INSERT INTO awooop_wait_token (token_hash, wait_id) SELECT sha256(run_id::text::bytea), wait_id FROM waits
 """
 
 # the leased runs' index before migration 0161 (migration 0040): parked runs are in it
@@ -133,7 +137,7 @@ async def _costs(stores: env.Stores, cfg: Config, figures: dict[str, Figure]) ->
     from services.common.db import create_pool
     from services.common.runs import RUN_READY_CHANNEL
     from services.common.settings import Settings
-    from services.scheduler import claiming, reaper
+    from services.scheduler import claiming, reaper, reaper_sql
 
     settings = Settings()
     policy = json.dumps(retry_policy.defaults(settings))
@@ -165,7 +169,7 @@ async def _costs(stores: env.Stores, cfg: Config, figures: dict[str, Figure]) ->
             return ms
 
         async def reap(i: int) -> float:
-            args = reaper.REAP.args(
+            args = reaper_sql.REAP_EXPIRED_LEASES.args(
                 batch=reaper.REAP_BATCH,
                 actor=reaper.REAPER_ACTOR,
                 channel=RUN_READY_CHANNEL,
@@ -173,7 +177,7 @@ async def _costs(stores: env.Stores, cfg: Config, figures: dict[str, Figure]) ->
                 only_run=None,
             )
             t0 = time.perf_counter()
-            reaped = await pools[i].fetch(reaper.REAP.sql, *args)
+            reaped = await pools[i].fetch(reaper_sql.REAP_EXPIRED_LEASES.sql, *args)
             ms = (time.perf_counter() - t0) * 1000
             if reaped:
                 raise RuntimeError(f"the reaper took {len(reaped)} runs; none has an expired lease")

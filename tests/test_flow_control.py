@@ -20,7 +20,7 @@ from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from services.common import retry_policy
-from services.scheduler import queue, reaper
+from services.scheduler import queue_sql, reaper
 from services.scheduler.saga_client import SagaNudger
 from tests.harness.flow import LeasedPerKey, serve
 from tests.harness.helpers import eventually, expect_error, settings_env, spawn_services
@@ -409,7 +409,7 @@ async def test_a_paused_project_is_skipped_its_leases_finish_and_resume_wakes_wa
     # nor is it counted as claimable: the queue gauges and CountRuns skip it as the claim does
     counts = await f.sched.CountRuns(pb.CountRunsRequest(project_id="p"), metadata=f.admin)
     assert not counts.HasField("oldest_claimable_created_at") and counts.claimable == 0
-    sampled = {(r["project_id"], r["status"]): r["claimable"] for r in await db.fetch(queue.SAMPLE.sql)}
+    sampled = {(r["project_id"], r["status"]): r["claimable"] for r in await db.fetch(queue_sql.SAMPLE_QUEUE.sql)}
     assert sampled[("p", "PENDING")] == 0 and sampled[("q", "PENDING")] == 1
     assert await f.claim() == []  # skipped, alone ...
     (c,) = await f.claim(["p", "q"], max_runs=5)  # ... or beside another project

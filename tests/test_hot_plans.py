@@ -29,7 +29,7 @@ from services.common.db import create_pool
 from services.common.runstate import LEASED
 from services.common.settings import Settings
 from services.saga import journal_sql
-from services.scheduler import claim_answers, claiming, claims_sql, leases, run_events
+from services.scheduler import claim_answers, claiming, claims_sql, leases_sql, run_events_sql
 from services.scheduler.transitions import COMPLETE
 from tests.harness.plans import explain_to_client, logged_plans
 
@@ -117,7 +117,7 @@ async def test_claims_and_heartbeats_planned_on_an_empty_table_read_runs_by_inde
         )  # fmt: skip
 
     def heartbeat_args(run_ids: list[uuid.UUID]) -> list[object]:
-        return leases.HEARTBEAT.args(
+        return leases_sql.HEARTBEAT.args(
             run_ids=run_ids, attempts=[1] * len(run_ids), worker_id=WORKER, lease_secs=30.0, worker_projects=None
         )
 
@@ -126,7 +126,7 @@ async def test_claims_and_heartbeats_planned_on_an_empty_table_read_runs_by_inde
             # past the five custom plans of each prepared statement, while the table is empty
             for _ in range(8):
                 await conn.fetch(claim.sql, *claim_args(unknown, [1] * 10))
-                await conn.fetch(leases.HEARTBEAT.sql, *heartbeat_args(unknown))
+                await conn.fetch(leases_sql.HEARTBEAT.sql, *heartbeat_args(unknown))
             await db.execute(GROW, WORKER)
             await db.execute(KEYED)
             mine = [
@@ -136,7 +136,7 @@ async def test_claims_and_heartbeats_planned_on_an_empty_table_read_runs_by_inde
                 )
             ]
             await explain_to_client(conn, nested=True)
-            plans = await logged_plans(conn, conn.fetch(leases.HEARTBEAT.sql, *heartbeat_args(mine)))
+            plans = await logged_plans(conn, conn.fetch(leases_sql.HEARTBEAT.sql, *heartbeat_args(mine)))
             plans += await logged_plans(conn, conn.fetch(claim.sql, *claim_args(mine, [1] * 10)))
     finally:
         await pool.close()
@@ -188,7 +188,7 @@ async def test_scope_checks_of_a_project_newer_than_its_statistics_read_runs_by_
     try:
         async with pool.acquire() as conn:
             await explain_to_client(conn, nested=True, buffers=True)
-            heartbeat = leases.HEARTBEAT.args(
+            heartbeat = leases_sql.HEARTBEAT.args(
                 run_ids=ten, attempts=[1] * 10, worker_id=WORKER, lease_secs=30.0, worker_projects=scope
             )
             begin = journal_sql.begin_step(
@@ -203,13 +203,13 @@ async def test_scope_checks_of_a_project_newer_than_its_statistics_read_runs_by_
                 run_ids=ten, attempts=[1] * 10, outputs=["{}"] * 10,
                 allowed=list(COMPLETE.allowed), worker_projects=scope,
             )  # fmt: skip
-            emit = run_events.EMIT.args(
+            emit = run_events_sql.EMIT_RUN_EVENT.args(
                 run_id=last, attempt=1, projects=scope, kind="progress", data="{}", emit_key=None,
                 max_count=10, max_bytes=10_000,
             )  # fmt: skip
             calls = [
-                conn.fetch(leases.HEARTBEAT.sql, *heartbeat),
-                conn.fetch(run_events.EMIT.sql, *emit),
+                conn.fetch(leases_sql.HEARTBEAT.sql, *heartbeat),
+                conn.fetch(run_events_sql.EMIT_RUN_EVENT.sql, *emit),
                 begin,
                 conn.fetch(COMPLETE.statement.sql, *complete),
                 conn.fetch(claim.sql, *claim_completing),

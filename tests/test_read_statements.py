@@ -13,7 +13,7 @@ from services.common import runstate
 from services.common.runstate import TRANSITIONS, Action
 from services.common.sql import Statement
 from services.ingest import retention_sql, store_sql
-from services.scheduler import metrics, overview, queue, reads, redrive
+from services.scheduler import metrics, overview_sql, queue_sql, reads_sql, redrive_sql
 
 _IN = re.compile(r"\bstatus IN \(([^)]*)\)")
 
@@ -26,11 +26,11 @@ def _status_lists(st: Statement) -> list[set[str]]:
 def test_claimable_is_the_claims_own_set() -> None:
     claimable = set(TRANSITIONS[Action.CLAIM].allowed_from)
     assert claimable == set(runstate.CLAIMABLE)
-    assert claimable in _status_lists(overview.COUNT_LIVE)  # its branch through the claim index
-    assert _status_lists(queue.SAMPLE)[0] == claimable
+    assert claimable in _status_lists(overview_sql.COUNT_LIVE_RUNS)  # its branch through the claim index
+    assert _status_lists(queue_sql.SAMPLE_QUEUE)[0] == claimable
     # its filter: one arm per partial index (claim, approval, leased, parked: migration 0161),
     # together every status that is not finished
-    where = queue.SAMPLE.sql[queue.SAMPLE.sql.rindex("WHERE") :]
+    where = queue_sql.SAMPLE_QUEUE.sql[queue_sql.SAMPLE_QUEUE.sql.rindex("WHERE") :]
     arms = [{v.strip().strip("'") for v in m.group(1).split(",")} for m in _IN.finditer(where)]
     arms += [{s} for s in re.findall(r"\bstatus = '([A-Z_]+)'", where)]
     assert set().union(*arms) == set(metrics.UNFINISHED)
@@ -40,10 +40,10 @@ def test_claimable_is_the_claims_own_set() -> None:
 
 def test_redrive_takes_and_gives_the_declared_statuses() -> None:
     t = TRANSITIONS[Action.REDRIVE]
-    assert _status_lists(redrive.REDRIVE) == [set(t.allowed_from)]
+    assert _status_lists(redrive_sql.REDRIVE_RUNS) == [set(t.allowed_from)]
     (to,) = t.to_states
-    assert f"SET status = '{to}'" in redrive.REDRIVE.sql
-    assert f"'{t.audit_for(to)}', from_status, '{to}'" in redrive.REDRIVE.sql
+    assert f"SET status = '{to}'" in redrive_sql.REDRIVE_RUNS.sql
+    assert f"'{t.audit_for(to)}', from_status, '{to}'" in redrive_sql.REDRIVE_RUNS.sql
 
 
 def test_retention_takes_finished_runs_only() -> None:
@@ -54,12 +54,12 @@ async def test_every_statement_that_answers_a_run_answers_the_same_columns(db: a
     """GetRun, ListRuns and CreateRun write the run's column list out (run_to_pb reads
     it by name): the copies must not drift apart. Prepared, not executed."""
     answered = {}
-    for st in (reads.GET, reads.LIST, store_sql.CREATE_RUN):
+    for st in (reads_sql.GET_RUN, reads_sql.LIST_RUNS, store_sql.CREATE_RUN):
         answered[st.name] = [a.name for a in (await db.prepare(st.sql)).get_attributes()]
-    first = answered[reads.GET.name]
+    first = answered[reads_sql.GET_RUN.name]
     assert len(set(first)) == len(first)
     # the reads add the attempts used (runs.set_attempts_used) to the run's columns
-    assert answered[reads.GET.name] == answered[reads.LIST.name] and "attempts_used" in first
+    assert answered[reads_sql.GET_RUN.name] == answered[reads_sql.LIST_RUNS.name] and "attempts_used" in first
     run_columns = {name: sorted(set(cols) - {"attempts_used"}) for name, cols in answered.items()}
     assert run_columns == {name: sorted(set(first) - {"attempts_used"}) for name in answered}
 
@@ -80,11 +80,11 @@ async def test_a_later_list_page_starts_its_index_scan_at_the_cursor_in_the_gene
         {"project_id": "'p'", "page_rows": "51", "after_created_at": "now() - interval '1 hour'"}.get(p, "NULL")
         if p != "after_run_id"
         else "'00000000-0000-0000-0000-000000000000'"
-        for p in reads.LIST.params
+        for p in reads_sql.LIST_RUNS.params
     )
     async with db.transaction():
         await db.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        await db.execute(f"PREPARE list_page AS {reads.LIST.sql}")
+        await db.execute(f"PREPARE list_page AS {reads_sql.LIST_RUNS.sql}")
         plan = "\n".join(r[0] for r in await db.fetch(f"EXPLAIN EXECUTE list_page({args})"))
         await db.execute("DEALLOCATE list_page")
     assert "awooop_run_list_idx" in plan, plan
@@ -121,10 +121,10 @@ async def test_a_parents_children_page_probes_the_children_index_in_the_generic_
         "after_created_at": "now() - interval '10 minutes'",
         "after_run_id": "'00000000-0000-0000-0000-000000000000'",
     }
-    args = ", ".join(values.get(p, "NULL") for p in reads.LIST.params)
+    args = ", ".join(values.get(p, "NULL") for p in reads_sql.LIST_RUNS.params)
     async with db.transaction():
         await db.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        await db.execute(f"PREPARE children_page AS {reads.LIST.sql}")
+        await db.execute(f"PREPARE children_page AS {reads_sql.LIST_RUNS.sql}")
         plan = "\n".join(r[0] for r in await db.fetch(f"EXPLAIN (ANALYZE, COSTS OFF) EXECUTE children_page({args})"))
         await db.execute("DEALLOCATE children_page")
     lines = plan.splitlines()
@@ -139,7 +139,7 @@ async def test_a_parents_children_page_probes_the_children_index_in_the_generic_
 def test_the_two_arms_of_list_runs_filter_alike() -> None:
     """ListRuns writes its filters out once per arm (the project's runs, a parent's children):
     the copies must not drift apart."""
-    source = reads.LIST.source
+    source = reads_sql.LIST_RUNS.source
     arms = source[source.index("FROM ((SELECT") :].split("UNION ALL")
     assert len(arms) == 2
 

@@ -265,7 +265,7 @@ async def test_the_reaper_and_the_queue_sample_read_no_parked_run(s: Sched) -> N
     leased runs' index (migration 0161): the reaper's scans read only the leases held, counted
     by the rows its index scan returns, and the queue sample still counts the parked runs
     through their own index (no sequential scan of the table)."""
-    from services.scheduler import queue
+    from services.scheduler import queue_sql
 
     await s.db.execute(
         """INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, status, attempt_count,
@@ -304,10 +304,10 @@ async def test_the_reaper_and_the_queue_sample_read_no_parked_run(s: Sched) -> N
         ("ReapExpiredLeases", await explain(reaper_sql.REAP_EXPIRED_LEASES.sql, *reap)),
     ]:
         assert index_rows(plan, "awooop_run_leased_idx") == [3], (name, plan)
-    sampled = await explain(queue.SAMPLE.sql)
+    sampled = await explain(queue_sql.SAMPLE_QUEUE.sql)
     assert index_rows(sampled, "awooop_run_waiting_idx") == [2000], sampled
     assert "awooop_run_state" not in seq_scans(sampled), sampled
-    counts = {(r["status"]): r["n"] for r in await s.db.fetch(queue.SAMPLE.sql)}
+    counts = {(r["status"]): r["n"] for r in await s.db.fetch(queue_sql.SAMPLE_QUEUE.sql)}
     assert counts == {"WAITING_TOOL": 2000, "RUNNING": 3}
 
 

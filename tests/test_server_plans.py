@@ -22,7 +22,7 @@ from services.common import db as store
 from services.common import migrate, server_plans, server_plans_sql
 from services.common.db import create_pool
 from services.common.settings import Settings
-from services.scheduler import claim_answers, claiming, leases
+from services.scheduler import claim_answers, claiming, leases_sql
 from services.scheduler.batch_complete import COMPLETE_MANY, NO_CLAIM
 from tests.harness.helpers import eventually
 from tests.harness.pgbouncer import PgBouncer, start_pgbouncer
@@ -31,7 +31,7 @@ from tests.harness.scheduler import insert_runs
 PROJECT = "plans"
 CLAIM_STATEMENT = claiming.claim_statement(1, 5)
 CLAIM = CLAIM_STATEMENT.sql
-HEARTBEAT_SQL = leases.HEARTBEAT.sql
+HEARTBEAT_SQL = leases_sql.HEARTBEAT.sql
 COMPLETE_MANY_SQL = COMPLETE_MANY.sql
 
 
@@ -47,7 +47,7 @@ def _claim_args(project: str, worker_id: str) -> tuple[object, ...]:
 
 
 def _beat_args(ids: list[object], attempts: list[int], worker_id: str) -> tuple[object, ...]:
-    return leases.HEARTBEAT.args(
+    return leases_sql.HEARTBEAT.args(
         run_ids=ids, attempts=attempts, worker_id=worker_id, lease_secs=30.0, worker_projects=None
     )
 

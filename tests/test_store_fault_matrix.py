@@ -47,8 +47,9 @@ from services.scheduler import (
     approvals_sql,
     batch_complete,
     fenced_writes_sql,
-    leases,
+    leases_sql,
     schedules,
+    schedules_sql,
     transitions,
 )
 from tests.harness.helpers import eventually, expect_error, service_key
@@ -265,7 +266,7 @@ async def claim_runs(env: Env, fault: Fault) -> None:
 async def heartbeat(env: Env, fault: Fault) -> None:
     (c,) = await env.claimed()
     req = spb.HeartbeatRequest(worker_id="w1", leases=[c.lease])
-    await env.faulted(leases.HEARTBEAT.sql, fault, lambda: env.sched.Heartbeat(req))
+    await env.faulted(leases_sql.HEARTBEAT.sql, fault, lambda: env.sched.Heartbeat(req))
     again = await env.sched.Heartbeat(req)
     assert [r.outcome for r in again.renewals] == [spb.LEASE_OUTCOME_RENEWED]
     row = await env.run(c.run.run_id)
@@ -395,7 +396,7 @@ async def set_schedule(env: Env, fault: Fault) -> None:
     req = spb.SetScheduleRequest(
         schedule=spb.Schedule(project_id=P, name="nightly", cron="0 3 * * *", time_zone="UTC", input=struct({"n": 1}))
     )
-    await env.faulted(schedules.SET.sql, fault, lambda: env.sched.SetSchedule(req))
+    await env.faulted(schedules_sql.SET_SCHEDULE.sql, fault, lambda: env.sched.SetSchedule(req))
     again = await env.sched.SetSchedule(req)
     rows = await env.db.fetch("SELECT name, next_tick FROM awooop_schedule WHERE project_id = $1", P)
     assert [(r["name"], r["next_tick"]) for r in rows] == [("nightly", again.schedule.next_tick.ToDatetime(dt.UTC))]
@@ -409,7 +410,7 @@ async def schedule_tick(env: Env, fault: Fault) -> None:
            VALUES ($1, 'nightly', '0 3 * * *', 'UTC', '{"n": 1}', now() - interval '1 minute', 'test')""",
         P,
     )
-    rule = env.proxy.arm(schedules.ADVANCE.sql, fault)
+    rule = env.proxy.arm(schedules_sql.ADVANCE_SCHEDULE.sql, fault)
     with pytest.raises(Exception) as failed:
         await schedules.tick(env.pool, policy_defaults=DEFAULTS_JSON)
     mapped = store_error(failed.value)

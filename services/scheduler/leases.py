@@ -9,12 +9,10 @@ from datetime import datetime
 
 import asyncpg
 
-from services.common import sql
 from services.common.server_plans import keep_plan
 from services.scheduler import leases_sql
 
-HEARTBEAT = sql.load(__file__, "leases.sql")["Heartbeat"]
-keep_plan(HEARTBEAT.sql)
+keep_plan(leases_sql.HEARTBEAT.sql)
 
 
 @dataclass(frozen=True)

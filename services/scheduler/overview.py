@@ -11,15 +11,11 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.common import sql
 from services.common.auth import Principal
 from services.common.principals import ALL_PROJECTS
 from services.scheduler import overview_sql
 
 MAX_PROJECTS = 1000
-
-Q = sql.load(__file__, "overview.sql")
-COUNT_LIVE = Q["CountLiveRuns"]
 
 
 @dataclass(frozen=True)

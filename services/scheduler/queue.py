@@ -12,12 +12,8 @@ from collections import defaultdict
 
 import asyncpg
 
-from services.common import sql
 from services.common.runstate import WaitKind
 from services.scheduler import metrics, queue_sql
-
-Q = sql.load(__file__, "queue.sql")
-SAMPLE = Q["SampleQueue"]
 
 
 class QueueSampler:

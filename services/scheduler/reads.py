@@ -12,17 +12,13 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from services.common import errors, sql
+from services.common import errors
 from services.common.access import check_run_access
 from services.common.auth import Principal
 from services.scheduler import reads_sql
 
 ANY_ROLE = ("ingest", "worker", "approver", "admin")
 HISTORY_LIMIT = 1000  # events returned by GetRunHistory (a run's history is short: one row per change)
-
-Q = sql.load(__file__, "reads.sql")
-GET = Q["GetRun"]
-LIST = Q["ListRuns"]
 
 
 @dataclass(frozen=True)

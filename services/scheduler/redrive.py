@@ -7,13 +7,10 @@ import datetime as dt
 
 import asyncpg
 
-from services.common import sql
 from services.scheduler import redrive_sql
 
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
-
-REDRIVE = sql.load(__file__, "redrive.sql")["RedriveRuns"]
 
 
 async def redrive(

@@ -28,16 +28,10 @@ from __future__ import annotations
 
 import asyncpg
 
-from services.common import sql
 from services.common.db import Row
 from services.common.runstate import TRANSITIONS, Action, RunStatus
 from services.scheduler import replays_sql
 from services.scheduler.refusals import lease_was_reaped
-
-Q = sql.load(__file__, "replays.sql")
-RUNS, FAILED_BY, RELEASED_BY, WROTE, CANCELLED_BY = (
-    Q[name] for name in ("CurrentRuns", "FailedBy", "ReleasedBy", "Wrote", "CancelledBy")
-)
 
 _COMPLETED_INTO = TRANSITIONS[Action.COMPLETE].replays_from
 _FAILED_INTO = TRANSITIONS[Action.FAIL].replays_from

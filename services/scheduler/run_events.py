@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg
 import grpc
 
-from services.common import errors, sql
+from services.common import errors
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.db import Row
@@ -31,9 +31,6 @@ from services.common.runstate import TERMINAL
 from services.common.sagastate import SAGA_ENDED
 from services.scheduler import reads, reads_sql, run_events_sql
 from services.scheduler.wakeup import RunReadyListener
-
-Q = sql.load(__file__, "run_events.sql")
-EMIT, LAST_SEQ, AFTER, MARK = Q["EmitRunEvent"], Q["LastRunEventSeq"], Q["RunEventsAfter"], Q["MarkWatched"]
 
 WORKER_ROLE = "worker"
 PAGE_ROWS = 500  # log rows read per query (and sent before the run is read again)

@@ -32,7 +32,7 @@ from typing import Any
 import asyncpg
 from croniter import croniter
 
-from services.common import loops, sql
+from services.common import loops
 from services.common.db import Conn
 from services.common.limits import MAX_TIME_ZONE
 from services.common.runs import RUN_READY_CHANNEL
@@ -49,10 +49,6 @@ SCHEDULER_ACTOR = "system:schedules"
 # past) is tried again this much later, with the error on the schedule, instead of every pass.
 ERROR_RETRY = dt.timedelta(hours=1)
 LOOP = "scheduler.schedules"
-
-Q = sql.load(__file__, "schedules.sql")
-ADVANCE = Q["AdvanceSchedule"]
-SET = Q["SetSchedule"]
 
 
 class ScheduleError(ValueError):

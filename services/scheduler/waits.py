@@ -20,7 +20,7 @@ from typing import Any
 
 import asyncpg
 
-from services.common import errors, loops, sql, wait_outcomes
+from services.common import errors, loops, wait_outcomes
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
 from services.common.db import Row
@@ -30,9 +30,6 @@ from services.scheduler import waits_sql
 from services.scheduler.approvals import APPROVER_ROLE, new_token
 from services.scheduler.refusals import fenced_refusal
 from services.scheduler.transitions import WORKER_ROLE
-
-Q = sql.load(__file__, "waits.sql")
-PARK = Q["ParkOnWait"]
 
 # who may complete a wait by RPC (issue 27): the workers of its project and a tool posting its
 # result (the tool role, which may do nothing else), and an operator by hand (approver, below);

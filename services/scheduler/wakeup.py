@@ -35,12 +35,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 import asyncpg
 
-from services.common import sql
 from services.common.runs import RUN_EVENT_CHANNEL, RUN_READY_CHANNEL
 from services.scheduler import metrics, wakeup_sql
-
-Q = sql.load(__file__, "wakeup.sql")
-PROBE, PING = Q["ProbeNotify"], Q["Ping"]
 
 log = logging.getLogger("awooop.scheduler.wakeup")
 
@@ -223,7 +219,7 @@ class RunReadyListener:
                 gone.cancel()
             if self.stopping.is_set() or lost.is_set():
                 return
-            await conn.fetchval(PING.sql, timeout=self.connect_timeout)
+            await wakeup_sql.ping(conn, query_timeout=self.connect_timeout)
         if lost.is_set():
             raise ConnectionError("LISTEN connection closed")
 
