@@ -34,7 +34,7 @@ from awooop.worker import children, event_matches, metrics, tracing, waits
 from awooop.worker.client import Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.errors import JOURNAL_TOO_LARGE, AwooopError, LeaseLost, RunFinished
-from awooop.worker.run_scope import StepCall
+from awooop.worker.run_scope import Json, StepCall
 from awooop.worker.structs import from_struct, to_struct
 from awooop.worker.waits import WaitTimeout, WaitToken
 
@@ -56,7 +56,6 @@ ACTIONS = {
 # step types journaled once, after they ran (RecordStep)
 RECORDED_AFTER = ("llm_call", "callback")
 
-Json = dict[str, Any]
 # compensation: a command dict {"tool_id", "params", "reason"}, or a function of the step's result
 # returning one (or None when there is nothing to undo)
 Compensation = Mapping[str, Any] | Callable[[Json], Mapping[str, Any] | None] | None
