@@ -448,6 +448,34 @@ BEGIN
 END
 $$;
 
+-- FUNCTION: awooop_record_transition(uuid, text, text, text, text, text, text, jsonb, text, text)
+CREATE FUNCTION public.awooop_record_transition(p_run_id uuid, p_project_id text, p_status text, p_actor text, p_action text, p_from_status text, p_reason text, p_details jsonb, p_comp_trigger text DEFAULT NULL::text, p_failure_reason text DEFAULT NULL::text) RETURNS text
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    recorded TEXT;
+BEGIN
+    IF p_run_id IS NULL THEN  -- the fence refused: nothing changed, nothing to record
+        RETURN NULL;
+    END IF;
+    WITH comp AS (
+        SELECT c.* FROM awooop_request_compensation(p_run_id, p_project_id, p_status, p_comp_trigger,
+                                                    p_failure_reason, p_actor) c
+         WHERE p_comp_trigger IS NOT NULL
+    ), aud AS (
+        INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
+        SELECT p_project_id, p_run_id, p_actor, p_action, p_from_status, p_status, p_reason, p_details
+        UNION ALL
+        SELECT * FROM comp
+    )
+    SELECT reason INTO recorded FROM comp;
+    IF p_status IN ('PENDING', 'RESUMED') THEN
+        PERFORM pg_notify('awooop_run_ready', p_project_id);
+    END IF;
+    RETURN recorded;
+END
+$$;
+
 -- FUNCTION: awooop_release_concurrency_slot()
 CREATE FUNCTION public.awooop_release_concurrency_slot() RETURNS trigger
     LANGUAGE plpgsql

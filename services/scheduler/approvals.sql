@@ -3,9 +3,10 @@
 -- RESUMED (claimable again, new fencing token). Reject: FAILED with E-APPROVAL-REJECTED. Expiry:
 -- FAILED with E-APPROVAL-002 (approval token expired), by the sweep or by the DecideApproval that
 -- finds it expired. Rejection and expiry record a compensation request when the journal has
--- something to undo (`comp`: awooop_request_compensation, migration 0210), and end the journal's pending approval step `failed` (`approval_step`: the
--- journal must not show an approval still pending on a run that is over; an approval is completed
--- by the worker that resumes, the SDK does it). The error codes and the reason are approvals.py's
+-- something to undo (awooop_record_transition, migration 0310, or the sweep's `comp`), and end the
+-- journal's pending approval step `failed` (`approval_step`: the journal must not show an
+-- approval still pending on a run that is over; an approval is completed by the worker that
+-- resumes, the SDK does it). The error codes and the reason are approvals.py's
 -- EXPIRED_CODE, REJECTED_CODE and EXPIRED_REASON (the refusals read them back).
 
 -- name: RequestApproval :one
@@ -27,20 +28,14 @@ upd AS (
        AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
        AND NOT r.cancel_requested
  RETURNING r.*,
-           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
-),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor,
-           CASE status WHEN 'WAITING_APPROVAL' THEN 'APPROVAL_REQUESTED' END, from_status, status, NULLIF(:summary, ''),
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
-           || jsonb_build_object('expires_at', approval_expires_at)
-      FROM upd
+           awooop_record_transition(r.run_id, r.project_id, r.status, :actor,
+                                    CASE r.status WHEN 'WAITING_APPROVAL' THEN 'APPROVAL_REQUESTED' END, cur.cur_status,
+                                    NULLIF(:summary, ''),
+                                    jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker,
+                                                       'expires_at', r.approval_expires_at))
+               AS comp_trigger
 )
-SELECT cur.*, upd.*,
-       NULL::text AS comp_trigger,
-       0::bigint AS notified
-  FROM cur LEFT JOIN upd ON true
+SELECT * FROM cur LEFT JOIN upd ON true
 
 -- name: ReissueApprovalToken :one
 -- A RequestApproval repeated by the same lease after its first call committed: the answer, the
@@ -99,7 +94,15 @@ upd AS (
        AND (cur.expired OR r.approval_token_hash = :token_hash)
        AND (:approver_projects::text[] IS NULL OR r.project_id = ANY(:approver_projects::text[])) IS TRUE
  RETURNING r.*,
-           cur.expired
+           cur.expired,
+           awooop_record_transition(
+               r.run_id, r.project_id, r.status, :actor,
+               CASE WHEN cur.expired THEN 'APPROVAL_EXPIRED' WHEN r.status = 'RESUMED' THEN 'APPROVED'
+                    ELSE 'APPROVAL_REJECTED' END,
+               'WAITING_APPROVAL', CASE WHEN cur.expired THEN 'approval token expired' ELSE NULLIF(:reason, '') END,
+               jsonb_build_object('attempt', r.attempt_count, 'error_code', r.error_code),
+               CASE WHEN cur.expired THEN 'approval_expired' ELSE 'approval_rejected' END, r.failure_reason)
+               AS comp_trigger
 ),
 approval_step AS (
     UPDATE awooop_saga_step s
@@ -114,28 +117,8 @@ approval_step AS (
       FROM upd u
      WHERE s.run_id = u.run_id AND u.status = 'FAILED'
        AND s.step_type = 'approval_request' AND s.status = 'pending'
-),
-comp AS (
-    SELECT c.* FROM upd u, awooop_request_compensation(
-        u.run_id, u.project_id, u.status, CASE WHEN u.expired THEN 'approval_expired' ELSE 'approval_rejected' END,
-        u.failure_reason, :actor) c
-),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor,
-           CASE WHEN expired THEN 'APPROVAL_EXPIRED' WHEN status = 'RESUMED' THEN 'APPROVED' ELSE 'APPROVAL_REJECTED' END,
-           'WAITING_APPROVAL', status, CASE WHEN expired THEN 'approval token expired' ELSE NULLIF(:reason, '') END,
-           jsonb_build_object('attempt', attempt_count, 'error_code', error_code)
-      FROM upd
-    UNION ALL
-    SELECT * FROM comp
-),
-notified AS (
-    SELECT count(pg_notify('awooop_run_ready', project_id)) AS n
-      FROM (SELECT DISTINCT project_id FROM upd WHERE status = 'RESUMED') p
 )
-SELECT cur.*, upd.*, (SELECT reason FROM comp) AS comp_trigger, (SELECT n FROM notified) AS notified
-  FROM cur LEFT JOIN upd ON true
+SELECT * FROM cur LEFT JOIN upd ON true
 
 -- name: CheckApproval :one
 -- DecideApproval with validate_only: the run and what a decision would find, nothing written.

@@ -2,10 +2,13 @@
 -- RequestApproval is in approvals.sql) and CancelRun, as they run: services/scheduler/transitions.py.
 --
 -- Each is ONE statement: lock the row (`cur`: the view awooop_run_cur, migration 0300), change it
--- only if the fence holds (`upd`), and in the same statement write the audit row (`aud`), record a
--- compensation request (`comp`) and NOTIFY waiting claimers (`notified`). The statement always
--- returns the locked row's current state too (cur_*), so when nothing changed (run_id NULL) the
--- error is chosen without a second round trip (refusals.py).
+-- only if the fence holds (`upd`), and in its RETURNING record what the change leaves behind:
+-- awooop_record_transition (migration 0310), called once per changed row, writes the audit row
+-- (the action, reason and details each statement names), the compensation request when the run
+-- ended FAILED or CANCELLED with steps to undo, and the NOTIFY that wakes waiting claimers when the
+-- run became claimable. The statement always returns the locked row's current state too (cur_*),
+-- so when nothing changed (run_id NULL) the error is chosen without a second round trip
+-- (refusals.py).
 --
 -- The fence is one SQL function, awooop_fence_holds (migration 0300; the planner inlines it): the
 -- token (:run_id, :attempt) names the current attempt, the status is one :allowed (the
@@ -15,16 +18,12 @@
 -- statement still counts (the reaper and the write serialize on the row lock, and the token keeps
 -- any later attempt safe).
 --
--- comp: a run that ended FAILED or CANCELLED with steps to undo (a completed tool call with an undo
--- command, or one whose undo was started: awooop_step_compensatable, migration 0141) gets its compensation
--- request in the same statement as the state change (docs/architecture.md, "Saga"). The rule is
--- one SQL function, awooop_request_compensation (migration 0210), which every statement that ends a
--- run calls with the trigger it names: it records the request and returns its COMPENSATION_REQUESTED
--- audit row (reason: the trigger), which `aud` writes after the change's, in one INSERT.
--- notified: one NOTIFY per project that got a claimable run (Postgres folds identical
--- notifications of one transaction); the final SELECT reads it, since a read-only CTE nobody
--- reads is not executed. The audit details of a fenced write start with the attempt and the
--- worker that held it.
+-- Compensation: a run that ended FAILED or CANCELLED with steps to undo (a completed tool call with
+-- an undo command, or one whose undo was started: awooop_step_compensatable, migration 0141) gets
+-- its compensation request in the same statement as the state change (docs/architecture.md,
+-- "Saga"): the trigger a statement passes (its last arguments: the trigger, the failure reason) is
+-- recorded by awooop_request_compensation (migration 0210), and comp_trigger reports it. The audit
+-- details of a fenced write start with the attempt and the worker that held it.
 
 -- name: CompleteRun :one
 -- RUNNING -> COMPLETED with :output (JSON), the lease dropped. A completed run is never compensated
@@ -42,18 +41,11 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
  RETURNING r.*,
-           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
-),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'COMPLETED', from_status, status, NULL,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || '{}'::jsonb
-      FROM upd
+           awooop_record_transition(r.run_id, r.project_id, r.status, :actor, 'COMPLETED', cur.cur_status, NULL,
+                                    jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker))
+               AS comp_trigger
 )
-SELECT cur.*, upd.*,
-       NULL::text AS comp_trigger,
-       0::bigint AS notified
-  FROM cur LEFT JOIN upd ON true
+SELECT * FROM cur LEFT JOIN upd ON true
 
 -- name: FailRun :one
 -- The failure is retried (PENDING after a backoff, wait_reason backoff) only when :retryable, the
@@ -99,33 +91,18 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
  RETURNING r.*,
-           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
-),
-comp AS (
-    SELECT c.* FROM upd u, awooop_request_compensation(
-        u.run_id, u.project_id, u.status, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END,
-        u.failure_reason, :actor) c
-),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor,
-           CASE status WHEN 'PENDING' THEN 'RETRY_SCHEDULED' WHEN 'CANCELLED' THEN 'CANCELLED' WHEN 'FAILED' THEN 'FAILED' END,
-           from_status, status, :reason,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
-           || jsonb_build_object('retryable', :retryable::boolean, 'error_code', error_code, 'not_before', not_before,
-                                 'max_attempts', max_attempts)
-      FROM upd
-    UNION ALL
-    SELECT * FROM comp
-),
-notified AS (
-    SELECT count(pg_notify('awooop_run_ready', project_id)) AS n
-      FROM (SELECT DISTINCT project_id FROM upd WHERE status = 'PENDING') p
+           awooop_record_transition(
+               r.run_id, r.project_id, r.status, :actor,
+               CASE r.status WHEN 'PENDING' THEN 'RETRY_SCHEDULED' WHEN 'CANCELLED' THEN 'CANCELLED'
+                             WHEN 'FAILED' THEN 'FAILED' END,
+               cur.cur_status, :reason,
+               jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker,
+                                  'retryable', :retryable::boolean, 'error_code', r.error_code,
+                                  'not_before', r.not_before, 'max_attempts', r.max_attempts),
+               CASE r.status WHEN 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END, r.failure_reason)
+               AS comp_trigger
 )
-SELECT cur.*, upd.*,
-       (SELECT reason FROM comp) AS comp_trigger,
-       (SELECT n FROM notified) AS notified
-  FROM cur LEFT JOIN upd ON true
+SELECT * FROM cur LEFT JOIN upd ON true
 
 -- name: ReleaseRun :one
 -- The worker hands the run back: PENDING again, the attempt not spent (released_count + 1). A
@@ -145,29 +122,15 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
  RETURNING r.*,
-           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
-),
-comp AS (
-    SELECT c.* FROM upd u, awooop_request_compensation(u.run_id, u.project_id, u.status, 'cancelled', u.failure_reason, :actor) c
-),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor,
-           CASE status WHEN 'PENDING' THEN 'RELEASED' WHEN 'CANCELLED' THEN 'CANCELLED' END, from_status, status, NULLIF(:reason, ''),
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
-           || jsonb_build_object('released', true)
-      FROM upd
-    UNION ALL
-    SELECT * FROM comp
-),
-notified AS (
-    SELECT count(pg_notify('awooop_run_ready', project_id)) AS n
-      FROM (SELECT DISTINCT project_id FROM upd WHERE status = 'PENDING') p
+           awooop_record_transition(
+               r.run_id, r.project_id, r.status, :actor,
+               CASE r.status WHEN 'PENDING' THEN 'RELEASED' WHEN 'CANCELLED' THEN 'CANCELLED' END, cur.cur_status,
+               NULLIF(:reason, ''),
+               jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker, 'released', true),
+               'cancelled', r.failure_reason)
+               AS comp_trigger
 )
-SELECT cur.*, upd.*,
-       (SELECT reason FROM comp) AS comp_trigger,
-       (SELECT n FROM notified) AS notified
-  FROM cur LEFT JOIN upd ON true
+SELECT * FROM cur LEFT JOIN upd ON true
 
 -- name: WaitTool :one
 -- RUNNING -> WAITING_TOOL: the lease is kept (heartbeats go on) while a tool (:tool_id) answers.
@@ -181,20 +144,14 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
  RETURNING r.*,
-           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
-),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor,
-           CASE status WHEN 'WAITING_TOOL' THEN 'WAITING_TOOL' END, from_status, status, NULLIF(:tool_id, ''),
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
-           || jsonb_build_object('tool_id', :tool_id::text)
-      FROM upd
+           awooop_record_transition(r.run_id, r.project_id, r.status, :actor,
+                                    CASE r.status WHEN 'WAITING_TOOL' THEN 'WAITING_TOOL' END, cur.cur_status,
+                                    NULLIF(:tool_id, ''),
+                                    jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker,
+                                                       'tool_id', :tool_id::text))
+               AS comp_trigger
 )
-SELECT cur.*, upd.*,
-       NULL::text AS comp_trigger,
-       0::bigint AS notified
-  FROM cur LEFT JOIN upd ON true
+SELECT * FROM cur LEFT JOIN upd ON true
 
 -- name: ResumeTool :one
 -- WAITING_TOOL -> RUNNING: the tool answered; same lease.
@@ -208,18 +165,12 @@ upd AS (
      WHERE r.run_id = cur.cur_run_id
        AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
  RETURNING r.*,
-           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
-),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, CASE status WHEN 'RUNNING' THEN 'TOOL_RETURNED' END, from_status, status, NULL,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || '{}'::jsonb
-      FROM upd
+           awooop_record_transition(r.run_id, r.project_id, r.status, :actor,
+                                    CASE r.status WHEN 'RUNNING' THEN 'TOOL_RETURNED' END, cur.cur_status, NULL,
+                                    jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker))
+               AS comp_trigger
 )
-SELECT cur.*, upd.*,
-       NULL::text AS comp_trigger,
-       0::bigint AS notified
-  FROM cur LEFT JOIN upd ON true
+SELECT * FROM cur LEFT JOIN upd ON true
 
 -- name: AcknowledgeCancel :one
 -- The worker ends its leased run as the requested cancel asks: CANCELLED, the lease dropped. Only
@@ -236,30 +187,20 @@ upd AS (
        AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
        AND r.cancel_requested
  RETURNING r.*,
-           cur.cur_status AS from_status, cur.cur_worker AS prev_worker
-),
-comp AS (
-    SELECT c.* FROM upd u, awooop_request_compensation(u.run_id, u.project_id, u.status, 'cancelled', u.failure_reason, :actor) c
-),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor,
-           CASE status WHEN 'CANCELLED' THEN 'CANCELLED' END, from_status, status, 'cancel acknowledged by the worker',
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker) || '{}'::jsonb
-      FROM upd
-    UNION ALL
-    SELECT * FROM comp
+           awooop_record_transition(r.run_id, r.project_id, r.status, :actor,
+                                    CASE r.status WHEN 'CANCELLED' THEN 'CANCELLED' END, cur.cur_status,
+                                    'cancel acknowledged by the worker',
+                                    jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker),
+                                    'cancelled', r.failure_reason)
+               AS comp_trigger
 )
-SELECT cur.*, upd.*,
-       (SELECT reason FROM comp) AS comp_trigger,
-       0::bigint AS notified
-  FROM cur LEFT JOIN upd ON true
+SELECT * FROM cur LEFT JOIN upd ON true
 
 -- name: CancelRun :one
 -- CancelRun (no lease; :cancel_projects: the projects where the caller may cancel, NULL: all).
 -- Queued and waiting runs (parked ones too) end CANCELLED at once; a leased run gets cancel_requested (delivered in
 -- the Heartbeat reply) and ends when its worker acknowledges or its lease is reaped. The statuses
--- are runstate's LEASED and CANCELLABLE. Same cur / upd / comp / aud shape as the fenced writes.
+-- are runstate's LEASED and CANCELLABLE. Same cur / upd / awooop_record_transition shape as the fenced writes.
 -- Before `cur` locks the run, awooop_lock_run_tree (migration 0200) locks the tree its cascade
 -- will write, in the order a child's end locks it (children, then the run's children wait, then
 -- the run), so a child ending meanwhile cannot deadlock with the cancel.
@@ -289,19 +230,10 @@ upd AS (
        AND cur.cur_status IN ('PENDING', 'RUNNING', 'WAITING_TOOL', 'WAITING_APPROVAL', 'RESUMED')
        AND (:cancel_projects::text[] IS NULL OR r.project_id = ANY(:cancel_projects::text[])) IS TRUE
  RETURNING r.*,
-           cur.cur_status AS from_status
-),
-comp AS (
-    SELECT c.* FROM upd u, awooop_request_compensation(u.run_id, u.project_id, u.status, 'cancelled', u.failure_reason, :actor) c
-),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor,
-           CASE status WHEN 'CANCELLED' THEN 'CANCELLED' ELSE 'CANCEL_REQUESTED' END,
-           from_status, status, :reason, jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id)
-      FROM upd
-    UNION ALL
-    SELECT * FROM comp
+           awooop_record_transition(
+               r.run_id, r.project_id, r.status, :actor,
+               CASE r.status WHEN 'CANCELLED' THEN 'CANCELLED' ELSE 'CANCEL_REQUESTED' END, cur.cur_status, :reason,
+               jsonb_build_object('attempt', r.attempt_count, 'worker_id', r.worker_id), 'cancelled', r.failure_reason)
+               AS comp_trigger
 )
-SELECT cur.*, upd.*, (SELECT reason FROM comp) AS comp_trigger
-  FROM cur LEFT JOIN upd ON true
+SELECT * FROM cur LEFT JOIN upd ON true
