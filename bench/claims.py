@@ -30,6 +30,7 @@ from bench import cpu, env, procs, rss
 from bench.config import Config
 from bench.loadgen import run_processes, split
 from bench.report import Figure
+from services.common.settings import Settings
 
 PROJECT = "bench"
 
@@ -45,7 +46,20 @@ def declare(cfg: Config) -> list[Figure]:
             "≥ 1 ×",
             baseline_label=f"PgQueuer {cfg.claim_workers} consumers draining no-op jobs, batch size {cfg.claim_batch}",
             baseline_unit="jobs/s",
-        )
+        ),
+        Figure(
+            "claim_cycles_ceiling",
+            "claim cycles/s against the store ceiling: the same drain through the scheduler over gRPC",
+            "runs/s",
+            "ratio_ge",
+            0.7,
+            "≥ 0.7 ×",
+            baseline_label=(
+                f"the scheduler's claim and heartbeat statements run raw on its own pool, {cfg.claim_workers} "
+                f"workers, batch {cfg.claim_batch}, no gRPC"
+            ),
+            baseline_unit="runs/s",
+        ),
     ]
 
 
@@ -62,18 +76,25 @@ async def awooop_workers(
     project: str = PROJECT,
     wait_s: float = 0.02,
     seconds: float | None = None,
+    saga_address: str | None = None,
 ) -> dict[str, Any]:
     """A drain (each worker stops after three empty claims in a row), or with `seconds` a steady
-    load: the workers go on, long-polling `wait_s`, until that long after the start."""
+    load: the workers go on, long-polling `wait_s`, until that long after the start. With
+    `saga_address`, each run journals one step (RecordStep, as the SDK's ctx.step) before it is
+    completed."""
     import grpc
     from google.protobuf import duration_pb2, struct_pb2
 
+    from awooop.common.v1 import common_pb2
+    from awooop.saga.v1 import saga_pb2, saga_pb2_grpc
     from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
     md = tuple(tuple(m) for m in metadata)
     channel = grpc.aio.insecure_channel(address)
     await channel.channel_ready()
     stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+    saga_channel = grpc.aio.insecure_channel(saga_address) if saga_address else None
+    saga = saga_pb2_grpc.SagaServiceStub(saga_channel) if saga_channel else None
     output = struct_pb2.Struct()
     output.update({"ok": True})
     first: list[float] = []
@@ -141,10 +162,26 @@ async def awooop_workers(
                 # holds; the completion is fenced by it). Dropping the batch here left its runs
                 # RUNNING until their lease expired, past the drain's end.
                 failed("Heartbeat", exc)
+            if saga is not None:
+                steps = [
+                    saga.RecordStep(
+                        saga_pb2.RecordStepRequest(
+                            lease=lease, step_id="step-1", step_type=common_pb2.STEP_TYPE_LLM_CALL, result=output
+                        ),
+                        metadata=md,
+                        timeout=30,
+                    )
+                    for lease in leases
+                ]
+                for outcome in await asyncio.gather(*steps, return_exceptions=True):
+                    if isinstance(outcome, grpc.aio.AioRpcError):
+                        failed("RecordStep", outcome)
             finished = [scheduler_pb2.CompleteRunRequest(lease=lease, output=output) for lease in leases]
 
     await asyncio.gather(*(worker(w) for w in range(workers)))
     await channel.close()
+    if saga_channel is not None:
+        await saga_channel.close()
     return {
         "first": first[0] if first else None,
         "done": done,
@@ -152,6 +189,81 @@ async def awooop_workers(
         "details": details,
         "cpu_s": time.process_time() - cpu0,
     }
+
+
+async def raw_workers(
+    sync: Callable[[Any], Awaitable[Any]],
+    dsn: str,
+    proc_idx: int,
+    workers: int,
+    batch: int,
+    pool_size: int,
+    project: str = PROJECT,
+) -> dict[str, Any]:
+    """The claim cycle's store ceiling: awooop_workers' cycle (a claim carrying the last batch's
+    completions, one Heartbeat for the batch's leases) as the scheduler's own statements (the
+    generated claims_sql.claim_runs and leases_sql.heartbeat) on the scheduler's own pool (db.py
+    create_pool, `pool_size` connections), with no gRPC and no service in between."""
+    from services.common import db
+    from services.common.settings import Settings
+    from services.scheduler import claims_sql, leases_sql
+    from services.scheduler.transitions import COMPLETE
+
+    settings = Settings.from_env({"AWOOOP_DATABASE_URL": dsn, "AWOOOP_DB_POOL_MAX": str(pool_size)})
+    pool = await db.create_pool(settings)
+    first: list[float] = []
+    done = 0
+    errors: dict[str, int] = {}
+    cpu0 = time.process_time()
+    await sync(None)
+
+    async def worker(w: int) -> None:
+        nonlocal done
+        worker_id = f"raw-{proc_idx}-{w}"
+        empty = 0
+        finished: list[tuple[Any, int]] = []
+        while empty < 3:
+            rows = await claims_sql.claim_runs(
+                pool,
+                run_ids=[r for r, _ in finished],
+                attempts=[a for _, a in finished],
+                outputs=['{"ok": true}'] * len(finished),
+                allowed=list(COMPLETE.allowed),
+                worker_projects=None,
+                actor="service:bench-raw",
+                principal=None,
+                worker_id=worker_id,
+                claim_id=None,
+                projects=[project],
+                lease_secs=30.0,
+                sorted_projects=None,
+                count=1,
+                max_runs=batch,
+            )
+            done += sum(1 for r in rows[: len(finished)] if r["run_id"] is not None)
+            if sum(1 for r in rows[: len(finished)] if r["run_id"] is None):
+                errors["NOT_COMPLETED"] = errors.get("NOT_COMPLETED", 0) + 1
+            claimed = [(r["run_id"], r["attempt_count"]) for r in rows[len(finished) :] if r["run_id"] is not None]
+            finished = []
+            if not claimed:
+                empty += 1
+                continue
+            empty = 0
+            if not first:
+                first.append(time.monotonic())
+            await leases_sql.heartbeat(
+                pool,
+                run_ids=[r for r, _ in claimed],
+                attempts=[a for _, a in claimed],
+                worker_id=worker_id,
+                worker_projects=None,
+                lease_secs=30.0,
+            )
+            finished = claimed
+
+    await asyncio.gather(*(worker(w) for w in range(workers)))
+    await pool.close()
+    return {"first": first[0] if first else None, "done": done, "errors": errors, "cpu_s": time.process_time() - cpu0}
 
 
 async def pgqueuer_consumers(
@@ -354,13 +466,42 @@ async def _pgqueuer_db(stores: env.Stores, jobs: int) -> str:
     return dsn
 
 
+async def raw_drain(cfg: Config, dsn: str, items: int) -> dict[str, Any]:
+    """`drain` with raw_workers: the store ceiling of drain_awooop, same workers and batch, the
+    scheduler's pool size split over the load processes."""
+    shares = split(cfg.claim_workers, cfg.processes)
+    pool_size = max(1, -(-Settings().db_pool_max // len(shares)))
+    return await asyncio.to_thread(
+        drain,
+        "bench.claims:raw_workers",
+        [
+            {"dsn": dsn, "proc_idx": i, "workers": w, "batch": cfg.claim_batch, "pool_size": pool_size}
+            for i, w in enumerate(shares)
+        ],
+        dsn,
+        LIVE_RUNS_SQL,
+        items,
+        poll_settings=LIVE_RUNS_POLL_SETTINGS,
+    )
+
+
+async def wal_lsn(dsn: str) -> int:
+    """The server's WAL position in bytes (every database: the machine must be quiet)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return int(await conn.fetchval("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))
+    finally:
+        await conn.close()
+
+
 async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
-    (fig,) = figures
+    fig, ceiling_fig = figures
     shares = split(cfg.claim_workers, cfg.processes)
     n = cfg.claim_jobs
 
     # PgQueuer first: it needs nothing of ours
     pdsn = await _pgqueuer_db(stores, n)
+    wal0 = await wal_lsn(pdsn)
     pgq = await asyncio.to_thread(
         drain,
         "bench.claims:pgqueuer_consumers",
@@ -369,6 +510,7 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
         "SELECT count(*) FROM pgqueuer",
         n,
     )
+    pgq["wal_bytes_per_item"] = round((await wal_lsn(pdsn) - wal0) / n)
     await stores.drop_database(pdsn)
 
     dsn = await stores.create_database("claims")
@@ -376,11 +518,27 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
     md = await env.bench_key(dsn, PROJECT, ("worker",))
     svc = await procs.spawn("scheduler", procs.service_env(dsn, stores.redis_url, stores.redis_prefix))
     try:
+        wal0 = await wal_lsn(dsn)
         ours = await drain_awooop(cfg, svc, md, dsn, n)
+        ours["wal_bytes_per_item"] = round((await wal_lsn(dsn) - wal0) / n)
         rss.record("scheduler", svc, f"after {n} claim cycles")
     finally:
         svc.stop()
+    await stores.drop_database(dsn)
     fig.measured(ours["per_s"], pgq["per_s"], awooop=ours, pgqueuer=pgq, workers_per_process=shares)
     fig.details["bound"] = cpu.bound(ours["cpu_cores"], os.cpu_count() or 1)
     if ours["errors"]:
         fig.note = f"errors during the awooop drain: {ours['errors']}"
+
+    # the store ceiling: the same drain as raw statements, on a database seeded the same way
+    rdsn = await stores.create_database("claims-raw")
+    await seed_claimable(rdsn, n)
+    try:
+        wal0 = await wal_lsn(rdsn)
+        raw = await raw_drain(cfg, rdsn, n)
+        raw["wal_bytes_per_item"] = round((await wal_lsn(rdsn) - wal0) / n)
+    finally:
+        await stores.drop_database(rdsn)
+    ceiling_fig.measured(ours["per_s"], raw["per_s"], awooop=ours["cpu_cores"], store_ceiling=raw)
+    if raw["errors"]:
+        ceiling_fig.note = f"errors during the raw drain: {raw['errors']}"

@@ -27,6 +27,8 @@ class Config:
     claim_jobs: int = 20000
     claim_workers: int = 16
     claim_batch: int = 10  # PgQueuer's default batch size; awooop claims the same number
+    # store cost per run (bench/store_cost.py): runs through the whole cycle, jobs through PgQueuer
+    store_cost_runs: int = 10000
     # journal
     journal_steps: int = 1000  # DBOS steps and awooop steps at the long journal
     journal_short: int = 10
@@ -68,6 +70,7 @@ class Config:
             duplicate_ids=500,
             batch_duration=3.0,
             claim_jobs=3000,
+            store_cost_runs=2000,
             journal_steps=1000,
             journal_window=50,
             dbos_steps=300,

@@ -84,7 +84,29 @@ def verdict(f: Figure) -> str:
     if f.status != "measured":
         return f.status
     p = f.passed
-    return "reported" if p is None else ("holds" if p else "MISSED")
+    v = "reported" if p is None else ("holds" if p else "MISSED")
+    return f"{v}, noisy" if f.details.get("noisy") else v
+
+
+def _cpu_windows(value: Any) -> list[dict[str, Any]]:
+    """Every CPU window (a dict with an `outside` share, bench/cpu.py) inside a figure's details."""
+    if isinstance(value, dict):
+        found = [value] if "outside" in value else []
+        return found + [w for v in value.values() for w in _cpu_windows(v)]
+    if isinstance(value, list):
+        return [w for v in value for w in _cpu_windows(v)]
+    return []
+
+
+def mark_noisy(f: Figure) -> None:
+    """Marks a figure noisy when any window it was measured in had other work on the machine
+    (bench/cpu.py NOISY_OUTSIDE): its ratio does not compare with another run's."""
+    from bench import cpu
+
+    worst = max((w["outside"] for w in _cpu_windows(f.details)), default=0.0)
+    reason = cpu.noisy({"outside": worst})
+    if reason:
+        f.details["noisy"] = reason
 
 
 def markdown(figures: list[Figure], meta: dict[str, Any]) -> str:
@@ -111,11 +133,12 @@ def markdown(figures: list[Figure], meta: dict[str, Any]) -> str:
             base = f"— ({f.baseline_label})"
         ratio = "—" if f.ratio is None or f.rule in ("le", "le_baseline_plus", "report") else f"{f.ratio:.2f} ×"
         lines.append(f"| {f.title} | {_fmt(f.value, f.unit)} | {base} | {ratio} | {f.target} | {verdict(f)} |")
-    notes = [f for f in figures if f.note or (f.passed is False and f.details.get("bound"))]
+    notes = [f for f in figures if f.note or f.details.get("noisy") or (f.passed is False and f.details.get("bound"))]
     if notes:
         lines += ["", "Notes:", ""]
         for f in notes:
-            text = "; ".join(x for x in (f.note, f.details.get("bound", "") if f.passed is False else "") if x)
+            bound = f.details.get("bound", "") if f.passed is False else ""
+            text = "; ".join(x for x in (f.note, f.details.get("noisy", ""), bound) if x)
             lines.append(f"- **{f.title}**: {text}")
     if meta.get("notes"):
         lines += ["", *[f"- {n}" for n in meta["notes"]]]
