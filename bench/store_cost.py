@@ -63,6 +63,7 @@ class _Window:
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
+        self.drained: dict[str, Any] = {}  # what the drain in the window reported
 
     async def __aenter__(self) -> _Window:
         self.lsn0 = await claims.wal_lsn(self.dsn)
@@ -77,6 +78,7 @@ class _Window:
     def per_item(self, items: int) -> dict[str, Any]:
         pg_cpu_ms = self.cores.get("postgres", 0.0) * self.seconds * 1000
         return {
+            "lsn": [self.lsn0, self.lsn0 + self.wal_bytes],
             "wal_bytes": round(self.wal_bytes / items),
             "pg_cpu_ms": round(pg_cpu_ms / items, 4),
             "seconds": round(self.seconds, 2),
@@ -99,7 +101,7 @@ async def _pgqueuer(stores: env.Stores, cfg: Config, n: int) -> dict[str, Any]:
                 for i in range(0, n, BATCH):
                     k = min(BATCH, n - i)
                     await q.enqueue(["noop"] * k, [None] * k, [0] * k)
-                drained = await asyncio.to_thread(
+                w.drained = await asyncio.to_thread(
                     claims.drain,
                     "bench.claims:pgqueuer_consumers",
                     [
@@ -112,58 +114,97 @@ async def _pgqueuer(stores: env.Stores, cfg: Config, n: int) -> dict[str, Any]:
                 )
         finally:
             await conn.close()
-        return {**w.per_item(n), "drain": drained}
+        return {**w.per_item(n), "drain": w.drained}
     finally:
         await stores.drop_database(dsn)
 
 
 async def _awooop(stores: env.Stores, cfg: Config, n: int) -> dict[str, Any]:
+    dsn = await stores.create_database("store-cost")
+    md = await env.bench_key(dsn, PROJECT, ("worker", "ingest"))
+    base = procs.service_env(dsn, stores.redis_url, stores.redis_prefix)
+    try:
+        services = [await procs.spawn(name, base, "store-cost") for name in ("scheduler", "ingest", "saga")]
+        try:
+            w = await _cycle(dsn, md, services, cfg, n)
+        finally:
+            for svc in services:
+                svc.stop()
+        # read once the services are gone: a backend reports its counters when its connection ends
+        return {**w.per_item(n), "drain": w.drained, "writes_per_run": await _table_writes(dsn, n)}
+    finally:
+        await stores.drop_database(dsn)
+
+
+async def _cycle(
+    dsn: str, md: tuple[tuple[str, str], ...], services: list[procs.Service], cfg: Config, n: int
+) -> _Window:
+    """The measured window: n events ingested, then drained with one journaled step per run."""
     import grpc
 
     from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
 
-    dsn = await stores.create_database("store-cost")
-    md = await env.bench_key(dsn, PROJECT, ("worker", "ingest"))
-    base = procs.service_env(dsn, stores.redis_url, stores.redis_prefix)
-    services = [await procs.spawn(name, base, "store-cost") for name in ("scheduler", "ingest", "saga")]
     scheduler, ingest, saga = services
+    conn = await asyncpg.connect(dsn)
     try:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute("VACUUM ANALYZE")
-        finally:
-            await conn.close()
-        async with grpc.aio.insecure_channel(ingest.address) as channel:
-            stub = ingest_pb2_grpc.IngestServiceStub(channel)
-            async with _Window(dsn) as w:
-                for i in range(0, n, BATCH):
-                    events = [ingest_event(ingest_pb2, PROJECT, uuid.uuid4().hex) for _ in range(min(BATCH, n - i))]
-                    await stub.IngestEvents(ingest_pb2.IngestEventsRequest(events=events), metadata=md, timeout=60)
-                drained = await asyncio.to_thread(
-                    claims.drain,
-                    "bench.claims:awooop_workers",
-                    [
-                        {
-                            "address": scheduler.address,
-                            "metadata": [list(m) for m in md],
-                            "proc_idx": i,
-                            "workers": k,
-                            "batch": cfg.claim_batch,
-                            "saga_address": saga.address,
-                        }
-                        for i, k in enumerate(split(cfg.claim_workers, cfg.processes))
-                    ],
-                    dsn,
-                    claims.LIVE_RUNS_SQL,
-                    n,
-                    scheduler.pid,
-                    poll_settings=claims.LIVE_RUNS_POLL_SETTINGS,
-                )
-        return {**w.per_item(n), "drain": drained}
+        await conn.execute("VACUUM ANALYZE")
     finally:
-        for svc in services:
-            svc.stop()
-        await stores.drop_database(dsn)
+        await conn.close()
+    async with grpc.aio.insecure_channel(ingest.address) as channel:
+        stub = ingest_pb2_grpc.IngestServiceStub(channel)
+        async with _Window(dsn) as w:
+            for i in range(0, n, BATCH):
+                events = [ingest_event(ingest_pb2, PROJECT, uuid.uuid4().hex) for _ in range(min(BATCH, n - i))]
+                await stub.IngestEvents(ingest_pb2.IngestEventsRequest(events=events), metadata=md, timeout=60)
+            w.drained = await asyncio.to_thread(
+                claims.drain,
+                "bench.claims:awooop_workers",
+                [
+                    {
+                        "address": scheduler.address,
+                        "metadata": [list(m) for m in md],
+                        "proc_idx": i,
+                        "workers": k,
+                        "batch": cfg.claim_batch,
+                        "saga_address": saga.address,
+                    }
+                    for i, k in enumerate(split(cfg.claim_workers, cfg.processes))
+                ],
+                dsn,
+                claims.LIVE_RUNS_SQL,
+                n,
+                scheduler.pid,
+                poll_settings=claims.LIVE_RUNS_POLL_SETTINGS,
+            )
+    return w
+
+
+# rows written per table of the bench database, and the indexes each heap row goes through
+TABLE_WRITES_SQL = """
+SELECT t.relname::text AS name, t.n_tup_ins AS ins, t.n_tup_upd AS upd, t.n_tup_hot_upd AS hot,
+       (SELECT count(*) FROM pg_index i WHERE i.indrelid = t.relid) AS indexes
+  FROM pg_stat_user_tables t
+ WHERE t.n_tup_ins + t.n_tup_upd > 0
+ ORDER BY t.n_tup_ins + t.n_tup_upd DESC
+"""
+
+
+async def _table_writes(dsn: str, items: int) -> dict[str, dict[str, float]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await asyncio.sleep(0.6)  # the last backends' counters reach the shared statistics
+        rows = await conn.fetch(TABLE_WRITES_SQL)
+    finally:
+        await conn.close()
+    return {
+        r["name"]: {
+            "inserts": round(r["ins"] / items, 2),
+            "updates": round(r["upd"] / items, 2),
+            "hot_updates": round(r["hot"] / items, 2),
+            "indexes": r["indexes"],
+        }
+        for r in rows
+    }
 
 
 async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:

@@ -1,0 +1,111 @@
+"""What the WAL of one store-cost window is made of: `python -m bench.wal_composition [--runs N]`.
+
+Runs bench/store_cost.py's two cycles (awooop: ingest → claim → heartbeat → one journaled step →
+complete; PgQueuer: enqueue → dequeue → complete) on the configured Postgres, and prints
+pg_waldump's per-record statistics of each window, per completed item. It reads the server's
+WAL files, so it runs on the database host, as a user that can read the data directory, on a
+quiet machine (the WAL is the whole server's). AWOOOP_DATABASE_URL / AWOOOP_REDIS_URL (or the
+test variables) name the stores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench import env, store_cost
+from bench.config import Config
+
+SLOT = "awooop_wal_composition"
+
+
+async def _server(dsn: str) -> tuple[Path, Path]:
+    """The server's pg_wal directory and its pg_waldump (found beside its pg_config's BINDIR)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        data = Path(await conn.fetchval("SHOW data_directory"))
+        major = int(await conn.fetchval("SHOW server_version_num")) // 10000
+    finally:
+        await conn.close()
+    found = shutil.which("pg_waldump") or f"/usr/lib/postgresql/{major}/bin/pg_waldump"
+    return data / "pg_wal", Path(found)
+
+
+# a row of pg_waldump --stats=record: "Heap/INSERT   102 ( 73.91)   6160 ( 65.16)   2724 (  3.16) ..."
+_ROW = re.compile(r"^(?P<type>\S+/\S+)\s+(?P<n>\d+)\s+\(\s*[\d.]+\)\s+(?P<rec>\d+)\s+\(\s*[\d.]+\)\s+(?P<fpi>\d+)")
+
+
+def _stats(waldump: Path, wal_dir: Path, start: int, end: int, items: int) -> list[dict[str, Any]]:
+    """pg_waldump --stats=record between two LSNs: per record type, records, record bytes and
+    full-page-image bytes per item."""
+
+    def lsn(b: int) -> str:
+        return f"{b >> 32:X}/{b & 0xFFFFFFFF:X}"
+
+    out = subprocess.run(
+        [str(waldump), "--stats=record", "-p", str(wal_dir), "-s", lsn(start), "-e", lsn(end)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = []
+    for line in out.splitlines():
+        m = _ROW.match(line)
+        if m is None:
+            continue
+        count, rec, fpi = int(m["n"]), int(m["rec"]), int(m["fpi"])
+        rows.append(
+            {
+                "type": m["type"],
+                "per_item": round(count / items, 2),
+                "record_bytes": round(rec / items),
+                "fpi_bytes": round(fpi / items),
+            }
+        )
+    return sorted(rows, key=lambda r: -(r["record_bytes"] + r["fpi_bytes"]))
+
+
+async def main(runs: int) -> None:
+    stores = await env.resolve(
+        os.environ.get("AWOOOP_DATABASE_URL") or os.environ.get("AWOOOP_TEST_DATABASE_URL"),
+        os.environ.get("AWOOOP_REDIS_URL") or os.environ.get("AWOOOP_TEST_REDIS_URL"),
+    )
+    try:
+        wal_dir, waldump = await _server(stores.pg_dsn)
+        cfg = Config.quick_mode()
+        conn = await asyncpg.connect(stores.pg_dsn)
+        # a slot keeps the windows' WAL segments from being recycled by a checkpoint until read
+        await conn.execute("SELECT pg_create_physical_replication_slot($1, true)", SLOT)
+        try:
+            for name, cycle in (("pgqueuer", store_cost._pgqueuer), ("awooop", store_cost._awooop)):
+                got = await cycle(stores, cfg, runs)
+                _print(name, got, _stats(waldump, wal_dir, got["lsn"][0], got["lsn"][1], runs))
+        finally:
+            await conn.execute("SELECT pg_drop_replication_slot($1)", SLOT)
+            await conn.close()
+    finally:
+        await stores.cleanup()
+
+
+def _print(name: str, got: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    print(f"\n{name}: {got['wal_bytes']} B of WAL per item, {got['pg_cpu_ms']} ms of Postgres CPU")
+    for table, w in got.get("writes_per_run", {}).items():
+        print(f"  {table:40} {w}")
+    print(f"{'record type':32} {'per item':>9} {'bytes':>7} {'fpi':>7}")
+    for r in rows:
+        if r["record_bytes"] + r["fpi_bytes"] >= 10:
+            print(f"{r['type']:32} {r['per_item']:>9} {r['record_bytes']:>7} {r['fpi_bytes']:>7}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2000)
+    asyncio.run(main(parser.parse_args().runs))
