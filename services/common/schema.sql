@@ -974,7 +974,8 @@ CREATE TABLE public.awooop_run_state (
     CONSTRAINT awooop_run_state_priority_check CHECK (((priority >= '-1000'::integer) AND (priority <= 1000))),
     CONSTRAINT awooop_run_state_saga_status_check CHECK (((saga_status)::text = ANY ((ARRAY['in_progress'::character varying, 'not_needed'::character varying, 'compensating'::character varying, 'compensated'::character varying, 'compensation_failed'::character varying])::text[]))),
     CONSTRAINT awooop_run_state_status_check CHECK (((status)::text = ANY ((ARRAY['PENDING'::character varying, 'RUNNING'::character varying, 'WAITING_TOOL'::character varying, 'WAITING_APPROVAL'::character varying, 'RESUMED'::character varying, 'COMPLETED'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[])))
-);
+)
+WITH (fillfactor='70');
 
 -- VIEW: awooop_run_cur
 CREATE VIEW public.awooop_run_cur AS
@@ -1266,9 +1267,6 @@ ALTER TABLE ONLY public.awooop_wait_token
 
 -- INDEX: awooop_api_key_principal_idx
 CREATE INDEX awooop_api_key_principal_idx ON public.awooop_api_key USING btree (principal_id);
-
--- INDEX: awooop_audit_log_project_idx
-CREATE INDEX awooop_audit_log_project_idx ON public.awooop_audit_log USING btree (project_id, audit_id);
 
 -- INDEX: awooop_audit_log_run_idx
 CREATE INDEX awooop_audit_log_run_idx ON public.awooop_audit_log USING btree (run_id, audit_id) WHERE (run_id IS NOT NULL);
