@@ -3,8 +3,9 @@ processes on this machine), Redis, and the whole machine. Reported in cores (1.0
 busy), so a result says what limited it: a server at ~1.0 is bound by its one event loop; a
 machine at ~cores is saturated; neither means waiting (fsync, locks, round trips).
 
-`outside` is the CPU the rest of the machine used in the window: every process that is neither
-this benchmark's (the bench process, its load processes and services) nor Postgres or Redis. A
+`outside` is the CPU the rest of the machine used in the window, counted on its own processes:
+every process that is neither this benchmark's (the bench process, its load processes and
+services) nor Postgres or Redis. A
 figure whose window had more than NOISY_OUTSIDE cores of it was measured beside other work and is
 marked noisy: not comparable to another run, in either direction (docs/benchmarks.md)."""
 
@@ -46,9 +47,8 @@ def snapshot(server_pid: int | None = None) -> Snapshot:
     for p in psutil.process_iter(["name"]):
         group = "server" if p.pid == server_pid else _group(p.info.get("name") or "")
         if group is None:
-            if p.pid not in ours:
-                continue
-            group = "bench"  # the load processes and the other services of this run
+            # the load processes and the other services of this run, or another's work
+            group = "bench" if p.pid in ours else "outside"
         try:
             t = p.cpu_times()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -73,10 +73,12 @@ def cores(before: Snapshot, after: Snapshot, seconds: float) -> dict[str, float]
         prev = before["procs"].get(pid)
         used[group] = used.get(group, 0.0) + secs - (prev[1] if prev and prev[0] == group else 0.0)
     for pid, (group, secs) in before["procs"].items():
-        if pid not in after["procs"]:
+        # (not for other work's processes: a short command's parent may be gone too, and a
+        # noisy mark is the safe side to err on)
+        if pid not in after["procs"] and group != "outside":
             used[group] = used.get(group, 0.0) - secs
+    used.setdefault("outside", 0.0)
     used["machine"] = after["machine"] - before["machine"]
-    used["outside"] = used["machine"] - sum(v for k, v in used.items() if k != "machine")
     return {k: round(max(0.0, v) / seconds, 2) for k, v in used.items()}
 
 

@@ -26,15 +26,18 @@ def test_a_child_that_ends_inside_the_window_is_counted_once() -> None:
     child.join()
     used = cpu.cores(before, cpu.snapshot(), time.monotonic() - t0)
     seconds = time.monotonic() - t0
-    # the child's 0.5 s of CPU is the bench group's, not the machine's "outside" share
+    # the child's 0.5 s of CPU is the bench group's, not another's
     assert used["bench"] * seconds >= 0.45, used
     assert used["bench"] * seconds <= 0.5 + 0.5 * seconds + 0.3, used
 
 
 def test_a_process_gone_before_the_end_loses_its_earlier_time() -> None:
-    before = {"procs": {10: ("postgres", 5.0), 11: ("postgres", 2.0), 1: ("postgres", 0.0)}, "machine": 100.0}
+    before = {
+        "procs": {10: ("postgres", 5.0), 11: ("postgres", 2.0), 1: ("postgres", 0.0), 99: ("outside", 7.0)},
+        "machine": 100.0,
+    }
     # backend 11 ended after using 1 s more: the postmaster (1) now carries its 3 s
-    after = {"procs": {10: ("postgres", 5.5), 1: ("postgres", 3.0)}, "machine": 102.0}
+    after = {"procs": {10: ("postgres", 5.5), 1: ("postgres", 3.0), 99: ("outside", 7.5)}, "machine": 102.0}
     used = cpu.cores(before, after, 1.0)
     assert used["postgres"] == 1.5  # 0.5 of backend 10, 1.0 of backend 11 in the window
     assert used["outside"] == 0.5
