@@ -301,7 +301,7 @@ async def test_only_an_event_seen_before_reads_its_dedupe_row(db: asyncpg.Connec
     for the events whose insert met an existing row, never for the others (it ran for all)."""
 
     def probes(plan: dict[str, Any]) -> list[int]:
-        index = "awooop_channel_event_dedupe_project_id_channel_type_provide_key"
+        index = "awooop_channel_event_dedupe_pkey"
         found = [plan.get("Actual Loops", 0)] if plan.get("Index Name") == index else []
         return found + [n for child in plan.get("Plans", []) for n in probes(child)]
 

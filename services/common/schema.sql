@@ -718,7 +718,6 @@ CREATE TABLE public.awooop_channel_endpoint (
 
 -- TABLE: awooop_channel_event_dedupe
 CREATE TABLE public.awooop_channel_event_dedupe (
-    dedupe_id uuid DEFAULT gen_random_uuid() NOT NULL,
     project_id character varying(64) NOT NULL,
     channel_type character varying(32) NOT NULL,
     provider_event_id character varying(256) NOT NULL,
@@ -1151,11 +1150,7 @@ ALTER TABLE ONLY public.awooop_channel_endpoint
 
 -- CONSTRAINT: awooop_channel_event_dedupe awooop_channel_event_dedupe_pkey
 ALTER TABLE ONLY public.awooop_channel_event_dedupe
-    ADD CONSTRAINT awooop_channel_event_dedupe_pkey PRIMARY KEY (dedupe_id);
-
--- CONSTRAINT: awooop_channel_event_dedupe awooop_channel_event_dedupe_project_id_channel_type_provide_key
-ALTER TABLE ONLY public.awooop_channel_event_dedupe
-    ADD CONSTRAINT awooop_channel_event_dedupe_project_id_channel_type_provide_key UNIQUE (project_id, channel_type, provider_event_id);
+    ADD CONSTRAINT awooop_channel_event_dedupe_pkey PRIMARY KEY (project_id, channel_type, provider_event_id);
 
 -- CONSTRAINT: awooop_claim_answer awooop_claim_answer_pkey
 ALTER TABLE ONLY public.awooop_claim_answer

@@ -3,11 +3,12 @@
 -- with FOR UPDATE SKIP LOCKED, so replicas pruning at once never wait on each other or delete a
 -- row twice. Returns the keys, whose Redis copies go next.
 DELETE FROM awooop_channel_event_dedupe
- WHERE dedupe_id IN (SELECT dedupe_id FROM awooop_channel_event_dedupe
-                      WHERE created_at < now() - make_interval(secs => :retention)
-                      ORDER BY created_at
-                      LIMIT :batch
-                        FOR UPDATE SKIP LOCKED)
+ WHERE (project_id, channel_type, provider_event_id) IN
+       (SELECT project_id, channel_type, provider_event_id FROM awooop_channel_event_dedupe
+         WHERE created_at < now() - make_interval(secs => :retention)
+         ORDER BY created_at
+         LIMIT :batch
+           FOR UPDATE SKIP LOCKED)
 RETURNING project_id, channel_type, provider_event_id
 
 -- name: PruneIdempotencyKeys :exec
