@@ -155,9 +155,8 @@ class ApiEvents:
                 not_before=[e.options.not_before for e in ev],
                 priority=[e.options.priority for e in ev],
                 retry_policy=[e.options.retry_policy_json for e in ev],
-                # a run's keys joined by spaces (keys are tokens without spaces): unnest takes no ragged arrays
-                concurrency_keys=[" ".join(e.options.concurrency_keys) or None for e in ev],
-                traceparent=[e.traceparent for e in ev] if any(e.traceparent for e in ev) else None,
+                concurrency_keys=store.joined_keys(ev),
+                traceparent=store.traceparents(ev),
                 fingerprint=[fps[k.event] for k in batch],
                 snapshot=snapshots,
                 principal_type=principal.principal_type,

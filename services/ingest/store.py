@@ -45,6 +45,17 @@ class Stored:
     ttl_left: float | None
 
 
+def joined_keys(ev: Sequence[NewEvent]) -> list[str | None]:
+    """Each event's concurrency keys as one text, joined by spaces (keys are tokens without
+    spaces), since unnest takes no ragged arrays; the batch statements split them back."""
+    return [" ".join(e.options.concurrency_keys) or None for e in ev]
+
+
+def traceparents(ev: Sequence[NewEvent]) -> list[str | None] | None:
+    """Each event's traceparent, or None when no event of the batch has one."""
+    return [e.traceparent for e in ev] if any(e.traceparent for e in ev) else None
+
+
 async def ingest(
     db: Executor,
     events: Sequence[NewEvent],
@@ -97,9 +108,8 @@ async def _store_events(
             not_befores=[e.options.not_before for e in ev],
             priorities=[e.options.priority for e in ev],
             retry_policies=[e.options.retry_policy_json for e in ev],
-            # a run's keys joined by spaces (keys are tokens without spaces): unnest takes no ragged arrays
-            concurrency_keys=[" ".join(e.options.concurrency_keys) or None for e in ev],
-            traceparents=[e.traceparent for e in ev] if any(e.traceparent for e in ev) else None,
+            concurrency_keys=joined_keys(ev),
+            traceparents=traceparents(ev),
             policy_defaults=defaults_json,
             principal_id=principal_id,
             actor=actor,
