@@ -189,10 +189,19 @@ SELECT t.relname::text AS name, t.n_tup_ins AS ins, t.n_tup_upd AS upd, t.n_tup_
 """
 
 
+OTHER_BACKENDS_SQL = """
+SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+"""
+
+
 async def _table_writes(dsn: str, items: int) -> dict[str, dict[str, float]]:
     conn = await asyncpg.connect(dsn)
     try:
-        await asyncio.sleep(0.6)  # the last backends' counters reach the shared statistics
+        # a backend reports its counters as it exits: wait until the services' backends are gone
+        for _ in range(500):
+            if not await conn.fetchval(OTHER_BACKENDS_SQL):
+                break
+            await asyncio.sleep(0.01)
         rows = await conn.fetch(TABLE_WRITES_SQL)
     finally:
         await conn.close()
