@@ -14,9 +14,7 @@
 -- token's hash (:token_hash) valid for :ttl seconds. The hand-back does not count as a used
 -- attempt (released_count + 1), so a run may ask for approval without spending its max_attempts.
 -- A run whose cancel is pending must not park itself where the cancel cannot reach it.
-WITH cur AS (
-    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
-),
+WITH cur AS (SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE),
 upd AS (
     UPDATE awooop_run_state r
        SET status = 'WAITING_APPROVAL', lease_until = NULL, worker_id = NULL,
@@ -32,8 +30,7 @@ upd AS (
                                     CASE r.status WHEN 'WAITING_APPROVAL' THEN 'APPROVAL_REQUESTED' END, cur.cur_status,
                                     NULLIF(:summary, ''),
                                     jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker,
-                                                       'expires_at', r.approval_expires_at))
-               AS comp_trigger
+                                                       'expires_at', r.approval_expires_at)) AS comp_trigger
 )
 SELECT * FROM cur LEFT JOIN upd ON true
 
@@ -101,8 +98,8 @@ upd AS (
                     ELSE 'APPROVAL_REJECTED' END,
                'WAITING_APPROVAL', CASE WHEN cur.expired THEN 'approval token expired' ELSE NULLIF(:reason, '') END,
                jsonb_build_object('attempt', r.attempt_count, 'error_code', r.error_code),
-               CASE WHEN cur.expired THEN 'approval_expired' ELSE 'approval_rejected' END, r.failure_reason)
-               AS comp_trigger
+               CASE WHEN cur.expired THEN 'approval_expired' ELSE 'approval_rejected' END,
+               r.failure_reason) AS comp_trigger
 ),
 approval_step AS (
     UPDATE awooop_saga_step s

@@ -1,4 +1,4 @@
--- Fenced worker writes (CompleteRun, FailRun, ReleaseRun, WaitTool, ResumeTool, AcknowledgeCancel;
+-- Fenced worker writes (CompleteRun, FailRun, ReleaseRun, ToolWait for WaitTool and ResumeTool, AcknowledgeCancel;
 -- RequestApproval is in approvals.sql) and CancelRun, as they run: services/scheduler/transitions.py.
 --
 -- Each is ONE statement: lock the row (`cur`: the view awooop_run_cur, migration 0300), change it
@@ -30,9 +30,7 @@
 -- (Compensate takes FAILED and CANCELLED runs only), so its saga ends here: not_needed. (Failed and
 -- cancelled runs with nothing to undo get not_needed from the trigger of migration 0080.)
 -- CompleteRuns (claims.sql ClaimRuns) writes the same SET list, fence and audit row per item.
-WITH cur AS (
-    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
-),
+WITH cur AS (SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE),
 upd AS (
     UPDATE awooop_run_state r
        SET status = 'COMPLETED', output = :output::jsonb, lease_until = NULL, worker_id = NULL,
@@ -42,8 +40,8 @@ upd AS (
        AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
  RETURNING r.*,
            awooop_record_transition(r.run_id, r.project_id, r.status, :actor, 'COMPLETED', cur.cur_status, NULL,
-                                    jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker))
-               AS comp_trigger
+                                    jsonb_build_object('attempt', r.attempt_count,
+                                                       'worker_id', cur.cur_worker)) AS comp_trigger
 )
 SELECT * FROM cur LEFT JOIN upd ON true
 
@@ -57,9 +55,7 @@ SELECT * FROM cur LEFT JOIN upd ON true
 -- project's, the run's own) is merged once per statement (`pol`; `no_retry`: the policy never
 -- retries this error code). The rest of the retry test reads the row being updated (r), not
 -- `pol`: a cancel committed while this statement waited for the row lock is seen there.
-WITH cur AS (
-    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
-),
+WITH cur AS (SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE),
 pol AS (
     SELECT awooop_effective_retry_policy(
                :policy, (SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = cur.cur_project),
@@ -99,8 +95,7 @@ upd AS (
                jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker,
                                   'retryable', :retryable::boolean, 'error_code', r.error_code,
                                   'not_before', r.not_before, 'max_attempts', r.max_attempts),
-               CASE r.status WHEN 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END, r.failure_reason)
-               AS comp_trigger
+               CASE r.status WHEN 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END, r.failure_reason) AS comp_trigger
 )
 SELECT * FROM cur LEFT JOIN upd ON true
 
@@ -109,9 +104,7 @@ SELECT * FROM cur LEFT JOIN upd ON true
 -- hand-back while a cancel is pending ends the run CANCELLED: re-queuing would ignore the cancel.
 -- The audit details carry `released`, the mark a repeat of this ReleaseRun finds (replays.sql
 -- ReleasedBy); a claim's hand-back of undelivered runs (claims.sql HandBackUndelivered) does not.
-WITH cur AS (
-    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
-),
+WITH cur AS (SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE),
 upd AS (
     UPDATE awooop_run_state r
        SET status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
@@ -127,57 +120,36 @@ upd AS (
                CASE r.status WHEN 'PENDING' THEN 'RELEASED' WHEN 'CANCELLED' THEN 'CANCELLED' END, cur.cur_status,
                NULLIF(:reason, ''),
                jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker, 'released', true),
-               'cancelled', r.failure_reason)
-               AS comp_trigger
+               'cancelled', r.failure_reason) AS comp_trigger
 )
 SELECT * FROM cur LEFT JOIN upd ON true
 
--- name: WaitTool :one
--- RUNNING -> WAITING_TOOL: the lease is kept (heartbeats go on) while a tool (:tool_id) answers.
-WITH cur AS (
-    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
-),
+-- name: ToolWait :one
+-- WaitTool (RUNNING -> WAITING_TOOL while a tool, :tool_id, answers) and ResumeTool (WAITING_TOOL ->
+-- RUNNING: the tool answered): the new :status and its audit :action are the one outcome of the
+-- call's runstate transition (transitions.py), :allowed its one starting status. The lease is kept
+-- either way (heartbeats go on).
+WITH cur AS (SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE),
 upd AS (
     UPDATE awooop_run_state r
-       SET status = 'WAITING_TOOL', updated_at = now()
+       SET status = :status, updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
        AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
  RETURNING r.*,
-           awooop_record_transition(r.run_id, r.project_id, r.status, :actor,
-                                    CASE r.status WHEN 'WAITING_TOOL' THEN 'WAITING_TOOL' END, cur.cur_status,
+           awooop_record_transition(r.run_id, r.project_id, r.status, :actor, :action, cur.cur_status,
                                     NULLIF(:tool_id, ''),
-                                    jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker,
-                                                       'tool_id', :tool_id::text))
-               AS comp_trigger
-)
-SELECT * FROM cur LEFT JOIN upd ON true
-
--- name: ResumeTool :one
--- WAITING_TOOL -> RUNNING: the tool answered; same lease.
-WITH cur AS (
-    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
-),
-upd AS (
-    UPDATE awooop_run_state r
-       SET status = 'RUNNING', updated_at = now()
-      FROM cur
-     WHERE r.run_id = cur.cur_run_id
-       AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
- RETURNING r.*,
-           awooop_record_transition(r.run_id, r.project_id, r.status, :actor,
-                                    CASE r.status WHEN 'RUNNING' THEN 'TOOL_RETURNED' END, cur.cur_status, NULL,
-                                    jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker))
-               AS comp_trigger
+                                    jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker)
+                                    || CASE WHEN :tool_id::text IS NOT NULL
+                                            THEN jsonb_build_object('tool_id', :tool_id::text)
+                                            ELSE '{}'::jsonb END) AS comp_trigger
 )
 SELECT * FROM cur LEFT JOIN upd ON true
 
 -- name: AcknowledgeCancel :one
 -- The worker ends its leased run as the requested cancel asks: CANCELLED, the lease dropped. Only
 -- when a cancel was requested (cur_cancel tells the caller which refusal it was).
-WITH cur AS (
-    SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE
-),
+WITH cur AS (SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE),
 upd AS (
     UPDATE awooop_run_state r
        SET status = 'CANCELLED', lease_until = NULL, worker_id = NULL, not_before = NULL,
@@ -191,8 +163,7 @@ upd AS (
                                     CASE r.status WHEN 'CANCELLED' THEN 'CANCELLED' END, cur.cur_status,
                                     'cancel acknowledged by the worker',
                                     jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker),
-                                    'cancelled', r.failure_reason)
-               AS comp_trigger
+                                    'cancelled', r.failure_reason) AS comp_trigger
 )
 SELECT * FROM cur LEFT JOIN upd ON true
 
@@ -233,7 +204,7 @@ upd AS (
            awooop_record_transition(
                r.run_id, r.project_id, r.status, :actor,
                CASE r.status WHEN 'CANCELLED' THEN 'CANCELLED' ELSE 'CANCEL_REQUESTED' END, cur.cur_status, :reason,
-               jsonb_build_object('attempt', r.attempt_count, 'worker_id', r.worker_id), 'cancelled', r.failure_reason)
-               AS comp_trigger
+               jsonb_build_object('attempt', r.attempt_count, 'worker_id', r.worker_id),
+               'cancelled', r.failure_reason) AS comp_trigger
 )
 SELECT * FROM cur LEFT JOIN upd ON true

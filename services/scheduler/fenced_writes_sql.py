@@ -13,8 +13,7 @@ Q = sql.load(__file__, "fenced_writes.sql")
 COMPLETE_RUN = Q["CompleteRun"]
 FAIL_RUN = Q["FailRun"]
 RELEASE_RUN = Q["ReleaseRun"]
-WAIT_TOOL = Q["WaitTool"]
-RESUME_TOOL = Q["ResumeTool"]
+TOOL_WAIT = Q["ToolWait"]
 ACKNOWLEDGE_CANCEL = Q["AcknowledgeCancel"]
 CANCEL_RUN = Q["CancelRun"]
 
@@ -340,115 +339,8 @@ class ReleaseRunRow(Protocol):
     def __getitem__(self, key: str, /) -> Any: ...
 
 
-class WaitToolRow(Protocol):
-    """A row of WaitTool."""
-
-    @overload
-    def __getitem__(self, key: Literal["cur_run_id"], /) -> UUID | None: ...
-    @overload
-    def __getitem__(self, key: Literal["cur_project"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["cur_status"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["cur_attempt"], /) -> int | None: ...
-    @overload
-    def __getitem__(self, key: Literal["cur_cancel"], /) -> bool | None: ...
-    @overload
-    def __getitem__(self, key: Literal["cur_reaped_at"], /) -> datetime | None: ...
-    @overload
-    def __getitem__(self, key: Literal["cur_heartbeat_at"], /) -> datetime | None: ...
-    @overload
-    def __getitem__(self, key: Literal["cur_worker"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["cur_keys"], /) -> list[str] | None: ...
-    @overload
-    def __getitem__(self, key: Literal["run_id"], /) -> UUID | None: ...
-    @overload
-    def __getitem__(self, key: Literal["project_id"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["channel_type"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["provider_event_id"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["status"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["input"], /) -> Any: ...
-    @overload
-    def __getitem__(self, key: Literal["output"], /) -> Any: ...
-    @overload
-    def __getitem__(self, key: Literal["max_attempts"], /) -> int | None: ...
-    @overload
-    def __getitem__(self, key: Literal["attempt_count"], /) -> int | None: ...
-    @overload
-    def __getitem__(self, key: Literal["released_count"], /) -> int | None: ...
-    @overload
-    def __getitem__(self, key: Literal["not_before"], /) -> datetime | None: ...
-    @overload
-    def __getitem__(self, key: Literal["lease_until"], /) -> datetime | None: ...
-    @overload
-    def __getitem__(self, key: Literal["heartbeat_at"], /) -> datetime | None: ...
-    @overload
-    def __getitem__(self, key: Literal["worker_id"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["reaped_at"], /) -> datetime | None: ...
-    @overload
-    def __getitem__(self, key: Literal["failure_reason"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["error_code"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["cancel_requested"], /) -> bool | None: ...
-    @overload
-    def __getitem__(self, key: Literal["approval_token_hash"], /) -> bytes | None: ...
-    @overload
-    def __getitem__(self, key: Literal["approval_expires_at"], /) -> datetime | None: ...
-    @overload
-    def __getitem__(self, key: Literal["approval_summary"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["approval_decided_by"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["approval_decided_at"], /) -> datetime | None: ...
-    @overload
-    def __getitem__(self, key: Literal["saga_status"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["compensation_started_at"], /) -> datetime | None: ...
-    @overload
-    def __getitem__(self, key: Literal["compensation_completed_at"], /) -> datetime | None: ...
-    @overload
-    def __getitem__(self, key: Literal["created_by"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["created_at"], /) -> datetime | None: ...
-    @overload
-    def __getitem__(self, key: Literal["updated_at"], /) -> datetime | None: ...
-    @overload
-    def __getitem__(self, key: Literal["traceparent"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["priority"], /) -> int | None: ...
-    @overload
-    def __getitem__(self, key: Literal["retry_policy"], /) -> Any: ...
-    @overload
-    def __getitem__(self, key: Literal["wait_reason"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["concurrency_keys"], /) -> list[str] | None: ...
-    @overload
-    def __getitem__(self, key: Literal["wait_key"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["parent_run_id"], /) -> UUID | None: ...
-    @overload
-    def __getitem__(self, key: Literal["parent_step_id"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: Literal["child_depth"], /) -> int | None: ...
-    @overload
-    def __getitem__(self, key: Literal["child_seq"], /) -> int | None: ...
-    @overload
-    def __getitem__(self, key: Literal["comp_trigger"], /) -> str | None: ...
-    @overload
-    def __getitem__(self, key: str, /) -> object: ...
-
-    def __getitem__(self, key: str, /) -> Any: ...
-
-
-class ResumeToolRow(Protocol):
-    """A row of ResumeTool."""
+class ToolWaitRow(Protocol):
+    """A row of ToolWait."""
 
     @overload
     def __getitem__(self, key: Literal["cur_run_id"], /) -> UUID | None: ...
@@ -859,48 +751,41 @@ async def release_run(
     )
 
 
-async def wait_tool(
+async def tool_wait(
     db: sql.Queryable,
     /,
     *,
     run_id: UUID | str | None,
+    status: str | None,
     attempt: int | None,
     allowed: Sequence[str | None] | None,
     worker_projects: Sequence[str | None] | None,
     actor: str | None,
+    action: str | None,
     tool_id: str | None,
     query_timeout: float | None = None,
-) -> WaitToolRow | None:
-    """WaitTool (fenced_writes.sql).
+) -> ToolWaitRow | None:
+    """ToolWait (fenced_writes.sql).
 
-    RUNNING -> WAITING_TOOL: the lease is kept (heartbeats go on) while a tool (:tool_id) answers.
+    WaitTool (RUNNING -> WAITING_TOOL while a tool, :tool_id, answers) and ResumeTool (WAITING_TOOL ->
+    RUNNING: the tool answered): the new :status and its audit :action are the one outcome of the
+    call's runstate transition (transitions.py), :allowed its one starting status. The lease is kept
+    either way (heartbeats go on).
     """
     return cast(
-        "WaitToolRow | None",
+        "ToolWaitRow | None",
         await db.fetchrow(
-            WAIT_TOOL.sql, run_id, attempt, allowed, worker_projects, actor, tool_id, timeout=query_timeout
+            TOOL_WAIT.sql,
+            run_id,
+            status,
+            attempt,
+            allowed,
+            worker_projects,
+            actor,
+            action,
+            tool_id,
+            timeout=query_timeout,
         ),
-    )
-
-
-async def resume_tool(
-    db: sql.Queryable,
-    /,
-    *,
-    run_id: UUID | str | None,
-    attempt: int | None,
-    allowed: Sequence[str | None] | None,
-    worker_projects: Sequence[str | None] | None,
-    actor: str | None,
-    query_timeout: float | None = None,
-) -> ResumeToolRow | None:
-    """ResumeTool (fenced_writes.sql).
-
-    WAITING_TOOL -> RUNNING: the tool answered; same lease.
-    """
-    return cast(
-        "ResumeToolRow | None",
-        await db.fetchrow(RESUME_TOOL.sql, run_id, attempt, allowed, worker_projects, actor, timeout=query_timeout),
     )
 
 

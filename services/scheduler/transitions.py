@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -84,8 +85,20 @@ Q = fenced_writes_sql
 COMPLETE = fenced_op("CompleteRun", Action.COMPLETE, Q.COMPLETE_RUN, Q.complete_run)
 FAIL = fenced_op("FailRun", Action.FAIL, Q.FAIL_RUN, Q.fail_run)
 RELEASE = fenced_op("ReleaseRun", Action.RELEASE, Q.RELEASE_RUN, Q.release_run)
-WAIT_TOOL = fenced_op("WaitTool", Action.WAIT_TOOL, Q.WAIT_TOOL, Q.wait_tool)
-RESUME_TOOL = fenced_op("ResumeTool", Action.RESUME_TOOL, Q.RESUME_TOOL, Q.resume_tool)
+
+
+def tool_wait(action: Action) -> Write:
+    """ToolWait (WaitTool, ResumeTool) set to the transition's one outcome: its new status and
+    its audit action."""
+    (outcome,) = TRANSITIONS[action].outcomes
+    assert outcome.to is not None, action
+    return partial(Q.tool_wait, status=outcome.to.value, action=outcome.audit.value)
+
+
+WAIT_TOOL = fenced_op("WaitTool", Action.WAIT_TOOL, Q.TOOL_WAIT, tool_wait(Action.WAIT_TOOL))
+RESUME_TOOL = fenced_op(
+    "ResumeTool", Action.RESUME_TOOL, Q.TOOL_WAIT, partial(tool_wait(Action.RESUME_TOOL), tool_id=None)
+)
 ACKNOWLEDGE_CANCEL = fenced_op(
     "AcknowledgeCancel",
     Action.ACKNOWLEDGE_CANCEL,
