@@ -89,9 +89,11 @@ def verdict(f: Figure) -> str:
 
 
 def _cpu_windows(value: Any) -> list[dict[str, Any]]:
-    """Every CPU window (a dict with an `outside` share, bench/cpu.py) inside a figure's details."""
+    """Every CPU window (bench/cpu.py cores: an `outside` share beside the `machine`'s) inside a
+    figure's details; not the per-unit CPU some figures add (`cpu_us_per_event`: microseconds,
+    no `machine`)."""
     if isinstance(value, dict):
-        found = [value] if "outside" in value else []
+        found = [value] if "outside" in value and "machine" in value else []
         return found + [w for v in value.values() for w in _cpu_windows(v)]
     if isinstance(value, list):
         return [w for v in value for w in _cpu_windows(v)]

@@ -44,9 +44,15 @@ def test_a_process_gone_before_the_end_loses_its_earlier_time() -> None:
 
 
 def test_a_figure_measured_beside_other_work_is_marked_noisy() -> None:
-    quiet = Figure("a", "a", "runs/s", "ratio_ge", 1.0, "≥ 1 ×").measured(2.0, 1.0, cpu_cores={"outside": 0.02})
+    quiet = Figure("a", "a", "runs/s", "ratio_ge", 1.0, "≥ 1 ×").measured(
+        2.0,
+        1.0,
+        cpu_cores={"outside": 0.02, "machine": 1.5},
+        # per-unit CPU in microseconds is no window: 13 µs outside per call is not 13 cores
+        cpu_us_per_event={"outside": 13.1, "server": 400.0},
+    )
     busy = Figure("b", "b", "runs/s", "ratio_ge", 1.0, "≥ 1 ×").measured(
-        2.0, 1.0, run={"drain": {"cpu_cores": {"outside": 0.9}}}
+        2.0, 1.0, run={"drain": {"cpu_cores": {"outside": 0.9, "machine": 1.9}}}
     )
     for f in (quiet, busy):
         mark_noisy(f)
