@@ -5,7 +5,10 @@ as a network failure or a crashed pooler is (no hook in the services' code).
 A test arms a rule for one statement (its SQL text, or a part of it) and a fault:
 
 - BEFORE: the statement never reaches the server; the connection is dropped when the client
-  sends it (a transaction it was part of rolls back).
+  sends it (a transaction it was part of rolls back). The proxy ends the server side first and
+  drops the client only once the backend has exited, so the caller learns of the failure after
+  that transaction rolled back and its row locks are free: a retry that follows at once (a
+  FOR UPDATE SKIP LOCKED pass) finds what a retry a moment later would, every time.
 - AFTER_COMMIT: the statement runs and its transaction commits (the server has sent its
   CommandComplete and ReadyForQuery, idle); the proxy drops the connection instead of passing on
   that ReadyForQuery, so the caller learns only that the connection was lost.
@@ -30,6 +33,9 @@ from urllib.parse import urlsplit, urlunsplit
 _CANCEL_REQUEST = 80877102
 _SSL_REQUEST = 80877103
 _GSSENC_REQUEST = 80877104
+_TERMINATE = b"X\x00\x00\x00\x04"
+# how long a BEFORE fault waits for the backend to exit before it drops the client anyway
+_BACKEND_EXIT_TIMEOUT = 10.0
 
 
 class Fault(enum.Enum):
@@ -127,7 +133,12 @@ class _Link:
                 rule = self.proxy.match(query)
                 if rule is not None and rule.fault is Fault.BEFORE:
                     rule.fired.set()
-                    self.drop()
+                    # the backend rolls back, releases its locks and only then closes its socket
+                    # (proc_exit: shmem_exit before the socket's on_proc_exit callback); the
+                    # server pump reads that EOF and run() drops the client then
+                    w.write(_TERMINATE)
+                    await w.drain()
+                    await asyncio.sleep(_BACKEND_EXIT_TIMEOUT)
                     return
                 if rule is not None:
                     self.pending = rule
