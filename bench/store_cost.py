@@ -114,7 +114,7 @@ async def _pgqueuer(stores: env.Stores, cfg: Config, n: int) -> dict[str, Any]:
                 )
         finally:
             await conn.close()
-        return {**w.per_item(n), "drain": w.drained}
+        return {**w.per_item(n), "drain": w.drained, "relations": await relations(dsn)}
     finally:
         await stores.drop_database(dsn)
 
@@ -131,9 +131,28 @@ async def _awooop(stores: env.Stores, cfg: Config, n: int) -> dict[str, Any]:
             for svc in services:
                 svc.stop()
         # read once the services are gone: a backend reports its counters when its connection ends
-        return {**w.per_item(n), "drain": w.drained, "writes_per_run": await _table_writes(dsn, n)}
+        return {
+            **w.per_item(n),
+            "drain": w.drained,
+            "writes_per_run": await _table_writes(dsn, n),
+            "relations": await relations(dsn),
+        }
     finally:
         await stores.drop_database(dsn)
+
+
+# each table's and index's file in the bench database, for WAL records that name it (wal_composition)
+RELATIONS_SQL = """
+SELECT pg_relation_filenode(oid) AS node, relname::text AS name FROM pg_class WHERE relkind IN ('r', 'i')
+"""
+
+
+async def relations(dsn: str) -> dict[int, str]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return {r["node"]: r["name"] for r in await conn.fetch(RELATIONS_SQL) if r["node"]}
+    finally:
+        await conn.close()
 
 
 async def _cycle(

@@ -39,6 +39,10 @@ async def _server(dsn: str) -> tuple[Path, Path]:
     return data / "pg_wal", Path(found)
 
 
+def _lsn(b: int) -> str:
+    return f"{b >> 32:X}/{b & 0xFFFFFFFF:X}"
+
+
 # a row of pg_waldump --stats=record: "Heap/INSERT   102 ( 73.91)   6160 ( 65.16)   2724 (  3.16) ..."
 _ROW = re.compile(r"^(?P<type>\S+/\S+)\s+(?P<n>\d+)\s+\(\s*[\d.]+\)\s+(?P<rec>\d+)\s+\(\s*[\d.]+\)\s+(?P<fpi>\d+)")
 
@@ -47,11 +51,8 @@ def _stats(waldump: Path, wal_dir: Path, start: int, end: int, items: int) -> li
     """pg_waldump --stats=record between two LSNs: per record type, records, record bytes and
     full-page-image bytes per item."""
 
-    def lsn(b: int) -> str:
-        return f"{b >> 32:X}/{b & 0xFFFFFFFF:X}"
-
     out = subprocess.run(
-        [str(waldump), "--stats=record", "-p", str(wal_dir), "-s", lsn(start), "-e", lsn(end)],
+        [str(waldump), "--stats=record", "-p", str(wal_dir), "-s", _lsn(start), "-e", _lsn(end)],
         capture_output=True,
         text=True,
         check=True,
@@ -73,6 +74,34 @@ def _stats(waldump: Path, wal_dir: Path, start: int, end: int, items: int) -> li
     return sorted(rows, key=lambda r: -(r["record_bytes"] + r["fpi_bytes"]))
 
 
+# a record of plain pg_waldump:
+# "rmgr: Btree len (rec/tot): 64/ 64, ... desc: INSERT_LEAF off 2, blkref #0: rel 1663/5/16390 blk 1"
+_RECORD = re.compile(r"len \(rec/tot\):\s*\d+/\s*(?P<tot>\d+),.*?blkref #0: rel \d+/\d+/(?P<node>\d+)")
+
+
+def _by_relation(
+    waldump: Path, wal_dir: Path, start: int, end: int, items: int, names: dict[int, str]
+) -> list[tuple[str, float, int]]:
+    """The same window's records by the relation of their first block: (name, records per item,
+    bytes per item, full-page images included). Records of no relation (commits) are left out."""
+    out = subprocess.run(
+        [str(waldump), "-p", str(wal_dir), "-s", _lsn(start), "-e", _lsn(end)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    count: dict[str, int] = {}
+    size: dict[str, int] = {}
+    for line in out.splitlines():
+        m = _RECORD.search(line)
+        if m is None:
+            continue
+        name = names.get(int(m["node"]), f"other relation {m['node']}")
+        count[name] = count.get(name, 0) + 1
+        size[name] = size.get(name, 0) + int(m["tot"])
+    return sorted(((n, round(count[n] / items, 2), round(size[n] / items)) for n in count), key=lambda r: -r[2])
+
+
 async def main(runs: int) -> None:
     stores = await env.resolve(
         os.environ.get("AWOOOP_DATABASE_URL") or os.environ.get("AWOOOP_TEST_DATABASE_URL"),
@@ -87,7 +116,9 @@ async def main(runs: int) -> None:
         try:
             for name, cycle in (("pgqueuer", store_cost._pgqueuer), ("awooop", store_cost._awooop)):
                 got = await cycle(stores, cfg, runs)
-                _print(name, got, _stats(waldump, wal_dir, got["lsn"][0], got["lsn"][1], runs))
+                start, end = got["lsn"]
+                _print(name, got, _stats(waldump, wal_dir, start, end, runs))
+                _print_relations(_by_relation(waldump, wal_dir, start, end, runs, got["relations"]))
         finally:
             await conn.execute("SELECT pg_drop_replication_slot($1)", SLOT)
             await conn.close()
@@ -103,6 +134,13 @@ def _print(name: str, got: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     for r in rows:
         if r["record_bytes"] + r["fpi_bytes"] >= 10:
             print(f"{r['type']:32} {r['per_item']:>9} {r['record_bytes']:>7} {r['fpi_bytes']:>7}")
+
+
+def _print_relations(rows: list[tuple[str, float, int]]) -> None:
+    print(f"{'relation (first block)':48} {'records':>8} {'bytes':>7}")
+    for name, n, size in rows:
+        if size >= 10:
+            print(f"{name:48} {n:>8} {size:>7}")
 
 
 if __name__ == "__main__":
