@@ -189,7 +189,7 @@ async def _claim_costs(stores: env.Stores, cfg: Config, figures: dict[str, Figur
                 await _once_ms(conn, st, arg)
         times: dict[str, list[float]] = {name: [] for name in sides}
         for r in range(rounds):
-            await conn.execute("VACUUM awooop_run_state, awooop_audit_log")
+            await conn.execute("VACUUM awooop_run_state, awooop_run_event")
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for _ in range(per_round):
                 for name in order:

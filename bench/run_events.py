@@ -7,16 +7,15 @@ database:
   call's own round trip (p50) is the baseline: what is left is the NOTIFY → LISTEN → read → send.
 - Store cost per event: rows written to awooop_run_event and its size growth (heap and indexes) per
   emitted event, over the same samples.
-- What the log costs runs nobody watches: the claim statement (`claiming.claim_once`, a batch of
-  `claim_batch`, whose CLAIMED audit rows now also write log rows) against the same with the
-  audit trigger disabled, two databases measured alternately as bench/waits.py does; medians of
-  `waits_repeats` executions.
+
+What the log cost runs nobody watches was measured here while it was a second copy of the audit
+rows (a trigger's; docs/benchmarks.md). Since migration 0350 a run's state rows are its audit
+history, written once: the store-cost group (bench/store_cost.py) measures what a run writes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from typing import Any
 
@@ -26,7 +25,7 @@ import grpc
 from bench import env, procs
 from bench.config import Config
 from bench.report import Figure
-from bench.waits import PUT_BACK_SQL, SEED_PENDING_SQL
+from bench.waits import SEED_PENDING_SQL
 
 PROJECT = "bench"
 
@@ -59,15 +58,6 @@ def declare(cfg: Config) -> list[Figure]:
             None,
             "reported (rows per event in details)",
         ),
-        Figure(
-            "run_event_claim_cost",
-            f"claim statement cost ({cfg.claim_batch} runs) with the run log's audit trigger",
-            "ms",
-            "report",
-            None,
-            "reported (ratio)",
-            baseline_label="the same with the trigger disabled",
-        ),
     ]
 
 
@@ -77,9 +67,8 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
-    p50_fig, p99_fig, bytes_fig, claim_fig = figures
+    p50_fig, p99_fig, bytes_fig = figures
     await _latency(stores, cfg, p50_fig, p99_fig, bytes_fig)
-    await _claim_cost(stores, cfg, claim_fig)
 
 
 async def _latency(stores: env.Stores, cfg: Config, p50_fig: Figure, p99_fig: Figure, bytes_fig: Figure) -> None:
@@ -142,44 +131,3 @@ async def _latency(stores: env.Stores, cfg: Config, p50_fig: Figure, p99_fig: Fi
         svc.stop()
         await seed.close()
         await stores.drop_database(dsn)
-
-
-async def _claim_cost(stores: env.Stores, cfg: Config, fig: Figure) -> None:
-    from services.common.db import create_pool
-    from services.common.settings import Settings
-    from services.scheduler import claiming
-
-    settings = Settings()
-    dsns = [await stores.create_database("events_notrig"), await stores.create_database("events_trig")]
-    pools = [await create_pool(settings.with_(database_url=d, db_pool_max=4)) for d in dsns]
-    seeds = [await asyncpg.connect(d) for d in dsns]
-    try:
-        await seeds[0].execute("ALTER TABLE awooop_audit_log DISABLE TRIGGER awooop_audit_run_events")
-        for seed in seeds:
-            await seed.execute(SEED_PENDING_SQL, PROJECT, cfg.waits_claimable)
-            await seed.execute("VACUUM ANALYZE awooop_run_state")
-
-        async def claim(i: int) -> float:
-            await seeds[i].execute(PUT_BACK_SQL, PROJECT)
-            t0 = time.perf_counter()
-            got = await claiming.claim_once(pools[i], [PROJECT], cfg.claim_batch, 300.0, "bench-e", "bench", None)
-            ms = (time.perf_counter() - t0) * 1000
-            if len(got.rows) != cfg.claim_batch:
-                raise RuntimeError(f"claimed {len(got.rows)} runs, expected {cfg.claim_batch}")
-            return ms
-
-        for i in (0, 1):
-            await claim(i)
-        times: list[list[float]] = [[], []]
-        for r in range(cfg.waits_repeats):
-            for i in (0, 1) if r % 2 else (1, 0):  # neither database always goes first
-                times[i].append(await claim(i))
-        without, with_log = (statistics.median(t) for t in times)
-        fig.measured(with_log, without, batch=cfg.claim_batch, claimable=cfg.waits_claimable)
-    finally:
-        for seed in seeds:
-            await seed.close()
-        for pool in pools:
-            await pool.close()
-        for d in dsns:
-            await stores.drop_database(d)

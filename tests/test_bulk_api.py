@@ -72,12 +72,14 @@ async def test_a_batch_of_api_events_is_one_transaction(start_services, channels
     n = 128
     first = answers(await stub.IngestEvents(batch(*(event(f"k{i}", {"n": i}) for i in range(n))), metadata=alice))
     assert all(isinstance(a, tuple) and not a[1] for a in first) and len({a[0] for a in first}) == n
-    # every run, its audit row and its key row were written by one transaction: one xmin
+    # every run, its history row (its log's first state row) and its key row were written by one
+    # transaction: one xmin
     xmins = await db.fetch(
         """SELECT xmin::text FROM awooop_run_state UNION SELECT xmin::text FROM awooop_idempotency_key
-           UNION SELECT xmin::text FROM awooop_audit_log"""
+           UNION SELECT xmin::text FROM awooop_run_event"""
     )
     assert len(xmins) == 1
+    assert await db.fetchval("SELECT count(*) FROM awooop_audit_log WHERE action = 'RUN_CREATED'") == n
     # in the order sent: the claim hands out the oldest first
     order = await db.fetch("SELECT provider_event_id FROM awooop_run_state ORDER BY created_at")
     assert [r["provider_event_id"] for r in order] == [f"k{i}" for i in range(n)]

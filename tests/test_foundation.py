@@ -30,7 +30,7 @@ EXPECTED_TABLES = {
     "awooop_run_state",
     "awooop_channel_event_dedupe",
     "awooop_idempotency_key",
-    "awooop_audit_log",
+    "awooop_audit_entry",  # awooop_audit_log is a view of it and of the run log (migration 0350)
     "awooop_principal",
     "awooop_api_key",
     "awooop_project_member",

@@ -4,6 +4,18 @@
 -- tests/test_schema_dump.py fails when it is not current. The plan functions awooop_plan_*
 -- are left out: `awooop migrate` makes them from the hot statements (server_plans.py).
 
+-- TYPE: awooop_history_row
+CREATE TYPE public.awooop_history_row AS (
+	project_id text,
+	run_id uuid,
+	actor text,
+	action text,
+	from_status text,
+	to_status text,
+	reason text,
+	details jsonb
+);
+
 -- FUNCTION: awooop_append_run_event(uuid, text, text, text, jsonb, integer, text, integer, bigint)
 CREATE FUNCTION public.awooop_append_run_event(p_run_id uuid, p_project_id text, p_source text, p_kind text, p_data jsonb, p_attempt integer, p_emit_key text DEFAULT NULL::text, p_progress_no integer DEFAULT NULL::integer, p_progress_bytes bigint DEFAULT NULL::bigint) RETURNS bigint
     LANGUAGE plpgsql
@@ -28,6 +40,16 @@ BEGIN
         PERFORM pg_notify('awooop_run_event', p_run_id::text);
     END IF;
     RETURN written;
+END $$;
+
+-- FUNCTION: awooop_audit_log_insert()
+CREATE FUNCTION public.awooop_audit_log_insert() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM awooop_record_history(ARRAY[ROW(NEW.project_id, NEW.run_id, NEW.actor, NEW.action, NEW.from_status,
+                                             NEW.to_status, NEW.reason, NEW.details)::awooop_history_row]);
+    RETURN NEW;
 END $$;
 
 -- FUNCTION: awooop_cancel_children(uuid, uuid[], text, text)
@@ -448,6 +470,71 @@ BEGIN
 END
 $$;
 
+-- FUNCTION: awooop_record_history(public.awooop_history_row[])
+CREATE FUNCTION public.awooop_record_history(p_rows public.awooop_history_row[]) RETURNS integer
+    LANGUAGE plpgsql
+    SET enable_seqscan TO 'off'
+    AS $$
+DECLARE
+    missed RECORD;
+BEGIN
+    IF COALESCE(cardinality(p_rows), 0) = 0 THEN  -- a claim that found nothing: no statement at all
+        RETURN 0;
+    END IF;
+    -- the rows of no run are entries; each run's rows take the next seqs of its log in one INSERT.
+    -- A seq taken meanwhile by a concurrent writer of the same run (a step's row) sends that row
+    -- to the loop below.
+    FOR missed IN
+        WITH entries AS (
+            INSERT INTO awooop_audit_entry (project_id, actor, action, from_status, to_status, reason, details)
+            SELECT h.project_id, h.actor, h.action, h.from_status, h.to_status, h.reason, COALESCE(h.details, '{}')
+              FROM unnest(p_rows) WITH ORDINALITY AS h
+             WHERE h.run_id IS NULL
+             ORDER BY h.ordinality
+        ), rows AS MATERIALIZED (
+            SELECT nextval('awooop_audit_log_audit_id_seq') AS audit_id, h.ordinality AS ord, h.run_id,
+                   h.project_id, h.action,
+                   jsonb_strip_nulls(jsonb_build_object(
+                       'action', h.action, 'from_status', h.from_status, 'to_status', h.to_status,
+                       'actor', h.actor, 'reason', h.reason))
+                       || jsonb_build_object('details', COALESCE(h.details, '{}')) AS data,
+                   CASE WHEN jsonb_typeof(h.details -> 'attempt') = 'number'
+                        THEN LEAST(GREATEST((h.details ->> 'attempt')::numeric, 0), 2147483647)::int ELSE 0 END
+                       AS attempt
+              FROM unnest(p_rows) WITH ORDINALITY AS h
+             WHERE h.run_id IS NOT NULL
+             ORDER BY h.ordinality
+        ), numbered AS (
+            SELECT r.*, COALESCE((SELECT e.seq FROM awooop_run_event e WHERE e.run_id = r.run_id
+                                   ORDER BY e.seq DESC LIMIT 1), 0)
+                        + row_number() OVER (PARTITION BY r.run_id ORDER BY r.ord) AS seq
+              FROM rows r
+        ), ins AS (
+            INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, audit_id)
+            SELECT run_id, seq, project_id, 'state', action, data, attempt, audit_id FROM numbered
+            ON CONFLICT (run_id, seq) DO NOTHING
+            RETURNING run_id, seq
+        )
+        SELECT nb.* FROM numbered nb
+         WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.run_id = nb.run_id AND ins.seq = nb.seq)
+         ORDER BY nb.ord
+    LOOP
+        LOOP
+            INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, audit_id)
+            VALUES (missed.run_id,
+                    COALESCE((SELECT e.seq FROM awooop_run_event e WHERE e.run_id = missed.run_id
+                               ORDER BY e.seq DESC LIMIT 1), 0) + 1,
+                    missed.project_id, 'state', missed.action, missed.data, missed.attempt, missed.audit_id)
+            ON CONFLICT (run_id, seq) DO NOTHING;
+            EXIT WHEN FOUND;
+        END LOOP;
+    END LOOP;
+    PERFORM pg_notify('awooop_run_event', w.run_id::text)
+       FROM awooop_run_watch w
+      WHERE w.run_id IN (SELECT h.run_id FROM unnest(p_rows) h) AND w.watched_until > now();
+    RETURN cardinality(p_rows);
+END $$;
+
 -- FUNCTION: awooop_record_transition(uuid, text, text, text, text, text, text, jsonb, text, text)
 CREATE FUNCTION public.awooop_record_transition(p_run_id uuid, p_project_id text, p_status text, p_actor text, p_action text, p_from_status text, p_reason text, p_details jsonb, p_comp_trigger text DEFAULT NULL::text, p_failure_reason text DEFAULT NULL::text) RETURNS text
     LANGUAGE plpgsql
@@ -467,12 +554,14 @@ BEGIN
                                            p_actor) c;
     END IF;
     IF c_run IS NULL THEN
-        INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-        VALUES (p_project_id, p_run_id, p_actor, p_action, p_from_status, p_status, p_reason, p_details);
-    ELSE  -- both rows in one INSERT, the request's after the transition's: one trigger run, in order
-        INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-        VALUES (p_project_id, p_run_id, p_actor, p_action, p_from_status, p_status, p_reason, p_details),
-               (c_project, c_run, c_actor, c_action, c_from, c_to, c_reason, c_details);
+        PERFORM awooop_record_history(ARRAY[
+            ROW(p_project_id, p_run_id, p_actor, p_action, p_from_status, p_status, p_reason, p_details)
+        ]::awooop_history_row[]);
+    ELSE  -- the request's row after the transition's
+        PERFORM awooop_record_history(ARRAY[
+            ROW(p_project_id, p_run_id, p_actor, p_action, p_from_status, p_status, p_reason, p_details),
+            ROW(c_project, c_run, c_actor, c_action, c_from, c_to, c_reason, c_details)
+        ]::awooop_history_row[]);
     END IF;
     IF p_status IN ('PENDING', 'RESUMED') THEN
         PERFORM pg_notify('awooop_run_ready', p_project_id);
@@ -602,50 +691,6 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- FUNCTION: awooop_run_events_from_audit()
-CREATE FUNCTION public.awooop_run_events_from_audit() RETURNS trigger
-    LANGUAGE plpgsql
-    SET enable_seqscan TO 'off'
-    AS $$
-DECLARE
-    missed RECORD;
-BEGIN
-    FOR missed IN
-        WITH rows AS (
-            SELECT n.audit_id, n.run_id, n.project_id, n.action,
-                   jsonb_strip_nulls(jsonb_build_object(
-                       'action', n.action, 'from_status', n.from_status, 'to_status', n.to_status,
-                       'actor', n.actor, 'reason', n.reason, 'details', n.details)) AS data,
-                   CASE WHEN jsonb_typeof(n.details -> 'attempt') = 'number'
-                        THEN LEAST(GREATEST((n.details ->> 'attempt')::numeric, 0), 2147483647)::int ELSE 0 END
-                       AS attempt,
-                   row_number() OVER (PARTITION BY n.run_id ORDER BY n.audit_id) AS k
-              FROM new_rows n
-             WHERE n.run_id IS NOT NULL
-        ), numbered AS (
-            SELECT r.*, COALESCE((SELECT e.seq FROM awooop_run_event e WHERE e.run_id = r.run_id
-                                   ORDER BY e.seq DESC LIMIT 1), 0) + r.k AS seq
-              FROM rows r
-        ), ins AS (
-            INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt)
-            SELECT run_id, seq, project_id, 'state', action, data, attempt FROM numbered
-            ON CONFLICT (run_id, seq) DO NOTHING
-            RETURNING run_id, seq
-        )
-        SELECT nb.run_id, nb.project_id, nb.action, nb.data, nb.attempt
-          FROM numbered nb
-         WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.run_id = nb.run_id AND ins.seq = nb.seq)
-         ORDER BY nb.audit_id
-    LOOP
-        PERFORM awooop_append_run_event(missed.run_id, missed.project_id, 'state', missed.action, missed.data,
-                                        missed.attempt);
-    END LOOP;
-    PERFORM pg_notify('awooop_run_event', w.run_id::text)
-       FROM awooop_run_watch w
-      WHERE w.run_id IN (SELECT n.run_id FROM new_rows n) AND w.watched_until > now();
-    RETURN NULL;
-END $$;
-
 -- FUNCTION: awooop_saga_not_needed()
 CREATE FUNCTION public.awooop_saga_not_needed() RETURNS trigger
     LANGUAGE plpgsql
@@ -677,8 +722,8 @@ CREATE TABLE public.awooop_api_key (
     revoked_at timestamp with time zone
 );
 
--- TABLE: awooop_audit_log
-CREATE TABLE public.awooop_audit_log (
+-- TABLE: awooop_audit_entry
+CREATE TABLE public.awooop_audit_entry (
     audit_id bigint NOT NULL,
     project_id character varying(64) NOT NULL,
     run_id uuid,
@@ -691,6 +736,50 @@ CREATE TABLE public.awooop_audit_log (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+-- TABLE: awooop_run_event
+CREATE TABLE public.awooop_run_event (
+    run_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    project_id character varying(64) NOT NULL,
+    source character varying(16) NOT NULL,
+    kind character varying(128) DEFAULT ''::character varying NOT NULL,
+    data jsonb DEFAULT '{}'::jsonb NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    emit_key character varying(128),
+    progress_no integer,
+    progress_bytes bigint,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    audit_id bigint,
+    CONSTRAINT awooop_run_event_source_check CHECK (((source)::text = ANY ((ARRAY['state'::character varying, 'step'::character varying, 'progress'::character varying])::text[])))
+);
+
+-- VIEW: awooop_audit_log
+CREATE VIEW public.awooop_audit_log AS
+ SELECT a.audit_id,
+    a.project_id,
+    a.run_id,
+    a.actor,
+    a.action,
+    a.from_status,
+    a.to_status,
+    a.reason,
+    a.details,
+    a.created_at
+   FROM public.awooop_audit_entry a
+UNION ALL
+ SELECT e.audit_id,
+    e.project_id,
+    e.run_id,
+    ((e.data ->> 'actor'::text))::character varying(160) AS actor,
+    (e.kind)::character varying(64) AS action,
+    ((e.data ->> 'from_status'::text))::character varying(32) AS from_status,
+    ((e.data ->> 'to_status'::text))::character varying(32) AS to_status,
+    (e.data ->> 'reason'::text) AS reason,
+    (e.data -> 'details'::text) AS details,
+    e.created_at
+   FROM public.awooop_run_event e
+  WHERE (e.audit_id IS NOT NULL);
+
 -- SEQUENCE: awooop_audit_log_audit_id_seq
 CREATE SEQUENCE public.awooop_audit_log_audit_id_seq
     START WITH 1
@@ -700,7 +789,7 @@ CREATE SEQUENCE public.awooop_audit_log_audit_id_seq
     CACHE 1;
 
 -- SEQUENCE OWNED BY: awooop_audit_log_audit_id_seq
-ALTER SEQUENCE public.awooop_audit_log_audit_id_seq OWNED BY public.awooop_audit_log.audit_id;
+ALTER SEQUENCE public.awooop_audit_log_audit_id_seq OWNED BY public.awooop_audit_entry.audit_id;
 
 -- TABLE: awooop_channel_endpoint
 CREATE TABLE public.awooop_channel_endpoint (
@@ -989,22 +1078,6 @@ CREATE VIEW public.awooop_run_cur AS
     concurrency_keys AS cur_keys
    FROM public.awooop_run_state;
 
--- TABLE: awooop_run_event
-CREATE TABLE public.awooop_run_event (
-    run_id uuid NOT NULL,
-    seq bigint NOT NULL,
-    project_id character varying(64) NOT NULL,
-    source character varying(16) NOT NULL,
-    kind character varying(128) DEFAULT ''::character varying NOT NULL,
-    data jsonb DEFAULT '{}'::jsonb NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    emit_key character varying(128),
-    progress_no integer,
-    progress_bytes bigint,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT awooop_run_event_source_check CHECK (((source)::text = ANY ((ARRAY['state'::character varying, 'step'::character varying, 'progress'::character varying])::text[])))
-);
-
 -- TABLE: awooop_saga_step
 CREATE TABLE public.awooop_saga_step (
     run_id uuid NOT NULL,
@@ -1127,8 +1200,14 @@ CREATE TABLE public.awooop_wait_token (
     issued_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
--- DEFAULT: awooop_audit_log audit_id
-ALTER TABLE ONLY public.awooop_audit_log ALTER COLUMN audit_id SET DEFAULT nextval('public.awooop_audit_log_audit_id_seq'::regclass);
+-- DEFAULT: awooop_audit_entry audit_id
+ALTER TABLE ONLY public.awooop_audit_entry ALTER COLUMN audit_id SET DEFAULT nextval('public.awooop_audit_log_audit_id_seq'::regclass);
+
+-- DEFAULT: awooop_audit_log details
+ALTER TABLE ONLY public.awooop_audit_log ALTER COLUMN details SET DEFAULT '{}'::jsonb;
+
+-- DEFAULT: awooop_audit_log created_at
+ALTER TABLE ONLY public.awooop_audit_log ALTER COLUMN created_at SET DEFAULT now();
 
 -- DEFAULT: awooop_refgw_request request_id
 ALTER TABLE ONLY public.awooop_refgw_request ALTER COLUMN request_id SET DEFAULT nextval('public.awooop_refgw_request_request_id_seq'::regclass);
@@ -1140,8 +1219,8 @@ ALTER TABLE ONLY public.awooop_saga_alert ALTER COLUMN alert_id SET DEFAULT next
 ALTER TABLE ONLY public.awooop_api_key
     ADD CONSTRAINT awooop_api_key_pkey PRIMARY KEY (key_id);
 
--- CONSTRAINT: awooop_audit_log awooop_audit_log_pkey
-ALTER TABLE ONLY public.awooop_audit_log
+-- CONSTRAINT: awooop_audit_entry awooop_audit_log_pkey
+ALTER TABLE ONLY public.awooop_audit_entry
     ADD CONSTRAINT awooop_audit_log_pkey PRIMARY KEY (audit_id);
 
 -- CONSTRAINT: awooop_channel_endpoint awooop_channel_endpoint_pkey
@@ -1264,7 +1343,7 @@ ALTER TABLE ONLY public.awooop_wait_token
 CREATE INDEX awooop_api_key_principal_idx ON public.awooop_api_key USING btree (principal_id);
 
 -- INDEX: awooop_audit_log_run_idx
-CREATE INDEX awooop_audit_log_run_idx ON public.awooop_audit_log USING btree (run_id, audit_id) WHERE (run_id IS NOT NULL);
+CREATE INDEX awooop_audit_log_run_idx ON public.awooop_audit_entry USING btree (run_id, audit_id) WHERE (run_id IS NOT NULL);
 
 -- INDEX: awooop_channel_event_dedupe_created_idx
 CREATE INDEX awooop_channel_event_dedupe_created_idx ON public.awooop_channel_event_dedupe USING btree (created_at);
@@ -1350,8 +1429,8 @@ CREATE INDEX awooop_wait_event_idx ON public.awooop_wait USING btree (created_at
 -- INDEX: awooop_wait_token_wait_idx
 CREATE INDEX awooop_wait_token_wait_idx ON public.awooop_wait_token USING btree (wait_id);
 
--- TRIGGER: awooop_audit_log awooop_audit_run_events
-CREATE TRIGGER awooop_audit_run_events AFTER INSERT ON public.awooop_audit_log REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION public.awooop_run_events_from_audit();
+-- TRIGGER: awooop_audit_log awooop_audit_log_insert
+CREATE TRIGGER awooop_audit_log_insert INSTEAD OF INSERT ON public.awooop_audit_log FOR EACH ROW EXECUTE FUNCTION public.awooop_audit_log_insert();
 
 -- TRIGGER: awooop_run_state awooop_run_child_ended
 CREATE TRIGGER awooop_run_child_ended AFTER UPDATE OF status ON public.awooop_run_state FOR EACH ROW WHEN (((new.parent_run_id IS NOT NULL) AND ((new.status)::text = ANY ((ARRAY['COMPLETED'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[])) AND ((old.status)::text <> ALL ((ARRAY['COMPLETED'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[])))) EXECUTE FUNCTION public.awooop_child_ended();

@@ -93,9 +93,9 @@ new_runs AS (
     RETURNING run_id, project_id, provider_event_id
 ),
 audited AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'RUN_CREATED', NULL, 'PENDING', NULL,
-           jsonb_build_object('channel_type', 'api', 'provider_event_id', provider_event_id)
+    SELECT awooop_record_history(array_agg(ROW(project_id, run_id, :actor, 'RUN_CREATED', NULL, 'PENDING', NULL,
+               jsonb_build_object('channel_type', 'api', 'provider_event_id', provider_event_id)
+           )::awooop_history_row)) AS recorded
       FROM new_runs
 )
 SELECT ev.ord,
@@ -108,6 +108,7 @@ SELECT ev.ord,
                   AND m.role = ANY(:roles::text[])) AS allowed,
        now() AS window_start, now() + make_interval(secs => :ttl) AS window_end
   FROM ev
+  CROSS JOIN audited  -- its one row: the join is what runs it
   LEFT JOIN claimed c ON c.project_id = ev.project_id AND c.key = ev.key
   LEFT JOIN live USING (ord)
   LEFT JOIN legacy USING (ord)

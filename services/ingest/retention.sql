@@ -46,7 +46,8 @@ WITH victims AS (
      LIMIT :batch
        FOR UPDATE OF r SKIP LOCKED
 ), audit AS (
-    DELETE FROM awooop_audit_log l USING victims v WHERE l.run_id = v.run_id
+    -- a run's entries from before migration 0350; its history since is its log's state rows
+    DELETE FROM awooop_audit_entry l USING victims v WHERE l.run_id = v.run_id
 ), events AS (
     DELETE FROM awooop_run_event e USING victims v WHERE e.run_id = v.run_id
 )

@@ -49,9 +49,9 @@ new_runs AS (
     RETURNING run_id, project_id, channel_type, provider_event_id
 ),
 audited AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'RUN_CREATED', NULL, 'PENDING', NULL,
-           jsonb_build_object('channel_type', channel_type, 'provider_event_id', provider_event_id)
+    SELECT awooop_record_history(array_agg(ROW(project_id, run_id, :actor, 'RUN_CREATED', NULL, 'PENDING', NULL,
+               jsonb_build_object('channel_type', channel_type, 'provider_event_id', provider_event_id)
+           )::awooop_history_row)) AS recorded
       FROM new_runs
 )
 SELECT ev.ord,
@@ -59,6 +59,7 @@ SELECT ev.ord,
        ins.run_id IS NOT NULL AS created,
        extract(epoch FROM d.created_at + make_interval(secs => :retention) - now())::float8 AS ttl_left
   FROM ev
+  CROSS JOIN audited  -- its one row: the join is what runs it
   LEFT JOIN ins USING (run_id)
   -- only an event whose row was there already reads it: the lateral's filter on ins is checked
   -- before its index probe (a one-time filter), so a created event costs no probe; as a plain
@@ -99,9 +100,9 @@ WITH run AS (
     RETURNING *
 ),
 audited AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'RUN_CREATED', NULL, 'PENDING', NULL,
-           jsonb_build_object('channel_type', 'api', 'idempotency_key', :idempotency_key::text)
+    SELECT awooop_record_history(array_agg(ROW(project_id, run_id, :actor, 'RUN_CREATED', NULL, 'PENDING', NULL,
+               jsonb_build_object('channel_type', 'api', 'idempotency_key', :idempotency_key::text)
+           )::awooop_history_row)) AS recorded
       FROM run
 )
-SELECT * FROM run
+SELECT run.* FROM run CROSS JOIN audited  -- its one row: the join is what runs it

@@ -127,12 +127,6 @@ upd AS (
  RETURNING r.*,
            w.cur_status AS from_status, w.item AS upd_item, w.cur_worker AS prev_worker
 ),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'COMPLETED', from_status, status, NULL,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker)
-      FROM upd
-),
 prior AS MATERIALIZED (
     SELECT 1 FROM awooop_claim_answer
      WHERE principal = :principal::text AND worker_id = :worker_id AND claim_id = :claim_id::text
@@ -203,11 +197,17 @@ claimed AS (
  RETURNING r.*, p.from_status, NULL::bigint AS upd_item, NULL::text AS prev_worker, NULL::text AS comp_trigger,
            EXTRACT(EPOCH FROM clock_timestamp() - p.ready_since)::float8 AS claim_wait
 ),
-claim_aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'CLAIMED', from_status, 'RUNNING', NULL,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id, 'lease_until', lease_until)
-      FROM claimed
+-- the completions' history rows, then the claims' (outcome's join runs it)
+audited AS (
+    SELECT awooop_record_history(ARRAY(
+               SELECT ROW(project_id, run_id, :actor, 'COMPLETED', from_status, status, NULL,
+                          jsonb_build_object('attempt', attempt_count, 'worker_id', prev_worker))::awooop_history_row
+                 FROM upd
+               UNION ALL
+               SELECT ROW(project_id, run_id, :actor, 'CLAIMED', from_status, 'RUNNING', NULL,
+                          jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id,
+                                             'lease_until', lease_until))::awooop_history_row
+                 FROM claimed)) AS recorded
 ),
 recorded AS (
     INSERT INTO awooop_claim_answer (principal, worker_id, claim_id, project_ids, max_runs, lease_ttl, run_ids, attempts,
@@ -218,7 +218,7 @@ recorded AS (
     HAVING count(*) > 0 AND :claim_id::text IS NOT NULL
 ),
 outcome AS (
-    SELECT count(*) AS parked, EXISTS (SELECT 1 FROM prior) AS recorded FROM parked
+    SELECT (SELECT count(*) FROM parked) AS parked, EXISTS (SELECT 1 FROM prior) AS recorded FROM audited
 )
 SELECT it.item, cur.*, upd.*, NULL::text AS comp_trigger, NULL::float8 AS claim_wait, o.parked, o.recorded
   FROM items it
