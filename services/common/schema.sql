@@ -474,6 +474,7 @@ $$;
 CREATE FUNCTION public.awooop_record_history(p_rows public.awooop_history_row[]) RETURNS integer
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
+    SET plan_cache_mode TO 'force_generic_plan'
     AS $$
 DECLARE
     missed RECORD;

@@ -31,9 +31,13 @@ CREATE TYPE awooop_history_row AS (
     details JSONB
 );
 
+-- plan_cache_mode: its statements read the array parameter, so plpgsql would plan them anew for
+-- each call while a custom plan looks cheaper than the generic one (the one plan there is to
+-- have); planning was 0.19 of its 0.31 ms for one row (docs/benchmarks.md "One history")
 CREATE FUNCTION awooop_record_history(p_rows awooop_history_row[]) RETURNS INT
     LANGUAGE plpgsql
     SET enable_seqscan = off
+    SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     missed RECORD;
