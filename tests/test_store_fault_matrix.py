@@ -62,7 +62,7 @@ Metadata = tuple[tuple[str, str], ...]
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
 # a part of the claim statement, in every shape (one project or several, with completions or not)
-CLAIM_NEEDLE = "claim_aud AS ("
+CLAIM_NEEDLE = "'CLAIMED', from_status, 'RUNNING'"
 
 
 @dataclass
