@@ -160,17 +160,22 @@ approval_step AS (
 comp AS (
     SELECT c.* FROM upd u, awooop_request_compensation(u.run_id, u.project_id, u.status, 'approval_expired', u.failure_reason, :actor) c
 ),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'APPROVAL_EXPIRED', 'WAITING_APPROVAL', 'FAILED', 'approval token expired',
-           jsonb_build_object('attempt', attempt_count, 'error_code', 'E-APPROVAL-002',
-                              'expired_at', approval_expires_at)
-      FROM upd
-    UNION ALL
-    SELECT * FROM comp
+-- the transitions' history rows, then the requests' (the final SELECT's join runs it)
+audited AS (
+    SELECT awooop_record_history(ARRAY(
+               SELECT ROW(project_id, run_id, :actor, 'APPROVAL_EXPIRED', 'WAITING_APPROVAL', 'FAILED',
+                          'approval token expired',
+                          jsonb_build_object('attempt', attempt_count, 'error_code', 'E-APPROVAL-002',
+                                             'expired_at', approval_expires_at))::awooop_history_row
+                 FROM upd
+               UNION ALL
+               SELECT ROW(project_id, run_id, actor, action, from_status, to_status, reason, details)::awooop_history_row
+                 FROM comp)) AS recorded
 )
 SELECT upd.run_id, upd.failure_reason, comp.reason AS trigger
-  FROM upd LEFT JOIN comp USING (run_id)
+  FROM upd
+ CROSS JOIN audited  -- its one row: the join is what runs it
+  LEFT JOIN comp USING (run_id)
 
 -- name: DueApprovals :many
 -- The runs a sweep batch would take, for expiring them one at a time.

@@ -63,26 +63,32 @@ comp AS (
         u.run_id, u.project_id, u.status, CASE WHEN u.status = 'CANCELLED' THEN 'cancelled' ELSE 'step_failed' END,
         u.failure_reason, :actor) c
 ),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor,
-           CASE status WHEN 'PENDING' THEN 'REAPED' WHEN 'CANCELLED' THEN 'REAPED_CANCELLED' WHEN 'FAILED' THEN 'REAPED_FAILED' END,
-           from_status, status,
-           CASE status WHEN 'PENDING' THEN 'lease expired'
-                       WHEN 'CANCELLED' THEN 'lease expired after a cancel request'
-                       ELSE 'Max retry attempts exceeded' END,
-           jsonb_build_object('attempt', attempt_count, 'max_attempts', max_attempts, 'worker_id', prev_worker,
-                              'lease_until', prev_lease_until)
-      FROM upd
-    UNION ALL
-    SELECT * FROM comp
+-- the transitions' history rows, then the requests' (the final SELECT's join runs it)
+audited AS (
+    SELECT awooop_record_history(ARRAY(
+               SELECT ROW(project_id, run_id, :actor,
+                          CASE status WHEN 'PENDING' THEN 'REAPED' WHEN 'CANCELLED' THEN 'REAPED_CANCELLED'
+                                      WHEN 'FAILED' THEN 'REAPED_FAILED' END,
+                          from_status, status,
+                          CASE status WHEN 'PENDING' THEN 'lease expired'
+                                      WHEN 'CANCELLED' THEN 'lease expired after a cancel request'
+                                      ELSE 'Max retry attempts exceeded' END,
+                          jsonb_build_object('attempt', attempt_count, 'max_attempts', max_attempts,
+                                             'worker_id', prev_worker, 'lease_until', prev_lease_until)
+                      )::awooop_history_row
+                 FROM upd
+               UNION ALL
+               SELECT ROW(project_id, run_id, actor, action, from_status, to_status, reason, details)::awooop_history_row
+                 FROM comp)) AS recorded
 ),
 notified AS (
     SELECT count(pg_notify(:channel, project_id)) AS n
       FROM (SELECT DISTINCT project_id FROM upd WHERE status = 'PENDING') p
 )
 SELECT upd.run_id, upd.status, upd.failure_reason, comp.reason AS trigger, (SELECT n FROM notified) AS notified
-  FROM upd LEFT JOIN comp USING (run_id)
+  FROM upd
+ CROSS JOIN audited  -- its one row: the join is what runs it
+  LEFT JOIN comp USING (run_id)
 
 -- name: ExpiredLeases :many
 -- The runs a reaper batch would take, for reaping them one at a time.
