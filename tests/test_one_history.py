@@ -1,0 +1,106 @@
+"""Migration 0350 on a store that already has history: a run's audit rows written before it stay
+where they were (awooop_audit_entry) and are read once through the view, not twice (their copies
+in the run log carry no audit_id); the run's changes after it are its log's state rows, numbered
+after the old ones, in the one audit order."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+from services.common import migrate, migrate_sql
+
+ONE_HISTORY = 350
+P = "p-history"
+
+SEED_RUN_SQL = """
+INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, status, input)
+VALUES ($1, $2, 'api', 'before-0350', 'PENDING', '{}')
+"""
+
+# as a statement wrote history before 0350: an INSERT into the audit table, copied into the run
+# log by its statement trigger
+OLD_HISTORY_SQL = """
+INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, details)
+VALUES ($1, $2, 'old', 'RUN_CREATED', NULL, 'PENDING', '{"channel_type": "api"}'),
+       ($1, $2, 'old', 'CLAIMED', 'PENDING', 'RUNNING', '{"attempt": 1, "worker_id": null}'),
+       ($1, NULL, 'old', 'CONCURRENCY_LIMIT_SET', NULL, NULL, '{"key": "k"}')
+"""
+
+NEW_HISTORY_SQL = """
+SELECT awooop_record_history(ARRAY[
+    ROW($1, $2, 'new', 'COMPLETED', 'RUNNING', 'COMPLETED', NULL, '{"attempt": 1, "worker_id": "w"}'),
+    ROW($1, NULL, 'new', 'CONCURRENCY_LIMIT_SET', NULL, NULL, NULL, '{"key": "k2"}')
+]::awooop_history_row[])
+"""
+
+
+async def _migrate_below(conn: asyncpg.Connection, version: int) -> None:
+    await migrate_sql.create_migrations_table(conn)
+    for m in migrate.load():
+        if m.version < version:
+            async with conn.transaction():
+                await conn.execute(m.sql)
+                await migrate_sql.record_migration(conn, version=m.version, name=m.name)
+
+
+async def test_history_written_before_the_migration_is_read_once_and_continued_after_it(
+    pg_server_dsn: str,
+) -> None:
+    from tests.harness.databases import admin_connection, with_database
+
+    name = f"awooop_history_{uuid.uuid4().hex[:8]}"
+    admin = await admin_connection(pg_server_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    conn = await asyncpg.connect(with_database(pg_server_dsn, name))
+    try:
+        await _migrate_below(conn, ONE_HISTORY)
+        run_id = uuid.uuid4()
+        await conn.execute(SEED_RUN_SQL, run_id, P)
+        await conn.execute(OLD_HISTORY_SQL, P, run_id)
+        assert await conn.fetchval("SELECT count(*) FROM awooop_run_event WHERE run_id = $1", run_id) == 2
+
+        applied = await migrate.apply(conn)
+        assert applied[0].startswith(f"0{ONE_HISTORY}_")
+
+        rows = await conn.fetch(
+            "SELECT action, actor, details FROM awooop_audit_log WHERE run_id = $1 ORDER BY audit_id", run_id
+        )
+        assert [(r["action"], r["actor"]) for r in rows] == [("RUN_CREATED", "old"), ("CLAIMED", "old")]
+
+        assert await conn.fetchval(NEW_HISTORY_SQL, P, run_id) == 2
+        rows = await conn.fetch(
+            "SELECT action, actor, from_status, to_status, details FROM awooop_audit_log WHERE run_id = $1"
+            " ORDER BY audit_id",
+            run_id,
+        )
+        assert [(r["action"], r["actor"]) for r in rows] == [
+            ("RUN_CREATED", "old"),
+            ("CLAIMED", "old"),
+            ("COMPLETED", "new"),
+        ]
+        assert (rows[2]["from_status"], rows[2]["to_status"]) == ("RUNNING", "COMPLETED")
+        assert rows[2]["details"] == '{"attempt": 1, "worker_id": "w"}'
+        # the log goes on where the trigger left it: one offset per row, the new row third
+        log = await conn.fetch(
+            "SELECT seq, kind, audit_id IS NOT NULL AS audited, attempt FROM awooop_run_event"
+            " WHERE run_id = $1 ORDER BY seq",
+            run_id,
+        )
+        assert [(r["seq"], r["kind"], r["audited"]) for r in log] == [
+            (1, "RUN_CREATED", False),
+            (2, "CLAIMED", False),
+            (3, "COMPLETED", True),
+        ]
+        assert log[2]["attempt"] == 1
+        # the rows of no run are entries, in the same audit order
+        entries = await conn.fetch(
+            "SELECT actor, details FROM awooop_audit_log WHERE run_id IS NULL AND project_id = $1 ORDER BY audit_id", P
+        )
+        assert [r["actor"] for r in entries] == ["old", "new"]
+        assert await conn.fetchval("SELECT count(*) FROM awooop_audit_entry WHERE run_id IS NULL") == 2
+    finally:
+        await conn.close()
+        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        await admin.close()
