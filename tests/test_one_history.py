@@ -5,11 +5,13 @@ after the old ones, in the one audit order."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import asyncpg
 
 from services.common import migrate, migrate_sql
+from tests.harness.helpers import eventually
 
 ONE_HISTORY = 350
 P = "p-history"
@@ -104,3 +106,43 @@ async def test_history_written_before_the_migration_is_read_once_and_continued_a
         await conn.close()
         await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
         await admin.close()
+
+
+async def test_a_state_row_that_meets_a_concurrent_log_row_takes_the_next_seq_with_its_audit_id(
+    db: asyncpg.Connection, db_dsn: str
+) -> None:
+    """The set-based INSERT numbers a run's row after the last committed seq; a step's row being
+    written by another transaction takes that seq first. The state row must then go to the next
+    free seq, keep its audit_id, and be read through the view once."""
+    run_id = uuid.uuid4()
+    await db.execute(SEED_RUN_SQL, run_id, P)
+    step = await asyncpg.connect(db_dsn)
+    history = await asyncpg.connect(db_dsn)
+    try:
+        tx = step.transaction()
+        await tx.start()
+        assert await step.fetchval("SELECT awooop_append_run_event($1, $2, 'step', 'pending', '{}', 1)", run_id, P) == 1
+        recorded = asyncio.create_task(history.fetchval(NEW_HISTORY_SQL, P, run_id))
+
+        async def waits_for_the_step() -> bool:
+            return bool(
+                await db.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                    history.get_server_pid(),
+                )
+            )
+
+        await eventually(waits_for_the_step, what="the history INSERT waiting on the step's seq")
+        await tx.commit()
+        assert await recorded == 2
+    finally:
+        await step.close()
+        await history.close()
+    log = await db.fetch(
+        "SELECT seq, source, kind, audit_id IS NOT NULL AS audited FROM awooop_run_event"
+        " WHERE run_id = $1 ORDER BY seq",
+        run_id,
+    )
+    assert [tuple(r) for r in log] == [(1, "step", "pending", False), (2, "state", "COMPLETED", True)]
+    rows = await db.fetch("SELECT action, actor FROM awooop_audit_log WHERE run_id = $1", run_id)
+    assert [tuple(r) for r in rows] == [("COMPLETED", "new")]

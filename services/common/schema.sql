@@ -16,8 +16,8 @@ CREATE TYPE public.awooop_history_row AS (
 	details jsonb
 );
 
--- FUNCTION: awooop_append_run_event(uuid, text, text, text, jsonb, integer, text, integer, bigint)
-CREATE FUNCTION public.awooop_append_run_event(p_run_id uuid, p_project_id text, p_source text, p_kind text, p_data jsonb, p_attempt integer, p_emit_key text DEFAULT NULL::text, p_progress_no integer DEFAULT NULL::integer, p_progress_bytes bigint DEFAULT NULL::bigint) RETURNS bigint
+-- FUNCTION: awooop_append_run_event(uuid, text, text, text, jsonb, integer, text, integer, bigint, bigint)
+CREATE FUNCTION public.awooop_append_run_event(p_run_id uuid, p_project_id text, p_source text, p_kind text, p_data jsonb, p_attempt integer, p_emit_key text DEFAULT NULL::text, p_progress_no integer DEFAULT NULL::integer, p_progress_bytes bigint DEFAULT NULL::bigint, p_audit_id bigint DEFAULT NULL::bigint) RETURNS bigint
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     AS $$
@@ -29,9 +29,9 @@ BEGIN
         next_seq := COALESCE((SELECT e.seq FROM awooop_run_event e WHERE e.run_id = p_run_id
                                ORDER BY e.seq DESC LIMIT 1), 0) + 1;
         INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, emit_key,
-                                      progress_no, progress_bytes)
+                                      progress_no, progress_bytes, audit_id)
         VALUES (p_run_id, next_seq, p_project_id, p_source, COALESCE(p_kind, ''), COALESCE(p_data, '{}'),
-                COALESCE(p_attempt, 0), p_emit_key, p_progress_no, p_progress_bytes)
+                COALESCE(p_attempt, 0), p_emit_key, p_progress_no, p_progress_bytes, p_audit_id)
         ON CONFLICT (run_id, seq) DO NOTHING
         RETURNING seq INTO written;
         EXIT WHEN written IS NOT NULL;
@@ -484,7 +484,7 @@ BEGIN
     END IF;
     -- the rows of no run are entries; each run's rows take the next seqs of its log in one INSERT.
     -- A seq taken meanwhile by a concurrent writer of the same run (a step's row) sends that row
-    -- to the loop below.
+    -- to the one append, which tries the next seq until one is free.
     FOR missed IN
         WITH entries AS (
             INSERT INTO awooop_audit_entry (project_id, actor, action, from_status, to_status, reason, details)
@@ -520,15 +520,8 @@ BEGIN
          WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.run_id = nb.run_id AND ins.seq = nb.seq)
          ORDER BY nb.ord
     LOOP
-        LOOP
-            INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, audit_id)
-            VALUES (missed.run_id,
-                    COALESCE((SELECT e.seq FROM awooop_run_event e WHERE e.run_id = missed.run_id
-                               ORDER BY e.seq DESC LIMIT 1), 0) + 1,
-                    missed.project_id, 'state', missed.action, missed.data, missed.attempt, missed.audit_id)
-            ON CONFLICT (run_id, seq) DO NOTHING;
-            EXIT WHEN FOUND;
-        END LOOP;
+        PERFORM awooop_append_run_event(missed.run_id, missed.project_id, 'state', missed.action, missed.data,
+                                        missed.attempt, p_audit_id => missed.audit_id);
     END LOOP;
     PERFORM pg_notify('awooop_run_event', w.run_id::text)
        FROM awooop_run_watch w
@@ -1203,12 +1196,6 @@ CREATE TABLE public.awooop_wait_token (
 
 -- DEFAULT: awooop_audit_entry audit_id
 ALTER TABLE ONLY public.awooop_audit_entry ALTER COLUMN audit_id SET DEFAULT nextval('public.awooop_audit_log_audit_id_seq'::regclass);
-
--- DEFAULT: awooop_audit_log details
-ALTER TABLE ONLY public.awooop_audit_log ALTER COLUMN details SET DEFAULT '{}'::jsonb;
-
--- DEFAULT: awooop_audit_log created_at
-ALTER TABLE ONLY public.awooop_audit_log ALTER COLUMN created_at SET DEFAULT now();
 
 -- DEFAULT: awooop_refgw_request request_id
 ALTER TABLE ONLY public.awooop_refgw_request ALTER COLUMN request_id SET DEFAULT nextval('public.awooop_refgw_request_request_id_seq'::regclass);

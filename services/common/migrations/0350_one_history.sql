@@ -20,6 +20,34 @@ DROP FUNCTION awooop_run_events_from_audit();
 -- the audit order of a state row (NULL: a step or progress row, or a state row from before 0350)
 ALTER TABLE awooop_run_event ADD COLUMN audit_id BIGINT;
 
+-- the one append of a log row (0180, 0250) takes a state row's audit_id too; the body is 0250's
+DROP FUNCTION awooop_append_run_event(UUID, TEXT, TEXT, TEXT, JSONB, INT, TEXT, INT, BIGINT);
+CREATE FUNCTION awooop_append_run_event(
+    p_run_id UUID, p_project_id TEXT, p_source TEXT, p_kind TEXT, p_data JSONB, p_attempt INT,
+    p_emit_key TEXT DEFAULT NULL, p_progress_no INT DEFAULT NULL, p_progress_bytes BIGINT DEFAULT NULL,
+    p_audit_id BIGINT DEFAULT NULL
+) RETURNS BIGINT LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+    next_seq BIGINT;
+    written BIGINT;
+BEGIN
+    LOOP
+        next_seq := COALESCE((SELECT e.seq FROM awooop_run_event e WHERE e.run_id = p_run_id
+                               ORDER BY e.seq DESC LIMIT 1), 0) + 1;
+        INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, emit_key,
+                                      progress_no, progress_bytes, audit_id)
+        VALUES (p_run_id, next_seq, p_project_id, p_source, COALESCE(p_kind, ''), COALESCE(p_data, '{}'),
+                COALESCE(p_attempt, 0), p_emit_key, p_progress_no, p_progress_bytes, p_audit_id)
+        ON CONFLICT (run_id, seq) DO NOTHING
+        RETURNING seq INTO written;
+        EXIT WHEN written IS NOT NULL;
+    END LOOP;
+    IF EXISTS (SELECT 1 FROM awooop_run_watch WHERE run_id = p_run_id AND watched_until > now()) THEN
+        PERFORM pg_notify('awooop_run_event', p_run_id::text);
+    END IF;
+    RETURN written;
+END $$;
+
 CREATE TYPE awooop_history_row AS (
     project_id TEXT,
     run_id UUID,  -- NULL: a change of no run (an audit entry)
@@ -47,7 +75,7 @@ BEGIN
     END IF;
     -- the rows of no run are entries; each run's rows take the next seqs of its log in one INSERT.
     -- A seq taken meanwhile by a concurrent writer of the same run (a step's row) sends that row
-    -- to the loop below.
+    -- to the one append, which tries the next seq until one is free.
     FOR missed IN
         WITH entries AS (
             INSERT INTO awooop_audit_entry (project_id, actor, action, from_status, to_status, reason, details)
@@ -83,15 +111,8 @@ BEGIN
          WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.run_id = nb.run_id AND ins.seq = nb.seq)
          ORDER BY nb.ord
     LOOP
-        LOOP
-            INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, audit_id)
-            VALUES (missed.run_id,
-                    COALESCE((SELECT e.seq FROM awooop_run_event e WHERE e.run_id = missed.run_id
-                               ORDER BY e.seq DESC LIMIT 1), 0) + 1,
-                    missed.project_id, 'state', missed.action, missed.data, missed.attempt, missed.audit_id)
-            ON CONFLICT (run_id, seq) DO NOTHING;
-            EXIT WHEN FOUND;
-        END LOOP;
+        PERFORM awooop_append_run_event(missed.run_id, missed.project_id, 'state', missed.action, missed.data,
+                                        missed.attempt, p_audit_id => missed.audit_id);
     END LOOP;
     PERFORM pg_notify('awooop_run_event', w.run_id::text)
        FROM awooop_run_watch w
@@ -111,8 +132,6 @@ SELECT e.audit_id, e.project_id, e.run_id, (e.data ->> 'actor')::varchar(160), e
   FROM awooop_run_event e
  WHERE e.audit_id IS NOT NULL;
 
-ALTER VIEW awooop_audit_log ALTER COLUMN details SET DEFAULT '{}';
-ALTER VIEW awooop_audit_log ALTER COLUMN created_at SET DEFAULT now();
 
 -- the statements off the hot path (and an operator's INSERT) write through the view, a row at a time
 CREATE FUNCTION awooop_audit_log_insert() RETURNS trigger
