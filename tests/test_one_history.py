@@ -9,11 +9,13 @@ import asyncio
 import uuid
 
 import asyncpg
+import pytest
 
 from services.common import migrate, migrate_sql
 from tests.harness.helpers import eventually
 
 ONE_HISTORY = 350
+COMPACT_STATE_ROWS = 360
 P = "p-history"
 
 SEED_RUN_SQL = """
@@ -144,5 +146,78 @@ async def test_a_state_row_that_meets_a_concurrent_log_row_takes_the_next_seq_wi
         run_id,
     )
     assert [tuple(r) for r in log] == [(1, "step", "pending", False), (2, "state", "COMPLETED", True)]
-    rows = await db.fetch("SELECT action, actor FROM awooop_audit_log WHERE run_id = $1", run_id)
-    assert [tuple(r) for r in rows] == [("COMPLETED", "new")]
+    rows = await db.fetch("SELECT action, actor, from_status FROM awooop_audit_log WHERE run_id = $1", run_id)
+    assert [tuple(r) for r in rows] == [("COMPLETED", "new", "RUNNING")]
+    # the append wrote the compact form, which the log's reader serves as the JSON of the set's rows
+    data = await db.fetchval(
+        "SELECT awooop_run_event_data(e)::text FROM awooop_run_event e WHERE run_id = $1 AND seq = 2", run_id
+    )
+    assert data == (
+        '{"actor": "new", "action": "COMPLETED", "details": {"attempt": 1, "worker_id": "w"},'
+        ' "to_status": "COMPLETED", "from_status": "RUNNING"}'
+    )
+
+
+# a run's history as each of its readers reads it: WatchRun's stream and the audit view
+LOG_SQL = "SELECT seq, kind, attempt, awooop_run_event_data(e)::text AS data FROM awooop_run_event e WHERE run_id = $1"
+LOG_BEFORE_0360_SQL = "SELECT seq, kind, attempt, data::text FROM awooop_run_event WHERE run_id = $1"
+AUDIT_SQL = """
+SELECT action, actor, from_status, to_status, reason, details::text FROM awooop_audit_log
+ WHERE run_id = $1 ORDER BY audit_id
+"""
+
+HISTORY_SQL = """
+SELECT awooop_record_history(ARRAY[
+    ROW($1, $2, 'svc', 'RUN_CREATED', NULL, 'PENDING', NULL, '{"channel_type": "api", "provider_event_id": "e"}'),
+    ROW($1, $2, 'svc', 'CLAIMED', 'PENDING', 'RUNNING', NULL, '{"attempt": 2, "worker_id": "w", "lease": null}'),
+    ROW($1, $2, 'op', 'CANCELLED', 'RUNNING', 'CANCELLED', 'operator: stop', '{}')
+]::awooop_history_row[])
+"""
+
+
+async def test_state_rows_before_and_after_0360_read_the_same(pg_server_dsn: str) -> None:
+    """0360 keeps a state row's statuses, actor and reason in columns and its details alone as
+    data. A row written before it keeps its JSON. Both read the same through WatchRun's reader and
+    the audit view, and a new row reads exactly as the old form of the same change did."""
+    from tests.harness.databases import admin_connection, with_database
+
+    name = f"awooop_history_{uuid.uuid4().hex[:8]}"
+    admin = await admin_connection(pg_server_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    conn = await asyncpg.connect(with_database(pg_server_dsn, name))
+    try:
+        await _migrate_below(conn, COMPACT_STATE_ROWS)
+        old_run, new_run = uuid.uuid4(), uuid.uuid4()
+        await conn.execute(SEED_RUN_SQL, old_run, P)
+        assert await conn.fetchval(HISTORY_SQL, P, old_run) == 3
+        log_before = [tuple(r) for r in await conn.fetch(LOG_BEFORE_0360_SQL + " ORDER BY seq", old_run)]
+        audit_before = [tuple(r) for r in await conn.fetch(AUDIT_SQL, old_run)]
+
+        applied = await migrate.apply(conn)
+        assert applied[0].startswith(f"0{COMPACT_STATE_ROWS}_")
+
+        assert [tuple(r) for r in await conn.fetch(LOG_SQL + " ORDER BY seq", old_run)] == log_before
+        assert [tuple(r) for r in await conn.fetch(AUDIT_SQL, old_run)] == audit_before
+        await conn.execute(SEED_RUN_SQL, new_run, P)
+        assert await conn.fetchval(HISTORY_SQL, P, new_run) == 3
+        assert [tuple(r) for r in await conn.fetch(LOG_SQL + " ORDER BY seq", new_run)] == log_before
+        assert [tuple(r) for r in await conn.fetch(AUDIT_SQL, new_run)] == audit_before
+        assert log_before[1][2] == 2  # the attempt the details name
+        # the point of it: the same change in fewer bytes
+        sizes = await conn.fetch(
+            "SELECT run_id, sum(pg_column_size(e.*)) AS bytes FROM awooop_run_event e GROUP BY run_id"
+        )
+        size = {r["run_id"]: r["bytes"] for r in sizes}
+        assert size[new_run] < size[old_run] - 3 * 40
+        # a state row has its actor, as an audit row always had
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.fetchval(
+                "SELECT awooop_record_history(ARRAY[ROW($1, $2, NULL, 'X', NULL, NULL, NULL, '{}')]"
+                "::awooop_history_row[])",
+                P,
+                new_run,
+            )
+    finally:
+        await conn.close()
+        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        await admin.close()

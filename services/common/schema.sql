@@ -16,8 +16,8 @@ CREATE TYPE public.awooop_history_row AS (
 	details jsonb
 );
 
--- FUNCTION: awooop_append_run_event(uuid, text, text, text, jsonb, integer, text, integer, bigint, bigint)
-CREATE FUNCTION public.awooop_append_run_event(p_run_id uuid, p_project_id text, p_source text, p_kind text, p_data jsonb, p_attempt integer, p_emit_key text DEFAULT NULL::text, p_progress_no integer DEFAULT NULL::integer, p_progress_bytes bigint DEFAULT NULL::bigint, p_audit_id bigint DEFAULT NULL::bigint) RETURNS bigint
+-- FUNCTION: awooop_append_run_event(uuid, text, text, text, jsonb, integer, text, integer, bigint, bigint, text, text, text, text)
+CREATE FUNCTION public.awooop_append_run_event(p_run_id uuid, p_project_id text, p_source text, p_kind text, p_data jsonb, p_attempt integer, p_emit_key text DEFAULT NULL::text, p_progress_no integer DEFAULT NULL::integer, p_progress_bytes bigint DEFAULT NULL::bigint, p_audit_id bigint DEFAULT NULL::bigint, p_actor text DEFAULT NULL::text, p_from_status text DEFAULT NULL::text, p_to_status text DEFAULT NULL::text, p_reason text DEFAULT NULL::text) RETURNS bigint
     LANGUAGE plpgsql
     SET enable_seqscan TO 'off'
     AS $$
@@ -29,9 +29,10 @@ BEGIN
         next_seq := COALESCE((SELECT e.seq FROM awooop_run_event e WHERE e.run_id = p_run_id
                                ORDER BY e.seq DESC LIMIT 1), 0) + 1;
         INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, emit_key,
-                                      progress_no, progress_bytes, audit_id)
+                                      progress_no, progress_bytes, audit_id, actor, from_status, to_status, reason)
         VALUES (p_run_id, next_seq, p_project_id, p_source, COALESCE(p_kind, ''), COALESCE(p_data, '{}'),
-                COALESCE(p_attempt, 0), p_emit_key, p_progress_no, p_progress_bytes, p_audit_id)
+                COALESCE(p_attempt, 0), p_emit_key, p_progress_no, p_progress_bytes, p_audit_id, p_actor,
+                p_from_status, p_to_status, p_reason)
         ON CONFLICT (run_id, seq) DO NOTHING
         RETURNING seq INTO written;
         EXIT WHEN written IS NOT NULL;
@@ -419,6 +420,14 @@ BEGIN
     END LOOP;
 END $$;
 
+-- FUNCTION: awooop_history_attempt(jsonb)
+CREATE FUNCTION public.awooop_history_attempt(p_details jsonb) RETURNS integer
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN jsonb_typeof(p_details -> 'attempt') = 'number'
+                THEN LEAST(GREATEST((p_details ->> 'attempt')::numeric, 0), 2147483647)::int ELSE 0 END
+$$;
+
 -- FUNCTION: awooop_lock_run_tree(uuid)
 CREATE FUNCTION public.awooop_lock_run_tree(p_run_id uuid) RETURNS boolean
     LANGUAGE plpgsql
@@ -494,14 +503,8 @@ BEGIN
              ORDER BY h.ordinality
         ), rows AS MATERIALIZED (
             SELECT nextval('awooop_audit_log_audit_id_seq') AS audit_id, h.ordinality AS ord, h.run_id,
-                   h.project_id, h.action,
-                   jsonb_strip_nulls(jsonb_build_object(
-                       'action', h.action, 'from_status', h.from_status, 'to_status', h.to_status,
-                       'actor', h.actor, 'reason', h.reason))
-                       || jsonb_build_object('details', COALESCE(h.details, '{}')) AS data,
-                   CASE WHEN jsonb_typeof(h.details -> 'attempt') = 'number'
-                        THEN LEAST(GREATEST((h.details ->> 'attempt')::numeric, 0), 2147483647)::int ELSE 0 END
-                       AS attempt
+                   h.project_id, h.actor, h.action, h.from_status, h.to_status, h.reason,
+                   COALESCE(h.details, '{}') AS details, awooop_history_attempt(h.details) AS attempt
               FROM unnest(p_rows) WITH ORDINALITY AS h
              WHERE h.run_id IS NOT NULL
              ORDER BY h.ordinality
@@ -511,8 +514,11 @@ BEGIN
                         + row_number() OVER (PARTITION BY r.run_id ORDER BY r.ord) AS seq
               FROM rows r
         ), ins AS (
-            INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, audit_id)
-            SELECT run_id, seq, project_id, 'state', action, data, attempt, audit_id FROM numbered
+            INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, audit_id,
+                                          actor, from_status, to_status, reason)
+            SELECT run_id, seq, project_id, 'state', action, details, attempt, audit_id,
+                   actor, from_status, to_status, reason
+              FROM numbered
             ON CONFLICT (run_id, seq) DO NOTHING
             RETURNING run_id, seq
         )
@@ -520,8 +526,10 @@ BEGIN
          WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.run_id = nb.run_id AND ins.seq = nb.seq)
          ORDER BY nb.ord
     LOOP
-        PERFORM awooop_append_run_event(missed.run_id, missed.project_id, 'state', missed.action, missed.data,
-                                        missed.attempt, p_audit_id => missed.audit_id);
+        PERFORM awooop_append_run_event(missed.run_id, missed.project_id, 'state', missed.action, missed.details,
+                                        missed.attempt, p_audit_id => missed.audit_id, p_actor => missed.actor,
+                                        p_from_status => missed.from_status, p_to_status => missed.to_status,
+                                        p_reason => missed.reason);
     END LOOP;
     PERFORM pg_notify('awooop_run_event', w.run_id::text)
        FROM awooop_run_watch w
@@ -668,6 +676,39 @@ CREATE FUNCTION public.awooop_retry_delay(policy jsonb, failures integer) RETURN
            * (1 - (policy->>'jitter')::float8 * random())
 $$;
 
+-- TABLE: awooop_run_event
+CREATE TABLE public.awooop_run_event (
+    run_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    project_id character varying(64) NOT NULL,
+    source character varying(16) NOT NULL,
+    kind character varying(128) DEFAULT ''::character varying NOT NULL,
+    data jsonb DEFAULT '{}'::jsonb NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    emit_key character varying(128),
+    progress_no integer,
+    progress_bytes bigint,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    audit_id bigint,
+    actor character varying(160),
+    from_status character varying(32),
+    to_status character varying(32),
+    reason text,
+    CONSTRAINT awooop_run_event_source_check CHECK (((source)::text = ANY ((ARRAY['state'::character varying, 'step'::character varying, 'progress'::character varying])::text[])))
+);
+
+-- FUNCTION: awooop_run_event_data(public.awooop_run_event)
+CREATE FUNCTION public.awooop_run_event_data(e public.awooop_run_event) RETURNS jsonb
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN e.actor IS NULL THEN e.data
+                ELSE jsonb_strip_nulls(jsonb_build_object(
+                         'action', e.kind, 'from_status', e.from_status, 'to_status', e.to_status,
+                         'actor', e.actor, 'reason', e.reason))
+                     || jsonb_build_object('details', e.data)
+           END
+$$;
+
 -- FUNCTION: awooop_run_event_from_step()
 CREATE FUNCTION public.awooop_run_event_from_step() RETURNS trigger
     LANGUAGE plpgsql
@@ -730,23 +771,6 @@ CREATE TABLE public.awooop_audit_entry (
     created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
--- TABLE: awooop_run_event
-CREATE TABLE public.awooop_run_event (
-    run_id uuid NOT NULL,
-    seq bigint NOT NULL,
-    project_id character varying(64) NOT NULL,
-    source character varying(16) NOT NULL,
-    kind character varying(128) DEFAULT ''::character varying NOT NULL,
-    data jsonb DEFAULT '{}'::jsonb NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    emit_key character varying(128),
-    progress_no integer,
-    progress_bytes bigint,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    audit_id bigint,
-    CONSTRAINT awooop_run_event_source_check CHECK (((source)::text = ANY ((ARRAY['state'::character varying, 'step'::character varying, 'progress'::character varying])::text[])))
-);
-
 -- VIEW: awooop_audit_log
 CREATE VIEW public.awooop_audit_log AS
  SELECT a.audit_id,
@@ -764,12 +788,26 @@ UNION ALL
  SELECT e.audit_id,
     e.project_id,
     e.run_id,
-    ((e.data ->> 'actor'::text))::character varying(160) AS actor,
+    (COALESCE(e.actor, ((e.data ->> 'actor'::text))::character varying))::character varying(160) AS actor,
     (e.kind)::character varying(64) AS action,
-    ((e.data ->> 'from_status'::text))::character varying(32) AS from_status,
-    ((e.data ->> 'to_status'::text))::character varying(32) AS to_status,
-    (e.data ->> 'reason'::text) AS reason,
-    (e.data -> 'details'::text) AS details,
+    (
+        CASE
+            WHEN (e.actor IS NULL) THEN ((e.data ->> 'from_status'::text))::character varying
+            ELSE e.from_status
+        END)::character varying(32) AS from_status,
+    (
+        CASE
+            WHEN (e.actor IS NULL) THEN ((e.data ->> 'to_status'::text))::character varying
+            ELSE e.to_status
+        END)::character varying(32) AS to_status,
+        CASE
+            WHEN (e.actor IS NULL) THEN (e.data ->> 'reason'::text)
+            ELSE e.reason
+        END AS reason,
+        CASE
+            WHEN (e.actor IS NULL) THEN (e.data -> 'details'::text)
+            ELSE e.data
+        END AS details,
     e.created_at
    FROM public.awooop_run_event e
   WHERE (e.audit_id IS NOT NULL);
@@ -1282,6 +1320,10 @@ ALTER TABLE ONLY public.awooop_refgw_resource
 -- CONSTRAINT: awooop_refgw_row awooop_refgw_row_pkey
 ALTER TABLE ONLY public.awooop_refgw_row
     ADD CONSTRAINT awooop_refgw_row_pkey PRIMARY KEY (project_id, table_name, row_id);
+
+-- CHECK CONSTRAINT: awooop_run_event awooop_run_event_history_actor
+ALTER TABLE public.awooop_run_event
+    ADD CONSTRAINT awooop_run_event_history_actor CHECK (((audit_id IS NULL) OR (actor IS NOT NULL))) NOT VALID;
 
 -- CONSTRAINT: awooop_run_event awooop_run_event_pkey
 ALTER TABLE ONLY public.awooop_run_event

@@ -118,6 +118,7 @@ async def run_events_after(
     """RunEventsAfter (run_events.sql).
 
     A run's log after offset :after, in order, at most :max_rows rows (the primary key's order).
+    A state row's data is built from its columns (awooop_run_event_data, migration 0360).
     """
     return cast(
         "list[RunEventsAfterRow]", await db.fetch(RUN_EVENTS_AFTER.sql, run_id, after, max_rows, timeout=query_timeout)
