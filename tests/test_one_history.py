@@ -6,12 +6,15 @@ after the old ones, in the one audit order."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import asyncpg
 import pytest
 
 from services.common import migrate, migrate_sql
+from services.scheduler import run_events_sql
+from services.scheduler.run_events import LogRow
 from tests.harness.helpers import eventually
 
 ONE_HISTORY = 350
@@ -148,19 +151,26 @@ async def test_a_state_row_that_meets_a_concurrent_log_row_takes_the_next_seq_wi
     assert [tuple(r) for r in log] == [(1, "step", "pending", False), (2, "state", "COMPLETED", True)]
     rows = await db.fetch("SELECT action, actor, from_status FROM awooop_audit_log WHERE run_id = $1", run_id)
     assert [tuple(r) for r in rows] == [("COMPLETED", "new", "RUNNING")]
-    # the append wrote the compact form, which the log's reader serves as the JSON of the set's rows
-    data = await db.fetchval(
-        "SELECT awooop_run_event_data(e)::text FROM awooop_run_event e WHERE run_id = $1 AND seq = 2", run_id
-    )
-    assert data == (
-        '{"actor": "new", "action": "COMPLETED", "details": {"attempt": 1, "worker_id": "w"},'
-        ' "to_status": "COMPLETED", "from_status": "RUNNING"}'
-    )
+    # the append wrote the compact form, which WatchRun serves as the JSON of the set's rows
+    assert [r.data for r in await _served(db, run_id)][1] == {
+        "actor": "new",
+        "action": "COMPLETED",
+        "details": {"attempt": 1, "worker_id": "w"},
+        "to_status": "COMPLETED",
+        "from_status": "RUNNING",
+    }
 
 
-# a run's history as each of its readers reads it: WatchRun's stream and the audit view
-LOG_SQL = "SELECT seq, kind, attempt, awooop_run_event_data(e)::text AS data FROM awooop_run_event e WHERE run_id = $1"
-LOG_BEFORE_0360_SQL = "SELECT seq, kind, attempt, data::text FROM awooop_run_event WHERE run_id = $1"
+async def _served(conn: asyncpg.Connection, run_id: uuid.UUID) -> list[LogRow]:
+    """A run's log as WatchRun serves it: its reader's rows through LogRow (the JSON text decoded
+    here, as the services' pool codec decodes it)."""
+    rows = await run_events_sql.run_events_after(conn, run_id=run_id, after=0, max_rows=100)
+    return [LogRow.of({**r, "data": json.loads(r["data"])}) for r in rows]
+
+
+# a run's history as each of its readers reads it: WatchRun's stream and the audit view; before
+# 0360, WatchRun served the data column as it was
+LOG_BEFORE_0360_SQL = "SELECT seq, kind, attempt, data::text FROM awooop_run_event WHERE run_id = $1 ORDER BY seq"
 AUDIT_SQL = """
 SELECT action, actor, from_status, to_status, reason, details::text FROM awooop_audit_log
  WHERE run_id = $1 ORDER BY audit_id
@@ -190,17 +200,23 @@ async def test_state_rows_before_and_after_0360_read_the_same(pg_server_dsn: str
         old_run, new_run = uuid.uuid4(), uuid.uuid4()
         await conn.execute(SEED_RUN_SQL, old_run, P)
         assert await conn.fetchval(HISTORY_SQL, P, old_run) == 3
-        log_before = [tuple(r) for r in await conn.fetch(LOG_BEFORE_0360_SQL + " ORDER BY seq", old_run)]
+        log_before = [
+            (r["seq"], r["kind"], r["attempt"], json.loads(r["data"]))
+            for r in await conn.fetch(LOG_BEFORE_0360_SQL, old_run)
+        ]
         audit_before = [tuple(r) for r in await conn.fetch(AUDIT_SQL, old_run)]
 
         applied = await migrate.apply(conn)
         assert applied[0].startswith(f"0{COMPACT_STATE_ROWS}_")
 
-        assert [tuple(r) for r in await conn.fetch(LOG_SQL + " ORDER BY seq", old_run)] == log_before
+        assert [(r.offset, r.kind, r.attempt, r.data) for r in await _served(conn, old_run)] == log_before
         assert [tuple(r) for r in await conn.fetch(AUDIT_SQL, old_run)] == audit_before
         await conn.execute(SEED_RUN_SQL, new_run, P)
         assert await conn.fetchval(HISTORY_SQL, P, new_run) == 3
-        assert [tuple(r) for r in await conn.fetch(LOG_SQL + " ORDER BY seq", new_run)] == log_before
+        served = await _served(conn, new_run)
+        assert [(r.offset, r.kind, r.attempt, r.data) for r in served] == log_before
+        # in the same key order as the JSON of the rows before, which a watcher's client may print
+        assert [list(r.data) for r in served] == [list(b[3]) for b in log_before]
         assert [tuple(r) for r in await conn.fetch(AUDIT_SQL, new_run)] == audit_before
         assert log_before[1][2] == 2  # the attempt the details name
         # the point of it: the same change in fewer bytes

@@ -676,39 +676,6 @@ CREATE FUNCTION public.awooop_retry_delay(policy jsonb, failures integer) RETURN
            * (1 - (policy->>'jitter')::float8 * random())
 $$;
 
--- TABLE: awooop_run_event
-CREATE TABLE public.awooop_run_event (
-    run_id uuid NOT NULL,
-    seq bigint NOT NULL,
-    project_id character varying(64) NOT NULL,
-    source character varying(16) NOT NULL,
-    kind character varying(128) DEFAULT ''::character varying NOT NULL,
-    data jsonb DEFAULT '{}'::jsonb NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    emit_key character varying(128),
-    progress_no integer,
-    progress_bytes bigint,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    audit_id bigint,
-    actor character varying(160),
-    from_status character varying(32),
-    to_status character varying(32),
-    reason text,
-    CONSTRAINT awooop_run_event_source_check CHECK (((source)::text = ANY ((ARRAY['state'::character varying, 'step'::character varying, 'progress'::character varying])::text[])))
-);
-
--- FUNCTION: awooop_run_event_data(public.awooop_run_event)
-CREATE FUNCTION public.awooop_run_event_data(e public.awooop_run_event) RETURNS jsonb
-    LANGUAGE sql STABLE PARALLEL SAFE
-    AS $$
-    SELECT CASE WHEN e.actor IS NULL THEN e.data
-                ELSE jsonb_strip_nulls(jsonb_build_object(
-                         'action', e.kind, 'from_status', e.from_status, 'to_status', e.to_status,
-                         'actor', e.actor, 'reason', e.reason))
-                     || jsonb_build_object('details', e.data)
-           END
-$$;
-
 -- FUNCTION: awooop_run_event_from_step()
 CREATE FUNCTION public.awooop_run_event_from_step() RETURNS trigger
     LANGUAGE plpgsql
@@ -769,6 +736,27 @@ CREATE TABLE public.awooop_audit_entry (
     reason text,
     details jsonb DEFAULT '{}'::jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- TABLE: awooop_run_event
+CREATE TABLE public.awooop_run_event (
+    run_id uuid NOT NULL,
+    seq bigint NOT NULL,
+    project_id character varying(64) NOT NULL,
+    source character varying(16) NOT NULL,
+    kind character varying(128) DEFAULT ''::character varying NOT NULL,
+    data jsonb DEFAULT '{}'::jsonb NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    emit_key character varying(128),
+    progress_no integer,
+    progress_bytes bigint,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    audit_id bigint,
+    actor character varying(160),
+    from_status character varying(32),
+    to_status character varying(32),
+    reason text,
+    CONSTRAINT awooop_run_event_source_check CHECK (((source)::text = ANY ((ARRAY['state'::character varying, 'step'::character varying, 'progress'::character varying])::text[])))
 );
 
 -- VIEW: awooop_audit_log

@@ -109,7 +109,21 @@ class LogRow:
     @classmethod
     def of(cls, r: Row) -> LogRow:
         # the pool's jsonb codec (db.py) answers the row's object; every log row's data is one
-        return cls(int(r["seq"]), EventSource(r["source"]), r["kind"], r["data"], r["attempt"], r["created_at"])
+        data = r["data"] if r["actor"] is None else state_data(r)
+        return cls(int(r["seq"]), EventSource(r["source"]), r["kind"], data, r["attempt"], r["created_at"])
+
+
+def state_data(r: Row) -> dict[str, Any]:
+    """A compact state row (migration 0360: its change in columns, its details as data) as the
+    one JSON object a state row was before: its change without the empty fields, then its details
+    whole, in jsonb's key order (what a watcher read then)."""
+    change = {"actor": r["actor"], "action": r["kind"], "reason": r["reason"]}
+    data = {k: v for k, v in change.items() if v is not None}
+    data["details"] = r["data"]
+    for k in ("to_status", "from_status"):
+        if r[k] is not None:
+            data[k] = r[k]
+    return data
 
 
 @dataclass(frozen=True)

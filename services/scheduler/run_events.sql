@@ -21,10 +21,10 @@ SELECT COALESCE((SELECT seq FROM awooop_run_event WHERE run_id = :run_id ORDER B
 
 -- name: RunEventsAfter :many
 -- A run's log after offset :after, in order, at most :max_rows rows (the primary key's order).
--- A state row's data is built from its columns (awooop_run_event_data, migration 0360).
--- not null: data
-SELECT seq, source, kind, awooop_run_event_data(e) AS data, attempt, created_at
-  FROM awooop_run_event e
+-- A state row written since migration 0360 has its change in columns (actor set) and its
+-- details as data; LogRow (run_events.py) serves it as the one JSON object of the older rows.
+SELECT seq, source, kind, data, attempt, created_at, actor, from_status, to_status, reason
+  FROM awooop_run_event
  WHERE run_id = :run_id AND seq > :after
  ORDER BY seq
  LIMIT :max_rows

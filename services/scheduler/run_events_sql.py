@@ -49,6 +49,14 @@ class RunEventsAfterRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["created_at"], /) -> datetime: ...
     @overload
+    def __getitem__(self, key: Literal["actor"], /) -> str | None: ...
+    @overload
+    def __getitem__(self, key: Literal["from_status"], /) -> str | None: ...
+    @overload
+    def __getitem__(self, key: Literal["to_status"], /) -> str | None: ...
+    @overload
+    def __getitem__(self, key: Literal["reason"], /) -> str | None: ...
+    @overload
     def __getitem__(self, key: str, /) -> object: ...
 
     def __getitem__(self, key: str, /) -> Any: ...
@@ -118,7 +126,8 @@ async def run_events_after(
     """RunEventsAfter (run_events.sql).
 
     A run's log after offset :after, in order, at most :max_rows rows (the primary key's order).
-    A state row's data is built from its columns (awooop_run_event_data, migration 0360).
+    A state row written since migration 0360 has its change in columns (actor set) and its
+    details as data; LogRow (run_events.py) serves it as the one JSON object of the older rows.
     """
     return cast(
         "list[RunEventsAfterRow]", await db.fetch(RUN_EVENTS_AFTER.sql, run_id, after, max_rows, timeout=query_timeout)

@@ -4,10 +4,10 @@
 -- 70 of a state row's 270 bytes, three rows per run.
 --
 -- The statuses, actor and reason are columns now, and a state row's data is its details alone.
--- What a reader sees is unchanged: WatchRun's stream builds the JSON it served before
--- (awooop_run_event_data), and the audit view reads the columns. A state row written before this
--- migration has no actor column and keeps its JSON; the actor (NOT NULL in the audit log since
--- 0001) tells the two forms apart.
+-- What a reader sees is unchanged: WatchRun's stream builds the JSON it served before from the
+-- columns (services/scheduler/run_events.py, LogRow), and the audit view reads them. A state row
+-- written before this migration has no actor column and keeps its JSON; the actor (NOT NULL in
+-- the audit log since 0001) tells the two forms apart.
 
 ALTER TABLE awooop_run_event
     ADD COLUMN actor VARCHAR(160),
@@ -18,17 +18,6 @@ ALTER TABLE awooop_run_event
 -- a state row written from now on is the compact form (NOT VALID: the older rows are the JSON form)
 ALTER TABLE awooop_run_event ADD CONSTRAINT awooop_run_event_history_actor
     CHECK (audit_id IS NULL OR actor IS NOT NULL) NOT VALID;
-
--- a state row's data as WatchRun serves it, whichever form it was written in (0350's JSON)
-CREATE FUNCTION awooop_run_event_data(e awooop_run_event) RETURNS JSONB
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN e.actor IS NULL THEN e.data
-                ELSE jsonb_strip_nulls(jsonb_build_object(
-                         'action', e.kind, 'from_status', e.from_status, 'to_status', e.to_status,
-                         'actor', e.actor, 'reason', e.reason))
-                     || jsonb_build_object('details', e.data)
-           END
-$$;
 
 -- the attempt a history row's details name (0 when they name none), the log row's attempt column
 CREATE FUNCTION awooop_history_attempt(p_details JSONB) RETURNS INT
