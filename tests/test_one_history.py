@@ -12,9 +12,10 @@ import uuid
 import asyncpg
 import pytest
 
-from services.common import migrate, migrate_sql
+from services.common import migrate
 from services.scheduler import run_events_sql
 from services.scheduler.run_events import LogRow
+from tests.harness.databases import scratch_store
 from tests.harness.helpers import eventually
 
 ONE_HISTORY = 350
@@ -43,26 +44,10 @@ SELECT awooop_record_history(ARRAY[
 """
 
 
-async def _migrate_below(conn: asyncpg.Connection, version: int) -> None:
-    await migrate_sql.create_migrations_table(conn)
-    for m in migrate.load():
-        if m.version < version:
-            async with conn.transaction():
-                await conn.execute(m.sql)
-                await migrate_sql.record_migration(conn, version=m.version, name=m.name)
-
-
 async def test_history_written_before_the_migration_is_read_once_and_continued_after_it(
     pg_server_dsn: str,
 ) -> None:
-    from tests.harness.databases import admin_connection, with_database
-
-    name = f"awooop_history_{uuid.uuid4().hex[:8]}"
-    admin = await admin_connection(pg_server_dsn)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    conn = await asyncpg.connect(with_database(pg_server_dsn, name))
-    try:
-        await _migrate_below(conn, ONE_HISTORY)
+    async with scratch_store(pg_server_dsn, below=ONE_HISTORY) as conn:
         run_id = uuid.uuid4()
         await conn.execute(SEED_RUN_SQL, run_id, P)
         await conn.execute(OLD_HISTORY_SQL, P, run_id)
@@ -107,10 +92,6 @@ async def test_history_written_before_the_migration_is_read_once_and_continued_a
         )
         assert [r["actor"] for r in entries] == ["old", "new"]
         assert await conn.fetchval("SELECT count(*) FROM awooop_audit_entry WHERE run_id IS NULL") == 2
-    finally:
-        await conn.close()
-        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 async def test_a_state_row_that_meets_a_concurrent_log_row_takes_the_next_seq_with_its_audit_id(
@@ -189,14 +170,7 @@ async def test_state_rows_before_and_after_0360_read_the_same(pg_server_dsn: str
     """0360 keeps a state row's statuses, actor and reason in columns and its details alone as
     data. A row written before it keeps its JSON. Both read the same through WatchRun's reader and
     the audit view, and a new row reads exactly as the old form of the same change did."""
-    from tests.harness.databases import admin_connection, with_database
-
-    name = f"awooop_history_{uuid.uuid4().hex[:8]}"
-    admin = await admin_connection(pg_server_dsn)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    conn = await asyncpg.connect(with_database(pg_server_dsn, name))
-    try:
-        await _migrate_below(conn, COMPACT_STATE_ROWS)
+    async with scratch_store(pg_server_dsn, below=COMPACT_STATE_ROWS) as conn:
         old_run, new_run = uuid.uuid4(), uuid.uuid4()
         await conn.execute(SEED_RUN_SQL, old_run, P)
         assert await conn.fetchval(HISTORY_SQL, P, old_run) == 3
@@ -233,7 +207,3 @@ async def test_state_rows_before_and_after_0360_read_the_same(pg_server_dsn: str
                 P,
                 new_run,
             )
-    finally:
-        await conn.close()
-        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        await admin.close()

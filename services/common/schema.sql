@@ -676,6 +676,28 @@ CREATE FUNCTION public.awooop_retry_delay(policy jsonb, failures integer) RETURN
            * (1 - (policy->>'jitter')::float8 * random())
 $$;
 
+-- FUNCTION: awooop_run_created()
+CREATE FUNCTION public.awooop_run_created() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO awooop_run_created (project_id, created_at, run_id, channel_type, match_key)
+    SELECT n.project_id, n.created_at, n.run_id, n.channel_type, awooop_event_key(n.channel_type, n.input)
+      FROM created_runs n;
+    RETURN NULL;
+END $$;
+
+-- FUNCTION: awooop_run_deleted()
+CREATE FUNCTION public.awooop_run_deleted() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    DELETE FROM awooop_run_created c
+     USING deleted_runs d
+     WHERE c.project_id = d.project_id AND c.created_at = d.created_at AND c.run_id = d.run_id;
+    RETURN NULL;
+END $$;
+
 -- FUNCTION: awooop_run_event_from_step()
 CREATE FUNCTION public.awooop_run_event_from_step() RETURNS trigger
     LANGUAGE plpgsql
@@ -1032,6 +1054,15 @@ CREATE TABLE public.awooop_refgw_row (
     row_id uuid DEFAULT gen_random_uuid() NOT NULL,
     data jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- TABLE: awooop_run_created
+CREATE TABLE public.awooop_run_created (
+    project_id character varying(64) NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    run_id uuid NOT NULL,
+    channel_type character varying(32) NOT NULL,
+    match_key text
 );
 
 -- TABLE: awooop_run_state
@@ -1399,14 +1430,17 @@ CREATE INDEX awooop_run_claim_idx ON public.awooop_run_state USING btree (projec
 -- INDEX: awooop_run_comp_failed_idx
 CREATE INDEX awooop_run_comp_failed_idx ON public.awooop_run_state USING btree (project_id, created_at DESC, run_id) WHERE ((saga_status)::text = 'compensation_failed'::text);
 
+-- INDEX: awooop_run_created_list_idx
+CREATE INDEX awooop_run_created_list_idx ON public.awooop_run_created USING btree (project_id, created_at DESC, run_id);
+
+-- INDEX: awooop_run_created_match_idx
+CREATE INDEX awooop_run_created_match_idx ON public.awooop_run_created USING btree (project_id, channel_type, match_key, created_at) WHERE (match_key IS NOT NULL);
+
 -- INDEX: awooop_run_delayed_idx
 CREATE INDEX awooop_run_delayed_idx ON public.awooop_run_state USING btree (project_id, not_before) WHERE (((status)::text = ANY ((ARRAY['PENDING'::character varying, 'RESUMED'::character varying])::text[])) AND (not_before < 'infinity'::timestamp with time zone));
 
 -- INDEX: awooop_run_event_emit_key_idx
 CREATE UNIQUE INDEX awooop_run_event_emit_key_idx ON public.awooop_run_event USING btree (run_id, emit_key) WHERE (emit_key IS NOT NULL);
-
--- INDEX: awooop_run_event_key_idx
-CREATE INDEX awooop_run_event_key_idx ON public.awooop_run_state USING btree (project_id, channel_type, public.awooop_event_key((channel_type)::text, input), created_at) WHERE (public.awooop_event_key((channel_type)::text, input) IS NOT NULL);
 
 -- INDEX: awooop_run_event_progress_idx
 CREATE INDEX awooop_run_event_progress_idx ON public.awooop_run_event USING btree (run_id, seq) WHERE ((source)::text = 'progress'::text);
@@ -1417,14 +1451,14 @@ CREATE INDEX awooop_run_finished_idx ON public.awooop_run_state USING btree (upd
 -- INDEX: awooop_run_leased_idx
 CREATE INDEX awooop_run_leased_idx ON public.awooop_run_state USING btree (run_id) WHERE (((status)::text = ANY ((ARRAY['RUNNING'::character varying, 'WAITING_TOOL'::character varying])::text[])) AND (worker_id IS NOT NULL));
 
--- INDEX: awooop_run_list_idx
-CREATE INDEX awooop_run_list_idx ON public.awooop_run_state USING btree (project_id, created_at DESC, run_id);
-
 -- INDEX: awooop_run_parent_idx
 CREATE INDEX awooop_run_parent_idx ON public.awooop_run_state USING btree (parent_run_id, child_seq) WHERE (parent_run_id IS NOT NULL);
 
 -- INDEX: awooop_run_parked_idx
 CREATE INDEX awooop_run_parked_idx ON public.awooop_run_state USING btree (project_id, wait_key, priority DESC, created_at) WHERE (((status)::text = ANY ((ARRAY['PENDING'::character varying, 'RESUMED'::character varying])::text[])) AND (not_before = 'infinity'::timestamp with time zone));
+
+-- INDEX: awooop_run_project_finished_idx
+CREATE INDEX awooop_run_project_finished_idx ON public.awooop_run_state USING btree (project_id, status, updated_at) WHERE ((status)::text = ANY ((ARRAY['COMPLETED'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[]));
 
 -- INDEX: awooop_run_waiting_idx
 CREATE INDEX awooop_run_waiting_idx ON public.awooop_run_state USING btree (run_id) WHERE (((status)::text = 'WAITING_TOOL'::text) AND (worker_id IS NULL));
@@ -1452,6 +1486,12 @@ CREATE TRIGGER awooop_audit_log_insert INSTEAD OF INSERT ON public.awooop_audit_
 
 -- TRIGGER: awooop_run_state awooop_run_child_ended
 CREATE TRIGGER awooop_run_child_ended AFTER UPDATE OF status ON public.awooop_run_state FOR EACH ROW WHEN (((new.parent_run_id IS NOT NULL) AND ((new.status)::text = ANY ((ARRAY['COMPLETED'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[])) AND ((old.status)::text <> ALL ((ARRAY['COMPLETED'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[])))) EXECUTE FUNCTION public.awooop_child_ended();
+
+-- TRIGGER: awooop_run_state awooop_run_created
+CREATE TRIGGER awooop_run_created AFTER INSERT ON public.awooop_run_state REFERENCING NEW TABLE AS created_runs FOR EACH STATEMENT EXECUTE FUNCTION public.awooop_run_created();
+
+-- TRIGGER: awooop_run_state awooop_run_deleted
+CREATE TRIGGER awooop_run_deleted AFTER DELETE ON public.awooop_run_state REFERENCING OLD TABLE AS deleted_runs FOR EACH STATEMENT EXECUTE FUNCTION public.awooop_run_deleted();
 
 -- TRIGGER: awooop_run_state awooop_run_parent_ended
 CREATE TRIGGER awooop_run_parent_ended AFTER UPDATE OF status ON public.awooop_run_state FOR EACH ROW WHEN ((((new.status)::text = ANY ((ARRAY['FAILED'::character varying, 'CANCELLED'::character varying])::text[])) AND ((old.status)::text <> ALL ((ARRAY['COMPLETED'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[])))) EXECUTE FUNCTION public.awooop_parent_ended();

@@ -1,9 +1,9 @@
 -- name: CountLiveRuns :many
 -- A project's unfinished runs per status, how many of them are claimable now, and the oldest
 -- claimable one's creation time. One branch per partial index of unfinished runs (a single
--- `status IN (...)` list is not matched to partial indexes, and the project's other index,
--- awooop_run_list_idx, holds its finished runs too), so its cost follows the backlog, not the
--- history: PENDING/RESUMED through awooop_run_claim_idx (project_id first), RUNNING/WAITING_TOOL
+-- `status IN (...)` list is not matched to partial indexes, and the list of a project's runs,
+-- awooop_run_created_list_idx, holds its finished runs too), so its cost follows the backlog, not
+-- the history: PENDING/RESUMED through awooop_run_claim_idx (project_id first), RUNNING/WAITING_TOOL
 -- with a worker through awooop_run_leased_idx, WAITING_TOOL parked on a durable wait (no worker)
 -- through awooop_run_waiting_idx, WAITING_APPROVAL through awooop_run_approval_idx. Claimable is
 -- the claim's own test (a claimable status, not before its time, attempts left, the project not
@@ -30,8 +30,9 @@ SELECT status, count(*) AS n, count(*) FILTER (WHERE claimable) AS claimable,
  GROUP BY status
 
 -- name: CountFinishedRuns :many
--- A project's finished runs per status: reads every finished run of the project kept by
--- retention (AWOOOP_RUN_RETENTION), so CountRuns runs it only when asked (include_finished).
+-- A project's finished runs per status: every finished run of the project kept by retention
+-- (AWOOOP_RUN_RETENTION), from awooop_run_project_finished_idx alone (migration 0370), so CountRuns
+-- runs it only when asked (include_finished).
 -- not null: n
 SELECT status, count(*) AS n
   FROM awooop_run_state
@@ -39,14 +40,14 @@ SELECT status, count(*) AS n
  GROUP BY status
 
 -- name: ListProjects :many
--- Distinct projects that have runs, by a loose index scan over awooop_run_list_idx (one index
--- probe per project instead of reading every run), at most :max_projects.
+-- Distinct projects that have runs, by a loose index scan over awooop_run_created_list_idx (one
+-- index probe per project instead of reading every run; migration 0370), at most :max_projects.
 -- not null: project_id
 WITH RECURSIVE p AS (
-    (SELECT project_id FROM awooop_run_state ORDER BY project_id LIMIT 1)
+    (SELECT project_id FROM awooop_run_created ORDER BY project_id LIMIT 1)
     UNION ALL
-    SELECT (SELECT r.project_id FROM awooop_run_state r WHERE r.project_id > p.project_id
-             ORDER BY r.project_id LIMIT 1)
+    SELECT (SELECT c.project_id FROM awooop_run_created c WHERE c.project_id > p.project_id
+             ORDER BY c.project_id LIMIT 1)
       FROM p WHERE p.project_id IS NOT NULL
 )
 SELECT project_id FROM p WHERE project_id IS NOT NULL LIMIT :max_projects

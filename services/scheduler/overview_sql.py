@@ -63,9 +63,9 @@ async def count_live_runs(
 
     A project's unfinished runs per status, how many of them are claimable now, and the oldest
     claimable one's creation time. One branch per partial index of unfinished runs (a single
-    `status IN (...)` list is not matched to partial indexes, and the project's other index,
-    awooop_run_list_idx, holds its finished runs too), so its cost follows the backlog, not the
-    history: PENDING/RESUMED through awooop_run_claim_idx (project_id first), RUNNING/WAITING_TOOL
+    `status IN (...)` list is not matched to partial indexes, and the list of a project's runs,
+    awooop_run_created_list_idx, holds its finished runs too), so its cost follows the backlog, not
+    the history: PENDING/RESUMED through awooop_run_claim_idx (project_id first), RUNNING/WAITING_TOOL
     with a worker through awooop_run_leased_idx, WAITING_TOOL parked on a durable wait (no worker)
     through awooop_run_waiting_idx, WAITING_APPROVAL through awooop_run_approval_idx. Claimable is
     the claim's own test (a claimable status, not before its time, attempts left, the project not
@@ -79,8 +79,9 @@ async def count_finished_runs(
 ) -> list[CountFinishedRunsRow]:
     """CountFinishedRuns (overview.sql).
 
-    A project's finished runs per status: reads every finished run of the project kept by
-    retention (AWOOOP_RUN_RETENTION), so CountRuns runs it only when asked (include_finished).
+    A project's finished runs per status: every finished run of the project kept by retention
+    (AWOOOP_RUN_RETENTION), from awooop_run_project_finished_idx alone (migration 0370), so CountRuns
+    runs it only when asked (include_finished).
     """
     return cast(
         "list[CountFinishedRunsRow]", await db.fetch(COUNT_FINISHED_RUNS.sql, project_id, timeout=query_timeout)
@@ -92,7 +93,7 @@ async def list_projects(
 ) -> list[ListProjectsRow]:
     """ListProjects (overview.sql).
 
-    Distinct projects that have runs, by a loose index scan over awooop_run_list_idx (one index
-    probe per project instead of reading every run), at most :max_projects.
+    Distinct projects that have runs, by a loose index scan over awooop_run_created_list_idx (one
+    index probe per project instead of reading every run; migration 0370), at most :max_projects.
     """
     return cast("list[ListProjectsRow]", await db.fetch(LIST_PROJECTS.sql, max_projects, timeout=query_timeout))

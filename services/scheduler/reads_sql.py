@@ -234,14 +234,14 @@ async def list_runs(
     db: sql.Queryable,
     /,
     *,
-    project_id: str | None,
-    parent_run_id: UUID | str | None,
     statuses: Sequence[str | None] | None,
     channels: Sequence[str | None] | None,
-    created_after: datetime | None,
-    created_before: datetime | None,
     provider_event_id: str | None,
     saga_statuses: Sequence[str | None] | None,
+    project_id: str | None,
+    parent_run_id: UUID | str | None,
+    created_after: datetime | None,
+    created_before: datetime | None,
     after_created_at: datetime | None,
     after_run_id: UUID | str | None,
     page_rows: int | None,
@@ -250,7 +250,7 @@ async def list_runs(
     """ListRuns (reads.sql).
 
     A page of ListRuns: a project's runs newest first, keyset-paginated on (created_at DESC, run_id)
-    to follow awooop_run_list_idx, :page_rows rows, after the last row of the previous page
+    to follow awooop_run_created_list_idx, :page_rows rows, after the last row of the previous page
     (:after_created_at, :after_run_id; both NULL for the first page). Each filter is NULL for
     "all": :statuses, :channels, created at or after :created_after and before :created_before,
     :provider_event_id, :saga_statuses, :parent_run_id (a run's children). The cursor is written as
@@ -258,7 +258,8 @@ async def list_runs(
     a generic plan still starts the index scan at the cursor instead of filtering every newer row of
     the project.
     The page is read by one of two arms, each a page of its own over an index in the page's order:
-    the project's runs (awooop_run_list_idx; a one-time filter skips the arm when :parent_run_id is
+    the project's runs (awooop_run_created_list_idx, migration 0370: the facts a run is created with,
+    then the run by its key; a one-time filter skips the arm when :parent_run_id is
     given) or the parent's children (awooop_run_children_list_idx, migration 0201; it finds nothing
     when :parent_run_id is NULL). So the generic plan reads the project's arm as the one-arm
     statement did and a parent's children as an index range from the cursor, not a filter over its
@@ -266,20 +267,24 @@ async def list_runs(
     run in their parent's project), not on each child: a project condition on the children lets the
     planner AND the project's index into the scan (5,000 children: 4 ms a page instead of 0.3). The
     arms' filters are the same lines, written twice because a filter cannot move below an arm's
-    LIMIT (tests/test_read_statements.py holds them equal). attempts_used: as GetRun's.
+    LIMIT (tests/test_read_statements.py holds them equal). The project's arm walks its runs'
+    awooop_run_created rows (c) in the page's order, the cursor and the creation bounds on them (the
+    same values as the run's), and reads each run by its key with the other filters; OFFSET 0 keeps
+    that a probe per row, so the page's LIMIT stops the walk (a join the planner may flatten read the
+    project's whole part of the index and sorted it in the generic plan). attempts_used: as GetRun's.
     """
     return cast(
         "list[ListRunsRow]",
         await db.fetch(
             LIST_RUNS.sql,
-            project_id,
-            parent_run_id,
             statuses,
             channels,
-            created_after,
-            created_before,
             provider_event_id,
             saga_statuses,
+            project_id,
+            parent_run_id,
+            created_after,
+            created_before,
             after_created_at,
             after_run_id,
             page_rows,

@@ -112,17 +112,18 @@ SELECT e.*
 -- message's chat, an Alertmanager resolve's group) is the wait's and that arrived since the
 -- wait's look-back began, and ends completed with it (awooop_end_wait: the first outcome wins,
 -- a parked run resumes).
--- Every event is a run of its own (the channel's run), so the event is read from the run it
--- created: its payload is the run's input. SKIP LOCKED batches, as ExpireWaits.
+-- Every event is a run of its own (the channel's run), so the event is found by the key its run
+-- was created with (awooop_run_created, migration 0370) and read from the run: its payload is
+-- the run's input. SKIP LOCKED batches, as ExpireWaits.
 SELECT e.*
   FROM (SELECT w.wait_id, m.run_id AS event_run_id, m.provider_event_id, m.input, m.created_at AS arrived_at
           FROM awooop_wait w
           JOIN LATERAL (SELECT r.run_id, r.provider_event_id, r.input, r.created_at
-                          FROM awooop_run_state r
-                         WHERE r.project_id = w.project_id AND r.channel_type = w.match_channel
-                           AND awooop_event_key(r.channel_type, r.input) = w.match_key
-                           AND r.created_at >= w.match_since AND r.run_id <> w.run_id
-                         ORDER BY r.created_at
+                          FROM awooop_run_created c JOIN awooop_run_state r ON r.run_id = c.run_id
+                         WHERE c.project_id = w.project_id AND c.channel_type = w.match_channel
+                           AND c.match_key = w.match_key
+                           AND c.created_at >= w.match_since AND c.run_id <> w.run_id
+                         ORDER BY c.created_at
                          LIMIT 1) m ON true
          WHERE w.status = 'open' AND w.kind = 'event' AND (:only::uuid IS NULL OR w.run_id = :only)
          ORDER BY w.created_at
@@ -138,10 +139,10 @@ SELECT e.*
 SELECT w.run_id
   FROM awooop_wait w
  WHERE w.status = 'open' AND w.kind = 'event'
-   AND EXISTS (SELECT 1 FROM awooop_run_state r
-                WHERE r.project_id = w.project_id AND r.channel_type = w.match_channel
-                  AND awooop_event_key(r.channel_type, r.input) = w.match_key
-                  AND r.created_at >= w.match_since AND r.run_id <> w.run_id)
+   AND EXISTS (SELECT 1 FROM awooop_run_created c
+                WHERE c.project_id = w.project_id AND c.channel_type = w.match_channel
+                  AND c.match_key = w.match_key
+                  AND c.created_at >= w.match_since AND c.run_id <> w.run_id)
  ORDER BY w.created_at
  LIMIT :batch
 

@@ -460,8 +460,9 @@ async def match_event_waits(
     message's chat, an Alertmanager resolve's group) is the wait's and that arrived since the
     wait's look-back began, and ends completed with it (awooop_end_wait: the first outcome wins,
     a parked run resumes).
-    Every event is a run of its own (the channel's run), so the event is read from the run it
-    created: its payload is the run's input. SKIP LOCKED batches, as ExpireWaits.
+    Every event is a run of its own (the channel's run), so the event is found by the key its run
+    was created with (awooop_run_created, migration 0370) and read from the run: its payload is
+    the run's input. SKIP LOCKED batches, as ExpireWaits.
     """
     return cast(
         "list[MatchEventWaitsRow]", await db.fetch(MATCH_EVENT_WAITS.sql, only, batch, actor, timeout=query_timeout)
