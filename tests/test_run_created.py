@@ -10,7 +10,7 @@ import uuid
 
 import asyncpg
 
-from services.common import migrate
+from services.common import migrate, sql
 from services.scheduler import reads_sql
 from tests.harness.databases import scratch_store
 
@@ -39,7 +39,7 @@ EVENTS = [
 ]
 
 
-async def _insert(conn: asyncpg.Connection, ids: list[uuid.UUID], project: str = P) -> str:
+async def _insert(conn: sql.Queryable, ids: list[uuid.UUID], project: str = P) -> str:
     channels = [EVENTS[i % 3][0] for i in range(len(ids))]
     inputs = [EVENTS[i % 3][1] for i in range(len(ids))]
     return str(await conn.execute(INSERT_RUNS_SQL, ids, project, channels, inputs))
@@ -75,7 +75,7 @@ async def test_concurrent_writers_and_deleters_of_runs_keep_the_facts_the_runs(
     try:
 
         async def writer(w: int) -> None:
-            for b in range(10):
+            for _ in range(10):
                 batch = [uuid.uuid4() for _ in range(20)]
                 if created:
                     batch[:3] = created[-3:]  # runs another writer already created: skipped
