@@ -143,10 +143,11 @@ async def test_a_state_row_that_meets_a_concurrent_log_row_takes_the_next_seq_wi
 
 
 async def _served(conn: asyncpg.Connection, run_id: uuid.UUID) -> list[LogRow]:
-    """A run's log as WatchRun serves it: its reader's rows through LogRow (the JSON text decoded
-    here, as the services' pool codec decodes it)."""
+    """A run's log as WatchRun serves it: its reader's rows through LogRow, jsonb decoded as the
+    services' pool decodes it."""
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
     rows = await run_events_sql.run_events_after(conn, run_id=run_id, after=0, max_rows=100)
-    return [LogRow.of({**r, "data": json.loads(r["data"])}) for r in rows]
+    return [LogRow.of(r) for r in rows]
 
 
 # a run's history as each of its readers reads it: WatchRun's stream and the audit view; before
