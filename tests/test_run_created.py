@@ -56,8 +56,15 @@ async def test_the_facts_of_a_run_are_written_once_and_go_with_it(db: asyncpg.Co
     more = [ids[0], uuid.uuid4()]
     assert await _insert(db, more) == "INSERT 0 1"
     assert await db.fetchval("SELECT count(*) FROM awooop_run_created WHERE project_id = $1", P) == 4
-    # a run's updates leave its facts alone; its delete takes them
+    # a run's updates leave its facts alone, but for an update of the facts themselves (an
+    # operator's: no statement of the services makes one); its delete takes them
     await db.execute("UPDATE awooop_run_state SET status = 'FAILED', updated_at = now() WHERE run_id = $1", ids[1])
+    await db.execute(
+        """UPDATE awooop_run_state SET created_at = now() - interval '3 days', channel_type = 'telegram',
+                  input = '{"message": {"chat": {"id": 7}}}' WHERE run_id = $1""",
+        more[1],
+    )
+    assert await db.fetchval("SELECT match_key FROM awooop_run_created WHERE run_id = $1", more[1]) == "7"
     await db.execute("DELETE FROM awooop_run_state WHERE run_id = ANY($1::uuid[])", [ids[0], ids[2]])
     left = await db.fetch("SELECT run_id FROM awooop_run_created WHERE project_id = $1", P)
     assert {r["run_id"] for r in left} == {ids[1], more[1]}

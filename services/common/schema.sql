@@ -715,6 +715,18 @@ BEGIN
     RETURN NULL;
 END $$;
 
+-- FUNCTION: awooop_run_facts_changed()
+CREATE FUNCTION public.awooop_run_facts_changed() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE awooop_run_created
+       SET project_id = NEW.project_id, created_at = NEW.created_at, channel_type = NEW.channel_type,
+           match_key = awooop_event_key(NEW.channel_type, NEW.input)
+     WHERE project_id = OLD.project_id AND created_at = OLD.created_at AND run_id = OLD.run_id;
+    RETURN NULL;
+END $$;
+
 -- FUNCTION: awooop_saga_not_needed()
 CREATE FUNCTION public.awooop_saga_not_needed() RETURNS trigger
     LANGUAGE plpgsql
@@ -1492,6 +1504,9 @@ CREATE TRIGGER awooop_run_created AFTER INSERT ON public.awooop_run_state REFERE
 
 -- TRIGGER: awooop_run_state awooop_run_deleted
 CREATE TRIGGER awooop_run_deleted AFTER DELETE ON public.awooop_run_state REFERENCING OLD TABLE AS deleted_runs FOR EACH STATEMENT EXECUTE FUNCTION public.awooop_run_deleted();
+
+-- TRIGGER: awooop_run_state awooop_run_facts_changed
+CREATE TRIGGER awooop_run_facts_changed AFTER UPDATE OF project_id, created_at, channel_type, input ON public.awooop_run_state FOR EACH ROW WHEN ((((old.project_id)::text IS DISTINCT FROM (new.project_id)::text) OR (old.created_at IS DISTINCT FROM new.created_at) OR ((old.channel_type)::text IS DISTINCT FROM (new.channel_type)::text) OR (old.input IS DISTINCT FROM new.input))) EXECUTE FUNCTION public.awooop_run_facts_changed();
 
 -- TRIGGER: awooop_run_state awooop_run_parent_ended
 CREATE TRIGGER awooop_run_parent_ended AFTER UPDATE OF status ON public.awooop_run_state FOR EACH ROW WHEN ((((new.status)::text = ANY ((ARRAY['FAILED'::character varying, 'CANCELLED'::character varying])::text[])) AND ((old.status)::text <> ALL ((ARRAY['COMPLETED'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[])))) EXECUTE FUNCTION public.awooop_parent_ended();

@@ -9,8 +9,9 @@
 --
 -- awooop_run_created holds those facts once per run, written by the statement that creates the
 -- run (a statement trigger: every writer of runs, the services' and an operator's) and deleted
--- with it (the same for deletes). Its two indexes take one entry each per run. project_id,
--- created_at, channel_type and input of a run are never updated (no statement does).
+-- with it (the same for deletes). Its two indexes take one entry each per run. No statement of the
+-- services updates a run's project_id, created_at, channel_type or input; a row trigger on those
+-- columns alone carries an operator's (or a test's) update over, and fires for nothing else.
 
 CREATE TABLE awooop_run_created (
     project_id   VARCHAR(64)  NOT NULL,
@@ -57,6 +58,24 @@ END $$;
 CREATE TRIGGER awooop_run_deleted AFTER DELETE ON awooop_run_state
     REFERENCING OLD TABLE AS deleted_runs
     FOR EACH STATEMENT EXECUTE FUNCTION awooop_run_deleted();
+
+CREATE FUNCTION awooop_run_facts_changed() RETURNS trigger
+    LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE awooop_run_created
+       SET project_id = NEW.project_id, created_at = NEW.created_at, channel_type = NEW.channel_type,
+           match_key = awooop_event_key(NEW.channel_type, NEW.input)
+     WHERE project_id = OLD.project_id AND created_at = OLD.created_at AND run_id = OLD.run_id;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER awooop_run_facts_changed AFTER UPDATE OF project_id, created_at, channel_type, input
+    ON awooop_run_state
+    FOR EACH ROW
+    WHEN (OLD.project_id IS DISTINCT FROM NEW.project_id OR OLD.created_at IS DISTINCT FROM NEW.created_at
+          OR OLD.channel_type IS DISTINCT FROM NEW.channel_type OR OLD.input IS DISTINCT FROM NEW.input)
+    EXECUTE FUNCTION awooop_run_facts_changed();
 
 DROP INDEX awooop_run_list_idx;
 DROP INDEX awooop_run_event_key_idx;
