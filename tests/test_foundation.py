@@ -57,6 +57,14 @@ async def test_migrations_apply_from_zero_and_are_idempotent(pg_server_dsn: str)
                 r["tablename"] for r in await conn.fetch("SELECT tablename FROM pg_tables WHERE schemaname='public'")
             }
             assert EXPECTED_TABLES <= tables
+            # every table can be replicated logically (a table without a primary key or another
+            # replica identity would refuse its deletes under a publication of all tables)
+            unreplicable = await conn.fetch(
+                """SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                    WHERE c.relkind = 'r' AND n.nspname = 'public' AND c.relreplident = 'd'
+                      AND NOT EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'p')"""
+            )
+            assert unreplicable == [], unreplicable
             # seed 000 D1: the dedupe key is unique per tenant
             with pytest.raises(asyncpg.UniqueViolationError):
                 for _ in range(2):

@@ -1443,7 +1443,9 @@ CREATE INDEX awooop_run_claim_idx ON public.awooop_run_state USING btree (projec
 CREATE INDEX awooop_run_comp_failed_idx ON public.awooop_run_state USING btree (project_id, created_at DESC, run_id) WHERE ((saga_status)::text = 'compensation_failed'::text);
 
 -- INDEX: awooop_run_created_list_idx
-CREATE INDEX awooop_run_created_list_idx ON public.awooop_run_created USING btree (project_id, created_at DESC, run_id);
+CREATE UNIQUE INDEX awooop_run_created_list_idx ON public.awooop_run_created USING btree (project_id, created_at DESC, run_id);
+
+ALTER TABLE ONLY public.awooop_run_created REPLICA IDENTITY USING INDEX awooop_run_created_list_idx;
 
 -- INDEX: awooop_run_created_match_idx
 CREATE INDEX awooop_run_created_match_idx ON public.awooop_run_created USING btree (project_id, channel_type, match_key, created_at) WHERE (match_key IS NOT NULL);

@@ -25,8 +25,11 @@ INSERT INTO awooop_run_created (project_id, created_at, run_id, channel_type, ma
 SELECT project_id, created_at, run_id, channel_type, awooop_event_key(channel_type, input)
   FROM awooop_run_state;
 
--- ListRuns' project arm, ListProjects, a project's finished counts; and the delete trigger's probe
-CREATE INDEX awooop_run_created_list_idx ON awooop_run_created (project_id, created_at DESC, run_id);
+-- ListRuns' project arm and ListProjects; the delete and update triggers' probe. Unique (a run id
+-- is), so it is the table's replica identity: every other table has a primary key, and logical
+-- replication of a table without one refuses its deletes (retention's)
+CREATE UNIQUE INDEX awooop_run_created_list_idx ON awooop_run_created (project_id, created_at DESC, run_id);
+ALTER TABLE awooop_run_created REPLICA IDENTITY USING INDEX awooop_run_created_list_idx;
 -- the event matcher's probe (0171's index, on the fact instead of the run row)
 CREATE INDEX awooop_run_created_match_idx ON awooop_run_created (project_id, channel_type, match_key, created_at)
     WHERE match_key IS NOT NULL;
