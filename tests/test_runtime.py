@@ -117,15 +117,25 @@ async def test_sigterm_turns_health_not_serving_and_drains_in_flight_rpcs(
         watch = health.Watch(health_pb2.HealthCheckRequest(service=INGEST))
         assert (await watch.read()).status == SERVING
 
+        # one call first, so the server's pool is connected and the held call below waits on the
+        # lock alone (auth_cache_seconds=0: it reads the key again)
+        stub = ingest_pb2_grpc.IngestServiceStub(ch)
+        warm = ingest_pb2.CreateRunRequest(project_id="p", idempotency_key="drain-0")
+        await stub.CreateRun(warm, metadata=md, timeout=30)
+
         # hold the API key table so an authenticated call is in flight inside the server
         tx = db.transaction()
         await tx.start()
         await db.execute("LOCK TABLE awooop_api_key IN ACCESS EXCLUSIVE MODE")
-        stub = ingest_pb2_grpc.IngestServiceStub(ch)
         req = ingest_pb2.CreateRunRequest(project_id="p", idempotency_key="drain-1")
         in_flight = asyncio.ensure_future(stub.CreateRun(req, metadata=md, timeout=60))
 
-        await eventually(lambda: lock_waiters(db), what="the in-flight call to wait on the lock")
+        async def blocked() -> int:
+            # a call that ended (refused, failed) never blocks: say how, not "timed out"
+            assert not in_flight.done(), f"the call ended before it blocked: {in_flight.exception()!r}"
+            return await lock_waiters(db)
+
+        await eventually(blocked, what="the in-flight call to wait on the lock")
 
         proc.popen.send_signal(signal.SIGTERM)
         assert (await watch.read()).status == NOT_SERVING
