@@ -135,7 +135,7 @@ async def test_sigterm_turns_health_not_serving_and_drains_in_flight_rpcs(
             assert not in_flight.done(), f"the call ended before it blocked: {in_flight.exception()!r}"
             return await lock_waiters(db)
 
-        await eventually(blocked, what="the in-flight call to wait on the lock")
+        await eventually(blocked, timeout=30, what="the in-flight call to wait on the lock")
 
         proc.popen.send_signal(signal.SIGTERM)
         assert (await watch.read()).status == NOT_SERVING
