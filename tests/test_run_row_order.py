@@ -35,6 +35,9 @@ SELECT 'view ' || v.viewname, v.definition
 UNION ALL
 SELECT 'options', array_to_string(c.reloptions, ',')
   FROM pg_class c WHERE c.oid = 'awooop_run_state'::regclass
+UNION ALL
+SELECT 'grants on ' || c.relname, array_to_string(c.relacl, ',')
+  FROM pg_class c WHERE c.relname IN ('awooop_run_state', 'awooop_run_cur', 'awooop_run_saga_steps')
 """
 
 ROWS_SQL = "SELECT run_id, to_jsonb(r) AS row FROM awooop_run_state r ORDER BY run_id"
@@ -64,40 +67,53 @@ def _definitions(rows: list[asyncpg.Record]) -> dict[str, str]:
 
 async def test_the_rebuild_keeps_every_row_and_everything_on_the_table(pg_server_dsn: str) -> None:
     async with scratch_store(pg_server_dsn, below=ROW_ORDER) as conn:
-        parent, child = uuid.uuid4(), uuid.uuid4()
-        await conn.execute(SEED_PARENT_SQL, parent)
-        await conn.execute(SEED_CHILD_SQL, child, parent)
-        await conn.execute(SEED_STEP_SQL, parent)
-        before_defs = _definitions(await conn.fetch(DEFINITIONS_SQL))
-        before_rows = [dict(r) for r in await conn.fetch(ROWS_SQL)]
-        facts = await conn.fetchval("SELECT count(*) FROM awooop_run_created")
+        # an operator's grants (a reporting role, PUBLIC) are carried over with the table
+        reader = f"awooop_reader_{uuid.uuid4().hex[:8]}"
+        await conn.execute(f"CREATE ROLE {reader}")
+        try:
+            await _rebuild_and_check(conn, reader)
+        finally:  # a role is the server's, not the scratch database's
+            await conn.execute(f"DROP OWNED BY {reader}")
+            await conn.execute(f"DROP ROLE {reader}")
 
-        applied = await migrate.apply(conn)
-        assert applied[0].startswith(f"0{ROW_ORDER}_")
 
-        assert _definitions(await conn.fetch(DEFINITIONS_SQL)) == before_defs
-        assert [dict(r) for r in await conn.fetch(ROWS_SQL)] == before_rows
-        assert await conn.fetchval("SELECT count(*) FROM awooop_run_created") == facts == 2
-        columns = await conn.fetch(
-            "SELECT attname FROM pg_attribute WHERE attrelid = 'awooop_run_state'::regclass AND attnum > 0"
-            " AND NOT attisdropped ORDER BY attnum"
-        )
-        assert [c["attname"] for c in columns][-3:] == ["lease_until", "heartbeat_at", "updated_at"]
+async def _rebuild_and_check(conn: asyncpg.Connection, reader: str) -> None:
+    parent, child = uuid.uuid4(), uuid.uuid4()
+    await conn.execute(SEED_PARENT_SQL, parent)
+    await conn.execute(SEED_CHILD_SQL, child, parent)
+    await conn.execute(SEED_STEP_SQL, parent)
+    await conn.execute(f"GRANT SELECT ON awooop_run_state TO {reader} WITH GRANT OPTION")
+    await conn.execute(f"GRANT SELECT ON awooop_run_cur, awooop_run_saga_steps TO {reader}, PUBLIC")
+    before_defs = _definitions(await conn.fetch(DEFINITIONS_SQL))
+    before_rows = [dict(r) for r in await conn.fetch(ROWS_SQL)]
+    facts = await conn.fetchval("SELECT count(*) FROM awooop_run_created")
 
-        # what is on the table works on the new one: the statement trigger writes a new run's
-        # facts, the foreign keys cascade and set null, the views read it
-        third = uuid.uuid4()
-        await conn.execute(
-            "INSERT INTO awooop_run_state (run_id, project_id, channel_type, input)"
-            " VALUES ($1, 'p-order', 'api', '{}')",
-            third,
-        )
-        assert await conn.fetchval("SELECT count(*) FROM awooop_run_created WHERE run_id = $1", third) == 1
-        await conn.execute("DELETE FROM awooop_run_state WHERE run_id = $1", parent)
-        assert await conn.fetchval("SELECT count(*) FROM awooop_saga_step WHERE run_id = $1", parent) == 0
-        assert await conn.fetchval("SELECT parent_run_id FROM awooop_run_state WHERE run_id = $1", child) is None
-        assert await conn.fetchval("SELECT count(*) FROM awooop_run_created") == 2
-        assert await conn.fetchval("SELECT cur_status FROM awooop_run_cur WHERE cur_run_id = $1", child) == "COMPLETED"
+    applied = await migrate.apply(conn)
+    assert applied[0].startswith(f"0{ROW_ORDER}_")
+
+    assert _definitions(await conn.fetch(DEFINITIONS_SQL)) == before_defs
+    assert reader in before_defs["grants on awooop_run_state"]
+    assert [dict(r) for r in await conn.fetch(ROWS_SQL)] == before_rows
+    assert await conn.fetchval("SELECT count(*) FROM awooop_run_created") == facts == 2
+    columns = await conn.fetch(
+        "SELECT attname FROM pg_attribute WHERE attrelid = 'awooop_run_state'::regclass AND attnum > 0"
+        " AND NOT attisdropped ORDER BY attnum"
+    )
+    assert [c["attname"] for c in columns][-3:] == ["lease_until", "heartbeat_at", "updated_at"]
+
+    # what is on the table works on the new one: the statement trigger writes a new run's
+    # facts, the foreign keys cascade and set null, the views read it
+    third = uuid.uuid4()
+    await conn.execute(
+        "INSERT INTO awooop_run_state (run_id, project_id, channel_type, input) VALUES ($1, 'p-order', 'api', '{}')",
+        third,
+    )
+    assert await conn.fetchval("SELECT count(*) FROM awooop_run_created WHERE run_id = $1", third) == 1
+    await conn.execute("DELETE FROM awooop_run_state WHERE run_id = $1", parent)
+    assert await conn.fetchval("SELECT count(*) FROM awooop_saga_step WHERE run_id = $1", parent) == 0
+    assert await conn.fetchval("SELECT parent_run_id FROM awooop_run_state WHERE run_id = $1", child) is None
+    assert await conn.fetchval("SELECT count(*) FROM awooop_run_created") == 2
+    assert await conn.fetchval("SELECT cur_status FROM awooop_run_cur WHERE cur_run_id = $1", child) == "COMPLETED"
 
 
 # --- what a transition logs ------------------------------------------------------------------------

@@ -18,6 +18,13 @@
 -- plan functions of the hot statements (`RETURNING r.*`) are replaced by `awooop migrate`, which
 -- checks their result columns after every migration.
 
+-- grants an operator made on the table or its views (the project makes none) are carried over
+CREATE TEMP TABLE awooop_run_state_grants ON COMMIT DROP AS
+SELECT c.relname, a.grantee, a.privilege_type, a.is_grantable
+  FROM pg_class c, aclexplode(c.relacl) a
+ WHERE c.oid IN ('awooop_run_state'::regclass, 'awooop_run_cur'::regclass, 'awooop_run_saga_steps'::regclass)
+   AND a.grantee <> c.relowner;
+
 DROP VIEW awooop_run_cur;
 DROP VIEW awooop_run_saga_steps;
 ALTER TABLE awooop_compensation_request DROP CONSTRAINT awooop_compensation_request_run_id_fkey;
@@ -192,3 +199,14 @@ SELECT r.run_id, r.project_id,
                    FROM awooop_saga_step s
                   WHERE s.run_id = r.run_id), '[]'::jsonb) AS saga_steps
   FROM awooop_run_state r;
+
+DO $$
+DECLARE
+    g RECORD;
+BEGIN
+    FOR g IN SELECT * FROM awooop_run_state_grants LOOP
+        EXECUTE format('GRANT %s ON %I TO %s%s', g.privilege_type, g.relname,
+                       CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(g.grantee)) END,
+                       CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+END $$;
