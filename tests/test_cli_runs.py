@@ -186,6 +186,31 @@ async def test_show_prints_the_run_its_history_and_journal_as_a_timeline(env: En
     assert data["journal"]["saga_steps"][0]["compensation_cmd"]["params"] == {"deployment": "api", "replicas": 1}
 
 
+async def test_a_held_run_shows_why_and_unhold_makes_it_claimable(env: Env) -> None:
+    """A worker held the run (its code did not replay the journal): `show` says so and how to go
+    on, `unhold` makes it claimable, a second `unhold` is refused, and a worker key may not."""
+    [run_id] = await env.create(1)
+    lease = await env.claim(run_id)
+    why = "run does not replay its journal at step 'plan'"
+    await env.worker.call(
+        env.worker.scheduler.HoldRun,
+        scheduler_pb2.HoldRunRequest(lease=lease, reason=why, error_code="E-WORKER-NONDETERMINISM"),
+    )
+    out = await env.cli("show", run_id)
+    assert out.returncode == 0, out.stderr
+    assert "held: its worker's code did not replay its journal; `awooop runs unhold`" in out.stdout, out.stdout
+    assert f"E-WORKER-NONDETERMINISM {why}" in out.stdout
+    denied = await env.cli("unhold", run_id, key=env.worker.key)
+    assert denied.returncode == 1 and denied.stderr.startswith("error: PERMISSION_DENIED"), denied.stderr
+    out = await env.cli("unhold", run_id, "--reason", "v1 redeployed")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"run {run_id} unheld: PENDING, claimable now"
+    again = await env.cli("unhold", run_id, "--json")
+    assert again.returncode == 1 and again.stderr.startswith("error: FAILED_PRECONDITION INVALID_TRANSITION: ")
+    assert f"cannot unhold run {run_id} in status PENDING" in again.stderr
+    assert await env.claim(run_id)  # claimable again
+
+
 async def test_approve_and_reject_through_the_cli(env: Env, db: Any) -> None:
     approve_id, reject_id = await env.create(2)
     # a deployment the rejected run's compensation can scale back

@@ -71,6 +71,11 @@ async def _put_in(s: Sched, status: RunStatus, action: Action) -> str:
         hashlib.sha256(TOKEN.encode()).digest(),
         action is Action.EXPIRE_APPROVAL,
     )
+    if action is Action.UNHOLD and status is RunStatus.PENDING:  # held, as HoldRun leaves a run
+        await s.db.execute(
+            "UPDATE awooop_run_state SET not_before = 'infinity', wait_reason = 'held' WHERE run_id = $1",
+            uuid.UUID(run_id),
+        )
     if action in (Action.PARK, Action.COMPLETE_WAIT, Action.EXPIRE_WAIT):
         # a durable wait of the run; for its completion or timeout a WAITING_TOOL run is parked on
         # it (no lease), as AwaitWait leaves it. The sweep's wait comes due in a second, so the
@@ -138,6 +143,8 @@ async def _act(s: Sched, action: Action, run_id: str) -> Any:
             metadata=s.approver,
         ),
         Action.CANCEL: lambda: s.stub.CancelRun(pb.CancelRunRequest(run_id=run_id), metadata=s.approver),
+        Action.HOLD: lambda: s.stub.HoldRun(pb.HoldRunRequest(lease=tok, reason="replay differs"), metadata=w),
+        Action.UNHOLD: lambda: s.stub.UnholdRun(pb.UnholdRunRequest(run_id=run_id), metadata=s.approver),
     }
     wait_id = await _wait_of(s, run_id) if action in (Action.PARK, Action.COMPLETE_WAIT) else ""
     if action is Action.CLAIM:

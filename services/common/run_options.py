@@ -35,6 +35,9 @@ class WaitReason(StrEnum):
     ON_SLEEP = "wait_sleep"
     ON_EVENT = "wait_event"
     ON_CHILDREN = "wait_children"  # parked until its child runs end (a 'children' wait)
+    # held by its worker (HoldRun: its code does not replay the run's journal; not_before
+    # 'infinity') until an operator's UnholdRun or CancelRun
+    HELD = "held"
 
 
 @dataclass(frozen=True, slots=True)

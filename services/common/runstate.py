@@ -86,6 +86,8 @@ class Action(StrEnum):
     PARK = "park"  # AwaitWait (a durable wait: scheduler/waits.py)
     COMPLETE_WAIT = "complete_wait"  # CompleteWait, or the wait's callback URL
     EXPIRE_WAIT = "expire_wait"  # the wait timeout sweep, or ExpireWait (an operator, by hand)
+    HOLD = "hold"  # HoldRun (a worker whose code does not replay the run's journal)
+    UNHOLD = "unhold"  # UnholdRun (an operator lets a held run be claimed again)
 
 
 class Audit(StrEnum):
@@ -113,6 +115,8 @@ class Audit(StrEnum):
     WAIT_COMPLETED = "WAIT_COMPLETED"
     WAIT_TIMED_OUT = "WAIT_TIMED_OUT"
     WAIT_ENDED = "WAIT_ENDED"  # a wait's outcome while nobody was parked on it (no status change)
+    HELD = "HELD"
+    UNHELD = "UNHELD"
     # not a status change: written beside one that ended FAILED/CANCELLED with steps to undo
     COMPENSATION_REQUESTED = "COMPENSATION_REQUESTED"
     # not a status change: a background loop's statement failed on this run and skipped it
@@ -353,6 +357,27 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(None, Audit.WAIT_ENDED, "not parked on it: the wait ends timed out, the run stays"),
             fenced=False,
             describe="time out a wait of",
+        ),
+        _t(
+            Action.HOLD,
+            LEASED,
+            Outcome(
+                S.PENDING,
+                Audit.HELD,
+                "no cancel pending; parked (not_before 'infinity', wait_reason held) until an operator's"
+                " UnholdRun; the attempt is not spent",
+            ),
+            Outcome(S.CANCELLED, Audit.CANCELLED, "a cancel is pending"),
+            fenced=True,
+            describe="hold",
+            replays_from=[S.PENDING, S.CANCELLED],
+        ),
+        _t(
+            Action.UNHOLD,
+            [S.PENDING],
+            Outcome(S.PENDING, Audit.UNHELD, "held by HoldRun: claimable at once (not_before and wait_reason cleared)"),
+            fenced=False,
+            describe="unhold",
         ),
     )
 }

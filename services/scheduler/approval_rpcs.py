@@ -1,4 +1,4 @@
-"""RequestApproval, DecideApproval and CancelRun: validate, call approvals / transitions, build
+"""RequestApproval, DecideApproval, CancelRun and UnholdRun: validate, call approvals / transitions, build
 the answer (and the decision's span in the run's trace)."""
 
 from __future__ import annotations
@@ -90,3 +90,11 @@ class ApprovalRpcs:
         return scheduler_pb2.CancelRunResponse(
             run=run_to_pb(changed.row), compensation_requested=changed.compensation_requested
         )
+
+    async def unhold_run(self, request: scheduler_pb2.UnholdRunRequest) -> scheduler_pb2.UnholdRunResponse:
+        v = Violations()
+        run_id = v.uuid("run_id", request.run_id)
+        reason = v.text("reason", request.reason, max_len=MAX_TEXT)
+        v.raise_if_any()
+        changed = await transitions.unhold(self.pool, current_principal(), run_id, reason)
+        return scheduler_pb2.UnholdRunResponse(run=run_to_pb(changed.row))

@@ -1,5 +1,6 @@
--- Fenced worker writes (CompleteRun, FailRun, ReleaseRun, ToolWait for WaitTool and ResumeTool, AcknowledgeCancel;
--- RequestApproval is in approvals.sql) and CancelRun, as they run: services/scheduler/transitions.py.
+-- Fenced worker writes (CompleteRun, FailRun, ReleaseRun, HoldRun, ToolWait for WaitTool and ResumeTool,
+-- AcknowledgeCancel; RequestApproval is in approvals.sql), CancelRun and UnholdRun, as they run:
+-- services/scheduler/transitions.py.
 --
 -- Each is ONE statement: lock the row (`cur`: the view awooop_run_cur, migration 0300), change it
 -- only if the fence holds (`upd`), and in its RETURNING record what the change leaves behind:
@@ -124,6 +125,37 @@ upd AS (
 )
 SELECT * FROM cur LEFT JOIN upd ON true
 
+-- name: HoldRun :one
+-- The worker's code does not replay the run's journal (a deploy changed its steps; the SDK found
+-- it, docs/worker-sdk.md "Replay"): the run is held. PENDING, the attempt not spent (released_count
+-- + 1), parked with not_before 'infinity' and wait_reason held (past the claim scans' due bound:
+-- no claim reads it), the worker's :reason and :error_code kept as the run's failure_reason and
+-- error_code, until an operator's UnholdRun makes it claimable again or CancelRun ends it (and
+-- compensates it). A hold while a cancel is pending ends the run CANCELLED, as a release would.
+WITH cur AS (SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE),
+upd AS (
+    UPDATE awooop_run_state r
+       SET status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
+           released_count = r.released_count + 1, lease_until = NULL, worker_id = NULL,
+           not_before = CASE WHEN r.cancel_requested THEN NULL ELSE 'infinity'::timestamptz END,
+           wait_reason = CASE WHEN r.cancel_requested THEN r.wait_reason ELSE 'held' END,
+           wait_key = CASE WHEN r.cancel_requested THEN r.wait_key END,
+           error_code = CASE WHEN r.cancel_requested THEN r.error_code ELSE :error_code::text END,
+           failure_reason = CASE WHEN r.cancel_requested THEN COALESCE(r.failure_reason, 'cancelled')
+                                 ELSE :reason::text END, updated_at = now()
+      FROM cur
+     WHERE r.run_id = cur.cur_run_id
+       AND awooop_fence_holds(r.attempt_count, r.status, r.project_id, :attempt, :allowed, :worker_projects)
+ RETURNING r.*,
+           awooop_record_transition(
+               r.run_id, r.project_id, r.status, :actor,
+               CASE r.status WHEN 'PENDING' THEN 'HELD' WHEN 'CANCELLED' THEN 'CANCELLED' END, cur.cur_status,
+               :reason::text,
+               jsonb_build_object('attempt', r.attempt_count, 'worker_id', cur.cur_worker, 'error_code', :error_code::text),
+               'cancelled', r.failure_reason) AS comp_trigger
+)
+SELECT * FROM cur LEFT JOIN upd ON true
+
 -- name: ToolWait :one
 -- WaitTool (RUNNING -> WAITING_TOOL while a tool, :tool_id, answers) and ResumeTool (WAITING_TOOL ->
 -- RUNNING: the tool answered): the new :status and its audit :action are the one outcome of the
@@ -206,5 +238,31 @@ upd AS (
                CASE r.status WHEN 'CANCELLED' THEN 'CANCELLED' ELSE 'CANCEL_REQUESTED' END, cur.cur_status, :reason,
                jsonb_build_object('attempt', r.attempt_count, 'worker_id', r.worker_id),
                'cancelled', r.failure_reason) AS comp_trigger
+)
+SELECT * FROM cur LEFT JOIN upd ON true
+
+-- name: UnholdRun :one
+-- UnholdRun (no lease; :unhold_projects: the projects where the caller may, NULL: all): a run held
+-- by HoldRun (PENDING, wait_reason held) is claimable at once. Its failure_reason and error_code
+-- stay: they say why its last attempt ended. Anything else is refused (cur tells why).
+-- not null: cur_run_id, cur_project, cur_status
+WITH cur AS (
+    SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, wait_reason AS cur_wait_reason,
+           attempt_count AS cur_attempt
+      FROM awooop_run_state
+     WHERE run_id = :run_id
+       FOR UPDATE
+),
+upd AS (
+    UPDATE awooop_run_state r
+       SET not_before = NULL, wait_reason = NULL, updated_at = now()
+      FROM cur
+     WHERE r.run_id = cur.cur_run_id
+       AND cur.cur_status = 'PENDING' AND cur.cur_wait_reason = 'held'
+       AND (:unhold_projects::text[] IS NULL OR r.project_id = ANY(:unhold_projects::text[])) IS TRUE
+ RETURNING r.*,
+           awooop_record_transition(
+               r.run_id, r.project_id, r.status, :actor, 'UNHELD', cur.cur_status, NULLIF(:reason::text, ''),
+               jsonb_build_object('attempt', r.attempt_count)) AS comp_trigger
 )
 SELECT * FROM cur LEFT JOIN upd ON true

@@ -74,6 +74,12 @@ CLAIMABLE = Gauge(
     "Runs a claim could take now (PENDING/RESUMED, past any retry backoff, attempts left), by project (sampled)",
     ["project"],
 )
+HELD = Gauge(
+    "awooop_scheduler_runs_held",
+    "Runs held for an operator because their worker's code did not replay their journal (HoldRun), by"
+    " project (sampled)",
+    ["project"],
+)
 OLDEST_CLAIMABLE = Gauge(
     "awooop_scheduler_oldest_claimable_age_seconds",
     "How long the oldest claimable run of the project has been claimable (0: none; sampled)",
@@ -119,6 +125,7 @@ preset(
         "CompleteRuns",
         "FailRun",
         "ReleaseRun",
+        "HoldRun",
         "WaitTool",
         "ResumeTool",
         "AcknowledgeCancel",

@@ -1,5 +1,5 @@
-"""The queue gauges: unfinished runs by project and status, claimable runs, and the age of the
-oldest claimable run per project, counted by one statement (SampleQueue, queue.sql) every
+"""The queue gauges: unfinished runs by project and status, claimable runs, held runs, and the age
+of the oldest claimable run per project, counted by one statement (SampleQueue, queue.sql) every
 AWOOOP_QUEUE_METRICS_INTERVAL seconds (a periodic count, not work on the claim path). It reads
 only unfinished runs (metrics.UNFINISHED). The durable waits' gauges (open waits by project and
 kind, the age of the oldest) are sampled with them (SampleWaits: open waits only). Every replica
@@ -26,17 +26,20 @@ class QueueSampler:
         rows = await queue_sql.sample_queue(self.pool)
         runs: dict[tuple[str, str], int] = defaultdict(int)
         claimable: dict[str, int] = defaultdict(int)
+        held: dict[str, int] = defaultdict(int)
         oldest: dict[str, float] = defaultdict(float)
         for r in rows:
             label = metrics.PROJECTS(r["project_id"])
             self.seen.add(label)
             runs[label, r["status"]] += r["n"]
             claimable[label] += r["claimable"]
+            held[label] += r["held"]
             oldest[label] = max(oldest[label], max(0.0, r["oldest"]))
         for label in self.seen:
             for status in metrics.UNFINISHED:
                 metrics.RUNS.labels(label, status).set(runs.get((label, status), 0))
             metrics.CLAIMABLE.labels(label).set(claimable.get(label, 0))
+            metrics.HELD.labels(label).set(held.get(label, 0))
             metrics.OLDEST_CLAIMABLE.labels(label).set(oldest.get(label, 0.0))
         await self.sample_waits()
         metrics.SAMPLE_AGE.set(time.time())

@@ -23,6 +23,8 @@ class SampleQueueRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["claimable"], /) -> int: ...
     @overload
+    def __getitem__(self, key: Literal["held"], /) -> int: ...
+    @overload
     def __getitem__(self, key: Literal["oldest"], /) -> float: ...
     @overload
     def __getitem__(self, key: str, /) -> object: ...
@@ -65,6 +67,8 @@ async def sample_queue(db: sql.Queryable, /, *, query_timeout: float | None = No
     of finished runs. The paused projects are read once, as an array (an InitPlan), not probed per
     run: with sequential scans priced out (services/common/planner.py) a correlated NOT EXISTS was
     an index probe of awooop_project_flow for every unfinished run.
+    held: queued runs a worker held because its code did not replay their journal (HoldRun),
+    waiting for an operator.
     """
     return cast("list[SampleQueueRow]", await db.fetch(SAMPLE_QUEUE.sql, timeout=query_timeout))
 

@@ -72,6 +72,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.ReleaseRunResponse:
         return await self.writes.release_run(request)
 
+    async def HoldRun(
+        self, request: scheduler_pb2.HoldRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.HoldRunResponse:
+        return await self.writes.hold_run(request)
+
     async def WaitTool(
         self, request: scheduler_pb2.WaitToolRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.WaitToolResponse:
@@ -81,6 +86,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.ResumeToolRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.ResumeToolResponse:
         return await self.writes.resume_tool(request)
+
+    async def UnholdRun(
+        self, request: scheduler_pb2.UnholdRunRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.UnholdRunResponse:
+        return await self.approvals.unhold_run(request)
 
     async def AcknowledgeCancel(
         self, request: scheduler_pb2.AcknowledgeCancelRequest, context: grpc.aio.ServicerContext[Any, Any]

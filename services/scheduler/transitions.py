@@ -1,5 +1,5 @@
-"""Fenced worker writes (CompleteRun, FailRun, ReleaseRun, WaitTool, ResumeTool,
-AcknowledgeCancel; RequestApproval lives in approvals.py) and CancelRun.
+"""Fenced worker writes (CompleteRun, FailRun, ReleaseRun, HoldRun, WaitTool, ResumeTool,
+AcknowledgeCancel; RequestApproval lives in approvals.py), CancelRun and UnholdRun.
 
 Each is ONE statement of fenced_writes.sql (read it: the fence, the audit row, the compensation
 request and the wake-up are all there). The statement always returns the locked row's current
@@ -32,6 +32,8 @@ WORKER_ROLE = "worker"
 # channel (ingest: a user's "cancel" arrives through it), and admin. Workers end their own
 # runs with FailRun instead.
 CANCEL_ROLES = ("admin", "approver", "ingest")
+# UnholdRun: the people who decide what happens to a held run (or CancelRun it instead)
+UNHOLD_ROLES = ("admin", "approver")
 # the parameters every fenced write takes (the fence and the audit row's actor); the others are the action's own
 FENCE_PARAMS = ("run_id", "attempt", "allowed", "worker_projects", "actor")
 
@@ -85,6 +87,7 @@ Q = fenced_writes_sql
 COMPLETE = fenced_op("CompleteRun", Action.COMPLETE, Q.COMPLETE_RUN, Q.complete_run)
 FAIL = fenced_op("FailRun", Action.FAIL, Q.FAIL_RUN, Q.fail_run)
 RELEASE = fenced_op("ReleaseRun", Action.RELEASE, Q.RELEASE_RUN, Q.release_run)
+HOLD = fenced_op("HoldRun", Action.HOLD, Q.HOLD_RUN, Q.hold_run)
 
 
 def tool_wait(action: Action) -> Write:
@@ -109,7 +112,7 @@ ACKNOWLEDGE_CANCEL = fenced_op(
 
 # repeats recognised by the run's state and this attempt's audit row (replays.wrote); a
 # RequestApproval repeat needs a new token instead (approvals.py)
-REPLAYED_FROM_AUDIT = (WAIT_TOOL, RESUME_TOOL, ACKNOWLEDGE_CANCEL)
+REPLAYED_FROM_AUDIT = (WAIT_TOOL, RESUME_TOOL, ACKNOWLEDGE_CANCEL, HOLD)
 
 
 @dataclass(frozen=True)
@@ -206,3 +209,26 @@ async def cancel(pool: asyncpg.Pool, principal: Principal, run_id: str, reason: 
             return Changed(current, current["comp_trigger"])
         raise errors.invalid_transition(run_id, row["cur_status"], TRANSITIONS[Action.CANCEL].describe)
     return settled(row, saga)
+
+
+# --- UnholdRun -----------------------------------------------------------------------------
+
+
+async def unhold(pool: asyncpg.Pool, principal: Principal, run_id: str, reason: str) -> Changed:
+    """A held run (HoldRun) claimable again. A repeat after the first one committed finds the run
+    no longer held and is refused like any other run that is not held."""
+    row = await fenced_writes_sql.unhold_run(
+        pool,
+        run_id=run_id,
+        unhold_projects=projects_with(principal, UNHOLD_ROLES),
+        actor=principal.actor,
+        reason=reason,
+    )
+    if row is None:
+        raise errors.not_found("run", run_id)
+    if row["run_id"] is None:
+        check_run_access(principal, row["cur_project"], UNHOLD_ROLES, run_id)
+        # PENDING but not held included: "cannot unhold run X in status PENDING"
+        raise errors.invalid_transition(run_id, row["cur_status"], TRANSITIONS[Action.UNHOLD].describe)
+    metrics.TRANSITIONS.labels(row["status"]).inc()
+    return Changed(row, None)

@@ -1,5 +1,5 @@
-"""The fenced worker writes (CompleteRun, CompleteRuns, FailRun, ReleaseRun, WaitTool, ResumeTool,
-AcknowledgeCancel): validate the lease and the fields, call transitions / batch_complete, build
+"""The fenced worker writes (CompleteRun, CompleteRuns, FailRun, ReleaseRun, HoldRun, WaitTool,
+ResumeTool, AcknowledgeCancel): validate the lease and the fields, call transitions / batch_complete, build
 the answer. ClaimRuns' carried completions are validated and answered by the same two helpers."""
 
 from __future__ import annotations
@@ -120,6 +120,17 @@ class WorkerWriteRpcs:
         v.raise_if_any()
         changed = await self._fenced(transitions.RELEASE, run_id, attempt, reason=reason)
         return scheduler_pb2.ReleaseRunResponse(run=run_to_pb(changed.row))
+
+    async def hold_run(self, request: scheduler_pb2.HoldRunRequest) -> scheduler_pb2.HoldRunResponse:
+        v = Violations()
+        run_id, attempt = lease(v, "lease", request.lease)
+        reason = v.text("reason", request.reason, max_len=MAX_TEXT)
+        error_code = v.token("error_code", request.error_code, max_len=MAX_ERROR_CODE, required=False)
+        v.raise_if_any()
+        changed = await self._fenced(
+            transitions.HOLD, run_id, attempt, reason=reason or "held by its worker", error_code=error_code
+        )
+        return scheduler_pb2.HoldRunResponse(run=run_to_pb(changed.row))
 
     async def wait_tool(self, request: scheduler_pb2.WaitToolRequest) -> scheduler_pb2.WaitToolResponse:
         v = Violations()

@@ -8,6 +8,7 @@
     awooop runs approve RUN_ID --token T [--reason R]
     awooop runs reject RUN_ID --token T [--reason R]
     awooop runs cancel RUN_ID [--reason R]
+    awooop runs unhold RUN_ID [--reason R]  a run held because its code did not replay its journal
     awooop runs waits list RUN_ID           the run's durable waits, open ones first
     awooop runs waits complete RUN_ID [--wait WAIT_ID] [--result JSON]    (approver role)
     awooop runs waits expire RUN_ID [--wait WAIT_ID]                      (approver role)
@@ -112,6 +113,11 @@ def register(sub: Any) -> None:
     p.add_argument("run_id")
     p.add_argument("--reason", default="", help="why (audit log)")
     p.set_defaults(func=run_command(cmd_cancel))
+
+    p = _leaf(r, "unhold", "let a held run be claimed again (after deploying code that replays its journal)")
+    p.add_argument("run_id")
+    p.add_argument("--reason", default="", help="why (audit log)")
+    p.set_defaults(func=run_command(cmd_unhold))
 
     _register_waits(r)
     _register_compensation(r)
@@ -453,6 +459,17 @@ async def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
     if resp.compensation_requested:
         line += "; compensation requested"
     print(line)
+    return 0
+
+
+async def cmd_unhold(args: argparse.Namespace, client: Client) -> int:
+    resp = await client.call(
+        client.scheduler.UnholdRun, scheduler_pb2.UnholdRunRequest(run_id=args.run_id, reason=args.reason)
+    )
+    if args.json:
+        print_json(to_json(resp))
+        return 0
+    print(f"run {resp.run.run_id} unheld: {status_name(resp.run.status)}, claimable now")
     return 0
 
 

@@ -16,6 +16,7 @@ from awooop.worker.children import Child, ChildHandle, ChildOutcome, ChildrenTim
 from awooop.worker.client import Client, open_channel
 from awooop.worker.context import Approval, RunContext
 from awooop.worker.errors import AwooopError, ErrorDetails, LeaseLost, RunFinished, details_of
+from awooop.worker.replay import Nondeterminism
 from awooop.worker.run_scope import StepCall
 from awooop.worker.structs import from_struct, to_struct
 from awooop.worker.tools import ToolClient
@@ -34,6 +35,7 @@ __all__ = [
     "ErrorDetails",
     "Event",
     "LeaseLost",
+    "Nondeterminism",
     "ParkedToolFailed",
     "RunContext",
     "RunFinished",

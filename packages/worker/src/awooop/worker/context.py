@@ -34,6 +34,7 @@ from awooop.worker import children, event_matches, metrics, tracing, waits
 from awooop.worker.client import Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.errors import JOURNAL_TOO_LARGE, AwooopError, LeaseLost, RunFinished
+from awooop.worker.replay import NONDETERMINISM_CODE, Nondeterminism, ReplayCheck
 from awooop.worker.run_scope import Json, StepCall
 from awooop.worker.structs import from_struct, to_struct
 from awooop.worker.waits import WaitTimeout, WaitToken
@@ -124,6 +125,11 @@ class RunContext:
         # ran; None until read. A first attempt's journal is empty: nothing to read.
         self._journal: dict[str, common_pb2.SagaStep] | None = None if (self.attempt > 1 or self.resumed) else {}
         self._journal_too_large = False  # GetJournal answered JOURNAL_TOO_LARGE: use BeginStep instead
+        # a resumed attempt's check of its calls against the journal it found (replay.py); None
+        # until the journal is read, and on a first attempt (nothing to replay)
+        self._replay: ReplayCheck | None = None
+        # set once the handler's code was found not to replay the journal: the worker holds the run
+        self.nondeterminism: Nondeterminism | None = None
         self._wait_numbers: dict[str, int] = {}  # durable waits' step ids numbered per kind, in call order
         self.log = logging.LoggerAdapter(log, {"run_id": self.run_id, "attempt": self.attempt})
 
@@ -146,6 +152,34 @@ class RunContext:
     def _live(self, what: str) -> None:
         if self.outcome is not None:
             raise RunFinished(f"{what}: run {self.run_id} already {self.outcome}; the handler should return")
+        if self.nondeterminism is not None:  # the handler caught it and went on: it is still true
+            raise self.nondeterminism
+
+    async def _reach(self, step_id: str, kind: int, tool_id: str = "", params: Mapping[str, Any] | None = None) -> None:
+        """A journaling call of the handler, checked against the journal a resumed attempt found
+        (replay.py). Raises Nondeterminism (and remembers it) when the code does not replay it."""
+        if self._journal_too_large or (self._journal is not None and self._replay is None):
+            return  # a first attempt (its journal is empty), or a journal too large to read whole
+        await self._known(step_id)  # reads the journal once
+        if self._replay is None:
+            return  # too large to read whole: not checked (logged once)
+        try:
+            self._replay.reach(step_id, kind, tool_id, params)
+        except Nondeterminism as exc:
+            self.nondeterminism = exc
+            raise
+
+    def check_replayed(self) -> None:
+        """Before the run completes: a resumed attempt must have reached every step of the
+        journal's replayed prefix. Raises (and remembers) Nondeterminism otherwise."""
+        if self.nondeterminism is not None:
+            raise self.nondeterminism
+        if self._replay is not None:
+            try:
+                self._replay.finish()
+            except Nondeterminism as exc:
+                self.nondeterminism = exc
+                raise
 
     # --- journaled steps ---
 
@@ -192,6 +226,7 @@ class RunContext:
         if kind not in STEP_TYPES:
             raise ValueError(f"step_type must be one of {', '.join(STEP_TYPES)}")
         args = dict(params or {})
+        await self._reach(step_id, STEP_TYPES[kind], tool_id or "", args)
         if kind in RECORDED_AFTER and not tool_id and self.client.record_steps and not self._journal_too_large:
             known = await self._known(step_id)
             if not self._journal_too_large and (
@@ -270,8 +305,10 @@ class RunContext:
                 if err.reason != JOURNAL_TOO_LARGE:
                     raise
                 self._journal_too_large = True
+                self.log.warning("journal too large to read whole: this attempt's replay is not checked")
                 return None
             self._journal = {s.step_id: s for s in resp.steps}
+            self._replay = ReplayCheck(self.run_id, resp.steps)
         return self._journal.get(step_id)
 
     async def _recorded_step(
@@ -365,6 +402,7 @@ class RunContext:
     async def _request_approval(self, summary: str, *, step_id: str = "approval", ttl: float | None = None) -> Approval:
         """request_approval without its span."""
         self._live("request_approval")
+        await self._reach(step_id, common_pb2.STEP_TYPE_APPROVAL_REQUEST)
         begin = await self.client.call(
             self.client.saga.BeginStep,
             saga_pb2.BeginStepRequest(
@@ -586,6 +624,7 @@ class RunContext:
     async def complete(self, output: Mapping[str, Any] | None = None) -> common_pb2.Run:
         """RUNNING -> COMPLETED with output. (Returning a dict from the handler does the same.)"""
         self._live("complete")
+        self.check_replayed()
         request = scheduler_pb2.CompleteRunRequest(lease=self.lease, output=to_struct(dict(output or {})))
         async with self._ending("completed"):
             if self.completions is not None:
@@ -609,6 +648,19 @@ class RunContext:
                     retryable=retryable,
                     retry_after=_duration(retry_after),
                 ),
+            )
+        return resp.run
+
+    async def hold(self, reason: str, *, error_code: str = NONDETERMINISM_CODE) -> common_pb2.Run:
+        """Holds the run (HoldRun): PENDING, claimed by nobody, the attempt not counted, until an
+        operator's UnholdRun (after deploying code that replays its journal) or CancelRun (which
+        compensates it). The worker does this when the handler's code does not replay the journal."""
+        if self.outcome is not None:
+            raise RunFinished(f"hold: run {self.run_id} already {self.outcome}")
+        async with self._ending("held"):
+            resp = await self.client.call(
+                self.client.scheduler.HoldRun,
+                scheduler_pb2.HoldRunRequest(lease=self.lease, reason=reason[:4096], error_code=error_code[:64]),
             )
         return resp.run
 

@@ -51,7 +51,7 @@ CHILDREN_ENDED = Counter(
 HELD = Gauge("awooop_worker_leases_held", "Leases this worker holds now", registry=None)
 
 # every known label value at 0 from the start, so increase() alerts see the first increment
-for _o in ("completed", "failed", "waiting_approval", "cancelled", "released", "lost", "error"):
+for _o in ("completed", "failed", "waiting_approval", "cancelled", "released", "held", "lost", "error"):
     RUNS.labels(_o)
 for _a in ("execute", "skip", "retry"):
     STEPS.labels(_a)

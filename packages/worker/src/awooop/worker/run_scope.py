@@ -6,6 +6,7 @@ one way (docs/architecture.md)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -43,6 +44,10 @@ class RunScope(Protocol):
     log: logging.LoggerAdapter[logging.Logger]
 
     async def _known(self, step_id: str) -> common_pb2.SagaStep | None: ...
+
+    async def _reach(
+        self, step_id: str, kind: int, tool_id: str = "", params: Mapping[str, Any] | None = None
+    ) -> None: ...
 
     async def _record(self, request: saga_pb2.RecordStepRequest) -> saga_pb2.RecordStepResponse | None: ...
 

@@ -53,6 +53,7 @@ from awooop.worker.client import DEFAULT_TIMEOUT, Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.context import Handler, RunContext, _duration
 from awooop.worker.errors import AwooopError, LeaseLost, RunFinished
+from awooop.worker.replay import Nondeterminism
 from awooop.worker.waits import TIMED_OUT_CODE, RunParked, WaitTimeout
 
 log = logging.getLogger("awooop.worker")
@@ -100,6 +101,7 @@ class WorkerStats:
     lost: int = 0
     cancelled: int = 0
     released: int = 0
+    held: int = 0  # held for an operator: the code does not replay the run's journal (HoldRun)
     heartbeats_sent: int = 0  # Heartbeat calls
     leases_renewed: int = 0  # leases those calls renewed (one call renews every held lease)
     claims_sent: int = 0  # ClaimRuns calls
@@ -437,6 +439,8 @@ class Worker:
             if ctx.finished:
                 ctx.log.exception("handler raised after the run was %s", ctx.outcome)
                 return True
+            if ctx.nondeterminism is not None:  # raised, or caught and followed by another error
+                return await self._hold(h)
             reason = f"{type(exc).__name__}: {exc}"
             if isinstance(exc, WaitTimeout):  # a wait's time ran out and the handler did not go on: fail it
                 ctx.log.warning("handler left a wait timeout uncaught; failing the run")
@@ -450,8 +454,19 @@ class Worker:
         if ctx.finished:
             self._count(ctx.outcome or "completed")
             return True
+        with contextlib.suppress(Nondeterminism):
+            ctx.check_replayed()  # remembered in ctx.nondeterminism
+        if ctx.nondeterminism is not None:
+            return await self._hold(h)
         result = _as_output(output)
         return await self._final(h, "completed", lambda: ctx.complete(result))
+
+    async def _hold(self, h: _Held) -> bool:
+        """The handler's code does not replay the run's journal: hold the run for an operator
+        (HoldRun) instead of failing it, which would compensate work the right code might finish."""
+        ctx, found = h.ctx, h.ctx.nondeterminism
+        ctx.log.error("holding the run for an operator: %s", found)
+        return await self._final(h, "held", lambda: ctx.hold(str(found)))
 
     async def _final(self, h: _Held, outcome: str, end: Callable[[], Awaitable[Any]]) -> bool:
         """Ends the run with end() (sent again after UNAVAILABLE / DEADLINE_EXCEEDED while the
@@ -543,7 +558,7 @@ class Worker:
     def _count(self, outcome: str) -> None:
         metrics.RUNS.labels(outcome).inc()
         self.stats.by_outcome[outcome] = self.stats.by_outcome.get(outcome, 0) + 1
-        if outcome in ("completed", "failed", "waiting_approval", "lost", "cancelled", "released"):
+        if outcome in ("completed", "failed", "waiting_approval", "lost", "cancelled", "released", "held"):
             setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
 
     def _stop_handler(self, h: _Held, reason: str) -> None:

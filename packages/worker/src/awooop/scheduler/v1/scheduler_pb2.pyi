@@ -705,6 +705,112 @@ class ReleaseRunResponse(_message.Message):
 Global___ReleaseRunResponse: _TypeAlias = ReleaseRunResponse  # noqa: Y015
 
 @_typing.final
+class HoldRunRequest(_message.Message):
+    """Holds a run whose journal the worker's code does not replay."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    """What did not match (kept as the run's failure_reason; up to 4,096 characters)."""
+    error_code: _builtins.str
+    """The run's error_code while held, e.g. E-WORKER-NONDETERMINISM (up to 64 characters)."""
+    @_builtins.property
+    def lease(self) -> _common_pb2.LeaseToken:
+        """Fencing token."""
+
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.LeaseToken | None = ...,
+        reason: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "lease", b"lease", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HoldRunRequest: _TypeAlias = HoldRunRequest  # noqa: Y015
+
+@_typing.final
+class HoldRunResponse(_message.Message):
+    """The held run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> _common_pb2.Run:
+        """PENDING with wait_reason "held" (or CANCELLED when a cancel was pending)."""
+
+    def __init__(
+        self,
+        *,
+        run: _common_pb2.Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HoldRunResponse: _TypeAlias = HoldRunResponse  # noqa: Y015
+
+@_typing.final
+class UnholdRunRequest(_message.Message):
+    """Lets a held run be claimed again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The held run."""
+    reason: _builtins.str
+    """Why (for the audit log)."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnholdRunRequest: _TypeAlias = UnholdRunRequest  # noqa: Y015
+
+@_typing.final
+class UnholdRunResponse(_message.Message):
+    """The run, claimable again."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> _common_pb2.Run:
+        """PENDING, no longer held."""
+
+    def __init__(
+        self,
+        *,
+        run: _common_pb2.Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnholdRunResponse: _TypeAlias = UnholdRunResponse  # noqa: Y015
+
+@_typing.final
 class WaitToolRequest(_message.Message):
     """Enters WAITING_TOOL."""
 

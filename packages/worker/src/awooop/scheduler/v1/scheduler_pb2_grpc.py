@@ -65,6 +65,16 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ReleaseRunRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ReleaseRunResponse.FromString,
                 _registered_method=True)
+        self.HoldRun = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/HoldRun',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.HoldRunRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.HoldRunResponse.FromString,
+                _registered_method=True)
+        self.UnholdRun = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/UnholdRun',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.UnholdRunRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.UnholdRunResponse.FromString,
+                _registered_method=True)
         self.WaitTool = channel.unary_unary(
                 '/awooop.scheduler.v1.SchedulerService/WaitTool',
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WaitToolRequest.SerializeToString,
@@ -260,6 +270,21 @@ class SchedulerServiceServicer:
 
     def ReleaseRun(self, request, context):
         """Hands a lease back without failing: the run returns to PENDING and the attempt is not counted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HoldRun(self, request, context):
+        """The worker's code does not replay the run's journal: the run is held (PENDING, not claimed,
+        wait_reason "held", the attempt not counted) until UnholdRun or CancelRun.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnholdRun(self, request, context):
+        """A held run becomes claimable again (after a deploy whose code replays it). Approver or admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -524,6 +549,16 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ReleaseRun,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ReleaseRunRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ReleaseRunResponse.SerializeToString,
+            ),
+            'HoldRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.HoldRun,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.HoldRunRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.HoldRunResponse.SerializeToString,
+            ),
+            'UnholdRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnholdRun,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.UnholdRunRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.UnholdRunResponse.SerializeToString,
             ),
             'WaitTool': grpc.unary_unary_rpc_method_handler(
                     servicer.WaitTool,
@@ -834,6 +869,60 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/ReleaseRun',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ReleaseRunRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ReleaseRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HoldRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/HoldRun',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.HoldRunRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.HoldRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnholdRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/UnholdRun',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.UnholdRunRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.UnholdRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,6 +57,12 @@ class SchedulerServiceStub:
     """RUNNING/WAITING_TOOL -> PENDING (retryable, attempts left, after a backoff) or FAILED."""
     ReleaseRun: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ReleaseRunRequest, _scheduler_pb2.ReleaseRunResponse]
     """Hands a lease back without failing: the run returns to PENDING and the attempt is not counted."""
+    HoldRun: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.HoldRunRequest, _scheduler_pb2.HoldRunResponse]
+    """The worker's code does not replay the run's journal: the run is held (PENDING, not claimed,
+    wait_reason "held", the attempt not counted) until UnholdRun or CancelRun.
+    """
+    UnholdRun: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.UnholdRunRequest, _scheduler_pb2.UnholdRunResponse]
+    """A held run becomes claimable again (after a deploy whose code replays it). Approver or admin."""
     WaitTool: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.WaitToolRequest, _scheduler_pb2.WaitToolResponse]
     """RUNNING -> WAITING_TOOL (lease kept and renewed)."""
     ResumeTool: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeToolRequest, _scheduler_pb2.ResumeToolResponse]
@@ -177,6 +183,12 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """RUNNING/WAITING_TOOL -> PENDING (retryable, attempts left, after a backoff) or FAILED."""
     ReleaseRun: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ReleaseRunRequest, _scheduler_pb2.ReleaseRunResponse]  # type: ignore[assignment]
     """Hands a lease back without failing: the run returns to PENDING and the attempt is not counted."""
+    HoldRun: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.HoldRunRequest, _scheduler_pb2.HoldRunResponse]  # type: ignore[assignment]
+    """The worker's code does not replay the run's journal: the run is held (PENDING, not claimed,
+    wait_reason "held", the attempt not counted) until UnholdRun or CancelRun.
+    """
+    UnholdRun: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.UnholdRunRequest, _scheduler_pb2.UnholdRunResponse]  # type: ignore[assignment]
+    """A held run becomes claimable again (after a deploy whose code replays it). Approver or admin."""
     WaitTool: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.WaitToolRequest, _scheduler_pb2.WaitToolResponse]  # type: ignore[assignment]
     """RUNNING -> WAITING_TOOL (lease kept and renewed)."""
     ResumeTool: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeToolRequest, _scheduler_pb2.ResumeToolResponse]  # type: ignore[assignment]
@@ -330,6 +342,24 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.ReleaseRunResponse, _abc.Awaitable[_scheduler_pb2.ReleaseRunResponse]]:
         """Hands a lease back without failing: the run returns to PENDING and the attempt is not counted."""
+
+    @_abc_1.abstractmethod
+    def HoldRun(
+        self,
+        request: _scheduler_pb2.HoldRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.HoldRunResponse, _abc.Awaitable[_scheduler_pb2.HoldRunResponse]]:
+        """The worker's code does not replay the run's journal: the run is held (PENDING, not claimed,
+        wait_reason "held", the attempt not counted) until UnholdRun or CancelRun.
+        """
+
+    @_abc_1.abstractmethod
+    def UnholdRun(
+        self,
+        request: _scheduler_pb2.UnholdRunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.UnholdRunResponse, _abc.Awaitable[_scheduler_pb2.UnholdRunResponse]]:
+        """A held run becomes claimable again (after a deploy whose code replays it). Approver or admin."""
 
     @_abc_1.abstractmethod
     def WaitTool(
