@@ -294,7 +294,13 @@ async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_an
     try:
         key = claim_answers.ClaimKey("service:worker-1", "w1", "racing", ("p",), 2, LEASE)
         args = st.args(
-            projects=["p"], lease_secs=LEASE, worker_id="w1", actor="test", **key.params(), **claiming.NO_COMPLETIONS
+            projects=["p"],
+            lease_secs=LEASE,
+            worker_id="w1",
+            actor="test",
+            build_id=None,
+            **key.params(),
+            **claiming.NO_COMPLETIONS,
         )
         call = server_plans.call_text(server_plans.function_name(st.sql), len(args))
         tx = first.transaction()

@@ -145,6 +145,9 @@ async def _act(s: Sched, action: Action, run_id: str) -> Any:
         Action.CANCEL: lambda: s.stub.CancelRun(pb.CancelRunRequest(run_id=run_id), metadata=s.approver),
         Action.HOLD: lambda: s.stub.HoldRun(pb.HoldRunRequest(lease=tok, reason="replay differs"), metadata=w),
         Action.UNHOLD: lambda: s.stub.UnholdRun(pb.UnholdRunRequest(run_id=run_id), metadata=s.approver),
+        Action.SET_BUILD: lambda: s.stub.SetRunBuild(
+            pb.SetRunBuildRequest(run_id=run_id, build_id="v2"), metadata=s.approver
+        ),
     }
     wait_id = await _wait_of(s, run_id) if action in (Action.PARK, Action.COMPLETE_WAIT) else ""
     if action is Action.CLAIM:

@@ -218,6 +218,7 @@ async def test_the_multi_project_claim_settles_on_its_generic_plan(s: Sched) -> 
             lease_secs=60.0,
             worker_id="w1",
             actor="test",
+            build_id=None,
             **claim_answers.NO_KEY,
             **claiming.NO_COMPLETIONS,
         )

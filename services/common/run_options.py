@@ -48,6 +48,8 @@ class RunOptions:
     retry_policy_json: str | None = None
     # the run's concurrency keys, sorted and distinct (empty: none)
     concurrency_keys: tuple[str, ...] = ()
+    # awooop_run_state.auto_upgrade: its own routing across builds (None: its project's)
+    auto_upgrade: bool | None = None
 
     @property
     def keys_param(self) -> list[str] | None:
@@ -77,9 +79,11 @@ def parse(
     policy: common_pb2.RetryPolicy | None,
     concurrency_key: str = "",
     concurrency_keys: Sequence[str] = (),
+    versioning: int = 0,
 ) -> RunOptions:
     """Validated options; problems go to v under `prefix` (e.g. "events[3].")."""
-    if not_before is None and not priority and policy is None and not concurrency_key and not concurrency_keys:
+    unset = not_before is None and not priority and policy is None and not concurrency_key and not concurrency_keys
+    if unset and not versioning:
         return NO_OPTIONS  # none set (most requests): nothing to check
     when = None
     if not_before is not None:
@@ -96,7 +100,30 @@ def parse(
         fields = retry_policy.from_pb(v, prefix + "retry_policy", policy)
         if fields:
             policy_json = json.dumps(fields, sort_keys=True)
-    return RunOptions(when, priority, policy_json, keys(v, prefix, concurrency_key, concurrency_keys))
+    return RunOptions(
+        when,
+        priority,
+        policy_json,
+        keys(v, prefix, concurrency_key, concurrency_keys),
+        auto_upgrade(v, prefix + "versioning", versioning),
+    )
+
+
+def auto_upgrade(v: Violations, field: str, versioning: int) -> bool | None:
+    """Versioning as awooop_run_state.auto_upgrade and awooop_project_flow.versioning read it:
+    None (UNSPECIFIED: the project's), False (PINNED), True (AUTO_UPGRADE)."""
+    if versioning not in VERSIONING:
+        v.add(field, "must be VERSIONING_UNSPECIFIED, VERSIONING_PINNED or VERSIONING_AUTO_UPGRADE")
+        return None
+    return VERSIONING[versioning]
+
+
+# Versioning -> auto-upgrade (None: not set)
+VERSIONING: dict[int, bool | None] = {
+    common_pb2.VERSIONING_UNSPECIFIED: None,
+    common_pb2.VERSIONING_PINNED: False,
+    common_pb2.VERSIONING_AUTO_UPGRADE: True,
+}
 
 
 def keys(v: Violations, prefix: str, concurrency_key: str, concurrency_keys: Sequence[str]) -> tuple[str, ...]:

@@ -84,6 +84,14 @@ def ts(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
     return t
 
 
+# awooop_run_state.auto_upgrade -> Run.versioning
+VERSIONING_PB = {
+    None: common_pb2.VERSIONING_UNSPECIFIED,
+    False: common_pb2.VERSIONING_PINNED,
+    True: common_pb2.VERSIONING_AUTO_UPGRADE,
+}
+
+
 def run_to_pb(row: RunRow) -> common_pb2.Run:
     """The Run message of any statement's run columns (every statement returning a run returns all
     of awooop_run_state's: `r.*`)."""
@@ -110,6 +118,8 @@ def run_to_pb(row: RunRow) -> common_pb2.Run:
         # the reason (and the key waited on) only mean something while not_before holds the run back
         wait_reason=(row["wait_reason"] or "") if held else "",
         wait_key=(row["wait_key"] or "") if held else "",
+        build_id=row["build_id"] or "",
+        versioning=VERSIONING_PB[row["auto_upgrade"]],
     )
     run.input.CopyFrom(to_struct(_obj(row["input"])))
     if row["output"] is not None:

@@ -88,6 +88,7 @@ class Action(StrEnum):
     EXPIRE_WAIT = "expire_wait"  # the wait timeout sweep, or ExpireWait (an operator, by hand)
     HOLD = "hold"  # HoldRun (a worker whose code does not replay the run's journal)
     UNHOLD = "unhold"  # UnholdRun (an operator lets a held run be claimed again)
+    SET_BUILD = "set_build"  # SetRunBuild (an operator moves a run to another worker build)
 
 
 class Audit(StrEnum):
@@ -117,6 +118,7 @@ class Audit(StrEnum):
     WAIT_ENDED = "WAIT_ENDED"  # a wait's outcome while nobody was parked on it (no status change)
     HELD = "HELD"
     UNHELD = "UNHELD"
+    BUILD_SET = "BUILD_SET"  # not a status change: an operator put the run on another build
     # not a status change: written beside one that ended FAILED/CANCELLED with steps to undo
     COMPENSATION_REQUESTED = "COMPENSATION_REQUESTED"
     # not a status change: a background loop's statement failed on this run and skipped it
@@ -129,6 +131,9 @@ class Audit(StrEnum):
     PROJECT_FLOW_SET = "PROJECT_FLOW_SET"
     PROJECT_PAUSED = "PROJECT_PAUSED"
     PROJECT_RESUMED = "PROJECT_RESUMED"
+    # not a run's change: an operator drained a worker build of a project, or undrained it
+    BUILD_DRAINED = "BUILD_DRAINED"
+    BUILD_UNDRAINED = "BUILD_UNDRAINED"
     # not a run's change: an operator redrove a set of runs (each redriven run has its REDRIVEN row)
     RUNS_REDRIVEN = "RUNS_REDRIVEN"
     # not a run's change: a cron schedule was set or deleted
@@ -378,6 +383,13 @@ TRANSITIONS: dict[Action, Transition] = {
             Outcome(S.PENDING, Audit.UNHELD, "held by HoldRun: claimable at once (not_before and wait_reason cleared)"),
             fenced=False,
             describe="unhold",
+        ),
+        _t(
+            Action.SET_BUILD,
+            [S.PENDING, S.RESUMED, S.WAITING_APPROVAL],
+            Outcome(None, Audit.BUILD_SET, "no worker holds it: it resumes on the build given"),
+            fenced=False,
+            describe="move to another build",
         ),
     )
 }

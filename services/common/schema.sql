@@ -973,6 +973,8 @@ CREATE TABLE public.awooop_project_flow (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     paused boolean DEFAULT false NOT NULL,
     paused_at timestamp with time zone,
+    versioning character varying(16) DEFAULT 'pinned'::character varying NOT NULL,
+    CONSTRAINT awooop_project_flow_versioning_check CHECK (((versioning)::text = ANY ((ARRAY['pinned'::character varying, 'auto_upgrade'::character varying])::text[]))),
     CONSTRAINT awooop_project_flow_weight_check CHECK (((weight >= 1) AND (weight <= 1000)))
 );
 
@@ -1118,6 +1120,8 @@ CREATE TABLE public.awooop_run_state (
     lease_until timestamp with time zone,
     heartbeat_at timestamp with time zone,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    build_id character varying(128),
+    auto_upgrade boolean,
     CONSTRAINT awooop_run_state_channel_type_check CHECK (((channel_type)::text = ANY ((ARRAY['telegram'::character varying, 'alertmanager'::character varying, 'gitea'::character varying, 'line'::character varying, 'api'::character varying])::text[]))),
     CONSTRAINT awooop_run_state_child_check CHECK ((((parent_step_id IS NULL) = (child_seq IS NULL)) AND ((parent_run_id IS NULL) OR (parent_step_id IS NOT NULL)))),
     CONSTRAINT awooop_run_state_concurrency_keys_check CHECK (((cardinality(concurrency_keys) >= 1) AND (cardinality(concurrency_keys) <= 8))),
@@ -1263,6 +1267,16 @@ CREATE TABLE public.awooop_wait_token (
     issued_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
+-- TABLE: awooop_worker_build
+CREATE TABLE public.awooop_worker_build (
+    project_id character varying(64) NOT NULL,
+    build_id character varying(128) NOT NULL,
+    first_seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    drained_at timestamp with time zone,
+    drained_by character varying(160)
+);
+
 -- DEFAULT: awooop_audit_entry audit_id
 ALTER TABLE ONLY public.awooop_audit_entry ALTER COLUMN audit_id SET DEFAULT nextval('public.awooop_audit_log_audit_id_seq'::regclass);
 
@@ -1399,6 +1413,10 @@ ALTER TABLE ONLY public.awooop_wait
 -- CONSTRAINT: awooop_wait_token awooop_wait_token_pkey
 ALTER TABLE ONLY public.awooop_wait_token
     ADD CONSTRAINT awooop_wait_token_pkey PRIMARY KEY (token_hash);
+
+-- CONSTRAINT: awooop_worker_build awooop_worker_build_pkey
+ALTER TABLE ONLY public.awooop_worker_build
+    ADD CONSTRAINT awooop_worker_build_pkey PRIMARY KEY (project_id, build_id);
 
 -- INDEX: awooop_api_key_principal_idx
 CREATE INDEX awooop_api_key_principal_idx ON public.awooop_api_key USING btree (principal_id);

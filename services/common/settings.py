@@ -166,6 +166,9 @@ class Settings:
     # https://hooks.example.com); empty: the URL is the path only, /v1/waits/<token>
     wait_callback_base_url: str = ""
     max_claim_wait: float = 60.0  # longest a ClaimRuns long-poll may wait for work
+    # a worker build counts as live while a claim of it was seen this recently (or it holds a lease);
+    # queued runs pinned to a build that is not live wait for it, counted and alerted on
+    build_live_seconds: float = 120.0
     queue_metrics_interval: float = 15.0  # how often runs by project and status are counted for /metrics (0: off)
     metrics_max_projects: int = 100  # projects with their own metrics label; later ones share project="_other"
     schedule_interval: float = 1.0  # how often each scheduler fires the cron schedules that are due

@@ -157,6 +157,7 @@ class ApiEvents:
                 retry_policy=[e.options.retry_policy_json for e in ev],
                 concurrency_keys=store.joined_keys(ev),
                 traceparent=store.traceparents(ev),
+                auto_upgrade=[e.options.auto_upgrade for e in ev],
                 fingerprint=[fps[k.event] for k in batch],
                 snapshot=snapshots,
                 principal_type=principal.principal_type,

@@ -119,6 +119,7 @@ def parse_event(
         policy=req.retry_policy if req.HasField("retry_policy") else None,
         concurrency_key=req.concurrency_key,
         concurrency_keys=req.concurrency_keys,
+        versioning=req.versioning,
     )
     headers = req.headers
     _check_headers(v, prefix, headers)
@@ -229,6 +230,7 @@ def parse_create_run(
         policy=req.retry_policy if req.HasField("retry_policy") else None,
         concurrency_key=req.concurrency_key,
         concurrency_keys=req.concurrency_keys,
+        versioning=req.versioning,
     )
     data, text = v.json("input", req.input, max_bytes=max_payload_bytes)
     return NewRun(project_id, key, data, text, attempts, options)

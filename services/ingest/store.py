@@ -110,6 +110,7 @@ async def _store_events(
             retry_policies=[e.options.retry_policy_json for e in ev],
             concurrency_keys=joined_keys(ev),
             traceparents=traceparents(ev),
+            auto_upgrades=[e.options.auto_upgrade for e in ev],
             policy_defaults=defaults_json,
             principal_id=principal_id,
             actor=actor,
@@ -158,6 +159,7 @@ async def create_run(
         policy_defaults=defaults_json,
         concurrency_keys=o.keys_param,
         traceparent=traceparent,
+        auto_upgrade=o.auto_upgrade,
     )
     assert row is not None
     return row

@@ -129,6 +129,10 @@ class CreateRunRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["updated_at"], /) -> datetime: ...
     @overload
+    def __getitem__(self, key: Literal["build_id"], /) -> str | None: ...
+    @overload
+    def __getitem__(self, key: Literal["auto_upgrade"], /) -> bool | None: ...
+    @overload
     def __getitem__(self, key: str, /) -> object: ...
 
     def __getitem__(self, key: str, /) -> Any: ...
@@ -150,6 +154,7 @@ async def store_events(
     retry_policies: Sequence[str | None] | None,
     concurrency_keys: Sequence[str | None] | None,
     traceparents: Sequence[str | None] | None,
+    auto_upgrades: Sequence[bool | None] | None,
     policy_defaults: str | None,
     principal_id: str | None,
     actor: str | None,
@@ -193,6 +198,7 @@ async def store_events(
             retry_policies,
             concurrency_keys,
             traceparents,
+            auto_upgrades,
             policy_defaults,
             principal_id,
             actor,
@@ -240,6 +246,7 @@ async def create_run(
     priority: int | None,
     concurrency_keys: Sequence[str | None] | None,
     traceparent: str | None,
+    auto_upgrade: bool | None,
     actor: str | None,
     idempotency_key: str | None,
     query_timeout: float | None = None,
@@ -265,6 +272,7 @@ async def create_run(
             priority,
             concurrency_keys,
             traceparent,
+            auto_upgrade,
             actor,
             idempotency_key,
             timeout=query_timeout,

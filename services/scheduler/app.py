@@ -40,7 +40,7 @@ def _background(
 ) -> list[Callable[[], Coroutine[Any, Any, None]]]:
     """The LISTEN connection and the background loops, each run until shutdown."""
     s = ctx.settings
-    sampler = QueueSampler(ctx.pool)
+    sampler = QueueSampler(ctx.pool, ctx.settings.build_live_seconds)
 
     async def listen() -> None:
         await listener.run()

@@ -8,7 +8,7 @@ import asyncpg
 from awooop.scheduler.v1 import scheduler_pb2
 from services.common import tracing
 from services.common.auth import current_principal
-from services.common.limits import MAX_TEXT
+from services.common.limits import MAX_ID, MAX_TEXT
 from services.common.runs import run_to_pb, ts
 from services.common.settings import Settings
 from services.common.validate import Violations
@@ -95,6 +95,7 @@ class ApprovalRpcs:
         v = Violations()
         run_id = v.uuid("run_id", request.run_id)
         reason = v.text("reason", request.reason, max_len=MAX_TEXT)
+        build_id = v.token("build_id", request.build_id, max_len=MAX_ID, required=False)
         v.raise_if_any()
-        changed = await transitions.unhold(self.pool, current_principal(), run_id, reason)
+        changed = await transitions.unhold(self.pool, current_principal(), run_id, reason, build_id or None)
         return scheduler_pb2.UnholdRunResponse(run=run_to_pb(changed.row))

@@ -32,7 +32,13 @@ from services.scheduler.transitions import COMPLETE, WORKER_ROLE, Changed, settl
 # the claim statement for no runs of no project: only its completions
 COMPLETE_MANY = claim_statement(0, 0)
 # the claim parameters of CompleteRuns (it claims nothing and records no answer)
-NO_CLAIM: dict[str, Any] = {"projects": [], "lease_secs": None, "worker_id": None, **claim_answers.NO_KEY}
+NO_CLAIM: dict[str, Any] = {
+    "projects": [],
+    "lease_secs": None,
+    "worker_id": None,
+    "build_id": None,
+    **claim_answers.NO_KEY,
+}
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,7 @@ async def complete_and_claim(
     worker_id: str,
     saga: SagaNudger,
     key: ClaimKey | None = None,
+    build_id: str | None = None,
 ) -> tuple[list[Changed | errors.ServiceError], Claim]:
     """complete_many, then a claim (claiming.claim_once), in one statement: the items' outcomes
     in order, and the claim (its rows oldest first; with a claim key whose answer is recorded,
@@ -85,6 +92,7 @@ async def complete_and_claim(
                     projects=projects,
                     lease_secs=lease_ttl,
                     worker_id=worker_id,
+                    build_id=build_id,
                     **keyed,
                 )
             )

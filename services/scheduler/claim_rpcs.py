@@ -21,7 +21,7 @@ from services.common.limits import MAX_ID
 from services.common.runs import run_to_pb, set_run_tree, set_time, ts
 from services.common.runtime import AppContext
 from services.common.validate import Violations
-from services.scheduler import batch_complete, budget, claim_answers, claiming, hand_back, leases, metrics
+from services.scheduler import batch_complete, budget, builds, claim_answers, claiming, hand_back, leases, metrics
 from services.scheduler.rpc_fields import lease
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.wakeup import RunReadyListener
@@ -81,6 +81,7 @@ class _ClaimCall:
     items: list[batch_complete.Item]
     key: claim_answers.ClaimKey | None
     gone: Callable[[], bool]
+    build_id: str | None  # the worker's build (None: it declared none)
 
 
 class ClaimRpcs:
@@ -91,6 +92,7 @@ class ClaimRpcs:
         self.listener = listener
         self.saga = saga
         self._budget = budget.answer_budget(ctx.settings.max_message_bytes)
+        self.builds = builds.BuildRegistry(ctx.pool, ctx.settings.build_live_seconds)
 
     def _lease_ttl(self, v: Violations, value: Duration) -> float:
         return v.duration("lease_ttl", value, max_seconds=MAX_LEASE_TTL, default=self.settings.lease_ttl)
@@ -99,6 +101,8 @@ class ClaimRpcs:
         self, request: scheduler_pb2.ClaimRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.ClaimRunsResponse:
         call = self._claim_call(request, context)
+        if call.build_id is not None:
+            await self.builds.seen(call.projects, call.build_id)
         if call.items:  # complete, then claim, in one statement; never waits (see the proto)
             return await self._complete_and_claim(call)
         wait = min(max(call.wait, 0.0), self.settings.max_claim_wait)
@@ -116,6 +120,7 @@ class ClaimRpcs:
             wait=wait,
             gone=call.gone,
             key=call.key,
+            build_id=call.build_id,
         )
         if not claim.rows and not claim.replayed and wait > 0 and self.ctx.stopping.is_set():
             # an empty answer now would bring the worker straight back here (a claim storm while
@@ -146,6 +151,7 @@ class ClaimRpcs:
             v, "complete", request.complete, required=False, max_payload_bytes=self.settings.max_payload_bytes
         )
         claim_id = v.token("claim_id", request.claim_id, max_len=MAX_ID, required=False)
+        build_id = v.token("build_id", request.build_id, max_len=MAX_ID, required=False)
         v.raise_if_any()
         principal = current_principal()
         for p in projects:
@@ -156,7 +162,16 @@ class ClaimRpcs:
                 principal.actor, worker_id, claim_id, tuple(sorted(projects)), max_runs, lease_ttl
             )
         return _ClaimCall(
-            principal, worker_id, projects, max_runs, wait, lease_ttl, items, key, _deadline_passed(context)
+            principal,
+            worker_id,
+            projects,
+            max_runs,
+            wait,
+            lease_ttl,
+            items,
+            key,
+            _deadline_passed(context),
+            build_id or None,
         )
 
     async def _complete_and_claim(self, call: _ClaimCall) -> scheduler_pb2.ClaimRunsResponse:
@@ -172,6 +187,7 @@ class ClaimRpcs:
                 worker_id=call.worker_id,
                 saga=self.saga,
                 key=call.key,
+                build_id=call.build_id,
             ),
             lambda done: done[1].taken,
             call.worker_id,

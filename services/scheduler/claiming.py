@@ -64,10 +64,16 @@ class Claim(NamedTuple):
 
 
 async def claim(
-    pool: asyncpg.Pool, projects: list[str], max_runs: int, lease_ttl: float, worker_id: str, actor: str
+    pool: asyncpg.Pool,
+    projects: list[str],
+    max_runs: int,
+    lease_ttl: float,
+    worker_id: str,
+    actor: str,
+    build_id: str | None = None,
 ) -> Sequence[Row]:
     """A claim without a claim id: the claimed rows."""
-    return (await claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor)).rows
+    return (await claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor, build_id=build_id)).rows
 
 
 async def claim_once(
@@ -78,9 +84,11 @@ async def claim_once(
     worker_id: str,
     actor: str,
     key: ClaimKey | None = None,
+    build_id: str | None = None,
 ) -> Claim:
     """One claim (up to MAX_PARKING_ROUNDS statements while runs get parked); with a claim key,
-    the answer recorded for its claim id when there is one."""
+    the answer recorded for its claim id when there is one. build_id: the claiming worker's
+    build (None: it declared none)."""
     claim_statement(len(projects), max_runs)
     keyed = key.params() if key is not None else claim_answers.NO_KEY
     for _ in range(MAX_PARKING_ROUNDS):
@@ -93,6 +101,7 @@ async def claim_once(
                 lease_secs=lease_ttl,
                 worker_id=worker_id,
                 actor=actor,
+                build_id=build_id,
                 **keyed,
                 **NO_COMPLETIONS,
             )
@@ -133,6 +142,7 @@ async def claim_runs(
     wait: float,
     gone: Callable[[], bool] = lambda: False,
     key: ClaimKey | None = None,
+    build_id: str | None = None,
 ) -> Claim:
     """Claims up to max_runs; waits up to `wait` seconds for work. Answers no runs when the
     wait ends empty (or the service is stopping, or gone() says the call is over: its deadline
@@ -154,7 +164,7 @@ async def claim_runs(
                     return Claim([])
                 result = await hand_back.to_the_end(
                     pool,
-                    lambda: claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor, key),
+                    lambda: claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor, key, build_id),
                     _taken,
                     worker_id,
                     actor,

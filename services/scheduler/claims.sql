@@ -84,6 +84,16 @@
 -- backlog in one project never holds back another's runs. Rows locked by the scans but not kept
 -- are released when the statement's transaction ends.
 --
+-- Versions (migration 0390; docs/versioning.md): :build_id is the claiming worker's build (NULL:
+-- it declared none). A run on another build is passed over when its journal holds steps (they
+-- were written by that build's code), unless it auto-upgrades (its own auto_upgrade, else its
+-- project's versioning) and the claimer is the project's newest build that is not draining (the
+-- latest first seen: `newest`). A run with no build yet, or with an empty journal, goes to any
+-- build. A draining build (`draining`, DrainBuild) takes only the runs that need it: on it, with
+-- steps journaled. The claim
+-- records the claimer's build on the run (build_id), so a run that journals steps is on the build
+-- whose code wrote them.
+--
 -- blocked / parked / go: concurrency keys (docs/flow-control.md). A picked run is granted only
 -- when every one of its limited keys has a free slot and starts left in its rate window; then it
 -- takes one of each. awooop_grant_keys (migration 0120) locks the picked runs' limited keys in key
@@ -135,9 +145,15 @@ picked AS (
     SELECT run_id, from_status, project_id, ckeys, priority, due, ready_since
       FROM (SELECT c.run_id, c.from_status, p.project_id, c.ckeys, c.priority, c.due, c.ready_since, p.e, p.w,
                    row_number() OVER (PARTITION BY p.project_id ORDER BY c.priority DESC, c.due) AS k
-              FROM (SELECT u.project_id, -ln(1.0 - random()) AS e, COALESCE(f.weight, 1) AS w
+              FROM (SELECT u.project_id, -ln(1.0 - random()) AS e, COALESCE(f.weight, 1) AS w,
+                           f.versioning IS NOT DISTINCT FROM 'auto_upgrade' AS auto_upgrade,
+                           b.drained_at IS NOT NULL AS draining,
+                           (SELECT n.build_id FROM awooop_worker_build n
+                             WHERE n.project_id = u.project_id AND n.drained_at IS NULL
+                             ORDER BY n.first_seen_at DESC, n.build_id LIMIT 1) AS newest
                       FROM (SELECT * FROM unnest(:projects::text[]) LIMIT {{count}}) AS u(project_id)
                       LEFT JOIN awooop_project_flow f ON f.project_id = u.project_id
+                      LEFT JOIN awooop_worker_build b ON b.project_id = u.project_id AND b.build_id = :build_id::text
                      WHERE f.paused IS NOT TRUE) p
              CROSS JOIN LATERAL (
                     SELECT run_id, status AS from_status, concurrency_keys AS ckeys, priority,
@@ -148,6 +164,12 @@ picked AS (
                        AND (not_before IS NULL OR not_before <= now())
                        AND COALESCE(not_before, created_at) <= now() + interval '1 second'
                        AND attempt_count - released_count < max_attempts
+                       AND (build_id IS NULL OR build_id = :build_id::text
+                            OR (COALESCE(awooop_run_state.auto_upgrade, p.auto_upgrade) AND p.newest = :build_id::text)
+                            OR NOT EXISTS (SELECT 1 FROM awooop_saga_step s WHERE s.run_id = awooop_run_state.run_id))
+                       AND (NOT p.draining
+                            OR (build_id = :build_id::text
+                                AND EXISTS (SELECT 1 FROM awooop_saga_step s WHERE s.run_id = awooop_run_state.run_id)))
                        AND (SELECT count(*) FROM cur) >= 0
                        AND NOT EXISTS (SELECT 1 FROM prior)
                      ORDER BY priority DESC, COALESCE(not_before, created_at)
@@ -189,7 +211,8 @@ claimed AS (
            not_before = NULL,
            wait_reason = NULL,
            wait_key = NULL,
-           updated_at = now()
+           updated_at = now(),
+           build_id = COALESCE(:build_id::text, r.build_id)
       FROM go p
      WHERE r.run_id = ANY(ARRAY(SELECT run_id FROM go))
        AND r.run_id = p.run_id

@@ -119,6 +119,10 @@ class ClaimRunsRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["updated_at"], /) -> datetime | None: ...
     @overload
+    def __getitem__(self, key: Literal["build_id"], /) -> str | None: ...
+    @overload
+    def __getitem__(self, key: Literal["auto_upgrade"], /) -> bool | None: ...
+    @overload
     def __getitem__(self, key: Literal["from_status"], /) -> str | None: ...
     @overload
     def __getitem__(self, key: Literal["upd_item"], /) -> int | None: ...
@@ -241,6 +245,10 @@ class ReplayClaimAnswerRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["updated_at"], /) -> datetime | None: ...
     @overload
+    def __getitem__(self, key: Literal["build_id"], /) -> str | None: ...
+    @overload
+    def __getitem__(self, key: Literal["auto_upgrade"], /) -> bool | None: ...
+    @overload
     def __getitem__(self, key: Literal["from_status"], /) -> str | None: ...
     @overload
     def __getitem__(self, key: Literal["claim_wait"], /) -> float | None: ...
@@ -263,6 +271,7 @@ async def claim_runs(
     worker_id: str | None,
     claim_id: str | None,
     projects: Sequence[str | None] | None,
+    build_id: str | None,
     lease_secs: float | None,
     actor: str | None,
     sorted_projects: Sequence[str | None] | None,
@@ -332,6 +341,16 @@ async def claim_runs(
     backlog in one project never holds back another's runs. Rows locked by the scans but not kept
     are released when the statement's transaction ends.
 
+    Versions (migration 0390; docs/versioning.md): :build_id is the claiming worker's build (NULL:
+    it declared none). A run on another build is passed over when its journal holds steps (they
+    were written by that build's code), unless it auto-upgrades (its own auto_upgrade, else its
+    project's versioning) and the claimer is the project's newest build that is not draining (the
+    latest first seen: `newest`). A run with no build yet, or with an empty journal, goes to any
+    build. A draining build (`draining`, DrainBuild) takes only the runs that need it: on it, with
+    steps journaled. The claim
+    records the claimer's build on the run (build_id), so a run that journals steps is on the build
+    whose code wrote them.
+
     blocked / parked / go: concurrency keys (docs/flow-control.md). A picked run is granted only
     when every one of its limited keys has a free slot and starts left in its rate window; then it
     takes one of each. awooop_grant_keys (migration 0120) locks the picked runs' limited keys in key
@@ -357,6 +376,7 @@ async def claim_runs(
             worker_id,
             claim_id,
             projects,
+            build_id,
             lease_secs,
             actor,
             sorted_projects,

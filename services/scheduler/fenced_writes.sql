@@ -243,8 +243,9 @@ SELECT * FROM cur LEFT JOIN upd ON true
 
 -- name: UnholdRun :one
 -- UnholdRun (no lease; :unhold_projects: the projects where the caller may, NULL: all): a run held
--- by HoldRun (PENDING, wait_reason held) is claimable at once. Its failure_reason and error_code
--- stay: they say why its last attempt ended. Anything else is refused (cur tells why).
+-- by HoldRun (PENDING, wait_reason held) is claimable at once, on :build_id when one is given (NULL:
+-- its own). Its failure_reason and error_code stay: they say why its last attempt ended. Anything
+-- else is refused (cur tells why).
 -- not null: cur_run_id, cur_project, cur_status
 WITH cur AS (
     SELECT run_id AS cur_run_id, project_id AS cur_project, status AS cur_status, wait_reason AS cur_wait_reason,
@@ -255,7 +256,7 @@ WITH cur AS (
 ),
 upd AS (
     UPDATE awooop_run_state r
-       SET not_before = NULL, wait_reason = NULL, updated_at = now()
+       SET not_before = NULL, wait_reason = NULL, build_id = COALESCE(:build_id::text, r.build_id), updated_at = now()
       FROM cur
      WHERE r.run_id = cur.cur_run_id
        AND cur.cur_status = 'PENDING' AND cur.cur_wait_reason = 'held'
@@ -263,6 +264,6 @@ upd AS (
  RETURNING r.*,
            awooop_record_transition(
                r.run_id, r.project_id, r.status, :actor, 'UNHELD', cur.cur_status, NULLIF(:reason::text, ''),
-               jsonb_build_object('attempt', r.attempt_count)) AS comp_trigger
+               jsonb_build_object('attempt', r.attempt_count, 'build_id', r.build_id)) AS comp_trigger
 )
 SELECT * FROM cur LEFT JOIN upd ON true

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncpg
 from google.protobuf.duration_pb2 import Duration
 
+from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from services.common import retry_policy, run_options
 from services.common.access import require_member, require_role
@@ -42,6 +43,9 @@ class FlowRpcs:
             weight=flow.weight,
             effective_retry_policy=retry_policy.to_pb(effective),
             paused=flow.paused,
+            versioning=common_pb2.VERSIONING_AUTO_UPGRADE
+            if flow.versioning == project_flow.AUTO_UPGRADE
+            else common_pb2.VERSIONING_PINNED,
         )
 
     async def get_project_flow(
@@ -61,10 +65,12 @@ class FlowRpcs:
         project_id = v.project_id("project_id", request.project_id)
         policy = retry_policy.from_pb(v, "retry_policy", request.retry_policy)
         weight = v.int_range("weight", request.weight, 1, project_flow.MAX_WEIGHT, default=project_flow.DEFAULT_WEIGHT)
+        auto_upgrade = run_options.auto_upgrade(v, "versioning", request.versioning)
         v.raise_if_any()
         principal = current_principal()
         require_role(principal, project_id, "admin")
-        flow = await project_flow.set_flow(self.pool, project_id, policy, weight, principal.actor)
+        versioning = None if auto_upgrade is None else project_flow.VERSIONING[auto_upgrade]
+        flow = await project_flow.set_flow(self.pool, project_id, policy, weight, principal.actor, versioning)
         return scheduler_pb2.SetProjectFlowResponse(flow=self._flow_pb(flow))
 
     async def set_concurrency_limit(

@@ -80,6 +80,24 @@ HELD = Gauge(
     " project (sampled)",
     ["project"],
 )
+RUNS_WAITING_FOR_BUILD = Gauge(
+    "awooop_scheduler_runs_waiting_for_build",
+    "Queued runs that only a build with no live worker may take (pinned, with journaled steps), by project"
+    " (sampled; docs/versioning.md)",
+    ["project"],
+)
+BUILD_RUNS = Gauge(
+    "awooop_scheduler_build_runs",
+    "Unfinished runs on a worker build, by project, build and state (queued, held, leased, parked; sampled;"
+    " only builds that are live or have runs)",
+    ["project", "build", "state"],
+)
+BUILD_LIVE = Gauge(
+    "awooop_scheduler_build_live",
+    "1 while a worker build is live (a claim of it seen lately, or a lease it holds), by project and build"
+    " (sampled; only builds that are live or have runs)",
+    ["project", "build"],
+)
 OLDEST_CLAIMABLE = Gauge(
     "awooop_scheduler_oldest_claimable_age_seconds",
     "How long the oldest claimable run of the project has been claimable (0: none; sampled)",

@@ -14,6 +14,8 @@ from services.scheduler import project_flow_sql
 
 DEFAULT_WEIGHT = 1
 MAX_WEIGHT = 1000
+PINNED, AUTO_UPGRADE = "pinned", "auto_upgrade"  # awooop_project_flow.versioning (its CHECK)
+VERSIONING = {False: PINNED, True: AUTO_UPGRADE}  # by auto-upgrade
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class ProjectFlow:
     retry_policy: retry_policy.Policy
     weight: int
     paused: bool = False
+    versioning: str = PINNED  # awooop_project_flow.versioning: pinned or auto_upgrade
 
 
 def _policy(value: Any) -> retry_policy.Policy:
@@ -34,20 +37,31 @@ async def get(pool: asyncpg.Pool, project_id: str) -> ProjectFlow:
     row = await project_flow_sql.get_project_flow(pool, project_id=project_id)
     if row is None:
         return ProjectFlow(project_id, {}, DEFAULT_WEIGHT)
-    return ProjectFlow(project_id, _policy(row["retry_policy"]), row["weight"], row["paused"])
+    return ProjectFlow(project_id, _policy(row["retry_policy"]), row["weight"], row["paused"], row["versioning"])
 
 
 async def set_flow(
-    pool: asyncpg.Pool, project_id: str, policy: retry_policy.Policy, weight: int, actor: str
+    pool: asyncpg.Pool,
+    project_id: str,
+    policy: retry_policy.Policy,
+    weight: int,
+    actor: str,
+    versioning: str | None = None,
 ) -> ProjectFlow:
+    """Sets the project's retry policy and weight, and its versioning unless None (kept)."""
     row = await project_flow_sql.set_project_flow(
-        pool, project_id=project_id, retry_policy=json.dumps(policy, sort_keys=True), weight=weight, actor=actor
+        pool,
+        project_id=project_id,
+        retry_policy=json.dumps(policy, sort_keys=True),
+        weight=weight,
+        actor=actor,
+        versioning=versioning,
     )
     assert row is not None
-    return ProjectFlow(project_id, _policy(row["retry_policy"]), row["weight"], row["paused"])
+    return ProjectFlow(project_id, _policy(row["retry_policy"]), row["weight"], row["paused"], row["versioning"])
 
 
 async def set_paused(pool: asyncpg.Pool, project_id: str, paused: bool, actor: str, reason: str) -> ProjectFlow:
     row = await project_flow_sql.pause_project(pool, project_id=project_id, paused=paused, actor=actor, reason=reason)
     assert row is not None
-    return ProjectFlow(project_id, _policy(row["retry_policy"]), row["weight"], row["paused"])
+    return ProjectFlow(project_id, _policy(row["retry_policy"]), row["weight"], row["paused"], row["versioning"])

@@ -22,6 +22,8 @@ class GetProjectFlowRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["paused"], /) -> bool: ...
     @overload
+    def __getitem__(self, key: Literal["versioning"], /) -> str: ...
+    @overload
     def __getitem__(self, key: str, /) -> object: ...
 
     def __getitem__(self, key: str, /) -> Any: ...
@@ -37,6 +39,8 @@ class SetProjectFlowRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["paused"], /) -> bool: ...
     @overload
+    def __getitem__(self, key: Literal["versioning"], /) -> str: ...
+    @overload
     def __getitem__(self, key: str, /) -> object: ...
 
     def __getitem__(self, key: str, /) -> Any: ...
@@ -51,6 +55,8 @@ class PauseProjectRow(Protocol):
     def __getitem__(self, key: Literal["weight"], /) -> int: ...
     @overload
     def __getitem__(self, key: Literal["paused"], /) -> bool: ...
+    @overload
+    def __getitem__(self, key: Literal["versioning"], /) -> str: ...
     @overload
     def __getitem__(self, key: Literal["quiet"], /) -> bool | None: ...
     @overload
@@ -77,16 +83,19 @@ async def set_project_flow(
     retry_policy: str | None,
     weight: int | None,
     actor: str | None,
+    versioning: str | None,
     query_timeout: float | None = None,
 ) -> SetProjectFlowRow | None:
     """SetProjectFlow (project_flow.sql).
 
-    Sets a project's retry policy (:retry_policy, JSON text) and claim weight, with its
-    PROJECT_FLOW_SET audit row.
+    Sets a project's retry policy (:retry_policy, JSON text), claim weight and versioning (NULL:
+    keep it; a new project's is pinned), with its PROJECT_FLOW_SET audit row.
     """
     return cast(
         "SetProjectFlowRow | None",
-        await db.fetchrow(SET_PROJECT_FLOW.sql, project_id, retry_policy, weight, actor, timeout=query_timeout),
+        await db.fetchrow(
+            SET_PROJECT_FLOW.sql, project_id, retry_policy, weight, actor, versioning, timeout=query_timeout
+        ),
     )
 
 

@@ -13,13 +13,17 @@ from collections import defaultdict
 import asyncpg
 
 from services.common.runstate import WaitKind
-from services.scheduler import metrics, queue_sql
+from services.scheduler import builds, metrics, queue_sql
+
+BUILD_STATES = ("queued", "held", "leased", "parked")  # the state label of awooop_scheduler_build_runs
 
 
 class QueueSampler:
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, build_live_seconds: float = 120.0) -> None:
         self.pool = pool
+        self.build_live_seconds = build_live_seconds
         self.seen: set[str] = set()  # project labels exported so far: kept, at 0 when emptied
+        self.builds_exported: set[tuple[str, str]] = set()  # (project, build) labels of the build gauges
         self.seen_waits: set[tuple[str, str]] = set()  # (project, kind) labels of the wait gauges
 
     async def sample(self) -> None:
@@ -42,7 +46,34 @@ class QueueSampler:
             metrics.HELD.labels(label).set(held.get(label, 0))
             metrics.OLDEST_CLAIMABLE.labels(label).set(oldest.get(label, 0.0))
         await self.sample_waits()
+        await self.sample_builds()
         metrics.SAMPLE_AGE.set(time.time())
+
+    async def sample_builds(self) -> None:
+        """Per build: its unfinished runs by state and whether it is live, for the builds that are
+        live or have runs (the others' series are removed: a project may keep many old builds);
+        per project: the queued runs waiting for a build that is not live."""
+        rows = await builds.project_builds(self.pool, None, self.build_live_seconds)
+        waiting: dict[str, int] = defaultdict(int)
+        exported: set[tuple[str, str]] = set()
+        for r in rows:
+            label = metrics.PROJECTS(r["project_id"])
+            self.seen.add(label)
+            waiting[label] += r["waiting_for_build"]
+            counts = {"queued": r["queued"], "held": r["held"], "leased": r["leased"], "parked": r["parked"]}
+            if not r["live"] and not any(counts.values()):
+                continue
+            exported.add((label, r["build_id"]))
+            metrics.BUILD_LIVE.labels(label, r["build_id"]).set(1 if r["live"] else 0)
+            for state, n in counts.items():
+                metrics.BUILD_RUNS.labels(label, r["build_id"], state).set(n)
+        for label, build in self.builds_exported - exported:
+            metrics.BUILD_LIVE.remove(label, build)
+            for state in BUILD_STATES:
+                metrics.BUILD_RUNS.remove(label, build, state)
+        self.builds_exported = exported
+        for label in self.seen:
+            metrics.RUNS_WAITING_FOR_BUILD.labels(label).set(waiting.get(label, 0))
 
     async def sample_waits(self) -> None:
         rows = await queue_sql.sample_waits(self.pool)

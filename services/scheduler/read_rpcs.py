@@ -13,7 +13,7 @@ from awooop.scheduler.v1 import scheduler_pb2
 from services.common import errors, run_options
 from services.common.access import require_member
 from services.common.auth import current_principal
-from services.common.limits import MAX_PROVIDER_EVENT_ID
+from services.common.limits import MAX_ID, MAX_PROVIDER_EVENT_ID
 from services.common.runs import (
     channel_from_pb,
     run_to_pb,
@@ -80,6 +80,7 @@ class ReadRpcs:
                 sagas.append(common_pb2.SagaStatus.Name(g).removeprefix("SAGA_STATUS_").lower())
         event_id = v.text("provider_event_id", request.provider_event_id, max_len=MAX_PROVIDER_EVENT_ID)
         parent = v.uuid("parent_run_id", request.parent_run_id) if request.parent_run_id else ""
+        build = v.token("build_id", request.build_id, max_len=MAX_ID, required=False)
         # (nanos out of range: a violation, not an exception)
         after_time = run_options.timestamp(v, "created_after", request.created_after)
         before_time = run_options.timestamp(v, "created_before", request.created_before)
@@ -97,6 +98,7 @@ class ReadRpcs:
             provider_event_id=event_id or None,
             saga_statuses=sorted(set(sagas)) or None,
             parent_run_id=parent or None,
+            build_id=build or None,
         )
         rows, next_token = await reads.list_runs(self.pool, project_id, where, page_size, after)
         runs = [run_to_pb(r) for r in rows]

@@ -32,6 +32,7 @@ class RunFilter:
     provider_event_id: str | None = None
     saga_statuses: list[str] | None = None
     parent_run_id: str | None = None  # a run's children
+    build_id: str | None = None  # the runs on a worker build
 
 
 async def get_run(pool: asyncpg.Pool, principal: Principal, run_id: str) -> reads_sql.GetRunRow:
@@ -88,6 +89,7 @@ async def list_runs(
         provider_event_id=where.provider_event_id,
         saga_statuses=where.saga_statuses,
         parent_run_id=where.parent_run_id,
+        build_id=where.build_id,
     )
     if len(rows) <= page_size:
         return list(rows), ""

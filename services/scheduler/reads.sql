@@ -10,7 +10,8 @@ SELECT *, attempt_count - released_count AS attempts_used FROM awooop_run_state 
 -- to follow awooop_run_created_list_idx, :page_rows rows, after the last row of the previous page
 -- (:after_created_at, :after_run_id; both NULL for the first page). Each filter is NULL for
 -- "all": :statuses, :channels, created at or after :created_after and before :created_before,
--- :provider_event_id, :saga_statuses, :parent_run_id (a run's children). The cursor is written as
+-- :provider_event_id, :saga_statuses, :parent_run_id (a run's children), :build_id (the runs on a
+-- worker build). The cursor is written as
 -- bounds (NULL: 'infinity', which every row is before) rather than `:after IS NULL OR ...`, so that
 -- a generic plan still starts the index scan at the cursor instead of filtering every newer row of
 -- the project.
@@ -39,6 +40,7 @@ SELECT *, attempt_count - released_count AS attempts_used
                    AND (:channels::text[] IS NULL OR channel_type = ANY(:channels::text[]))
                    AND (:provider_event_id::text IS NULL OR provider_event_id = :provider_event_id)
                    AND (:saga_statuses::text[] IS NULL OR saga_status = ANY(:saga_statuses::text[]))
+                   AND (:build_id::text IS NULL OR build_id = :build_id::text)
                 OFFSET 0) r
           WHERE c.project_id = :project_id AND :parent_run_id::uuid IS NULL
             AND (:created_after::timestamptz IS NULL OR c.created_at >= :created_after)
@@ -55,6 +57,7 @@ SELECT *, attempt_count - released_count AS attempts_used
             AND (:channels::text[] IS NULL OR channel_type = ANY(:channels::text[]))
             AND (:provider_event_id::text IS NULL OR provider_event_id = :provider_event_id)
             AND (:saga_statuses::text[] IS NULL OR saga_status = ANY(:saga_statuses::text[]))
+            AND (:build_id::text IS NULL OR build_id = :build_id::text)
             AND (:created_after::timestamptz IS NULL OR created_at >= :created_after)
             AND (:created_before::timestamptz IS NULL OR created_at < :created_before)
             AND created_at <= COALESCE(:after_created_at::timestamptz, 'infinity')

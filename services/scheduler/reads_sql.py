@@ -97,6 +97,10 @@ class GetRunRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["updated_at"], /) -> datetime: ...
     @overload
+    def __getitem__(self, key: Literal["build_id"], /) -> str | None: ...
+    @overload
+    def __getitem__(self, key: Literal["auto_upgrade"], /) -> bool | None: ...
+    @overload
     def __getitem__(self, key: Literal["attempts_used"], /) -> int: ...
     @overload
     def __getitem__(self, key: str, /) -> object: ...
@@ -186,6 +190,10 @@ class ListRunsRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["updated_at"], /) -> datetime: ...
     @overload
+    def __getitem__(self, key: Literal["build_id"], /) -> str | None: ...
+    @overload
+    def __getitem__(self, key: Literal["auto_upgrade"], /) -> bool | None: ...
+    @overload
     def __getitem__(self, key: Literal["attempts_used"], /) -> int: ...
     @overload
     def __getitem__(self, key: str, /) -> object: ...
@@ -238,6 +246,7 @@ async def list_runs(
     channels: Sequence[str | None] | None,
     provider_event_id: str | None,
     saga_statuses: Sequence[str | None] | None,
+    build_id: str | None,
     project_id: str | None,
     parent_run_id: UUID | str | None,
     created_after: datetime | None,
@@ -253,7 +262,8 @@ async def list_runs(
     to follow awooop_run_created_list_idx, :page_rows rows, after the last row of the previous page
     (:after_created_at, :after_run_id; both NULL for the first page). Each filter is NULL for
     "all": :statuses, :channels, created at or after :created_after and before :created_before,
-    :provider_event_id, :saga_statuses, :parent_run_id (a run's children). The cursor is written as
+    :provider_event_id, :saga_statuses, :parent_run_id (a run's children), :build_id (the runs on a
+    worker build). The cursor is written as
     bounds (NULL: 'infinity', which every row is before) rather than `:after IS NULL OR ...`, so that
     a generic plan still starts the index scan at the cursor instead of filtering every newer row of
     the project.
@@ -281,6 +291,7 @@ async def list_runs(
             channels,
             provider_event_id,
             saga_statuses,
+            build_id,
             project_id,
             parent_run_id,
             created_after,

@@ -13,6 +13,7 @@ import grpc
 from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common.runtime import AppContext
 from services.scheduler.approval_rpcs import ApprovalRpcs
+from services.scheduler.build_rpcs import BuildRpcs
 from services.scheduler.child_rpcs import ChildRpcs
 from services.scheduler.claim_rpcs import ClaimRpcs
 from services.scheduler.flow_rpcs import FlowRpcs
@@ -35,6 +36,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.children = ChildRpcs(pool, settings)
         self.reads = ReadRpcs(pool, settings)
         self.flow = FlowRpcs(pool, settings)
+        self.builds = BuildRpcs(pool, settings)
         self.schedules = ScheduleRpcs(pool, settings)
         self.watch = WatchRpcs(pool, settings, listener)
 
@@ -91,6 +93,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.UnholdRunRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.UnholdRunResponse:
         return await self.approvals.unhold_run(request)
+
+    # --- worker builds (build_rpcs.py) ---------------------------------------------------------------
+
+    async def SetRunBuild(
+        self, request: scheduler_pb2.SetRunBuildRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.SetRunBuildResponse:
+        return await self.builds.set_run_build(request)
+
+    async def ListBuilds(
+        self, request: scheduler_pb2.ListBuildsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.ListBuildsResponse:
+        return await self.builds.list_builds(request)
+
+    async def DrainBuild(
+        self, request: scheduler_pb2.DrainBuildRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.DrainBuildResponse:
+        return await self.builds.drain_build(request)
 
     async def AcknowledgeCancel(
         self, request: scheduler_pb2.AcknowledgeCancelRequest, context: grpc.aio.ServicerContext[Any, Any]

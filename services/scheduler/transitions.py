@@ -214,12 +214,15 @@ async def cancel(pool: asyncpg.Pool, principal: Principal, run_id: str, reason: 
 # --- UnholdRun -----------------------------------------------------------------------------
 
 
-async def unhold(pool: asyncpg.Pool, principal: Principal, run_id: str, reason: str) -> Changed:
-    """A held run (HoldRun) claimable again. A repeat after the first one committed finds the run
-    no longer held and is refused like any other run that is not held."""
+async def unhold(
+    pool: asyncpg.Pool, principal: Principal, run_id: str, reason: str, build_id: str | None = None
+) -> Changed:
+    """A held run (HoldRun) claimable again, on build_id when given. A repeat after the first one
+    committed finds the run no longer held and is refused like any other run that is not held."""
     row = await fenced_writes_sql.unhold_run(
         pool,
         run_id=run_id,
+        build_id=build_id,
         unhold_projects=projects_with(principal, UNHOLD_ROLES),
         actor=principal.actor,
         reason=reason,

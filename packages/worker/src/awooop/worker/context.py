@@ -146,6 +146,11 @@ class RunContext:
         return self.lease.attempt
 
     @property
+    def build_id(self) -> str:
+        """The build this attempt runs on (the claiming worker's; "" when it declared none)."""
+        return self.run.build_id
+
+    @property
     def finished(self) -> bool:
         return self.outcome is not None
 

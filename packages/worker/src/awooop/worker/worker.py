@@ -92,6 +92,10 @@ class _Held:
         return (self.ctx.run_id, self.ctx.attempt)
 
 
+# the environment variable a Worker without build_id= takes its build from (docs/versioning.md)
+BUILD_ENV = "AWOOOP_WORKER_BUILD"
+
+
 @dataclass
 class WorkerStats:
     claimed: int = 0
@@ -138,6 +142,7 @@ class Worker:
         client: Client | None = None,
         channel_options: Sequence[tuple[str, Any]] | None = None,
         tracer_provider: Any = None,
+        build_id: str | None = None,
     ) -> None:
         """The options are documented in docs/worker-sdk.md. Long because it is a flat list of
         them: each is checked and kept here once, beside the state the worker's loops share."""
@@ -149,6 +154,8 @@ class Worker:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.worker_id = worker_id or default_worker_id()
+        # the build of this worker's code (docs/versioning.md); "" declares none
+        self.build_id = os.environ.get(BUILD_ENV, "") if build_id is None else build_id
         self.concurrency = concurrency
         # None: the scheduler's configured lease (default 5 min)
         self.lease_ttl = lease_ttl
@@ -273,6 +280,7 @@ class Worker:
                 wait=_duration(self.claim_wait),
                 lease_ttl=_duration(self.lease_ttl),
                 claim_id=claim_id,
+                build_id=self.build_id,
             )
             sent_at = time.monotonic()
             self.stats.claims_sent += 1
@@ -318,6 +326,7 @@ class Worker:
             lease_ttl=_duration(self.lease_ttl),
             complete=[r for r, _ in carried],
             claim_id=claim_id,
+            build_id=self.build_id,
         )
         self.stats.claims_sent += 1
         try:

@@ -157,6 +157,30 @@ completed step that carries a compensation command (for example only llm_call st
 """
 Global___SagaStatus: _TypeAlias = SagaStatus  # noqa: Y015
 
+class _Versioning:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _VersioningEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Versioning.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    VERSIONING_UNSPECIFIED: _Versioning.ValueType  # 0
+    """Not set: the project's setting (a project's default is PINNED)."""
+    VERSIONING_PINNED: _Versioning.ValueType  # 1
+    """It resumes only on the build it runs on (the one whose code journaled its steps)."""
+    VERSIONING_AUTO_UPGRADE: _Versioning.ValueType  # 2
+    """It resumes on the project's newest build (the latest first seen that is not draining)."""
+
+class Versioning(_Versioning, metaclass=_VersioningEnumTypeWrapper):
+    """How a run whose journal holds steps is routed across worker builds (docs/versioning.md)."""
+
+VERSIONING_UNSPECIFIED: Versioning.ValueType  # 0
+"""Not set: the project's setting (a project's default is PINNED)."""
+VERSIONING_PINNED: Versioning.ValueType  # 1
+"""It resumes only on the build it runs on (the one whose code journaled its steps)."""
+VERSIONING_AUTO_UPGRADE: Versioning.ValueType  # 2
+"""It resumes on the project's newest build (the latest first seen that is not draining)."""
+Global___Versioning: _TypeAlias = Versioning  # noqa: Y015
+
 class _StepType:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -305,6 +329,8 @@ class Run(_message.Message):
     PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
     PARENT_STEP_ID_FIELD_NUMBER: _builtins.int
     CHILD_DEPTH_FIELD_NUMBER: _builtins.int
+    BUILD_ID_FIELD_NUMBER: _builtins.int
+    VERSIONING_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id (UUID)."""
     project_id: _builtins.str
@@ -379,6 +405,12 @@ class Run(_message.Message):
     """The parent's step id this child was started under (its identity within the parent)."""
     child_depth: _builtins.int
     """0 for a root run, the parent's depth + 1 for a child."""
+    build_id: _builtins.str
+    """The build of the worker that claimed the run last (ClaimRunsRequest.build_id; empty: none
+    declared). A run whose journal holds steps resumes on this build while it is pinned.
+    """
+    versioning: Global___Versioning.ValueType
+    """The run's own routing across builds; UNSPECIFIED: its project's (ProjectFlow.versioning)."""
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Input given at creation (the channel payload unless the caller set one)."""
@@ -466,10 +498,12 @@ class Run(_message.Message):
         parent_run_id: _builtins.str = ...,
         parent_step_id: _builtins.str = ...,
         child_depth: _builtins.int = ...,
+        build_id: _builtins.str = ...,
+        versioning: Global___Versioning.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_attempts_used", b"_attempts_used", "approval_expires_at", b"approval_expires_at", "attempts_used", b"attempts_used", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "created_at", b"created_at", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "not_before", b"not_before", "output", b"output", "reaped_at", b"reaped_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attempts_used", b"_attempts_used", "approval_decided_by", b"approval_decided_by", "approval_expires_at", b"approval_expires_at", "approval_summary", b"approval_summary", "attempt_count", b"attempt_count", "attempts_used", b"attempts_used", "cancel_requested", b"cancel_requested", "channel_type", b"channel_type", "child_depth", b"child_depth", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "created_at", b"created_at", "error_code", b"error_code", "failure_reason", b"failure_reason", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "max_attempts", b"max_attempts", "not_before", b"not_before", "output", b"output", "parent_run_id", b"parent_run_id", "parent_step_id", b"parent_step_id", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "reaped_at", b"reaped_at", "run_id", b"run_id", "saga_status", b"saga_status", "status", b"status", "updated_at", b"updated_at", "wait_key", b"wait_key", "wait_reason", b"wait_reason", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attempts_used", b"_attempts_used", "approval_decided_by", b"approval_decided_by", "approval_expires_at", b"approval_expires_at", "approval_summary", b"approval_summary", "attempt_count", b"attempt_count", "attempts_used", b"attempts_used", "build_id", b"build_id", "cancel_requested", b"cancel_requested", "channel_type", b"channel_type", "child_depth", b"child_depth", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "created_at", b"created_at", "error_code", b"error_code", "failure_reason", b"failure_reason", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "max_attempts", b"max_attempts", "not_before", b"not_before", "output", b"output", "parent_run_id", b"parent_run_id", "parent_step_id", b"parent_step_id", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "reaped_at", b"reaped_at", "run_id", b"run_id", "saga_status", b"saga_status", "status", b"status", "updated_at", b"updated_at", "versioning", b"versioning", "wait_key", b"wait_key", "wait_reason", b"wait_reason", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__attempts_used: _TypeAlias = _typing.Literal["attempts_used"]  # noqa: Y015
     _WhichOneofArgType__attempts_used: _TypeAlias = _typing.Literal["_attempts_used", b"_attempts_used"]  # noqa: Y015

@@ -28,7 +28,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from google.rpc import status_pb2 as google_dot_rpc_dot_status__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61wooop/ingest/v1/ingest.proto\x12\x10\x61wooop.ingest.v1\x1a\x1d\x61wooop/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\x94\x04\n\x12IngestEventRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x33\n\x0c\x63hannel_type\x18\x02 \x01(\x0e\x32\x1d.awooop.common.v1.ChannelType\x12\x19\n\x11provider_event_id\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x42\n\x07headers\x18\x05 \x03(\x0b\x32\x31.awooop.ingest.v1.IngestEventRequest.HeadersEntry\x12&\n\x05input\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\x05\x12\x10\n\x08\x65ndpoint\x18\x08 \x01(\t\x12.\n\nnot_before\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\n \x01(\x05\x12\x33\n\x0cretry_policy\x18\x0b \x01(\x0b\x32\x1d.awooop.common.v1.RetryPolicy\x12\x1b\n\x0f\x63oncurrency_key\x18\x0c \x01(\tB\x02\x18\x01\x12\x18\n\x10\x63oncurrency_keys\x18\r \x03(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Z\n\x0c\x45ventOutcome\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x19\n\x11provider_event_id\x18\x02 \x01(\t\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\"j\n\x13IngestEventResponse\x12\x30\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1e.awooop.ingest.v1.EventOutcome\x12!\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.Status\"K\n\x13IngestEventsRequest\x12\x34\n\x06\x65vents\x18\x01 \x03(\x0b\x32$.awooop.ingest.v1.IngestEventRequest\"N\n\x14IngestEventsResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.awooop.ingest.v1.IngestEventResponse\"\xab\x02\n\x10\x43reateRunRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0cmax_attempts\x18\x04 \x01(\x05\x12.\n\nnot_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x33\n\x0cretry_policy\x18\x07 \x01(\x0b\x32\x1d.awooop.common.v1.RetryPolicy\x12\x1b\n\x0f\x63oncurrency_key\x18\x08 \x01(\tB\x02\x18\x01\x12\x18\n\x10\x63oncurrency_keys\x18\t \x03(\t\"\xb1\x01\n\x11\x43reateRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.awooop.common.v1.Run\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x32\n\x0ekey_created_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0ekey_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x92\x02\n\x08\x45ndpoint\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x33\n\x0c\x63hannel_type\x18\x02 \x01(\x0e\x32\x1d.awooop.common.v1.ChannelType\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0brotate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12?\n\x1bprevious_secret_expire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"~\n\x15\x43reateEndpointRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x33\n\x0c\x63hannel_type\x18\x02 \x01(\x0e\x32\x1d.awooop.common.v1.ChannelType\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06secret\x18\x04 \x01(\t\"V\n\x16\x43reateEndpointResponse\x12,\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x1a.awooop.ingest.v1.Endpoint\x12\x0e\n\x06secret\x18\x02 \x01(\t\"*\n\x14ListEndpointsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\"F\n\x15ListEndpointsResponse\x12-\n\tendpoints\x18\x01 \x03(\x0b\x32\x1a.awooop.ingest.v1.Endpoint\"\x9b\x01\n\x1bRotateEndpointSecretRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x33\n\x0c\x63hannel_type\x18\x02 \x01(\x0e\x32\x1d.awooop.common.v1.ChannelType\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06secret\x18\x04 \x01(\t\x12\x15\n\rgrace_seconds\x18\x05 \x01(\x01\"\\\n\x1cRotateEndpointSecretResponse\x12,\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x1a.awooop.ingest.v1.Endpoint\x12\x0e\n\x06secret\x18\x02 \x01(\t\"n\n\x15RemoveEndpointRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x33\n\x0c\x63hannel_type\x18\x02 \x01(\x0e\x32\x1d.awooop.common.v1.ChannelType\x12\x0c\n\x04name\x18\x03 \x01(\t\"\x18\n\x16RemoveEndpointResponse2\xc3\x05\n\rIngestService\x12Z\n\x0bIngestEvent\x12$.awooop.ingest.v1.IngestEventRequest\x1a%.awooop.ingest.v1.IngestEventResponse\x12]\n\x0cIngestEvents\x12%.awooop.ingest.v1.IngestEventsRequest\x1a&.awooop.ingest.v1.IngestEventsResponse\x12T\n\tCreateRun\x12\".awooop.ingest.v1.CreateRunRequest\x1a#.awooop.ingest.v1.CreateRunResponse\x12\x63\n\x0e\x43reateEndpoint\x12\'.awooop.ingest.v1.CreateEndpointRequest\x1a(.awooop.ingest.v1.CreateEndpointResponse\x12`\n\rListEndpoints\x12&.awooop.ingest.v1.ListEndpointsRequest\x1a\'.awooop.ingest.v1.ListEndpointsResponse\x12u\n\x14RotateEndpointSecret\x12-.awooop.ingest.v1.RotateEndpointSecretRequest\x1a..awooop.ingest.v1.RotateEndpointSecretResponse\x12\x63\n\x0eRemoveEndpoint\x12\'.awooop.ingest.v1.RemoveEndpointRequest\x1a(.awooop.ingest.v1.RemoveEndpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61wooop/ingest/v1/ingest.proto\x12\x10\x61wooop.ingest.v1\x1a\x1d\x61wooop/common/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17google/rpc/status.proto\"\xc6\x04\n\x12IngestEventRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x33\n\x0c\x63hannel_type\x18\x02 \x01(\x0e\x32\x1d.awooop.common.v1.ChannelType\x12\x19\n\x11provider_event_id\x18\x03 \x01(\t\x12(\n\x07payload\x18\x04 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x42\n\x07headers\x18\x05 \x03(\x0b\x32\x31.awooop.ingest.v1.IngestEventRequest.HeadersEntry\x12&\n\x05input\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\x05\x12\x10\n\x08\x65ndpoint\x18\x08 \x01(\t\x12.\n\nnot_before\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\n \x01(\x05\x12\x33\n\x0cretry_policy\x18\x0b \x01(\x0b\x32\x1d.awooop.common.v1.RetryPolicy\x12\x1b\n\x0f\x63oncurrency_key\x18\x0c \x01(\tB\x02\x18\x01\x12\x18\n\x10\x63oncurrency_keys\x18\r \x03(\t\x12\x30\n\nversioning\x18\x0e \x01(\x0e\x32\x1c.awooop.common.v1.Versioning\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Z\n\x0c\x45ventOutcome\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x19\n\x11provider_event_id\x18\x02 \x01(\t\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0c\n\x04\x63ode\x18\x04 \x01(\t\"j\n\x13IngestEventResponse\x12\x30\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1e.awooop.ingest.v1.EventOutcome\x12!\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.google.rpc.Status\"K\n\x13IngestEventsRequest\x12\x34\n\x06\x65vents\x18\x01 \x03(\x0b\x32$.awooop.ingest.v1.IngestEventRequest\"N\n\x14IngestEventsResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.awooop.ingest.v1.IngestEventResponse\"\xdd\x02\n\x10\x43reateRunRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12&\n\x05input\x18\x03 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x14\n\x0cmax_attempts\x18\x04 \x01(\x05\x12.\n\nnot_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08priority\x18\x06 \x01(\x05\x12\x33\n\x0cretry_policy\x18\x07 \x01(\x0b\x32\x1d.awooop.common.v1.RetryPolicy\x12\x1b\n\x0f\x63oncurrency_key\x18\x08 \x01(\tB\x02\x18\x01\x12\x18\n\x10\x63oncurrency_keys\x18\t \x03(\t\x12\x30\n\nversioning\x18\n \x01(\x0e\x32\x1c.awooop.common.v1.Versioning\"\xb1\x01\n\x11\x43reateRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x15.awooop.common.v1.Run\x12\x10\n\x08replayed\x18\x02 \x01(\x08\x12\x32\n\x0ekey_created_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0ekey_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x92\x02\n\x08\x45ndpoint\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x33\n\x0c\x63hannel_type\x18\x02 \x01(\x0e\x32\x1d.awooop.common.v1.ChannelType\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04path\x18\x04 \x01(\t\x12/\n\x0b\x63reate_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0brotate_time\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12?\n\x1bprevious_secret_expire_time\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"~\n\x15\x43reateEndpointRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x33\n\x0c\x63hannel_type\x18\x02 \x01(\x0e\x32\x1d.awooop.common.v1.ChannelType\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06secret\x18\x04 \x01(\t\"V\n\x16\x43reateEndpointResponse\x12,\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x1a.awooop.ingest.v1.Endpoint\x12\x0e\n\x06secret\x18\x02 \x01(\t\"*\n\x14ListEndpointsRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\"F\n\x15ListEndpointsResponse\x12-\n\tendpoints\x18\x01 \x03(\x0b\x32\x1a.awooop.ingest.v1.Endpoint\"\x9b\x01\n\x1bRotateEndpointSecretRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x33\n\x0c\x63hannel_type\x18\x02 \x01(\x0e\x32\x1d.awooop.common.v1.ChannelType\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06secret\x18\x04 \x01(\t\x12\x15\n\rgrace_seconds\x18\x05 \x01(\x01\"\\\n\x1cRotateEndpointSecretResponse\x12,\n\x08\x65ndpoint\x18\x01 \x01(\x0b\x32\x1a.awooop.ingest.v1.Endpoint\x12\x0e\n\x06secret\x18\x02 \x01(\t\"n\n\x15RemoveEndpointRequest\x12\x12\n\nproject_id\x18\x01 \x01(\t\x12\x33\n\x0c\x63hannel_type\x18\x02 \x01(\x0e\x32\x1d.awooop.common.v1.ChannelType\x12\x0c\n\x04name\x18\x03 \x01(\t\"\x18\n\x16RemoveEndpointResponse2\xc3\x05\n\rIngestService\x12Z\n\x0bIngestEvent\x12$.awooop.ingest.v1.IngestEventRequest\x1a%.awooop.ingest.v1.IngestEventResponse\x12]\n\x0cIngestEvents\x12%.awooop.ingest.v1.IngestEventsRequest\x1a&.awooop.ingest.v1.IngestEventsResponse\x12T\n\tCreateRun\x12\".awooop.ingest.v1.CreateRunRequest\x1a#.awooop.ingest.v1.CreateRunResponse\x12\x63\n\x0e\x43reateEndpoint\x12\'.awooop.ingest.v1.CreateEndpointRequest\x1a(.awooop.ingest.v1.CreateEndpointResponse\x12`\n\rListEndpoints\x12&.awooop.ingest.v1.ListEndpointsRequest\x1a\'.awooop.ingest.v1.ListEndpointsResponse\x12u\n\x14RotateEndpointSecret\x12-.awooop.ingest.v1.RotateEndpointSecretRequest\x1a..awooop.ingest.v1.RotateEndpointSecretResponse\x12\x63\n\x0eRemoveEndpoint\x12\'.awooop.ingest.v1.RemoveEndpointRequest\x1a(.awooop.ingest.v1.RemoveEndpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,39 +42,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATERUNREQUEST'].fields_by_name['concurrency_key']._loaded_options = None
   _globals['_CREATERUNREQUEST'].fields_by_name['concurrency_key']._serialized_options = b'\030\001'
   _globals['_INGESTEVENTREQUEST']._serialized_start=171
-  _globals['_INGESTEVENTREQUEST']._serialized_end=703
-  _globals['_INGESTEVENTREQUEST_HEADERSENTRY']._serialized_start=657
-  _globals['_INGESTEVENTREQUEST_HEADERSENTRY']._serialized_end=703
-  _globals['_EVENTOUTCOME']._serialized_start=705
-  _globals['_EVENTOUTCOME']._serialized_end=795
-  _globals['_INGESTEVENTRESPONSE']._serialized_start=797
-  _globals['_INGESTEVENTRESPONSE']._serialized_end=903
-  _globals['_INGESTEVENTSREQUEST']._serialized_start=905
-  _globals['_INGESTEVENTSREQUEST']._serialized_end=980
-  _globals['_INGESTEVENTSRESPONSE']._serialized_start=982
-  _globals['_INGESTEVENTSRESPONSE']._serialized_end=1060
-  _globals['_CREATERUNREQUEST']._serialized_start=1063
-  _globals['_CREATERUNREQUEST']._serialized_end=1362
-  _globals['_CREATERUNRESPONSE']._serialized_start=1365
-  _globals['_CREATERUNRESPONSE']._serialized_end=1542
-  _globals['_ENDPOINT']._serialized_start=1545
-  _globals['_ENDPOINT']._serialized_end=1819
-  _globals['_CREATEENDPOINTREQUEST']._serialized_start=1821
-  _globals['_CREATEENDPOINTREQUEST']._serialized_end=1947
-  _globals['_CREATEENDPOINTRESPONSE']._serialized_start=1949
-  _globals['_CREATEENDPOINTRESPONSE']._serialized_end=2035
-  _globals['_LISTENDPOINTSREQUEST']._serialized_start=2037
-  _globals['_LISTENDPOINTSREQUEST']._serialized_end=2079
-  _globals['_LISTENDPOINTSRESPONSE']._serialized_start=2081
-  _globals['_LISTENDPOINTSRESPONSE']._serialized_end=2151
-  _globals['_ROTATEENDPOINTSECRETREQUEST']._serialized_start=2154
-  _globals['_ROTATEENDPOINTSECRETREQUEST']._serialized_end=2309
-  _globals['_ROTATEENDPOINTSECRETRESPONSE']._serialized_start=2311
-  _globals['_ROTATEENDPOINTSECRETRESPONSE']._serialized_end=2403
-  _globals['_REMOVEENDPOINTREQUEST']._serialized_start=2405
-  _globals['_REMOVEENDPOINTREQUEST']._serialized_end=2515
-  _globals['_REMOVEENDPOINTRESPONSE']._serialized_start=2517
-  _globals['_REMOVEENDPOINTRESPONSE']._serialized_end=2541
-  _globals['_INGESTSERVICE']._serialized_start=2544
-  _globals['_INGESTSERVICE']._serialized_end=3251
+  _globals['_INGESTEVENTREQUEST']._serialized_end=753
+  _globals['_INGESTEVENTREQUEST_HEADERSENTRY']._serialized_start=707
+  _globals['_INGESTEVENTREQUEST_HEADERSENTRY']._serialized_end=753
+  _globals['_EVENTOUTCOME']._serialized_start=755
+  _globals['_EVENTOUTCOME']._serialized_end=845
+  _globals['_INGESTEVENTRESPONSE']._serialized_start=847
+  _globals['_INGESTEVENTRESPONSE']._serialized_end=953
+  _globals['_INGESTEVENTSREQUEST']._serialized_start=955
+  _globals['_INGESTEVENTSREQUEST']._serialized_end=1030
+  _globals['_INGESTEVENTSRESPONSE']._serialized_start=1032
+  _globals['_INGESTEVENTSRESPONSE']._serialized_end=1110
+  _globals['_CREATERUNREQUEST']._serialized_start=1113
+  _globals['_CREATERUNREQUEST']._serialized_end=1462
+  _globals['_CREATERUNRESPONSE']._serialized_start=1465
+  _globals['_CREATERUNRESPONSE']._serialized_end=1642
+  _globals['_ENDPOINT']._serialized_start=1645
+  _globals['_ENDPOINT']._serialized_end=1919
+  _globals['_CREATEENDPOINTREQUEST']._serialized_start=1921
+  _globals['_CREATEENDPOINTREQUEST']._serialized_end=2047
+  _globals['_CREATEENDPOINTRESPONSE']._serialized_start=2049
+  _globals['_CREATEENDPOINTRESPONSE']._serialized_end=2135
+  _globals['_LISTENDPOINTSREQUEST']._serialized_start=2137
+  _globals['_LISTENDPOINTSREQUEST']._serialized_end=2179
+  _globals['_LISTENDPOINTSRESPONSE']._serialized_start=2181
+  _globals['_LISTENDPOINTSRESPONSE']._serialized_end=2251
+  _globals['_ROTATEENDPOINTSECRETREQUEST']._serialized_start=2254
+  _globals['_ROTATEENDPOINTSECRETREQUEST']._serialized_end=2409
+  _globals['_ROTATEENDPOINTSECRETRESPONSE']._serialized_start=2411
+  _globals['_ROTATEENDPOINTSECRETRESPONSE']._serialized_end=2503
+  _globals['_REMOVEENDPOINTREQUEST']._serialized_start=2505
+  _globals['_REMOVEENDPOINTREQUEST']._serialized_end=2615
+  _globals['_REMOVEENDPOINTRESPONSE']._serialized_start=2617
+  _globals['_REMOVEENDPOINTRESPONSE']._serialized_end=2641
+  _globals['_INGESTSERVICE']._serialized_start=2644
+  _globals['_INGESTSERVICE']._serialized_end=3351
 # @@protoc_insertion_point(module_scope)

@@ -68,6 +68,7 @@ class IngestEventRequest(_message.Message):
     RETRY_POLICY_FIELD_NUMBER: _builtins.int
     CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     CONCURRENCY_KEYS_FIELD_NUMBER: _builtins.int
+    VERSIONING_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant (1-64 chars: letters, digits, '-', '_', '.')."""
     channel_type: _common_pb2.ChannelType.ValueType
@@ -96,6 +97,8 @@ class IngestEventRequest(_message.Message):
     def concurrency_key(self, value: _builtins.str) -> None:
         """Deprecated alias: one more concurrency key, merged into concurrency_keys; empty: none."""
 
+    versioning: _common_pb2.Versioning.ValueType
+    """Routing across worker builds for the run; UNSPECIFIED: its project's (docs/versioning.md)."""
     @_builtins.property
     def payload(self) -> _struct_pb2.Struct:
         """The provider's webhook body as JSON."""
@@ -138,10 +141,11 @@ class IngestEventRequest(_message.Message):
         retry_policy: _common_pb2.RetryPolicy | None = ...,
         concurrency_key: _builtins.str = ...,
         concurrency_keys: _abc.Iterable[_builtins.str] | None = ...,
+        versioning: _common_pb2.Versioning.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "not_before", b"not_before", "payload", b"payload", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "endpoint", b"endpoint", "headers", b"headers", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "payload", b"payload", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "retry_policy", b"retry_policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "endpoint", b"endpoint", "headers", b"headers", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "payload", b"payload", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "retry_policy", b"retry_policy", "versioning", b"versioning"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -280,6 +284,7 @@ class CreateRunRequest(_message.Message):
     RETRY_POLICY_FIELD_NUMBER: _builtins.int
     CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     CONCURRENCY_KEYS_FIELD_NUMBER: _builtins.int
+    VERSIONING_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     idempotency_key: _builtins.str
@@ -298,6 +303,8 @@ class CreateRunRequest(_message.Message):
     def concurrency_key(self, value: _builtins.str) -> None:
         """Deprecated alias: one more concurrency key, merged into concurrency_keys; empty: none."""
 
+    versioning: _common_pb2.Versioning.ValueType
+    """Routing across worker builds for this run; UNSPECIFIED: its project's (docs/versioning.md)."""
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Run input."""
@@ -329,10 +336,11 @@ class CreateRunRequest(_message.Message):
         retry_policy: _common_pb2.RetryPolicy | None = ...,
         concurrency_key: _builtins.str = ...,
         concurrency_keys: _abc.Iterable[_builtins.str] | None = ...,
+        versioning: _common_pb2.Versioning.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "not_before", b"not_before", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "idempotency_key", b"idempotency_key", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "priority", b"priority", "project_id", b"project_id", "retry_policy", b"retry_policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "idempotency_key", b"idempotency_key", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "priority", b"priority", "project_id", b"project_id", "retry_policy", b"retry_policy", "versioning", b"versioning"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

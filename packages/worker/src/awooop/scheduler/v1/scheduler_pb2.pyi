@@ -189,6 +189,7 @@ class ClaimRunsRequest(_message.Message):
     LEASE_TTL_FIELD_NUMBER: _builtins.int
     COMPLETE_FIELD_NUMBER: _builtins.int
     CLAIM_ID_FIELD_NUMBER: _builtins.int
+    BUILD_ID_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker pod id (1-128 chars), recorded as worker_id."""
     max_runs: _builtins.int
@@ -207,6 +208,12 @@ class ClaimRunsRequest(_message.Message):
     IDEMPOTENCY_CONFLICT (metadata `claim_id`, `differs`); wait and complete are not compared
     (completions are idempotent per lease on their own). A replayed run carries no
     claimable_since.
+    """
+    build_id: _builtins.str
+    """The worker's build (a version id of its code, 1-128 printable ASCII characters without spaces;
+    empty: none). A claimed run records it (Run.build_id); a run whose journal holds steps is
+    claimed only by its own build while it is pinned, or by the project's newest build when it
+    auto-upgrades; a draining build claims only runs already on it (docs/versioning.md).
     """
     @_builtins.property
     def project_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -241,10 +248,11 @@ class ClaimRunsRequest(_message.Message):
         lease_ttl: _duration_pb2.Duration | None = ...,
         complete: _abc.Iterable[Global___CompleteRunRequest] | None = ...,
         claim_id: _builtins.str = ...,
+        build_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["claim_id", b"claim_id", "complete", b"complete", "lease_ttl", b"lease_ttl", "max_runs", b"max_runs", "project_ids", b"project_ids", "wait", b"wait", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["build_id", b"build_id", "claim_id", b"claim_id", "complete", b"complete", "lease_ttl", b"lease_ttl", "max_runs", b"max_runs", "project_ids", b"project_ids", "wait", b"wait", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -768,23 +776,261 @@ class UnholdRunRequest(_message.Message):
 
     RUN_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    BUILD_ID_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The held run."""
+    reason: _builtins.str
+    """Why (for the audit log)."""
+    build_id: _builtins.str
+    """Also move it to this build (empty: it stays on its own), in the same change."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        build_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["build_id", b"build_id", "reason", b"reason", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnholdRunRequest: _TypeAlias = UnholdRunRequest  # noqa: Y015
+
+@_typing.final
+class SetRunBuildRequest(_message.Message):
+    """Moves a run to another build."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    BUILD_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run: queued, or waiting for approval (not held by a worker, not ended)."""
+    build_id: _builtins.str
+    """The build it is to resume on (1-128 printable ASCII characters without spaces)."""
     reason: _builtins.str
     """Why (for the audit log)."""
     def __init__(
         self,
         *,
         run_id: _builtins.str = ...,
+        build_id: _builtins.str = ...,
         reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["build_id", b"build_id", "reason", b"reason", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___UnholdRunRequest: _TypeAlias = UnholdRunRequest  # noqa: Y015
+Global___SetRunBuildRequest: _TypeAlias = SetRunBuildRequest  # noqa: Y015
+
+@_typing.final
+class SetRunBuildResponse(_message.Message):
+    """The moved run."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def run(self) -> _common_pb2.Run:
+        """The run, on its new build."""
+
+    def __init__(
+        self,
+        *,
+        run: _common_pb2.Run | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetRunBuildResponse: _TypeAlias = SetRunBuildResponse  # noqa: Y015
+
+@_typing.final
+class Build(_message.Message):
+    """A build of a project's workers, and the unfinished runs on it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    BUILD_ID_FIELD_NUMBER: _builtins.int
+    FIRST_SEEN_AT_FIELD_NUMBER: _builtins.int
+    LAST_SEEN_AT_FIELD_NUMBER: _builtins.int
+    LIVE_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    DRAINED_AT_FIELD_NUMBER: _builtins.int
+    DRAINED_BY_FIELD_NUMBER: _builtins.int
+    NEWEST_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
+    LEASED_FIELD_NUMBER: _builtins.int
+    PARKED_FIELD_NUMBER: _builtins.int
+    WAITING_FOR_BUILD_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    build_id: _builtins.str
+    """The build id the workers declared."""
+    live: _builtins.bool
+    """A claim of it was seen lately (AWOOOP_BUILD_LIVE_SECONDS) or one of its workers holds a lease."""
+    draining: _builtins.bool
+    """Draining (DrainBuild): it takes no new runs."""
+    drained_by: _builtins.str
+    newest: _builtins.bool
+    """The project's newest build (the latest first seen that is not draining): auto-upgrading runs
+    resume on it.
+    """
+    queued: _builtins.int
+    """Unfinished runs on it: queued (claimable, or waiting for a time or a key), held for an
+    operator (HoldRun), leased by a worker, parked (an approval, a durable wait, children).
+    """
+    held: _builtins.int
+    leased: _builtins.int
+    parked: _builtins.int
+    waiting_for_build: _builtins.int
+    """Queued runs that only this build may take (pinned, with journaled steps) while it is not
+    live: they wait for a worker of it, and are never failed for it.
+    """
+    @_builtins.property
+    def first_seen_at(self) -> _timestamp_pb2.Timestamp:
+        """When a claim of it was first and last seen (unset: it was never seen claiming; runs are on
+        it from a build table that was cleared, or moved there by hand).
+        """
+
+    @_builtins.property
+    def last_seen_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def drained_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        build_id: _builtins.str = ...,
+        first_seen_at: _timestamp_pb2.Timestamp | None = ...,
+        last_seen_at: _timestamp_pb2.Timestamp | None = ...,
+        live: _builtins.bool = ...,
+        draining: _builtins.bool = ...,
+        drained_at: _timestamp_pb2.Timestamp | None = ...,
+        drained_by: _builtins.str = ...,
+        newest: _builtins.bool = ...,
+        queued: _builtins.int = ...,
+        held: _builtins.int = ...,
+        leased: _builtins.int = ...,
+        parked: _builtins.int = ...,
+        waiting_for_build: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["drained_at", b"drained_at", "first_seen_at", b"first_seen_at", "last_seen_at", b"last_seen_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["build_id", b"build_id", "drained_at", b"drained_at", "drained_by", b"drained_by", "draining", b"draining", "first_seen_at", b"first_seen_at", "held", b"held", "last_seen_at", b"last_seen_at", "leased", b"leased", "live", b"live", "newest", b"newest", "parked", b"parked", "project_id", b"project_id", "queued", b"queued", "waiting_for_build", b"waiting_for_build"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Build: _TypeAlias = Build  # noqa: Y015
+
+@_typing.final
+class ListBuildsRequest(_message.Message):
+    """Lists a project's builds."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBuildsRequest: _TypeAlias = ListBuildsRequest  # noqa: Y015
+
+@_typing.final
+class ListBuildsResponse(_message.Message):
+    """The project's builds, newest first."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUILDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def builds(self) -> _containers.RepeatedCompositeFieldContainer[Global___Build]: ...
+    def __init__(
+        self,
+        *,
+        builds: _abc.Iterable[Global___Build] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["builds", b"builds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBuildsResponse: _TypeAlias = ListBuildsResponse  # noqa: Y015
+
+@_typing.final
+class DrainBuildRequest(_message.Message):
+    """Drains a build, or undrains it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    BUILD_ID_FIELD_NUMBER: _builtins.int
+    UNDRAIN_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    build_id: _builtins.str
+    """The build."""
+    undrain: _builtins.bool
+    """Undrain instead: it takes new runs again."""
+    reason: _builtins.str
+    """Why (for the audit log)."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        build_id: _builtins.str = ...,
+        undrain: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["build_id", b"build_id", "project_id", b"project_id", "reason", b"reason", "undrain", b"undrain"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainBuildRequest: _TypeAlias = DrainBuildRequest  # noqa: Y015
+
+@_typing.final
+class DrainBuildResponse(_message.Message):
+    """The build as it is now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUILD_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def build(self) -> Global___Build: ...
+    def __init__(
+        self,
+        *,
+        build: Global___Build | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["build", b"build"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["build", b"build"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainBuildResponse: _TypeAlias = DrainBuildResponse  # noqa: Y015
 
 @_typing.final
 class UnholdRunResponse(_message.Message):
@@ -1228,6 +1474,7 @@ class ListRunsRequest(_message.Message):
     PROVIDER_EVENT_ID_FIELD_NUMBER: _builtins.int
     SAGA_STATUSES_FIELD_NUMBER: _builtins.int
     PARENT_RUN_ID_FIELD_NUMBER: _builtins.int
+    BUILD_ID_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     page_size: _builtins.int
@@ -1240,6 +1487,8 @@ class ListRunsRequest(_message.Message):
     """Only the children of this run (a run id; children run in their parent's project), newest
     first like every page; empty means all. Not a UUID: INVALID_ARGUMENT.
     """
+    build_id: _builtins.str
+    """Only runs on this build (Run.build_id)."""
     @_builtins.property
     def statuses(self) -> _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus.ValueType]:
         """Only these statuses; empty means all."""
@@ -1273,10 +1522,11 @@ class ListRunsRequest(_message.Message):
         provider_event_id: _builtins.str = ...,
         saga_statuses: _abc.Iterable[_common_pb2.SagaStatus.ValueType] | None = ...,
         parent_run_id: _builtins.str = ...,
+        build_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_after", b"created_after", "created_before", b"created_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_types", b"channel_types", "created_after", b"created_after", "created_before", b"created_before", "page_size", b"page_size", "page_token", b"page_token", "parent_run_id", b"parent_run_id", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "saga_statuses", b"saga_statuses", "statuses", b"statuses"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["build_id", b"build_id", "channel_types", b"channel_types", "created_after", b"created_after", "created_before", b"created_before", "page_size", b"page_size", "page_token", b"page_token", "parent_run_id", b"parent_run_id", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "saga_statuses", b"saga_statuses", "statuses", b"statuses"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1570,12 +1820,17 @@ class ProjectFlow(_message.Message):
     WEIGHT_FIELD_NUMBER: _builtins.int
     EFFECTIVE_RETRY_POLICY_FIELD_NUMBER: _builtins.int
     PAUSED_FIELD_NUMBER: _builtins.int
+    VERSIONING_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     weight: _builtins.int
     """Share of a claim made for several projects (1-1000, default 1)."""
     paused: _builtins.bool
     """Claims skip the project's runs (PauseProject)."""
+    versioning: _common_pb2.Versioning.ValueType
+    """How its runs with journaled steps are routed across worker builds (never UNSPECIFIED here;
+    PINNED by default).
+    """
     @_builtins.property
     def retry_policy(self) -> _common_pb2.RetryPolicy:
         """The project's retry policy: the fields it sets (zero: the service's AWOOOP_RETRY_* value)."""
@@ -1592,10 +1847,11 @@ class ProjectFlow(_message.Message):
         weight: _builtins.int = ...,
         effective_retry_policy: _common_pb2.RetryPolicy | None = ...,
         paused: _builtins.bool = ...,
+        versioning: _common_pb2.Versioning.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "paused", b"paused", "project_id", b"project_id", "retry_policy", b"retry_policy", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "paused", b"paused", "project_id", b"project_id", "retry_policy", b"retry_policy", "versioning", b"versioning", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1656,10 +1912,13 @@ class SetProjectFlowRequest(_message.Message):
     PROJECT_ID_FIELD_NUMBER: _builtins.int
     RETRY_POLICY_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
+    VERSIONING_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     weight: _builtins.int
     """Claim weight (1-1000); 0 means 1."""
+    versioning: _common_pb2.Versioning.ValueType
+    """Routing across worker builds; UNSPECIFIED keeps the project's current setting."""
     @_builtins.property
     def retry_policy(self) -> _common_pb2.RetryPolicy:
         """The project's retry policy; unset fields take the service's values."""
@@ -1670,10 +1929,11 @@ class SetProjectFlowRequest(_message.Message):
         project_id: _builtins.str = ...,
         retry_policy: _common_pb2.RetryPolicy | None = ...,
         weight: _builtins.int = ...,
+        versioning: _common_pb2.Versioning.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id", "retry_policy", b"retry_policy", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id", "retry_policy", b"retry_policy", "versioning", b"versioning", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

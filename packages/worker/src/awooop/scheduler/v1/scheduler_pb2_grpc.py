@@ -75,6 +75,21 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.UnholdRunRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.UnholdRunResponse.FromString,
                 _registered_method=True)
+        self.SetRunBuild = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/SetRunBuild',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetRunBuildRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetRunBuildResponse.FromString,
+                _registered_method=True)
+        self.ListBuilds = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ListBuilds',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListBuildsRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListBuildsResponse.FromString,
+                _registered_method=True)
+        self.DrainBuild = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/DrainBuild',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DrainBuildRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DrainBuildResponse.FromString,
+                _registered_method=True)
         self.WaitTool = channel.unary_unary(
                 '/awooop.scheduler.v1.SchedulerService/WaitTool',
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WaitToolRequest.SerializeToString,
@@ -285,6 +300,29 @@ class SchedulerServiceServicer:
 
     def UnholdRun(self, request, context):
         """A held run becomes claimable again (after a deploy whose code replays it). Approver or admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetRunBuild(self, request, context):
+        """Moves a run that no worker holds (queued, or waiting for approval) to another build, audited
+        (BUILD_SET). Approver or admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBuilds(self, request, context):
+        """The builds of a project's workers: live or not, draining or not, the newest, and the
+        unfinished runs on each. Any role in the project.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainBuild(self, request, context):
+        """Drains a build (no new runs go to it; runs already on it still do) or undrains it. Admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -559,6 +597,21 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.UnholdRun,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.UnholdRunRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.UnholdRunResponse.SerializeToString,
+            ),
+            'SetRunBuild': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetRunBuild,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetRunBuildRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetRunBuildResponse.SerializeToString,
+            ),
+            'ListBuilds': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBuilds,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListBuildsRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListBuildsResponse.SerializeToString,
+            ),
+            'DrainBuild': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainBuild,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DrainBuildRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DrainBuildResponse.SerializeToString,
             ),
             'WaitTool': grpc.unary_unary_rpc_method_handler(
                     servicer.WaitTool,
@@ -923,6 +976,87 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/UnholdRun',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.UnholdRunRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.UnholdRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetRunBuild(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/SetRunBuild',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetRunBuildRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetRunBuildResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBuilds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ListBuilds',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListBuildsRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListBuildsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainBuild(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/DrainBuild',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DrainBuildRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DrainBuildResponse.FromString,
             options,
             channel_credentials,
             insecure,

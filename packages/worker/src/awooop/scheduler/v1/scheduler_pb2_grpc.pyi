@@ -63,6 +63,16 @@ class SchedulerServiceStub:
     """
     UnholdRun: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.UnholdRunRequest, _scheduler_pb2.UnholdRunResponse]
     """A held run becomes claimable again (after a deploy whose code replays it). Approver or admin."""
+    SetRunBuild: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetRunBuildRequest, _scheduler_pb2.SetRunBuildResponse]
+    """Moves a run that no worker holds (queued, or waiting for approval) to another build, audited
+    (BUILD_SET). Approver or admin.
+    """
+    ListBuilds: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListBuildsRequest, _scheduler_pb2.ListBuildsResponse]
+    """The builds of a project's workers: live or not, draining or not, the newest, and the
+    unfinished runs on each. Any role in the project.
+    """
+    DrainBuild: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.DrainBuildRequest, _scheduler_pb2.DrainBuildResponse]
+    """Drains a build (no new runs go to it; runs already on it still do) or undrains it. Admin."""
     WaitTool: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.WaitToolRequest, _scheduler_pb2.WaitToolResponse]
     """RUNNING -> WAITING_TOOL (lease kept and renewed)."""
     ResumeTool: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeToolRequest, _scheduler_pb2.ResumeToolResponse]
@@ -189,6 +199,16 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """
     UnholdRun: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.UnholdRunRequest, _scheduler_pb2.UnholdRunResponse]  # type: ignore[assignment]
     """A held run becomes claimable again (after a deploy whose code replays it). Approver or admin."""
+    SetRunBuild: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetRunBuildRequest, _scheduler_pb2.SetRunBuildResponse]  # type: ignore[assignment]
+    """Moves a run that no worker holds (queued, or waiting for approval) to another build, audited
+    (BUILD_SET). Approver or admin.
+    """
+    ListBuilds: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListBuildsRequest, _scheduler_pb2.ListBuildsResponse]  # type: ignore[assignment]
+    """The builds of a project's workers: live or not, draining or not, the newest, and the
+    unfinished runs on each. Any role in the project.
+    """
+    DrainBuild: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.DrainBuildRequest, _scheduler_pb2.DrainBuildResponse]  # type: ignore[assignment]
+    """Drains a build (no new runs go to it; runs already on it still do) or undrains it. Admin."""
     WaitTool: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.WaitToolRequest, _scheduler_pb2.WaitToolResponse]  # type: ignore[assignment]
     """RUNNING -> WAITING_TOOL (lease kept and renewed)."""
     ResumeTool: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeToolRequest, _scheduler_pb2.ResumeToolResponse]  # type: ignore[assignment]
@@ -360,6 +380,34 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.UnholdRunResponse, _abc.Awaitable[_scheduler_pb2.UnholdRunResponse]]:
         """A held run becomes claimable again (after a deploy whose code replays it). Approver or admin."""
+
+    @_abc_1.abstractmethod
+    def SetRunBuild(
+        self,
+        request: _scheduler_pb2.SetRunBuildRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SetRunBuildResponse, _abc.Awaitable[_scheduler_pb2.SetRunBuildResponse]]:
+        """Moves a run that no worker holds (queued, or waiting for approval) to another build, audited
+        (BUILD_SET). Approver or admin.
+        """
+
+    @_abc_1.abstractmethod
+    def ListBuilds(
+        self,
+        request: _scheduler_pb2.ListBuildsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListBuildsResponse, _abc.Awaitable[_scheduler_pb2.ListBuildsResponse]]:
+        """The builds of a project's workers: live or not, draining or not, the newest, and the
+        unfinished runs on each. Any role in the project.
+        """
+
+    @_abc_1.abstractmethod
+    def DrainBuild(
+        self,
+        request: _scheduler_pb2.DrainBuildRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.DrainBuildResponse, _abc.Awaitable[_scheduler_pb2.DrainBuildResponse]]:
+        """Drains a build (no new runs go to it; runs already on it still do) or undrains it. Admin."""
 
     @_abc_1.abstractmethod
     def WaitTool(
