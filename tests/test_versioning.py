@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -86,10 +88,19 @@ class Env:
     async def run(self, run_id: str) -> common_pb2.Run:
         return (await self.admin.call(self.admin.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=run_id))).run
 
-    async def approve(self, run_id: str) -> None:
+    async def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`python -m awooop.cli ...` against these services with the admin key."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | {"AWOOOP_API_KEY": self.admin.key}
+        a = addresses(self.rt)
+        cmd = [sys.executable, "-m", "awooop.cli", *args, "--scheduler", a["scheduler"], "--saga", a["saga"]]
+        return await asyncio.to_thread(subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=60)
+
+    async def approve(self, run_id: str, token: str | None = None) -> None:
         await self.admin.call(
             self.admin.scheduler.DecideApproval,
-            scheduler_pb2.DecideApprovalRequest(run_id=run_id, approval_token=self.tokens[run_id], decision=APPROVE),
+            scheduler_pb2.DecideApprovalRequest(
+                run_id=run_id, approval_token=token or self.tokens[run_id], decision=APPROVE
+            ),
         )
 
     async def builds(self, project: str) -> dict[str, scheduler_pb2.Build]:
@@ -283,3 +294,59 @@ async def test_bad_build_ids_and_moves_are_refused_with_their_field_or_status(en
     )
     assert flow.flow.versioning == common_pb2.VERSIONING_AUTO_UPGRADE  # unset: kept
     await rpc.close()
+
+
+async def test_a_patch_keeps_runs_in_flight_on_the_old_path_and_sends_new_runs_down_the_new_one(env: Env) -> None:
+    """v1 parks a run at an approval. v2 adds a step behind ctx.patched("extra-check") before the
+    approval, and a second approval after it. The run v1 started takes the old path (its journal
+    went past the patch), a run v2 starts takes the new one, each on every attempt; ListPatches
+    and `awooop builds patches` count them while they are unfinished."""
+    await env.admin.call(
+        env.admin.scheduler.SetProjectFlow,
+        scheduler_pb2.SetProjectFlowRequest(project_id=PIN, versioning=common_pb2.VERSIONING_AUTO_UPGRADE),
+    )
+    answers: dict[str, list[bool]] = {}
+
+    async def v2(ctx: RunContext) -> dict[str, Any] | None:
+        await ctx.step("prepare", lambda call: env.ran.append((ctx.build_id, ctx.run_id, "prepare")) or {})
+        new = await ctx.patched("extra-check")
+        answers.setdefault(ctx.run_id, []).append(new)
+        if new:
+            await ctx.step("check", lambda call: env.ran.append((ctx.build_id, ctx.run_id, "check")) or {})
+        for step_id in ("approval", "second"):
+            approval = await ctx.request_approval("go?", step_id=step_id, ttl=600)
+            if not approval.granted:
+                env.tokens[ctx.run_id] = approval.token
+                return None
+        return {"new": new}
+
+    old = await env.create(PIN)
+    v1 = env.worker("v1")
+    t1 = await _running(v1)
+    await eventually(lambda: _true(old in env.tokens), timeout=30, what="v1 parked the old run")
+    await stop_worker(v1, t1)
+    w2 = env.worker("v2", v2, concurrency=2)
+    t2 = await _running(w2)
+    new = await env.create(PIN)
+    await eventually(lambda: _true(new in env.tokens), timeout=30, what="v2 parked the new run")
+    for r in (old, new):  # the first approval's tokens: the second approval's replace them
+        await env.approve(r, env.tokens.pop(r))
+    await eventually(lambda: _true(old in env.tokens and new in env.tokens), timeout=30, what="both at the second")
+    patches = await env.admin.call(env.admin.scheduler.ListPatches, scheduler_pb2.ListPatchesRequest(project_id=PIN))
+    assert [(p.change_id, p.patched, p.unpatched) for p in patches.patches] == [("extra-check", 1, 1)]
+    out = await env.cli("builds", "patches", "--project", PIN)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[1].split() == ["extra-check", "1", "1", "no"], out.stdout
+    for r in (old, new):
+        await env.approve(r)
+    for r in (old, new):
+        await eventually(lambda r=r: env.status_is(r, common_pb2.RUN_STATUS_COMPLETED), timeout=30, what="done")
+    await stop_worker(w2, t2)
+    assert answers[old] == [False, False] and answers[new] == [True, True, True]
+    assert (await env.run(old)).output["new"] is False and (await env.run(new)).output["new"] is True
+    assert [s for _, r, s in env.ran if r == new].count("check") == 1
+    assert "check" not in [s for _, r, s in env.ran if r == old]
+    patches = await env.admin.call(env.admin.scheduler.ListPatches, scheduler_pb2.ListPatchesRequest(project_id=PIN))
+    assert list(patches.patches) == []  # no unfinished run needs the old path: it may be deleted
+    out = await env.cli("builds", "list", "--project", PIN)
+    assert out.returncode == 0 and "v2" in out.stdout and "newest" in out.stdout, out.stdout

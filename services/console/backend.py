@@ -32,6 +32,7 @@ class RunView:
     progress: list[scheduler_pb2.WatchEvent] = field(default_factory=list)  # the handler's ctx.emit events
     children: list[scheduler_pb2.ChildRunRef] = field(default_factory=list)  # the run tree, start order
     more_children: bool = False  # GetRun listed only the first children: the runs page lists them all
+    waiting_for_build: bool = False  # GetRun: queued, pinned to a build no live worker runs
 
 
 class Backend:
@@ -86,7 +87,15 @@ class Backend:
         else:
             progress = progress_r
         return RunView(
-            run_r.run, history, journal, problems, waits, progress, list(run_r.children), run_r.more_children
+            run_r.run,
+            history,
+            journal,
+            problems,
+            waits,
+            progress,
+            list(run_r.children),
+            run_r.more_children,
+            run_r.waiting_for_build,
         )
 
     async def progress(self, key: str, run_id: str) -> list[scheduler_pb2.WatchEvent]:

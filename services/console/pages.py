@@ -255,6 +255,7 @@ def run_page(
     problems: list[str],
     waits: list[scheduler_pb2.Wait] | None = None,
     progress: list[scheduler_pb2.WatchEvent] | None = None,
+    waiting_for_build: bool = False,
 ) -> RunPage:
     entries = timeline.build(history, journal)
     raw_steps = list(journal.steps) if journal is not None else []
@@ -266,12 +267,12 @@ def run_page(
         steps_page_raw.pages,
         steps_page_raw.total,
     )
-    f = timeline.run_fields(run, WEB_FIELDS)
+    f = timeline.run_fields(run, WEB_FIELDS, waiting_for_build=waiting_for_build)
     terminal = run.status in TERMINAL
     return RunPage(
         run=run,
         fields=f,
-        waiting=timeline.waiting_reason(run, now),
+        waiting=timeline.waiting_reason(run, now, waiting_for_build=waiting_for_build),
         waiting_title="Compensation" if terminal else "Why it is waiting",
         input=struct_text(run, "input"),
         output=struct_text(run, "output"),

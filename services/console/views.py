@@ -324,6 +324,7 @@ class Console:
             problems=view.problems,
             waits=view.waits,
             progress=view.progress,
+            waiting_for_build=view.waiting_for_build,
         )
         return self.render(
             request,

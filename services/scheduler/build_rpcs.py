@@ -55,6 +55,19 @@ class BuildRpcs:
         require_member(current_principal(), project_id)
         return scheduler_pb2.ListBuildsResponse(builds=await self._builds(project_id))
 
+    async def list_patches(self, request: scheduler_pb2.ListPatchesRequest) -> scheduler_pb2.ListPatchesResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        v.raise_if_any()
+        require_member(current_principal(), project_id)
+        rows = await builds.project_patches(self.pool, project_id)
+        return scheduler_pb2.ListPatchesResponse(
+            patches=[
+                scheduler_pb2.Patch(change_id=r["change_id"], patched=r["patched"], unpatched=r["unpatched"])
+                for r in rows
+            ]
+        )
+
     async def drain_build(self, request: scheduler_pb2.DrainBuildRequest) -> scheduler_pb2.DrainBuildResponse:
         v = Violations()
         project_id = v.project_id("project_id", request.project_id)

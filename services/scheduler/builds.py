@@ -55,6 +55,16 @@ async def project_builds(
     return await builds_sql.project_builds(pool, project_id=project_id, live_secs=live_secs)
 
 
+async def project_patches(pool: asyncpg.Pool, project_id: str) -> list[builds_sql.ProjectPatchesRow]:
+    """The patches the project's unfinished runs met, with the runs on each path."""
+    return await builds_sql.project_patches(pool, project_id=project_id)
+
+
+async def waiting_for_build(pool: asyncpg.Pool, run_id: str, live_secs: float) -> bool:
+    """Whether a queued run on a build waits for a live worker of it (GetRun)."""
+    return bool(await builds_sql.waiting_for_build(pool, run_id=run_id, live_secs=live_secs))
+
+
 async def drain(
     pool: asyncpg.Pool, principal: Principal, project_id: str, build_id: str, *, undrain: bool, reason: str
 ) -> None:

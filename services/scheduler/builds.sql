@@ -67,6 +67,41 @@ SELECT project_id, build_id, first_seen_at, last_seen_at, drained_at, drained_by
   FROM joined
  ORDER BY project_id, first_seen_at DESC NULLS LAST, build_id
 
+-- name: ProjectPatches :many
+-- not null: change_id, patched, unpatched
+-- The patches (the SDKs' ctx.patched: a callback step `patch:<change id>` whose result is
+-- {"patched": true|false}) that :project_id's unfinished runs met, with how many took each path.
+-- An old path may be deleted once no unfinished run took it (docs/versioning.md, "Patches").
+-- The runs are read by the arms of the partial indexes of unfinished runs (SampleQueue's).
+SELECT substr(s.step_id, 7) AS change_id,
+       count(*) FILTER (WHERE s.result->'patched' = 'true'::jsonb)::int AS patched,
+       count(*) FILTER (WHERE s.result->'patched' IS DISTINCT FROM 'true'::jsonb)::int AS unpatched
+  FROM awooop_run_state r
+  JOIN awooop_saga_step s ON s.run_id = r.run_id AND s.step_id LIKE 'patch:%' AND s.status = 'completed'
+ WHERE (r.status IN ('PENDING', 'RESUMED') OR r.status = 'WAITING_APPROVAL'
+        OR (r.status IN ('RUNNING', 'WAITING_TOOL') AND r.worker_id IS NOT NULL)
+        OR (r.status = 'WAITING_TOOL' AND r.worker_id IS NULL))
+   AND r.project_id = :project_id::text
+ GROUP BY 1
+ ORDER BY 1
+
+-- name: WaitingForBuild :val
+-- not null
+-- Whether the queued run :run_id waits for its build: pinned (its own auto_upgrade, else its
+-- project's versioning), steps journaled, and its build not live (no claim of it within
+-- :live_secs, no lease held by it). ProjectBuilds' waiting_for_build, for one run (GetRun).
+SELECT NOT COALESCE(r.auto_upgrade, f.versioning = 'auto_upgrade', false)
+       AND EXISTS (SELECT 1 FROM awooop_saga_step s WHERE s.run_id = r.run_id)
+       AND NOT EXISTS (SELECT 1 FROM awooop_worker_build b
+                        WHERE b.project_id = r.project_id AND b.build_id = r.build_id
+                          AND b.last_seen_at > now() - make_interval(secs => :live_secs))
+       AND NOT EXISTS (SELECT 1 FROM awooop_run_state l
+                        WHERE (l.status IN ('RUNNING', 'WAITING_TOOL') AND l.worker_id IS NOT NULL)
+                          AND l.project_id = r.project_id AND l.build_id = r.build_id)
+  FROM awooop_run_state r
+  LEFT JOIN awooop_project_flow f ON f.project_id = r.project_id
+ WHERE r.run_id = :run_id
+
 -- name: DrainBuild :one
 -- Drains :build_id of :project_id (:undrain false) or undrains it, with its BUILD_DRAINED or
 -- BUILD_UNDRAINED audit row. A build never seen is registered by it (an operator may drain a

@@ -12,6 +12,8 @@ from services.common import sql
 Q = sql.load(__file__, "builds.sql")
 BUILD_SEEN = Q["BuildSeen"]
 PROJECT_BUILDS = Q["ProjectBuilds"]
+PROJECT_PATCHES = Q["ProjectPatches"]
+WAITING_FOR_BUILD = Q["WaitingForBuild"]
 DRAIN_BUILD = Q["DrainBuild"]
 SET_RUN_BUILD = Q["SetRunBuild"]
 
@@ -47,6 +49,21 @@ class ProjectBuildsRow(Protocol):
     def __getitem__(self, key: Literal["parked"], /) -> int: ...
     @overload
     def __getitem__(self, key: Literal["waiting_for_build"], /) -> int: ...
+    @overload
+    def __getitem__(self, key: str, /) -> object: ...
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
+class ProjectPatchesRow(Protocol):
+    """A row of ProjectPatches."""
+
+    @overload
+    def __getitem__(self, key: Literal["change_id"], /) -> str: ...
+    @overload
+    def __getitem__(self, key: Literal["patched"], /) -> int: ...
+    @overload
+    def __getitem__(self, key: Literal["unpatched"], /) -> int: ...
     @overload
     def __getitem__(self, key: str, /) -> object: ...
 
@@ -200,6 +217,32 @@ async def project_builds(
     return cast(
         "list[ProjectBuildsRow]", await db.fetch(PROJECT_BUILDS.sql, project_id, live_secs, timeout=query_timeout)
     )
+
+
+async def project_patches(
+    db: sql.Queryable, /, *, project_id: str | None, query_timeout: float | None = None
+) -> list[ProjectPatchesRow]:
+    """ProjectPatches (builds.sql).
+
+    The patches (the SDKs' ctx.patched: a callback step `patch:<change id>` whose result is
+    {"patched": true|false}) that :project_id's unfinished runs met, with how many took each path.
+    An old path may be deleted once no unfinished run took it (docs/versioning.md, "Patches").
+    The runs are read by the arms of the partial indexes of unfinished runs (SampleQueue's).
+    """
+    return cast("list[ProjectPatchesRow]", await db.fetch(PROJECT_PATCHES.sql, project_id, timeout=query_timeout))
+
+
+async def waiting_for_build(
+    db: sql.Queryable, /, *, live_secs: float | None, run_id: UUID | str | None, query_timeout: float | None = None
+) -> bool | None:
+    """WaitingForBuild (builds.sql).
+
+    not null
+    Whether the queued run :run_id waits for its build: pinned (its own auto_upgrade, else its
+    project's versioning), steps journaled, and its build not live (no claim of it within
+    :live_secs, no lease held by it). ProjectBuilds' waiting_for_build, for one run (GetRun).
+    """
+    return cast("bool | None", await db.fetchval(WAITING_FOR_BUILD.sql, live_secs, run_id, timeout=query_timeout))
 
 
 async def drain_build(

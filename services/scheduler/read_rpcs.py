@@ -14,6 +14,7 @@ from services.common import errors, run_options
 from services.common.access import require_member
 from services.common.auth import current_principal
 from services.common.limits import MAX_ID, MAX_PROVIDER_EVENT_ID
+from services.common.run_options import WaitReason
 from services.common.runs import (
     channel_from_pb,
     run_to_pb,
@@ -24,10 +25,10 @@ from services.common.runs import (
     status_to_pb,
     ts,
 )
-from services.common.runstate import TERMINAL, RunStatus
+from services.common.runstate import CLAIMABLE, TERMINAL, RunStatus
 from services.common.settings import Settings
 from services.common.validate import Violations, to_struct
-from services.scheduler import budget, children, overview, reads
+from services.scheduler import budget, builds, children, overview, reads
 from services.scheduler.rpc_fields import status_of
 
 MAX_PAGE_SIZE = 500
@@ -59,7 +60,9 @@ class ReadRpcs:
         ]
         fit = budget.fit_refs(refs, budget.answer_budget(self.settings.max_message_bytes) - run.ByteSize())
         more = fit < len(refs) or len(kids) > children.MAX_LISTED
-        return scheduler_pb2.GetRunResponse(run=run, children=refs[:fit], more_children=more)
+        queued = row["status"] in CLAIMABLE and row["build_id"] is not None and row["wait_reason"] != WaitReason.HELD
+        waiting = queued and await builds.waiting_for_build(self.pool, run_id, self.settings.build_live_seconds)
+        return scheduler_pb2.GetRunResponse(run=run, children=refs[:fit], more_children=more, waiting_for_build=waiting)
 
     async def list_runs(self, request: scheduler_pb2.ListRunsRequest) -> scheduler_pb2.ListRunsResponse:
         v = Violations()

@@ -3,6 +3,7 @@
     awooop flow show --project P                     retry policy (own and effective), weight, limits
     awooop flow set --project P [--initial-backoff S] [--multiplier M] [--max-backoff S] [--jitter J]
                     [--max-attempts N] [--non-retryable CODE ...] [--weight W]   (admin; replaces the settings)
+                    [--versioning pinned|auto-upgrade]                           (unset: kept)
     awooop flow limit --project P KEY N [--starts M --per S]   key limits: N running, M starts per S s (admin)
     awooop flow schedule --project P NAME CRON [--tz ZONE] [--input JSON]   one run per tick (admin)
     awooop flow schedules --project P                 list schedules
@@ -43,6 +44,12 @@ def register(sub: Any) -> None:
     p.add_argument("--max-attempts", type=int, default=0)
     p.add_argument("--non-retryable", action="append", default=[], metavar="CODE", help="repeatable")
     p.add_argument("--weight", type=int, default=0, help="share of multi-project claims (1-1000)")
+    p.add_argument(
+        "--versioning",
+        choices=sorted(VERSIONING),
+        default=None,
+        help="how runs with journaled steps resume across worker builds (unset: kept; docs/versioning.md)",
+    )
     p.set_defaults(func=run_command(cmd_set))
 
     p = _leaf(f, "limit", "set a concurrency key's limit in a project (0 removes it; admin role)")
@@ -69,6 +76,11 @@ def register(sub: Any) -> None:
     p.add_argument("--project", required=True)
     p.add_argument("name")
     p.set_defaults(func=run_command(cmd_unschedule))
+
+
+# --versioning's words -> Versioning, and back
+VERSIONING = {"pinned": common_pb2.VERSIONING_PINNED, "auto-upgrade": common_pb2.VERSIONING_AUTO_UPGRADE}
+VERSIONING_NAMES = {v: k for k, v in VERSIONING.items()} | {common_pb2.VERSIONING_UNSPECIFIED: "pinned"}
 
 
 def _leaf(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
@@ -128,6 +140,7 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
     print(f"weight           {flow.weight}")
     print(f"retry policy     {_policy_text(flow.retry_policy)}")
     print(f"effective        {_policy_text(flow.effective_retry_policy)}")
+    print(f"versioning       {VERSIONING_NAMES[flow.versioning]}")
     if limits:
         print()
         rows = [(x.key, x.max_running or "-", _rate(x), x.running, x.waiting) for x in limits]
@@ -144,13 +157,21 @@ async def cmd_set(args: argparse.Namespace, client: Client) -> int:
         max_attempts=args.max_attempts,
         non_retryable_error_codes=args.non_retryable,
     )
-    req = scheduler_pb2.SetProjectFlowRequest(project_id=args.project, retry_policy=policy, weight=args.weight)
+    req = scheduler_pb2.SetProjectFlowRequest(
+        project_id=args.project,
+        retry_policy=policy,
+        weight=args.weight,
+        versioning=VERSIONING.get(args.versioning or "", common_pb2.VERSIONING_UNSPECIFIED),
+    )
     flow = (await client.call(client.scheduler.SetProjectFlow, req)).flow
     if args.json:
         print_json(to_json(flow))
     else:
         text = _policy_text(flow.effective_retry_policy)
-        print(f"project {flow.project_id}: weight {flow.weight}, retry policy {text}")
+        print(
+            f"project {flow.project_id}: weight {flow.weight}, retry policy {text},"
+            f" versioning {VERSIONING_NAMES[flow.versioning]}"
+        )
     return 0
 
 

@@ -1,6 +1,6 @@
 """`awooop runs ...`: the operator's view of runs, through the gRPC API with an API key.
 
-    awooop runs list --project P [--status RUNNING ...] [--limit N]
+    awooop runs list --project P [--status RUNNING ...] [--limit N] [--build B]
     awooop runs list --parent RUN_ID [--status ...] [--limit N]     a run's children (its project unless --project)
     awooop runs show RUN_ID                 run, state history and journal as one timeline, progress events
     awooop runs watch RUN_ID [--after N]    follow a run's log (state changes, steps, progress) to its end,
@@ -8,7 +8,8 @@
     awooop runs approve RUN_ID --token T [--reason R]
     awooop runs reject RUN_ID --token T [--reason R]
     awooop runs cancel RUN_ID [--reason R]
-    awooop runs unhold RUN_ID [--reason R]  a run held because its code did not replay its journal
+    awooop runs unhold RUN_ID [--build B] [--reason R]  a run held because its code did not replay its journal
+    awooop runs move RUN_ID --build B [--reason R]      put a run no worker holds on another worker build
     awooop runs waits list RUN_ID           the run's durable waits, open ones first
     awooop runs waits complete RUN_ID [--wait WAIT_ID] [--result JSON]    (approver role)
     awooop runs waits expire RUN_ID [--wait WAIT_ID]                      (approver role)
@@ -87,6 +88,7 @@ def register(sub: Any) -> None:
         help=f"only these statuses (repeat or comma-separate): {', '.join(STATUSES)}",
     )
     p.add_argument("--limit", type=positive_int, default=50, help="at most this many runs (1 or more; default 50)")
+    p.add_argument("--build", default="", help="only the runs on this worker build")
     p.set_defaults(func=run_command(cmd_list))
 
     p = _leaf(r, "show", "one run: fields, state history and journal as a timeline")
@@ -116,8 +118,15 @@ def register(sub: Any) -> None:
 
     p = _leaf(r, "unhold", "let a held run be claimed again (after deploying code that replays its journal)")
     p.add_argument("run_id")
+    p.add_argument("--build", default="", help="and put it on this worker build")
     p.add_argument("--reason", default="", help="why (audit log)")
     p.set_defaults(func=run_command(cmd_unhold))
+
+    p = _leaf(r, "move", "put a run no worker holds on another worker build (approver or admin role)")
+    p.add_argument("run_id")
+    p.add_argument("--build", required=True, help="the build it is to resume on")
+    p.add_argument("--reason", default="", help="why (audit log)")
+    p.set_defaults(func=run_command(cmd_move))
 
     _register_waits(r)
     _register_compensation(r)
@@ -212,6 +221,7 @@ async def cmd_list(args: argparse.Namespace, client: Client) -> int:
                 page_size=min(500, max(1, args.limit - len(runs))),
                 page_token=token,
                 parent_run_id=args.parent or "",
+                build_id=args.build,
             ),
         )
         runs.extend(resp.runs)
@@ -291,7 +301,7 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
             out["journal"].pop("saga_steps_json", None)
         print_json(out)
     else:
-        _print_run(run)
+        _print_run(run, got.waiting_for_build)
         _print_children(list(got.children))
         _print_timeline(history, journal)
         if journal is not None:
@@ -361,8 +371,8 @@ async def cmd_watch(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def _print_run(run: common_pb2.Run) -> None:
-    rows = [("run", run.run_id), *timeline.run_fields(run)]
+def _print_run(run: common_pb2.Run, waiting_for_build: bool = False) -> None:
+    rows = [("run", run.run_id), *timeline.run_fields(run, waiting_for_build=waiting_for_build)]
     rows.append(("input", _short(_j(from_struct(run.input)), 160)))
     if run.HasField("output"):
         rows.append(("output", _short(_j(from_struct(run.output)), 160)))
@@ -464,12 +474,26 @@ async def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
 
 async def cmd_unhold(args: argparse.Namespace, client: Client) -> int:
     resp = await client.call(
-        client.scheduler.UnholdRun, scheduler_pb2.UnholdRunRequest(run_id=args.run_id, reason=args.reason)
+        client.scheduler.UnholdRun,
+        scheduler_pb2.UnholdRunRequest(run_id=args.run_id, reason=args.reason, build_id=args.build),
     )
     if args.json:
         print_json(to_json(resp))
         return 0
-    print(f"run {resp.run.run_id} unheld: {status_name(resp.run.status)}, claimable now")
+    on = f" on build {resp.run.build_id}" if resp.run.build_id else ""
+    print(f"run {resp.run.run_id} unheld: {status_name(resp.run.status)}, claimable now{on}")
+    return 0
+
+
+async def cmd_move(args: argparse.Namespace, client: Client) -> int:
+    resp = await client.call(
+        client.scheduler.SetRunBuild,
+        scheduler_pb2.SetRunBuildRequest(run_id=args.run_id, build_id=args.build, reason=args.reason),
+    )
+    if args.json:
+        print_json(to_json(resp))
+        return 0
+    print(f"run {resp.run.run_id} is on build {resp.run.build_id} ({status_name(resp.run.status)})")
     return 0
 
 

@@ -116,9 +116,27 @@ def waiting_why(run: common_pb2.Run) -> str:
     return text.format(t=when(run.not_before), key=run.wait_key or run.concurrency_key)
 
 
-def run_fields(run: common_pb2.Run, style: FieldStyle = TERMINAL) -> list[tuple[str, str]]:
+def waiting_for_build_text(run: common_pb2.Run) -> str:
+    """Why a queued run pinned to a build no live worker runs is not claimed (GetRunResponse.waiting_for_build)."""
+    return (
+        f"pinned to build {run.build_id}, which no live worker runs: it waits for one"
+        " (`awooop builds list`; `awooop runs move` puts it on another build)"
+    )
+
+
+def build_text(run: common_pb2.Run) -> str:
+    """The run's build and its own routing ("" when it has no build)."""
+    if not run.build_id:
+        return ""
+    own = {common_pb2.VERSIONING_PINNED: " (pinned)", common_pb2.VERSIONING_AUTO_UPGRADE: " (auto-upgrade)"}
+    return run.build_id + own.get(run.versioning, "")
+
+
+def run_fields(
+    run: common_pb2.Run, style: FieldStyle = TERMINAL, *, waiting_for_build: bool = False
+) -> list[tuple[str, str]]:
     """The run's state as (label, value) rows: which facts a run view shows, and when, is
-    decided here once for the CLI and the console."""
+    decided here once for the CLI and the console. waiting_for_build: GetRunResponse's."""
     rows: list[tuple[str, str]] = [
         ("project", run.project_id),
         ("channel", channel_name(run.channel_type)),
@@ -135,7 +153,9 @@ def run_fields(run: common_pb2.Run, style: FieldStyle = TERMINAL) -> list[tuple[
     keys = list(run.concurrency_keys) or ([run.concurrency_key] if run.concurrency_key else [])
     if keys:
         rows.append(("concurrency keys" if len(keys) > 1 else "concurrency key", ", ".join(keys)))
-    waiting = waiting_why(run)
+    if run.build_id:
+        rows.append(("build", build_text(run)))
+    waiting = waiting_for_build_text(run) if waiting_for_build else waiting_why(run)
     if waiting:
         rows.append(("waiting", waiting))
     if run.worker_id:
@@ -282,10 +302,13 @@ def build(history: list[scheduler_pb2.RunEvent], journal: saga_pb2.GetJournalRes
     return sorted([*history_entries(history), *journal_entries(journal)], key=lambda e: (e.nanos, e.order))
 
 
-def waiting_reason(run: common_pb2.Run, now: float) -> str:
+def waiting_reason(run: common_pb2.Run, now: float, *, waiting_for_build: bool = False) -> str:
     """Why a run is not moving right now, in one sentence; '' for a finished or running run
-    that needs nothing. now is the caller's clock in Unix seconds."""
+    that needs nothing. now is the caller's clock in Unix seconds; waiting_for_build:
+    GetRunResponse's."""
     status = run.status
+    if waiting_for_build:
+        return waiting_for_build_text(run)
     if status == common_pb2.RUN_STATUS_WAITING_APPROVAL:
         left = run.approval_expires_at.seconds - now if run.HasField("approval_expires_at") else 0
         text = "waiting for a human decision"

@@ -34,7 +34,7 @@ from awooop.worker import children, event_matches, metrics, tracing, waits
 from awooop.worker.client import Client
 from awooop.worker.completions import CompletionBatcher
 from awooop.worker.errors import JOURNAL_TOO_LARGE, AwooopError, LeaseLost, RunFinished
-from awooop.worker.replay import NONDETERMINISM_CODE, Nondeterminism, ReplayCheck
+from awooop.worker.replay import NONDETERMINISM_CODE, PATCH_PREFIX, Nondeterminism, ReplayCheck
 from awooop.worker.run_scope import Json, StepCall
 from awooop.worker.structs import from_struct, to_struct
 from awooop.worker.waits import WaitTimeout, WaitToken
@@ -130,6 +130,7 @@ class RunContext:
         self._replay: ReplayCheck | None = None
         # set once the handler's code was found not to replay the journal: the worker holds the run
         self.nondeterminism: Nondeterminism | None = None
+        self._patches: dict[str, bool] = {}  # ctx.patched's answers in this attempt, by change id
         self._wait_numbers: dict[str, int] = {}  # durable waits' step ids numbered per kind, in call order
         self.log = logging.LoggerAdapter(log, {"run_id": self.run_id, "attempt": self.attempt})
 
@@ -227,6 +228,8 @@ class RunContext:
     ) -> Json:
         """step without its span."""
         self._live(f"step {step_id}")
+        if step_id.startswith(PATCH_PREFIX):
+            raise ValueError(f"step ids starting with {PATCH_PREFIX!r} are ctx.patched's")
         kind = step_type or ("tool_call" if tool_id else "callback")
         if kind not in STEP_TYPES:
             raise ValueError(f"step_type must be one of {', '.join(STEP_TYPES)}")
@@ -371,6 +374,45 @@ class RunContext:
         if self._journal is not None:
             self._journal[request.step_id] = resp.step
         return resp
+
+    # --- patches: new code for runs in flight ---
+
+    async def patched(self, change_id: str) -> bool:
+        """Whether this run takes the path of the code change `change_id`: True for a run that
+        reaches this call on code that has it (its first attempt, or a replay past everything
+        journaled), False for a run whose earlier attempt went past this point under the code
+        before the change. The answer is journaled (step `patch:<change_id>`), so every later
+        attempt gets the same one. Write `if await ctx.patched("x"): new() else: old()`; once
+        `awooop builds patches` shows no unfinished run on the old path, delete it and the call
+        (docs/versioning.md, "Patches")."""
+        self._live("patched")
+        if not 1 <= len(change_id) <= 120 or not change_id.isprintable() or " " in change_id:
+            raise ValueError("change_id: 1-120 printable characters without spaces")
+        if change_id in self._patches:
+            return self._patches[change_id]
+        step_id = PATCH_PREFIX + change_id
+        first = self._journal is not None and self._replay is None  # a first attempt: nothing to replay
+        known = None if first or self._journal_too_large else await self._known(step_id)
+        if known is not None and known.status == common_pb2.STEP_STATUS_COMPLETED:
+            answer = bool(from_struct(known.result).get("patched"))
+        else:
+            if self._replay is not None:
+                answer = self._replay.at_frontier()
+            else:  # a first attempt; or a journal too large to read: a marker, if any, answers below
+                answer = first
+            resp = await self._record(
+                saga_pb2.RecordStepRequest(
+                    lease=self.lease,
+                    step_id=step_id,
+                    step_type=common_pb2.STEP_TYPE_CALLBACK,
+                    result=to_struct({"patched": answer}),
+                )
+            )
+            if resp is not None and not resp.recorded:  # an earlier attempt's marker stands
+                answer = bool(from_struct(resp.step.result).get("patched"))
+        self._patches[change_id] = answer
+        self.actions[step_id] = "patched" if answer else "unpatched"
+        return answer
 
     # --- progress events ---
 

@@ -17,6 +17,11 @@ journaling call of a resumed attempt is checked against the journal as the attem
 A mismatch raises Nondeterminism; the worker then holds the run (HoldRun) instead of failing it:
 an operator decides (UnholdRun after deploying code that replays it, or CancelRun to end and
 compensate it). docs/worker-sdk.md, "Replay and deploys".
+
+Patches (ctx.patched) are journaled as markers (PATCH_PREFIX): answers, not steps, so they are
+left out of the check. A patch asked for the first time while the journal holds steps this
+attempt has not reached yet was passed by an earlier attempt, under code without it (code with it
+would have journaled its answer there): its answer is False.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from awooop.worker.structs import from_struct, to_struct
 
 # the run's error_code while it is held for a mismatch (HoldRun)
 NONDETERMINISM_CODE = "E-WORKER-NONDETERMINISM"
+# the step ids of ctx.patched's markers: the journaled answers of patches, not steps of the code
+# (they are journaled where the question was first asked, and a retired patch asks no more)
+PATCH_PREFIX = "patch:"
 
 _KINDS: dict[int, str] = {
     common_pb2.STEP_TYPE_LLM_CALL: "llm_call",
@@ -63,7 +71,7 @@ class ReplayCheck:
 
     def __init__(self, run_id: str, steps: Sequence[common_pb2.SagaStep]) -> None:
         self.run_id = run_id
-        ordered = sorted(steps, key=lambda s: s.seq)
+        ordered = sorted((s for s in steps if not s.step_id.startswith(PATCH_PREFIX)), key=lambda s: s.seq)
         self._steps = {s.step_id: s for s in ordered}
         self._prefix: list[common_pb2.SagaStep] = []
         for s in ordered:
@@ -104,6 +112,11 @@ class ReplayCheck:
                 " completed before it and this code has not reached",
             )
         self._reached.add(step_id)
+
+    def at_frontier(self) -> bool:
+        """Every journaled step was reached: no earlier attempt went further than this point (a
+        patch asked here, and never answered before, takes the new path)."""
+        return all(step_id in self._reached for step_id in self._steps)
 
     def finish(self) -> None:
         """The handler completes the run: every step of the replayed prefix must have been reached."""

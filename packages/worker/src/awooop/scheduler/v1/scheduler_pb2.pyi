@@ -1033,6 +1033,81 @@ class DrainBuildResponse(_message.Message):
 Global___DrainBuildResponse: _TypeAlias = DrainBuildResponse  # noqa: Y015
 
 @_typing.final
+class ListPatchesRequest(_message.Message):
+    """Lists the patches a project's unfinished runs met."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPatchesRequest: _TypeAlias = ListPatchesRequest  # noqa: Y015
+
+@_typing.final
+class Patch(_message.Message):
+    """A patch (ctx.patched("change_id")) and the unfinished runs that met it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHANGE_ID_FIELD_NUMBER: _builtins.int
+    PATCHED_FIELD_NUMBER: _builtins.int
+    UNPATCHED_FIELD_NUMBER: _builtins.int
+    change_id: _builtins.str
+    patched: _builtins.int
+    """Runs that took the new path (they reached it on code that has the change)."""
+    unpatched: _builtins.int
+    """Runs that took the old path (an earlier attempt passed it under the code before the change):
+    while this is above 0, the old path must stay.
+    """
+    def __init__(
+        self,
+        *,
+        change_id: _builtins.str = ...,
+        patched: _builtins.int = ...,
+        unpatched: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["change_id", b"change_id", "patched", b"patched", "unpatched", b"unpatched"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Patch: _TypeAlias = Patch  # noqa: Y015
+
+@_typing.final
+class ListPatchesResponse(_message.Message):
+    """The patches, by change id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PATCHES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def patches(self) -> _containers.RepeatedCompositeFieldContainer[Global___Patch]: ...
+    def __init__(
+        self,
+        *,
+        patches: _abc.Iterable[Global___Patch] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["patches", b"patches"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPatchesResponse: _TypeAlias = ListPatchesResponse  # noqa: Y015
+
+@_typing.final
 class UnholdRunResponse(_message.Message):
     """The run, claimable again."""
 
@@ -1431,8 +1506,13 @@ class GetRunResponse(_message.Message):
     RUN_FIELD_NUMBER: _builtins.int
     CHILDREN_FIELD_NUMBER: _builtins.int
     MORE_CHILDREN_FIELD_NUMBER: _builtins.int
+    WAITING_FOR_BUILD_FIELD_NUMBER: _builtins.int
     more_children: _builtins.bool
     """True when the run has more children than listed."""
+    waiting_for_build: _builtins.bool
+    """Queued, pinned to its build (steps journaled) and no worker of that build is live: it waits
+    for one, never failed for it (docs/versioning.md).
+    """
     @_builtins.property
     def run(self) -> _common_pb2.Run:
         """The run."""
@@ -1449,10 +1529,11 @@ class GetRunResponse(_message.Message):
         run: _common_pb2.Run | None = ...,
         children: _abc.Iterable[Global___ChildRunRef] | None = ...,
         more_children: _builtins.bool = ...,
+        waiting_for_build: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["run", b"run"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "more_children", b"more_children", "run", b"run"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["children", b"children", "more_children", b"more_children", "run", b"run", "waiting_for_build", b"waiting_for_build"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -90,6 +90,11 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DrainBuildRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DrainBuildResponse.FromString,
                 _registered_method=True)
+        self.ListPatches = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ListPatches',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListPatchesRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListPatchesResponse.FromString,
+                _registered_method=True)
         self.WaitTool = channel.unary_unary(
                 '/awooop.scheduler.v1.SchedulerService/WaitTool',
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WaitToolRequest.SerializeToString,
@@ -323,6 +328,14 @@ class SchedulerServiceServicer:
 
     def DrainBuild(self, request, context):
         """Drains a build (no new runs go to it; runs already on it still do) or undrains it. Admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPatches(self, request, context):
+        """The patches (ctx.patched) a project's unfinished runs met, and which path each took: an old
+        path no unfinished run took may be deleted. Any role in the project.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -612,6 +625,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.DrainBuild,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DrainBuildRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DrainBuildResponse.SerializeToString,
+            ),
+            'ListPatches': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPatches,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListPatchesRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListPatchesResponse.SerializeToString,
             ),
             'WaitTool': grpc.unary_unary_rpc_method_handler(
                     servicer.WaitTool,
@@ -1057,6 +1075,33 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/DrainBuild',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DrainBuildRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DrainBuildResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPatches(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ListPatches',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListPatchesRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListPatchesResponse.FromString,
             options,
             channel_credentials,
             insecure,

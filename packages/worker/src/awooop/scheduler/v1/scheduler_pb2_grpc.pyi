@@ -73,6 +73,10 @@ class SchedulerServiceStub:
     """
     DrainBuild: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.DrainBuildRequest, _scheduler_pb2.DrainBuildResponse]
     """Drains a build (no new runs go to it; runs already on it still do) or undrains it. Admin."""
+    ListPatches: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListPatchesRequest, _scheduler_pb2.ListPatchesResponse]
+    """The patches (ctx.patched) a project's unfinished runs met, and which path each took: an old
+    path no unfinished run took may be deleted. Any role in the project.
+    """
     WaitTool: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.WaitToolRequest, _scheduler_pb2.WaitToolResponse]
     """RUNNING -> WAITING_TOOL (lease kept and renewed)."""
     ResumeTool: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeToolRequest, _scheduler_pb2.ResumeToolResponse]
@@ -209,6 +213,10 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """
     DrainBuild: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.DrainBuildRequest, _scheduler_pb2.DrainBuildResponse]  # type: ignore[assignment]
     """Drains a build (no new runs go to it; runs already on it still do) or undrains it. Admin."""
+    ListPatches: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListPatchesRequest, _scheduler_pb2.ListPatchesResponse]  # type: ignore[assignment]
+    """The patches (ctx.patched) a project's unfinished runs met, and which path each took: an old
+    path no unfinished run took may be deleted. Any role in the project.
+    """
     WaitTool: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.WaitToolRequest, _scheduler_pb2.WaitToolResponse]  # type: ignore[assignment]
     """RUNNING -> WAITING_TOOL (lease kept and renewed)."""
     ResumeTool: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeToolRequest, _scheduler_pb2.ResumeToolResponse]  # type: ignore[assignment]
@@ -408,6 +416,16 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_pb2.DrainBuildResponse, _abc.Awaitable[_scheduler_pb2.DrainBuildResponse]]:
         """Drains a build (no new runs go to it; runs already on it still do) or undrains it. Admin."""
+
+    @_abc_1.abstractmethod
+    def ListPatches(
+        self,
+        request: _scheduler_pb2.ListPatchesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListPatchesResponse, _abc.Awaitable[_scheduler_pb2.ListPatchesResponse]]:
+        """The patches (ctx.patched) a project's unfinished runs met, and which path each took: an old
+        path no unfinished run took may be deleted. Any role in the project.
+        """
 
     @_abc_1.abstractmethod
     def WaitTool(
