@@ -804,3 +804,67 @@ async def test_runs_the_worker_cannot_settle_make_it_exit_non_zero_naming_them(
     assert "could not settle 2 runs" in text and all(run_id in text for run_id in runs), text
     rows = await suite.run_rows(db)
     assert all(rows[run_id]["status"] == "RUNNING" for run_id in runs)
+
+
+async def _approve(suite: Suite, run_id: str, token: str) -> None:
+    await suite.admin.call(
+        suite.admin.scheduler.DecideApproval,
+        scheduler_pb2.DecideApprovalRequest(
+            run_id=run_id, approval_token=token, decision=scheduler_pb2.DECISION_APPROVE
+        ),
+    )
+
+
+async def test_builds_replay_checks_and_patches_of_the_typescript_sdk(suite: Suite, tmp_path: Path) -> None:
+    """Two runs park at an approval on TS build v1, whose process is then SIGTERMed (the rollout).
+    One is moved to v2-reordered (its steps swapped): held, nothing of v2 ran, then unheld onto v1
+    and finished there. The other is moved to v2-patched: it takes the old path of the patch; a
+    run v2-patched starts takes the new one. Every step ran once."""
+    old_reordered, old_patched = await suite.create_runs({"mode": "versioned"}, {"mode": "versioned"})
+    tokens: dict[str, str] = {}
+    async with node_worker(suite, tmp_path, "v1", buildId="v1", concurrency=2) as v1:
+        for r in (old_reordered, old_patched):
+            tokens[r] = (await v1.event("approval-requested", run_id=r))["token"]
+        assert await v1.sigterm() == 0, v1.text()
+    for r, build in ((old_reordered, "v2-reordered"), (old_patched, "v2-patched")):
+        assert (await suite.run(r)).build_id == "v1"
+        await suite.admin.call(
+            suite.admin.scheduler.SetRunBuild, scheduler_pb2.SetRunBuildRequest(run_id=r, build_id=build)
+        )
+
+    async with node_worker(suite, tmp_path, "v2r", buildId="v2-reordered") as v2r:
+        await _approve(suite, old_reordered, tokens[old_reordered])
+
+        async def held() -> bool:
+            run = await suite.run(old_reordered)
+            return run.status == common_pb2.RUN_STATUS_PENDING and run.wait_reason == "held"
+
+        await eventually(held, timeout=30, what="the reordered replay held")
+        assert await v2r.sigterm() == 0, v2r.text()
+    run = await suite.run(old_reordered)
+    assert run.error_code == "E-WORKER-NONDETERMINISM" and "'plan'" in run.failure_reason
+    assert [e for e in v2r.events() if e["event"] == "step"] == []  # nothing of v2's code ran
+    assert any(e["event"] == "exited" and e["stats"]["held"] == 1 for e in v2r.events()), v2r.text()
+
+    async with node_worker(suite, tmp_path, "v2p", buildId="v2-patched", concurrency=2) as v2p:
+        await _approve(suite, old_patched, tokens[old_patched])
+        await eventually(lambda: suite.status_is(old_patched, common_pb2.RUN_STATUS_COMPLETED), timeout=30, what="old")
+        [fresh] = await suite.create_runs({"mode": "versioned"})
+        token = (await v2p.event("approval-requested", run_id=fresh))["token"]
+        await _approve(suite, fresh, token)
+        await eventually(lambda: suite.status_is(fresh, common_pb2.RUN_STATUS_COMPLETED), timeout=30, what="fresh")
+        assert await v2p.sigterm() == 0, v2p.text()
+    assert (await suite.run(old_patched)).output["patched"] is False
+    assert (await suite.run(fresh)).output["patched"] is True
+
+    await suite.admin.call(
+        suite.admin.scheduler.UnholdRun, scheduler_pb2.UnholdRunRequest(run_id=old_reordered, build_id="v1")
+    )
+    async with node_worker(suite, tmp_path, "v1b", buildId="v1") as v1b:
+        await eventually(lambda: suite.status_is(old_reordered, common_pb2.RUN_STATUS_COMPLETED), timeout=30, what="v1")
+        assert await v1b.sigterm() == 0, v1b.text()
+    assert (await suite.run(old_reordered)).output["finished_on"] == "v1"
+    ran = [(e["run_id"], e["step"]) for w in (v1, v2r, v2p, v1b) for e in w.events() if e["event"] == "step"]
+    assert sorted(s for r, s in ran if r == old_reordered) == ["apply", "fetch", "plan"]
+    assert sorted(s for r, s in ran if r == old_patched) == ["apply", "fetch", "plan"]
+    assert sorted(s for r, s in ran if r == fresh) == ["apply", "check", "fetch", "plan"]

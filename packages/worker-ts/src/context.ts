@@ -45,6 +45,7 @@ import {
   type ClaimedRun,
 } from "./gen/awooop/scheduler/v1/scheduler";
 import * as metrics from "./metrics";
+import { NONDETERMINISM_CODE, Nondeterminism, PATCH_PREFIX, ReplayCheck } from "./replay";
 import { duration } from "./time";
 import { inSpan } from "./tracing";
 
@@ -53,7 +54,7 @@ export type Json = { [key: string]: unknown };
 
 export type StepKind = "llm_call" | "tool_call" | "approval_request" | "callback";
 /** What this attempt did at a step id: a step's action, or `children` where runChildren returned. */
-export type StepActionName = "execute" | "skip" | "retry" | "children";
+export type StepActionName = "execute" | "skip" | "retry" | "children" | "patched" | "unpatched";
 /** A started child (ctx.startChild): `await handle.result()` parks the parent until it ended. */
 export interface ChildHandle {
   runId: string;
@@ -190,6 +191,13 @@ export class RunContext {
   // undefined until read. A first attempt's journal is empty: nothing to read.
   private journal: Map<string, SagaStep> | undefined;
   private journalTooLarge = false;
+  // a resumed attempt's check of its calls against the journal it found (replay.ts); undefined
+  // until the journal is read, and on a first attempt (nothing to replay)
+  private replay: ReplayCheck | undefined;
+  /** Set once the handler's code was found not to replay the journal: the worker holds the run. */
+  nondeterminism: Nondeterminism | undefined;
+  // ctx.patched's answers in this attempt, by change id
+  private readonly patches = new Map<string, boolean>();
   // durable waits' step ids numbered per kind, in call order (wait-1, sleep-1, ...)
   private readonly waitNumbers = new Map<string, number>();
 
@@ -220,6 +228,10 @@ export class RunContext {
   get attempt(): number {
     return this.lease.attempt;
   }
+  /** The build this attempt runs on (the claiming worker's; "" when it declared none). */
+  get buildId(): string {
+    return this.run.buildId;
+  }
   get finished(): boolean {
     return this.outcome !== undefined;
   }
@@ -237,6 +249,34 @@ export class RunContext {
     this.signal.throwIfAborted();
     if (this.outcome !== undefined) {
       throw new RunFinished(`${what}: run ${this.runId} already ${this.outcome}; the handler should return`);
+    }
+    if (this.nondeterminism !== undefined) throw this.nondeterminism; // caught by the handler: still true
+  }
+
+  /**
+   * A journaling call of the handler, checked against the journal a resumed attempt found
+   * (replay.ts). Throws Nondeterminism (and remembers it) when the code does not replay it.
+   */
+  private async reach(stepId: string, kind: number, toolId = "", params?: Record<string, unknown>): Promise<void> {
+    if (this.journalTooLarge || (this.journal !== undefined && this.replay === undefined)) return;
+    await this.known(stepId); // reads the journal once
+    if (this.replay === undefined) return; // too large to read whole: not checked
+    try {
+      this.replay.reach(stepId, kind, toolId, params);
+    } catch (err) {
+      if (err instanceof Nondeterminism) this.nondeterminism = err;
+      throw err;
+    }
+  }
+
+  /** Before the run completes: a resumed attempt must have reached the journal's replayed prefix. */
+  checkReplayed(): void {
+    if (this.nondeterminism !== undefined) throw this.nondeterminism;
+    try {
+      this.replay?.finish();
+    } catch (err) {
+      if (err instanceof Nondeterminism) this.nondeterminism = err;
+      throw err;
     }
   }
 
@@ -276,9 +316,11 @@ export class RunContext {
   /** step without its span. */
   private async untracedStep(stepId: string, fn: StepFn, options: StepOptions): Promise<Json> {
     this.live(`step ${stepId}`);
+    if (stepId.startsWith(PATCH_PREFIX)) throw new TypeError(`step ids starting with '${PATCH_PREFIX}' are ctx.patched's`);
     const kind: StepKind = options.stepType ?? (options.toolId ? "tool_call" : "callback");
     if (!(kind in STEP_TYPES)) throw new TypeError(`stepType must be one of ${Object.keys(STEP_TYPES).join(", ")}`);
     const params = { ...(options.params ?? {}) };
+    await this.reach(stepId, STEP_TYPES[kind], options.toolId ?? "", params);
     if (RECORDED_AFTER.includes(kind) && !options.toolId && !this.journalTooLarge) {
       const known = await this.known(stepId);
       if (!this.journalTooLarge && (known === undefined || (known.stepType === STEP_TYPES[kind] && !known.toolId))) {
@@ -329,6 +371,7 @@ export class RunContext {
       try {
         const resp = await this.client.call(this.client.saga, "getJournal", { runId: this.runId });
         this.journal = new Map(resp.steps.map((s) => [s.stepId, s]));
+        this.replay = new ReplayCheck(this.runId, resp.steps);
       } catch (err) {
         if (!(err instanceof AwooopError) || err.reason !== JOURNAL_TOO_LARGE) throw err;
         this.journalTooLarge = true;
@@ -441,6 +484,7 @@ export class RunContext {
   /** requestApproval without its span. */
   private async untracedApproval(summary: string, stepId: string, ttl: number | undefined): Promise<Approval> {
     this.live("requestApproval");
+    await this.reach(stepId, StepType.STEP_TYPE_APPROVAL_REQUEST);
     const begin = await this.client.call(this.client.saga, "beginStep", {
       lease: this.lease,
       stepId,
@@ -641,6 +685,7 @@ export class RunContext {
       lookback: 0,
     },
   ): Promise<WaitToken> {
+    await this.reach(stepId, StepType.STEP_TYPE_CALLBACK);
     const resp = await this.client.call(this.client.scheduler, "createWait", {
       lease: this.lease,
       stepId,
@@ -675,6 +720,7 @@ export class RunContext {
   /** [completed, result] of the wait; parks the run (throwing RunParked) while it is open. */
   private async waitOutcome(token: WaitToken): Promise<[boolean, Json]> {
     const stepId = `${token.stepId}:outcome`;
+    await this.reach(stepId, StepType.STEP_TYPE_CALLBACK);
     const known = await this.known(stepId);
     if (known?.status === StepStatus.STEP_STATUS_COMPLETED) {
       this.actions[stepId] = "skip";
@@ -821,8 +867,62 @@ export class RunContext {
   }
 
   /** RUNNING -> COMPLETED with output. (Returning an object from the handler does the same.) */
+  /**
+   * Holds the run (HoldRun): PENDING, claimed by nobody, the attempt not counted, until an
+   * operator's UnholdRun (after deploying code that replays its journal) or CancelRun (which
+   * compensates it). The worker does this when the handler's code does not replay the journal.
+   */
+  async hold(reason: string, errorCode = NONDETERMINISM_CODE): Promise<Run> {
+    if (this.outcome !== undefined) throw new RunFinished(`hold: run ${this.runId} already ${this.outcome}`);
+    return this.ending("held", async () => {
+      const resp = await this.client.call(this.client.scheduler, "holdRun", {
+        lease: this.lease,
+        reason: reason.slice(0, 4096),
+        errorCode: errorCode.slice(0, 64),
+      });
+      return resp.run as Run;
+    });
+  }
+
+  /**
+   * Whether this run takes the path of the code change `changeId`: true for a run that reaches
+   * this call on code that has it (its first attempt, or a replay past everything journaled),
+   * false for a run whose earlier attempt went past this point under the code before the change.
+   * The answer is journaled (step `patch:<changeId>`), so every later attempt gets the same one.
+   * Once `awooop builds patches` shows no unfinished run on the old path, delete it and the call.
+   */
+  async patched(changeId: string): Promise<boolean> {
+    this.live("patched");
+    if (!/^[\x21-\x7e]{1,120}$/.test(changeId)) throw new TypeError("changeId: 1-120 printable ASCII characters without spaces");
+    const cached = this.patches.get(changeId);
+    if (cached !== undefined) return cached;
+    const stepId = PATCH_PREFIX + changeId;
+    const first = this.journal !== undefined && this.replay === undefined; // a first attempt: nothing to replay
+    const known = first || this.journalTooLarge ? undefined : await this.known(stepId);
+    let answer: boolean;
+    if (known?.status === StepStatus.STEP_STATUS_COMPLETED) {
+      answer = Boolean(known.result?.patched);
+    } else {
+      // a first attempt; or a journal too large to read: an earlier attempt's marker, if any, answers below
+      answer = this.replay !== undefined ? this.replay.atFrontier() : first;
+      const resp = await this.record({
+        lease: this.lease,
+        stepId,
+        stepType: StepType.STEP_TYPE_CALLBACK,
+        params: undefined,
+        result: { patched: answer },
+        error: "",
+      });
+      if (!resp.recorded) answer = Boolean(resp.step?.result?.patched); // an earlier attempt's marker stands
+    }
+    this.patches.set(changeId, answer);
+    this.actions[stepId] = answer ? "patched" : "unpatched";
+    return answer;
+  }
+
   async complete(output: Json = {}): Promise<Run> {
     this.live("complete");
+    this.checkReplayed();
     const request = { lease: this.lease, output };
     return this.ending("completed", async () => {
       if (this.completions !== undefined) return this.completions.complete(request);

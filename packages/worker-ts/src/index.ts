@@ -23,6 +23,7 @@ export type { Child, ChildOutcome } from "./children";
 export { keyOf } from "./eventMatches";
 export type { EventMatch, MatchChannel } from "./eventMatches";
 export { ToolClient } from "./tools";
+export { Nondeterminism, ReplayCheck, NONDETERMINISM_CODE, PATCH_PREFIX } from "./replay";
 export { watchRun } from "./watch";
 export type { EventSource, RunEvent } from "./watch";
 export type { ToolClientOptions } from "./tools";
@@ -42,7 +43,7 @@ export {
   reasonName,
 } from "./errors";
 export type { FieldViolation } from "./errors";
-export { address, apiKey, channelTarget, DEFAULT_PORTS, workerHttpPort } from "./settings";
+export { address, apiKey, channelTarget, DEFAULT_PORTS, workerBuild, workerHttpPort } from "./settings";
 export { registerMetrics, LABEL_VALUES } from "./metrics";
 export type { Health } from "./health";
 export { SCOPE as TRACER_SCOPE, formatTraceparent, parseTraceparent } from "./tracing";

@@ -42,7 +42,17 @@ export const CHILDREN_ENDED = new Counter({
 });
 export const HELD = new Gauge({ name: "awooop_worker_leases_held", help: "Leases this worker holds now", registers: [] });
 
-const OUTCOMES = ["completed", "failed", "waiting_approval", "parked", "cancelled", "released", "lost", "error"] as const;
+const OUTCOMES = [
+  "completed",
+  "failed",
+  "waiting_approval",
+  "parked",
+  "cancelled",
+  "released",
+  "held",
+  "lost",
+  "error",
+] as const;
 const ACTIONS = ["execute", "skip", "retry"] as const;
 export type RunOutcome = (typeof OUTCOMES)[number];
 export type StepAction = (typeof ACTIONS)[number];

@@ -76,3 +76,8 @@ export function workerHttpPort(env: Env = process.env): number | undefined {
   if (!(port >= 0 && port <= 65535)) throw new RangeError(`AWOOOP_WORKER_HTTP_PORT: not a port number: ${JSON.stringify(raw)}`);
   return port;
 }
+
+/** The build a Worker without options.buildId declares: AWOOOP_WORKER_BUILD ("" declares none; docs/versioning.md). */
+export function workerBuild(env: Env = process.env): string {
+  return (env.AWOOOP_WORKER_BUILD ?? "").trim();
+}

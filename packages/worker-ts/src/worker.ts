@@ -30,7 +30,8 @@ import { AwooopError, LeaseLost, RunFinished, RunParked, WAIT_TIMED_OUT_CODE, Wa
 import { LeaseOutcome, type ClaimedRun, type ClaimRunsResponse } from "./gen/awooop/scheduler/v1/scheduler";
 import { HealthServer, type Health } from "./health";
 import * as metrics from "./metrics";
-import { workerHttpPort } from "./settings";
+import { Nondeterminism } from "./replay";
+import { workerBuild, workerHttpPort } from "./settings";
 import * as settling from "./settling";
 import { startRunSpan, tracerOf, untraced } from "./tracing";
 import { aborted, duration, now, sleep, within } from "./time";
@@ -52,6 +53,8 @@ export interface WorkerOptions extends ClientOptions {
   projects: string[];
   /** Recorded on the run as worker_id; default `<hostname>-<pid>-<random>`. */
   workerId?: string;
+  /** The build of this worker's code (docs/versioning.md); default AWOOOP_WORKER_BUILD, else none. */
+  buildId?: string;
   /** Runs handled at once (default 4). */
   concurrency?: number;
   /** Lease asked for in seconds (default: the scheduler's, AWOOOP_LEASE_TTL). */
@@ -87,6 +90,8 @@ export interface WorkerStats {
   lost: number;
   cancelled: number;
   released: number;
+  /** Runs held for an operator: the handler's code did not replay their journal (HoldRun). */
+  held: number;
   errors: number;
   /** Heartbeat calls, and the leases they renewed. */
   heartbeatsSent: number;
@@ -101,7 +106,16 @@ export interface WorkerStats {
   completionsCarried: number;
 }
 
-type Outcome = "completed" | "failed" | "waitingApproval" | "parked" | "lost" | "cancelled" | "released" | "errors";
+type Outcome =
+  | "completed"
+  | "failed"
+  | "waitingApproval"
+  | "parked"
+  | "lost"
+  | "cancelled"
+  | "released"
+  | "held"
+  | "errors";
 const OUTCOMES: Readonly<Record<string, Outcome>> = {
   completed: "completed",
   failed: "failed",
@@ -118,6 +132,7 @@ const OUTCOME_LABELS: Readonly<Record<Outcome, metrics.RunOutcome>> = {
   lost: "lost",
   cancelled: "cancelled",
   released: "released",
+  held: "held",
   errors: "error",
 };
 
@@ -142,6 +157,8 @@ export function defaultWorkerId(): string {
  */
 export class Worker {
   readonly workerId: string;
+  /** The build this worker declares in its claims ("" declares none). */
+  readonly buildId: string;
   readonly projects: readonly string[];
   readonly client: Client;
   private readonly counts: Omit<WorkerStats, "completeRunsCalls" | "completionsCarried"> = {
@@ -153,6 +170,7 @@ export class Worker {
     lost: 0,
     cancelled: 0,
     released: 0,
+    held: 0,
     errors: 0,
     heartbeatsSent: 0,
     leasesRenewed: 0,
@@ -193,6 +211,7 @@ export class Worker {
     this.concurrency = options.concurrency ?? 4;
     if (!(this.concurrency >= 1)) throw new WorkerError("concurrency must be at least 1");
     this.workerId = options.workerId ?? defaultWorkerId();
+    this.buildId = options.buildId ?? workerBuild();
     this.leaseTtl = options.leaseTtl;
     this.heartbeatInterval = options.heartbeatInterval ?? Math.min(30, (options.leaseTtl ?? 300) / 3);
     if (options.leaseTtl && this.heartbeatInterval >= options.leaseTtl) {
@@ -342,6 +361,7 @@ export class Worker {
           leaseTtl: duration(this.leaseTtl),
           complete: [],
           claimId: id,
+          buildId: this.buildId,
         },
         this.claimWait + this.callTimeout,
       );
@@ -402,6 +422,7 @@ export class Worker {
         leaseTtl: duration(this.leaseTtl),
         complete: carried.map((p) => p.request),
         claimId: id,
+        buildId: this.buildId,
       });
     } catch (err) {
       if (!(err instanceof AwooopError)) throw err;
@@ -510,6 +531,7 @@ export class Worker {
         this.log("error", `handler threw after the run was ${ctx.outcome}`, { run_id: ctx.runId, error: describe(err) });
         return true;
       }
+      if (ctx.nondeterminism !== undefined) return this.hold(h); // thrown, or caught and followed by another error
       const reason = describe(err);
       if (err instanceof WaitTimeout) {
         // a wait's time ran out and the handler did not go on: fail the run (not retryable)
@@ -523,15 +545,32 @@ export class Worker {
       this.count(OUTCOMES[ctx.outcome ?? "completed"] ?? "completed");
       return true;
     }
+    try {
+      ctx.checkReplayed(); // remembered in ctx.nondeterminism
+    } catch (err) {
+      if (!(err instanceof Nondeterminism)) throw err;
+    }
+    if (ctx.nondeterminism !== undefined) return this.hold(h);
     const output = asOutput(first.output);
     return this.final(h, "completed", () => ctx.complete(output));
+  }
+
+  /**
+   * The handler's code does not replay the run's journal: hold the run for an operator (HoldRun)
+   * instead of failing it, which would compensate work the right code might finish.
+   */
+  private hold(h: Held): Promise<boolean> {
+    const ctx = h.ctx;
+    const found = ctx.nondeterminism?.message ?? "nondeterminism";
+    this.log("error", "holding the run for an operator", { run_id: ctx.runId, error: found });
+    return this.final(h, "held", () => ctx.hold(found));
   }
 
   /**
    * Ends the run with end() (sent again after UNAVAILABLE / DEADLINE_EXCEEDED while the lease
    * lasts, or the shutdown allows). One that cannot be ended while stopping is handed back.
    */
-  private async final(h: Held, outcome: "completed" | "failed", end: () => Promise<unknown>): Promise<boolean> {
+  private async final(h: Held, outcome: "completed" | "failed" | "held", end: () => Promise<unknown>): Promise<boolean> {
     const ctx = h.ctx;
     try {
       await settling.until(() => this.endingDeadline(h), () => end());

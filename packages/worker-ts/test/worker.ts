@@ -56,6 +56,36 @@ async function scale(ctx: RunContext): Promise<Json> {
   return { attempt: ctx.attempt, replicas: scaled.replicas };
 }
 
+/**
+ * The code of the worker's build (ctx.buildId): v1 fetches, plans, asks for approval, applies;
+ * v2-reordered plans before it fetches; v2-patched adds a check behind ctx.patched("extra-check").
+ */
+async function versioned(ctx: RunContext): Promise<Json> {
+  const step = (name: string) => () => {
+    emit({ event: "step", step: name, build: ctx.buildId, run_id: ctx.runId });
+    return {};
+  };
+  let patched: boolean | undefined;
+  if (ctx.buildId === "v2-reordered") {
+    await ctx.step("plan", step("plan"));
+    await ctx.step("fetch", step("fetch"), { stepType: "llm_call" });
+  } else {
+    await ctx.step("fetch", step("fetch"), { stepType: "llm_call" });
+    if (ctx.buildId === "v2-patched") {
+      patched = await ctx.patched("extra-check");
+      if (patched) await ctx.step("check", step("check"));
+    }
+    await ctx.step("plan", step("plan"));
+  }
+  const approval = await ctx.requestApproval("go on?", { ttl: 600 });
+  if (!approval.granted) {
+    emit({ event: "approval-requested", run_id: ctx.runId, token: approval.token, build: ctx.buildId });
+    return {};
+  }
+  await ctx.step("apply", step("apply"));
+  return { finished_on: ctx.buildId, patched: patched ?? null };
+}
+
 /** An event wait: the event the run's input.match names, journaled; input.throw_after_event fails the attempt that received it once. */
 async function waitForEvent(ctx: RunContext): Promise<Json> {
   let event: Json;
@@ -214,6 +244,8 @@ async function handle(ctx: RunContext): Promise<Json | undefined> {
         return { children_timed_out: err.stepId };
       }
       return { children_timed_out: false };
+    case "versioned":
+      return versioned(ctx);
     case "sleep": // a durable sleep: parked, resumed by its time
       emit({ event: "sleeping", run_id: ctx.runId });
       await ctx.sleep(Number(ctx.input.seconds ?? 0.5));

@@ -40,6 +40,7 @@ test("the label values are the Python SDK's", () => {
     "completed",
     "error",
     "failed",
+    "held",
     "lost",
     "parked",
     "released",
