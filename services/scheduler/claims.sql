@@ -85,11 +85,11 @@
 -- are released when the statement's transaction ends.
 --
 -- Versions (migration 0390; docs/versioning.md): :build_id is the claiming worker's build (NULL:
--- it declared none). A run on another build is passed over when its journal holds steps (they
--- were written by that build's code), unless it auto-upgrades (its own auto_upgrade, else its
--- project's versioning) and the claimer is the project's newest build that is not draining (the
--- latest first seen: `newest`). A run with no build yet, or with an empty journal, goes to any
--- build. A draining build (`draining`, DrainBuild) takes only the runs that need it: on it, with
+-- it declared none). A run whose journal holds steps (written by its build's code) goes only to
+-- its own build while it is pinned, and only to the project's newest build that is not draining
+-- (the latest first seen: `newest`; none registered: its own) when it auto-upgrades (its own
+-- auto_upgrade, else its project's versioning). A run with no build yet, or with an empty
+-- journal, goes to any build. A draining build (`draining`, DrainBuild) takes only the runs that need it: on it, with
 -- steps journaled. The claim
 -- records the claimer's build on the run (build_id), so a run that journals steps is on the build
 -- whose code wrote them.
@@ -164,8 +164,10 @@ picked AS (
                        AND (not_before IS NULL OR not_before <= now())
                        AND COALESCE(not_before, created_at) <= now() + interval '1 second'
                        AND attempt_count - released_count < max_attempts
-                       AND (build_id IS NULL OR build_id = :build_id::text
-                            OR (COALESCE(awooop_run_state.auto_upgrade, p.auto_upgrade) AND p.newest = :build_id::text)
+                       AND (build_id IS NULL
+                            OR CASE WHEN COALESCE(awooop_run_state.auto_upgrade, p.auto_upgrade)
+                                    THEN COALESCE(p.newest, build_id) = :build_id::text
+                                    ELSE build_id = :build_id::text END
                             OR NOT EXISTS (SELECT 1 FROM awooop_saga_step s WHERE s.run_id = awooop_run_state.run_id))
                        AND (NOT p.draining
                             OR (build_id = :build_id::text

@@ -342,11 +342,12 @@ async def claim_runs(
     are released when the statement's transaction ends.
 
     Versions (migration 0390; docs/versioning.md): :build_id is the claiming worker's build (NULL:
-    it declared none). A run on another build is passed over when its journal holds steps (they
-    were written by that build's code), unless it auto-upgrades (its own auto_upgrade, else its
-    project's versioning) and the claimer is the project's newest build that is not draining (the
-    latest first seen: `newest`). A run with no build yet, or with an empty journal, goes to any
-    build. A draining build (`draining`, DrainBuild) takes only the runs that need it: on it, with
+    it declared none). A run whose journal holds steps (written by its build's code) goes only to
+    its own build while it is pinned, and only to the project's newest build that is not draining
+    (the latest first seen: `newest`; none registered: its own) when it auto-upgrades (its own
+    auto_upgrade, else its project's versioning). A run with no build yet, or with an empty
+    journal, goes to any build. A draining build (`draining`, DrainBuild) takes only the runs that need it: on it,
+    with
     steps journaled. The claim
     records the claimer's build on the run (build_id), so a run that journals steps is on the build
     whose code wrote them.

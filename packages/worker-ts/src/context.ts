@@ -759,6 +759,7 @@ export class RunContext {
   async startChild(input: Json = {}, options: Omit<Child, "input"> = {}): Promise<ChildHandle> {
     this.live("startChild");
     const stepId = this.waitStepId("child", options.stepId);
+    await this.reach(stepId, StepType.STEP_TYPE_CALLBACK);
     const spec = childSpec({ ...options, input }, stepId);
     // the child's trace hangs under this span (StartChildRuns stores the call's context with it)
     const resp = await this.traced("awooop.worker.start_child", { "awooop.step_id": stepId }, () =>
@@ -771,7 +772,10 @@ export class RunContext {
     );
     const [c] = resp.children;
     if (c === undefined) throw new Error(`StartChildRuns answered no child for ${stepId}`);
-    if (c.started) metrics.CHILDREN_STARTED.inc();
+    if (c.started) {
+      metrics.CHILDREN_STARTED.inc();
+      await this.journalChildren(stepId, [c.runId]);
+    }
     const waitStepId = `${stepId}:wait`;
     return {
       runId: c.runId,
@@ -801,11 +805,27 @@ export class RunContext {
   ): Promise<ChildOutcome[]> {
     this.live("runChildren");
     const waitStepId = this.waitStepId("children", options.stepId);
+    await this.reach(waitStepId, StepType.STEP_TYPE_CALLBACK);
     const specs = children.map((c) => childSpec(c, this.waitStepId("child", c.stepId)));
     const attributes = { "awooop.step_id": waitStepId, "awooop.children": specs.length };
     return this.traced("awooop.worker.run_children", attributes, () =>
-      this.childOutcomes(specs, waitStepId, options.failFast ?? false, options.timeout),
+      this.childOutcomes(specs, waitStepId, options.failFast ?? false, options.timeout, true),
     );
+  }
+
+  /**
+   * Journals that this run started children here (a callback step, as a durable wait's creation
+   * is), so a replay knows its code went this far (replay.ts).
+   */
+  private async journalChildren(stepId: string, runIds: string[]): Promise<void> {
+    await this.record({
+      lease: this.lease,
+      stepId,
+      stepType: StepType.STEP_TYPE_CALLBACK,
+      params: undefined,
+      result: { children: runIds },
+      error: "",
+    });
   }
 
   /**
@@ -817,11 +837,15 @@ export class RunContext {
     waitStepId: string,
     failFast: boolean,
     timeout: number | undefined,
+    journal = false,
   ): Promise<ChildOutcome[]> {
     const request = { lease: this.lease, children: specs, waitStepId, failFast, timeout: duration(timeout) };
     let resp = await this.client.call(this.client.scheduler, "startChildRuns", request);
     const started = resp.children.filter((c) => c.started).length;
-    if (started > 0) metrics.CHILDREN_STARTED.inc(started);
+    if (started > 0) {
+      metrics.CHILDREN_STARTED.inc(started);
+      if (journal) await this.journalChildren(waitStepId, resp.children.map((c) => c.runId));
+    }
     let w = resp.wait;
     if (w === undefined) throw new Error(`StartChildRuns answered no wait for ${waitStepId}`);
     if (w.status === WaitStatus.WAIT_STATUS_OPEN) {

@@ -23,6 +23,7 @@ from typing import Any
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from awooop.common.v1 import common_pb2
+from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker import metrics, tracing
 from awooop.worker.run_scope import RunScope
@@ -122,6 +123,7 @@ async def read_outcome(ctx: RunScope, c: scheduler_pb2.ChildRun) -> ChildOutcome
 
 
 async def start(ctx: RunScope, child: Child, step_id: str) -> ChildHandle:
+    await ctx._reach(step_id, common_pb2.STEP_TYPE_CALLBACK)
     spec = _spec(child, step_id)
     resp = await ctx.client.call(
         ctx.client.scheduler.StartChildRuns, scheduler_pb2.StartChildRunsRequest(lease=ctx.lease, children=[spec])
@@ -129,13 +131,28 @@ async def start(ctx: RunScope, child: Child, step_id: str) -> ChildHandle:
     c = resp.children[0]
     if c.started:
         metrics.CHILDREN_STARTED.inc()
+        await _journal_start(ctx, step_id, [c.run_id])
     return ChildHandle(ctx, spec, c.run_id, step_id)
 
 
 async def run(
     ctx: RunScope, children: Sequence[tuple[Child, str]], wait_step_id: str, fail_fast: bool, timeout: float | None
 ) -> list[ChildOutcome]:
-    return await _run(ctx, [_spec(c, s) for c, s in children], wait_step_id, fail_fast, timeout)
+    await ctx._reach(wait_step_id, common_pb2.STEP_TYPE_CALLBACK)
+    return await _run(ctx, [_spec(c, s) for c, s in children], wait_step_id, fail_fast, timeout, journal=True)
+
+
+async def _journal_start(ctx: RunScope, step_id: str, run_ids: list[str]) -> None:
+    """Journals that the parent started children here (a callback step, as a durable wait's
+    creation is), so a replay of the parent knows its code went this far (replay.py)."""
+    await ctx._record(
+        saga_pb2.RecordStepRequest(
+            lease=ctx.lease,
+            step_id=step_id,
+            step_type=common_pb2.STEP_TYPE_CALLBACK,
+            result=to_struct({"children": run_ids}),
+        )
+    )
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
@@ -150,6 +167,7 @@ async def _run(
     wait_step_id: str,
     fail_fast: bool,
     timeout: float | None,
+    journal: bool = False,
 ) -> list[ChildOutcome]:
     request = scheduler_pb2.StartChildRunsRequest(
         lease=ctx.lease, children=specs, wait_step_id=wait_step_id, fail_fast=fail_fast
@@ -160,6 +178,8 @@ async def _run(
     started = sum(1 for c in resp.children if c.started)
     if started:
         metrics.CHILDREN_STARTED.inc(started)
+        if journal:
+            await _journal_start(ctx, wait_step_id, [c.run_id for c in resp.children])
     w = resp.wait
     token = WaitToken(w.wait_id, wait_step_id, w.expires_at.ToDatetime(dt.UTC))
     if w.status == scheduler_pb2.WAIT_STATUS_OPEN:
