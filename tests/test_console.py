@@ -129,6 +129,29 @@ async def test_secure_cookie_when_configured(start_services: Any, make_key: Any,
         await stop_console_env(env)
 
 
+async def test_a_run_waiting_for_its_build_says_so_and_the_runs_list_filters_by_build(
+    env: ConsoleEnv, browser: Browser
+) -> None:
+    """A queued run with journaled steps, pinned to a build no live worker runs: its page shows its
+    build and why it waits; the runs list shows the build and filters by it."""
+    run_id = await env.create()
+    lease = await env.claim(run_id)
+    await env.scale_step(lease)
+    await env.worker.call(env.worker.scheduler.ReleaseRun, scheduler_pb2.ReleaseRunRequest(lease=lease))
+    moved = scheduler_pb2.SetRunBuildRequest(run_id=run_id, build_id="v0-gone")
+    await env.admin.call(env.admin.scheduler.SetRunBuild, moved)
+    await browser.signin(env.admin_key)
+    status, page, _ = await browser.get(f"/runs/{run_id}")
+    assert status == 200
+    text = html_lib.unescape(page)
+    assert "pinned to build v0-gone, which no live worker runs: it waits for one" in text
+    assert re.search(r"build</\w+>\s*<\w+[^>]*>v0-gone", page), page
+    status, page, _ = await browser.get("/projects/ops/runs?build=v0-gone")
+    assert status == 200 and run_id in page and ">v0-gone<" in page
+    status, page, _ = await browser.get("/projects/ops/runs?build=v9-none")
+    assert status == 200 and run_id not in page and "No runs match these filters" in page
+
+
 async def test_every_post_needs_the_sessions_csrf_token_and_our_origin(env: ConsoleEnv, browser: Browser) -> None:
     run_id = await env.create()
     await browser.signin(env.admin_key)

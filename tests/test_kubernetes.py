@@ -293,9 +293,13 @@ def test_a_worker_pod_is_killed_only_after_the_sdks_drain(rendered: dict[str, li
     drain = float(flag(command, "shutdown-grace")) + 2 * DEFAULT_TIMEOUT
     grace = pod["spec"]["terminationGracePeriodSeconds"]
     assert grace > drain and grace > float(flag(command, "claim-wait")), (grace, drain)
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
     ports = {name: Settings().port_of(name) for name in ("scheduler", "saga", "gateway")}
-    assert env == {f"AWOOOP_{n.upper()}_ADDR": f"awooop-{n}:{p}" for n, p in ports.items()}
+    assert env == {f"AWOOOP_{n.upper()}_ADDR": f"awooop-{n}:{p}" for n, p in ports.items()} | {
+        # the worker's build is its pod's version label (docs/versioning.md)
+        "AWOOOP_WORKER_BUILD": "metadata.labels['app.kubernetes.io/version']"
+    }
+    assert pod["metadata"]["labels"]["app.kubernetes.io/version"]
     pdb = one(docs, "PodDisruptionBudget", "awooop-worker")
     assert selects(pdb["spec"]["selector"]["matchLabels"], pod["metadata"]["labels"])
 
@@ -502,7 +506,11 @@ def secrets_used(template: dict[str, Any]) -> tuple[set[str], set[str]]:
     env = set()
     for container in [*spec.get("initContainers", []), *spec["containers"]]:
         env |= {s["secretRef"]["name"] for s in container.get("envFrom", []) if "secretRef" in s}
-        env |= {e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", []) if "valueFrom" in e}
+        env |= {
+            e["valueFrom"]["secretKeyRef"]["name"]
+            for e in container.get("env", [])
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
     mounted = {
         v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v and not v["secret"].get("optional")
     }

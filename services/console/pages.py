@@ -64,6 +64,7 @@ class RunRow:
     attempts: str
     saga: str
     worker: str
+    build: str  # the worker build the run is on ("" when none)
     created: str
     updated: str
     reason: str
@@ -80,6 +81,7 @@ def run_row(r: common_pb2.Run) -> RunRow:
         attempts=timeline.attempts_text(r, "/"),
         saga=timeline.saga_name(r.saga_status),
         worker=r.worker_id,
+        build=r.build_id,
         created=when(r.created_at),
         updated=when(r.updated_at),
         reason=timeline.short(" ".join(x for x in (r.error_code, r.failure_reason) if x), 80),

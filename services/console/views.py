@@ -36,6 +36,7 @@ RUNS_PAGE = 50
 APPROVALS_PAGE = 20
 MAX_REASON = 4096
 MAX_QUERY = 256
+MAX_BUILD = 128  # a build id's longest (ClaimRunsRequest.build_id)
 NOT_ACCEPTED = "That key was not accepted (unknown, revoked or mistyped)."
 _THROTTLED = {
     "address": "Too many failed sign-ins from your address; try again in {} seconds.",
@@ -221,7 +222,7 @@ class Console:
                     raise
         listed, overview = await self._listed(request, project, f)
         rows = [] if f.search and _is_uuid(f.search) else [pages.run_row(r) for r in listed.runs]
-        filtered = bool(f.statuses or f.channels or f.since or f.until or f.search or f.parent)
+        filtered = bool(f.statuses or f.channels or f.since or f.until or f.search or f.parent or f.build)
         if not listed.runs and not filtered:
             known = await self.call(request, self.backend.scheduler.ListProjects, scheduler_pb2.ListProjectsRequest())
             if project not in known.project_ids:  # a typo, or a project nobody has used: say so
@@ -247,6 +248,7 @@ class Console:
             until=q.get("until", ""),
             search=f.search,
             parent=f.parent,
+            build=f.build,
             errors=f.errors,
             next_url=("?" + urlencode([*keep, ("page_token", listed.next_page_token)]))
             if listed.next_page_token
@@ -268,6 +270,7 @@ class Console:
             page_token=request.query.get("page_token", "")[:MAX_QUERY],
             provider_event_id=f.search if f.search and not _is_uuid(f.search) else "",
             parent_run_id=f.parent,
+            build_id=f.build,
         )
         if f.since:
             req.created_after.FromDatetime(f.since)
@@ -587,6 +590,7 @@ class _RunsQuery:
     channels: list[str]
     search: str
     parent: str
+    build: str  # only the runs on this worker build ("": all)
     since: dt.datetime | None
     until: dt.datetime | None
     errors: list[str]
@@ -598,7 +602,11 @@ def _runs_query(request: web.Request) -> _RunsQuery:
     channels = [c for c in q.getall("channel", []) if c in pages.CHANNELS]
     search = q.get("q", "").strip()[:MAX_QUERY]
     parent = q.get("parent", "").strip()[:MAX_QUERY]
+    build = q.get("build", "").strip()[:MAX_BUILD]
     errors: list[str] = []
+    if not build.isprintable() or " " in build:
+        errors.append("'build' is a build id: printable characters without spaces")
+        build = ""
     if parent and not _is_uuid(parent):
         errors.append("'children of' is not a run id (a UUID such as the ones in the run column)")
         parent = ""
@@ -611,7 +619,7 @@ def _runs_query(request: web.Request) -> _RunsQuery:
         until = pages.parse_time(q.get("until", ""))
     except ValueError:
         errors.append("'to' is not a date or time (use 2026-12-01 or 2026-12-01T07:30)")
-    return _RunsQuery(statuses, channels, search, parent, since, until, errors)
+    return _RunsQuery(statuses, channels, search, parent, build, since, until, errors)
 
 
 def _is_uuid(value: str) -> bool:
