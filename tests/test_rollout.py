@@ -6,8 +6,9 @@ the middle of a step:
 1. v2 starts beside v1 (a second Deployment; in the auto-upgrading project a rolling update does
    the same), and registers as the newest build;
 2. the pinned project drains v1: new runs go to v2, v1 finishes the runs it started;
-3. a v1 pod is SIGKILLed inside a step: its runs are reaped and finished (the pinned one by the
-   other v1 pod, the auto-upgrading one by v2);
+3. a v1 pod is SIGKILLed inside a step, another is SIGTERMed (the rolling update): their runs are
+   reaped or handed back and finished (the pinned ones by the last v1 pod, the auto-upgrading ones
+   by v2);
 4. the parked runs are released: the pinned project's finish on v1, the auto-upgrading project's
    on v2, taking the old path of v2's patch (their journals went past it under v1);
 5. `awooop builds list` shows no run left on v1 in the pinned project: its last pod is SIGTERMed.
@@ -41,6 +42,7 @@ from tests.harness.helpers import ROOT, eventually, key_of
 from tests.harness.suite import QUICK, addresses, start_with_gateway
 
 STEADY, ROLLING = "steady", "rolling"  # pinned (the default); auto-upgrade
+V1_PODS = ("v1-a", "v1-b", "v1-c")
 PATTERNS = ("approval", "callback", "sleep", "children")
 DONE = common_pb2.RUN_STATUS_COMPLETED
 
@@ -141,8 +143,8 @@ async def sigterm(p: subprocess.Popen[bytes]) -> int:
 async def test_a_rollout_from_v1_to_v2_as_the_guide_does_it(world: World) -> None:
     w = world
     async with pods(w) as procs:
-        pod(w, procs, "v1-a", "v1")
-        pod(w, procs, "v1-b", "v1")
+        for name in V1_PODS:
+            pod(w, procs, name, "v1")
         runs = {
             (project, pattern): await w.create(project, pattern)
             for project in (STEADY, ROLLING)
@@ -192,6 +194,10 @@ async def test_a_rollout_from_v1_to_v2_as_the_guide_does_it(world: World) -> Non
         killed = next(name for name, p in procs.items() if p.pid == killed_pid)
         procs[killed].kill()
         procs[killed].wait()
+        # the rolling update's SIGTERM of another v1 pod: it hands back what it holds (an
+        # auto-upgrading run then resumes on v2); one v1 pod stays for the pinned project's runs
+        rolled, last = (name for name in V1_PODS if name != killed)
+        assert await sigterm(procs[rolled]) == 0
         (w.out / "go").touch()
         for project, run_id in slow.items():
             await eventually(lambda r=run_id: _status(w, r, DONE), timeout=60, what=f"the slow run of {project}")
@@ -215,7 +221,6 @@ async def test_a_rollout_from_v1_to_v2_as_the_guide_does_it(world: World) -> Non
         steady = await w.builds(STEADY)
         v1 = steady["v1"]
         assert (v1.queued, v1.held, v1.leased, v1.parked) == (0, 0, 0, 0) and v1.draining
-        last = next(name for name in ("v1-a", "v1-b") if name != killed)
         assert await sigterm(procs[last]) == 0
         assert await sigterm(procs["v2-a"]) == 0
 

@@ -231,7 +231,11 @@ audited AS (
                UNION ALL
                SELECT ROW(project_id, run_id, :actor, 'CLAIMED', from_status, 'RUNNING', NULL,
                           jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id,
-                                             'lease_until', lease_until))::awooop_history_row
+                                             'lease_until', lease_until)
+                          -- the build of this attempt (the first CLAIMED row's: the build that first ran it)
+                          || CASE WHEN :build_id::text IS NOT NULL
+                                  THEN jsonb_build_object('build_id', :build_id::text) ELSE '{}' END
+                          )::awooop_history_row
                  FROM claimed)) AS recorded
 ),
 recorded AS (

@@ -257,27 +257,27 @@ export class RunContext {
    * A journaling call of the handler, checked against the journal a resumed attempt found
    * (replay.ts). Throws Nondeterminism (and remembers it) when the code does not replay it.
    */
-  private async reach(stepId: string, kind: number, toolId = "", params?: Record<string, unknown>): Promise<void> {
+  private async reach(
+    stepId: string,
+    kind: number,
+    toolId = "",
+    params?: Record<string, unknown>,
+    ordered = true,
+  ): Promise<void> {
     if (this.journalTooLarge || (this.journal !== undefined && this.replay === undefined)) return;
     await this.known(stepId); // reads the journal once
     if (this.replay === undefined) return; // too large to read whole: not checked
     try {
-      this.replay.reach(stepId, kind, toolId, params);
+      this.replay.reach(stepId, kind, toolId, params, ordered);
     } catch (err) {
       if (err instanceof Nondeterminism) this.nondeterminism = err;
       throw err;
     }
   }
 
-  /** Before the run completes: a resumed attempt must have reached the journal's replayed prefix. */
+  /** Before the run completes: throws the Nondeterminism found earlier, if any (a handler that caught it must not complete the run). */
   checkReplayed(): void {
     if (this.nondeterminism !== undefined) throw this.nondeterminism;
-    try {
-      this.replay?.finish();
-    } catch (err) {
-      if (err instanceof Nondeterminism) this.nondeterminism = err;
-      throw err;
-    }
   }
 
   // --- journaled steps ---
@@ -685,7 +685,7 @@ export class RunContext {
       lookback: 0,
     },
   ): Promise<WaitToken> {
-    await this.reach(stepId, StepType.STEP_TYPE_CALLBACK);
+    await this.reach(stepId, StepType.STEP_TYPE_CALLBACK, "", undefined, false);
     const resp = await this.client.call(this.client.scheduler, "createWait", {
       lease: this.lease,
       stepId,
@@ -720,7 +720,7 @@ export class RunContext {
   /** [completed, result] of the wait; parks the run (throwing RunParked) while it is open. */
   private async waitOutcome(token: WaitToken): Promise<[boolean, Json]> {
     const stepId = `${token.stepId}:outcome`;
-    await this.reach(stepId, StepType.STEP_TYPE_CALLBACK);
+    await this.reach(stepId, StepType.STEP_TYPE_CALLBACK, "", undefined, false);
     const known = await this.known(stepId);
     if (known?.status === StepStatus.STEP_STATUS_COMPLETED) {
       this.actions[stepId] = "skip";
@@ -759,7 +759,7 @@ export class RunContext {
   async startChild(input: Json = {}, options: Omit<Child, "input"> = {}): Promise<ChildHandle> {
     this.live("startChild");
     const stepId = this.waitStepId("child", options.stepId);
-    await this.reach(stepId, StepType.STEP_TYPE_CALLBACK);
+    await this.reach(stepId, StepType.STEP_TYPE_CALLBACK, "", undefined, false);
     const spec = childSpec({ ...options, input }, stepId);
     // the child's trace hangs under this span (StartChildRuns stores the call's context with it)
     const resp = await this.traced("awooop.worker.start_child", { "awooop.step_id": stepId }, () =>
@@ -805,7 +805,7 @@ export class RunContext {
   ): Promise<ChildOutcome[]> {
     this.live("runChildren");
     const waitStepId = this.waitStepId("children", options.stepId);
-    await this.reach(waitStepId, StepType.STEP_TYPE_CALLBACK);
+    await this.reach(waitStepId, StepType.STEP_TYPE_CALLBACK, "", undefined, false);
     const specs = children.map((c) => childSpec(c, this.waitStepId("child", c.stepId)));
     const attributes = { "awooop.step_id": waitStepId, "awooop.children": specs.length };
     return this.traced("awooop.worker.run_children", attributes, () =>

@@ -123,7 +123,7 @@ async def read_outcome(ctx: RunScope, c: scheduler_pb2.ChildRun) -> ChildOutcome
 
 
 async def start(ctx: RunScope, child: Child, step_id: str) -> ChildHandle:
-    await ctx._reach(step_id, common_pb2.STEP_TYPE_CALLBACK)
+    await ctx._reach(step_id, common_pb2.STEP_TYPE_CALLBACK, ordered=False)
     spec = _spec(child, step_id)
     resp = await ctx.client.call(
         ctx.client.scheduler.StartChildRuns, scheduler_pb2.StartChildRunsRequest(lease=ctx.lease, children=[spec])
@@ -138,7 +138,7 @@ async def start(ctx: RunScope, child: Child, step_id: str) -> ChildHandle:
 async def run(
     ctx: RunScope, children: Sequence[tuple[Child, str]], wait_step_id: str, fail_fast: bool, timeout: float | None
 ) -> list[ChildOutcome]:
-    await ctx._reach(wait_step_id, common_pb2.STEP_TYPE_CALLBACK)
+    await ctx._reach(wait_step_id, common_pb2.STEP_TYPE_CALLBACK, ordered=False)
     return await _run(ctx, [_spec(c, s) for c, s in children], wait_step_id, fail_fast, timeout, journal=True)
 
 

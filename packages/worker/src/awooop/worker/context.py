@@ -161,31 +161,34 @@ class RunContext:
         if self.nondeterminism is not None:  # the handler caught it and went on: it is still true
             raise self.nondeterminism
 
-    async def _reach(self, step_id: str, kind: int, tool_id: str = "", params: Mapping[str, Any] | None = None) -> None:
+    async def _reach(
+        self,
+        step_id: str,
+        kind: int,
+        tool_id: str = "",
+        params: Mapping[str, Any] | None = None,
+        *,
+        ordered: bool = True,
+    ) -> None:
         """A journaling call of the handler, checked against the journal a resumed attempt found
-        (replay.py). Raises Nondeterminism (and remembers it) when the code does not replay it."""
+        (replay.py; ordered False: the SDK's own entry of a wait or a fan-in). Raises
+        Nondeterminism (and remembers it) when the code does not replay it."""
         if self._journal_too_large or (self._journal is not None and self._replay is None):
             return  # a first attempt (its journal is empty), or a journal too large to read whole
         await self._known(step_id)  # reads the journal once
         if self._replay is None:
             return  # too large to read whole: not checked (logged once)
         try:
-            self._replay.reach(step_id, kind, tool_id, params)
+            self._replay.reach(step_id, kind, tool_id, params, ordered=ordered)
         except Nondeterminism as exc:
             self.nondeterminism = exc
             raise
 
     def check_replayed(self) -> None:
-        """Before the run completes: a resumed attempt must have reached every step of the
-        journal's replayed prefix. Raises (and remembers) Nondeterminism otherwise."""
+        """Before the run completes: raises the Nondeterminism found earlier, if any (a handler
+        that caught it must not complete the run)."""
         if self.nondeterminism is not None:
             raise self.nondeterminism
-        if self._replay is not None:
-            try:
-                self._replay.finish()
-            except Nondeterminism as exc:
-                self.nondeterminism = exc
-                raise
 
     # --- journaled steps ---
 

@@ -2,26 +2,33 @@
 
 A run that resumes (after an approval, a wait, a crash) runs the code deployed now, from the top,
 and skips what the journal holds as completed. When that code is not the code that wrote the
-journal (a deploy reordered, renamed, added or removed steps, or changed what a step is called
-with), skipping by step id would silently skip the wrong work or repeat done work. So each
-journaling call of a resumed attempt is checked against the journal as the attempt found it:
+journal (a deploy reordered, renamed or inserted steps, or changed what a step is called with),
+skipping by step id would silently skip the wrong work or repeat done work. So each journaling
+call of a resumed attempt is checked against the journal as the attempt found it:
 
 - a step id the journal holds must be called as the same kind of step, with the same tool, and,
   when the journal holds it completed, with the same parameters (their JSON, as journaled);
-- the journal's completed steps, in journal order up to the first step an earlier attempt did
-  not complete, are the prefix the code must replay in that order: a call of a later or a new
-  step while one of them has not been reached, or a completion that never reached one, is a
-  change of code. Past that first unfinished step the earlier attempt may have taken an error's
-  path (a step failed, the handler caught it), so steps journaled after it need not come again.
+- the steps the handler calls itself (ctx.step, approvals) must come in journal order: one
+  journaled before a step already reached is a reorder;
+- new work must not come before journaled work: a step the journal does not hold, called before
+  a step an earlier attempt completed later, is an insertion; and a new step called exactly as a
+  completed step the replay has not reached (same kind, tool and parameters, another id) is that
+  step renamed, which would do its work twice (tool calls: the steps with side effects).
+
+A journaled step the new code does not call again is not by itself a change: handlers skip steps
+on a replay for reasons of their own (a wait's callback URL is handed out only by the attempt that
+created the wait). The SDK's own entries (a durable wait's creation and outcome, a fan-in of child
+runs) are checked by kind only: they are journaled around the calls that make them, and one made
+inside a step is not made again when that step is skipped.
 
 A mismatch raises Nondeterminism; the worker then holds the run (HoldRun) instead of failing it:
 an operator decides (UnholdRun after deploying code that replays it, or CancelRun to end and
 compensate it). docs/worker-sdk.md, "Replay and deploys".
 
 Patches (ctx.patched) are journaled as markers (PATCH_PREFIX): answers, not steps, so they are
-left out of the check. A patch asked for the first time while the journal holds steps this
-attempt has not reached yet was passed by an earlier attempt, under code without it (code with it
-would have journaled its answer there): its answer is False.
+left out. A patch asked for the first time while the journal holds entries this attempt has not
+reached was passed by an earlier attempt, under code without it (code with it would have journaled
+its answer there): its answer is False.
 """
 
 from __future__ import annotations
@@ -73,59 +80,89 @@ class ReplayCheck:
         self.run_id = run_id
         ordered = sorted((s for s in steps if not s.step_id.startswith(PATCH_PREFIX)), key=lambda s: s.seq)
         self._steps = {s.step_id: s for s in ordered}
-        self._prefix: list[common_pb2.SagaStep] = []
-        for s in ordered:
-            if s.status != common_pb2.STEP_STATUS_COMPLETED:
-                break
-            self._prefix.append(s)
         self._reached: set[str] = set()
+        self._last: common_pb2.SagaStep | None = None  # the latest journaled step the handler reached
+        self._new: str | None = None  # a step the journal does not hold, called since then
 
-    def reach(self, step_id: str, kind: int, tool_id: str = "", params: Mapping[str, Any] | None = None) -> None:
+    def reach(
+        self,
+        step_id: str,
+        kind: int,
+        tool_id: str = "",
+        params: Mapping[str, Any] | None = None,
+        *,
+        ordered: bool = True,
+    ) -> None:
         """The handler journals step_id (kind, tool, parameters; None: a step without parameters
-        of its own, an approval or a wait). Raises Nondeterminism when the journal disagrees."""
+        of its own, an approval or a wait). ordered: a step the handler calls itself (not the
+        SDK's entry of a wait or a fan-in). Raises Nondeterminism when the journal disagrees."""
         known = self._steps.get(step_id)
         if known is not None:
-            if (known.step_type, known.tool_id) != (kind, tool_id):
-                raise Nondeterminism(
-                    self.run_id,
-                    step_id,
-                    f"journaled (step {known.seq}) as {_call(known.step_type, known.tool_id)},"
-                    f" called now as {_call(kind, tool_id)}",
-                )
-            completed = known.status == common_pb2.STEP_STATUS_COMPLETED
-            if completed and params is not None and _normal(params) != from_struct(known.tool_params):
-                raise Nondeterminism(
-                    self.run_id,
-                    step_id,
-                    f"journaled (step {known.seq}, completed) with other parameters than it is called with now",
-                )
-        if step_id in self._reached:
-            return
-        before = [s for s in self._prefix if s.step_id not in self._reached and (known is None or s.seq < known.seq)]
-        if before:
-            first = before[0]
-            where = "a step the journal does not hold" if known is None else f"journaled as step {known.seq}"
+            self._same_call(known, step_id, kind, tool_id, params)
+        if ordered and step_id not in self._reached:
+            if known is None:
+                self._renamed(step_id, kind, tool_id, params)
+                self._new = self._new or step_id
+            else:
+                self._in_order(known)
+                self._last, self._new = known, None
+        self._reached.add(step_id)
+
+    def _same_call(
+        self, known: common_pb2.SagaStep, step_id: str, kind: int, tool_id: str, params: Mapping[str, Any] | None
+    ) -> None:
+        if (known.step_type, known.tool_id) != (kind, tool_id):
             raise Nondeterminism(
                 self.run_id,
                 step_id,
-                f"called ({where}) before step {first.seq}, {first.step_id!r}, which an earlier attempt"
-                " completed before it and this code has not reached",
+                f"journaled (step {known.seq}) as {_call(known.step_type, known.tool_id)},"
+                f" called now as {_call(kind, tool_id)}",
             )
-        self._reached.add(step_id)
-
-    def at_frontier(self) -> bool:
-        """Every journaled step was reached: no earlier attempt went further than this point (a
-        patch asked here, and never answered before, takes the new path)."""
-        return all(step_id in self._reached for step_id in self._steps)
-
-    def finish(self) -> None:
-        """The handler completes the run: every step of the replayed prefix must have been reached."""
-        missing = [s for s in self._prefix if s.step_id not in self._reached]
-        if missing:
-            first = missing[0]
+        completed = known.status == common_pb2.STEP_STATUS_COMPLETED
+        if completed and params is not None and _normal(params) != from_struct(known.tool_params):
             raise Nondeterminism(
                 self.run_id,
-                first.step_id,
-                f"step {first.seq}, which an earlier attempt completed, was never reached: the code completes"
-                f" the run without it ({len(missing)} journaled step(s) not reached)",
+                step_id,
+                f"journaled (step {known.seq}, completed) with other parameters than it is called with now",
             )
+
+    def _in_order(self, known: common_pb2.SagaStep) -> None:
+        last = self._last
+        if last is not None and known.seq < last.seq:
+            raise Nondeterminism(
+                self.run_id,
+                known.step_id,
+                f"journaled as step {known.seq}, before step {last.seq} ('{last.step_id}'), but called after it",
+            )
+        if self._new is not None and known.status == common_pb2.STEP_STATUS_COMPLETED:
+            raise Nondeterminism(
+                self.run_id,
+                self._new,
+                f"a step the journal does not hold, called before step {known.seq} ('{known.step_id}'),"
+                " which an earlier attempt completed without it",
+            )
+
+    def _renamed(self, step_id: str, kind: int, tool_id: str, params: Mapping[str, Any] | None) -> None:
+        """Only tool calls: the steps whose repeat is a side effect done twice."""
+        if kind != common_pb2.STEP_TYPE_TOOL_CALL:
+            return
+        call = _normal(params or {})
+        for s in self._steps.values():
+            if (
+                s.step_id not in self._reached
+                and s.status == common_pb2.STEP_STATUS_COMPLETED
+                and (s.step_type, s.tool_id) == (kind, tool_id)
+                and from_struct(s.tool_params) == call
+                and (self._last is None or s.seq > self._last.seq)
+            ):
+                raise Nondeterminism(
+                    self.run_id,
+                    step_id,
+                    f"not in the journal, but called as step {s.seq} ('{s.step_id}') was, which an earlier"
+                    " attempt completed and this code has not reached: a renamed step would do its work twice",
+                )
+
+    def at_frontier(self) -> bool:
+        """Every journaled entry was reached: no earlier attempt went further than this point (a
+        patch asked here, and never answered before, takes the new path)."""
+        return all(step_id in self._reached for step_id in self._steps)

@@ -46,7 +46,13 @@ class RunScope(Protocol):
     async def _known(self, step_id: str) -> common_pb2.SagaStep | None: ...
 
     async def _reach(
-        self, step_id: str, kind: int, tool_id: str = "", params: Mapping[str, Any] | None = None
+        self,
+        step_id: str,
+        kind: int,
+        tool_id: str = "",
+        params: Mapping[str, Any] | None = None,
+        *,
+        ordered: bool = True,
     ) -> None: ...
 
     async def _record(self, request: saga_pb2.RecordStepRequest) -> saga_pb2.RecordStepResponse | None: ...

@@ -100,7 +100,7 @@ async def create(
     channel: common_pb2.ChannelType.ValueType = common_pb2.CHANNEL_TYPE_API,
     lookback: float = 0.0,
 ) -> WaitToken:
-    await ctx._reach(step_id, common_pb2.STEP_TYPE_CALLBACK)
+    await ctx._reach(step_id, common_pb2.STEP_TYPE_CALLBACK, ordered=False)
     request = scheduler_pb2.CreateWaitRequest(lease=ctx.lease, step_id=step_id, kind=kind, timeout=_duration(timeout))
     if kind == scheduler_pb2.WAIT_KIND_EVENT:
         request.match_channel = channel
@@ -134,7 +134,7 @@ _KIND_NAMES = {
 async def outcome(ctx: RunScope, token: WaitToken) -> tuple[bool, dict[str, Any]]:
     """(completed, result) of the wait; parks the run (raising RunParked) while it is open."""
     step_id = f"{token.step_id}:outcome"
-    await ctx._reach(step_id, common_pb2.STEP_TYPE_CALLBACK)
+    await ctx._reach(step_id, common_pb2.STEP_TYPE_CALLBACK, ordered=False)
     known = await ctx._known(step_id)
     if known is not None and known.status == common_pb2.STEP_STATUS_COMPLETED:
         ctx.actions[step_id] = "skip"
