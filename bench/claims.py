@@ -233,7 +233,7 @@ async def raw_workers(
                 actor="service:bench-raw",
                 principal=None,
                 worker_id=worker_id,
-                build_id=None,
+                build_id="",
                 claim_id=None,
                 projects=[project],
                 lease_secs=30.0,

@@ -118,7 +118,7 @@ def _claim_args(st: sql.Statement, arg: Any) -> tuple[Any, ...]:
         lease_secs=60.0,
         worker_id="bench-w",
         actor="bench",
-        build_id=None,
+        build_id="",
         **claim_answers.NO_KEY,
         **claiming.NO_COMPLETIONS,
     )

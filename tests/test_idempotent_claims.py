@@ -298,7 +298,7 @@ async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_an
             lease_secs=LEASE,
             worker_id="w1",
             actor="test",
-            build_id=None,
+            build_id="",
             **key.params(),
             **claiming.NO_COMPLETIONS,
         )

@@ -179,6 +179,7 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
         "outputs": "ARRAY['{}', '{}', '{}']",
         "allowed": "'{RUNNING}'",
         "worker_projects": "NULL",
+        "build_id": "''",
     }
     no_completions = {**literals, "run_ids": "'{}'", "attempts": "'{}'", "outputs": "'{}'"}
     st = claiming.claim_statement(1, 10)
@@ -210,7 +211,9 @@ async def test_the_multi_project_claim_settles_on_its_generic_plan(s: Sched) -> 
     await s.db.execute("VACUUM ANALYZE awooop_run_state")
     st = claiming.claim_statement(2, 10)
     sql = st.sql
-    for projects in [["q", "big"]] * 6 + [["q", "small"]] * 6:
+    # builds as the scheduler passes them: "" for a worker that declares none (NULL would be folded
+    # into a custom plan costed below the generic one: planned on every call), or its build
+    for i, projects in enumerate([["q", "big"]] * 6 + [["q", "small"]] * 6):
         tr = s.db.transaction()
         await tr.start()
         args = st.args(
@@ -218,7 +221,7 @@ async def test_the_multi_project_claim_settles_on_its_generic_plan(s: Sched) -> 
             lease_secs=60.0,
             worker_id="w1",
             actor="test",
-            build_id=None,
+            build_id=("", "v1")[i % 2],
             **claim_answers.NO_KEY,
             **claiming.NO_COMPLETIONS,
         )
@@ -227,7 +230,7 @@ async def test_the_multi_project_claim_settles_on_its_generic_plan(s: Sched) -> 
     plans = await s.db.fetchrow(
         "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1", sql
     )
-    assert plans is not None and plans["generic_plans"] > 0, plans
+    assert plans is not None and plans["generic_plans"] > plans["custom_plans"], plans
 
 
 # --- the reaper -------------------------------------------------------------------------------------

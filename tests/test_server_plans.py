@@ -41,7 +41,7 @@ def _claim_args(project: str, worker_id: str) -> tuple[object, ...]:
         lease_secs=30.0,
         worker_id=worker_id,
         actor="test",
-        build_id=None,
+        build_id="",
         **claim_answers.NO_KEY,
         **claiming.NO_COMPLETIONS,
     )

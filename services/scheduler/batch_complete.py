@@ -36,7 +36,7 @@ NO_CLAIM: dict[str, Any] = {
     "projects": [],
     "lease_secs": None,
     "worker_id": None,
-    "build_id": None,
+    "build_id": "",
     **claim_answers.NO_KEY,
 }
 
@@ -92,7 +92,7 @@ async def complete_and_claim(
                     projects=projects,
                     lease_secs=lease_ttl,
                     worker_id=worker_id,
-                    build_id=build_id,
+                    build_id=build_id or "",
                     **keyed,
                 )
             )

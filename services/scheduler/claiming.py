@@ -101,7 +101,7 @@ async def claim_once(
                 lease_secs=lease_ttl,
                 worker_id=worker_id,
                 actor=actor,
-                build_id=build_id,
+                build_id=build_id or "",
                 **keyed,
                 **NO_COMPLETIONS,
             )

@@ -84,8 +84,9 @@
 -- backlog in one project never holds back another's runs. Rows locked by the scans but not kept
 -- are released when the statement's transaction ends.
 --
--- Versions (migration 0390; docs/versioning.md): :build_id is the claiming worker's build (NULL:
--- it declared none). A run whose journal holds steps (written by its build's code) goes only to
+-- Versions (migration 0390; docs/versioning.md): :build_id is the claiming worker's build ('': it
+-- declared none; not NULL, which a custom plan would fold into the conditions below and, costed
+-- lower than the generic plan, make Postgres plan the claim on every call). A run whose journal holds steps (written by its build's code) goes only to
 -- its own build while it is pinned, and only to the project's newest build that is not draining
 -- (the latest first seen: `newest`; none registered: its own) when it auto-upgrades (its own
 -- auto_upgrade, else its project's versioning). A run with no build yet, or with an empty
@@ -214,7 +215,7 @@ claimed AS (
            wait_reason = NULL,
            wait_key = NULL,
            updated_at = now(),
-           build_id = COALESCE(:build_id::text, r.build_id)
+           build_id = COALESCE(NULLIF(:build_id::text, ''), r.build_id)
       FROM go p
      WHERE r.run_id = ANY(ARRAY(SELECT run_id FROM go))
        AND r.run_id = p.run_id
@@ -233,7 +234,7 @@ audited AS (
                           jsonb_build_object('attempt', attempt_count, 'worker_id', worker_id,
                                              'lease_until', lease_until)
                           -- the build of this attempt (the first CLAIMED row's: the build that first ran it)
-                          || CASE WHEN :build_id::text IS NOT NULL
+                          || CASE WHEN :build_id::text <> ''
                                   THEN jsonb_build_object('build_id', :build_id::text) ELSE '{}' END
                           )::awooop_history_row
                  FROM claimed)) AS recorded

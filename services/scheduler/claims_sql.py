@@ -341,8 +341,10 @@ async def claim_runs(
     backlog in one project never holds back another's runs. Rows locked by the scans but not kept
     are released when the statement's transaction ends.
 
-    Versions (migration 0390; docs/versioning.md): :build_id is the claiming worker's build (NULL:
-    it declared none). A run whose journal holds steps (written by its build's code) goes only to
+    Versions (migration 0390; docs/versioning.md): :build_id is the claiming worker's build ('': it
+    declared none; not NULL, which a custom plan would fold into the conditions below and, costed
+    lower than the generic plan, make Postgres plan the claim on every call). A run whose journal holds steps
+    (written by its build's code) goes only to
     its own build while it is pinned, and only to the project's newest build that is not draining
     (the latest first seen: `newest`; none registered: its own) when it auto-upgrades (its own
     auto_upgrade, else its project's versioning). A run with no build yet, or with an empty
