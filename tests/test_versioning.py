@@ -182,6 +182,13 @@ async def test_pinned_runs_wait_for_their_build_and_auto_upgrading_ones_resume_o
         return pin["v1"].waiting_for_build == 1 and auto_builds["v1"].waiting_for_build == 1
 
     await eventually(waiting_for_v1, timeout=30, what="v1 not live: its runs counted as waiting for it")
+    got = await env.admin.call(env.admin.scheduler.GetRun, scheduler_pb2.GetRunRequest(run_id=pinned))
+    assert got.waiting_for_build
+    shown = await env.cli("runs", "show", pinned)
+    assert "pinned to build v1, which no live worker runs: it waits for one" in shown.stdout, shown.stdout
+    history = await env.admin.call(env.admin.scheduler.GetRunHistory, scheduler_pb2.GetRunHistoryRequest(run_id=pinned))
+    claimed = [e for e in history.events if e.action == "CLAIMED"]
+    assert claimed and all(e.details["build_id"] == "v1" for e in claimed)
     pin = await env.builds(PIN)
     assert not pin["v1"].live and pin["v2"].live and pin["v2"].newest and not pin["v1"].newest
     assert pin["v1"].queued == 1 and pin["v2"].queued == 0
