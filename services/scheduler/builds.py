@@ -10,12 +10,11 @@ from collections.abc import Sequence
 
 import asyncpg
 
-from services.common import errors
-from services.common.access import check_run_access, projects_with, require_role
+from services.common.access import projects_with, require_role
 from services.common.auth import Principal
-from services.common.runstate import TRANSITIONS, Action
-from services.scheduler import builds_sql, metrics
-from services.scheduler.transitions import Changed
+from services.common.runstate import Action
+from services.scheduler import builds_sql
+from services.scheduler.transitions import Changed, operator_change
 
 # a project keeps at most this many builds (BuildSeen): past it a new build is not registered
 MAX_BUILDS = 1000
@@ -85,10 +84,4 @@ async def set_run_build(pool: asyncpg.Pool, principal: Principal, run_id: str, b
         actor=principal.actor,
         reason=reason,
     )
-    if row is None:
-        raise errors.not_found("run", run_id)
-    if row["run_id"] is None:
-        check_run_access(principal, row["cur_project"], SET_BUILD_ROLES, run_id)
-        raise errors.invalid_transition(run_id, row["cur_status"], TRANSITIONS[Action.SET_BUILD].describe)
-    metrics.TRANSITIONS.labels(row["status"]).inc()
-    return Changed(row, None)
+    return operator_change(row, principal, SET_BUILD_ROLES, run_id, Action.SET_BUILD)

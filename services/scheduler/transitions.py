@@ -227,11 +227,21 @@ async def unhold(
         actor=principal.actor,
         reason=reason,
     )
+    # PENDING but not held is refused too: "cannot unhold run X in status PENDING"
+    return operator_change(row, principal, UNHOLD_ROLES, run_id, Action.UNHOLD)
+
+
+def operator_change(
+    row: Row | None, principal: Principal, roles: tuple[str, ...], run_id: str, action: Action
+) -> Changed:
+    """The answer of an operator's change of a run that leaves its status (UnholdRun, SetRunBuild):
+    its row when it changed, else NOT_FOUND, PERMISSION_DENIED or INVALID_TRANSITION from the
+    locked row (cur_*). Such a change has no repeat to recognise: once made, the run no longer
+    qualifies, and a repeat is refused like any other run that does not."""
     if row is None:
         raise errors.not_found("run", run_id)
     if row["run_id"] is None:
-        check_run_access(principal, row["cur_project"], UNHOLD_ROLES, run_id)
-        # PENDING but not held included: "cannot unhold run X in status PENDING"
-        raise errors.invalid_transition(run_id, row["cur_status"], TRANSITIONS[Action.UNHOLD].describe)
+        check_run_access(principal, row["cur_project"], roles, run_id)
+        raise errors.invalid_transition(run_id, row["cur_status"], TRANSITIONS[action].describe)
     metrics.TRANSITIONS.labels(row["status"]).inc()
     return Changed(row, None)
