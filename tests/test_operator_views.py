@@ -37,8 +37,9 @@ def _cli_cmd(env: ConsoleEnv, *args: str) -> tuple[list[str], dict[str, str]]:
     """`python -m awooop.cli ARGS` with every service's address as a flag and the admin key."""
     group = args[0]
     flags: list[str] = []
-    wanted = {"runs": ("scheduler", "saga"), "flow": ("scheduler",), "channels": ("ingest",)}.get(group, ())
-    for service in wanted:
+    scheduler = ("scheduler",)
+    by_group = {"runs": ("scheduler", "saga"), "flow": scheduler, "builds": scheduler, "channels": ("ingest",)}
+    for service in by_group.get(group, ()):
         flags += [f"--{service}", env.addr(service)]
     cmd = [sys.executable, "-m", "awooop.cli", *args, *flags]
     clean = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
@@ -244,7 +245,11 @@ async def test_every_json_command_prints_one_object_with_lists_under_a_named_key
     parked_a, _ = await env.parked_on_wait()
     parked_b, _ = await env.parked_on_wait()
     failed = await env.failed_compensation()
+    held = await env.create()  # a run its worker held (its code did not replay its journal)
+    hold = scheduler_pb2.HoldRunRequest(lease=await env.claim(held), reason="replay differs")
+    await env.worker.call(env.worker.scheduler.HoldRun, hold)
     queued = await env.create()  # last: the helpers above claim the oldest claimable run
+    moved = await env.create()
     dsn = env.rt.ctx.settings.database_url if env.rt.ctx else ""
     lists = {
         ("runs", "list"): ("runs", "next_page_token"),
@@ -254,6 +259,8 @@ async def test_every_json_command_prints_one_object_with_lists_under_a_named_key
         ("admin", "list"): ("principals",),
         ("admin", "list-keys"): ("keys",),
         ("config",): ("settings",),
+        ("builds", "list"): ("builds",),
+        ("builds", "patches"): ("patches",),
     }
     commands: dict[tuple[str, ...], list[str]] = {
         ("runs", "list"): ["--project", PROJECT],
@@ -261,6 +268,12 @@ async def test_every_json_command_prints_one_object_with_lists_under_a_named_key
         ("runs", "approve"): [approve_id, "--token", approve_token],
         ("runs", "reject"): [reject_id, "--token", reject_token],
         ("runs", "cancel"): [queued],
+        ("runs", "unhold"): [held, "--build", "v2"],
+        ("runs", "move"): [moved, "--build", "v2"],
+        ("builds", "drain"): ["--project", PROJECT, "v1"],
+        ("builds", "undrain"): ["--project", PROJECT, "v1"],
+        ("builds", "list"): ["--project", PROJECT],
+        ("builds", "patches"): ["--project", PROJECT],
         ("runs", "waits", "list"): [parked_a],
         ("runs", "waits", "complete"): [parked_a, "--result", '{"ok": true}'],
         ("runs", "waits", "expire"): [parked_b],

@@ -144,10 +144,12 @@ async def claim_runs(
     key: ClaimKey | None = None,
     build_id: str | None = None,
 ) -> Claim:
-    """Claims up to max_runs; waits up to `wait` seconds for work. Answers no runs when the
-    wait ends empty (or the service is stopping, or gone() says the call is over: its deadline
-    passed). Cancelled (the call ended), it stops waiting at once and claims nothing. With a
-    claim key whose answer is recorded, that answer, at once (even with no runs left in it)."""
+    """Claims up to max_runs (for a worker of build_id); waits up to `wait` seconds for work.
+    Answers no runs when the wait ends empty (or the service is stopping, or gone() says the call
+    is over: its deadline passed). Cancelled (the call ended), it stops waiting at once and claims
+    nothing. With a claim key whose answer is recorded, that answer, at once (even with no runs
+    left in it). Long because the wake-ups it owes other waiters are settled on every way out of
+    one loop, which reads best whole."""
     deadline = time.monotonic() + wait
     # What this call knows that other waiters may not (a notification wakes one waiter, and
     # only the woken one looks for the earliest retry backoff): it was woken and has not claimed

@@ -59,8 +59,8 @@ def _state(b: scheduler_pb2.Build) -> str:
 
 async def cmd_list(args: argparse.Namespace, client: Client) -> int:
     resp = await client.call(client.scheduler.ListBuilds, scheduler_pb2.ListBuildsRequest(project_id=args.project))
-    if args.json:
-        print_json(to_json(resp))
+    if args.json:  # the list under its key even when empty (docs/cli.md)
+        print_json({"builds": [to_json(b) for b in resp.builds]})
         return 0
     if not resp.builds:
         print(f"no builds in project {args.project} (workers that declare none are not listed)")
@@ -107,7 +107,7 @@ async def cmd_drain(args: argparse.Namespace, client: Client) -> int:
 async def cmd_patches(args: argparse.Namespace, client: Client) -> int:
     resp = await client.call(client.scheduler.ListPatches, scheduler_pb2.ListPatchesRequest(project_id=args.project))
     if args.json:
-        print_json(to_json(resp))
+        print_json({"patches": [to_json(p) for p in resp.patches]})
         return 0
     if not resp.patches:
         print(f"no unfinished run of project {args.project} met a patch")

@@ -116,6 +116,13 @@ def register(sub: Any) -> None:
     p.add_argument("--reason", default="", help="why (audit log)")
     p.set_defaults(func=run_command(cmd_cancel))
 
+    _register_builds(r)
+    _register_waits(r)
+    _register_compensation(r)
+
+
+def _register_builds(r: Any) -> None:
+    """The runs' worker builds (docs/versioning.md): unhold a held run, move a run to another build."""
     p = _leaf(r, "unhold", "let a held run be claimed again (after deploying code that replays its journal)")
     p.add_argument("run_id")
     p.add_argument("--build", default="", help="and put it on this worker build")
@@ -127,9 +134,6 @@ def register(sub: Any) -> None:
     p.add_argument("--build", required=True, help="the build it is to resume on")
     p.add_argument("--reason", default="", help="why (audit log)")
     p.set_defaults(func=run_command(cmd_move))
-
-    _register_waits(r)
-    _register_compensation(r)
 
 
 def _register_waits(r: Any) -> None:

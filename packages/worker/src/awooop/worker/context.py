@@ -231,11 +231,7 @@ class RunContext:
     ) -> Json:
         """step without its span."""
         self._live(f"step {step_id}")
-        if step_id.startswith(PATCH_PREFIX):
-            raise ValueError(f"step ids starting with {PATCH_PREFIX!r} are ctx.patched's")
-        kind = step_type or ("tool_call" if tool_id else "callback")
-        if kind not in STEP_TYPES:
-            raise ValueError(f"step_type must be one of {', '.join(STEP_TYPES)}")
+        kind = _step_kind(step_id, step_type, tool_id)
         args = dict(params or {})
         await self._reach(step_id, STEP_TYPES[kind], tool_id or "", args)
         if kind in RECORDED_AFTER and not tool_id and self.client.record_steps and not self._journal_too_large:
@@ -713,6 +709,16 @@ class RunContext:
                 scheduler_pb2.HoldRunRequest(lease=self.lease, reason=reason[:4096], error_code=error_code[:64]),
             )
         return resp.run
+
+
+def _step_kind(step_id: str, step_type: str | None, tool_id: str | None) -> str:
+    """A step's kind (STEP_TYPES' key): step_type, else tool_call with a tool, else callback."""
+    if step_id.startswith(PATCH_PREFIX):
+        raise ValueError(f"step ids starting with {PATCH_PREFIX!r} are ctx.patched's")
+    kind = step_type or ("tool_call" if tool_id else "callback")
+    if kind not in STEP_TYPES:
+        raise ValueError(f"step_type must be one of {', '.join(STEP_TYPES)}")
+    return kind
 
 
 def _as_result(value: Any, step_id: str) -> Json:
