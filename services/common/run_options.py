@@ -112,14 +112,15 @@ def parse(
 def auto_upgrade(v: Violations, field: str, versioning: int) -> bool | None:
     """Versioning as awooop_run_state.auto_upgrade and awooop_project_flow.versioning read it:
     None (UNSPECIFIED: the project's), False (PINNED), True (AUTO_UPGRADE)."""
-    if versioning not in VERSIONING:
-        v.add(field, "must be VERSIONING_UNSPECIFIED, VERSIONING_PINNED or VERSIONING_AUTO_UPGRADE")
-        return None
-    return VERSIONING[versioning]
+    for known, auto in VERSIONING.items():  # (an unknown number is no ValueType: matched, not indexed)
+        if versioning == known:
+            return auto
+    v.add(field, "must be VERSIONING_UNSPECIFIED, VERSIONING_PINNED or VERSIONING_AUTO_UPGRADE")
+    return None
 
 
 # Versioning -> auto-upgrade (None: not set)
-VERSIONING: dict[int, bool | None] = {
+VERSIONING: dict[common_pb2.Versioning.ValueType, bool | None] = {
     common_pb2.VERSIONING_UNSPECIFIED: None,
     common_pb2.VERSIONING_PINNED: False,
     common_pb2.VERSIONING_AUTO_UPGRADE: True,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 from google.protobuf import timestamp_pb2
 
 from awooop.common.v1 import common_pb2
+from services.common import run_options
 from services.common.runstate import RunStatus
 from services.common.sagastate import SagaStatus
 from services.common.validate import to_struct
@@ -84,12 +85,8 @@ def ts(value: dt.datetime | None) -> timestamp_pb2.Timestamp | None:
     return t
 
 
-# awooop_run_state.auto_upgrade -> Run.versioning
-VERSIONING_PB = {
-    None: common_pb2.VERSIONING_UNSPECIFIED,
-    False: common_pb2.VERSIONING_PINNED,
-    True: common_pb2.VERSIONING_AUTO_UPGRADE,
-}
+# awooop_run_state.auto_upgrade -> Run.versioning (run_options.VERSIONING, read the other way)
+VERSIONING_PB = {auto: pb for pb, auto in run_options.VERSIONING.items()}
 
 
 def run_to_pb(row: RunRow) -> common_pb2.Run:

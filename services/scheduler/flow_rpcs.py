@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncpg
 from google.protobuf.duration_pb2 import Duration
 
-from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from services.common import retry_policy, run_options
 from services.common.access import require_member, require_role
 from services.common.auth import current_principal
 from services.common.limits import MAX_CONCURRENCY_KEY, MAX_ERROR_CODE, MAX_TEXT
+from services.common.runs import VERSIONING_PB
 from services.common.settings import Settings
 from services.common.validate import Violations
 from services.scheduler import concurrency, project_flow, redrive
@@ -43,9 +43,7 @@ class FlowRpcs:
             weight=flow.weight,
             effective_retry_policy=retry_policy.to_pb(effective),
             paused=flow.paused,
-            versioning=common_pb2.VERSIONING_AUTO_UPGRADE
-            if flow.versioning == project_flow.AUTO_UPGRADE
-            else common_pb2.VERSIONING_PINNED,
+            versioning=VERSIONING_PB[flow.versioning == project_flow.AUTO_UPGRADE],
         )
 
     async def get_project_flow(
