@@ -357,3 +357,42 @@ async def test_a_patch_keeps_runs_in_flight_on_the_old_path_and_sends_new_runs_d
     assert list(patches.patches) == []  # no unfinished run needs the old path: it may be deleted
     out = await env.cli("builds", "list", "--project", PIN)
     assert out.returncode == 0 and "v2" in out.stdout and "newest" in out.stdout, out.stdout
+
+
+async def test_builds_with_a_paused_project_and_a_full_concurrency_key(env: Env) -> None:
+    """Routing by build beside the other claim rules: in the pinned project two runs share a key
+    limited to 1 (the second waits key_busy until the first leaves its lease at its approval); the
+    auto-upgrading project is paused (nothing of it is claimed) and resumed. Every run goes to v2,
+    the one live build."""
+    await env.admin.call(
+        env.admin.scheduler.SetConcurrencyLimit,
+        scheduler_pb2.SetConcurrencyLimitRequest(project_id=PIN, key="deploy", max_running=1),
+    )
+    await env.admin.call(env.admin.scheduler.PauseProject, scheduler_pb2.PauseProjectRequest(project_id=AUTO))
+    keyed = []
+    for _ in range(2):
+        resp = await env.admin.call(
+            env.admin.ingest.IngestEvent,
+            ingest_pb2.IngestEventRequest(
+                project_id=PIN,
+                channel_type=common_pb2.CHANNEL_TYPE_API,
+                provider_event_id=f"evt-{os.urandom(6).hex()}",
+                payload=to_struct({}),
+                concurrency_keys=["deploy"],
+            ),
+        )
+        keyed.append(resp.outcomes[0].run_id)
+    paused = await env.create(AUTO)
+    v2 = env.worker("v2", concurrency=4)
+    task = await _running(v2)
+    await eventually(lambda: _true(all(r in env.tokens for r in keyed)), timeout=30, what="both keyed runs parked")
+    await _claims_pass(v2)
+    assert (await env.run(paused)).status == common_pb2.RUN_STATUS_PENDING  # paused: not claimed
+    await env.admin.call(env.admin.scheduler.ResumeProject, scheduler_pb2.ResumeProjectRequest(project_id=AUTO))
+    await eventually(lambda: _true(paused in env.tokens), timeout=30, what="the resumed project's run parked")
+    await stop_worker(v2, task)
+    history = await env.admin.call(
+        env.admin.scheduler.GetRunHistory, scheduler_pb2.GetRunHistoryRequest(run_id=keyed[1])
+    )
+    assert [(await env.run(r)).build_id for r in [*keyed, paused]] == ["v2"] * 3
+    assert len([e for e in history.events if e.action == "CLAIMED"]) == 1  # claimed once, after the key freed
