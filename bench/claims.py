@@ -31,6 +31,7 @@ from bench.config import Config
 from bench.loadgen import run_processes, split
 from bench.report import Figure
 from services.common.settings import Settings
+from services.scheduler.workers import NO_ROUTING
 
 PROJECT = "bench"
 
@@ -233,7 +234,7 @@ async def raw_workers(
                 actor="service:bench-raw",
                 principal=None,
                 worker_id=worker_id,
-                build_id="",
+                **NO_ROUTING.params(),
                 claim_id=None,
                 projects=[project],
                 lease_secs=30.0,

@@ -50,6 +50,7 @@ from bench.loadgen import run_processes, split
 from bench.report import Figure
 from services.common import sql
 from services.scheduler import claim_answers, claiming
+from services.scheduler.workers import NO_ROUTING
 
 PROJECT = "bench"
 MAX_BATCH = 1000  # IngestEvents' limit per call
@@ -118,7 +119,7 @@ def _claim_args(st: sql.Statement, arg: Any) -> tuple[Any, ...]:
         lease_secs=60.0,
         worker_id="bench-w",
         actor="bench",
-        build_id="",
+        **NO_ROUTING.params(),
         **claim_answers.NO_KEY,
         **claiming.NO_COMPLETIONS,
     )

@@ -25,6 +25,7 @@ import pytest
 import pytest_asyncio
 
 from services.common import embedded, loops, migrate, principals
+from services.common.db import MAX_CACHED_STATEMENT
 from services.common.runtime import Runtime
 from services.common.settings import Settings
 from tests.harness.databases import admin_connection, with_database
@@ -124,7 +125,8 @@ async def db_dsn(pg_server_dsn: str, template_db: str) -> AsyncIterator[str]:
 @pytest_asyncio.fixture(loop_scope="session")
 async def db(db_dsn: str) -> AsyncIterator[asyncpg.Connection]:
     """A direct connection to this test's database, for arranging and asserting."""
-    conn = await asyncpg.connect(db_dsn)
+    # as the services' pool: the claim statement is too long for asyncpg's default cache limit
+    conn = await asyncpg.connect(db_dsn, max_cacheable_statement_size=MAX_CACHED_STATEMENT)
     yield conn
     await conn.close()
 

@@ -31,6 +31,7 @@ from services.common.settings import Settings
 from services.saga import journal_sql
 from services.scheduler import claim_answers, claiming, claims_sql, leases_sql, run_events_sql
 from services.scheduler.transitions import COMPLETE
+from services.scheduler.workers import NO_ROUTING
 from tests.harness.plans import explain_to_client, logged_plans
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -111,7 +112,8 @@ async def test_claims_and_heartbeats_planned_on_an_empty_table_read_runs_by_inde
 
     def claim_args(run_ids: list[uuid.UUID], attempts: list[int]) -> list[object]:
         return claim.args(
-            projects=["p1"], lease_secs=30.0, worker_id=WORKER, actor="test", build_id="", **claim_answers.NO_KEY,
+            projects=["p1"], lease_secs=30.0, worker_id=WORKER, actor="test", **claim_answers.NO_KEY,
+            **NO_ROUTING.params(),
             run_ids=run_ids, attempts=attempts, outputs=["{}"] * len(run_ids),
             allowed=list(COMPLETE.allowed), worker_projects=None,
         )  # fmt: skip
@@ -199,7 +201,7 @@ async def test_scope_checks_of_a_project_newer_than_its_statistics_read_runs_by_
                 run_id=one, output="{}", attempt=1, allowed=list(COMPLETE.allowed), worker_projects=scope, actor="test"
             )
             claim_completing = claim.args(
-                projects=["nobody"], lease_secs=30.0, worker_id=WORKER, actor="test", build_id="",
+                projects=["nobody"], lease_secs=30.0, worker_id=WORKER, actor="test", **NO_ROUTING.params(),
                 **claim_answers.NO_KEY, run_ids=ten, attempts=[1] * 10, outputs=["{}"] * 10,
                 allowed=list(COMPLETE.allowed), worker_projects=scope,
             )  # fmt: skip
@@ -297,7 +299,7 @@ async def test_a_claim_passes_over_runs_not_due_inside_the_index(db: asyncpg.Con
     await db.execute(NOT_DUE)
     claim = claiming.claim_statement(1, 10)
     args = claim.args(
-        projects=["p1"], lease_secs=30.0, worker_id=WORKER, actor="test", build_id="", **claim_answers.NO_KEY,
+        projects=["p1"], lease_secs=30.0, worker_id=WORKER, actor="test", **NO_ROUTING.params(), **claim_answers.NO_KEY,
         **claiming.NO_COMPLETIONS,
     )  # fmt: skip
     pool = await create_pool(settings.with_(db_pool_max=1, db_pool_min=1))

@@ -23,6 +23,7 @@ from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from services.common import errors
 from services.scheduler import claim_answers
+from services.scheduler.workers import NO_ROUTING
 from tests.harness.helpers import eventually, expect_error, lock_waiters
 from tests.harness.scheduler import Sched, audit_actions, dur, insert_runs, make_sched, run_row
 from tests.harness.wire import HoldingProxy
@@ -298,7 +299,7 @@ async def test_through_its_plan_function_a_racing_retry_still_meets_the_first_an
             lease_secs=LEASE,
             worker_id="w1",
             actor="test",
-            build_id="",
+            **NO_ROUTING.params(),
             **key.params(),
             **claiming.NO_COMPLETIONS,
         )

@@ -180,6 +180,10 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
         "allowed": "'{RUNNING}'",
         "worker_projects": "NULL",
         "build_id": "''",
+        "labels": "'{}'",
+        "prefer_secs": "10.0",
+        "sticky_secs": "30.0",
+        "live_secs": "60.0",
     }
     no_completions = {**literals, "run_ids": "'{}'", "attempts": "'{}'", "outputs": "'{}'"}
     st = claiming.claim_statement(1, 10)
@@ -199,7 +203,7 @@ async def test_the_multi_project_claim_settles_on_its_generic_plan(s: Sched) -> 
     five custom plans Postgres must keep the generic one, not plan the statement on every call.
     Without the projects' count in the text (claims.sql ClaimRuns, {{count}}) it planned
     per call on these statistics: its generic plan costed ten projects' scans."""
-    from services.scheduler import claim_answers, claiming
+    from services.scheduler import claim_answers, claiming, workers
 
     await s.db.execute(
         """INSERT INTO awooop_run_state (project_id, channel_type, provider_event_id, status, not_before, created_at)
@@ -221,7 +225,7 @@ async def test_the_multi_project_claim_settles_on_its_generic_plan(s: Sched) -> 
             lease_secs=60.0,
             worker_id="w1",
             actor="test",
-            build_id=("", "v1")[i % 2],
+            **workers.Routing(build_id=("", "v1")[i % 2], labels_json=("{}", '{"gpu": "a100"}')[i % 2]).params(),
             **claim_answers.NO_KEY,
             **claiming.NO_COMPLETIONS,
         )

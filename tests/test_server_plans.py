@@ -24,6 +24,7 @@ from services.common.db import create_pool
 from services.common.settings import Settings
 from services.scheduler import claim_answers, claiming, leases_sql
 from services.scheduler.batch_complete import COMPLETE_MANY, NO_CLAIM
+from services.scheduler.workers import NO_ROUTING
 from tests.harness.helpers import eventually
 from tests.harness.pgbouncer import PgBouncer, start_pgbouncer
 from tests.harness.scheduler import insert_runs
@@ -41,7 +42,7 @@ def _claim_args(project: str, worker_id: str) -> tuple[object, ...]:
         lease_secs=30.0,
         worker_id=worker_id,
         actor="test",
-        build_id="",
+        **NO_ROUTING.params(),
         **claim_answers.NO_KEY,
         **claiming.NO_COMPLETIONS,
     )

@@ -228,6 +228,9 @@ def _connector(settings: Settings) -> Callable[..., Awaitable[asyncpg.Connection
     return connect
 
 
+MAX_CACHED_STATEMENT = 64 * 1024  # bytes of SQL text a prepared statement may have and stay cached
+
+
 async def create_pool(settings: Settings, dsn: str | None = None) -> asyncpg.Pool:
     """A pool that starts even when the store is down (min_size connections are
     opened lazily on failure) so the service can answer UNAVAILABLE instead of crashing."""
@@ -247,6 +250,9 @@ async def create_pool(settings: Settings, dsn: str | None = None) -> asyncpg.Poo
         # a transaction-mode pooler hands each transaction to any server connection, where
         # named prepared statements of this client do not exist
         statement_cache_size=100 if settings.db_statement_cache else 0,
+        # the claim statement (claims.sql ClaimRuns) is over asyncpg's default 15 KB: uncached, every
+        # claim would be prepared (planned) again
+        max_cacheable_statement_size=MAX_CACHED_STATEMENT,
     )
     pool = await asyncpg.create_pool(**kwargs)
     assert pool is not None

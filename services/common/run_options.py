@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from awooop.common.v1 import common_pb2
-from services.common import retry_policy
+from services.common import labels, retry_policy
 from services.common.limits import MAX_CONCURRENCY_KEY
 from services.common.validate import Violations
 
@@ -38,6 +38,9 @@ class WaitReason(StrEnum):
     # held by its worker (HoldRun: its code does not replay the run's journal; not_before
     # 'infinity') until an operator's UnholdRun or CancelRun
     HELD = "held"
+    # parked by the label sweep: no live worker has the labels it requires (not_before 'infinity'
+    # until one has; services/scheduler/workers.sql)
+    LABELS = "labels"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,10 @@ class RunOptions:
     concurrency_keys: tuple[str, ...] = ()
     # awooop_run_state.auto_upgrade: its own routing across builds (None: its project's)
     auto_upgrade: bool | None = None
+    # the labels a worker must have and those the run prefers, as the store's JSON (None: none;
+    # services/common/labels.py)
+    required_labels_json: str | None = None
+    preferred_labels_json: str | None = None
 
     @property
     def keys_param(self) -> list[str] | None:
@@ -58,6 +65,7 @@ class RunOptions:
 
 
 NO_OPTIONS = RunOptions()
+EMPTY: Mapping[str, str] = {}
 
 
 def timestamp(v: Violations, field: str, value: Timestamp) -> dt.datetime | None:
@@ -80,10 +88,12 @@ def parse(
     concurrency_key: str = "",
     concurrency_keys: Sequence[str] = (),
     versioning: int = 0,
+    required_labels: Mapping[str, str] = EMPTY,
+    preferred_labels: Mapping[str, str] = EMPTY,
 ) -> RunOptions:
     """Validated options; problems go to v under `prefix` (e.g. "events[3].")."""
     unset = not_before is None and not priority and policy is None and not concurrency_key and not concurrency_keys
-    if unset and not versioning:
+    if unset and not versioning and not required_labels and not preferred_labels:
         return NO_OPTIONS  # none set (most requests): nothing to check
     when = None
     if not_before is not None:
@@ -106,6 +116,8 @@ def parse(
         policy_json,
         keys(v, prefix, concurrency_key, concurrency_keys),
         auto_upgrade(v, prefix + "versioning", versioning),
+        labels.to_json(labels.parse(v, prefix + "required_labels", required_labels)),
+        labels.to_json(labels.parse(v, prefix + "preferred_labels", preferred_labels)),
     )
 
 

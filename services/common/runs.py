@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 from google.protobuf import timestamp_pb2
 
 from awooop.common.v1 import common_pb2
-from services.common import run_options
+from services.common import labels, run_options
 from services.common.runstate import RunStatus
 from services.common.sagastate import SagaStatus
 from services.common.validate import to_struct
@@ -117,6 +117,9 @@ def run_to_pb(row: RunRow) -> common_pb2.Run:
         wait_key=(row["wait_key"] or "") if held else "",
         build_id=row["build_id"] or "",
         versioning=VERSIONING_PB[row["auto_upgrade"]],
+        required_labels=labels.from_json(row["required_labels"]),
+        preferred_labels=labels.from_json(row["preferred_labels"]),
+        sticky_worker=row["sticky_worker"] or "",
     )
     run.input.CopyFrom(to_struct(_obj(row["input"])))
     if row["output"] is not None:

@@ -1122,6 +1122,9 @@ CREATE TABLE public.awooop_run_state (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     build_id character varying(128),
     auto_upgrade boolean,
+    required_labels jsonb,
+    preferred_labels jsonb,
+    sticky_worker character varying(128),
     CONSTRAINT awooop_run_state_channel_type_check CHECK (((channel_type)::text = ANY ((ARRAY['telegram'::character varying, 'alertmanager'::character varying, 'gitea'::character varying, 'line'::character varying, 'api'::character varying])::text[]))),
     CONSTRAINT awooop_run_state_child_check CHECK ((((parent_step_id IS NULL) = (child_seq IS NULL)) AND ((parent_run_id IS NULL) OR (parent_step_id IS NOT NULL)))),
     CONSTRAINT awooop_run_state_concurrency_keys_check CHECK (((cardinality(concurrency_keys) >= 1) AND (cardinality(concurrency_keys) <= 8))),
@@ -1265,6 +1268,16 @@ CREATE TABLE public.awooop_wait_token (
     token_hash bytea NOT NULL,
     wait_id uuid NOT NULL,
     issued_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+-- TABLE: awooop_worker
+CREATE TABLE public.awooop_worker (
+    project_id character varying(64) NOT NULL,
+    worker_id character varying(128) NOT NULL,
+    labels jsonb DEFAULT '{}'::jsonb NOT NULL,
+    build_id character varying(128),
+    first_seen_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_seen_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 -- TABLE: awooop_worker_build
@@ -1418,6 +1431,10 @@ ALTER TABLE ONLY public.awooop_wait_token
 ALTER TABLE ONLY public.awooop_worker_build
     ADD CONSTRAINT awooop_worker_build_pkey PRIMARY KEY (project_id, build_id);
 
+-- CONSTRAINT: awooop_worker awooop_worker_pkey
+ALTER TABLE ONLY public.awooop_worker
+    ADD CONSTRAINT awooop_worker_pkey PRIMARY KEY (project_id, worker_id);
+
 -- INDEX: awooop_api_key_principal_idx
 CREATE INDEX awooop_api_key_principal_idx ON public.awooop_api_key USING btree (principal_id);
 
@@ -1479,6 +1496,9 @@ CREATE INDEX awooop_run_event_progress_idx ON public.awooop_run_event USING btre
 
 -- INDEX: awooop_run_finished_idx
 CREATE INDEX awooop_run_finished_idx ON public.awooop_run_state USING btree (updated_at) WHERE ((status)::text = ANY ((ARRAY['COMPLETED'::character varying, 'FAILED'::character varying, 'CANCELLED'::character varying])::text[]));
+
+-- INDEX: awooop_run_labeled_idx
+CREATE INDEX awooop_run_labeled_idx ON public.awooop_run_state USING btree (project_id) WHERE ((required_labels IS NOT NULL) AND ((status)::text = ANY ((ARRAY['PENDING'::character varying, 'RESUMED'::character varying])::text[])));
 
 -- INDEX: awooop_run_leased_idx
 CREATE INDEX awooop_run_leased_idx ON public.awooop_run_state USING btree (run_id) WHERE (((status)::text = ANY ((ARRAY['RUNNING'::character varying, 'WAITING_TOOL'::character varying])::text[])) AND (worker_id IS NOT NULL));

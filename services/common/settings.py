@@ -169,6 +169,15 @@ class Settings:
     # a worker build counts as live while a claim of it was seen this recently (or it holds a lease);
     # queued runs pinned to a build that is not live wait for it, counted and alerted on
     build_live_seconds: float = 120.0
+    # worker labels (docs/flow-control.md): a worker counts as live while a claim of it was seen this
+    # recently; a run that requires labels no live worker has is parked (wait_reason labels) until one has
+    worker_live_seconds: float = 60.0
+    # a run that prefers labels waits this long (since it became ready) for a worker that has them, when
+    # one is live; then any eligible worker takes it
+    prefer_wait_seconds: float = 10.0
+    # a run resumed after a wait or an approval waits this long for the worker that held it, while it is live
+    sticky_seconds: float = 30.0
+    label_sweep_interval: float = 2.0  # how often runs that require labels are parked or woken (0: off)
     queue_metrics_interval: float = 15.0  # how often runs by project and status are counted for /metrics (0: off)
     metrics_max_projects: int = 100  # projects with their own metrics label; later ones share project="_other"
     schedule_interval: float = 1.0  # how often each scheduler fires the cron schedules that are due

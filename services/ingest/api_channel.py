@@ -158,6 +158,8 @@ class ApiEvents:
                 concurrency_keys=store.joined_keys(ev),
                 traceparent=store.traceparents(ev),
                 auto_upgrade=[e.options.auto_upgrade for e in ev],
+                required_labels=[e.options.required_labels_json for e in ev],
+                preferred_labels=[e.options.preferred_labels_json for e in ev],
                 fingerprint=[fps[k.event] for k in batch],
                 snapshot=snapshots,
                 principal_type=principal.principal_type,

@@ -25,9 +25,9 @@ WITH ev AS (
     SELECT * FROM unnest(:ord::int[], :project_id::varchar[], :key::varchar[], :run_id::uuid[], :input::text[],
                          :max_attempts::int[], :not_before::timestamptz[], :priority::int[], :retry_policy::text[],
                          :concurrency_keys::text[], :traceparent::varchar[], :fingerprint::text[], :snapshot::bytea[],
-                         :auto_upgrade::bool[])
+                         :auto_upgrade::bool[], :required_labels::text[], :preferred_labels::text[])
         AS t(ord, project_id, key, run_id, input, max_attempts, not_before, priority, retry_policy, concurrency_keys,
-             traceparent, fingerprint, snapshot, auto_upgrade)
+             traceparent, fingerprint, snapshot, auto_upgrade, required_labels, preferred_labels)
 ),
 -- Each lookup is a LATERAL subquery with LIMIT 1: a probe of one index per event. As a plain join
 -- the planner may turn it around when the table looks empty (a fresh store, where the first
@@ -82,14 +82,15 @@ claimed AS (
 new_runs AS (
     INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, input, max_attempts, created_by,
                                   created_at, updated_at, traceparent, not_before, wait_reason, priority, retry_policy,
-                                  concurrency_keys, auto_upgrade)
+                                  concurrency_keys, auto_upgrade, required_labels, preferred_labels)
     SELECT ev.run_id, ev.project_id, 'api', ev.key, ev.input::jsonb,
            COALESCE(NULLIF(ev.max_attempts, 0), ((:defaults::text::jsonb
         || COALESCE((SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = ev.project_id), '{}')
         || COALESCE(ev.retry_policy::jsonb, '{}'))->>'max_attempts')::int), :principal_id,
            now() + ev.ord * interval '1 microsecond', now() + ev.ord * interval '1 microsecond', ev.traceparent,
            ev.not_before, CASE WHEN ev.not_before IS NOT NULL THEN 'delayed' END, ev.priority,
-           ev.retry_policy::jsonb, string_to_array(ev.concurrency_keys, ' '), ev.auto_upgrade
+           ev.retry_policy::jsonb, string_to_array(ev.concurrency_keys, ' '), ev.auto_upgrade,
+           ev.required_labels::jsonb, ev.preferred_labels::jsonb
       FROM ev JOIN claimed c ON c.project_id = ev.project_id AND c.key = ev.key
     RETURNING run_id, project_id, provider_event_id
 ),

@@ -117,12 +117,12 @@ def parse_body(body: bytes, field: str) -> dict[str, Any]:
 
 def run_options_from_query(v: Violations, query: MultiMapping[str]) -> RunOptions:
     """The API event's run options from its query string (`?not_before=2026-12-01T09:00:00Z&priority=5
-    &concurrency_key=k8s:deployment/api&concurrency_key=llm:provider-x`: the key repeats, one per
-    key), validated as IngestEvent's fields (run_options.parse; the i-th key is
-    query.concurrency_keys[i] in errors)."""
-    unknown = sorted(set(query) - {"not_before", "priority", "concurrency_key"})
+    &concurrency_key=k8s:deployment/api&concurrency_key=llm:provider-x&require_label=gpu=a100`: a key or
+    a label repeats, one per key or label), validated as IngestEvent's fields (run_options.parse; the
+    i-th key is query.concurrency_keys[i] in errors)."""
+    unknown = sorted(set(query) - set(QUERY_OPTIONS))
     if unknown:
-        v.add("query", f"unknown parameters {unknown}: not_before, priority and concurrency_key are known")
+        v.add("query", f"unknown parameters {unknown}: {', '.join(QUERY_OPTIONS)} are known")
     not_before = None
     if "not_before" in query:
         not_before = Timestamp()
@@ -144,7 +144,23 @@ def run_options_from_query(v: Violations, query: MultiMapping[str]) -> RunOption
         priority=priority,
         policy=None,
         concurrency_keys=query.getall("concurrency_key", []),
+        required_labels=_labels(v, "query.require_label", query.getall("require_label", [])),
+        preferred_labels=_labels(v, "query.prefer_label", query.getall("prefer_label", [])),
     )
+
+
+QUERY_OPTIONS = ("not_before", "priority", "concurrency_key", "require_label", "prefer_label")
+
+
+def _labels(v: Violations, field: str, pairs: Sequence[str]) -> dict[str, str]:
+    """key=value query values as labels (validated by run_options.parse)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq:
+            v.add(field, f"{pair!r}: a label is key=value")
+        out[key] = value
+    return out
 
 
 def outcomes_json(outcomes: Sequence[Outcome]) -> web.Response:

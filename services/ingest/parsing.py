@@ -120,6 +120,8 @@ def parse_event(
         concurrency_key=req.concurrency_key,
         concurrency_keys=req.concurrency_keys,
         versioning=req.versioning,
+        required_labels=req.required_labels,
+        preferred_labels=req.preferred_labels,
     )
     headers = req.headers
     _check_headers(v, prefix, headers)
@@ -231,6 +233,8 @@ def parse_create_run(
         concurrency_key=req.concurrency_key,
         concurrency_keys=req.concurrency_keys,
         versioning=req.versioning,
+        required_labels=req.required_labels,
+        preferred_labels=req.preferred_labels,
     )
     data, text = v.json("input", req.input, max_bytes=max_payload_bytes)
     return NewRun(project_id, key, data, text, attempts, options)

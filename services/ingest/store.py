@@ -111,6 +111,8 @@ async def _store_events(
             concurrency_keys=joined_keys(ev),
             traceparents=traceparents(ev),
             auto_upgrades=[e.options.auto_upgrade for e in ev],
+            required_labels=[e.options.required_labels_json for e in ev],
+            preferred_labels=[e.options.preferred_labels_json for e in ev],
             policy_defaults=defaults_json,
             principal_id=principal_id,
             actor=actor,
@@ -160,6 +162,8 @@ async def create_run(
         concurrency_keys=o.keys_param,
         traceparent=traceparent,
         auto_upgrade=o.auto_upgrade,
+        required_labels=o.required_labels_json,
+        preferred_labels=o.preferred_labels_json,
     )
     assert row is not None
     return row

@@ -23,9 +23,10 @@ WITH ev AS (
     SELECT * FROM unnest(:ords::int[], :project_ids::varchar[], :channels::varchar[], :provider_event_ids::varchar[],
                          :run_ids::uuid[], :inputs::text[], :max_attempts::int[], :not_befores::timestamptz[],
                          :priorities::int[], :retry_policies::text[], :concurrency_keys::text[],
-                         :traceparents::varchar[], :auto_upgrades::bool[])
+                         :traceparents::varchar[], :auto_upgrades::bool[], :required_labels::text[],
+                         :preferred_labels::text[])
         AS t(ord, project_id, channel_type, provider_event_id, run_id, input, max_attempts, not_before, priority,
-             retry_policy, concurrency_keys, traceparent, auto_upgrade)
+             retry_policy, concurrency_keys, traceparent, auto_upgrade, required_labels, preferred_labels)
 ),
 ins AS (
     INSERT INTO awooop_channel_event_dedupe (project_id, channel_type, provider_event_id, run_id)
@@ -37,14 +38,15 @@ ins AS (
 new_runs AS (
     INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, input, max_attempts, created_by,
                                   created_at, updated_at, not_before, wait_reason, priority, retry_policy,
-                                  concurrency_keys, traceparent, auto_upgrade)
+                                  concurrency_keys, traceparent, auto_upgrade, required_labels, preferred_labels)
     SELECT ev.run_id, ev.project_id, ev.channel_type, ev.provider_event_id, ev.input::jsonb,
            COALESCE(NULLIF(ev.max_attempts, 0), ((:policy_defaults::text::jsonb
         || COALESCE((SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = ev.project_id), '{}')
         || COALESCE(ev.retry_policy::jsonb, '{}'))->>'max_attempts')::int), :principal_id,
            now() + ev.ord * interval '1 microsecond', now() + ev.ord * interval '1 microsecond',
            ev.not_before, CASE WHEN ev.not_before IS NOT NULL THEN 'delayed' END, ev.priority,
-           ev.retry_policy::jsonb, string_to_array(ev.concurrency_keys, ' '), ev.traceparent, ev.auto_upgrade
+           ev.retry_policy::jsonb, string_to_array(ev.concurrency_keys, ' '), ev.traceparent, ev.auto_upgrade,
+           ev.required_labels::jsonb, ev.preferred_labels::jsonb
       FROM ev JOIN ins USING (run_id)
     RETURNING run_id, project_id, channel_type, provider_event_id
 ),
@@ -90,13 +92,15 @@ SELECT t.ord, d.run_id,
 -- is the run's wait_reason 'delayed'. Returns the run (every column: RunRow).
 WITH run AS (
     INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by, not_before, wait_reason,
-                                  priority, retry_policy, concurrency_keys, traceparent, auto_upgrade)
+                                  priority, retry_policy, concurrency_keys, traceparent, auto_upgrade,
+                                  required_labels, preferred_labels)
     VALUES (:project_id::text, 'api', :input::text::jsonb,
             COALESCE(NULLIF(:max_attempts::int, 0), ((:policy_defaults::text::jsonb
         || COALESCE((SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = :project_id::text), '{}')
         || COALESCE(:retry_policy::text::jsonb, '{}'))->>'max_attempts')::int), :principal_id,
             :not_before, CASE WHEN :not_before::timestamptz IS NOT NULL THEN 'delayed' END, :priority,
-            :retry_policy::text::jsonb, :concurrency_keys::text[], :traceparent, :auto_upgrade::bool)
+            :retry_policy::text::jsonb, :concurrency_keys::text[], :traceparent, :auto_upgrade::bool,
+            :required_labels::text::jsonb, :preferred_labels::text::jsonb)
     RETURNING *
 ),
 audited AS (

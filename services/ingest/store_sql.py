@@ -133,6 +133,12 @@ class CreateRunRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["auto_upgrade"], /) -> bool | None: ...
     @overload
+    def __getitem__(self, key: Literal["required_labels"], /) -> Any: ...
+    @overload
+    def __getitem__(self, key: Literal["preferred_labels"], /) -> Any: ...
+    @overload
+    def __getitem__(self, key: Literal["sticky_worker"], /) -> str | None: ...
+    @overload
     def __getitem__(self, key: str, /) -> object: ...
 
     def __getitem__(self, key: str, /) -> Any: ...
@@ -155,6 +161,8 @@ async def store_events(
     concurrency_keys: Sequence[str | None] | None,
     traceparents: Sequence[str | None] | None,
     auto_upgrades: Sequence[bool | None] | None,
+    required_labels: Sequence[str | None] | None,
+    preferred_labels: Sequence[str | None] | None,
     policy_defaults: str | None,
     principal_id: str | None,
     actor: str | None,
@@ -199,6 +207,8 @@ async def store_events(
             concurrency_keys,
             traceparents,
             auto_upgrades,
+            required_labels,
+            preferred_labels,
             policy_defaults,
             principal_id,
             actor,
@@ -247,6 +257,8 @@ async def create_run(
     concurrency_keys: Sequence[str | None] | None,
     traceparent: str | None,
     auto_upgrade: bool | None,
+    required_labels: str | None,
+    preferred_labels: str | None,
     actor: str | None,
     idempotency_key: str | None,
     query_timeout: float | None = None,
@@ -273,6 +285,8 @@ async def create_run(
             concurrency_keys,
             traceparent,
             auto_upgrade,
+            required_labels,
+            preferred_labels,
             actor,
             idempotency_key,
             timeout=query_timeout,

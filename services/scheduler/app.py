@@ -13,7 +13,7 @@ from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.common import retry_policy
 from services.common.loops import periodic
 from services.common.runtime import AppContext, ServiceParts
-from services.scheduler import approvals, claim_answers, metrics, reaper, schedules, waits
+from services.scheduler import approvals, claim_answers, metrics, reaper, schedules, waits, workers
 from services.scheduler.queue import QueueSampler
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.servicer import SchedulerServicer
@@ -74,6 +74,15 @@ def _background(
     async def wait_sweep_loop() -> None:
         await periodic(waits.SWEEP_LOOP, s.wait_sweep_interval, lambda: waits.sweep(ctx.pool), ctx.stopping)
 
+    async def label_sweep_loop() -> None:
+        if s.label_sweep_interval > 0:
+            await periodic(
+                workers.SWEEP_LOOP,
+                s.label_sweep_interval,
+                lambda: workers.sweep(ctx.pool, s.worker_live_seconds),
+                ctx.stopping,
+            )
+
     async def claim_answers_loop() -> None:
         await periodic(
             "scheduler.claim_answers",
@@ -94,4 +103,5 @@ def _background(
         schedule_loop,
         claim_answers_loop,
         wait_sweep_loop,
+        label_sweep_loop,
     ]

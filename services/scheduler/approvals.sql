@@ -18,7 +18,7 @@ WITH cur AS (SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE)
 upd AS (
     UPDATE awooop_run_state r
        SET status = 'WAITING_APPROVAL', lease_until = NULL, worker_id = NULL,
-           released_count = r.released_count + 1,
+           released_count = r.released_count + 1, sticky_worker = r.worker_id,
            approval_token_hash = :token_hash, approval_expires_at = now() + make_interval(secs => :ttl),
            approval_summary = :summary, approval_decided_by = NULL, approval_decided_at = NULL, updated_at = now()
       FROM cur

@@ -28,6 +28,7 @@ from services.scheduler.claiming import Claim, claim_statement
 from services.scheduler.refusals import fenced_refusal
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.transitions import COMPLETE, WORKER_ROLE, Changed, settled
+from services.scheduler.workers import NO_ROUTING, Routing
 
 # the claim statement for no runs of no project: only its completions
 COMPLETE_MANY = claim_statement(0, 0)
@@ -36,7 +37,7 @@ NO_CLAIM: dict[str, Any] = {
     "projects": [],
     "lease_secs": None,
     "worker_id": None,
-    "build_id": "",
+    **NO_ROUTING.params(),
     **claim_answers.NO_KEY,
 }
 
@@ -72,7 +73,7 @@ async def complete_and_claim(
     worker_id: str,
     saga: SagaNudger,
     key: ClaimKey | None = None,
-    build_id: str | None = None,
+    routing: Routing = NO_ROUTING,
 ) -> tuple[list[Changed | errors.ServiceError], Claim]:
     """complete_many, then a claim (claiming.claim_once), in one statement: the items' outcomes
     in order, and the claim (its rows oldest first; with a claim key whose answer is recorded,
@@ -92,7 +93,7 @@ async def complete_and_claim(
                     projects=projects,
                     lease_secs=lease_ttl,
                     worker_id=worker_id,
-                    build_id=build_id or "",
+                    **routing.params(),
                     **keyed,
                 )
             )

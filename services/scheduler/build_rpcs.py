@@ -1,18 +1,19 @@
-"""ListBuilds, DrainBuild and SetRunBuild (docs/versioning.md): validate, check the caller's role,
-call builds, build the answer."""
+"""ListBuilds, DrainBuild and SetRunBuild (docs/versioning.md), and ListWorkers (docs/flow-control.md,
+"Worker labels"): validate, check the caller's role, call builds or workers, build the answer."""
 
 from __future__ import annotations
 
 import asyncpg
 
 from awooop.scheduler.v1 import scheduler_pb2
+from services.common import labels
 from services.common.access import require_member
 from services.common.auth import current_principal
 from services.common.limits import MAX_ID, MAX_TEXT
 from services.common.runs import run_to_pb, set_time
 from services.common.settings import Settings
 from services.common.validate import Violations
-from services.scheduler import builds, builds_sql
+from services.scheduler import builds, builds_sql, workers, workers_sql
 
 
 def build_to_pb(row: builds_sql.ProjectBuildsRow) -> scheduler_pb2.Build:
@@ -39,6 +40,19 @@ def build_to_pb(row: builds_sql.ProjectBuildsRow) -> scheduler_pb2.Build:
     return b
 
 
+def worker_to_pb(row: workers_sql.ProjectWorkersRow) -> scheduler_pb2.Worker:
+    w = scheduler_pb2.Worker(
+        project_id=row["project_id"],
+        worker_id=row["worker_id"],
+        labels=labels.from_json(row["labels"]),
+        live=row["live"],
+        build_id=row["build_id"] or "",
+    )
+    set_time(w.first_seen_at, row["first_seen_at"])
+    set_time(w.last_seen_at, row["last_seen_at"])
+    return w
+
+
 class BuildRpcs:
     def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
         self.pool = pool
@@ -54,6 +68,14 @@ class BuildRpcs:
         v.raise_if_any()
         require_member(current_principal(), project_id)
         return scheduler_pb2.ListBuildsResponse(builds=await self._builds(project_id))
+
+    async def list_workers(self, request: scheduler_pb2.ListWorkersRequest) -> scheduler_pb2.ListWorkersResponse:
+        v = Violations()
+        project_id = v.project_id("project_id", request.project_id)
+        v.raise_if_any()
+        require_member(current_principal(), project_id)
+        rows = await workers.project_workers(self.pool, project_id, self.settings.worker_live_seconds)
+        return scheduler_pb2.ListWorkersResponse(workers=[worker_to_pb(r) for r in rows])
 
     async def list_patches(self, request: scheduler_pb2.ListPatchesRequest) -> scheduler_pb2.ListPatchesResponse:
         v = Violations()

@@ -13,7 +13,7 @@ from google.protobuf.duration_pb2 import Duration
 
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from services.common import errors
+from services.common import errors, labels
 from services.common.access import projects_with, require_role
 from services.common.auth import Principal, current_principal
 from services.common.db import Row
@@ -21,7 +21,17 @@ from services.common.limits import MAX_ID
 from services.common.runs import run_to_pb, set_run_tree, set_time, ts
 from services.common.runtime import AppContext
 from services.common.validate import Violations
-from services.scheduler import batch_complete, budget, builds, claim_answers, claiming, hand_back, leases, metrics
+from services.scheduler import (
+    batch_complete,
+    budget,
+    builds,
+    claim_answers,
+    claiming,
+    hand_back,
+    leases,
+    metrics,
+    workers,
+)
 from services.scheduler.rpc_fields import lease
 from services.scheduler.saga_client import SagaNudger
 from services.scheduler.wakeup import RunReadyListener
@@ -82,6 +92,7 @@ class _ClaimCall:
     key: claim_answers.ClaimKey | None
     gone: Callable[[], bool]
     build_id: str | None  # the worker's build (None: it declared none)
+    routing: workers.Routing  # its build and labels, as the claim routes by them
 
 
 class ClaimRpcs:
@@ -93,6 +104,7 @@ class ClaimRpcs:
         self.saga = saga
         self._budget = budget.answer_budget(ctx.settings.max_message_bytes)
         self.builds = builds.BuildRegistry(ctx.pool, ctx.settings.build_live_seconds)
+        self.workers = workers.WorkerRegistry(ctx.pool, ctx.settings.worker_live_seconds)
 
     def _lease_ttl(self, v: Violations, value: Duration) -> float:
         return v.duration("lease_ttl", value, max_seconds=MAX_LEASE_TTL, default=self.settings.lease_ttl)
@@ -103,6 +115,7 @@ class ClaimRpcs:
         call = self._claim_call(request, context)
         if call.build_id is not None:
             await self.builds.seen(call.projects, call.build_id)
+        await self.workers.seen(call.projects, call.worker_id, call.routing)
         if call.items:  # complete, then claim, in one statement; never waits (see the proto)
             return await self._complete_and_claim(call)
         wait = min(max(call.wait, 0.0), self.settings.max_claim_wait)
@@ -120,7 +133,7 @@ class ClaimRpcs:
             wait=wait,
             gone=call.gone,
             key=call.key,
-            build_id=call.build_id,
+            routing=call.routing,
         )
         if not claim.rows and not claim.replayed and wait > 0 and self.ctx.stopping.is_set():
             # an empty answer now would bring the worker straight back here (a claim storm while
@@ -152,6 +165,7 @@ class ClaimRpcs:
         )
         claim_id = v.token("claim_id", request.claim_id, max_len=MAX_ID, required=False)
         build_id = v.token("build_id", request.build_id, max_len=MAX_ID, required=False)
+        worker_labels = labels.parse(v, "labels", request.labels)
         v.raise_if_any()
         principal = current_principal()
         for p in projects:
@@ -172,6 +186,7 @@ class ClaimRpcs:
             key,
             _deadline_passed(context),
             build_id or None,
+            workers.routing(self.settings, build_id, worker_labels),
         )
 
     async def _complete_and_claim(self, call: _ClaimCall) -> scheduler_pb2.ClaimRunsResponse:
@@ -187,7 +202,7 @@ class ClaimRpcs:
                 worker_id=call.worker_id,
                 saga=self.saga,
                 key=call.key,
-                build_id=call.build_id,
+                routing=call.routing,
             ),
             lambda done: done[1].taken,
             call.worker_id,

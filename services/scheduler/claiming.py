@@ -30,6 +30,7 @@ from services.common.server_plans import keep_plan
 from services.scheduler import claim_answers, claims_sql, hand_back, metrics
 from services.scheduler.claim_answers import ClaimKey
 from services.scheduler.wakeup import RunReadyListener
+from services.scheduler.workers import NO_ROUTING, Routing
 
 
 @functools.lru_cache(maxsize=512)
@@ -70,10 +71,10 @@ async def claim(
     lease_ttl: float,
     worker_id: str,
     actor: str,
-    build_id: str | None = None,
+    routing: Routing = NO_ROUTING,
 ) -> Sequence[Row]:
     """A claim without a claim id: the claimed rows."""
-    return (await claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor, build_id=build_id)).rows
+    return (await claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor, routing=routing)).rows
 
 
 async def claim_once(
@@ -84,11 +85,11 @@ async def claim_once(
     worker_id: str,
     actor: str,
     key: ClaimKey | None = None,
-    build_id: str | None = None,
+    routing: Routing = NO_ROUTING,
 ) -> Claim:
     """One claim (up to MAX_PARKING_ROUNDS statements while runs get parked); with a claim key,
-    the answer recorded for its claim id when there is one. build_id: the claiming worker's
-    build (None: it declared none)."""
+    the answer recorded for its claim id when there is one. routing: the claiming worker's build
+    and labels (workers.Routing)."""
     claim_statement(len(projects), max_runs)
     keyed = key.params() if key is not None else claim_answers.NO_KEY
     for _ in range(MAX_PARKING_ROUNDS):
@@ -101,7 +102,7 @@ async def claim_once(
                 lease_secs=lease_ttl,
                 worker_id=worker_id,
                 actor=actor,
-                build_id=build_id or "",
+                **routing.params(),
                 **keyed,
                 **NO_COMPLETIONS,
             )
@@ -142,9 +143,9 @@ async def claim_runs(
     wait: float,
     gone: Callable[[], bool] = lambda: False,
     key: ClaimKey | None = None,
-    build_id: str | None = None,
+    routing: Routing = NO_ROUTING,
 ) -> Claim:
-    """Claims up to max_runs (for a worker of build_id); waits up to `wait` seconds for work.
+    """Claims up to max_runs (routed by the worker's build and labels); waits up to `wait` seconds for work.
     Answers no runs when the wait ends empty (or the service is stopping, or gone() says the call
     is over: its deadline passed). Cancelled (the call ended), it stops waiting at once and claims
     nothing. With a claim key whose answer is recorded, that answer, at once (even with no runs
@@ -166,7 +167,7 @@ async def claim_runs(
                     return Claim([])
                 result = await hand_back.to_the_end(
                     pool,
-                    lambda: claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor, key, build_id),
+                    lambda: claim_once(pool, projects, max_runs, lease_ttl, worker_id, actor, key, routing),
                     _taken,
                     worker_id,
                     actor,

@@ -95,6 +95,17 @@
 -- records the claimer's build on the run (build_id), so a run that journals steps is on the build
 -- whose code wrote them.
 --
+-- Labels (migration 0400; docs/flow-control.md, "Worker labels"): :labels is the claiming worker's
+-- labels as a JSON object ('{}': none; never NULL, for build_id's reason). A run that requires
+-- labels goes only to a worker whose labels contain them. A run that prefers labels goes, for
+-- :prefer_secs after it became ready, only to a worker that has them, unless no such worker is
+-- live (seen within :live_secs, awooop_worker); a run resumed after a wait or an approval goes,
+-- for :sticky_secs, only to the worker that held it (sticky_worker), while that worker is live;
+-- a worker of another build than the sticky one's is not held back (the run may be moving to a
+-- new build, where the worker it sticks to cannot take it). The claim clears sticky_worker. Runs that require labels no live worker has are parked by the
+-- label sweep (workers.sql ParkForLabels: not_before 'infinity', wait_reason 'labels'), so a claim
+-- does not pass over them one by one.
+--
 -- blocked / parked / go: concurrency keys (docs/flow-control.md). A picked run is granted only
 -- when every one of its limited keys has a free slot and starts left in its rate window; then it
 -- takes one of each. awooop_grant_keys (migration 0120) locks the picked runs' limited keys in key
@@ -173,6 +184,18 @@ picked AS (
                        AND (NOT p.draining
                             OR (build_id = :build_id::text
                                 AND EXISTS (SELECT 1 FROM awooop_saga_step s WHERE s.run_id = awooop_run_state.run_id)))
+                       AND (required_labels IS NULL OR :labels::jsonb @> required_labels)
+                       AND (preferred_labels IS NULL OR :labels::jsonb @> preferred_labels
+                            OR GREATEST(updated_at, not_before) < now() - make_interval(secs => :prefer_secs)
+                            OR NOT EXISTS (SELECT 1 FROM awooop_worker w
+                                            WHERE w.project_id = p.project_id AND w.labels @> preferred_labels
+                                              AND w.last_seen_at > now() - make_interval(secs => :live_secs)))
+                       AND (sticky_worker IS NULL OR sticky_worker = :worker_id
+                            OR GREATEST(updated_at, not_before) < now() - make_interval(secs => :sticky_secs)
+                            OR NOT EXISTS (SELECT 1 FROM awooop_worker w
+                                            WHERE w.project_id = p.project_id AND w.worker_id = sticky_worker
+                                              AND w.build_id IS NOT DISTINCT FROM NULLIF(:build_id::text, '')
+                                              AND w.last_seen_at > now() - make_interval(secs => :live_secs)))
                        AND (SELECT count(*) FROM cur) >= 0
                        AND NOT EXISTS (SELECT 1 FROM prior)
                      ORDER BY priority DESC, COALESCE(not_before, created_at)
@@ -215,7 +238,8 @@ claimed AS (
            wait_reason = NULL,
            wait_key = NULL,
            updated_at = now(),
-           build_id = COALESCE(NULLIF(:build_id::text, ''), r.build_id)
+           build_id = COALESCE(NULLIF(:build_id::text, ''), r.build_id),
+           sticky_worker = NULL
       FROM go p
      WHERE r.run_id = ANY(ARRAY(SELECT run_id FROM go))
        AND r.run_id = p.run_id

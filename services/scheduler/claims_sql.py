@@ -123,6 +123,12 @@ class ClaimRunsRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["auto_upgrade"], /) -> bool | None: ...
     @overload
+    def __getitem__(self, key: Literal["required_labels"], /) -> Any: ...
+    @overload
+    def __getitem__(self, key: Literal["preferred_labels"], /) -> Any: ...
+    @overload
+    def __getitem__(self, key: Literal["sticky_worker"], /) -> str | None: ...
+    @overload
     def __getitem__(self, key: Literal["from_status"], /) -> str | None: ...
     @overload
     def __getitem__(self, key: Literal["upd_item"], /) -> int | None: ...
@@ -249,6 +255,12 @@ class ReplayClaimAnswerRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["auto_upgrade"], /) -> bool | None: ...
     @overload
+    def __getitem__(self, key: Literal["required_labels"], /) -> Any: ...
+    @overload
+    def __getitem__(self, key: Literal["preferred_labels"], /) -> Any: ...
+    @overload
+    def __getitem__(self, key: Literal["sticky_worker"], /) -> str | None: ...
+    @overload
     def __getitem__(self, key: Literal["from_status"], /) -> str | None: ...
     @overload
     def __getitem__(self, key: Literal["claim_wait"], /) -> float | None: ...
@@ -272,6 +284,10 @@ async def claim_runs(
     claim_id: str | None,
     projects: Sequence[str | None] | None,
     build_id: str | None,
+    labels: object,
+    prefer_secs: float | None,
+    live_secs: float | None,
+    sticky_secs: float | None,
     lease_secs: float | None,
     actor: str | None,
     sorted_projects: Sequence[str | None] | None,
@@ -354,6 +370,18 @@ async def claim_runs(
     records the claimer's build on the run (build_id), so a run that journals steps is on the build
     whose code wrote them.
 
+    Labels (migration 0400; docs/flow-control.md, "Worker labels"): :labels is the claiming worker's
+    labels as a JSON object ('{}': none; never NULL, for build_id's reason). A run that requires
+    labels goes only to a worker whose labels contain them. A run that prefers labels goes, for
+    :prefer_secs after it became ready, only to a worker that has them, unless no such worker is
+    live (seen within :live_secs, awooop_worker); a run resumed after a wait or an approval goes,
+    for :sticky_secs, only to the worker that held it (sticky_worker), while that worker is live;
+    a worker of another build than the sticky one's is not held back (the run may be moving to a
+    new build, where the worker it sticks to cannot take it). The claim clears sticky_worker. Runs that require
+    labels no live worker has are parked by the
+    label sweep (workers.sql ParkForLabels: not_before 'infinity', wait_reason 'labels'), so a claim
+    does not pass over them one by one.
+
     blocked / parked / go: concurrency keys (docs/flow-control.md). A picked run is granted only
     when every one of its limited keys has a free slot and starts left in its rate window; then it
     takes one of each. awooop_grant_keys (migration 0120) locks the picked runs' limited keys in key
@@ -380,6 +408,10 @@ async def claim_runs(
             claim_id,
             projects,
             build_id,
+            labels,
+            prefer_secs,
+            live_secs,
+            sticky_secs,
             lease_secs,
             actor,
             sorted_projects,

@@ -86,6 +86,17 @@ RUNS_WAITING_FOR_BUILD = Gauge(
     " (sampled; docs/versioning.md)",
     ["project"],
 )
+RUNS_WAITING_FOR_LABELS = Gauge(
+    "awooop_scheduler_runs_waiting_for_labels",
+    "Queued runs parked because no live worker has the labels they require, by project (sampled;"
+    ' docs/flow-control.md, "Worker labels")',
+    ["project"],
+)
+LABEL_SWEEP = Counter(
+    "awooop_scheduler_label_sweep_runs_total",
+    "Runs the label sweep parked (no live worker has their required labels) or woke (one has again)",
+    ["outcome"],
+)
 BUILD_RUNS = Gauge(
     "awooop_scheduler_build_runs",
     "Unfinished runs on a worker build, by project, build and state (queued, held, leased, parked; sampled;"

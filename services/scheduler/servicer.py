@@ -106,6 +106,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_pb2.ListBuildsResponse:
         return await self.builds.list_builds(request)
 
+    async def ListWorkers(
+        self, request: scheduler_pb2.ListWorkersRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.ListWorkersResponse:
+        return await self.builds.list_workers(request)
+
     async def ListPatches(
         self, request: scheduler_pb2.ListPatchesRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.ListPatchesResponse:

@@ -295,6 +295,46 @@ class Run(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class RequiredLabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class PreferredLabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     RUN_ID_FIELD_NUMBER: _builtins.int
     PROJECT_ID_FIELD_NUMBER: _builtins.int
     CHANNEL_TYPE_FIELD_NUMBER: _builtins.int
@@ -331,6 +371,9 @@ class Run(_message.Message):
     CHILD_DEPTH_FIELD_NUMBER: _builtins.int
     BUILD_ID_FIELD_NUMBER: _builtins.int
     VERSIONING_FIELD_NUMBER: _builtins.int
+    REQUIRED_LABELS_FIELD_NUMBER: _builtins.int
+    PREFERRED_LABELS_FIELD_NUMBER: _builtins.int
+    STICKY_WORKER_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id (UUID)."""
     project_id: _builtins.str
@@ -411,6 +454,10 @@ class Run(_message.Message):
     """
     versioning: Global___Versioning.ValueType
     """The run's own routing across builds; UNSPECIFIED: its project's (ProjectFlow.versioning)."""
+    sticky_worker: _builtins.str
+    """Set while the run is parked on a durable wait or an approval: the worker that held it, which
+    it prefers for AWOOOP_STICKY_SECONDS after it resumes, while that worker is live.
+    """
     @_builtins.property
     def input(self) -> _struct_pb2.Struct:
         """Input given at creation (the channel payload unless the caller set one)."""
@@ -461,6 +508,19 @@ class Run(_message.Message):
         in the project caps the leased runs with it, and the run is claimed only when all have room.
         """
 
+    @_builtins.property
+    def required_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """--- worker labels (docs/flow-control.md, "Worker labels") ---
+        Only a worker whose labels contain these claims the run; while no live worker has them the
+        run waits (wait_reason "labels").
+        """
+
+    @_builtins.property
+    def preferred_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """For AWOOOP_PREFER_WAIT_SECONDS after it becomes ready, only a worker with these labels claims
+        the run, when one is live; then any eligible worker.
+        """
+
     def __init__(
         self,
         *,
@@ -500,10 +560,13 @@ class Run(_message.Message):
         child_depth: _builtins.int = ...,
         build_id: _builtins.str = ...,
         versioning: Global___Versioning.ValueType = ...,
+        required_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        preferred_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        sticky_worker: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_attempts_used", b"_attempts_used", "approval_expires_at", b"approval_expires_at", "attempts_used", b"attempts_used", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "created_at", b"created_at", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "not_before", b"not_before", "output", b"output", "reaped_at", b"reaped_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attempts_used", b"_attempts_used", "approval_decided_by", b"approval_decided_by", "approval_expires_at", b"approval_expires_at", "approval_summary", b"approval_summary", "attempt_count", b"attempt_count", "attempts_used", b"attempts_used", "build_id", b"build_id", "cancel_requested", b"cancel_requested", "channel_type", b"channel_type", "child_depth", b"child_depth", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "created_at", b"created_at", "error_code", b"error_code", "failure_reason", b"failure_reason", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "max_attempts", b"max_attempts", "not_before", b"not_before", "output", b"output", "parent_run_id", b"parent_run_id", "parent_step_id", b"parent_step_id", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "reaped_at", b"reaped_at", "run_id", b"run_id", "saga_status", b"saga_status", "status", b"status", "updated_at", b"updated_at", "versioning", b"versioning", "wait_key", b"wait_key", "wait_reason", b"wait_reason", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attempts_used", b"_attempts_used", "approval_decided_by", b"approval_decided_by", "approval_expires_at", b"approval_expires_at", "approval_summary", b"approval_summary", "attempt_count", b"attempt_count", "attempts_used", b"attempts_used", "build_id", b"build_id", "cancel_requested", b"cancel_requested", "channel_type", b"channel_type", "child_depth", b"child_depth", "compensation_completed_at", b"compensation_completed_at", "compensation_started_at", b"compensation_started_at", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "created_at", b"created_at", "error_code", b"error_code", "failure_reason", b"failure_reason", "heartbeat_at", b"heartbeat_at", "input", b"input", "lease_until", b"lease_until", "max_attempts", b"max_attempts", "not_before", b"not_before", "output", b"output", "parent_run_id", b"parent_run_id", "parent_step_id", b"parent_step_id", "preferred_labels", b"preferred_labels", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "reaped_at", b"reaped_at", "required_labels", b"required_labels", "run_id", b"run_id", "saga_status", b"saga_status", "status", b"status", "sticky_worker", b"sticky_worker", "updated_at", b"updated_at", "versioning", b"versioning", "wait_key", b"wait_key", "wait_reason", b"wait_reason", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__attempts_used: _TypeAlias = _typing.Literal["attempts_used"]  # noqa: Y015
     _WhichOneofArgType__attempts_used: _TypeAlias = _typing.Literal["_attempts_used", b"_attempts_used"]  # noqa: Y015

@@ -55,6 +55,46 @@ class IngestEventRequest(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class RequiredLabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class PreferredLabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PROJECT_ID_FIELD_NUMBER: _builtins.int
     CHANNEL_TYPE_FIELD_NUMBER: _builtins.int
     PROVIDER_EVENT_ID_FIELD_NUMBER: _builtins.int
@@ -69,6 +109,8 @@ class IngestEventRequest(_message.Message):
     CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     CONCURRENCY_KEYS_FIELD_NUMBER: _builtins.int
     VERSIONING_FIELD_NUMBER: _builtins.int
+    REQUIRED_LABELS_FIELD_NUMBER: _builtins.int
+    PREFERRED_LABELS_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant (1-64 chars: letters, digits, '-', '_', '.')."""
     channel_type: _common_pb2.ChannelType.ValueType
@@ -125,6 +167,14 @@ class IngestEventRequest(_message.Message):
         8 distinct, a key named twice counts once); the run starts only when every limited key has room.
         """
 
+    @_builtins.property
+    def required_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Labels a worker must have to claim the run (key=value, at most 16; docs/flow-control.md)."""
+
+    @_builtins.property
+    def preferred_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Labels the run prefers of its worker, for AWOOOP_PREFER_WAIT_SECONDS while such a worker is live."""
+
     def __init__(
         self,
         *,
@@ -142,10 +192,12 @@ class IngestEventRequest(_message.Message):
         concurrency_key: _builtins.str = ...,
         concurrency_keys: _abc.Iterable[_builtins.str] | None = ...,
         versioning: _common_pb2.Versioning.ValueType = ...,
+        required_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        preferred_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "not_before", b"not_before", "payload", b"payload", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "endpoint", b"endpoint", "headers", b"headers", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "payload", b"payload", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "retry_policy", b"retry_policy", "versioning", b"versioning"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "endpoint", b"endpoint", "headers", b"headers", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "payload", b"payload", "preferred_labels", b"preferred_labels", "priority", b"priority", "project_id", b"project_id", "provider_event_id", b"provider_event_id", "required_labels", b"required_labels", "retry_policy", b"retry_policy", "versioning", b"versioning"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -275,6 +327,46 @@ class CreateRunRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class RequiredLabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class PreferredLabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PROJECT_ID_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
@@ -285,6 +377,8 @@ class CreateRunRequest(_message.Message):
     CONCURRENCY_KEY_FIELD_NUMBER: _builtins.int
     CONCURRENCY_KEYS_FIELD_NUMBER: _builtins.int
     VERSIONING_FIELD_NUMBER: _builtins.int
+    REQUIRED_LABELS_FIELD_NUMBER: _builtins.int
+    PREFERRED_LABELS_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     idempotency_key: _builtins.str
@@ -324,6 +418,14 @@ class CreateRunRequest(_message.Message):
         room.
         """
 
+    @_builtins.property
+    def required_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Labels a worker must have to claim the run (key=value, at most 16; docs/flow-control.md)."""
+
+    @_builtins.property
+    def preferred_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Labels the run prefers of its worker, for AWOOOP_PREFER_WAIT_SECONDS while such a worker is live."""
+
     def __init__(
         self,
         *,
@@ -337,10 +439,12 @@ class CreateRunRequest(_message.Message):
         concurrency_key: _builtins.str = ...,
         concurrency_keys: _abc.Iterable[_builtins.str] | None = ...,
         versioning: _common_pb2.Versioning.ValueType = ...,
+        required_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        preferred_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "not_before", b"not_before", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "idempotency_key", b"idempotency_key", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "priority", b"priority", "project_id", b"project_id", "retry_policy", b"retry_policy", "versioning", b"versioning"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency_key", b"concurrency_key", "concurrency_keys", b"concurrency_keys", "idempotency_key", b"idempotency_key", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "preferred_labels", b"preferred_labels", "priority", b"priority", "project_id", b"project_id", "required_labels", b"required_labels", "retry_policy", b"retry_policy", "versioning", b"versioning"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -182,6 +182,26 @@ class ClaimRunsRequest(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     WORKER_ID_FIELD_NUMBER: _builtins.int
     PROJECT_IDS_FIELD_NUMBER: _builtins.int
     MAX_RUNS_FIELD_NUMBER: _builtins.int
@@ -190,6 +210,7 @@ class ClaimRunsRequest(_message.Message):
     COMPLETE_FIELD_NUMBER: _builtins.int
     CLAIM_ID_FIELD_NUMBER: _builtins.int
     BUILD_ID_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Worker pod id (1-128 chars), recorded as worker_id."""
     max_runs: _builtins.int
@@ -238,6 +259,13 @@ class ClaimRunsRequest(_message.Message):
         claim was tried, so their results are never held back by the long-poll.
         """
 
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The worker's labels (key=value; at most 16; a key like a Kubernetes label name, a value up to
+        63 letters, digits, '-', '_', '.'): it takes only runs whose required_labels it has, and is
+        preferred for runs that prefer its labels (docs/flow-control.md, "Worker labels").
+        """
+
     def __init__(
         self,
         *,
@@ -249,10 +277,11 @@ class ClaimRunsRequest(_message.Message):
         complete: _abc.Iterable[Global___CompleteRunRequest] | None = ...,
         claim_id: _builtins.str = ...,
         build_id: _builtins.str = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_ttl", b"lease_ttl", "wait", b"wait"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["build_id", b"build_id", "claim_id", b"claim_id", "complete", b"complete", "lease_ttl", b"lease_ttl", "max_runs", b"max_runs", "project_ids", b"project_ids", "wait", b"wait", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["build_id", b"build_id", "claim_id", b"claim_id", "complete", b"complete", "labels", b"labels", "lease_ttl", b"lease_ttl", "max_runs", b"max_runs", "project_ids", b"project_ids", "wait", b"wait", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -975,6 +1004,122 @@ class ListBuildsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListBuildsResponse: _TypeAlias = ListBuildsResponse  # noqa: Y015
+
+@_typing.final
+class Worker(_message.Message):
+    """A worker a project's claims came from (docs/flow-control.md, "Worker labels")."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    FIRST_SEEN_AT_FIELD_NUMBER: _builtins.int
+    LAST_SEEN_AT_FIELD_NUMBER: _builtins.int
+    LIVE_FIELD_NUMBER: _builtins.int
+    BUILD_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    worker_id: _builtins.str
+    """The worker id its claims carry (ClaimRunsRequest.worker_id)."""
+    live: _builtins.bool
+    """A claim of it was seen within AWOOOP_WORKER_LIVE_SECONDS: runs that require or prefer its
+    labels, or stick to it after a wait, count on it.
+    """
+    build_id: _builtins.str
+    """The build its last claim declared (empty: none)."""
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The labels its last claim declared."""
+
+    @_builtins.property
+    def first_seen_at(self) -> _timestamp_pb2.Timestamp:
+        """When a claim of it was first and last seen."""
+
+    @_builtins.property
+    def last_seen_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        worker_id: _builtins.str = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        first_seen_at: _timestamp_pb2.Timestamp | None = ...,
+        last_seen_at: _timestamp_pb2.Timestamp | None = ...,
+        live: _builtins.bool = ...,
+        build_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["first_seen_at", b"first_seen_at", "last_seen_at", b"last_seen_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["build_id", b"build_id", "first_seen_at", b"first_seen_at", "labels", b"labels", "last_seen_at", b"last_seen_at", "live", b"live", "project_id", b"project_id", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Worker: _TypeAlias = Worker  # noqa: Y015
+
+@_typing.final
+class ListWorkersRequest(_message.Message):
+    """Lists a project's workers."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkersRequest: _TypeAlias = ListWorkersRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkersResponse(_message.Message):
+    """The project's workers, by worker id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___Worker]: ...
+    def __init__(
+        self,
+        *,
+        workers: _abc.Iterable[Global___Worker] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkersResponse: _TypeAlias = ListWorkersResponse  # noqa: Y015
 
 @_typing.final
 class DrainBuildRequest(_message.Message):

@@ -95,6 +95,11 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListPatchesRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListPatchesResponse.FromString,
                 _registered_method=True)
+        self.ListWorkers = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ListWorkers',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
         self.WaitTool = channel.unary_unary(
                 '/awooop.scheduler.v1.SchedulerService/WaitTool',
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.WaitToolRequest.SerializeToString,
@@ -336,6 +341,14 @@ class SchedulerServiceServicer:
     def ListPatches(self, request, context):
         """The patches (ctx.patched) a project's unfinished runs met, and which path each took: an old
         path no unfinished run took may be deleted. Any role in the project.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkers(self, request, context):
+        """The workers a project's claims came from, with their labels and whether each is live (a
+        claim seen within AWOOOP_WORKER_LIVE_SECONDS). Any role in the project.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -630,6 +643,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListPatches,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListPatchesRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListPatchesResponse.SerializeToString,
+            ),
+            'ListWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkers,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersResponse.SerializeToString,
             ),
             'WaitTool': grpc.unary_unary_rpc_method_handler(
                     servicer.WaitTool,
@@ -1102,6 +1120,33 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/ListPatches',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListPatchesRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListPatchesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ListWorkers',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -77,6 +77,10 @@ class SchedulerServiceStub:
     """The patches (ctx.patched) a project's unfinished runs met, and which path each took: an old
     path no unfinished run took may be deleted. Any role in the project.
     """
+    ListWorkers: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkersRequest, _scheduler_pb2.ListWorkersResponse]
+    """The workers a project's claims came from, with their labels and whether each is live (a
+    claim seen within AWOOOP_WORKER_LIVE_SECONDS). Any role in the project.
+    """
     WaitTool: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.WaitToolRequest, _scheduler_pb2.WaitToolResponse]
     """RUNNING -> WAITING_TOOL (lease kept and renewed)."""
     ResumeTool: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ResumeToolRequest, _scheduler_pb2.ResumeToolResponse]
@@ -216,6 +220,10 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     ListPatches: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListPatchesRequest, _scheduler_pb2.ListPatchesResponse]  # type: ignore[assignment]
     """The patches (ctx.patched) a project's unfinished runs met, and which path each took: an old
     path no unfinished run took may be deleted. Any role in the project.
+    """
+    ListWorkers: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListWorkersRequest, _scheduler_pb2.ListWorkersResponse]  # type: ignore[assignment]
+    """The workers a project's claims came from, with their labels and whether each is live (a
+    claim seen within AWOOOP_WORKER_LIVE_SECONDS). Any role in the project.
     """
     WaitTool: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.WaitToolRequest, _scheduler_pb2.WaitToolResponse]  # type: ignore[assignment]
     """RUNNING -> WAITING_TOOL (lease kept and renewed)."""
@@ -425,6 +433,16 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_scheduler_pb2.ListPatchesResponse, _abc.Awaitable[_scheduler_pb2.ListPatchesResponse]]:
         """The patches (ctx.patched) a project's unfinished runs met, and which path each took: an old
         path no unfinished run took may be deleted. Any role in the project.
+        """
+
+    @_abc_1.abstractmethod
+    def ListWorkers(
+        self,
+        request: _scheduler_pb2.ListWorkersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListWorkersResponse, _abc.Awaitable[_scheduler_pb2.ListWorkersResponse]]:
+        """The workers a project's claims came from, with their labels and whether each is live (a
+        claim seen within AWOOOP_WORKER_LIVE_SECONDS). Any role in the project.
         """
 
     @_abc_1.abstractmethod
