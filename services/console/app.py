@@ -91,6 +91,7 @@ def make_app(console: Console) -> web.Application:
     app.router.add_get("/projects/{project}/approvals", c.approvals)
     app.router.add_get("/projects/{project}/compensations", c.compensations)
     app.router.add_get("/projects/{project}/schedules", c.schedules)
+    app.router.add_get("/projects/{project}/workers", c.workers)
     app.router.add_post("/projects/{project}/schedules/delete", c.unschedule)
     app.router.add_get("/runs/{run_id}", c.run)
     app.router.add_post("/runs/{run_id}/decide", c.decide)

@@ -352,6 +352,28 @@ class ScheduleRow:
     input: str
 
 
+@dataclass
+class WorkerRow:
+    worker_id: str
+    live: bool
+    labels: str  # key=value,key=value ("" none)
+    build: str
+    first_seen: str
+    last_seen: str
+
+
+def worker_row(w: scheduler_pb2.Worker) -> WorkerRow:
+    """A worker of the project as `awooop workers list` shows it."""
+    return WorkerRow(
+        worker_id=w.worker_id,
+        live=w.live,
+        labels=timeline.label_words(w.labels),
+        build=w.build_id,
+        first_seen=when(w.first_seen_at),
+        last_seen=when(w.last_seen_at),
+    )
+
+
 def schedule_row(s: scheduler_pb2.Schedule) -> ScheduleRow:
     return ScheduleRow(
         name=s.name,

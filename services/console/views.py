@@ -503,6 +503,16 @@ class Console:
         rows = [pages.schedule_row(s) for s in found.schedules]
         return self.render(request, "schedules.html", project=project, rows=rows)
 
+    async def workers(self, request: web.Request) -> web.StreamResponse:
+        """The project's workers with their labels, live or gone, as `awooop workers list`."""
+        self.need(request)
+        project = request.match_info["project"]
+        found = await self.call(
+            request, self.backend.scheduler.ListWorkers, scheduler_pb2.ListWorkersRequest(project_id=project)
+        )
+        rows = [pages.worker_row(w) for w in found.workers]
+        return self.render(request, "workers.html", project=project, rows=rows)
+
     async def unschedule(self, request: web.Request) -> web.StreamResponse:
         """The schedules page's Delete form (admin role: the scheduler decides; audited there)."""
         self.need(request)

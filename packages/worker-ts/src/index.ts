@@ -43,7 +43,7 @@ export {
   reasonName,
 } from "./errors";
 export type { FieldViolation } from "./errors";
-export { address, apiKey, channelTarget, DEFAULT_PORTS, workerBuild, workerHttpPort } from "./settings";
+export { address, apiKey, channelTarget, DEFAULT_PORTS, workerBuild, workerHttpPort, workerLabels } from "./settings";
 export { registerMetrics, LABEL_VALUES } from "./metrics";
 export type { Health } from "./health";
 export { SCOPE as TRACER_SCOPE, formatTraceparent, parseTraceparent } from "./tracing";

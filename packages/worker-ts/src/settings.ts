@@ -81,3 +81,19 @@ export function workerHttpPort(env: Env = process.env): number | undefined {
 export function workerBuild(env: Env = process.env): string {
   return (env.AWOOOP_WORKER_BUILD ?? "").trim();
 }
+
+/**
+ * The labels a Worker without options.labels declares: AWOOOP_WORKER_LABELS as key=value,key=value
+ * ("" declares none; docs/flow-control.md, "Worker labels").
+ */
+export function workerLabels(env: Env = process.env): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const part of (env.AWOOOP_WORKER_LABELS ?? "").split(",")) {
+    const item = part.trim();
+    if (!item) continue;
+    const eq = item.indexOf("=");
+    if (eq <= 0) throw new RangeError(`AWOOOP_WORKER_LABELS: ${JSON.stringify(item)} is not key=value`);
+    out[item.slice(0, eq).trim()] = item.slice(eq + 1).trim();
+  }
+  return out;
+}

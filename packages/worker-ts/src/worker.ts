@@ -31,7 +31,7 @@ import { LeaseOutcome, type ClaimedRun, type ClaimRunsResponse } from "./gen/awo
 import { HealthServer, type Health } from "./health";
 import * as metrics from "./metrics";
 import { Nondeterminism } from "./replay";
-import { workerBuild, workerHttpPort } from "./settings";
+import { workerBuild, workerHttpPort, workerLabels } from "./settings";
 import * as settling from "./settling";
 import { startRunSpan, tracerOf, untraced } from "./tracing";
 import { aborted, duration, now, sleep, within } from "./time";
@@ -55,6 +55,11 @@ export interface WorkerOptions extends ClientOptions {
   workerId?: string;
   /** The build of this worker's code (docs/versioning.md); default AWOOOP_WORKER_BUILD, else none. */
   buildId?: string;
+  /**
+   * What this worker offers runs that require or prefer labels (docs/flow-control.md, "Worker
+   * labels"); default AWOOOP_WORKER_LABELS (key=value,key=value), else none.
+   */
+  labels?: Record<string, string>;
   /** Runs handled at once (default 4). */
   concurrency?: number;
   /** Lease asked for in seconds (default: the scheduler's, AWOOOP_LEASE_TTL). */
@@ -159,6 +164,8 @@ export class Worker {
   readonly workerId: string;
   /** The build this worker declares in its claims ("" declares none). */
   readonly buildId: string;
+  /** The labels this worker declares in its claims. */
+  readonly labels: Readonly<Record<string, string>>;
   readonly projects: readonly string[];
   readonly client: Client;
   private readonly counts: Omit<WorkerStats, "completeRunsCalls" | "completionsCarried"> = {
@@ -212,6 +219,7 @@ export class Worker {
     if (!(this.concurrency >= 1)) throw new WorkerError("concurrency must be at least 1");
     this.workerId = options.workerId ?? defaultWorkerId();
     this.buildId = options.buildId ?? workerBuild();
+    this.labels = { ...(options.labels ?? workerLabels()) };
     this.leaseTtl = options.leaseTtl;
     this.heartbeatInterval = options.heartbeatInterval ?? Math.min(30, (options.leaseTtl ?? 300) / 3);
     if (options.leaseTtl && this.heartbeatInterval >= options.leaseTtl) {
@@ -362,6 +370,7 @@ export class Worker {
           complete: [],
           claimId: id,
           buildId: this.buildId,
+          labels: { ...this.labels },
         },
         this.claimWait + this.callTimeout,
       );
@@ -423,6 +432,7 @@ export class Worker {
         complete: carried.map((p) => p.request),
         claimId: id,
         buildId: this.buildId,
+        labels: { ...this.labels },
       });
     } catch (err) {
       if (!(err instanceof AwooopError)) throw err;

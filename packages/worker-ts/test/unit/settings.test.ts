@@ -1,7 +1,7 @@
 // Addresses and settings as the Python SDK and the CLI read them (pure functions of the environment).
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { address, apiKey, channelTarget, workerHttpPort } from "../../src/index";
+import { address, apiKey, channelTarget, workerHttpPort, workerLabels } from "../../src/index";
 
 test("an address: given, else _ADDR, else _PORT on AWOOOP_HOST, else the awooop up port", () => {
   const env = { AWOOOP_SCHEDULER_ADDR: "sched:1", AWOOOP_SCHEDULER_PORT: "2", AWOOOP_HOST: "10.0.0.9" };
@@ -30,4 +30,10 @@ test("AWOOOP_WORKER_HTTP_PORT: unset serves nothing, a port number serves there,
   for (const bad of ["http", "-1", "65536", "94.6"]) {
     assert.throws(() => workerHttpPort({ AWOOOP_WORKER_HTTP_PORT: bad }), /AWOOOP_WORKER_HTTP_PORT: not a port number/);
   }
+});
+
+test("AWOOOP_WORKER_LABELS: key=value pairs, blanks ignored, a pair without = refused", () => {
+  assert.deepEqual(workerLabels({ AWOOOP_WORKER_LABELS: " gpu=a100, region=eu ,," }), { gpu: "a100", region: "eu" });
+  assert.deepEqual(workerLabels({}), {});
+  assert.throws(() => workerLabels({ AWOOOP_WORKER_LABELS: "gpu" }), /not key=value/);
 });

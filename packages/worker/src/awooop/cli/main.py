@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Collection
 from importlib.metadata import entry_points
 
-from awooop.cli import builds, channels, demo, flow, health, runs
+from awooop.cli import builds, channels, demo, flow, health, runs, workers
 
 # each module contributes subcommands: register(subparsers) sets args.func
 Register = Callable[[argparse._SubParsersAction], None]  # type: ignore[type-arg]
@@ -20,6 +20,7 @@ MODULES: list[Register] = [
     channels.register,
     flow.register,
     builds.register,
+    workers.register,
     demo.register,
 ]
 # the entry-point group where other packages (the server package) add commands: register functions

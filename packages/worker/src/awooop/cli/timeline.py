@@ -7,6 +7,7 @@ timeline contains is defined here once; each renderer only decides how it looks.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,7 @@ WAIT_REASONS = {
     "rate_limited": "key {key} started its rate's worth in this window; claimable from {t}",
     "held": "held: its worker's code did not replay its journal; `awooop runs unhold` after deploying code"
     " that does, or `awooop runs cancel` (compensates)",
+    "labels": "no live worker has the labels it requires ({labels}); claimable when one claims (`awooop workers list`)",
 }
 
 
@@ -113,7 +115,14 @@ def waiting_why(run: common_pb2.Run) -> str:
     if text is None:
         return f"{run.wait_reason} until {when(run.not_before)}" if run.wait_reason else ""
     # wait_key: the key it waits on; a server older than several keys per run sends only the one
-    return text.format(t=when(run.not_before), key=run.wait_key or run.concurrency_key)
+    return text.format(
+        t=when(run.not_before), key=run.wait_key or run.concurrency_key, labels=label_words(run.required_labels)
+    )
+
+
+def label_words(labels: Mapping[str, str]) -> str:
+    """key=value,key=value (the form AWOOOP_WORKER_LABELS and the CLI's flags take)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 def waiting_for_build_text(run: common_pb2.Run) -> str:
@@ -155,6 +164,12 @@ def run_fields(
         rows.append(("concurrency keys" if len(keys) > 1 else "concurrency key", ", ".join(keys)))
     if run.build_id:
         rows.append(("build", build_text(run)))
+    if run.required_labels:
+        rows.append(("requires labels", label_words(run.required_labels)))
+    if run.preferred_labels:
+        rows.append(("prefers labels", label_words(run.preferred_labels)))
+    if run.sticky_worker:  # parked on a wait or an approval: its resume prefers this worker
+        rows.append(("resumes on", f"{run.sticky_worker}{style.gap}(preferred for a while after it resumes)"))
     waiting = waiting_for_build_text(run) if waiting_for_build else waiting_why(run)
     if waiting:
         rows.append(("waiting", waiting))

@@ -94,6 +94,20 @@ class _Held:
 
 # the environment variable a Worker without build_id= takes its build from (docs/versioning.md)
 BUILD_ENV = "AWOOOP_WORKER_BUILD"
+# the environment variable a Worker without labels= takes its labels from, as key=value,key=value
+# (docs/flow-control.md, "Worker labels")
+LABELS_ENV = "AWOOOP_WORKER_LABELS"
+
+
+def labels_from_env(value: str) -> dict[str, str]:
+    """AWOOOP_WORKER_LABELS's key=value,key=value as labels ("" none)."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        key, eq, label = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"{LABELS_ENV}: {item!r} is not key=value")
+        out[key.strip()] = label.strip()
+    return out
 
 
 @dataclass
@@ -143,6 +157,7 @@ class Worker:
         channel_options: Sequence[tuple[str, Any]] | None = None,
         tracer_provider: Any = None,
         build_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         """The options are documented in docs/worker-sdk.md. Long because it is a flat list of
         them: each is checked and kept here once, beside the state the worker's loops share."""
@@ -156,6 +171,8 @@ class Worker:
         self.worker_id = worker_id or default_worker_id()
         # the build of this worker's code (docs/versioning.md); "" declares none
         self.build_id = os.environ.get(BUILD_ENV, "") if build_id is None else build_id
+        # what this worker offers runs that require or prefer labels (docs/flow-control.md)
+        self.labels = labels_from_env(os.environ.get(LABELS_ENV, "")) if labels is None else dict(labels)
         self.concurrency = concurrency
         # None: the scheduler's configured lease (default 5 min)
         self.lease_ttl = lease_ttl
@@ -281,6 +298,7 @@ class Worker:
                 lease_ttl=_duration(self.lease_ttl),
                 claim_id=claim_id,
                 build_id=self.build_id,
+                labels=self.labels,
             )
             sent_at = time.monotonic()
             self.stats.claims_sent += 1
@@ -327,6 +345,7 @@ class Worker:
             complete=[r for r, _ in carried],
             claim_id=claim_id,
             build_id=self.build_id,
+            labels=self.labels,
         )
         self.stats.claims_sent += 1
         try:
