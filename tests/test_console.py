@@ -766,3 +766,30 @@ async def test_the_schedules_page_lists_next_ticks_and_failures_and_an_admin_del
         assert status == 200  # the admin key is an admin of every project ("*")
     finally:
         await admin.close()
+
+
+async def test_the_workers_page_lists_labels_and_a_run_page_says_why_a_labelled_run_waits(
+    env: ConsoleEnv, browser: Browser
+) -> None:
+    """The Workers page lists the workers whose claims came, with their labels, as `awooop workers
+    list`; a run that requires labels no live worker has shows them and why it waits."""
+    from tests.harness import rpc_runs
+    from tests.harness.helpers import eventually
+
+    await env.worker.call(
+        env.worker.scheduler.ClaimRuns,
+        scheduler_pb2.ClaimRunsRequest(worker_id="gpu<1>", project_ids=["ops"], labels={"gpu": "a100"}),
+    )
+    (run_id,) = await rpc_runs.ingest_runs(env.admin, "ops", [{}], required_labels={"gpu": "h100"})
+    await browser.signin(env.viewer_key)
+    status, html, _ = await browser.get("/projects/ops/workers")
+    assert status == 200 and 'href="/projects/ops/workers"' in html
+    assert "<code>gpu&lt;1&gt;</code>" in html and "<code>gpu=a100</code>" in html and ">live<" in html
+
+    async def says_why() -> bool:
+        _, page, _ = await browser.get(f"/runs/{run_id}")
+        return "no live worker has the labels it requires (gpu=h100)" in page
+
+    await eventually(says_why, timeout=30, what="the label sweep parked the run, its page says why")
+    _, page, _ = await browser.get(f"/runs/{run_id}")
+    assert "requires labels" in page and "gpu=h100" in page

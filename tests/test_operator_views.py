@@ -38,7 +38,13 @@ def _cli_cmd(env: ConsoleEnv, *args: str) -> tuple[list[str], dict[str, str]]:
     group = args[0]
     flags: list[str] = []
     scheduler = ("scheduler",)
-    by_group = {"runs": ("scheduler", "saga"), "flow": scheduler, "builds": scheduler, "channels": ("ingest",)}
+    by_group = {
+        "runs": ("scheduler", "saga"),
+        "flow": scheduler,
+        "builds": scheduler,
+        "workers": scheduler,
+        "channels": ("ingest",),
+    }
     for service in by_group.get(group, ()):
         flags += [f"--{service}", env.addr(service)]
     cmd = [sys.executable, "-m", "awooop.cli", *args, *flags]
@@ -261,6 +267,7 @@ async def test_every_json_command_prints_one_object_with_lists_under_a_named_key
         ("config",): ("settings",),
         ("builds", "list"): ("builds",),
         ("builds", "patches"): ("patches",),
+        ("workers", "list"): ("workers",),
     }
     commands: dict[tuple[str, ...], list[str]] = {
         ("runs", "list"): ["--project", PROJECT],
@@ -274,6 +281,7 @@ async def test_every_json_command_prints_one_object_with_lists_under_a_named_key
         ("builds", "undrain"): ["--project", PROJECT, "v1"],
         ("builds", "list"): ["--project", PROJECT],
         ("builds", "patches"): ["--project", PROJECT],
+        ("workers", "list"): ["--project", PROJECT],
         ("runs", "waits", "list"): [parked_a],
         ("runs", "waits", "complete"): [parked_a, "--result", '{"ok": true}'],
         ("runs", "waits", "expire"): [parked_b],

@@ -1,6 +1,8 @@
 """A tiny real worker process for crash tests, on the raw generated stubs (no SDK).
 
-    python tests/worker_proc.py ADDRESS API_KEY PROJECT WORKER_ID [HEARTBEAT_SECONDS]
+    python tests/worker_proc.py ADDRESS API_KEY PROJECT WORKER_ID [HEARTBEAT_SECONDS [LABELS]]
+
+LABELS: the worker's labels as key=value,key=value (ClaimRunsRequest.labels).
 
 Claims one run (waiting for it up to 30 s), prints its lease as one JSON line on stdout,
 then renews the lease every HEARTBEAT_SECONDS (default 0.2) forever, printing each outcome
@@ -21,11 +23,16 @@ from awooop.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 def main(argv: list[str]) -> int:
     address, key, project, worker_id = argv[1:5]
     interval = float(argv[5]) if len(argv) > 5 else 0.2
+    labels = dict(pair.split("=", 1) for pair in argv[6].split(",")) if len(argv) > 6 else {}
     metadata = (("authorization", f"Bearer {key}"),)
     stub = scheduler_pb2_grpc.SchedulerServiceStub(grpc.insecure_channel(address))
     resp = stub.ClaimRuns(
         scheduler_pb2.ClaimRunsRequest(
-            worker_id=worker_id, project_ids=[project], max_runs=1, wait=duration_pb2.Duration(seconds=30)
+            worker_id=worker_id,
+            project_ids=[project],
+            max_runs=1,
+            wait=duration_pb2.Duration(seconds=30),
+            labels=labels,
         ),
         metadata=metadata,
         timeout=40,

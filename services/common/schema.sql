@@ -1533,6 +1533,9 @@ CREATE INDEX awooop_wait_event_idx ON public.awooop_wait USING btree (created_at
 -- INDEX: awooop_wait_token_wait_idx
 CREATE INDEX awooop_wait_token_wait_idx ON public.awooop_wait_token USING btree (wait_id);
 
+-- INDEX: awooop_worker_id_idx
+CREATE INDEX awooop_worker_id_idx ON public.awooop_worker USING btree (worker_id);
+
 -- TRIGGER: awooop_audit_log awooop_audit_log_insert
 CREATE TRIGGER awooop_audit_log_insert INSTEAD OF INSERT ON public.awooop_audit_log FOR EACH ROW EXECUTE FUNCTION public.awooop_audit_log_insert();
 

@@ -5,6 +5,7 @@ pruning of recorded claim answers), each safe to run in several replicas at once
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -42,9 +43,6 @@ def _background(
     s = ctx.settings
     sampler = QueueSampler(ctx.pool, ctx.settings.build_live_seconds)
 
-    async def listen() -> None:
-        await listener.run()
-
     policy = json.dumps(retry_policy.defaults(s))
 
     async def reap_loop() -> None:
@@ -74,15 +72,6 @@ def _background(
     async def wait_sweep_loop() -> None:
         await periodic(waits.SWEEP_LOOP, s.wait_sweep_interval, lambda: waits.sweep(ctx.pool), ctx.stopping)
 
-    async def label_sweep_loop() -> None:
-        if s.label_sweep_interval > 0:
-            await periodic(
-                workers.SWEEP_LOOP,
-                s.label_sweep_interval,
-                lambda: workers.sweep(ctx.pool, s.worker_live_seconds),
-                ctx.stopping,
-            )
-
     async def claim_answers_loop() -> None:
         await periodic(
             "scheduler.claim_answers",
@@ -96,12 +85,12 @@ def _background(
             await periodic("scheduler.queue_metrics", s.queue_metrics_interval, sampler.sample, ctx.stopping)
 
     return [
-        listen,
+        listener.run,
         reap_loop,
         approval_sweep_loop,
         queue_metrics_loop,
         schedule_loop,
         claim_answers_loop,
         wait_sweep_loop,
-        label_sweep_loop,
+        functools.partial(workers.sweep_loop, ctx),
     ]

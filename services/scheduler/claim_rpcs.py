@@ -244,6 +244,8 @@ class ClaimRpcs:
         # the answer does not reveal whether such a run exists
         projects = projects_with(current_principal(), "worker")
         renewals = await leases.heartbeat(self.pool, worker_id, lease_list, lease_ttl, projects)
+        if any(r.lease_until is not None for r in renewals):
+            await self.workers.beat(worker_id)  # busy with long runs, it claims nothing: still live
         out = []
         stamps: dict[Any, Any] = {}  # one statement renews every lease to the same instant: convert it once
         for token, r in zip(request.leases, renewals, strict=True):

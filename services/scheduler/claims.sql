@@ -184,8 +184,8 @@ picked AS (
                        AND (NOT p.draining
                             OR (build_id = :build_id::text
                                 AND EXISTS (SELECT 1 FROM awooop_saga_step s WHERE s.run_id = awooop_run_state.run_id)))
-                       AND (required_labels IS NULL OR :labels::jsonb @> required_labels)
-                       AND (preferred_labels IS NULL OR :labels::jsonb @> preferred_labels
+                       AND (required_labels IS NULL OR :labels::text::jsonb @> required_labels)
+                       AND (preferred_labels IS NULL OR :labels::text::jsonb @> preferred_labels
                             OR GREATEST(updated_at, not_before) < now() - make_interval(secs => :prefer_secs)
                             OR NOT EXISTS (SELECT 1 FROM awooop_worker w
                                             WHERE w.project_id = p.project_id AND w.labels @> preferred_labels

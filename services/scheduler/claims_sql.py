@@ -284,7 +284,7 @@ async def claim_runs(
     claim_id: str | None,
     projects: Sequence[str | None] | None,
     build_id: str | None,
-    labels: object,
+    labels: str | None,
     prefer_secs: float | None,
     live_secs: float | None,
     sticky_secs: float | None,

@@ -16,6 +16,7 @@ import asyncpg
 
 from services.common import labels as labels_rule
 from services.common import loops
+from services.common.runtime import AppContext
 from services.common.settings import Settings
 from services.scheduler import metrics, workers_sql
 
@@ -78,6 +79,7 @@ class WorkerRegistry:
         self.every = min(SEEN_EVERY, live_seconds / 4)
         self.max_kept = max_kept
         self._seen: dict[tuple[str, str], tuple[float, tuple[str, str] | None]] = {}
+        self._beats: dict[str, float] = {}
 
     async def seen(self, projects: Sequence[str], worker_id: str, routing: Routing) -> None:
         now = time.monotonic()
@@ -105,6 +107,17 @@ class WorkerRegistry:
         for p in due:
             self._seen[p, worker_id] = (now, declared)
 
+    async def beat(self, worker_id: str) -> None:
+        """A heartbeat of worker_id renewed a lease: it is marked seen (in every project it is
+        registered in), at most every `every` seconds in this process."""
+        now = time.monotonic()
+        if now - self._beats.get(worker_id, -self.every) < self.every:
+            return
+        if len(self._beats) > self.max_kept:
+            self._beats.clear()
+        self._beats[worker_id] = now
+        await workers_sql.worker_beat(self.pool, worker_id=worker_id)
+
 
 async def sweep(pool: asyncpg.Pool, live_secs: float) -> None:
     """Parks the queued runs that require labels no live worker has, wakes those one can take
@@ -125,6 +138,15 @@ async def sweep(pool: asyncpg.Pool, live_secs: float) -> None:
             )
         except Exception as exc:
             loops.row_failed(SWEEP_LOOP, f"project {row['project_id']}", exc)
+
+
+async def sweep_loop(ctx: AppContext) -> None:
+    """The label sweep every AWOOOP_LABEL_SWEEP_INTERVAL (0: off) until shutdown."""
+    s = ctx.settings
+    if s.label_sweep_interval > 0:
+        await loops.periodic(
+            SWEEP_LOOP, s.label_sweep_interval, lambda: sweep(ctx.pool, s.worker_live_seconds), ctx.stopping
+        )
 
 
 def _count(row: workers_sql.SweepLabelsRow | None) -> None:

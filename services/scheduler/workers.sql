@@ -12,7 +12,7 @@
 -- NULL) and their projects notified, so the claim that follows takes them.
 WITH seen AS (
     INSERT INTO awooop_worker AS w (project_id, worker_id, labels, build_id)
-    SELECT p.project_id, :worker_id::text, :labels::jsonb, NULLIF(:build_id::text, '')
+    SELECT p.project_id, :worker_id::text, :labels::text::jsonb, NULLIF(:build_id::text, '')
       FROM unnest(:projects::text[]) AS p(project_id)
      WHERE CASE WHEN EXISTS (SELECT 1 FROM awooop_worker k
                               WHERE k.project_id = p.project_id AND k.worker_id = :worker_id::text)
@@ -29,31 +29,31 @@ woken AS (
      WHERE :wake::bool
        AND r.project_id IN (SELECT project_id FROM seen)
        AND r.required_labels IS NOT NULL AND r.status IN ('PENDING', 'RESUMED')
-       AND r.wait_reason = 'labels' AND :labels::jsonb @> r.required_labels
+       AND r.wait_reason = 'labels' AND :labels::text::jsonb @> r.required_labels
  RETURNING r.project_id
 )
 SELECT count(pg_notify('awooop_run_ready', project_id)) FROM (SELECT DISTINCT project_id FROM woken) w
 
+-- name: WorkerBeat :exec
+-- A heartbeat of :worker_id renewed a lease: the worker is marked seen in every project it is
+-- registered in (a worker busy with long runs claims nothing, and is live all the same).
+UPDATE awooop_worker SET last_seen_at = now() WHERE worker_id = :worker_id::text
+
 -- name: SweepLabels :one
 -- not null: parked, woken
 -- The label sweep of :project_id (NULL: every project): a queued run that requires labels no live
--- worker of its project has (a claim seen within :live_secs, or a lease held: a worker busy with
--- long runs does not claim) is parked (not_before 'infinity',
+-- worker of its project has (a claim or a heartbeat seen within :live_secs: a worker busy with
+-- long runs does not claim, it heartbeats) is parked (not_before 'infinity',
 -- wait_reason 'labels': past the due bound of the claim's scans, so claims do not read it); a
 -- parked one that a live worker can take again is woken and its project notified. Only runs that
 -- are due (or parked by this sweep) are looked at: a run delayed, backing off, held or parked
 -- behind a key keeps its reason. The runs are read by awooop_run_labeled_idx (only runs that
 -- require labels are in it). A row a claim holds is waited for and then re-checked (it is RUNNING
 -- by then, and left alone). Registrations unseen for :forget_secs are dropped.
-WITH leasing AS MATERIALIZED (
-    SELECT DISTINCT project_id, worker_id FROM awooop_run_state
-     WHERE status IN ('RUNNING', 'WAITING_TOOL') AND worker_id IS NOT NULL
-),
-live AS MATERIALIZED (
-    SELECT w.project_id, w.labels FROM awooop_worker w
-     WHERE (w.last_seen_at > now() - make_interval(secs => :live_secs)
-            OR (w.project_id, w.worker_id) IN (SELECT project_id, worker_id FROM leasing))
-       AND (:project_id::text IS NULL OR w.project_id = :project_id::text)
+WITH live AS MATERIALIZED (
+    SELECT project_id, labels FROM awooop_worker
+     WHERE last_seen_at > now() - make_interval(secs => :live_secs)
+       AND (:project_id::text IS NULL OR project_id = :project_id::text)
 ),
 queued AS (
     SELECT r.run_id, r.wait_reason IS NOT DISTINCT FROM 'labels' AS parked,

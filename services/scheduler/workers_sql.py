@@ -10,6 +10,7 @@ from services.common import sql
 
 Q = sql.load(__file__, "workers.sql")
 WORKER_SEEN = Q["WorkerSeen"]
+WORKER_BEAT = Q["WorkerBeat"]
 SWEEP_LABELS = Q["SweepLabels"]
 LABELED_PROJECTS = Q["LabeledProjects"]
 PROJECT_WORKERS = Q["ProjectWorkers"]
@@ -83,7 +84,7 @@ async def worker_seen(
     /,
     *,
     worker_id: str | None,
-    labels: object,
+    labels: str | None,
     build_id: str | None,
     projects: Sequence[str | None] | None,
     max_workers: int | None,
@@ -107,6 +108,15 @@ async def worker_seen(
     )
 
 
+async def worker_beat(db: sql.Queryable, /, *, worker_id: str | None, query_timeout: float | None = None) -> str:
+    """WorkerBeat (workers.sql).
+
+    A heartbeat of :worker_id renewed a lease: the worker is marked seen in every project it is
+    registered in (a worker busy with long runs claims nothing, and is live all the same).
+    """
+    return await db.execute(WORKER_BEAT.sql, worker_id, timeout=query_timeout)
+
+
 async def sweep_labels(
     db: sql.Queryable,
     /,
@@ -119,8 +129,8 @@ async def sweep_labels(
     """SweepLabels (workers.sql).
 
     The label sweep of :project_id (NULL: every project): a queued run that requires labels no live
-    worker of its project has (a claim seen within :live_secs, or a lease held: a worker busy with
-    long runs does not claim) is parked (not_before 'infinity',
+    worker of its project has (a claim or a heartbeat seen within :live_secs: a worker busy with
+    long runs does not claim, it heartbeats) is parked (not_before 'infinity',
     wait_reason 'labels': past the due bound of the claim's scans, so claims do not read it); a
     parked one that a live worker can take again is woken and its project notified. Only runs that
     are due (or parked by this sweep) are looked at: a run delayed, backing off, held or parked

@@ -17,9 +17,9 @@ ALTER TABLE awooop_run_state
 
 -- The workers seen per project, with the labels they declared (ClaimRunsRequest.labels): written
 -- when a claim arrives (at most every few seconds per scheduler, project and worker, and at once
--- when its labels or build change), read by the claim (is the preferred or sticky worker live?
--- is the sticky one of the claimer's build?) and by the label sweep (is any live worker able to
--- take a run that requires labels?).
+-- when its labels or build change) and kept fresh by its heartbeats; read by the claim (is the
+-- preferred or sticky worker live? is the sticky one of the claimer's build?) and by the label
+-- sweep (is any live worker able to take a run that requires labels?).
 CREATE TABLE awooop_worker (
     project_id    VARCHAR(64)  NOT NULL,
     worker_id     VARCHAR(128) NOT NULL,
@@ -29,6 +29,8 @@ CREATE TABLE awooop_worker (
     last_seen_at  TIMESTAMPTZ  NOT NULL DEFAULT now(),
     CONSTRAINT awooop_worker_pkey PRIMARY KEY (project_id, worker_id)
 );
+-- a heartbeat marks its worker seen in all its projects (workers.sql WorkerBeat)
+CREATE INDEX awooop_worker_id_idx ON awooop_worker (worker_id);
 
 -- The queued runs that require labels, per project: what the label sweep reads (to park those no
 -- live worker can take, and wake them when one can). Only such runs are in it.
