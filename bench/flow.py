@@ -5,6 +5,10 @@ the lateness of delayed runs, and dispatch latency.
   back so every execution sees the same rows) of a project with 1,000 ready runs and 10,000
   parked on a busy concurrency key, against the same statement for a project with the same
   1,000 ready runs and none parked.
+- claim_cost_labels: the same single-project claim, by a worker labelled gpu=a100, of a project with
+  1,000 ready runs and 10,000 that require gpu=h100, which no worker has (parked by the label sweep,
+  workers.sql SweepLabels, run here as the scheduler runs it), against the same claim of PLAIN. The
+  JSON also has the claim before the sweep parked them (`unparked_ms`): what parking saves.
 - claim_cost_other_backlog: the multi-project claim for two projects where the other holds a
   10,000-run backlog, against the same claim where the other holds 10 runs (so both sides take
   runs from both projects and only the backlog's size differs).
@@ -49,8 +53,9 @@ from bench.ingest import ingest_event
 from bench.loadgen import run_processes, split
 from bench.report import Figure
 from services.common import sql
-from services.scheduler import claim_answers, claiming
-from services.scheduler.workers import NO_ROUTING
+from services.common.db import MAX_CACHED_STATEMENT
+from services.scheduler import claim_answers, claiming, workers_sql
+from services.scheduler.workers import Routing
 
 PROJECT = "bench"
 MAX_BATCH = 1000  # IngestEvents' limit per call
@@ -67,6 +72,11 @@ PARKED_SQL = f"""INSERT INTO awooop_run_state (project_id, channel_type, input, 
                    FROM generate_series(1, $2)"""
 
 
+UNROUTABLE_SQL = """INSERT INTO awooop_run_state (project_id, channel_type, input, required_labels, created_at)
+                    SELECT $1, 'api', '{}', '{"gpu": "h100"}', now() - interval '2 hours' + g * interval '1 millisecond'
+                      FROM generate_series(1, $2) g"""
+
+
 def _reported(key: str, title: str) -> list[Figure]:
     return [Figure(f"{key}_{p}", f"{title}, {p}", "ms", "report", None, "reported") for p in ("p50", "p99")]
 
@@ -76,6 +86,16 @@ def declare(cfg: Config) -> list[Figure]:
         Figure(
             "claim_cost_busy_key",
             f"claim statement with {PARKED:,} runs waiting on a busy key",
+            "ms",
+            "ratio_le",
+            1.2,
+            "≤ 1.2 ×",
+            baseline_label="the same claim of a project with the same ready runs and none waiting",
+            baseline_unit="ms",
+        ),
+        Figure(
+            "claim_cost_labels",
+            f"claim statement with {PARKED:,} runs waiting for a label no worker has",
             "ms",
             "ratio_le",
             1.2,
@@ -106,9 +126,14 @@ def declare(cfg: Config) -> list[Figure]:
 # the claim-cost database: PROJECT with ready runs and runs parked on a busy key, PLAIN with the
 # same ready runs and nothing parked, and two other projects that differ only in their backlog
 PLAIN = "plain"
+LABELS = "labels"  # READY ready runs and PARKED that require a label no worker has
 SMALL = "other-small"
 BIG = "other-big"
 READY = 1000
+
+
+# the claiming worker's routing: labelled, as a GPU worker of a labelled fleet
+LABELLED = Routing(labels_json='{"gpu": "a100"}')
 
 
 def _claim_args(st: sql.Statement, arg: Any) -> tuple[Any, ...]:
@@ -119,7 +144,7 @@ def _claim_args(st: sql.Statement, arg: Any) -> tuple[Any, ...]:
         lease_secs=60.0,
         worker_id="bench-w",
         actor="bench",
-        **NO_ROUTING.params(),
+        **LABELLED.params(),
         **claim_answers.NO_KEY,
         **claiming.NO_COMPLETIONS,
     )
@@ -172,17 +197,23 @@ async def _claim_costs(stores: env.Stores, cfg: Config, figures: dict[str, Figur
     rounds = 5 if cfg.quick else 15
     per_round = 10 if cfg.quick else 20
     dsn = await stores.create_database("flow_claim")
-    conn = await asyncpg.connect(dsn)
+    conn = await asyncpg.connect(dsn, max_cacheable_statement_size=MAX_CACHED_STATEMENT)  # as the pool: cached
     try:
-        for project, n in ((PROJECT, READY), (PLAIN, READY), (SMALL, 10), (BIG, PARKED)):
+        for project, n in ((PROJECT, READY), (PLAIN, READY), (SMALL, 10), (BIG, PARKED), (LABELS, READY)):
             await conn.execute(READY_SQL, project, n)
         await conn.execute(PARKED_SQL, PROJECT, PARKED)
+        await conn.execute(UNROUTABLE_SQL, LABELS, PARKED)
         await conn.execute("VACUUM ANALYZE awooop_run_state")
         single = claiming.claim_statement(1, 10)
         multi = claiming.claim_statement(2, 10)
+        unparked = await _unparked_ms(conn, single)  # before the sweep: the claim reads them one by one
+        swept = await workers_sql.sweep_labels(conn, project_id=None, live_secs=60.0, forget_secs=86400.0)
+        assert swept is not None and swept["parked"] == PARKED, swept
+        await conn.execute("VACUUM ANALYZE awooop_run_state")
         sides: dict[str, tuple[sql.Statement, Any]] = {
             "busy": (single, PROJECT),
             "plain": (single, PLAIN),
+            "labels": (single, LABELS),
             "big": (multi, [PLAIN, BIG]),
             "small": (multi, [PLAIN, SMALL]),
         }
@@ -212,9 +243,23 @@ async def _claim_costs(stores: env.Stores, cfg: Config, figures: dict[str, Figur
     figures["claim_cost_busy_key"].measured(
         ms["busy"], ms["plain"], **common, explain={"with": explained["busy"], "without": explained["plain"]}
     )
+    figures["claim_cost_labels"].measured(
+        ms["labels"],
+        ms["plain"],
+        **common,
+        unparked_ms=unparked,
+        explain={"with": explained["labels"], "without": explained["plain"]},
+    )
     figures["claim_cost_other_backlog"].measured(
         ms["big"], ms["small"], **common, explain={"with": explained["big"], "without": explained["small"]}
     )
+
+
+async def _unparked_ms(conn: asyncpg.Connection, st: sql.Statement) -> float:
+    """The median claim of LABELS while its unroutable runs are not parked yet."""
+    for _ in range(10):  # warm: past asyncpg's five custom plans to the generic one
+        await _once_ms(conn, st, LABELS)
+    return statistics.median([await _once_ms(conn, st, LABELS) for _ in range(20)])
 
 
 def _pct(values: list[float], q: float) -> float:

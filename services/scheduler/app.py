@@ -5,7 +5,6 @@ pruning of recorded claim answers), each safe to run in several replicas at once
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -92,5 +91,5 @@ def _background(
         schedule_loop,
         claim_answers_loop,
         wait_sweep_loop,
-        functools.partial(workers.sweep_loop, ctx),
+        workers.sweep_loop(ctx),
     ]

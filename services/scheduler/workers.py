@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,13 +140,18 @@ async def sweep(pool: asyncpg.Pool, live_secs: float) -> None:
             loops.row_failed(SWEEP_LOOP, f"project {row['project_id']}", exc)
 
 
-async def sweep_loop(ctx: AppContext) -> None:
-    """The label sweep every AWOOOP_LABEL_SWEEP_INTERVAL (0: off) until shutdown."""
+def sweep_loop(ctx: AppContext) -> Callable[[], Coroutine[Any, Any, None]]:
+    """The service's background loop of the label sweep: every AWOOOP_LABEL_SWEEP_INTERVAL (0:
+    off) until shutdown."""
     s = ctx.settings
-    if s.label_sweep_interval > 0:
-        await loops.periodic(
-            SWEEP_LOOP, s.label_sweep_interval, lambda: sweep(ctx.pool, s.worker_live_seconds), ctx.stopping
-        )
+
+    async def label_sweep_loop() -> None:
+        if s.label_sweep_interval > 0:
+            await loops.periodic(
+                SWEEP_LOOP, s.label_sweep_interval, lambda: sweep(ctx.pool, s.worker_live_seconds), ctx.stopping
+            )
+
+    return label_sweep_loop
 
 
 def _count(row: workers_sql.SweepLabelsRow | None) -> None:
