@@ -28,7 +28,7 @@ from prometheus_client import REGISTRY
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import AwooopError, Client, RunContext, Worker, to_struct
+from awooop.worker import AwooopError, Child, Client, RunContext, Worker, to_struct
 from services.common.runtime import Runtime
 from tests.harness.helpers import ROOT, eventually, key_of
 from tests.harness.suite import QUICK, addresses, start_with_gateway, stop_worker
@@ -54,6 +54,7 @@ class Env:
     db: Any
     ran: dict[str, list[str]] = field(default_factory=dict)  # run id -> the workers that ran its handler
     tokens: dict[str, str] = field(default_factory=dict)  # run id -> its approval token
+    children: dict[str, list[str]] = field(default_factory=dict)  # a fan-out run's id -> its children's
     hold: asyncio.Event = field(default_factory=asyncio.Event)  # a "hold" run's handler waits for it
 
     def worker(self, name: str, labels: dict[str, str] | None = None, **kw: Any) -> Worker:
@@ -76,6 +77,10 @@ class Env:
             what = ctx.input.get("do")
             if what == "hold":
                 await self.hold.wait()
+            elif what == "fanout":  # three children that need a GPU, whoever runs the parent
+                outcomes = await ctx.run_children([Child(input={"child": i}, required_labels=GPU) for i in range(3)])
+                assert all(o.ok for o in outcomes), outcomes
+                self.children[ctx.run_id] = [o.run_id for o in outcomes]
             elif what == "approve":
                 approval = await ctx.request_approval("go?", ttl=600)
                 if not approval.granted:
@@ -153,9 +158,10 @@ async def _claims(w: Worker, n: int = 2) -> None:
 
 async def test_required_labels_route_beside_priorities_a_key_projects_a_pause_and_a_missing_label(env: Env) -> None:
     """Labelled and plain runs in two projects and a paused one, with priorities and a
-    concurrency key of limit 1: every labelled run runs once, on the worker that has the label;
-    the paused project's waits for its resume; a run requiring a label no worker has waits
-    visibly (GetRun, the gauge, the CLI) and runs once a worker with it comes."""
+        concurrency key of limit 1, and a parent whose children need the label: every labelled run runs
+    once, on the worker that has the label;
+        the paused project's waits for its resume; a run requiring a label no worker has waits
+        visibly (GetRun, the gauge, the CLI) and runs once a worker with it comes."""
     admin = env.admin
     await admin.call(
         admin.scheduler.SetConcurrencyLimit,
@@ -166,6 +172,7 @@ async def test_required_labels_route_beside_priorities_a_key_projects_a_pause_an
     keyed = [await env.create(LAB, keys=("gpu-slot",), required_labels=GPU) for _ in range(3)]
     gpu_runs += keyed + [await env.create(OTHER, required_labels=GPU | {"region": "eu"}) for _ in range(3)]
     plain = [await env.create(p) for p in (LAB, OTHER) for _ in range(4)]
+    plain.append(await env.create(OTHER, do="fanout"))
     preferring = [await env.create(LAB, preferred_labels={"region": "nowhere"})]  # no such worker: no wait
     paused = await env.create(PAUSED, required_labels=GPU)
     missing = await env.create(LAB, required_labels={"gpu": "h100"})
@@ -177,7 +184,10 @@ async def test_required_labels_route_beside_priorities_a_key_projects_a_pause_an
     for r in gpu_runs:
         assert env.ran[r] == ["gpu-1"], (r, env.ran[r])
     for r in plain + preferring:
-        assert len(env.ran[r]) == 1, (r, env.ran[r])
+        assert len(env.ran[r]) == 1 or r in env.children, (r, env.ran[r])  # a parent runs again when they end
+    (kids,) = env.children.values()
+    for kid in kids:
+        assert env.ran[kid] == ["gpu-1"] and (await env.run(kid)).required_labels == GPU
 
     # the run nobody can take: parked by the sweep, counted, worded
     async def parked() -> bool:

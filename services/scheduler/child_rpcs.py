@@ -72,12 +72,21 @@ class ChildRpcs:
                 priority=c.priority,
                 policy=None,
                 concurrency_keys=c.concurrency_keys,
+                required_labels=c.required_labels,
+                preferred_labels=c.preferred_labels,
             )
             v.check(0 <= c.max_attempts <= MAX_ATTEMPTS_LIMIT, prefix + "max_attempts", f"0 to {MAX_ATTEMPTS_LIMIT}")
             value = v.struct(prefix + "input", c.input, max_bytes=self.settings.max_payload_bytes)
             specs.append(
                 children.ChildSpec(
-                    step_id, value, options.priority, options.not_before, options.concurrency_keys, c.max_attempts
+                    step_id,
+                    value,
+                    options.priority,
+                    options.not_before,
+                    options.concurrency_keys,
+                    c.max_attempts,
+                    options.required_labels_json,
+                    options.preferred_labels_json,
                 )
             )
         return specs

@@ -40,6 +40,9 @@ class ChildSpec:
     not_before: dt.datetime | None = None
     concurrency_keys: tuple[str, ...] = ()
     max_attempts: int = 0
+    # worker labels as the store's JSON (None: none; services/common/labels.py)
+    required_labels_json: str | None = None
+    preferred_labels_json: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +52,8 @@ class ChildSpec:
             "not_before": self.not_before.isoformat() if self.not_before else None,
             "concurrency_keys": list(self.concurrency_keys) or None,
             "max_attempts": self.max_attempts,
+            "required_labels": json.loads(self.required_labels_json) if self.required_labels_json else None,
+            "preferred_labels": json.loads(self.preferred_labels_json) if self.preferred_labels_json else None,
         }
 
 

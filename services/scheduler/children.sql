@@ -15,7 +15,7 @@ SELECT r.run_id, r.project_id, r.child_depth,
 
 -- name: StartChildRuns :many
 -- Starts the caller's children (:children, a JSON array in the handler's order: step_id, input,
--- priority, not_before, concurrency_keys, max_attempts) in the parent's project, each PENDING with
+-- priority, not_before, concurrency_keys, max_attempts, required_labels, preferred_labels) in the parent's project, each PENDING with
 -- its RUN_CREATED audit row, the parent's trace context (:traceparent: this RPC's span, else the
 -- parent's) and depth + 1; a child the parent started before (same step id: a parent run again
 -- from the top) is found, not started again. With :wait_step_id, the 'children' wait over all of
@@ -36,7 +36,9 @@ spec AS (
            (e.c ->> 'not_before')::timestamptz AS not_before,
            CASE WHEN jsonb_typeof(e.c -> 'concurrency_keys') = 'array'
                 THEN ARRAY(SELECT jsonb_array_elements_text(e.c -> 'concurrency_keys')) END AS concurrency_keys,
-           (e.c ->> 'max_attempts')::int AS max_attempts, e.ord
+           (e.c ->> 'max_attempts')::int AS max_attempts, e.ord,
+           NULLIF(e.c -> 'required_labels', 'null') AS required_labels,
+           NULLIF(e.c -> 'preferred_labels', 'null') AS preferred_labels
       FROM jsonb_array_elements(:children::text::jsonb) WITH ORDINALITY AS e(c, ord)
 ),
 known AS (
@@ -50,14 +52,14 @@ known AS (
 ins AS (
     INSERT INTO awooop_run_state (project_id, channel_type, input, max_attempts, created_by, not_before, wait_reason,
                                   priority, concurrency_keys, traceparent, parent_run_id, parent_step_id, child_depth,
-                                  child_seq)
+                                  child_seq, required_labels, preferred_labels)
     SELECT p.project_id, 'api', s.input,
            COALESCE(NULLIF(s.max_attempts, 0), ((:policy_defaults::text::jsonb
                || COALESCE((SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = p.project_id), '{}'))
                ->> 'max_attempts')::int),
            :principal_id, s.not_before, CASE WHEN s.not_before IS NOT NULL THEN 'delayed' END, COALESCE(s.priority, 0),
            s.concurrency_keys, COALESCE(:traceparent, p.traceparent), p.run_id, s.step_id, p.child_depth + 1,
-           nextval('awooop_child_seq')
+           nextval('awooop_child_seq'), s.required_labels, s.preferred_labels
       FROM (SELECT * FROM spec WHERE step_id NOT IN (SELECT parent_step_id FROM known) ORDER BY ord) s, parent p
     ON CONFLICT (project_id, parent_run_id, parent_step_id) WHERE parent_run_id IS NOT NULL DO NOTHING
     RETURNING run_id, project_id, parent_step_id, status, output, failure_reason, error_code

@@ -136,7 +136,8 @@ async def start_child_runs(
     """StartChildRuns (children.sql).
 
     Starts the caller's children (:children, a JSON array in the handler's order: step_id, input,
-    priority, not_before, concurrency_keys, max_attempts) in the parent's project, each PENDING with
+    priority, not_before, concurrency_keys, max_attempts, required_labels, preferred_labels) in the parent's
+    project, each PENDING with
     its RUN_CREATED audit row, the parent's trace context (:traceparent: this RPC's span, else the
     parent's) and depth + 1; a child the parent started before (same step id: a parent run again
     from the top) is found, not started again. With :wait_step_id, the 'children' wait over all of

@@ -31,6 +31,9 @@ export interface Child {
   concurrencyKeys?: string[];
   /** 0 (the default): the project's retry policy. */
   maxAttempts?: number;
+  /** Worker labels it requires, and prefers (docs/flow-control.md); none of its parent's by default. */
+  requiredLabels?: Record<string, string>;
+  preferredLabels?: Record<string, string>;
 }
 
 /**
@@ -64,6 +67,8 @@ export function childSpec(child: Child, stepId: string): ChildRunSpec {
     notBefore: child.delay ? new Date(Date.now() + child.delay * 1000) : undefined,
     concurrencyKeys: child.concurrencyKeys ?? [],
     maxAttempts: child.maxAttempts ?? 0,
+    requiredLabels: { ...(child.requiredLabels ?? {}) },
+    preferredLabels: { ...(child.preferredLabels ?? {}) },
   };
 }
 

@@ -46,6 +46,9 @@ class Child:
     delay: float | None = None  # seconds before it may be claimed
     concurrency_keys: Sequence[str] = ()  # concurrency and rate keys, as CreateRun's
     max_attempts: int = 0  # 0: the project's retry policy
+    # worker labels it requires and prefers (docs/flow-control.md); none of its parent's by default
+    required_labels: Mapping[str, str] = field(default_factory=dict)
+    preferred_labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ def _spec(c: Child, step_id: str) -> scheduler_pb2.ChildRunSpec:
         priority=c.priority,
         concurrency_keys=list(c.concurrency_keys),
         max_attempts=c.max_attempts,
+        required_labels=dict(c.required_labels),
+        preferred_labels=dict(c.preferred_labels),
     )
     if c.delay:
         when = timestamp_pb2.Timestamp()

@@ -3323,12 +3323,54 @@ class ChildRunSpec(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class RequiredLabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class PreferredLabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     STEP_ID_FIELD_NUMBER: _builtins.int
     INPUT_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     NOT_BEFORE_FIELD_NUMBER: _builtins.int
     CONCURRENCY_KEYS_FIELD_NUMBER: _builtins.int
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    REQUIRED_LABELS_FIELD_NUMBER: _builtins.int
+    PREFERRED_LABELS_FIELD_NUMBER: _builtins.int
     step_id: _builtins.str
     """The child's identity within the parent (1-128 chars), unique per parent."""
     priority: _builtins.int
@@ -3347,6 +3389,14 @@ class ChildRunSpec(_message.Message):
     def concurrency_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Concurrency (and rate) keys, as CreateRun's."""
 
+    @_builtins.property
+    def required_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Worker labels the child requires, and prefers, as IngestEvent's (docs/flow-control.md); a
+        child has none of its parent's unless named here.
+        """
+
+    @_builtins.property
+    def preferred_labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     def __init__(
         self,
         *,
@@ -3356,10 +3406,12 @@ class ChildRunSpec(_message.Message):
         not_before: _timestamp_pb2.Timestamp | None = ...,
         concurrency_keys: _abc.Iterable[_builtins.str] | None = ...,
         max_attempts: _builtins.int = ...,
+        required_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        preferred_labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["input", b"input", "not_before", b"not_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency_keys", b"concurrency_keys", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "priority", b"priority", "step_id", b"step_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency_keys", b"concurrency_keys", "input", b"input", "max_attempts", b"max_attempts", "not_before", b"not_before", "preferred_labels", b"preferred_labels", "priority", b"priority", "required_labels", b"required_labels", "step_id", b"step_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
