@@ -868,3 +868,28 @@ async def test_builds_replay_checks_and_patches_of_the_typescript_sdk(suite: Sui
     assert sorted(s for r, s in ran if r == old_reordered) == ["apply", "fetch", "plan"]
     assert sorted(s for r, s in ran if r == old_patched) == ["apply", "fetch", "plan"]
     assert sorted(s for r, s in ran if r == fresh) == ["apply", "check", "fetch", "plan"]
+
+
+async def test_labels_of_the_typescript_sdk_route_runs_and_children_to_the_worker_that_has_them(
+    suite: Suite, tmp_path: Path
+) -> None:
+    """A TS worker labelled gpu=a100 beside an unlabelled one: the runs that require the label,
+    and the children a parent starts with it, run only on the labelled worker; ListWorkers shows
+    its labels."""
+    labelled = await suite.create_runs({"mode": "quick"}, {"mode": "quick"}, required_labels={"gpu": "a100"})
+    [parent] = await suite.create_runs({"mode": "labelled-children"})
+    async with (
+        node_worker(suite, tmp_path, "gpu", workerId="ts-gpu", labels={"gpu": "a100"}, concurrency=2) as gpu,
+        node_worker(suite, tmp_path, "cpu", workerId="ts-cpu", concurrency=2) as cpu,
+    ):
+        for r in (*labelled, parent):
+            await eventually(lambda r=r: suite.status_is(r, common_pb2.RUN_STATUS_COMPLETED), timeout=60, what=r)
+        workers = await suite.admin.call(
+            suite.admin.scheduler.ListWorkers, scheduler_pb2.ListWorkersRequest(project_id=PROJECT)
+        )
+        assert {w.worker_id: dict(w.labels) for w in workers.workers} == {"ts-gpu": {"gpu": "a100"}, "ts-cpu": {}}
+        assert await gpu.sigterm() == 0 and await cpu.sigterm() == 0, gpu.text() + cpu.text()
+    children = (await suite.run(parent)).output["children"]
+    on_gpu = {e["run_id"] for e in gpu.events() if e["event"] == "handler-started"}
+    on_cpu = {e["run_id"] for e in cpu.events() if e["event"] == "handler-started"}
+    assert set(labelled) | set(children) <= on_gpu and not (set(labelled) | set(children)) & on_cpu

@@ -229,6 +229,14 @@ async function handle(ctx: RunContext): Promise<Json | undefined> {
       }));
       return { outcomes: seen };
     }
+    case "labelled-children": {
+      // two children that need a GPU, whichever worker runs the parent
+      const outcomes = await ctx.runChildren([
+        { input: { mode: "quick" }, requiredLabels: { gpu: "a100" } },
+        { input: { mode: "quick" }, requiredLabels: { gpu: "a100" } },
+      ]);
+      return { children: outcomes.map((o) => o.runId) };
+    }
     case "child-handle": {
       // one child started at once, its result awaited later (the parent parks on `<stepId>:wait`)
       const child = await ctx.startChild({ mode: "quick" }, { stepId: "one" });
