@@ -380,3 +380,79 @@ async def test_bad_labels_are_refused_with_the_field_named_and_the_http_channel_
             body = await resp.json()
     run = await env.run(body["outcomes"][0]["run_id"])
     assert run.required_labels == GPU and run.preferred_labels == {"region": "eu"}
+
+
+async def test_concurrent_claims_and_label_sweeps_claim_every_run_once_on_a_worker_with_its_labels(env: Env) -> None:
+    """Eight claimers (four labelled gpu=a100) claim 300 runs (half require the label) while the
+    label sweep runs again and again, parking the labelled runs whenever the gpu workers' last
+    sighting is older than its tiny liveness window and waking them when one is seen again: every
+    run is claimed exactly once, each labelled one by a labelled claimer, and none is left parked."""
+    from services.common.db import create_pool
+    from services.scheduler import claiming, workers, workers_sql
+
+    assert env.rt.ctx is not None
+    pool = await create_pool(env.rt.ctx.settings.with_(db_pool_max=12))
+    await env.db.execute(
+        """INSERT INTO awooop_run_state (project_id, channel_type, input, required_labels, created_at)
+           SELECT 'race', 'api', '{}', CASE WHEN g % 2 = 0 THEN '{"gpu": "a100"}'::jsonb END,
+                  now() - interval '1 minute' + g * interval '1 ms'
+             FROM generate_series(1, 300) g"""
+    )
+    gpu = workers.Routing(labels_json='{"gpu": "a100"}', live_secs=60.0)
+    plain = workers.Routing(live_secs=60.0)
+    claimed: list[tuple[str, str, bool]] = []  # (run id, claimer, whether the run requires the label)
+    done = asyncio.Event()
+    swept = {"parked": 0, "woken": 0}
+
+    async def claimer(name: str, routing: workers.Routing) -> None:
+        idle = 0
+        while idle < 40:  # 40 empty claims in a row (2 s): nothing left for it
+            rows = await claiming.claim(pool, ["race"], 5, 60.0, name, "test", routing)
+            if routing is gpu and not rows:
+                # seen again: its labels are news to nobody here, so wake explicitly, as a new scheduler would
+                await workers_sql.worker_seen(
+                    pool,
+                    projects=["race"],
+                    worker_id=name,
+                    labels=gpu.labels_json,
+                    build_id="",
+                    wake=True,
+                    max_workers=workers.MAX_WORKERS,
+                )
+            claimed.extend((str(r["run_id"]), name, r["required_labels"] is not None) for r in rows)
+            idle = 0 if rows else idle + 1
+            await asyncio.sleep(0 if rows else 0.05)
+
+    async def sweeper() -> None:
+        while not done.is_set():  # a liveness window of 20 ms: most passes find no gpu worker live
+            row = await workers_sql.sweep_labels(pool, project_id=None, live_secs=0.02, forget_secs=86400.0)
+            assert row is not None
+            swept["parked"] += row["parked"]
+            swept["woken"] += row["woken"]
+            await asyncio.sleep(0.01)
+
+    sweeping = asyncio.create_task(sweeper())
+    try:
+        await asyncio.gather(
+            *(claimer(f"gpu-{i}", gpu) for i in range(4)), *(claimer(f"cpu-{i}", plain) for i in range(4))
+        )
+    finally:
+        done.set()
+        await sweeping
+        await pool.close()
+    ids = [r for r, _, _ in claimed]
+    assert len(ids) == len(set(ids)) == 300, (len(ids), len(set(ids)))
+    assert all(name.startswith("gpu-") for _, name, labelled in claimed if labelled)
+    counts = await env.db.fetchrow(
+        """SELECT count(*) FILTER (WHERE status = 'RUNNING' AND attempt_count = 1) AS once,
+                  count(*) FILTER (WHERE wait_reason = 'labels') AS parked
+             FROM awooop_run_state WHERE project_id = 'race'"""
+    )
+    assert counts["once"] == 300 and counts["parked"] == 0, dict(counts)
+    # the sweep parked labelled runs again and again while they were claimed (and each sighting
+    # of a gpu worker woke them): still every run was claimed once, by the right worker
+    assert swept["parked"] > 150, swept
+    history = await env.db.fetchval(
+        "SELECT count(*) FROM awooop_run_event WHERE project_id = 'race' AND kind = 'CLAIMED'"
+    )
+    assert history == 300
