@@ -182,7 +182,6 @@ async def test_the_claim_statements_generic_plans_probe_indexes(s: Sched) -> Non
         "build_id": "''",
         "labels": "'{}'",
         "prefer_secs": "10.0",
-        "sticky_secs": "30.0",
         "live_secs": "60.0",
     }
     no_completions = {**literals, "run_ids": "'{}'", "attempts": "'{}'", "outputs": "'{}'"}

@@ -40,7 +40,6 @@ SETTINGS = QUICK | {
     "worker_live_seconds": 1.5,  # a worker gone this long no longer counts
     "label_sweep_interval": 0.2,
     "prefer_wait_seconds": 8.0,
-    "sticky_seconds": 60.0,  # longer than any wait below: only liveness ends it early
     "queue_metrics_interval": 0.3,
     "lease_ttl": 3.0,
 }
@@ -260,9 +259,14 @@ async def test_preferred_labels_wait_a_bounded_time_for_a_matching_worker_only_w
 
 
 async def test_a_run_resumed_after_an_approval_sticks_to_its_worker_while_that_worker_is_live(env: Env) -> None:
-    """Two plain workers: a run parked at an approval resumes on the worker that parked it (the
-    other keeps claiming and passes it over); parked again and that worker stopped, it resumes on
-    the other as soon as the first is no longer live, long before the sticky window ends."""
+    """In a project with sticky resume (60 s), two plain workers: a run parked at an approval
+    resumes on the worker that parked it (the other keeps claiming and passes it over); parked
+    again and that worker stopped, it resumes on the other as soon as the first is no longer live,
+    long before the sticky window ends. In a project without it, a parked run names no worker."""
+    flow = scheduler_pb2.SetProjectFlowRequest(project_id=LAB, sticky_resume_seconds=60)  # longer than any wait
+    await env.admin.call(env.admin.scheduler.SetProjectFlow, flow)
+    shown = await env.cli("flow", "show", "--project", LAB)
+    assert "sticky resume    60 s" in shown.stdout, shown.stdout
     a, b = env.worker("w-a"), env.worker("w-b")
     tasks = {"w-a": await _running(a), "w-b": await _running(b)}
     by_name = {"w-a": a, "w-b": b}
@@ -293,6 +297,9 @@ async def test_a_run_resumed_after_an_approval_sticks_to_its_worker_while_that_w
         await eventually(lambda r=run_id: asyncio.sleep(0, len(env.ran[r]) == 2), timeout=30, what="resumed")
         assert env.ran[run_id][1] == (first if round_ == 0 else other), env.ran[run_id]
         assert not (await env.run(run_id)).sticky_worker  # the claim clears it
+    other_project = await env.create(OTHER, do="approve")
+    await eventually(lambda: asyncio.sleep(0, other_project in env.tokens), timeout=30, what="parked in OTHER")
+    assert not (await env.run(other_project)).sticky_worker  # sticky resume is off there
     for name, t in tasks.items():
         await stop_worker(by_name[name], t)
 

@@ -974,6 +974,8 @@ CREATE TABLE public.awooop_project_flow (
     paused boolean DEFAULT false NOT NULL,
     paused_at timestamp with time zone,
     versioning character varying(16) DEFAULT 'pinned'::character varying NOT NULL,
+    sticky_seconds integer DEFAULT 0 NOT NULL,
+    CONSTRAINT awooop_project_flow_sticky_seconds_check CHECK (((sticky_seconds >= 0) AND (sticky_seconds <= 3600))),
     CONSTRAINT awooop_project_flow_versioning_check CHECK (((versioning)::text = ANY ((ARRAY['pinned'::character varying, 'auto_upgrade'::character varying])::text[]))),
     CONSTRAINT awooop_project_flow_weight_check CHECK (((weight >= 1) AND (weight <= 1000)))
 );

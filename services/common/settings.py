@@ -175,8 +175,6 @@ class Settings:
     # a run that prefers labels waits this long (since it became ready) for a worker that has them, when
     # one is live; then any eligible worker takes it
     prefer_wait_seconds: float = 10.0
-    # a run resumed after a wait or an approval waits this long for the worker that held it, while it is live
-    sticky_seconds: float = 30.0
     label_sweep_interval: float = 2.0  # how often runs that require labels are parked or woken (0: off)
     queue_metrics_interval: float = 15.0  # how often runs by project and status are counted for /metrics (0: off)
     metrics_max_projects: int = 100  # projects with their own metrics label; later ones share project="_other"

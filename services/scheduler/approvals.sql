@@ -18,7 +18,11 @@ WITH cur AS (SELECT * FROM awooop_run_cur WHERE cur_run_id = :run_id FOR UPDATE)
 upd AS (
     UPDATE awooop_run_state r
        SET status = 'WAITING_APPROVAL', lease_until = NULL, worker_id = NULL,
-           released_count = r.released_count + 1, sticky_worker = r.worker_id,
+           released_count = r.released_count + 1,
+           -- in a project with sticky resume, its resume prefers this worker (claims.sql, "Labels")
+           sticky_worker = CASE WHEN EXISTS (SELECT 1 FROM awooop_project_flow f
+                                              WHERE f.project_id = r.project_id AND f.sticky_seconds > 0)
+                                THEN r.worker_id END,
            approval_token_hash = :token_hash, approval_expires_at = now() + make_interval(secs => :ttl),
            approval_summary = :summary, approval_decided_by = NULL, approval_decided_at = NULL, updated_at = now()
       FROM cur

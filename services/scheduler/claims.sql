@@ -100,7 +100,8 @@
 -- labels goes only to a worker whose labels contain them. A run that prefers labels goes, for
 -- :prefer_secs after it became ready, only to a worker that has them, unless no such worker is
 -- live (seen within :live_secs, awooop_worker); a run resumed after a wait or an approval goes,
--- for :sticky_secs, only to the worker that held it (sticky_worker), while that worker is live;
+-- for its project's sticky_seconds, only to the worker that held it (sticky_worker, written by the
+-- parking only in a project with sticky resume), while that worker is live;
 -- a worker of another build than the sticky one's is not held back (the run may be moving to a
 -- new build, where the worker it sticks to cannot take it). The claim clears sticky_worker. Runs that require labels no live worker has are parked by the
 -- label sweep (workers.sql ParkForLabels: not_before 'infinity', wait_reason 'labels'), so a claim
@@ -159,6 +160,7 @@ picked AS (
                    row_number() OVER (PARTITION BY p.project_id ORDER BY c.priority DESC, c.due) AS k
               FROM (SELECT u.project_id, -ln(1.0 - random()) AS e, COALESCE(f.weight, 1) AS w,
                            f.versioning IS NOT DISTINCT FROM 'auto_upgrade' AS auto_upgrade,
+                           COALESCE(f.sticky_seconds, 0) AS sticky_secs,
                            b.drained_at IS NOT NULL AS draining,
                            (SELECT n.build_id FROM awooop_worker_build n
                              WHERE n.project_id = u.project_id AND n.drained_at IS NULL
@@ -191,7 +193,7 @@ picked AS (
                                             WHERE w.project_id = p.project_id AND w.labels @> preferred_labels
                                               AND w.last_seen_at > now() - make_interval(secs => :live_secs)))
                        AND (sticky_worker IS NULL OR sticky_worker = :worker_id
-                            OR GREATEST(updated_at, not_before) < now() - make_interval(secs => :sticky_secs)
+                            OR GREATEST(updated_at, not_before) < now() - make_interval(secs => p.sticky_secs)
                             OR NOT EXISTS (SELECT 1 FROM awooop_worker w
                                             WHERE w.project_id = p.project_id AND w.worker_id = sticky_worker
                                               AND w.build_id IS NOT DISTINCT FROM NULLIF(:build_id::text, '')

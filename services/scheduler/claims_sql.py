@@ -287,7 +287,6 @@ async def claim_runs(
     labels: str | None,
     prefer_secs: float | None,
     live_secs: float | None,
-    sticky_secs: float | None,
     lease_secs: float | None,
     actor: str | None,
     sorted_projects: Sequence[str | None] | None,
@@ -375,7 +374,8 @@ async def claim_runs(
     labels goes only to a worker whose labels contain them. A run that prefers labels goes, for
     :prefer_secs after it became ready, only to a worker that has them, unless no such worker is
     live (seen within :live_secs, awooop_worker); a run resumed after a wait or an approval goes,
-    for :sticky_secs, only to the worker that held it (sticky_worker), while that worker is live;
+    for its project's sticky_seconds, only to the worker that held it (sticky_worker, written by the
+    parking only in a project with sticky resume), while that worker is live;
     a worker of another build than the sticky one's is not held back (the run may be moving to a
     new build, where the worker it sticks to cannot take it). The claim clears sticky_worker. Runs that require
     labels no live worker has are parked by the
@@ -411,7 +411,6 @@ async def claim_runs(
             labels,
             prefer_secs,
             live_secs,
-            sticky_secs,
             lease_secs,
             actor,
             sorted_projects,

@@ -44,6 +44,7 @@ class FlowRpcs:
             effective_retry_policy=retry_policy.to_pb(effective),
             paused=flow.paused,
             versioning=VERSIONING_PB[flow.versioning == project_flow.AUTO_UPGRADE],
+            sticky_resume_seconds=flow.sticky_seconds,
         )
 
     async def get_project_flow(
@@ -64,11 +65,14 @@ class FlowRpcs:
         policy = retry_policy.from_pb(v, "retry_policy", request.retry_policy)
         weight = v.int_range("weight", request.weight, 1, project_flow.MAX_WEIGHT, default=project_flow.DEFAULT_WEIGHT)
         auto_upgrade = run_options.auto_upgrade(v, "versioning", request.versioning)
+        sticky = None
+        if request.HasField("sticky_resume_seconds"):
+            sticky = v.int_range("sticky_resume_seconds", request.sticky_resume_seconds, 0, project_flow.MAX_STICKY)
         v.raise_if_any()
         principal = current_principal()
         require_role(principal, project_id, "admin")
         versioning = None if auto_upgrade is None else project_flow.VERSIONING[auto_upgrade]
-        flow = await project_flow.set_flow(self.pool, project_id, policy, weight, principal.actor, versioning)
+        flow = await project_flow.set_flow(self.pool, project_id, policy, weight, principal.actor, versioning, sticky)
         return scheduler_pb2.SetProjectFlowResponse(flow=self._flow_pb(flow))
 
     async def set_concurrency_limit(

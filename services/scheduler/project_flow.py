@@ -14,6 +14,7 @@ from services.scheduler import project_flow_sql
 
 DEFAULT_WEIGHT = 1
 MAX_WEIGHT = 1000
+MAX_STICKY = 3600  # sticky resume seconds (the CHECK of awooop_project_flow.sticky_seconds)
 PINNED, AUTO_UPGRADE = "pinned", "auto_upgrade"  # awooop_project_flow.versioning (its CHECK)
 VERSIONING = {False: PINNED, True: AUTO_UPGRADE}  # by auto-upgrade
 
@@ -25,6 +26,9 @@ class ProjectFlow:
     weight: int
     paused: bool = False
     versioning: str = PINNED  # awooop_project_flow.versioning: pinned or auto_upgrade
+    # sticky resume: seconds a run resumed after a wait or an approval waits for the worker that
+    # held it (0: off; docs/flow-control.md, "Worker labels and affinity")
+    sticky_seconds: int = 0
 
 
 def _policy(value: Any) -> retry_policy.Policy:
@@ -37,7 +41,13 @@ async def get(pool: asyncpg.Pool, project_id: str) -> ProjectFlow:
     row = await project_flow_sql.get_project_flow(pool, project_id=project_id)
     if row is None:
         return ProjectFlow(project_id, {}, DEFAULT_WEIGHT)
-    return ProjectFlow(project_id, _policy(row["retry_policy"]), row["weight"], row["paused"], row["versioning"])
+    return _flow(project_id, row)
+
+
+def _flow(project_id: str, row: Any) -> ProjectFlow:
+    return ProjectFlow(
+        project_id, _policy(row["retry_policy"]), row["weight"], row["paused"], row["versioning"], row["sticky_seconds"]
+    )
 
 
 async def set_flow(
@@ -47,8 +57,10 @@ async def set_flow(
     weight: int,
     actor: str,
     versioning: str | None = None,
+    sticky_seconds: int | None = None,
 ) -> ProjectFlow:
-    """Sets the project's retry policy and weight, and its versioning unless None (kept)."""
+    """Sets the project's retry policy and weight, and its versioning and sticky resume seconds
+    unless None (kept)."""
     row = await project_flow_sql.set_project_flow(
         pool,
         project_id=project_id,
@@ -56,12 +68,13 @@ async def set_flow(
         weight=weight,
         actor=actor,
         versioning=versioning,
+        sticky_seconds=sticky_seconds,
     )
     assert row is not None
-    return ProjectFlow(project_id, _policy(row["retry_policy"]), row["weight"], row["paused"], row["versioning"])
+    return _flow(project_id, row)
 
 
 async def set_paused(pool: asyncpg.Pool, project_id: str, paused: bool, actor: str, reason: str) -> ProjectFlow:
     row = await project_flow_sql.pause_project(pool, project_id=project_id, paused=paused, actor=actor, reason=reason)
     assert row is not None
-    return ProjectFlow(project_id, _policy(row["retry_policy"]), row["weight"], row["paused"], row["versioning"])
+    return _flow(project_id, row)

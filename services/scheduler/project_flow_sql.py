@@ -24,6 +24,8 @@ class GetProjectFlowRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["versioning"], /) -> str: ...
     @overload
+    def __getitem__(self, key: Literal["sticky_seconds"], /) -> int: ...
+    @overload
     def __getitem__(self, key: str, /) -> object: ...
 
     def __getitem__(self, key: str, /) -> Any: ...
@@ -41,6 +43,8 @@ class SetProjectFlowRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["versioning"], /) -> str: ...
     @overload
+    def __getitem__(self, key: Literal["sticky_seconds"], /) -> int: ...
+    @overload
     def __getitem__(self, key: str, /) -> object: ...
 
     def __getitem__(self, key: str, /) -> Any: ...
@@ -57,6 +61,8 @@ class PauseProjectRow(Protocol):
     def __getitem__(self, key: Literal["paused"], /) -> bool: ...
     @overload
     def __getitem__(self, key: Literal["versioning"], /) -> str: ...
+    @overload
+    def __getitem__(self, key: Literal["sticky_seconds"], /) -> int: ...
     @overload
     def __getitem__(self, key: Literal["quiet"], /) -> bool | None: ...
     @overload
@@ -84,17 +90,26 @@ async def set_project_flow(
     weight: int | None,
     actor: str | None,
     versioning: str | None,
+    sticky_seconds: int | None,
     query_timeout: float | None = None,
 ) -> SetProjectFlowRow | None:
     """SetProjectFlow (project_flow.sql).
 
-    Sets a project's retry policy (:retry_policy, JSON text), claim weight and versioning (NULL:
-    keep it; a new project's is pinned), with its PROJECT_FLOW_SET audit row.
+    Sets a project's retry policy (:retry_policy, JSON text), claim weight, versioning and sticky
+    resume seconds (NULL: keep them; a new project's are pinned and 0), with its PROJECT_FLOW_SET
+    audit row.
     """
     return cast(
         "SetProjectFlowRow | None",
         await db.fetchrow(
-            SET_PROJECT_FLOW.sql, project_id, retry_policy, weight, actor, versioning, timeout=query_timeout
+            SET_PROJECT_FLOW.sql,
+            project_id,
+            retry_policy,
+            weight,
+            actor,
+            versioning,
+            sticky_seconds,
+            timeout=query_timeout,
         ),
     )
 

@@ -56,8 +56,11 @@ upd AS (
     UPDATE awooop_run_state r
        SET status = 'WAITING_TOOL', lease_until = NULL, worker_id = NULL,
            attempt_count = r.attempt_count + 1, released_count = r.released_count + 2, updated_at = now(),
-           -- its resume prefers this worker for a while (claims.sql, "Labels"; migration 0400)
-           sticky_worker = r.worker_id,
+           -- in a project with sticky resume, its resume prefers this worker for a while
+           -- (claims.sql, "Labels"; migration 0400)
+           sticky_worker = CASE WHEN EXISTS (SELECT 1 FROM awooop_project_flow f
+                                              WHERE f.project_id = r.project_id AND f.sticky_seconds > 0)
+                                THEN r.worker_id END,
            -- what it waits for and until when, for GetRun's readers (`awooop runs show`, the console);
            -- awooop_end_wait clears both when the wait ends (run_options.WaitReason)
            wait_reason = CASE w.kind WHEN 'token' THEN 'wait_token' WHEN 'sleep' THEN 'wait_sleep'

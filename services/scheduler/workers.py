@@ -41,7 +41,6 @@ class Routing:
     build_id: str = ""
     labels_json: str = "{}"
     prefer_secs: float = 10.0
-    sticky_secs: float = 30.0
     live_secs: float = 60.0
 
     def params(self) -> dict[str, Any]:
@@ -50,7 +49,6 @@ class Routing:
             "build_id": self.build_id,
             "labels": self.labels_json,
             "prefer_secs": self.prefer_secs,
-            "sticky_secs": self.sticky_secs,
             "live_secs": self.live_secs,
         }
 
@@ -64,7 +62,6 @@ def routing(settings: Settings, build_id: str | None, worker_labels: Mapping[str
         build_id or "",
         labels_rule.to_json(worker_labels) or "{}",
         settings.prefer_wait_seconds,
-        settings.sticky_seconds,
         settings.worker_live_seconds,
     )
 

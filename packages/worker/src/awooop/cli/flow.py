@@ -3,7 +3,7 @@
     awooop flow show --project P                     retry policy (own and effective), weight, limits
     awooop flow set --project P [--initial-backoff S] [--multiplier M] [--max-backoff S] [--jitter J]
                     [--max-attempts N] [--non-retryable CODE ...] [--weight W]   (admin; replaces the settings)
-                    [--versioning pinned|auto-upgrade]                           (unset: kept)
+                    [--versioning pinned|auto-upgrade] [--sticky-resume SECONDS]  (unset: kept)
     awooop flow limit --project P KEY N [--starts M --per S]   key limits: N running, M starts per S s (admin)
     awooop flow schedule --project P NAME CRON [--tz ZONE] [--input JSON]   one run per tick (admin)
     awooop flow schedules --project P                 list schedules
@@ -49,6 +49,14 @@ def register(sub: Any) -> None:
         choices=sorted(VERSIONING),
         default=None,
         help="how runs with journaled steps resume across worker builds (unset: kept; docs/versioning.md)",
+    )
+    p.add_argument(
+        "--sticky-resume",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="a run resumed after a wait or an approval waits this long for the worker that held it"
+        " (0: off; unset: kept; docs/flow-control.md)",
     )
     p.set_defaults(func=run_command(cmd_set))
 
@@ -141,6 +149,7 @@ async def cmd_show(args: argparse.Namespace, client: Client) -> int:
     print(f"retry policy     {_policy_text(flow.retry_policy)}")
     print(f"effective        {_policy_text(flow.effective_retry_policy)}")
     print(f"versioning       {VERSIONING_NAMES[flow.versioning]}")
+    print(f"sticky resume    {_sticky_text(flow)}")
     if limits:
         print()
         rows = [(x.key, x.max_running or "-", _rate(x), x.running, x.waiting) for x in limits]
@@ -162,6 +171,7 @@ async def cmd_set(args: argparse.Namespace, client: Client) -> int:
         retry_policy=policy,
         weight=args.weight,
         versioning=VERSIONING.get(args.versioning or "", common_pb2.VERSIONING_UNSPECIFIED),
+        sticky_resume_seconds=args.sticky_resume,
     )
     flow = (await client.call(client.scheduler.SetProjectFlow, req)).flow
     if args.json:
@@ -170,9 +180,15 @@ async def cmd_set(args: argparse.Namespace, client: Client) -> int:
         text = _policy_text(flow.effective_retry_policy)
         print(
             f"project {flow.project_id}: weight {flow.weight}, retry policy {text},"
-            f" versioning {VERSIONING_NAMES[flow.versioning]}"
+            f" versioning {VERSIONING_NAMES[flow.versioning]}, sticky resume {_sticky_text(flow)}"
         )
     return 0
+
+
+def _sticky_text(flow: scheduler_pb2.ProjectFlow) -> str:
+    if not flow.sticky_resume_seconds:
+        return "off"
+    return f"{flow.sticky_resume_seconds} s (a resumed run waits that long for the worker that held it)"
 
 
 async def cmd_limit(args: argparse.Namespace, client: Client) -> int:

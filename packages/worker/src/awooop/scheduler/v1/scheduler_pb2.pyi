@@ -2047,6 +2047,7 @@ class ProjectFlow(_message.Message):
     EFFECTIVE_RETRY_POLICY_FIELD_NUMBER: _builtins.int
     PAUSED_FIELD_NUMBER: _builtins.int
     VERSIONING_FIELD_NUMBER: _builtins.int
+    STICKY_RESUME_SECONDS_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     weight: _builtins.int
@@ -2056,6 +2057,11 @@ class ProjectFlow(_message.Message):
     versioning: _common_pb2.Versioning.ValueType
     """How its runs with journaled steps are routed across worker builds (never UNSPECIFIED here;
     PINNED by default).
+    """
+    sticky_resume_seconds: _builtins.int
+    """Sticky resume: for this many seconds after a run resumes from a durable wait or an approval,
+    only the worker that held it claims it, while that worker is live (0: off, the default;
+    docs/flow-control.md, "Worker labels and affinity").
     """
     @_builtins.property
     def retry_policy(self) -> _common_pb2.RetryPolicy:
@@ -2074,10 +2080,11 @@ class ProjectFlow(_message.Message):
         effective_retry_policy: _common_pb2.RetryPolicy | None = ...,
         paused: _builtins.bool = ...,
         versioning: _common_pb2.Versioning.ValueType = ...,
+        sticky_resume_seconds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "retry_policy", b"retry_policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "paused", b"paused", "project_id", b"project_id", "retry_policy", b"retry_policy", "versioning", b"versioning", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["effective_retry_policy", b"effective_retry_policy", "paused", b"paused", "project_id", b"project_id", "retry_policy", b"retry_policy", "sticky_resume_seconds", b"sticky_resume_seconds", "versioning", b"versioning", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2139,12 +2146,15 @@ class SetProjectFlowRequest(_message.Message):
     RETRY_POLICY_FIELD_NUMBER: _builtins.int
     WEIGHT_FIELD_NUMBER: _builtins.int
     VERSIONING_FIELD_NUMBER: _builtins.int
+    STICKY_RESUME_SECONDS_FIELD_NUMBER: _builtins.int
     project_id: _builtins.str
     """Tenant."""
     weight: _builtins.int
     """Claim weight (1-1000); 0 means 1."""
     versioning: _common_pb2.Versioning.ValueType
     """Routing across worker builds; UNSPECIFIED keeps the project's current setting."""
+    sticky_resume_seconds: _builtins.int
+    """Sticky resume seconds (0-3600; 0 turns it off); unset keeps the project's current setting."""
     @_builtins.property
     def retry_policy(self) -> _common_pb2.RetryPolicy:
         """The project's retry policy; unset fields take the service's values."""
@@ -2156,12 +2166,15 @@ class SetProjectFlowRequest(_message.Message):
         retry_policy: _common_pb2.RetryPolicy | None = ...,
         weight: _builtins.int = ...,
         versioning: _common_pb2.Versioning.ValueType = ...,
+        sticky_resume_seconds: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["retry_policy", b"retry_policy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_sticky_resume_seconds", b"_sticky_resume_seconds", "retry_policy", b"retry_policy", "sticky_resume_seconds", b"sticky_resume_seconds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id", "retry_policy", b"retry_policy", "versioning", b"versioning", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_sticky_resume_seconds", b"_sticky_resume_seconds", "project_id", b"project_id", "retry_policy", b"retry_policy", "sticky_resume_seconds", b"sticky_resume_seconds", "versioning", b"versioning", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__sticky_resume_seconds: _TypeAlias = _typing.Literal["sticky_resume_seconds"]  # noqa: Y015
+    _WhichOneofArgType__sticky_resume_seconds: _TypeAlias = _typing.Literal["_sticky_resume_seconds", b"_sticky_resume_seconds"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sticky_resume_seconds) -> _WhichOneofReturnType__sticky_resume_seconds | None: ...
 
 Global___SetProjectFlowRequest: _TypeAlias = SetProjectFlowRequest  # noqa: Y015
 
