@@ -41,6 +41,9 @@ __all__ = [
     "RunFinished",
     "RunParked",
     "StepCall",
+    "TokenChannel",
+    "TokenGap",
+    "Tokens",
     "ToolClient",
     "WaitTimeout",
     "WaitToken",
@@ -52,7 +55,4 @@ __all__ = [
     "run_worker",
     "to_struct",
     "watch_run",
-    "Tokens",
-    "TokenGap",
-    "TokenChannel",
 ]
