@@ -2,7 +2,8 @@
 partial output, such as an LLM's tokens, for whoever watches the run.
 
 Tokens are numbered 1, 2, 3, ... per (run, attempt, stream) and sent in batches (PublishTokens):
-a batch leaves BATCH_INTERVAL after its first token, or at once when the handler awaits a flush.
+a batch leaves BATCH_INTERVAL after its first token, or at once for a stream's first token (the
+answer carries the scheduler's checkpoint cadence) and when the handler awaits a flush.
 Every batch goes to the live channel; every so often (the scheduler's cadence: so many tokens,
 milliseconds or bytes, answered with each publish) a batch carries all the tokens since the last
 checkpoint and the scheduler writes them as one durable row. ctx.emit, ctx.complete and ctx.fail
@@ -51,7 +52,7 @@ class TokenStream:
         self.live = True  # the last publish reached the live channel
 
     def add(self, text: str) -> bool:
-        """Numbers a token; True when a send is due now (a checkpoint's worth)."""
+        """Numbers a token; True when a send is due now (the first token, a checkpoint's worth)."""
         if self.error is not None:
             raise self.error
         if not self.since:
@@ -63,7 +64,8 @@ class TokenStream:
         self.since_bytes += len(text.encode())
         if self.timer is None or self.timer.done():
             self.timer = asyncio.create_task(self._later())
-        return self._checkpoint_due()
+        # the first token goes at once: the scheduler's answer tells the cadence of the rest
+        return self.seq == 1 or self._checkpoint_due()
 
     def _checkpoint_due(self) -> bool:
         waited = (time.monotonic() - self.checkpoint_started) * 1000

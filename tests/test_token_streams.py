@@ -1,0 +1,412 @@
+"""Token streams (issue 46): a run publishes high-rate partial output (ctx.stream_token,
+PublishTokens) that WatchRun and the SSE stream deliver live from a Redis stream, with durable
+checkpoints (stream_checkpoint rows of the run's log) instead of one row per token. A late
+watcher gets the checkpoints, then the live tail; a token it cannot get live is announced as a
+gap; Redis going away is announced and the watch goes on with checkpoints. Real scheduler, saga,
+ingest, Postgres and Redis (an own one where it is restarted), a real SDK worker over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+
+from awooop.common.v1 import common_pb2
+from awooop.ingest.v1 import ingest_pb2
+from awooop.scheduler.v1 import scheduler_pb2
+from awooop.worker import (
+    AwooopError,
+    Client,
+    Event,
+    LeaseLost,
+    RunContext,
+    TokenChannel,
+    TokenGap,
+    Tokens,
+    Worker,
+    to_struct,
+    watch_run,
+)
+from services.common.runtime import Runtime
+from tests.harness.helpers import eventually, key_of
+
+PROJECT = "tokens"
+OTHER = "tokens-other"
+
+
+@dataclass
+class Suite:
+    sched: Runtime
+    ingest: Runtime
+    worker_key: str
+    admin_key: str
+    admin: Client
+    worker_client: Client
+    redis_url: str
+    prefix: str
+
+    @property
+    def scheduler(self) -> str:
+        return f"127.0.0.1:{self.sched.ports['scheduler']}"
+
+    @property
+    def saga(self) -> str:
+        return f"127.0.0.1:{self.sched.ports['saga']}"
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.ingest.http_ports['ingest']}"
+
+    async def create_run(self, project: str = PROJECT, **kw: Any) -> str:
+        resp = await self.admin.call(
+            self.admin.ingest.IngestEvent,
+            ingest_pb2.IngestEventRequest(
+                project_id=project,
+                channel_type=common_pb2.CHANNEL_TYPE_API,
+                provider_event_id=f"evt-{os.urandom(6).hex()}",
+                payload=to_struct({"ask": "stream"}),
+                **kw,
+            ),
+        )
+        return str(resp.outcomes[0].run_id)
+
+    async def claim(self, run_id: str) -> common_pb2.LeaseToken:
+        c = self.worker_client
+        claimed = await c.call(
+            c.scheduler.ClaimRuns, scheduler_pb2.ClaimRunsRequest(worker_id="hand", project_ids=[PROJECT], max_runs=10)
+        )
+        leases = [r.lease for r in claimed.runs if r.lease.run_id == run_id]
+        assert leases, "the run was not claimed"
+        return leases[0]
+
+    async def publish(
+        self, lease: common_pb2.LeaseToken, first: int, tokens: list[str], *, checkpoint: bool = False
+    ) -> scheduler_pb2.PublishTokensResponse:
+        c = self.worker_client
+        request = scheduler_pb2.PublishTokensRequest(lease=lease, first_seq=first, tokens=tokens, checkpoint=checkpoint)
+        return await c.call(c.scheduler.PublishTokens, request)
+
+    def worker(self, handler: Callable[[RunContext], Awaitable[Any]], **kw: Any) -> Worker:
+        return Worker(
+            handler,
+            projects=[PROJECT],
+            key=self.worker_key,
+            scheduler=self.scheduler,
+            saga=self.saga,
+            claim_wait=1,
+            **kw,
+        )
+
+
+async def _suite(start_services: Any, make_key: Any, settings: Any, **overrides: Any) -> Suite:
+    sched = await start_services("scheduler", "saga", reaper_interval=0.2, auth_cache_seconds=0, **overrides)
+    ingest = await start_services(
+        "ingest", scheduler_addr=f"127.0.0.1:{sched.ports['scheduler']}", auth_cache_seconds=0
+    )
+    worker_key = key_of(await make_key("tokens-worker", {PROJECT: ["worker"], OTHER: ["worker"]}, "service"))
+    admin_key = key_of(await make_key("tokens-admin", {PROJECT: ["admin"], OTHER: ["admin"]}))
+    addrs = {"ingest": f"127.0.0.1:{ingest.ports['ingest']}", "scheduler": f"127.0.0.1:{sched.ports['scheduler']}"}
+    redis_url = overrides.get("redis_url", settings.redis_url)
+    return Suite(
+        sched,
+        ingest,
+        worker_key,
+        admin_key,
+        Client(key=admin_key, **addrs),
+        Client(key=worker_key, **addrs),
+        redis_url,
+        settings.redis_prefix,
+    )
+
+
+@pytest.fixture
+async def suite(start_services: Any, make_key: Any, settings: Any) -> AsyncIterator[Suite]:
+    s = await _suite(start_services, make_key, settings, stream_checkpoint_tokens=100, stream_checkpoint_ms=60_000)
+    yield s
+    for c in (s.admin, s.worker_client):
+        await c.close()
+
+
+@dataclass
+class Seen:
+    """What a token watcher received."""
+
+    items: list[Any] = field(default_factory=list)
+    run: common_pb2.Run | None = None
+
+    def batches(self) -> list[Tokens]:
+        return [i for i in self.items if isinstance(i, Tokens)]
+
+    def gaps(self) -> list[TokenGap]:
+        return [i for i in self.items if isinstance(i, TokenGap)]
+
+    def channel(self) -> list[bool]:
+        return [i.live for i in self.items if isinstance(i, TokenChannel)]
+
+    def last_seq(self) -> int:
+        b = self.batches()
+        return b[-1].last_seq if b else 0
+
+    def covered(self, attempt: int = 1) -> list[int]:
+        """The seqs delivered or announced as gaps, in the order they came."""
+        out: list[int] = []
+        for i in self.items:
+            if isinstance(i, Tokens) and i.attempt == attempt:
+                out.extend(range(i.first_seq, i.last_seq + 1))
+            elif isinstance(i, TokenGap) and i.attempt == attempt:
+                out.extend(range(i.from_seq, i.to_seq + 1))
+        return out
+
+    def tokens(self, attempt: int = 1) -> dict[int, str]:
+        return {b.first_seq + k: t for b in self.batches() if b.attempt == attempt for k, t in enumerate(b.tokens)}
+
+
+async def _watch(client: Client, run_id: str, seen: Seen, **kw: Any) -> Seen:
+    async for item in watch_run(client, run_id, tokens=True, **kw):
+        if isinstance(item, common_pb2.Run):
+            seen.run = item
+            return seen
+        seen.items.append(item)
+    raise AssertionError("the watch ended without the run")
+
+
+def _checkpoints(events: list[Any], attempt: int = 1) -> list[dict[str, Any]]:
+    return [
+        e.data
+        for e in events
+        if isinstance(e, Event) and e.kind == "stream_checkpoint" and e.data["attempt"] == attempt
+    ]
+
+
+def _checkpointed(events: list[Any], attempt: int = 1) -> list[str]:
+    """The tokens of the run's checkpoint rows, checked to follow each other without a hole."""
+    out: list[str] = []
+    for d in _checkpoints(events, attempt):
+        assert d["first_seq"] == len(out) + 1, "checkpoints follow each other"
+        out.extend(d["tokens"])
+    return out
+
+
+def _words(n: int, start: int = 1) -> list[str]:
+    return [f"t{i} " for i in range(start, start + n)]
+
+
+async def _watching(seen: Seen) -> bool:
+    """The watch is live once it has delivered a row of the run's log."""
+    return any(isinstance(i, Event) for i in seen.items)
+
+
+# --- live delivery ----------------------------------------------------------------------------------
+
+
+async def test_a_watcher_gets_every_token_live_in_order_and_the_log_holds_only_checkpoints(suite: Suite) -> None:
+    """1,000 tokens streamed while a watcher follows: each token once, in order, nearly all live;
+    the run's log has a handful of checkpoint rows (every 100 tokens, and the run's end) that
+    together hold the whole output, and the run's output follows them."""
+    started = asyncio.Event()
+    go = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        started.set()
+        await go.wait()
+        for n, word in enumerate(_words(1000)):
+            await ctx.stream_token(word)
+            if n % 50 == 0:
+                await asyncio.sleep(0.002)  # a model's pace, in bursts
+        return {"tokens": 1000}
+
+    task = asyncio.create_task(suite.worker(handler).run())
+    try:
+        run_id = await suite.create_run()
+        await asyncio.wait_for(started.wait(), 30)
+        seen = Seen()
+        watching = asyncio.create_task(_watch(suite.admin, run_id, seen))
+        await eventually(lambda: _watching(seen), what="the watch delivered the run's first rows")
+        go.set()
+        await asyncio.wait_for(watching, 60)
+    finally:
+        task.cancel()
+    assert seen.run is not None and seen.run.status == common_pb2.RUN_STATUS_COMPLETED
+    assert seen.covered() == list(range(1, 1001)) and not seen.gaps()
+    assert "".join(seen.tokens()[i] for i in range(1, 1001)) == "".join(_words(1000))
+    live = sum(len(b.tokens) for b in seen.batches() if not b.from_checkpoint)
+    assert live >= 900, f"only {live} of 1000 tokens came live"
+    assert all(b.produced_at is not None for b in seen.batches())
+    events = [i async for i in watch_run(suite.admin, run_id) if isinstance(i, Event)]
+    assert _checkpointed(events) == _words(1000)
+    assert 10 <= len(_checkpoints(events)) <= 12, "a checkpoint per 100 tokens (and the rest at the end)"
+    assert len([e for e in events if e.source == "progress"]) == len(_checkpoints(events)), "no row per token"
+
+
+async def test_a_late_watcher_gets_the_checkpoints_then_the_live_tail_without_a_gap(suite: Suite) -> None:
+    """A watcher that connects after 250 tokens (two checkpoints, 50 tokens only live) gets
+    1..200 from the checkpoints, 201..250 from the live channel, then the rest live."""
+    half = asyncio.Event()
+    gate = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        for word in _words(250):
+            await ctx.stream_token(word)
+        await ctx.tokens.streams["output"].send()  # all 250 on the live channel, 2 checkpoints
+        half.set()
+        await gate.wait()
+        for word in _words(50, 251):
+            await ctx.stream_token(word)
+        return {}
+
+    task = asyncio.create_task(suite.worker(handler).run())
+    try:
+        run_id = await suite.create_run()
+        await asyncio.wait_for(half.wait(), 30)
+        seen = Seen()
+        watching = asyncio.create_task(_watch(suite.admin, run_id, seen))
+        await eventually(lambda: _has_seq(seen, 250), what="the tail before the gate")
+        gate.set()
+        await asyncio.wait_for(watching, 60)
+    finally:
+        task.cancel()
+    assert seen.covered() == list(range(1, 301)) and not seen.gaps()
+    batches = seen.batches()
+    assert {b.from_checkpoint for b in batches if b.last_seq <= 200} == {True}
+    assert {b.from_checkpoint for b in batches if b.first_seq > 200} == {False}
+    assert [seen.tokens()[i] for i in range(1, 301)] == _words(300)
+
+
+async def _has_seq(seen: Seen, seq: int) -> bool:
+    return seen.last_seq() >= seq
+
+
+async def test_tokens_trimmed_from_the_live_channel_are_announced_as_a_gap(suite: Suite) -> None:
+    """Tokens that left the live channel before a watcher read them, and are in no checkpoint
+    yet, are announced (TokenGap from..to, trimmed); the watcher gets the rest, and the
+    checkpoint written later holds them all."""
+    run_id = await suite.create_run()
+    lease = await suite.claim(run_id)
+    for first in range(1, 11, 2):
+        assert (await suite.publish(lease, first, [f"w{first}", f"w{first + 1}"])).live
+    rd = aioredis.from_url(suite.redis_url)
+    try:
+        key = f"{suite.prefix}tokens:{run_id}:output"
+        assert await rd.xlen(key) == 5
+        await rd.xtrim(key, maxlen=2, approximate=False)  # what MAXLEN ~ does to an old stream
+    finally:
+        await rd.aclose()
+    seen = Seen()
+    watching = asyncio.create_task(_watch(suite.admin, run_id, seen))
+    await eventually(lambda: _has_seq(seen, 10), what="the retained tokens")
+    assert seen.gaps() == [TokenGap("output", 1, 1, 6, "trimmed")]
+    assert seen.covered() == list(range(1, 11))
+    await suite.publish(lease, 1, [f"w{i}" for i in range(1, 13)], checkpoint=True)
+    await eventually(lambda: _has_seq(seen, 12), what="the checkpoint's new tokens")
+    c = suite.worker_client
+    await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=lease))
+    await asyncio.wait_for(watching, 30)
+    assert seen.covered() == list(range(1, 13)), "each token once: delivered or announced"
+    events = [i async for i in watch_run(suite.admin, run_id) if isinstance(i, Event)]
+    assert _checkpointed(events) == [f"w{i}" for i in range(1, 13)]
+
+
+# --- fencing and the publish protocol's crash points ---------------------------------------------
+
+
+async def test_a_stale_attempt_cannot_publish_and_another_project_cannot_either(suite: Suite) -> None:
+    run_id = await suite.create_run()
+    stale = await suite.claim(run_id)
+    assert (await suite.publish(stale, 1, ["old"])).live
+    c = suite.worker_client
+    await c.call(c.scheduler.ReleaseRun, scheduler_pb2.ReleaseRunRequest(lease=stale))
+    fresh = await suite.claim(run_id)
+    assert fresh.attempt > stale.attempt
+    with pytest.raises(LeaseLost) as caught:  # a checkpoint locks the run and checks at once
+        await suite.publish(stale, 2, ["stale"], checkpoint=True)
+    assert caught.value.code == grpc.StatusCode.FAILED_PRECONDITION
+
+    async def refused() -> bool:  # the live check is trusted for AWOOOP_STREAM_LEASE_CHECK (0.5 s)
+        try:
+            await suite.publish(stale, 2, ["stale"])
+        except LeaseLost:
+            return True
+        return False
+
+    await eventually(refused, timeout=5, what="the stale attempt's live publish refused")
+    assert (await suite.publish(fresh, 1, ["new"], checkpoint=True)).checkpoint_offset > 0
+    with pytest.raises(AwooopError) as caught:
+        await suite.publish(fresh, 0, ["x"])
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=fresh))
+    events = [i async for i in watch_run(suite.admin, run_id) if isinstance(i, Event)]
+    assert [d["tokens"] for d in _checkpoints(events, fresh.attempt)] == [["new"]]
+    assert _checkpoints(events, stale.attempt) == []
+    seen = await _watch(suite.admin, run_id, Seen())
+    assert [(b.attempt, b.tokens) for b in seen.batches()] == [(fresh.attempt, ["new"])]
+
+
+class FailPublish(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """The n-th PublishTokens of this client fails with UNAVAILABLE at `phase`: before (never
+    sent) or committed (the scheduler answered; the SDK never sees it). The SDK retries the same
+    batch; `answered` needs no hook (the SDK has the answer)."""
+
+    def __init__(self, n: int, phase: str) -> None:
+        self.n, self.phase, self.count, self.fired = n, phase, 0, False
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        if not method.endswith("/PublishTokens"):
+            return await continuation(details, request)
+        self.count += 1
+        if self.count == self.n and self.phase == "before":
+            self.fired = True
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "before")
+        call = await continuation(details, request)
+        if self.count == self.n and self.phase == "committed":
+            await call
+            self.fired = True
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "lost")
+        return call
+
+
+@pytest.mark.parametrize("phase", ["before", "committed", "answered"])
+@pytest.mark.parametrize("n", [1, 3])
+async def test_each_crash_point_of_a_publish_keeps_every_token_once(suite: Suite, phase: str, n: int) -> None:
+    """PublishTokens' points: the n-th call (1: the stream's first token; 3: a later batch, a
+    checkpoint with 100 tokens) lost before it was sent, lost after the scheduler committed it
+    (live entry and checkpoint row written), or answered. The retried batch adds nothing twice:
+    the watcher gets 1..250 once each, the log's checkpoints hold each token once."""
+    hook = FailPublish(n, phase if phase != "answered" else "none")
+    client = Client(key=suite.worker_key, scheduler=suite.scheduler, saga=suite.saga, interceptors=[hook])
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        for word in _words(250):
+            await ctx.stream_token(word)
+        return {}
+
+    task = asyncio.create_task(suite.worker(handler, client=client).run())
+    try:
+        run_id = await suite.create_run()
+        seen = await asyncio.wait_for(_watch(suite.admin, run_id, Seen()), 60)
+    finally:
+        task.cancel()
+        await client.close()
+    assert hook.fired == (phase != "answered")
+    assert seen.run is not None and seen.run.status == common_pb2.RUN_STATUS_COMPLETED
+    assert seen.covered() == list(range(1, 251)) and not seen.gaps()
+    events = [i async for i in watch_run(suite.admin, run_id) if isinstance(i, Event)]
+    assert _checkpointed(events) == _words(250)
+    assert await _live_seqs(suite, run_id) == list(range(1, 251)), "the live channel holds each token once"
+
+
+async def _live_seqs(suite: Suite, run_id: str) -> list[int]:
+    """The seqs of the tokens on the run's live channel, in its order."""
+    rd = aioredis.from_url(suite.redis_url)
+    try:
+        entries = await rd.xrange(f"{suite.prefix}tokens:{run_id}:output")
+    finally:
+        await rd.aclose()
+    return [int(f[b"f"]) + k for _, f in entries for k in range(len(json.loads(f[b"x"])))]
