@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 import redis.asyncio as aioredis
@@ -38,6 +41,7 @@ from awooop.worker import (
 from services.common import embedded
 from services.common.runtime import Runtime
 from tests.harness.helpers import eventually, key_of
+from tests.harness.scheduler import dur
 
 PROJECT = "tokens"
 OTHER = "tokens-other"
@@ -318,7 +322,7 @@ async def test_tokens_trimmed_from_the_live_channel_are_announced_as_a_gap(suite
 # --- fencing and the publish protocol's crash points ---------------------------------------------
 
 
-async def test_a_stale_attempt_cannot_publish_and_another_project_cannot_either(suite: Suite) -> None:
+async def test_a_stale_attempt_cannot_publish_and_a_bad_batch_is_refused(suite: Suite) -> None:
     run_id = await suite.create_run()
     stale = await suite.claim(run_id)
     assert (await suite.publish(stale, 1, ["old"])).live
@@ -485,3 +489,191 @@ async def test_tokens_stream_through_a_redis_restart(
 
 async def _said(seen: Seen, states: list[bool]) -> bool:
     return seen.channel() == states
+
+
+# --- over HTTP: the SSE relay ----------------------------------------------------------------------
+
+
+async def _sse_tokens(
+    url: str, key: str, seen: list[dict[str, Any]], *, last_id: str | None = None, stop_at: int | None = None
+) -> tuple[str | None, bool]:
+    """Reads the SSE stream with tokens into `seen` (token frames and events): (the last id, ended)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    if last_id is not None:
+        headers["Last-Event-ID"] = last_id
+    fields: dict[str, str] = {}
+    async with aiohttp.ClientSession() as s, s.get(url + "?tokens=1", headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+        async for raw in resp.content:
+            line = raw.decode().rstrip("\n")
+            if line and not line.startswith(":"):
+                name, _, value = line.partition(": ")
+                fields[name] = value
+                continue
+            if not fields:
+                continue
+            last_id = fields.get("id", last_id)
+            seen.append({"event": fields["event"], **json.loads(fields["data"])})
+            if fields["event"] == "end":
+                return last_id, True
+            fields = {}
+            if stop_at is not None and fields == {} and _sse_last_seq(seen) >= stop_at:
+                return last_id, False
+    raise AssertionError("the SSE stream ended without the run")
+
+
+def _sse_last_seq(seen: list[dict[str, Any]]) -> int:
+    batches = [f for f in seen if f["event"] == "tokens"]
+    return batches[-1]["first_seq"] + len(batches[-1]["tokens"]) - 1 if batches else 0
+
+
+async def test_the_sse_stream_relays_tokens_and_resumes_after_the_last_token(suite: Suite) -> None:
+    """GET /v1/runs/<id>/events?tokens=1: token frames (event tokens, id offset:attempt:seq)
+    between the log's rows; a client that drops and reconnects with Last-Event-ID gets the
+    tokens after the last one it had, none twice, then the end."""
+    half = asyncio.Event()
+    gate = asyncio.Event()
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        for word in _words(150):
+            await ctx.stream_token(word)
+        await ctx.tokens.streams["output"].send()
+        half.set()
+        await gate.wait()
+        for word in _words(150, 151):
+            await ctx.stream_token(word)
+        return {"done": True}
+
+    task = asyncio.create_task(suite.worker(handler).run())
+    try:
+        run_id = await suite.create_run()
+        await asyncio.wait_for(half.wait(), 30)
+        url = f"{suite.http}/v1/runs/{run_id}/events"
+        seen: list[dict[str, Any]] = []
+        last_id, ended = await _sse_tokens(url, suite.admin_key, seen, stop_at=150)
+        assert not ended and last_id is not None and last_id.endswith(":1:150")
+        gate.set()
+        _, ended = await asyncio.wait_for(_sse_tokens(url, suite.admin_key, seen, last_id=last_id), 60)
+    finally:
+        task.cancel()
+    assert ended and seen[-1]["event"] == "end" and seen[-1]["output"] == {"done": True}
+    tokens = [t for f in seen if f["event"] == "tokens" for t in f["tokens"]]
+    assert tokens == _words(300), "every token once, in order, across the reconnect"
+    offsets = [f["offset"] for f in seen if f["event"] in ("state", "step", "progress")]
+    assert offsets == sorted(set(offsets)), "no log row twice either"
+
+
+# --- with other features ---------------------------------------------------------------------------
+
+
+async def test_token_streams_across_projects_a_concurrency_key_and_a_killed_worker(suite: Suite) -> None:
+    """Three runs in two projects, two of them on a concurrency key limited to one, each watched:
+    the first run's first attempt streams 80 tokens and its worker dies (its lease lapses, the
+    reaper takes the run back); the SDK worker then runs all three. Each watcher gets only its
+    run's tokens: the dead attempt's 80, then the new attempt's from seq 1; the keyed runs one
+    after the other (the reaped one may go second: its retry waits out a backoff)."""
+    c = suite.admin
+    await c.call(
+        c.scheduler.SetConcurrencyLimit,
+        scheduler_pb2.SetConcurrencyLimitRequest(project_id=PROJECT, key="llm:x", max_running=1),
+    )
+    first = await suite.create_run(concurrency_keys=["llm:x"])
+    w = suite.worker_client
+    claimed = await w.call(
+        w.scheduler.ClaimRuns,
+        scheduler_pb2.ClaimRunsRequest(worker_id="doomed", project_ids=[PROJECT], max_runs=1, lease_ttl=dur(1)),
+    )
+    (doomed,) = [r.lease for r in claimed.runs]
+    assert doomed.run_id == first
+    dead = [f"dead{i} " for i in range(1, 81)]
+    await suite.publish(doomed, 1, dead[:20])
+    await suite.publish(doomed, 21, dead[20:40])
+    await suite.publish(doomed, 1, dead[:60], checkpoint=True)  # a checkpoint holds all since the last one
+    await suite.publish(doomed, 61, dead[60:])
+    second = await suite.create_run(concurrency_keys=["llm:x"])
+    other = await suite.create_run(OTHER)
+    watches = {r: asyncio.create_task(_watch(suite.admin, r, Seen())) for r in (first, second, other)}
+    spans: dict[str, tuple[float, float]] = {}
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        began = asyncio.get_running_loop().time()
+        for n, word in enumerate(_words(200)):
+            await ctx.stream_token(f"{ctx.run_id[:4]}:{word}")
+            if n % 40 == 0:
+                await asyncio.sleep(0.01)  # a model's pace: keyed runs would overlap if the key let them
+        await ctx.flush_tokens()
+        spans[ctx.run_id] = (began, asyncio.get_running_loop().time())
+        return {"attempt": ctx.attempt}
+
+    task = asyncio.create_task(
+        Worker(
+            handler,
+            projects=[PROJECT, OTHER],
+            key=suite.worker_key,
+            scheduler=suite.scheduler,
+            saga=suite.saga,
+            claim_wait=1,
+            concurrency=3,
+        ).run()
+    )
+    try:
+        done = {r: await asyncio.wait_for(t, 60) for r, t in watches.items()}
+    finally:
+        task.cancel()
+    (_, a1), (b0, b1) = sorted([spans[first], spans[second]])
+    assert a1 <= b0, "the keyed runs ran one after the other"
+    assert spans[other][0] < max(a1, b1), "the other project's run did not wait for the key"
+    for run_id, seen in done.items():
+        assert seen.run is not None and seen.run.status == common_pb2.RUN_STATUS_COMPLETED
+        final = seen.run.attempt_count
+        assert seen.covered(final) == list(range(1, 201)) and not seen.gaps()
+        assert {t.split(":")[0] for t in seen.tokens(final).values()} == {run_id[:4]}, "only its own run's tokens"
+    reaped = done[first]
+    assert reaped.covered(doomed.attempt) == list(range(1, 81)), "the dead attempt's tokens, then the new attempt's"
+    assert list(reaped.tokens(doomed.attempt).values()) == dead
+    assert [b.attempt for b in reaped.batches()] == sorted(b.attempt for b in reaped.batches())
+
+
+# --- the CLI and ctx.emit ----------------------------------------------------------------------------
+
+
+async def _cli(suite: Suite, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")}
+    env["AWOOOP_API_KEY"] = suite.admin_key
+    cmd = [sys.executable, "-m", "awooop.cli", "runs", *args, "--scheduler", suite.scheduler, "--saga", suite.saga]
+    return await asyncio.to_thread(subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=60)
+
+
+async def test_runs_watch_tokens_prints_the_stream_and_an_emit_checkpoints_first(suite: Suite) -> None:
+    """`awooop runs watch --tokens` prints the streamed text as it comes and the log's other rows
+    on lines of their own; ctx.emit writes the tokens before it as a checkpoint first, so the
+    log's order is the handler's (live or from the checkpoints, the printed text is the same)."""
+
+    async def handler(ctx: RunContext) -> dict[str, Any]:
+        for word in ["Hello", ", ", "world"]:
+            await ctx.stream_token(word)
+        await ctx.emit({"note": "half"}, kind="half")
+        await ctx.pipe_tokens(_chunks(["!", " Bye."]))
+        return {"ok": 1}
+
+    task = asyncio.create_task(suite.worker(handler).run())
+    try:
+        run_id = await suite.create_run()
+        text = asyncio.create_task(_cli(suite, "watch", run_id, "--tokens"))
+        as_json = asyncio.create_task(_cli(suite, "watch", run_id, "--tokens", "--json"))
+        done, lines = await asyncio.wait_for(text, 60), (await asyncio.wait_for(as_json, 60)).stdout.splitlines()
+    finally:
+        task.cancel()
+    assert done.returncode == 0, done.stderr
+    assert "Hello, world\n" in done.stdout and "! Bye.\n" in done.stdout
+    assert "progress  half" in done.stdout and "stream_checkpoint" not in done.stdout
+    frames = [json.loads(line) for line in lines]
+    tokens = [t for f in frames if "tokens" in f for t in f["tokens"]["tokens"]]
+    assert tokens == ["Hello", ", ", "world", "!", " Bye."]
+    kinds = [f["event"]["kind"] for f in frames if "event" in f and f["event"]["source"] == "progress"]
+    assert kinds == ["stream_checkpoint", "half", "stream_checkpoint"], "the emit's tokens checkpointed before it"
+
+
+async def _chunks(parts: list[str]) -> AsyncIterator[str]:
+    for p in parts:
+        yield p

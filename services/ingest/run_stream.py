@@ -123,6 +123,18 @@ def _frame(msg: scheduler_pb2.WatchRunResponse) -> bytes:
     return _sse(body["source"], body, e.offset)
 
 
+def _watch_request(request: web.Request) -> scheduler_pb2.WatchRunRequest:
+    after, token_attempt, token_after = _offset(request)
+    return scheduler_pb2.WatchRunRequest(
+        run_id=request.match_info["run_id"],
+        after=after,
+        tokens=request.query.get("tokens", "") in ("1", "true"),
+        token_stream=request.query.get("stream", ""),
+        token_attempt=token_attempt,
+        token_after=token_after,
+    )
+
+
 def add_routes(app: web.Application, settings: Settings) -> None:
     """Registers the stream route on ingest's HTTP app; the channel to the scheduler
     (Settings.scheduler_address: AWOOOP_SCHEDULER_ADDR, else its port on this host) opens on first use."""
@@ -135,17 +147,9 @@ def add_routes(app: web.Application, settings: Settings) -> None:
         return state["stub"]
 
     async def events(request: web.Request) -> web.StreamResponse:
-        run_id = request.match_info["run_id"]
-        after, token_attempt, token_after = _offset(request)
+        watch = _watch_request(request)
+        after = watch.after
         metadata = (("authorization", request.headers.get("Authorization", "")),)
-        watch = scheduler_pb2.WatchRunRequest(
-            run_id=run_id,
-            after=after,
-            tokens=request.query.get("tokens", "") in ("1", "true"),
-            token_stream=request.query.get("stream", ""),
-            token_attempt=token_attempt,
-            token_after=token_after,
-        )
         call = scheduler().WatchRun(watch, metadata=metadata)
         try:
             await call.initial_metadata()  # the scheduler sends it once the watch is allowed
