@@ -73,9 +73,9 @@ class LiveChannel:
         args = (attempt, first_seq, at_ms, self.max_entries, self.ttl_ms, *tokens)
         return await self.cache.call("eval", APPEND, 1, self.key(run_id, stream), *args) is not None
 
-    async def read(self, run_id: str, stream: str, attempt: int, seq: int, block_ms: int) -> list[Entry]:
-        """The entries after token (attempt, seq), waiting up to block_ms for one; raises
-        LiveUnavailable."""
+    async def read(self, run_id: str, stream: str, attempt: int, seq: int, block_ms: int | None) -> list[Entry]:
+        """The entries after token (attempt, seq), waiting up to block_ms for one (None: not at
+        all); raises LiveUnavailable."""
         if not self.cache.available():
             raise LiveUnavailable
         cursor = f"{attempt}-{seq}" if attempt > 0 else "0-0"

@@ -133,6 +133,8 @@ class Tail(Protocol):
 
     def wait(self, woken: asyncio.Event, timeout: float) -> AsyncIterator[Any]: ...
 
+    async def drain(self) -> list[Any]: ...
+
 
 @dataclass(frozen=True)
 class Ended:
@@ -213,7 +215,9 @@ async def watch(
                     yield token_item
             if rows:
                 continue
-            if snapshot:
+            if snapshot:  # with a token tail: and the live tokens there are now
+                for token_item in await tail.drain() if tail is not None else []:
+                    yield token_item
                 return
             if run is None:  # deleted by retention while watched: nothing more will come
                 raise errors.not_found("run", run_id)

@@ -25,11 +25,11 @@ import asyncpg
 from services.common import errors
 from services.common.access import check_run_access, projects_with
 from services.common.auth import Principal
-from services.common.run_events import EventSource
+from services.common.run_events import STREAM_CHECKPOINT, EventSource
 from services.scheduler import reads_sql, run_events, token_streams_sql
 from services.scheduler.live_tokens import Entry, LiveChannel, LiveUnavailable
 
-CHECKPOINT_KIND = "stream_checkpoint"
+CHECKPOINT_KIND = STREAM_CHECKPOINT
 DEFAULT_STREAM = "output"
 MAX_STREAM_NAME = 64
 READ_BLOCK_MS = 200  # one XREAD's wait: a durable row (a woken watch) waits at most this long
@@ -206,6 +206,14 @@ class TokenTail:
             for e in entries:
                 for item in self._from_entry(e):
                     yield item
+
+    async def drain(self) -> list[TokenItem]:
+        """The live tokens there are now, without waiting (a snapshot: the console's run page)."""
+        try:
+            entries = await self.channel.read(self.run_id, self.stream, self.attempt, self.seq, None)
+        except LiveUnavailable:
+            return [] if self.live is False else [Channel(False, "live tokens unavailable (Redis)")]
+        return [item for e in entries for item in self._from_entry(e)]
 
 
 def first_notice(tail: TokenTail) -> list[TokenItem]:

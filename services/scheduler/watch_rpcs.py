@@ -127,7 +127,7 @@ class WatchRpcs:
         v.check(request.token_attempt >= 0 and request.token_after >= 0, "token_after", "must not be negative")
         v.raise_if_any()
         tail = None
-        if request.tokens and not request.snapshot:
+        if request.tokens:  # a snapshot: the checkpoints' tokens and the live ones there are now
             name = stream or token_streams.DEFAULT_STREAM
             tail = token_streams.TokenTail(self.channel, run_id, name, request.token_attempt, request.token_after)
         with self.watchers.slot():
