@@ -677,3 +677,30 @@ async def test_runs_watch_tokens_prints_the_stream_and_an_emit_checkpoints_first
 async def _chunks(parts: list[str]) -> AsyncIterator[str]:
     for p in parts:
         yield p
+
+
+async def test_without_redis_tokens_reach_watchers_through_the_checkpoints(
+    start_services: Any, make_key: Any, settings: Any
+) -> None:
+    """A scheduler with no Redis configured: publishing answers live=false and does not fail the
+    run; a watcher is told at once that only checkpoints will come, and gets every token from them."""
+    suite = await _suite(start_services, make_key, settings, redis_url="", stream_checkpoint_tokens=40)
+    try:
+        run_id = await suite.create_run()
+        lease = await suite.claim(run_id)
+        seen = Seen()
+        watching = asyncio.create_task(_watch(suite.admin, run_id, seen))
+        words = _words(100)
+        assert not (await suite.publish(lease, 1, words[:30])).live
+        assert (await suite.publish(lease, 1, words[:40], checkpoint=True)).checkpoint_offset > 0
+        await eventually(lambda: _has_seq(seen, 40), what="the first checkpoint's tokens")
+        await suite.publish(lease, 41, words[40:], checkpoint=True)
+        c = suite.worker_client
+        await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=lease))
+        await asyncio.wait_for(watching, 30)
+    finally:
+        for cl in (suite.admin, suite.worker_client):
+            await cl.close()
+    assert seen.channel() == [False] and not seen.gaps()
+    assert [seen.tokens()[i] for i in range(1, 101)] == words
+    assert all(b.from_checkpoint for b in seen.batches())
