@@ -346,6 +346,12 @@ async def test_a_stale_attempt_cannot_publish_and_a_bad_batch_is_refused(suite: 
     with pytest.raises(AwooopError) as caught:
         await suite.publish(fresh, 0, ["x"])
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(AwooopError) as caught:  # past half AWOOOP_MAX_RUN_EVENT_BYTES (64 KiB), JSON counted
+        await suite.publish(fresh, 2, ["y"] * 8200, checkpoint=True)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT and "tokens" in str(caught.value)
+    with pytest.raises(AwooopError) as caught:  # within the batch budget, but escaped past one event's bytes
+        await suite.publish(fresh, 2, ["\x01" * 800] * 30, checkpoint=True)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT and "as JSON" in str(caught.value)
     await c.call(c.scheduler.CompleteRun, scheduler_pb2.CompleteRunRequest(lease=fresh))
     events = [i async for i in watch_run(suite.admin, run_id) if isinstance(i, Event)]
     assert [d["tokens"] for d in _checkpoints(events, fresh.attempt)] == [["new"]]

@@ -185,8 +185,10 @@ class Settings:
     # token streams (PublishTokens, ctx.stream_token): the SDK writes a durable checkpoint of a
     # stream's tokens every this many tokens, milliseconds or bytes of token text, whichever first
     stream_checkpoint_tokens: int = 500
-    stream_checkpoint_ms: int = 2000
-    stream_checkpoint_bytes: int = 32 * 1024  # below AWOOOP_MAX_RUN_EVENT_BYTES: a checkpoint is one event
+    stream_checkpoint_ms: int = 2000  # the same checkpoint's longest wait after its first token (ms)
+    # the same checkpoint's largest size: token text plus 4 bytes a token (its JSON), capped at half of
+    # AWOOOP_MAX_RUN_EVENT_BYTES (a checkpoint is one event)
+    stream_checkpoint_bytes: int = 32 * 1024
     # live token entries (batches) a run's stream keeps in Redis; older ones are trimmed (a late watcher
     # is told of the gap)
     stream_live_entries: int = 1000

@@ -35,6 +35,9 @@ MAX_STREAM_NAME = 64
 READ_BLOCK_MS = 200  # one XREAD's wait: a durable row (a woken watch) waits at most this long
 RETRY_LIVE = 1.0  # seconds between a watch's tries of an unavailable Redis
 MAX_CACHED_LEASES = 10_000
+# bytes a token adds to a checkpoint's JSON beside its text ("",): a batch's size counts them, so a
+# checkpoint of half AWOOOP_MAX_RUN_EVENT_BYTES fits in one event (escapes aside: checked)
+TOKEN_OVERHEAD = 4
 
 
 @dataclass(frozen=True)
@@ -94,16 +97,20 @@ async def publish(
     principal: Principal,
     b: Batch,
     bounds: run_events.Bounds,
+    max_bytes: int,
 ) -> Published:
     """Live first (a watcher then has the tokens before their checkpoint), then the checkpoint."""
     await leases.check(pool, principal, b.run_id, b.attempt)
     live = await channel.append(b.run_id, b.stream, b.attempt, b.first_seq, b.tokens, b.produced_ms)
     offset = 0
     if b.checkpoint and b.tokens:
+        data = checkpoint_data(b)
+        if len(data.encode()) > max_bytes:  # a text of many escapes: the event's own limit
+            raise errors.invalid(
+                [("tokens", f"the checkpoint is {len(data.encode())} bytes as JSON; at most {max_bytes}")]
+            )
         key = f"tokens:{b.stream}:{b.attempt}:{b.first_seq + len(b.tokens) - 1}"
-        emitted = await run_events.emit(
-            pool, principal, b.run_id, b.attempt, CHECKPOINT_KIND, checkpoint_data(b), key, bounds
-        )
+        emitted = await run_events.emit(pool, principal, b.run_id, b.attempt, CHECKPOINT_KIND, data, key, bounds)
         offset = emitted.offset
     return Published(live, offset)
 

@@ -77,10 +77,13 @@ class WatchRpcs:
         run_id, attempt = lease(v, "lease", request.lease)
         stream = v.token("stream", request.stream, max_len=token_streams.MAX_STREAM_NAME, required=False)
         v.check(request.first_seq >= 1, "first_seq", "must be at least 1 (tokens are numbered from 1)")
-        size = sum(len(t.encode()) for t in request.tokens)
+        size = sum(len(t.encode()) + token_streams.TOKEN_OVERHEAD for t in request.tokens)
         limit = self.settings.max_run_event_bytes // 2
         v.check(
-            size <= limit, "tokens", f"at most {limit} bytes of token text per batch (half AWOOOP_MAX_RUN_EVENT_BYTES)"
+            size <= limit,
+            "tokens",
+            f"at most {limit} bytes per batch (half AWOOOP_MAX_RUN_EVENT_BYTES; token text and "
+            f"{token_streams.TOKEN_OVERHEAD} bytes a token)",
         )
         v.raise_if_any()
         produced = request.produced_at.ToMilliseconds() if request.HasField("produced_at") else now_ms()
@@ -94,7 +97,9 @@ class WatchRpcs:
             request.checkpoint,
         )
         bounds = run_events.Bounds(self.settings.max_run_events, self.settings.max_run_event_bytes_total)
-        done = await token_streams.publish(self.pool, self.channel, self.leases, current_principal(), batch, bounds)
+        done = await token_streams.publish(
+            self.pool, self.channel, self.leases, current_principal(), batch, bounds, self.settings.max_run_event_bytes
+        )
         s = self.settings
         return scheduler_pb2.PublishTokensResponse(
             live=done.live,

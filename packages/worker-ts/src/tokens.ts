@@ -12,7 +12,8 @@ import type { LeaseToken } from "./gen/awooop/common/v1/common";
 export const DEFAULT_STREAM = "output";
 const BATCH_INTERVAL_MS = 20;
 
-const bytes = (text: string): number => Buffer.byteLength(text, "utf8");
+const TOKEN_OVERHEAD = 4; // bytes a token adds to a checkpoint's JSON: the scheduler's budget counts them
+const bytes = (text: string): number => Buffer.byteLength(text, "utf8") + TOKEN_OVERHEAD;
 
 /** One stream of one attempt: the tokens not yet sent, and those since the last checkpoint. */
 class TokenStream {

@@ -31,6 +31,7 @@ DEFAULT_STREAM = "output"
 BATCH_INTERVAL = 0.02  # seconds a token waits for others to share its call
 RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 RETRIES = 5
+TOKEN_OVERHEAD = 4  # bytes a token adds to a checkpoint's JSON ("",): the scheduler's budget counts them
 
 
 class TokenStream:
@@ -61,7 +62,7 @@ class TokenStream:
             self.first_at = time.time()
         self.seq += 1
         self.since.append(text)
-        self.since_bytes += len(text.encode())
+        self.since_bytes += len(text.encode()) + TOKEN_OVERHEAD
         if self.timer is None or self.timer.done():
             self.timer = asyncio.create_task(self._later())
         # the first token goes at once: the scheduler's answer tells the cadence of the rest
@@ -108,7 +109,7 @@ class TokenStream:
                 self.every_bytes = resp.checkpoint_bytes
             if checkpoint:  # tokens added during the call stay for the next one
                 self.since = self.since[len(tokens) :]
-                self.since_bytes = sum(len(t.encode()) for t in self.since)
+                self.since_bytes = sum(len(t.encode()) + TOKEN_OVERHEAD for t in self.since)
                 self.checkpoint_started = time.monotonic()
 
     async def _publish(self, request: scheduler_pb2.PublishTokensRequest) -> scheduler_pb2.PublishTokensResponse:
