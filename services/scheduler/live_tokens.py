@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from services.common.cache import Cache
 
 # ARGV: attempt, first seq, produced_at (ms), maxlen, ttl (ms), tokens... Answers the tokens added
-# (0: all there already; -1: a later attempt published already, so this one is stale).
+# (0: all there already; -1: a later attempt published already, so this one is stale; -2: an id
+# the stream had before, its entries all trimmed away: refused, the checkpoint carries them).
 APPEND = """
 local attempt = tonumber(ARGV[1]) local first = tonumber(ARGV[2]) local n = #ARGV - 5
 local skip = 0
@@ -29,8 +30,9 @@ if skip < 0 then skip = 0 end
 if skip >= n then return 0 end
 local toks = {}
 for i = 6 + skip, #ARGV do toks[#toks + 1] = ARGV[i] end
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], string.format('%d-%d', attempt, first + n - 1),
-           'f', string.format('%d', first + skip), 't', ARGV[3], 'x', cjson.encode(toks))
+local added = redis.pcall('XADD', KEYS[1], 'MAXLEN', '~', ARGV[4], string.format('%d-%d', attempt, first + n - 1),
+                          'f', string.format('%d', first + skip), 't', ARGV[3], 'x', cjson.encode(toks))
+if type(added) == 'table' and added.err then return -2 end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return n - skip
 """
@@ -71,7 +73,8 @@ class LiveChannel:
         if not tokens:
             return True
         args = (attempt, first_seq, at_ms, self.max_entries, self.ttl_ms, *tokens)
-        return await self.cache.call("eval", APPEND, 1, self.key(run_id, stream), *args) is not None
+        added = await self.cache.call("eval", APPEND, 1, self.key(run_id, stream), *args)
+        return added is not None and int(added) >= 0
 
     async def read(self, run_id: str, stream: str, attempt: int, seq: int, block_ms: int | None) -> list[Entry]:
         """The entries after token (attempt, seq), waiting up to block_ms for one (None: not at
