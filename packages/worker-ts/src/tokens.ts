@@ -29,6 +29,7 @@ class TokenStream {
   private timer: NodeJS.Timeout | undefined;
   private error: unknown; // a background send's failure, thrown to the handler
   private chain: Promise<void> = Promise.resolve(); // sends, one after the other
+  private inFlight = false; // a send is under way
   live = true; // the last publish reached the live channel
 
   constructor(
@@ -45,13 +46,18 @@ class TokenStream {
     this.seq += 1;
     this.since.push(text);
     this.sinceBytes += bytes(text);
-    if (this.timer === undefined) {
-      this.timer = setTimeout(() => {
-        this.timer = undefined;
-        this.send(false).catch((err: unknown) => (this.error = err));
-      }, BATCH_INTERVAL_MS);
-    }
+    this.schedule();
     return this.seq === 1 || this.checkpointDue();
+  }
+
+  /** A batch BATCH_INTERVAL_MS from now, unless one is scheduled or a send is in flight (it schedules one as it ends). */
+  private schedule(): void {
+    if (this.timer !== undefined || this.inFlight) return;
+    this.timer = setTimeout(() => {
+      this.timer = undefined;
+      if (this.inFlight) return;
+      this.send(false).catch((err: unknown) => (this.error = err));
+    }, BATCH_INTERVAL_MS);
   }
 
   private checkpointDue(): boolean {
@@ -71,6 +77,16 @@ class TokenStream {
   }
 
   private async sendNow(wanted: boolean): Promise<void> {
+    this.inFlight = true;
+    try {
+      await this.sendOne(wanted);
+    } finally {
+      this.inFlight = false;
+    }
+    if (this.sent < this.seq) this.schedule(); // the tokens added meanwhile
+  }
+
+  private async sendOne(wanted: boolean): Promise<void> {
     if (this.error !== undefined) throw this.error;
     const checkpoint = this.since.length > 0 && (wanted || this.checkpointDue());
     if (this.sent === this.seq && !checkpoint) return;

@@ -1,7 +1,9 @@
 """A handler's token streams (ctx.stream_token; docs/worker-sdk.md "Token streams"): high-rate
 partial output, such as an LLM's tokens, for whoever watches the run.
 
-Tokens are numbered 1, 2, 3, ... per (run, attempt, stream) and sent in batches (PublishTokens):
+Tokens are numbered 1, 2, 3, ... per (run, attempt, stream) and sent in batches (PublishTokens),
+one call at a time (a batch due while one is in flight goes when it ends, so the calls a handler
+makes do not depend on timing):
 a batch leaves BATCH_INTERVAL after its first token, or at once for a stream's first token (the
 answer carries the scheduler's checkpoint cadence) and when the handler awaits a flush.
 Every batch goes to the live channel; every so often (the scheduler's cadence: so many tokens,
@@ -76,6 +78,8 @@ class TokenStream:
 
     async def _later(self) -> None:
         await asyncio.sleep(BATCH_INTERVAL)
+        if self.lock.locked():  # a send is in flight: it schedules the next batch as it ends
+            return
         try:
             await self.send()
         except Exception as exc:  # the handler gets it with its next token or flush
@@ -111,6 +115,9 @@ class TokenStream:
                 self.since = self.since[len(tokens) :]
                 self.since_bytes = sum(len(t.encode()) + TOKEN_OVERHEAD for t in self.since)
                 self.checkpoint_started = time.monotonic()
+            timer = self.timer
+            if self.sent < self.seq and (timer is None or timer.done() or timer is asyncio.current_task()):
+                self.timer = asyncio.create_task(self._later())  # the tokens added meanwhile
 
     async def _publish(self, request: scheduler_pb2.PublishTokensRequest) -> scheduler_pb2.PublishTokensResponse:
         client = self.ctx.client
