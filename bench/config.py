@@ -51,6 +51,10 @@ class Config:
     waits_resume_samples: int = 200  # completion -> handler resumed
     # run event streams
     run_events_samples: int = 200  # progress events emitted (one after another) to a watcher
+    # token streams (bench/token_streams.py): runs streaming at once, tokens/s each, seconds measured
+    token_streams_runs: int = 100
+    token_streams_rate: int = 1000
+    token_streams_seconds: float = 10.0
     # crash
     crash_lease_ttl: float = 2.0
     crash_reaper_interval: float = 0.5
@@ -82,6 +86,7 @@ class Config:
             waits_window=15.0,
             waits_resume_samples=40,
             run_events_samples=50,
+            token_streams_seconds=4.0,
         )
 
     def as_dict(self) -> dict[str, Any]:

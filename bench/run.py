@@ -38,6 +38,7 @@ GROUPS: dict[str, str] = {
     "reaper": "bench.reaper",
     "waits": "bench.waits",
     "run_events": "bench.run_events",
+    "token_streams": "bench.token_streams",
     "children": "bench.children",
     "crash": "bench.crash",
     "pooler": "bench.pooler",

@@ -24,6 +24,8 @@ compensation that deletes it, so the gateway's log shows each side effect and ea
 | children     | a tool step, run_children of two children (each one tool step), completes             |
 | tree         | as children, but the first child parks (a durable sleep) after its step and the       |
 |              | second fails after its step (compensated on its own): the cancel enumeration's tree   |
+| stream       | a tool step, then three groups of five tokens (ctx.stream_token), each flushed as a   |
+|              | checkpoint (ctx.flush_tokens: one PublishTokens each, the first token its own), done  |
 """
 
 from __future__ import annotations
@@ -118,6 +120,12 @@ def make_handler(tools: ToolClient, crash: CrashPoint, handout: str) -> Any:
             )
             await write(ctx, "b")
             return {"tool": result}
+        if pattern == "stream":
+            for group in range(3):
+                for i in range(5):
+                    await ctx.stream_token(f"{group}.{i} ")  # the stream's first token is sent at once
+                await ctx.flush_tokens()  # a checkpoint: the calls are the same on every run
+            return {"streamed": 15}
         if pattern in ("children", "tree"):
             kids = [
                 Child({"pattern": pattern, "child": i, "park": pattern == "tree" and i == 0,

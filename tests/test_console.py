@@ -793,3 +793,35 @@ async def test_the_workers_page_lists_labels_and_a_run_page_says_why_a_labelled_
     await eventually(says_why, timeout=30, what="the label sweep parked the run, its page says why")
     _, page, _ = await browser.get(f"/runs/{run_id}")
     assert "requires labels" in page and "gpu=h100" in page
+
+
+async def test_the_run_page_shows_the_streamed_output_and_reloads_while_it_streams(
+    env: ConsoleEnv, browser: Browser
+) -> None:
+    """Tokens a run streams (PublishTokens): the checkpointed ones and the live tail past the last
+    checkpoint, as one text per stream and attempt; the page reloads itself while the run
+    streams, and not once it ended. Checkpoint rows are not listed as progress events."""
+    from awooop.common.v1 import common_pb2
+    from awooop.scheduler.v1 import scheduler_pb2
+
+    run_id = await env.create()
+    lease = await env.claim(run_id)
+
+    async def publish(first: int, tokens: list[str], checkpoint: bool = False) -> None:
+        request = scheduler_pb2.PublishTokensRequest(lease=lease, first_seq=first, tokens=tokens, checkpoint=checkpoint)
+        await env.worker.call(env.worker.scheduler.PublishTokens, request)
+
+    await publish(1, ["The ", "<b>cause</b> "], checkpoint=True)
+    await publish(3, ["is ", "cpu"])  # live only: past the last checkpoint
+    await browser.signin(env.admin_key)
+    status, html, _ = await browser.get(f"/runs/{run_id}")
+    assert status == 200 and "Streamed output" in html
+    assert "The &lt;b&gt;cause&lt;/b&gt; is cpu</pre>" in html and "attempt 1, 4 tokens" in html
+    assert '<meta http-equiv="refresh" content="2">' in html
+    assert "stream_checkpoint" not in html and "(none emitted)" in html
+    await publish(1, ["The ", "<b>cause</b> ", "is ", "cpu"], checkpoint=True)
+    complete = scheduler_pb2.CompleteRunRequest(lease=lease)
+    ended = await env.worker.call(env.worker.scheduler.CompleteRun, complete)
+    assert ended.run.status == common_pb2.RUN_STATUS_COMPLETED
+    status, html, _ = await browser.get(f"/runs/{run_id}")
+    assert "The &lt;b&gt;cause&lt;/b&gt; is cpu</pre>" in html and 'http-equiv="refresh"' not in html

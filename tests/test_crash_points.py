@@ -56,7 +56,8 @@ QUICK_ENV = {
     "AWOOOP_APPROVAL_SWEEP_INTERVAL": "0.5",
     "AWOOOP_WAIT_SWEEP_INTERVAL": "0.2",
 }
-PATTERNS = ["steps", "fail", "callback", "approval", "sleep", "event", "parked_tool", "children"]
+PATTERNS = ["steps", "fail", "callback", "approval", "sleep", "event", "parked_tool", "children", "stream"]
+STREAMED = [f"{group}.{i} " for group in range(3) for i in range(5)]  # the stream pattern's tokens
 AT_ONCE = 4  # crash workers alive at a time (2 cores)
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
@@ -256,6 +257,8 @@ async def violations(
                 found.append(f"{r['run_id']} completed but had {undone} undone")
         elif undone != done[::-1] or r["saga_status"] != "compensated":  # newest first
             found.append(f"{r['run_id']} {r['status']}: undone {undone} ({r['saga_status']}), executed {steps}")
+    if pattern == "stream":
+        found += await stream_violations(db, run_id)
     if pattern == "callback":
         urls = [u for out in outs for u in handed_out(out, run_id, "url")]
         answers = {u: await _post(u, {"late": True}) for u in urls}
@@ -266,6 +269,26 @@ async def violations(
         output = json.loads(root["output"]) if root["output"] else None
         if root["status"] == "COMPLETED" and output != {"posted": {"tag": tag}}:
             found.append(f"output {output}")
+    return found
+
+
+async def stream_violations(db: asyncpg.Connection, run_id: str) -> list[str]:
+    """Each attempt's checkpoints follow each other from seq 1, no token twice; the last attempt's
+    (the one that completed) hold the whole stream."""
+    rows = await db.fetch(
+        "SELECT data FROM awooop_run_event WHERE run_id = $1::uuid AND kind = 'stream_checkpoint' ORDER BY seq",
+        run_id,
+    )
+    by_attempt: dict[int, list[str]] = {}
+    found = []
+    for r in rows:
+        d = json.loads(r["data"]) if isinstance(r["data"], str) else r["data"]
+        tokens = by_attempt.setdefault(int(d["attempt"]), [])
+        if d["first_seq"] != len(tokens) + 1:
+            found.append(f"attempt {d['attempt']}'s checkpoint starts at {d['first_seq']} after {len(tokens)} tokens")
+        tokens.extend(d["tokens"])
+    if not by_attempt or by_attempt[max(by_attempt)] != STREAMED:
+        found.append(f"checkpoints per attempt {by_attempt}, expected the last one to hold {STREAMED}")
     return found
 
 
@@ -285,6 +308,7 @@ def expect(pattern: str, r: asyncpg.Record, root: asyncpg.Record) -> tuple[list[
         "event": ["a"],
         "parked_tool": ["a", "b", "deploy"],
         "children": ["a"],
+        "stream": ["a"],
     }[pattern], "COMPLETED"
 
 

@@ -41,7 +41,7 @@ import pytest
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2
 from awooop.scheduler.v1 import scheduler_pb2
-from awooop.worker import Client, from_struct, to_struct
+from awooop.worker import Client, Event, Tokens, from_struct, to_struct, watch_run
 from tests.harness import rpc_proxy
 from tests.harness import suite as suite_harness
 from tests.harness.helpers import eventually, key_of, start_with_callbacks
@@ -893,3 +893,36 @@ async def test_labels_of_the_typescript_sdk_route_runs_and_children_to_the_worke
     on_gpu = {e["run_id"] for e in gpu.events() if e["event"] == "handler-started"}
     on_cpu = {e["run_id"] for e in cpu.events() if e["event"] == "handler-started"}
     assert set(labelled) | set(children) <= on_gpu and not (set(labelled) | set(children)) & on_cpu
+
+
+async def test_the_typescript_sdk_streams_tokens_and_watches_them(suite: Suite, tmp_path: Path) -> None:
+    """ctx.streamToken and ctx.pipeTokens (an emit between: checkpointed first) in a node worker;
+    a Python watcher gets every token once, in order; the log's checkpoints hold them all; and a
+    second run's handler watching the first with the TypeScript watchRun({ tokens: true }) gets
+    the same text without a gap."""
+    words = [f"w{i} " for i in range(1, 401)]
+    (streamer,) = await suite.create_runs({"mode": "stream", "count": 400})
+    (watcher,) = await suite.create_runs({"mode": "watch-tokens", "target": streamer})
+    seen: list[Any] = []
+
+    async def python_watch() -> common_pb2.Run:
+        async for item in watch_run(suite.admin, streamer, tokens=True):
+            if isinstance(item, common_pb2.Run):
+                return item
+            seen.append(item)
+        raise AssertionError("the watch ended without the run")
+
+    watching = asyncio.create_task(python_watch())
+    async with node_worker(suite, tmp_path, concurrency=2) as w:
+        ended = await asyncio.wait_for(watching, 60)
+        await eventually(lambda: suite.status_is(watcher, common_pb2.RUN_STATUS_COMPLETED), what="the TS watcher's run")
+        assert w.proc.poll() is None, w.text()
+    assert from_struct(ended.output) == {"streamed": 400, "piped": len("".join(words[200:]))}
+    batches = [i for i in seen if isinstance(i, Tokens)]
+    assert [t for b in batches for t in b.tokens] == words
+    assert [s for b in batches for s in range(b.first_seq, b.last_seq + 1)] == list(range(1, 401))
+    progress = [e for e in seen if isinstance(e, Event) and e.source == "progress"]
+    assert progress[0].kind == "stream_checkpoint" and "half" in [e.kind for e in progress]
+    assert [t for e in progress if e.kind == "stream_checkpoint" for t in e.data["tokens"]] == words
+    out = from_struct((await suite.run(watcher)).output)
+    assert out["text"] == "".join(words) and out["gaps"] == 0

@@ -21,3 +21,8 @@ class EmitOutcome(StrEnum):
     DUPLICATE = "duplicate"  # the emit key was used before: the first event's offset
     EXHAUSTED = "exhausted"  # past the run's bounds: nothing written
     LEASE_LOST = "lease_lost"  # no live lease with that token
+
+
+# The kind of a token stream's checkpoint row (a progress row PublishTokens writes; its data: stream,
+# attempt, first_seq, last_seq, tokens). WatchRun, the CLI and the console read it by this name.
+STREAM_CHECKPOINT = "stream_checkpoint"

@@ -189,6 +189,20 @@ class Settings:
     # longest a watcher goes without re-reading its run when no wake-up came (a lost NOTIFY is late by
     # at most this much)
     watch_poll_interval: float = 5.0
+    # token streams (PublishTokens, ctx.stream_token): the SDK writes a durable checkpoint of a
+    # stream's tokens every this many tokens, milliseconds or bytes of token text, whichever first
+    stream_checkpoint_tokens: int = 500
+    stream_checkpoint_ms: int = 2000  # the same checkpoint's longest wait after its first token (ms)
+    # the same checkpoint's largest size: token text plus 4 bytes a token (its JSON), capped at half of
+    # AWOOOP_MAX_RUN_EVENT_BYTES (a checkpoint is one event)
+    stream_checkpoint_bytes: int = 32 * 1024
+    # live token entries (batches) a run's stream keeps in Redis; older ones are trimmed (a late watcher
+    # is told of the gap)
+    stream_live_entries: int = 1000
+    stream_live_ttl: float = 3600.0  # a run's live token stream expires this long after its last batch
+    # how long the scheduler trusts a lease it checked for PublishTokens (a reaped attempt may publish
+    # live tokens for at most this long; never a checkpoint)
+    stream_lease_check: float = 0.5
     # child runs (StartChildRuns): how deep a run tree may grow, a root run being depth 0 (at most 32)
     max_child_depth: int = 8
     # child runs one run may start over its life, its fan-out (at most 10000)

@@ -33,6 +33,8 @@ class RunView:
     children: list[scheduler_pb2.ChildRunRef] = field(default_factory=list)  # the run tree, start order
     more_children: bool = False  # GetRun listed only the first children: the runs page lists them all
     waiting_for_build: bool = False  # GetRun: queued, pinned to a build no live worker runs
+    # the run's streamed tokens (ctx.stream_token): the checkpoints' and the live tail's batches, gaps
+    tokens: list[scheduler_pb2.WatchRunResponse] = field(default_factory=list)
 
 
 class Backend:
@@ -82,10 +84,11 @@ class Backend:
         else:
             waits = list(waits_r.waits)
         progress: list[scheduler_pb2.WatchEvent] = []
+        tokens: list[scheduler_pb2.WatchRunResponse] = []
         if isinstance(progress_r, AwooopError):
             problems.append(f"progress events: {progress_r.details.render()}")
         else:
-            progress = progress_r
+            progress, tokens = progress_r
         return RunView(
             run_r.run,
             history,
@@ -96,23 +99,31 @@ class Backend:
             list(run_r.children),
             run_r.more_children,
             run_r.waiting_for_build,
+            tokens,
         )
 
-    async def progress(self, key: str, run_id: str) -> list[scheduler_pb2.WatchEvent]:
-        """The run's progress events so far (WatchRun with snapshot: the log as it is, no following)."""
+    async def progress(
+        self, key: str, run_id: str
+    ) -> tuple[list[scheduler_pb2.WatchEvent], list[scheduler_pb2.WatchRunResponse]]:
+        """The run's progress events so far and its streamed tokens (WatchRun with snapshot and
+        tokens: the log as it is and the live tokens there are now, no following)."""
         call = self.scheduler.WatchRun(
-            scheduler_pb2.WatchRunRequest(run_id=run_id, snapshot=True),
+            scheduler_pb2.WatchRunRequest(run_id=run_id, snapshot=True, tokens=True),
             timeout=TIMEOUT,
             metadata=(("authorization", f"Bearer {key}"),),
         )
+        events: list[scheduler_pb2.WatchEvent] = []
+        tokens: list[scheduler_pb2.WatchRunResponse] = []
         try:
-            return [
-                m.event
-                async for m in call
-                if m.HasField("event") and m.event.source == scheduler_pb2.RUN_EVENT_SOURCE_PROGRESS
-            ]
+            async for m in call:
+                if m.HasField("event"):
+                    if m.event.source == scheduler_pb2.RUN_EVENT_SOURCE_PROGRESS:
+                        events.append(m.event)
+                elif not m.HasField("run"):
+                    tokens.append(m)
         except grpc.aio.AioRpcError as err:
             raise AwooopError.from_rpc(err) from None
+        return events, tokens
 
     async def close(self) -> None:
         for ch in self._channels:

@@ -17,6 +17,7 @@ from awooop.common.v1 import common_pb2
 from awooop.saga.v1 import saga_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker.structs import from_struct
+from services.common.run_events import STREAM_CHECKPOINT
 
 TIMELINE_PAGE = 200  # timeline entries per page of a run
 STEPS_PAGE = 100  # journal steps per page of a run
@@ -222,6 +223,40 @@ class RunPage:
     problems: list[str] = field(default_factory=list)
     open_waits: list[WaitView] = field(default_factory=list)  # an unfinished run's, to end by hand
     progress: list[ProgressView] = field(default_factory=list)
+    streams: list[StreamView] = field(default_factory=list)  # the run's streamed output (ctx.stream_token)
+    streaming: bool = False  # an unfinished run that streams: the page reloads itself to show more
+
+
+@dataclass
+class StreamView:
+    """One token stream of one attempt as the run page shows it: its text so far and its holes."""
+
+    stream: str
+    attempt: int
+    text: str = ""
+    tokens: int = 0
+    gaps: list[str] = field(default_factory=list)
+
+
+def stream_views(items: list[scheduler_pb2.WatchRunResponse]) -> tuple[list[StreamView], list[str]]:
+    """The token items of a snapshot watch (checkpoints', then the live tail's) as texts per
+    (stream, attempt), and the notices about the live channel."""
+    views: dict[tuple[str, int], StreamView] = {}
+    notices: list[str] = []
+    for m in items:
+        if m.HasField("token_batch"):
+            b = m.token_batch
+            v = views.setdefault((b.stream, b.attempt), StreamView(b.stream, b.attempt))
+            v.text += "".join(b.tokens)
+            v.tokens = b.first_seq + len(b.tokens) - 1
+        elif m.HasField("token_gap"):
+            g = m.token_gap
+            v = views.setdefault((g.stream, g.attempt), StreamView(g.stream, g.attempt))
+            v.text += f"[... tokens {g.from_seq}..{g.to_seq} not available live ...]"
+            v.gaps.append(f"tokens {g.from_seq}..{g.to_seq} ({g.reason}): in the next checkpoint")
+        elif m.HasField("token_channel") and not m.token_channel.live:
+            notices.append(m.token_channel.message)
+    return list(views.values()), notices
 
 
 @dataclass(frozen=True)
@@ -258,7 +293,10 @@ def run_page(
     waits: list[scheduler_pb2.Wait] | None = None,
     progress: list[scheduler_pb2.WatchEvent] | None = None,
     waiting_for_build: bool = False,
+    tokens: list[scheduler_pb2.WatchRunResponse] | None = None,
 ) -> RunPage:
+    """Long because it composes every section of the run page from its calls' answers, one
+    keyword each."""
     entries = timeline.build(history, journal)
     raw_steps = list(journal.steps) if journal is not None else []
     # views (pretty JSON of params and results) only for the page shown: a run may have 1,000 steps
@@ -271,6 +309,7 @@ def run_page(
     )
     f = timeline.run_fields(run, WEB_FIELDS, waiting_for_build=waiting_for_build)
     terminal = run.status in TERMINAL
+    streams, notices = stream_views(tokens or [])
     return RunPage(
         run=run,
         fields=f,
@@ -289,7 +328,9 @@ def run_page(
         open_waits=[] if terminal else [wait_view(w) for w in waits or [] if w.status == OPEN_WAIT],
         refresh=_undoing(run, raw_steps),
         trace_url=trace_url.replace("{run_id}", run.run_id) if trace_url else "",
-        problems=problems,
+        problems=problems + notices,
+        streams=streams,
+        streaming=bool(streams) and not terminal,
         progress=[
             ProgressView(
                 e.offset,
@@ -299,6 +340,7 @@ def run_page(
                 json.dumps(json_format.MessageToDict(e.data), ensure_ascii=False, sort_keys=True),
             )
             for e in progress or []
+            if e.kind != STREAM_CHECKPOINT  # shown as the streamed output
         ],
     )
 

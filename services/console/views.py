@@ -328,6 +328,7 @@ class Console:
             waits=view.waits,
             progress=view.progress,
             waiting_for_build=view.waiting_for_build,
+            tokens=view.tokens,
         )
         return self.render(
             request,

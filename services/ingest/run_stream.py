@@ -7,6 +7,11 @@ Each row of the run's log is one SSE event (`id:` its offset, `event:` state, st
 `data:` the row as JSON); the last is `event: end` with the ended run, output included. A client
 that reconnects with `Last-Event-ID` (or `?after=<offset>`) resumes after that offset. Errors
 before the stream starts are problem documents with the gRPC status's HTTP code and reason.
+
+With `?tokens=1` (and optionally `&stream=<name>`) the run's streamed tokens come too (WatchRun's
+token tail): `event: tokens` (a batch), `token_gap` (tokens missed live) and `token_channel` (the
+live channel gone or back). A token frame's id is `<offset>:<attempt>:<seq>` (the last log offset
+sent, the last token's attempt and seq), so a client that reconnects with it resumes both.
 """
 
 from __future__ import annotations
@@ -53,25 +58,48 @@ def service_error(err: grpc.aio.AioRpcError) -> errors.ServiceError:
     return errors.ServiceError(err.code(), reason, err.details() or "", metadata=metadata, violations=violations)
 
 
-def _sse(event: str, data: dict[str, Any], ident: int | None = None) -> bytes:
+def _sse(event: str, data: dict[str, Any], ident: int | str | None = None) -> bytes:
     head = f"id: {ident}\n" if ident is not None else ""
     return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-def _offset(request: web.Request) -> int:
-    """The offset to resume after: Last-Event-ID, else ?after=, else 0; INVALID_ARGUMENT (400)
-    naming the one given unless it is an offset the stream could have sent (0 to 2^63 - 1)."""
+def _offset(request: web.Request) -> tuple[int, int, int]:
+    """The offset to resume after and the last token (attempt, seq): Last-Event-ID (`<offset>` or
+    a token frame's `<offset>:<attempt>:<seq>`), else ?after=, else 0; INVALID_ARGUMENT (400)
+    naming the one given unless it is an id the stream could have sent (offsets 0 to 2^63 - 1)."""
     if request.headers.get(LAST_EVENT_ID, "").strip():
         field, raw = f"headers.{LAST_EVENT_ID}", request.headers[LAST_EVENT_ID]
     else:
         field, raw = "query.after", request.query.get("after", "") or "0"
+    parts = raw.strip().split(":")
     try:
-        after = int(raw) if raw.strip().isdigit() else -1
+        nums = [int(p) if p.isdigit() else -1 for p in parts] if len(parts) in (1, 3) else [-1]
     except ValueError:  # more digits than int() reads
-        after = -1
-    if not 0 <= after <= MAX_OFFSET:
-        raise errors.invalid([(field, "must be an offset (a whole number) the stream sent as id")])
-    return after
+        nums = [-1]
+    if not all(0 <= n <= MAX_OFFSET for n in nums) or (len(nums) == 3 and nums[1] > 2**31 - 1):
+        raise errors.invalid([(field, "must be an offset (a whole number) or a token id the stream sent as id")])
+    return (nums[0], 0, 0) if len(nums) == 1 else (nums[0], nums[1], nums[2])
+
+
+def _token_frame(msg: scheduler_pb2.WatchRunResponse, offset: int) -> bytes:
+    """A token item of the watch (WatchRunRequest.tokens) as an SSE frame."""
+    if msg.HasField("token_batch"):
+        b = msg.token_batch
+        last = b.first_seq + len(b.tokens) - 1
+        body: dict[str, Any] = {
+            "stream": b.stream,
+            "attempt": b.attempt,
+            "first_seq": b.first_seq,
+            "tokens": list(b.tokens),
+            "produced_at": b.produced_at.ToJsonString() if b.HasField("produced_at") else None,
+            "from_checkpoint": b.from_checkpoint,
+        }
+        return _sse("tokens", body, f"{offset}:{b.attempt}:{last}")
+    if msg.HasField("token_gap"):
+        g = msg.token_gap
+        gap = {"stream": g.stream, "attempt": g.attempt, "from_seq": g.from_seq, "to_seq": g.to_seq, "reason": g.reason}
+        return _sse("token_gap", gap, f"{offset}:{g.attempt}:{g.to_seq}")
+    return _sse("token_channel", {"live": msg.token_channel.live, "message": msg.token_channel.message})
 
 
 def _frame(msg: scheduler_pb2.WatchRunResponse) -> bytes:
@@ -95,6 +123,18 @@ def _frame(msg: scheduler_pb2.WatchRunResponse) -> bytes:
     return _sse(body["source"], body, e.offset)
 
 
+def _watch_request(request: web.Request) -> scheduler_pb2.WatchRunRequest:
+    after, token_attempt, token_after = _offset(request)
+    return scheduler_pb2.WatchRunRequest(
+        run_id=request.match_info["run_id"],
+        after=after,
+        tokens=request.query.get("tokens", "") in ("1", "true"),
+        token_stream=request.query.get("stream", ""),
+        token_attempt=token_attempt,
+        token_after=token_after,
+    )
+
+
 def add_routes(app: web.Application, settings: Settings) -> None:
     """Registers the stream route on ingest's HTTP app; the channel to the scheduler
     (Settings.scheduler_address: AWOOOP_SCHEDULER_ADDR, else its port on this host) opens on first use."""
@@ -107,10 +147,10 @@ def add_routes(app: web.Application, settings: Settings) -> None:
         return state["stub"]
 
     async def events(request: web.Request) -> web.StreamResponse:
-        run_id = request.match_info["run_id"]
-        after = _offset(request)
+        watch = _watch_request(request)
+        after = watch.after
         metadata = (("authorization", request.headers.get("Authorization", "")),)
-        call = scheduler().WatchRun(scheduler_pb2.WatchRunRequest(run_id=run_id, after=after), metadata=metadata)
+        call = scheduler().WatchRun(watch, metadata=metadata)
         try:
             await call.initial_metadata()  # the scheduler sends it once the watch is allowed
             if call.done() and await call.code() != grpc.StatusCode.OK:
@@ -130,7 +170,11 @@ def add_routes(app: web.Application, settings: Settings) -> None:
                     msg, reading = reading.result(), None
                     if msg is grpc.aio.EOF:  # ended without the run (a scheduler that closed it): reconnect
                         break
-                    await response.write(_frame(msg))
+                    if msg.HasField("event") or msg.HasField("run"):
+                        after = msg.event.offset if msg.HasField("event") else after
+                        await response.write(_frame(msg))
+                    else:
+                        await response.write(_token_frame(msg, after))
                     if msg.HasField("run"):
                         break
             except grpc.aio.AioRpcError as err:  # mid-stream: an SSE error event, then the client resumes

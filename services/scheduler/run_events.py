@@ -17,7 +17,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import grpc
@@ -126,6 +126,16 @@ def state_data(r: Row) -> dict[str, Any]:
     return data
 
 
+class Tail(Protocol):
+    """A watch's follower of a token stream (token_streams.TokenTail)."""
+
+    def from_row(self, row: LogRow) -> list[Any]: ...
+
+    def wait(self, woken: asyncio.Event, timeout: float) -> AsyncIterator[Any]: ...
+
+    async def drain(self) -> list[Any]: ...
+
+
 @dataclass(frozen=True)
 class Ended:
     """The last item of a watch: the run in its terminal state."""
@@ -179,10 +189,12 @@ async def watch(
     *,
     snapshot: bool = False,
     until_saga_ends: bool = False,
-) -> AsyncIterator[LogRow | Ended]:
-    """The run's log after `after`, then live, then Ended (call open_watch first); with
+    tail: Tail | None = None,
+) -> AsyncIterator[Any]:
+    """The run's log after `after` (LogRow), then live, then Ended (call open_watch first); with
     snapshot, only the rows there are now; with until_saga_ends, Ended waits for the run's saga
-    to end as well (its compensation's rows come first)."""
+    to end as well (its compensation's rows come first). With a token tail, its items too: the
+    tokens of each checkpoint row after the row, and live tokens while waiting for the next row."""
     with listener.subscribe_run(run_id) as woken:
         marked_until = 0.0
         while True:
@@ -199,9 +211,13 @@ async def watch(
                 item = LogRow.of(r)
                 after = item.offset
                 yield item
+                for token_item in tail.from_row(item) if tail is not None else ():
+                    yield token_item
             if rows:
                 continue
-            if snapshot:
+            if snapshot:  # with a token tail: and the live tokens there are now
+                for token_item in await tail.drain() if tail is not None else []:
+                    yield token_item
                 return
             if run is None:  # deleted by retention while watched: nothing more will come
                 raise errors.not_found("run", run_id)
@@ -209,5 +225,9 @@ async def watch(
                 yield Ended(run)
                 return
             wait = poll_interval if listener.poll_interval is None else min(poll_interval, listener.poll_interval)
+            if tail is not None:
+                async for token_item in tail.wait(woken, wait):
+                    yield token_item
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), timeout=wait)

@@ -38,7 +38,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.flow = FlowRpcs(pool, settings)
         self.builds = BuildRpcs(pool, settings)
         self.schedules = ScheduleRpcs(pool, settings)
-        self.watch = WatchRpcs(pool, settings, listener)
+        self.watch = WatchRpcs(pool, settings, listener, ctx.cache)
 
     # --- claims and leases (claim_rpcs.py) ----------------------------------------------------------
 
@@ -272,3 +272,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     ) -> AsyncIterator[scheduler_pb2.WatchRunResponse]:
         async for answer in self.watch.watch_run(request, context):
             yield answer
+
+    async def PublishTokens(
+        self, request: scheduler_pb2.PublishTokensRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.PublishTokensResponse:
+        return await self.watch.publish_tokens(request)

@@ -47,6 +47,7 @@ import {
 import * as metrics from "./metrics";
 import { NONDETERMINISM_CODE, Nondeterminism, PATCH_PREFIX, ReplayCheck } from "./replay";
 import { duration } from "./time";
+import { DEFAULT_STREAM, TokenStreams } from "./tokens";
 import { inSpan } from "./tracing";
 
 /** A JSON object (a google.protobuf.Struct): inputs, outputs, step params and results. */
@@ -200,6 +201,8 @@ export class RunContext {
   private readonly patches = new Map<string, boolean>();
   // durable waits' step ids numbered per kind, in call order (wait-1, sleep-1, ...)
   private readonly waitNumbers = new Map<string, number>();
+  /** ctx.streamToken's streams. */
+  readonly tokens: TokenStreams;
 
   constructor(
     readonly client: Client,
@@ -217,6 +220,7 @@ export class RunContext {
     this.traceparent = claimed.traceparent;
     this.input = (claimed.run.input ?? {}) as Json;
     this.journal = this.attempt > 1 || this.resumed ? undefined : new Map();
+    this.tokens = new TokenStreams(client, this.lease);
   }
 
   get runId(): string {
@@ -454,6 +458,7 @@ export class RunContext {
    */
   async emit(data: Json = {}, options: { kind?: string; key?: string } = {}): Promise<number> {
     this.live("emit");
+    await this.tokens.checkpoint(); // the tokens before the event come before it in the log
     const resp = await this.client.call(this.client.scheduler, "emitEvent", {
       lease: this.lease,
       kind: options.kind ?? "",
@@ -461,6 +466,31 @@ export class RunContext {
       key: options.key ?? "",
     });
     return resp.offset;
+  }
+
+  // --- token streams (tokens.ts) ---
+
+  /**
+   * Publishes one token of partial output (an LLM's token) to the run's watchers: live within a
+   * few ms (batched), durable with the next checkpoint (every so many tokens or ms, before each
+   * ctx.emit, and before the run ends). Tokens are numbered per attempt and stream from 1. Fenced
+   * by the lease (LeaseLost). Resolves at once unless a batch is due.
+   */
+  async streamToken(text: string, options: { stream?: string } = {}): Promise<void> {
+    this.live("streamToken");
+    await this.tokens.token(text, options.stream ?? DEFAULT_STREAM);
+  }
+
+  /** Sends every stream's pending tokens and writes them as a durable checkpoint now. */
+  async flushTokens(): Promise<void> {
+    this.live("flushTokens");
+    await this.tokens.checkpoint();
+  }
+
+  /** Streams each chunk of an async iterable (an LLM client's stream), checkpoints, returns the whole text. */
+  async pipeTokens(chunks: AsyncIterable<string>, options: { stream?: string } = {}): Promise<string> {
+    this.live("pipeTokens");
+    return this.tokens.pipe(chunks, options.stream ?? DEFAULT_STREAM);
   }
 
   // --- approvals ---
@@ -947,6 +977,8 @@ export class RunContext {
   async complete(output: Json = {}): Promise<Run> {
     this.live("complete");
     this.checkReplayed();
+    await this.tokens.checkpoint(); // the run's log holds its whole streamed output
+    this.tokens.close();
     const request = { lease: this.lease, output };
     return this.ending("completed", async () => {
       if (this.completions !== undefined) return this.completions.complete(request);
@@ -964,6 +996,8 @@ export class RunContext {
     options: { retryable?: boolean; errorCode?: string; retryAfter?: number } = {},
   ): Promise<Run> {
     this.live("fail");
+    await this.tokens.checkpoint().catch(() => undefined); // what was streamed stays readable; the failure matters more
+    this.tokens.close();
     return this.ending("failed", async () => {
       const resp = await this.client.call(this.client.scheduler, "failRun", {
         lease: this.lease,

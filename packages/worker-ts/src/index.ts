@@ -25,7 +25,7 @@ export type { EventMatch, MatchChannel } from "./eventMatches";
 export { ToolClient } from "./tools";
 export { Nondeterminism, ReplayCheck, NONDETERMINISM_CODE, PATCH_PREFIX } from "./replay";
 export { watchRun } from "./watch";
-export type { EventSource, RunEvent } from "./watch";
+export type { EventSource, RunEvent, TokenBatch, TokenChannel, TokenGap, TokenItem, WatchOptions } from "./watch";
 export type { ToolClientOptions } from "./tools";
 export { Client, CHANNEL_OPTIONS, DEFAULT_TIMEOUT } from "./client";
 export type { ClientOptions, RequestOf, ResponseOf, UnaryMethod } from "./client";

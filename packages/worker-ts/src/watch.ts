@@ -27,23 +27,108 @@ const SOURCES: Record<number, EventSource> = {
 };
 const RESUME_BACKOFF_MS = 200;
 
+/** Tokens of a run's stream (watchRun with tokens), live or from a checkpoint row. */
+export interface TokenBatch {
+  kind: "tokens";
+  stream: string;
+  attempt: number; // a new attempt starts again at seq 1
+  firstSeq: number;
+  tokens: string[];
+  producedAt: Date | undefined;
+  fromCheckpoint: boolean;
+}
+
+/** Tokens fromSeq..toSeq of an attempt the watcher will not get live (trimmed, or lost with Redis). */
+export interface TokenGap {
+  kind: "token_gap";
+  stream: string;
+  attempt: number;
+  fromSeq: number;
+  toSeq: number;
+  reason: string;
+}
+
+/** The live channel went away (live false: tokens come only with checkpoints) or came back. */
+export interface TokenChannel {
+  kind: "token_channel";
+  live: boolean;
+  message: string;
+}
+
+export type TokenItem = TokenBatch | TokenGap | TokenChannel;
+
+export interface WatchOptions {
+  /** Also yield the token stream's TokenBatch, TokenGap and TokenChannel items. */
+  tokens?: boolean;
+  /** The token stream followed (default "output"). */
+  tokenStream?: string;
+}
+
+function tokenItem(msg: WatchRunResponse): TokenItem | undefined {
+  if (msg.tokenBatch !== undefined) {
+    const b = msg.tokenBatch;
+    return {
+      kind: "tokens",
+      stream: b.stream,
+      attempt: b.attempt,
+      firstSeq: b.firstSeq,
+      tokens: b.tokens,
+      producedAt: b.producedAt,
+      fromCheckpoint: b.fromCheckpoint,
+    };
+  }
+  if (msg.tokenGap !== undefined) {
+    const g = msg.tokenGap;
+    return { kind: "token_gap", stream: g.stream, attempt: g.attempt, fromSeq: g.fromSeq, toSeq: g.toSeq, reason: g.reason };
+  }
+  if (msg.tokenChannel !== undefined) return { kind: "token_channel", ...msg.tokenChannel };
+  return undefined;
+}
+
 /**
  * Yields the run's events after `after`, in order, then the ended Run (with its output), and
- * returns. Another project's run rejects NOT_FOUND; an offset past the log's end INVALID_ARGUMENT.
+ * returns; with `{ tokens: true }` also the token stream's items (each token once, in order; a
+ * TokenGap for tokens it will not get live; a TokenChannel when the live channel goes or returns).
+ * Another project's run rejects NOT_FOUND; an offset past the log's end INVALID_ARGUMENT.
  *
- *   for await (const item of watchRun(client, runId)) {
+ *   for await (const item of watchRun(client, runId, 0, { tokens: true })) {
  *     if ("offset" in item) console.log(item.offset, item.source, item.kind, item.data);
- *     else console.log("ended", item.status, item.output);
+ *     else if ("kind" in item && item.kind === "tokens") process.stdout.write(item.tokens.join(""));
+ *     else if (!("kind" in item)) console.log("ended", item.status, item.output);
  *   }
  */
-export async function* watchRun(client: Client, runId: string, after = 0): AsyncGenerator<RunEvent | Run> {
+export async function* watchRun(
+  client: Client,
+  runId: string,
+  after = 0,
+  options: WatchOptions = {},
+): AsyncGenerator<RunEvent | TokenItem | Run> {
+  let tokenAttempt = 0;
+  let tokenAfter = 0;
   for (;;) {
-    const stream = client.scheduler.watchRun({ runId, after, snapshot: false, untilSagaEnds: false }, client.metadata);
+    const request = {
+      runId,
+      after,
+      snapshot: false,
+      untilSagaEnds: false,
+      tokens: options.tokens ?? false,
+      tokenStream: options.tokenStream ?? "",
+      tokenAttempt,
+      tokenAfter,
+    };
+    const stream = client.scheduler.watchRun(request, client.metadata);
     try {
       for await (const msg of stream as AsyncIterable<WatchRunResponse>) {
         if (msg.run !== undefined) {
           yield msg.run;
           return;
+        }
+        const item = tokenItem(msg);
+        if (item !== undefined) {
+          if (item.kind === "tokens") [tokenAttempt, tokenAfter] = [item.attempt, item.firstSeq + item.tokens.length - 1];
+          if (item.kind === "token_gap") [tokenAttempt, tokenAfter] = [item.attempt, item.toSeq];
+          yield item;
+          continue;
         }
         const e = msg.event;
         if (e === undefined) continue;

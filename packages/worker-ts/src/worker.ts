@@ -498,6 +498,7 @@ export class Worker {
     } catch (err) {
       this.log("error", "settling the run failed", { run_id: h.ctx.runId, error: describe(err) });
     } finally {
+      h.ctx.tokens.close(); // a parked, lost or released run's batch timer stops with it
       this.held.delete(key(h.ctx));
       metrics.HELD.set(this.held.size);
       this.slotFreed.abort();

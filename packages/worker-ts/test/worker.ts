@@ -14,6 +14,7 @@ import {
   type Json,
   type RunContext,
   type WorkerOptions,
+  watchRun,
 } from "@awooop/worker";
 
 const emit = (event: Json): void => {
@@ -146,6 +147,38 @@ async function parkedTool(ctx: RunContext): Promise<Json | undefined> {
   return { tool_result: result };
 }
 
+async function streamTokens(ctx: RunContext): Promise<Json> {
+  const count = Number(ctx.input.count ?? 100);
+  const words = Array.from({ length: count }, (_, i) => `w${i + 1} `);
+  for (const w of words.slice(0, count / 2)) await ctx.streamToken(w);
+  await ctx.emit({ half: true }, { kind: "half" });
+  async function* rest(): AsyncGenerator<string> {
+    for (const w of words.slice(count / 2)) {
+      yield w;
+      if (w.endsWith("0 ")) await new Promise((resolve) => setTimeout(resolve, 2)); // a model's pace
+    }
+  }
+  const piped = await ctx.pipeTokens(rest());
+  return { streamed: count, piped: piped.length };
+}
+
+async function watchTokens(ctx: RunContext): Promise<Json> {
+  const parts: string[] = [];
+  let batches = 0;
+  let gaps = 0;
+  let seqs = 0;
+  for await (const item of watchRun(ctx.client, String(ctx.input.target), 0, { tokens: true })) {
+    if ("offset" in item) continue;
+    if ("kind" in item && item.kind === "tokens") {
+      if (item.firstSeq !== seqs + 1) gaps += 1;
+      seqs = item.firstSeq + item.tokens.length - 1;
+      parts.push(item.tokens.join(""));
+      batches += 1;
+    } else if ("kind" in item && item.kind === "token_gap") gaps += 1;
+  }
+  return { text: parts.join(""), batches, gaps };
+}
+
 async function handle(ctx: RunContext): Promise<Json | undefined> {
   if (ctx.run.channelType !== common.ChannelType.CHANNEL_TYPE_API) return { channel_event: true }; // waitForEvent's events
   const mode = String(ctx.input.mode ?? "scale");
@@ -170,6 +203,10 @@ async function handle(ctx: RunContext): Promise<Json | undefined> {
       return typeof ctx.input.output_bytes === "number" ? { big: "x".repeat(ctx.input.output_bytes) } : { ok: true };
     case "quick":
       return { ok: true };
+    case "stream": // streams input.count tokens: the first half one by one, the rest piped, an emit between
+      return streamTokens(ctx);
+    case "watch-tokens": // watches input.target's tokens (watchRun with tokens) until it ends
+      return watchTokens(ctx);
     case "throw": // an uncaught error: the attempt fails, retryable
       throw new Error(`bad input on attempt ${ctx.attempt}`);
     case "stale": // waits for SIGUSR2, then writes with a token that may have moved on

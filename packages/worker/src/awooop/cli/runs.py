@@ -3,8 +3,9 @@
     awooop runs list --project P [--status RUNNING ...] [--limit N] [--build B]
     awooop runs list --parent RUN_ID [--status ...] [--limit N]     a run's children (its project unless --project)
     awooop runs show RUN_ID                 run, state history and journal as one timeline, progress events
-    awooop runs watch RUN_ID [--after N]    follow a run's log (state changes, steps, progress) to its end,
-                                            and a failed or cancelled run's compensation to the saga's end
+    awooop runs watch RUN_ID [--after N] [--tokens [--stream S]]    follow a run's log (state changes, steps,
+                                            progress) to its end, and a failed or cancelled run's compensation
+                                            to the saga's end; --tokens: its streamed output live too
     awooop runs approve RUN_ID --token T [--reason R]
     awooop runs reject RUN_ID --token T [--reason R]
     awooop runs cancel RUN_ID [--reason R]
@@ -58,7 +59,7 @@ from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker.client import Client
 from awooop.worker.errors import AwooopError
 from awooop.worker.structs import from_struct, to_struct
-from awooop.worker.watch import Event, read_events, watch_run
+from awooop.worker.watch import Event, TokenChannel, TokenGap, Tokens, read_events, watch_run
 
 # re-exported: older callers import these names from here
 __all__ = ["channel_name", "register", "saga_name", "status_name", "step_status", "step_type"]
@@ -102,6 +103,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument("run_id")
     p.add_argument("--after", type=int, default=0, metavar="OFFSET", help="start after this offset (default 0)")
+    p.add_argument("--tokens", action="store_true", help="print the run's streamed tokens (ctx.stream_token) live")
+    p.add_argument("--stream", default="output", help="the token stream to print (default output)")
     p.set_defaults(func=run_command(cmd_watch))
 
     for name, decision in (("approve", "approve"), ("reject", "reject")):
@@ -356,23 +359,68 @@ def _print_progress(progress: list[Event]) -> None:
 
 async def cmd_watch(args: argparse.Namespace, client: Client) -> int:
     """Follows the run, and a failed or cancelled run's compensation, to their end: the saga's
-    state changes and steps come after the run's own."""
-    async for item in watch_run(client, args.run_id, after=args.after, until_saga_ends=True):
+    state changes and steps come after the run's own. With --tokens, the run's streamed tokens
+    are printed as they come (a checkpoint row's, already printed, is not repeated)."""
+    out = _TokenPrinter(args.json)
+    items = watch_run(
+        client, args.run_id, after=args.after, until_saga_ends=True, tokens=args.tokens, token_stream=args.stream
+    )
+    async for item in items:
+        if isinstance(item, Tokens | TokenGap | TokenChannel):
+            out.token_item(item)
+            continue
         if isinstance(item, Event):
-            if args.json:
-                print(json.dumps({"event": _event_json(item)}), flush=True)
-            else:
-                print(_event_text(item), flush=True)
+            if args.tokens and item.kind == "stream_checkpoint" and not args.json:
+                continue
+            out.line(json.dumps({"event": _event_json(item)}) if args.json else _event_text(item))
             continue
         if args.json:
-            print(json.dumps({"run": to_json(item)}), flush=True)
+            out.line(json.dumps({"run": to_json(item)}))
         else:
-            print(f"ended  {status_name(item.status)}  (saga {saga_name(item.saga_status)})")
+            out.line(f"ended  {status_name(item.status)}  (saga {saga_name(item.saga_status)})")
             if item.HasField("output"):
                 print(f"output {_j(from_struct(item.output))}")
             elif item.failure_reason:
                 print(f"reason {item.failure_reason}")
     return 0
+
+
+class _TokenPrinter:
+    """`runs watch --tokens`: tokens written as they come, other lines after a line break."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.mid_line = False
+        self.attempt = 0
+
+    def line(self, text: str) -> None:
+        if self.mid_line:
+            print()
+            self.mid_line = False
+        print(text, flush=True)
+
+    def token_item(self, item: Tokens | TokenGap | TokenChannel) -> None:
+        if self.as_json:
+            key = {Tokens: "tokens", TokenGap: "token_gap", TokenChannel: "token_channel"}[type(item)]
+            data = dict(item.__dict__)
+            if isinstance(item, Tokens):
+                data["produced_at"] = item.produced_at.isoformat().replace("+00:00", "Z") if item.produced_at else None
+            print(json.dumps({key: data}), flush=True)
+        elif isinstance(item, Tokens):
+            if item.attempt != self.attempt:
+                if self.attempt:
+                    self.line(f"[attempt {item.attempt} streams again]")
+                self.attempt = item.attempt
+            sys.stdout.write(item.text)
+            sys.stdout.flush()
+            self.mid_line = True
+        elif isinstance(item, TokenGap):
+            self.line(
+                f"[tokens {item.from_seq}..{item.to_seq} of attempt {item.attempt} missed live ({item.reason}); "
+                "they are in the run's stream_checkpoint events]"
+            )
+        else:
+            self.line(f"[{item.message}]")
 
 
 def _print_run(run: common_pb2.Run, waiting_for_build: bool = False) -> None:

@@ -21,7 +21,7 @@ from awooop.worker.run_scope import StepCall
 from awooop.worker.structs import from_struct, to_struct
 from awooop.worker.tools import ToolClient
 from awooop.worker.waits import ParkedToolFailed, RunParked, WaitTimeout, WaitToken
-from awooop.worker.watch import Event, watch_run
+from awooop.worker.watch import Event, TokenChannel, TokenGap, Tokens, watch_run
 from awooop.worker.worker import Worker, WorkerError, run_worker
 
 __all__ = [
@@ -41,6 +41,9 @@ __all__ = [
     "RunFinished",
     "RunParked",
     "StepCall",
+    "TokenChannel",
+    "TokenGap",
+    "Tokens",
     "ToolClient",
     "WaitTimeout",
     "WaitToken",

@@ -20,7 +20,7 @@ import contextlib
 import datetime as dt
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ from awooop.worker.errors import JOURNAL_TOO_LARGE, AwooopError, LeaseLost, RunF
 from awooop.worker.replay import NONDETERMINISM_CODE, PATCH_PREFIX, Nondeterminism, ReplayCheck
 from awooop.worker.run_scope import Json, StepCall
 from awooop.worker.structs import from_struct, to_struct
+from awooop.worker.tokens import DEFAULT_STREAM, TokenStreams
 from awooop.worker.waits import WaitTimeout, WaitToken
 
 log = logging.getLogger("awooop.worker")
@@ -133,6 +134,7 @@ class RunContext:
         self._patches: dict[str, bool] = {}  # ctx.patched's answers in this attempt, by change id
         self._wait_numbers: dict[str, int] = {}  # durable waits' step ids numbered per kind, in call order
         self.log = logging.LoggerAdapter(log, {"run_id": self.run_id, "attempt": self.attempt})
+        self.tokens = TokenStreams(self)  # ctx.stream_token's streams
 
     @property
     def run_id(self) -> str:
@@ -423,6 +425,7 @@ class RunContext:
         its attempt. With `key` (unique per run, e.g. "chunk-3") a repeat adds nothing and returns
         the first event's offset. Past the run's bounds AwooopError RUN_EVENTS_EXHAUSTED."""
         self._live("emit")
+        await self.tokens.checkpoint()  # the tokens before the event come before it in the log
         resp = await self.client.call(
             self.client.scheduler.EmitEvent,
             scheduler_pb2.EmitEventRequest(
@@ -430,6 +433,28 @@ class RunContext:
             ),
         )
         return int(resp.offset)
+
+    # --- token streams (tokens.py) ---
+
+    async def stream_token(self, text: str, *, stream: str = DEFAULT_STREAM) -> None:
+        """Publishes one token of partial output (an LLM's token) to the run's watchers: live
+        within a few ms (batched), durable with the next checkpoint (every so many tokens or ms,
+        before each ctx.emit, and before the run ends). Tokens are numbered per attempt and
+        stream from 1; a run retried streams again from 1 under its new attempt. Fenced by the
+        lease (LeaseLost). Awaits only when a batch is due."""
+        self._live("stream_token")
+        await self.tokens.token(text, stream)
+
+    async def flush_tokens(self) -> None:
+        """Sends every stream's pending tokens and writes them as a durable checkpoint now."""
+        self._live("flush_tokens")
+        await self.tokens.checkpoint()
+
+    async def pipe_tokens(self, chunks: AsyncIterable[str], *, stream: str = DEFAULT_STREAM) -> str:
+        """Streams each chunk of an async iterator (an LLM client's stream) as a token, checkpoints
+        at its end and returns the whole text."""
+        self._live("pipe_tokens")
+        return await self.tokens.pipe(chunks, stream)
 
     # --- approvals ---
 
@@ -671,6 +696,8 @@ class RunContext:
         """RUNNING -> COMPLETED with output. (Returning a dict from the handler does the same.)"""
         self._live("complete")
         self.check_replayed()
+        await self.tokens.checkpoint()  # the run's log holds its whole streamed output
+        await self.tokens.close()
         request = scheduler_pb2.CompleteRunRequest(lease=self.lease, output=to_struct(dict(output or {})))
         async with self._ending("completed"):
             if self.completions is not None:
@@ -684,6 +711,9 @@ class RunContext:
         """Fails this attempt: retryable with attempts left -> PENDING again after a backoff;
         otherwise FAILED, and the saga compensates completed steps."""
         self._live("fail")
+        with contextlib.suppress(AwooopError):  # what was streamed stays readable; the failure matters more
+            await self.tokens.checkpoint()
+        await self.tokens.close()
         async with self._ending("failed"):
             resp = await self.client.call(
                 self.client.scheduler.FailRun,

@@ -39,6 +39,62 @@ class Event:
     at: Any  # datetime (UTC)
 
 
+@dataclass(frozen=True)
+class Tokens:
+    """Tokens of a run's stream (watch_run with tokens), live or from a checkpoint row."""
+
+    stream: str
+    attempt: int  # a new attempt starts again at seq 1
+    first_seq: int
+    tokens: list[str]
+    produced_at: Any  # datetime (UTC): when the first was produced
+    from_checkpoint: bool
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tokens)
+
+    @property
+    def last_seq(self) -> int:
+        return self.first_seq + len(self.tokens) - 1
+
+
+@dataclass(frozen=True)
+class TokenGap:
+    """Tokens from_seq..to_seq of an attempt the watcher will not get live (reason: trimmed from
+    the live channel, or lost with Redis); the run's stream_checkpoint rows hold them."""
+
+    stream: str
+    attempt: int
+    from_seq: int
+    to_seq: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class TokenChannel:
+    """The live channel went away (live False: tokens come only with checkpoints) or came back."""
+
+    live: bool
+    message: str
+
+
+WatchItem = Event | Tokens | TokenGap | TokenChannel
+
+
+def token_item_of(msg: scheduler_pb2.WatchRunResponse) -> Tokens | TokenGap | TokenChannel | None:
+    if msg.HasField("token_batch"):
+        b = msg.token_batch
+        at = b.produced_at.ToDatetime(dt.UTC) if b.HasField("produced_at") else None
+        return Tokens(b.stream, b.attempt, b.first_seq, list(b.tokens), at, b.from_checkpoint)
+    if msg.HasField("token_gap"):
+        g = msg.token_gap
+        return TokenGap(g.stream, g.attempt, g.from_seq, g.to_seq, g.reason)
+    if msg.HasField("token_channel"):
+        return TokenChannel(msg.token_channel.live, msg.token_channel.message)
+    return None
+
+
 def event_of(pb: scheduler_pb2.WatchEvent) -> Event:
     return Event(
         pb.offset,
@@ -51,25 +107,47 @@ def event_of(pb: scheduler_pb2.WatchEvent) -> Event:
 
 
 async def watch_run(
-    client: Client, run_id: str, *, after: int = 0, until_saga_ends: bool = False
-) -> AsyncIterator[Event | common_pb2.Run]:
+    client: Client,
+    run_id: str,
+    *,
+    after: int = 0,
+    until_saga_ends: bool = False,
+    tokens: bool = False,
+    token_stream: str = "output",
+) -> AsyncIterator[WatchItem | common_pb2.Run]:
     """Yields the run's events after `after`, in order, then the ended Run (with its output), and
     stops; with until_saga_ends, a failed or cancelled run's compensation is followed to its end
-    first (compensated, compensation_failed or not_needed). Resumes after the last offset when the
-    stream drops (UNAVAILABLE); other failures raise AwooopError (NOT_FOUND, INVALID_ARGUMENT for a
-    bad offset, ...)."""
+    first (compensated, compensation_failed or not_needed). With tokens, also the token stream's
+    Tokens (each token once, in order), a TokenGap for tokens it will not get live, and a
+    TokenChannel when the live channel goes away or returns. Resumes after the last offset (and
+    token) when the stream drops (UNAVAILABLE); other failures raise AwooopError (NOT_FOUND,
+    INVALID_ARGUMENT for a bad offset, ...)."""
+    token_attempt, token_after = 0, 0
     while True:
-        call = client.scheduler.WatchRun(
-            scheduler_pb2.WatchRunRequest(run_id=run_id, after=after, until_saga_ends=until_saga_ends),
-            metadata=client.metadata,
+        request = scheduler_pb2.WatchRunRequest(
+            run_id=run_id,
+            after=after,
+            until_saga_ends=until_saga_ends,
+            tokens=tokens,
+            token_stream=token_stream,
+            token_attempt=token_attempt,
+            token_after=token_after,
         )
+        call = client.scheduler.WatchRun(request, metadata=client.metadata)
         try:
             async for msg in call:
                 if msg.HasField("run"):
                     yield msg.run
                     return
-                after = msg.event.offset
-                yield event_of(msg.event)
+                item = token_item_of(msg)
+                if item is None:
+                    after = msg.event.offset
+                    yield event_of(msg.event)
+                    continue
+                if isinstance(item, (Tokens, TokenGap)):
+                    token_attempt = item.attempt
+                    token_after = item.last_seq if isinstance(item, Tokens) else item.to_seq
+                yield item
         except grpc.aio.AioRpcError as err:
             if err.code() not in RESUME_CODES:
                 raise AwooopError.from_rpc(err, "/awooop.scheduler.v1.SchedulerService/WatchRun") from None

@@ -432,6 +432,7 @@ class Worker:
         try:
             h.settled = await self._handle(h)
         finally:
+            await h.ctx.tokens.close()  # a parked, lost or released run's batch timers stop with it
             self._held.pop(h.key, None)
             metrics.HELD.set(len(self._held))
             self._slot_freed.set()

@@ -3188,6 +3188,10 @@ class WatchRunRequest(_message.Message):
     AFTER_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     UNTIL_SAGA_ENDS_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    TOKEN_STREAM_FIELD_NUMBER: _builtins.int
+    TOKEN_ATTEMPT_FIELD_NUMBER: _builtins.int
+    TOKEN_AFTER_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """Run id."""
     after: _builtins.int
@@ -3201,6 +3205,17 @@ class WatchRunRequest(_message.Message):
     compensation_failed or not_needed), so the compensation's state changes and steps come
     before the run; without it the stream ends at the run's terminal status (`awooop runs watch`).
     """
+    tokens: _builtins.bool
+    """Also send the run's live tokens (PublishTokens) of stream `token_stream` between the log's
+    rows: TokenBatch, TokenGap and TokenChannel items. Without it the stream is as before.
+    """
+    token_stream: _builtins.str
+    """The token stream followed (empty: "output")."""
+    token_attempt: _builtins.int
+    """Resuming: the attempt and seq of the last token received (0: none), so tokens up to it are
+    not sent again.
+    """
+    token_after: _builtins.int
     def __init__(
         self,
         *,
@@ -3208,10 +3223,14 @@ class WatchRunRequest(_message.Message):
         after: _builtins.int = ...,
         snapshot: _builtins.bool = ...,
         until_saga_ends: _builtins.bool = ...,
+        tokens: _builtins.bool = ...,
+        token_stream: _builtins.str = ...,
+        token_attempt: _builtins.int = ...,
+        token_after: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "run_id", b"run_id", "snapshot", b"snapshot", "until_saga_ends", b"until_saga_ends"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "run_id", b"run_id", "snapshot", b"snapshot", "token_after", b"token_after", "token_attempt", b"token_attempt", "token_stream", b"token_stream", "tokens", b"tokens", "until_saga_ends", b"until_saga_ends"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -3273,6 +3292,9 @@ class WatchRunResponse(_message.Message):
 
     EVENT_FIELD_NUMBER: _builtins.int
     RUN_FIELD_NUMBER: _builtins.int
+    TOKEN_BATCH_FIELD_NUMBER: _builtins.int
+    TOKEN_GAP_FIELD_NUMBER: _builtins.int
+    TOKEN_CHANNEL_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def event(self) -> Global___WatchEvent:
         """The next row of the log."""
@@ -3281,21 +3303,236 @@ class WatchRunResponse(_message.Message):
     def run(self) -> _common_pb2.Run:
         """The run, ended (COMPLETED with its output, FAILED or CANCELLED): the last message."""
 
+    @_builtins.property
+    def token_batch(self) -> Global___TokenBatch:
+        """Tokens (WatchRunRequest.tokens): the next ones of the stream, live or from a checkpoint."""
+
+    @_builtins.property
+    def token_gap(self) -> Global___TokenGap:
+        """Tokens (WatchRunRequest.tokens) the watcher will not get live: trimmed from the live
+        channel or lost with Redis. They are in the run's stream_checkpoint rows once written.
+        """
+
+    @_builtins.property
+    def token_channel(self) -> Global___TokenChannel:
+        """The live channel became unavailable (Redis down: only checkpoints until it returns) or
+        available again.
+        """
+
     def __init__(
         self,
         *,
         event: Global___WatchEvent | None = ...,
         run: _common_pb2.Run | None = ...,
+        token_batch: Global___TokenBatch | None = ...,
+        token_gap: Global___TokenGap | None = ...,
+        token_channel: Global___TokenChannel | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "item", b"item", "run", b"run"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "item", b"item", "run", b"run", "token_batch", b"token_batch", "token_channel", b"token_channel", "token_gap", b"token_gap"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "item", b"item", "run", b"run"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event", b"event", "item", b"item", "run", b"run", "token_batch", b"token_batch", "token_channel", b"token_channel", "token_gap", b"token_gap"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["event", "run"]  # noqa: Y015
+    _WhichOneofReturnType_item: _TypeAlias = _typing.Literal["event", "run", "token_batch", "token_gap", "token_channel"]  # noqa: Y015
     _WhichOneofArgType_item: _TypeAlias = _typing.Literal["item", b"item"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_item) -> _WhichOneofReturnType_item | None: ...
 
 Global___WatchRunResponse: _TypeAlias = WatchRunResponse  # noqa: Y015
+
+@_typing.final
+class PublishTokensRequest(_message.Message):
+    """Publishes a batch of tokens."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEASE_FIELD_NUMBER: _builtins.int
+    STREAM_FIELD_NUMBER: _builtins.int
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    PRODUCED_AT_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    """The stream's name (empty: "output"; at most 64 chars)."""
+    first_seq: _builtins.int
+    """The seq of the batch's first token; tokens are numbered 1, 2, 3, ... per (run, attempt, stream)."""
+    checkpoint: _builtins.bool
+    """Write a checkpoint: the batch holds every token since the previous checkpoint (first_seq is
+    the one after it), and one stream_checkpoint row of the run's log records them.
+    """
+    @_builtins.property
+    def lease(self) -> _common_pb2.LeaseToken:
+        """Fencing token of a RUNNING (or WAITING_TOOL) run."""
+
+    @_builtins.property
+    def tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tokens, in order."""
+
+    @_builtins.property
+    def produced_at(self) -> _timestamp_pb2.Timestamp:
+        """When the batch's first token was produced (the watcher's latency is measured from it)."""
+
+    def __init__(
+        self,
+        *,
+        lease: _common_pb2.LeaseToken | None = ...,
+        stream: _builtins.str = ...,
+        first_seq: _builtins.int = ...,
+        tokens: _abc.Iterable[_builtins.str] | None = ...,
+        produced_at: _timestamp_pb2.Timestamp | None = ...,
+        checkpoint: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["lease", b"lease", "produced_at", b"produced_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "first_seq", b"first_seq", "lease", b"lease", "produced_at", b"produced_at", "stream", b"stream", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublishTokensRequest: _TypeAlias = PublishTokensRequest  # noqa: Y015
+
+@_typing.final
+class PublishTokensResponse(_message.Message):
+    """What a publish did."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIVE_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_OFFSET_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_TOKENS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_MS_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_BYTES_FIELD_NUMBER: _builtins.int
+    live: _builtins.bool
+    """The tokens reached the live channel (false: Redis unavailable; they reach watchers with the
+    next checkpoint).
+    """
+    checkpoint_offset: _builtins.int
+    """The checkpoint row's offset (0: no checkpoint in this call)."""
+    checkpoint_tokens: _builtins.int
+    """The server's checkpoint cadence the SDK follows: a checkpoint every this many tokens,
+    milliseconds or bytes of token text (AWOOOP_STREAM_CHECKPOINT_TOKENS, _MS, _BYTES).
+    """
+    checkpoint_ms: _builtins.int
+    checkpoint_bytes: _builtins.int
+    def __init__(
+        self,
+        *,
+        live: _builtins.bool = ...,
+        checkpoint_offset: _builtins.int = ...,
+        checkpoint_tokens: _builtins.int = ...,
+        checkpoint_ms: _builtins.int = ...,
+        checkpoint_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_bytes", b"checkpoint_bytes", "checkpoint_ms", b"checkpoint_ms", "checkpoint_offset", b"checkpoint_offset", "checkpoint_tokens", b"checkpoint_tokens", "live", b"live"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublishTokensResponse: _TypeAlias = PublishTokensResponse  # noqa: Y015
+
+@_typing.final
+class TokenBatch(_message.Message):
+    """Tokens of a run's stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    FIRST_SEQ_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    PRODUCED_AT_FIELD_NUMBER: _builtins.int
+    FROM_CHECKPOINT_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    """The stream's name."""
+    attempt: _builtins.int
+    """The attempt that produced them (a new attempt starts again at seq 1)."""
+    first_seq: _builtins.int
+    """The seq of the first token."""
+    from_checkpoint: _builtins.bool
+    """True when they come from a checkpoint row (not live)."""
+    @_builtins.property
+    def tokens(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The tokens, in order."""
+
+    @_builtins.property
+    def produced_at(self) -> _timestamp_pb2.Timestamp:
+        """When the first token was produced (the worker's clock)."""
+
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        first_seq: _builtins.int = ...,
+        tokens: _abc.Iterable[_builtins.str] | None = ...,
+        produced_at: _timestamp_pb2.Timestamp | None = ...,
+        from_checkpoint: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["produced_at", b"produced_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "first_seq", b"first_seq", "from_checkpoint", b"from_checkpoint", "produced_at", b"produced_at", "stream", b"stream", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenBatch: _TypeAlias = TokenBatch  # noqa: Y015
+
+@_typing.final
+class TokenGap(_message.Message):
+    """Tokens from_seq..to_seq (inclusive) of an attempt that the watcher will not get live."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    FROM_SEQ_FIELD_NUMBER: _builtins.int
+    TO_SEQ_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    stream: _builtins.str
+    attempt: _builtins.int
+    from_seq: _builtins.int
+    to_seq: _builtins.int
+    reason: _builtins.str
+    """trimmed (the live channel holds only its newest entries) or lost (Redis restarted or down)."""
+    def __init__(
+        self,
+        *,
+        stream: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        from_seq: _builtins.int = ...,
+        to_seq: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "from_seq", b"from_seq", "reason", b"reason", "stream", b"stream", "to_seq", b"to_seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenGap: _TypeAlias = TokenGap  # noqa: Y015
+
+@_typing.final
+class TokenChannel(_message.Message):
+    """The live channel's availability for this watch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIVE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    live: _builtins.bool
+    """False: Redis unavailable, tokens arrive only with checkpoints; true: live again."""
+    message: _builtins.str
+    """Why (for people)."""
+    def __init__(
+        self,
+        *,
+        live: _builtins.bool = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["live", b"live", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TokenChannel: _TypeAlias = TokenChannel  # noqa: Y015
 
 @_typing.final
 class ChildRunRef(_message.Message):

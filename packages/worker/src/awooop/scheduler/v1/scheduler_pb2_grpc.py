@@ -245,6 +245,11 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.StartChildRunsRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.StartChildRunsResponse.FromString,
                 _registered_method=True)
+        self.PublishTokens = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/PublishTokens',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PublishTokensRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PublishTokensResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -581,6 +586,20 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishTokens(self, request, context):
+        """--- token streams (issue 46) ---
+        Publishes a batch of a run's high-rate partial output (an LLM's tokens) under its lease
+        (worker role, fenced like EmitEvent: a stale token is FAILED_PRECONDITION / LEASE_LOST). The
+        tokens go to the run's live channel (a Redis stream; tokens already there, by seq, are not
+        added again), and a batch with `checkpoint` also writes one durable row of the run's log
+        (progress kind `stream_checkpoint`, deduplicated by its last seq, counted against the run's
+        event bounds). Redis down does not fail the call: `live` is false and the tokens reach
+        watchers through the checkpoint.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -793,6 +812,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.StartChildRuns,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.StartChildRunsRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.StartChildRunsResponse.SerializeToString,
+            ),
+            'PublishTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishTokens,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PublishTokensRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PublishTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1930,6 +1954,33 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/StartChildRuns',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.StartChildRunsRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.StartChildRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/PublishTokens',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PublishTokensRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PublishTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

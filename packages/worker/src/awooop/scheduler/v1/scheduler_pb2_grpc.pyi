@@ -173,6 +173,16 @@ class SchedulerServiceStub:
     started again. With wait_step_id, also creates (or finds) the wait of kind CHILDREN over
     them, in the same transaction; AwaitWait parks the parent on it. One statement per call.
     """
+    PublishTokens: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.PublishTokensRequest, _scheduler_pb2.PublishTokensResponse]
+    """--- token streams (issue 46) ---
+    Publishes a batch of a run's high-rate partial output (an LLM's tokens) under its lease
+    (worker role, fenced like EmitEvent: a stale token is FAILED_PRECONDITION / LEASE_LOST). The
+    tokens go to the run's live channel (a Redis stream; tokens already there, by seq, are not
+    added again), and a batch with `checkpoint` also writes one durable row of the run's log
+    (progress kind `stream_checkpoint`, deduplicated by its last seq, counted against the run's
+    event bounds). Redis down does not fail the call: `live` is false and the tokens reach
+    watchers through the checkpoint.
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -316,6 +326,16 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     parent's lease), each identified by (parent, step_id): a child started before is found, not
     started again. With wait_step_id, also creates (or finds) the wait of kind CHILDREN over
     them, in the same transaction; AwaitWait parks the parent on it. One statement per call.
+    """
+    PublishTokens: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.PublishTokensRequest, _scheduler_pb2.PublishTokensResponse]  # type: ignore[assignment]
+    """--- token streams (issue 46) ---
+    Publishes a batch of a run's high-rate partial output (an LLM's tokens) under its lease
+    (worker role, fenced like EmitEvent: a stale token is FAILED_PRECONDITION / LEASE_LOST). The
+    tokens go to the run's live channel (a Redis stream; tokens already there, by seq, are not
+    added again), and a batch with `checkpoint` also writes one durable row of the run's log
+    (progress kind `stream_checkpoint`, deduplicated by its last seq, counted against the run's
+    event bounds). Redis down does not fail the call: `live` is false and the tokens reach
+    watchers through the checkpoint.
     """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -709,6 +729,22 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         parent's lease), each identified by (parent, step_id): a child started before is found, not
         started again. With wait_step_id, also creates (or finds) the wait of kind CHILDREN over
         them, in the same transaction; AwaitWait parks the parent on it. One statement per call.
+        """
+
+    @_abc_1.abstractmethod
+    def PublishTokens(
+        self,
+        request: _scheduler_pb2.PublishTokensRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.PublishTokensResponse, _abc.Awaitable[_scheduler_pb2.PublishTokensResponse]]:
+        """--- token streams (issue 46) ---
+        Publishes a batch of a run's high-rate partial output (an LLM's tokens) under its lease
+        (worker role, fenced like EmitEvent: a stale token is FAILED_PRECONDITION / LEASE_LOST). The
+        tokens go to the run's live channel (a Redis stream; tokens already there, by seq, are not
+        added again), and a batch with `checkpoint` also writes one durable row of the run's log
+        (progress kind `stream_checkpoint`, deduplicated by its last seq, counted against the run's
+        event bounds). Redis down does not fail the call: `live` is false and the tokens reach
+        watchers through the checkpoint.
         """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
