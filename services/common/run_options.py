@@ -38,6 +38,9 @@ class WaitReason(StrEnum):
     # held by its worker (HoldRun: its code does not replay the run's journal; not_before
     # 'infinity') until an operator's UnholdRun or CancelRun
     HELD = "held"
+    # a batch of debounced channel events gathering more of its key's events (issue 46; not_before =
+    # the end of its quiet window, at most its max wait after its first event)
+    DEBOUNCE = "debounce"
 
 
 @dataclass(frozen=True, slots=True)
