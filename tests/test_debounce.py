@@ -33,7 +33,7 @@ from tests.harness import rpc_proxy
 from tests.harness.flow import Flow, serve
 from tests.harness.helpers import eventually, expect_error, settings_env, spawn_services
 from tests.harness.infra import key_on
-from tests.harness.pgcluster import PgCluster
+from tests.harness.pgcluster import PgCluster, create_migrated_db
 from tests.harness.scheduler import run_row
 
 TELEGRAM = common_pb2.CHANNEL_TYPE_TELEGRAM
@@ -201,3 +201,200 @@ async def test_mode_last_and_the_max_wait_bound_a_steady_stream(start_services, 
     first = await run_row(db, next(iter(runs)))
     # the first batch met its max wait: 1.5 s after its first event, not a second after its last
     assert first["not_before"] - first["created_at"] == dt.timedelta(seconds=1.5)
+
+
+async def test_concurrent_events_of_one_key_through_two_ingest_processes_are_one_run(
+    start_services, channels, db, make_key
+) -> None:
+    """60 events of one chat sent at once, half through each of two ingest servers (and a retry of
+    each): one run holds all 60, each once; every answer names it. Once claimed, the chat's next
+    event opens a new batch."""
+    f = await serve(start_services, channels, db, make_key, debounce_rule_cache_seconds=0)
+    other = await start_services("ingest", debounce_rule_cache_seconds=0)
+    stubs = [f.ingest, ingest_pb2_grpc.IngestServiceStub(channels(other.ports["ingest"]))]
+    await set_rule(f.sched, f.admin, "p", window=2.0, max_wait=60)
+
+    async def one(update_id: int) -> ingest_pb2.EventOutcome:
+        stub = stubs[update_id % 2]
+        (o,) = (await stub.IngestEvent(tg("p", update_id, 9), metadata=f.creator)).outcomes
+        return o
+
+    first = await asyncio.gather(*(one(i) for i in range(1, 61)))
+    again = await asyncio.gather(*(one(i) for i in range(1, 61)))
+    assert len({o.run_id for o in first + again}) == 1
+    assert not any(o.duplicate for o in first) and all(o.duplicate for o in again)
+    run_id = first[0].run_id
+    ids, meta = await batch_of(db, run_id)
+    assert sorted(ids) == list(range(1, 61)) and meta["count"] == 60
+    assert await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE project_id = 'p'") == 1
+    (c,) = await eventually(f.claim, timeout=15, what="the batch claimed after its window")
+    assert c.run.run_id == run_id and await claimed_once(db, run_id)
+    assert (await one(61)).run_id != run_id
+
+
+async def test_bad_rules_are_refused_with_details_and_changes_are_audited(
+    start_services, channels, db, make_key
+) -> None:
+    f = await serve(start_services, channels, db, make_key)
+    bad = pb.DebounceRule(
+        project_id="p",
+        channel_type=common_pb2.CHANNEL_TYPE_API,
+        key_expression="message..chat",
+        window=secs(0),
+        max_wait=secs(90000),
+        mode=7,  # type: ignore[arg-type]  # no such mode
+    )
+    err = await expect_error(
+        f.sched.SetDebounceRule(pb.SetDebounceRuleRequest(rule=bad), metadata=f.admin),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "FIELD_INVALID",
+    )
+    fields = {v.field: v.description for v in errors.bad_request(err).field_violations}  # type: ignore[union-attr]
+    assert set(fields) == {"rule.channel_type", "rule.key_expression", "rule.window", "rule.max_wait", "rule.mode"}
+    assert "not debounced" in fields["rule.channel_type"] and "dotted path" in fields["rule.key_expression"]
+    short = pb.DebounceRule(project_id="p", channel_type=TELEGRAM, key_expression="a", window=secs(5), max_wait=secs(1))
+    err = await expect_error(
+        f.sched.SetDebounceRule(pb.SetDebounceRuleRequest(rule=short), metadata=f.admin),
+        grpc.StatusCode.INVALID_ARGUMENT,
+    )
+    assert [v.field for v in errors.bad_request(err).field_violations] == ["rule.max_wait"]  # type: ignore[union-attr]
+    # unset max wait: ten windows; a worker may read the rules, not set them
+    rule = pb.DebounceRule(project_id="p", channel_type=TELEGRAM, key_expression="message.chat.id", window=secs(2))
+    await expect_error(
+        f.sched.SetDebounceRule(pb.SetDebounceRuleRequest(rule=rule), metadata=f.worker),
+        grpc.StatusCode.PERMISSION_DENIED,
+    )
+    stored = (await f.sched.SetDebounceRule(pb.SetDebounceRuleRequest(rule=rule), metadata=f.admin)).rule
+    assert stored.max_wait.seconds == 20 and stored.mode == pb.DEBOUNCE_MODE_ALL
+    listed = (await f.sched.ListDebounceRules(pb.ListDebounceRulesRequest(project_id="p"), metadata=f.worker)).rules
+    assert [r.key_expression for r in listed] == ["message.chat.id"]
+    delete = pb.DeleteDebounceRuleRequest(project_id="p", channel_type=TELEGRAM)
+    assert (await f.sched.DeleteDebounceRule(delete, metadata=f.admin)).deleted
+    assert not (await f.sched.DeleteDebounceRule(delete, metadata=f.admin)).deleted
+    actions = await db.fetch(
+        "SELECT action, details FROM awooop_audit_log"
+        " WHERE project_id = 'p' AND action LIKE 'DEBOUNCE%' ORDER BY audit_id"
+    )
+    assert [a["action"] for a in actions] == ["DEBOUNCE_RULE_SET", "DEBOUNCE_RULE_DELETED"]
+    assert json.loads(actions[0]["details"])["max_wait_secs"] == 20
+
+
+RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+async def deliver(stub: Any, md: Any, update_id: int, chat: int = 5) -> ingest_pb2.EventOutcome:
+    """What a provider does: deliver until answered (a lost answer, a dead ingest, a store
+    outage are retried; the event dedupe makes the retries safe)."""
+    for _ in range(600):
+        try:
+            (o,) = (await stub.IngestEvent(tg("p", update_id, chat), metadata=md, timeout=5)).outcomes
+            return o
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in RETRIED:
+                raise
+            await asyncio.sleep(0.05)  # the provider's retry pace
+    raise AssertionError(f"update {update_id} never answered")
+
+
+async def shorten_and_claim(sched: Any, stub: Any, admin: Any, md: Any, worker: Any, last_id: int) -> pb.ClaimedRun:
+    """Sets the rule's window to 0.5 s and delivers one more event: the batch is then due 0.5 s
+    after it (an open batch takes the rule it meets), and claimed."""
+    await set_rule(sched, admin, "p", window=0.5, max_wait=600)
+    await deliver(stub, md, last_id)
+
+    async def claim() -> list[pb.ClaimedRun]:
+        req = pb.ClaimRunsRequest(worker_id="w", project_ids=["p"])
+        return list((await sched.ClaimRuns(req, metadata=worker)).runs)
+
+    (c,) = await eventually(claim, timeout=15, what="the batch claimed")
+    return c
+
+
+async def test_ingest_crash_points_and_a_sigkill_inside_a_window_lose_no_event_and_start_the_run_once(
+    start_services, channels, db, make_key, settings: Settings, tmp_path: Path
+) -> None:
+    """Ingest as a process of its own behind a proxy. Each crash point of an ingest call, made to
+    happen: the call lost before it reached ingest (the retry stores it), ingest committed but
+    the answer was lost (the retry is a duplicate of the batch's run), answered (a retry is a
+    duplicate). Then events keep arriving while ingest is SIGKILLed and started again inside the
+    window; every event, answered before the kill or retried after it, is in the one run once, and
+    the run is claimed once."""
+    rt = await start_services("scheduler")
+    sched = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+    admin = await make_key("root", {"p": ["admin"]})
+    md = await make_key("provider", {"p": ["ingest"]}, "service")
+    worker = await make_key("worker", {"p": ["worker"]}, "service")
+    await set_rule(sched, admin, "p", window=120, max_wait=600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWOOOP_")} | settings_env(settings)
+    env["AWOOOP_DEBOUNCE_RULE_CACHE_SECONDS"] = "0"
+    ing = await spawn_services(["ingest"], env, tmp_path, "ingest")
+    port = ing.ports["ingest"]
+    proxy = await rpc_proxy.RpcProxy(f"127.0.0.1:{port}").start()
+    stub = ingest_pb2_grpc.IngestServiceStub(channels(proxy.port))
+    try:
+        run_id = (await deliver(stub, md, 1)).run_id
+        # before the store call: never reached ingest; its retry is a new event of the batch
+        proxy.add("IngestEvent", rpc_proxy.fail())
+        o = await deliver(stub, md, 2)
+        assert not o.duplicate and o.run_id == run_id and proxy.faulted["IngestEvent"] == 1
+        # after the commit, before the answer: the retry is the batch's duplicate
+        proxy.add("IngestEvent", rpc_proxy.lose_answer())
+        o = await deliver(stub, md, 3)
+        assert o.duplicate and o.run_id == run_id and proxy.faulted["IngestEvent"] == 2
+        # after the answer: a retry anyway is a duplicate
+        o = await deliver(stub, md, 3)
+        assert o.duplicate and o.run_id == run_id
+
+        answered: list[ingest_pb2.EventOutcome] = []
+
+        async def stream(first: int) -> None:  # a provider's 20 events, one after the other
+            for update_id in range(first, first + 20):
+                answered.append(await deliver(stub, md, update_id))
+                await asyncio.sleep(0.03)  # its pace
+
+        senders = [asyncio.create_task(stream(i)) for i in (10, 30, 50, 70)]
+        await eventually(lambda: asyncio.sleep(0, len(answered) >= 5), timeout=20, what="events answered")
+        ing.kill()  # SIGKILL, with calls in flight
+        at_kill = len(answered)
+        ing = await spawn_services(["ingest"], env, tmp_path, "ingest2", fixed={"ingest": port})
+        await asyncio.gather(*senders)
+        assert at_kill < 80, "the kill came after the stream: it proves nothing"
+        assert {o.run_id for o in answered} == {run_id}
+        c = await shorten_and_claim(sched, stub, admin, md, worker, 90)
+    finally:
+        await proxy.stop()
+        ing.terminate()
+    assert c.run.run_id == run_id and await claimed_once(db, run_id)
+    ids, meta = await batch_of(db, run_id)
+    assert ids[:3] == [1, 2, 3] and sorted(ids) == [1, 2, 3, *range(10, 91)] and meta["count"] == len(ids)
+    assert await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE project_id = 'p'") == 1
+
+
+async def test_a_postgres_restart_inside_a_window_loses_no_acknowledged_event(
+    start_services, channels, pg_cluster: PgCluster
+) -> None:
+    """Events acknowledged before a fast restart of Postgres are in the batch, the events retried
+    through the restart join it once, a retry of an acknowledged one is its duplicate; the run
+    starts once."""
+    dsn = await create_migrated_db(pg_cluster.primary.dsn, "awooop")
+    rt = await start_services(
+        "ingest", "scheduler", database_url=dsn, debounce_rule_cache_seconds=0, db_connect_timeout=1.0
+    )
+    admin = await key_on(dsn, "root", {"p": ["admin"]})
+    md = await key_on(dsn, "alice", {"p": ["ingest", "worker"]})
+    stub = ingest_pb2_grpc.IngestServiceStub(channels(rt.ports["ingest"]))
+    sched = scheduler_pb2_grpc.SchedulerServiceStub(channels(rt.ports["scheduler"]))
+    await set_rule(sched, admin, "p", window=120, max_wait=600)
+    before = [await deliver(stub, md, i) for i in range(1, 6)]
+    run_id = before[0].run_id
+    await asyncio.to_thread(pg_cluster.primary.restart, "fast")
+    after = [await deliver(stub, md, i) for i in range(6, 11)]
+    again = await deliver(stub, md, 3)
+    assert {o.run_id for o in before + after + [again]} == {run_id} and again.duplicate
+    c = await shorten_and_claim(sched, stub, admin, md, md, 11)
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert c.run.run_id == run_id and await claimed_once(conn, run_id)
+        assert await batch_of(conn, run_id) == (list(range(1, 12)), {"key": "5", "mode": "all", "count": 11})
+    finally:
+        await conn.close()
