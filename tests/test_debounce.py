@@ -398,3 +398,26 @@ async def test_a_postgres_restart_inside_a_window_loses_no_acknowledged_event(
         assert await batch_of(conn, run_id) == (list(range(1, 12)), {"key": "5", "mode": "all", "count": 11})
     finally:
         await conn.close()
+
+
+def test_the_key_expression_is_a_dotted_path_and_an_event_without_a_value_there_has_no_key() -> None:
+    from services.common import debounce_key
+
+    assert debounce_key.parse("message.chat.id") == ("message", "chat", "id")
+    assert debounce_key.parse("alerts.0.labels.alertname") == ("alerts", "0", "labels", "alertname")
+    for bad in ("", "a..b", ".a", "a.", "a b", "a.b.c.d.e.f.g.h.i", "x" * 65, "a/b", "a.$x", "ä"):
+        assert debounce_key.parse(bad) is None, bad
+    event = {
+        "message": {"chat": {"id": -1001}, "text": "hi"},
+        "alerts": [{"labels": {"alertname": "Disk"}}],
+        "ok": True,
+    }
+    key = debounce_key.evaluate
+    assert key(("message", "chat", "id"), event) == "-1001"
+    assert key(("alerts", "0", "labels", "alertname"), event) == "Disk"
+    assert key(("ok",), event) == "true"
+    for no_value in (("message", "chat"), ("alerts",), ("missing",), ("alerts", "1", "labels"), ("message", "0")):
+        assert key(no_value, event) is None, no_value
+    assert key(("n",), {"n": None}) is None
+    long = key(("k",), {"k": "x" * 300})
+    assert long is not None and long.startswith("sha256:") and len(long) == 71
