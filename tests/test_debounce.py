@@ -10,13 +10,17 @@ details."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime as dt
+import hashlib
+import hmac
 import json
 import os
 import uuid
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import asyncpg
 import grpc
 from google.protobuf import struct_pb2
@@ -421,3 +425,78 @@ def test_the_key_expression_is_a_dotted_path_and_an_event_without_a_value_there_
     assert key(("n",), {"n": None}) is None
     long = key(("k",), {"k": "x" * 300})
     assert long is not None and long.startswith("sha256:") and len(long) == 71
+
+
+async def test_webhooks_over_http_an_alertmanager_storm_and_a_line_delivery_are_batched_per_key(
+    start_services, channels, db, make_key
+) -> None:
+    """Real HTTP deliveries: four notifications of one Alertmanager group (mode last) are one run
+    carrying the latest and the count, another group its own, a redelivery a duplicate; a LINE
+    delivery of three events of two users is two runs (mode all), its redelivery duplicates."""
+    f = await serve(start_services, channels, db, make_key, debounce_rule_cache_seconds=0)
+    base = f"http://127.0.0.1:{f.rt.http_ports['ingest']}"
+    am_secret = (
+        await f.ingest.CreateEndpoint(
+            ingest_pb2.CreateEndpointRequest(
+                project_id="p", channel_type=common_pb2.CHANNEL_TYPE_ALERTMANAGER, name="am"
+            ),
+            metadata=f.admin,
+        )
+    ).secret
+    await f.ingest.CreateEndpoint(
+        ingest_pb2.CreateEndpointRequest(
+            project_id="p", channel_type=common_pb2.CHANNEL_TYPE_LINE, name="oa", secret="line-secret"
+        ),
+        metadata=f.admin,
+    )
+    for channel, key, mode in (
+        (common_pb2.CHANNEL_TYPE_ALERTMANAGER, "groupKey", pb.DEBOUNCE_MODE_LAST),
+        (common_pb2.CHANNEL_TYPE_LINE, "source.userId", pb.DEBOUNCE_MODE_ALL),
+    ):
+        rule = pb.DebounceRule(
+            project_id="p", channel_type=channel, key_expression=key, window=secs(1.5), max_wait=secs(60), mode=mode
+        )
+        await f.sched.SetDebounceRule(pb.SetDebounceRuleRequest(rule=rule), metadata=f.admin)
+
+    async def post(path: str, body: dict[str, Any], headers: dict[str, str]) -> list[dict[str, Any]]:
+        data = json.dumps(body).encode()
+        if "line" in path:
+            digest = hmac.new(b"line-secret", data, hashlib.sha256).digest()
+            headers = {**headers, "X-Line-Signature": base64.b64encode(digest).decode()}
+        async with aiohttp.ClientSession() as http, http.post(base + path, data=data, headers=headers) as r:
+            assert r.status == 200, await r.text()
+            return list((await r.json())["outcomes"])
+
+    def notification(group: str, n: int) -> dict[str, Any]:
+        alerts = [{"fingerprint": f"fp{i}", "status": "firing", "startsAt": "2026-12-07T04:00:00Z"} for i in range(n)]
+        return {"groupKey": group, "status": "firing", "alerts": alerts}
+
+    auth = {"Authorization": f"Bearer {am_secret}"}
+    storm = [(await post("/v1/webhooks/p/alertmanager/am", notification("disk", n), auth))[0] for n in (1, 2, 3, 4)]
+    other = (await post("/v1/webhooks/p/alertmanager/am", notification("cpu", 1), auth))[0]
+    again = (await post("/v1/webhooks/p/alertmanager/am", notification("disk", 2), auth))[0]
+    assert len({o["run_id"] for o in storm}) == 1 and other["run_id"] != storm[0]["run_id"]
+    assert again["duplicate"] and again["run_id"] == storm[0]["run_id"]
+
+    def line_event(eid: str, user: str) -> dict[str, Any]:
+        return {"webhookEventId": eid, "type": "message", "source": {"type": "user", "userId": user}}
+
+    delivery = {"destination": "x", "events": [line_event("e1", "U1"), line_event("e2", "U2"), line_event("e3", "U1")]}
+    line = await post("/v1/webhooks/p/line/oa", delivery, {})
+    redelivered = await post("/v1/webhooks/p/line/oa", delivery, {})
+    assert line[0]["run_id"] == line[2]["run_id"] != line[1]["run_id"]
+    assert [o["run_id"] for o in redelivered] == [o["run_id"] for o in line] and all(
+        o["duplicate"] for o in redelivered
+    )
+
+    disk = json.loads((await run_row(db, storm[0]["run_id"]))["input"])
+    assert disk["debounce"] == {"key": "disk", "mode": "last", "count": 4} and len(disk["events"][0]["alerts"]) == 4
+    u1 = json.loads((await run_row(db, line[0]["run_id"]))["input"])
+    assert [e["webhookEventId"] for e in u1["events"]] == ["e1", "e3"] and u1["debounce"]["count"] == 2
+    claimed: set[str] = set()
+
+    async def all_claimed() -> bool:
+        claimed.update(c.run.run_id for c in await f.claim(max_runs=10))
+        return len(claimed) == 4
+
+    await eventually(all_claimed, timeout=15, what="the four batches claimed after their windows")
