@@ -242,7 +242,7 @@ async def test_bad_rules_are_refused_with_details_and_changes_are_audited(
     f = await serve(start_services, channels, db, make_key)
     bad = pb.DebounceRule(
         project_id="p",
-        channel_type=common_pb2.CHANNEL_TYPE_API,
+        channel_type=common_pb2.CHANNEL_TYPE_UNSPECIFIED,
         key_expression="message..chat",
         window=secs(0),
         max_wait=secs(90000),
@@ -255,7 +255,7 @@ async def test_bad_rules_are_refused_with_details_and_changes_are_audited(
     )
     fields = {v.field: v.description for v in errors.bad_request(err).field_violations}  # type: ignore[union-attr]
     assert set(fields) == {"rule.channel_type", "rule.key_expression", "rule.window", "rule.max_wait", "rule.mode"}
-    assert "not debounced" in fields["rule.channel_type"] and "dotted path" in fields["rule.key_expression"]
+    assert "UNSPECIFIED" in fields["rule.channel_type"] and "dotted path" in fields["rule.key_expression"]
     short = pb.DebounceRule(project_id="p", channel_type=TELEGRAM, key_expression="a", window=secs(5), max_wait=secs(1))
     err = await expect_error(
         f.sched.SetDebounceRule(pb.SetDebounceRuleRequest(rule=short), metadata=f.admin),
@@ -500,3 +500,78 @@ async def test_webhooks_over_http_an_alertmanager_storm_and_a_line_delivery_are_
         return len(claimed) == 4
 
     await eventually(all_claimed, timeout=15, what="the four batches claimed after their windows")
+
+
+def api_event(project: str, key: str, body: dict[str, Any]) -> ingest_pb2.IngestEventRequest:
+    payload = struct_pb2.Struct()
+    payload.update(body)
+    return ingest_pb2.IngestEventRequest(
+        project_id=project, channel_type=common_pb2.CHANNEL_TYPE_API, provider_event_id=key, payload=payload
+    )
+
+
+async def test_api_channel_events_are_batched_by_a_body_field_with_their_idempotency_keys_kept(
+    start_services, channels, db, make_key
+) -> None:
+    """API events keyed by `order.customer`: an IngestEvents batch of three customers' events (one
+    customer twice, a key repeated, a key reused with another body), single calls, an HTTP POST and
+    concurrent calls. Each customer is one run; a replayed idempotency key answers the batch's run
+    as a duplicate; a reused key with another body is that event's IDEMPOTENCY_CONFLICT alone; an
+    event without the field is a run of its own."""
+    f = await serve(start_services, channels, db, make_key, debounce_rule_cache_seconds=0)
+    rule = pb.DebounceRule(
+        project_id="p",
+        channel_type=common_pb2.CHANNEL_TYPE_API,
+        key_expression="order.customer",
+        window=secs(1.5),
+        max_wait=secs(60),
+    )
+    await f.sched.SetDebounceRule(pb.SetDebounceRuleRequest(rule=rule), metadata=f.admin)
+
+    def body(customer: str | None, n: int) -> dict[str, Any]:
+        return {"order": {"customer": customer, "n": n}} if customer else {"order": {"n": n}}
+
+    batch = [
+        api_event("p", "k1", body("ann", 1)),
+        api_event("p", "k2", body("bob", 2)),
+        api_event("p", "k3", body("ann", 3)),
+        api_event("p", "k1", body("ann", 1)),  # the same key and body again: a replay
+        api_event("p", "k2", body("bob", 99)),  # the same key, another body: refused alone
+        api_event("p", "k4", body(None, 4)),  # no customer: not debounced
+    ]
+    resp = await f.ingest.IngestEvents(ingest_pb2.IngestEventsRequest(events=batch), metadata=f.creator)
+    r = resp.results
+    ann, bob, plain = r[0].outcomes[0].run_id, r[1].outcomes[0].run_id, r[5].outcomes[0].run_id
+    assert len({ann, bob, plain}) == 3 and r[2].outcomes[0].run_id == ann
+    assert r[3].outcomes[0].duplicate and r[3].outcomes[0].run_id == ann
+    assert r[4].error.code == grpc.StatusCode.ALREADY_EXISTS.value[0] and not r[4].outcomes
+    # single calls (and their replays) join the open batches
+    assert (await send(f, api_event("p", "k5", body("ann", 5)))).run_id == ann
+    replay = await send(f, api_event("p", "k3", body("ann", 3)))
+    assert replay.duplicate and replay.run_id == ann
+    base = f"http://127.0.0.1:{f.rt.http_ports['ingest']}"
+    headers = {"Authorization": f.creator[0][1], "Idempotency-Key": "k6"}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{base}/v1/projects/p/events", json=body("bob", 6), headers=headers) as answer,
+    ):
+        assert answer.status == 200 and (await answer.json())["outcomes"][0]["run_id"] == bob
+    # concurrent calls of one customer, each with its key: one batch
+    outcomes = await asyncio.gather(*(send(f, api_event("p", f"c{i}", body("cid", i))) for i in range(30)))
+    assert len({o.run_id for o in outcomes}) == 1 and not any(o.duplicate for o in outcomes)
+
+    ids = [e["order"]["n"] for e in json.loads((await run_row(db, ann))["input"])["events"]]
+    assert ids == [1, 3, 5]
+    bob_input = json.loads((await run_row(db, bob))["input"])
+    assert [e["order"]["n"] for e in bob_input["events"]] == [2, 6] and bob_input["debounce"]["key"] == "bob"
+    cid = json.loads((await run_row(db, outcomes[0].run_id))["input"])
+    assert sorted(e["order"]["n"] for e in cid["events"]) == list(range(30)) and cid["debounce"]["count"] == 30
+    claimed: set[str] = set()
+
+    async def all_claimed() -> bool:
+        claimed.update(c.run.run_id for c in await f.claim(max_runs=10))
+        return claimed == {ann, bob, plain, outcomes[0].run_id}
+
+    await eventually(all_claimed, timeout=15, what="the batches claimed after their windows")
+    for run_id in claimed:
+        assert await claimed_once(db, run_id)

@@ -134,24 +134,7 @@ async def _store(
 ) -> tuple[list[store.Stored], list[tuple[str, bool]]]:
     """The transaction's statements, in their order (debounce.sql says why that order); with each
     new event's (channel, whether it opened its batch)."""
-    keys = sorted({_key(d) for d in items})
-    windows = await debounce_sql.lock_debounce_windows(
-        conn,
-        ords=list(range(len(keys))),
-        project_ids=[k[0] for k in keys],
-        channels=[k[1] for k in keys],
-        keys=[k[2] for k in keys],
-    )
-    last = {keys[w["ord"]]: (w["run_id"], w["opened_at"]) for w in windows}
-    rows = await debounce_sql.lock_open_batches(conn, run_ids=[r for r, _ in last.values() if r is not None])
-    open_inputs = {r["run_id"]: json.loads(r["input"]) for r in rows}
-    batches: dict[Key, tuple[UUID, datetime | None, dict[str, Any] | None]] = {}
-    for k, new_id in zip(keys, store.new_run_ids(len(keys)), strict=True):
-        run_id, opened_at = last[k]
-        if run_id is not None and run_id in open_inputs:
-            batches[k] = (run_id, opened_at, open_inputs[run_id])
-        else:
-            batches[k] = (new_id, None, None)
+    batches = await lock_batches(conn, items)
     ev = [d.event for d in items]
     recorded = await debounce_sql.record_debounced_events(
         conn,
@@ -166,12 +149,44 @@ async def _store(
     for i in fresh:
         out[i] = store.Stored(str(batches[_key(items[i])][0]), True, None)
     await _answer_duplicates(conn, ev, [i for i, x in enumerate(out) if x is None], out, retention)
-    batched = await _write_batches(conn, [items[i] for i in fresh], batches, principal_id, actor, defaults_json)
+    batched = await write_batches(conn, [items[i] for i in fresh], batches, principal_id, actor, defaults_json)
     return out, batched  # type: ignore[return-value]  # every slot is filled: recorded now, or before
 
 
 def _key(d: Debounced) -> Key:
     return (d.event.project_id, d.event.channel, d.key)
+
+
+Batches = dict[Key, tuple[UUID, datetime | None, dict[str, Any] | None]]
+
+
+async def lock_batches(conn: Any, items: Sequence[Debounced]) -> Batches:
+    """The first two statements of the transaction: each key's batch, locked: (its run, when it
+    opened, its input so far) for an open one, (a new run id, None, None) for a key that opens one."""
+    keys = sorted({_key(d) for d in items})
+    windows = await debounce_sql.lock_debounce_windows(
+        conn,
+        ords=list(range(len(keys))),
+        project_ids=[k[0] for k in keys],
+        channels=[k[1] for k in keys],
+        keys=[k[2] for k in keys],
+    )
+    last = {keys[w["ord"]]: (w["run_id"], w["opened_at"]) for w in windows}
+    rows = await debounce_sql.lock_open_batches(conn, run_ids=[r for r, _ in last.values() if r is not None])
+    open_inputs = {r["run_id"]: json.loads(r["input"]) for r in rows}
+    batches: Batches = {}
+    for k, new_id in zip(keys, store.new_run_ids(len(keys)), strict=True):
+        run_id, opened_at = last[k]
+        if run_id is not None and run_id in open_inputs:
+            batches[k] = (run_id, opened_at, open_inputs[run_id])
+        else:
+            batches[k] = (new_id, None, None)
+    return batches
+
+
+def run_of(batches: Batches, d: Debounced) -> UUID:
+    """The run of the batch d goes to."""
+    return batches[_key(d)][0]
 
 
 async def _answer_duplicates(
@@ -194,10 +209,10 @@ async def _answer_duplicates(
         raise errors.store_unavailable("dedupe rows changed under the request; retry")
 
 
-async def _write_batches(
+async def write_batches(
     conn: Any,
     fresh: list[Debounced],
-    batches: dict[Key, tuple[UUID, datetime | None, dict[str, Any] | None]],
+    batches: Batches,
     principal_id: str,
     actor: str,
     defaults_json: str,

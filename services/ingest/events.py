@@ -74,8 +74,8 @@ class EventIngestor:
             self._write_cache, max_in_flight=REDIS_IN_FLIGHT, max_items=max(1000, settings.max_batch), linger=LINGER
         )
         self._writers: dict[str, Coalescer[tuple[NewEvent, str], store.Stored]] = {}
-        self.api = ApiEvents(pool, settings)
         self.debounce = debounce.Rules(pool, settings.debounce_rule_cache_seconds)
+        self.api = ApiEvents(pool, settings, self.debounce)
 
     async def ingest(
         self, events: Sequence[NewEvent], *, principal_id: str, actor: str, principal: Principal | None = None

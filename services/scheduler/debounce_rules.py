@@ -14,9 +14,8 @@ from services.scheduler import debounce_rules_sql
 MAX_SECONDS = 86400.0  # a window or max wait of at most a day
 MIN_WINDOW = 0.001
 DEFAULT_MAX_WAIT_FACTOR = 10  # max wait unset: ten windows (at most a day)
-# the channels a rule may batch: the API channel's events take the idempotency-key path
-# (api_channel.py), which does not batch (docs/flow-control.md says so)
-CHANNELS = ("telegram", "alertmanager", "gitea", "line")
+# the channels a rule may batch: every channel (a schedule's ticks, channel api too, never are)
+CHANNELS = ("telegram", "alertmanager", "gitea", "line", "api")
 
 
 @dataclass(frozen=True, slots=True)

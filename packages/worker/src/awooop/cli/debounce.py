@@ -4,8 +4,8 @@
     awooop flow debounces --project P               list the rules
     awooop flow undebounce --project P CHANNEL      delete a channel's rule (admin)
 
-CHANNEL is telegram, alertmanager, gitea or line; KEY_EXPR a dotted path into the event's input
-(message.chat.id, groupKey, source.userId, repository.full_name).
+CHANNEL is telegram, alertmanager, gitea, line or api; KEY_EXPR a dotted path into the event's
+input (message.chat.id, groupKey, source.userId, repository.full_name, a field of the API body).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker.client import Client
 
-CHANNELS = ("telegram", "alertmanager", "gitea", "line")
+CHANNELS = ("telegram", "alertmanager", "gitea", "line", "api")
 MODES = {"all": scheduler_pb2.DEBOUNCE_MODE_ALL, "last": scheduler_pb2.DEBOUNCE_MODE_LAST}
 MODE_NAMES = {v: k for k, v in MODES.items()} | {scheduler_pb2.DEBOUNCE_MODE_UNSPECIFIED: "all"}
 
