@@ -32,6 +32,7 @@ from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from services.common import errors
 from services.common.settings import Settings
+from services.ingest import retention
 from services.ingest.debounce import batch_input
 from tests.harness import rpc_proxy
 from tests.harness.flow import Flow, serve
@@ -205,6 +206,11 @@ async def test_mode_last_and_the_max_wait_bound_a_steady_stream(start_services, 
     first = await run_row(db, next(iter(runs)))
     # the first batch met its max wait: 1.5 s after its first event, not a second after its last
     assert first["not_before"] - first["created_at"] == dt.timedelta(seconds=1.5)
+    # retention prunes a key's window row once its batch opened longer ago than the dedupe retention
+    await db.execute("UPDATE awooop_debounce_window SET opened_at = now() - interval '8 days'")
+    assert f.rt.ctx is not None
+    await retention.prune(f.rt.ctx.pool, f.rt.ctx.cache, f.rt.ctx.settings)
+    assert await db.fetchval("SELECT count(*) FROM awooop_debounce_window") == 0
 
 
 async def test_concurrent_events_of_one_key_through_two_ingest_processes_are_one_run(
