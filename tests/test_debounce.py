@@ -34,6 +34,8 @@ from services.common import errors
 from services.common.settings import Settings
 from services.ingest import retention
 from services.ingest.debounce import batch_input
+from services.scheduler import metrics as scheduler_metrics
+from services.scheduler.queue import QueueSampler
 from tests.harness import rpc_proxy
 from tests.harness.flow import Flow, serve
 from tests.harness.helpers import eventually, expect_error, settings_env, spawn_services
@@ -237,6 +239,9 @@ async def test_concurrent_events_of_one_key_through_two_ingest_processes_are_one
     ids, meta = await batch_of(db, run_id)
     assert sorted(ids) == list(range(1, 61)) and meta["count"] == 60
     assert await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE project_id = 'p'") == 1
+    assert f.rt.ctx is not None
+    await QueueSampler(f.rt.ctx.pool).sample()  # the open window, in the scheduler's gauge
+    assert scheduler_metrics.DEBOUNCING.labels("p")._value.get() == 1
     (c,) = await eventually(f.claim, timeout=15, what="the batch claimed after its window")
     assert c.run.run_id == run_id and await claimed_once(db, run_id)
     assert (await one(61)).run_id != run_id
