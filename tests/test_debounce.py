@@ -32,7 +32,7 @@ from awooop.scheduler.v1 import scheduler_pb2 as pb
 from awooop.scheduler.v1 import scheduler_pb2_grpc
 from services.common import errors
 from services.common.settings import Settings
-from services.ingest import retention
+from services.ingest import debounce, retention
 from services.ingest.debounce import batch_input
 from services.scheduler import metrics as scheduler_metrics
 from services.scheduler.queue import QueueSampler
@@ -586,3 +586,18 @@ async def test_api_channel_events_are_batched_by_a_body_field_with_their_idempot
     await eventually(all_claimed, timeout=15, what="the batches claimed after their windows")
     for run_id in claimed:
         assert await claimed_once(db, run_id)
+
+
+async def test_a_full_batch_is_due_at_once_and_the_next_event_opens_another(
+    start_services, channels, db, make_key, monkeypatch
+) -> None:
+    """A batch that took MAX_BATCH_EVENTS events (3 here) is claimable at once, its window closed;
+    the key's next events open the next batch, which waits for its window."""
+    monkeypatch.setattr(debounce, "MAX_BATCH_EVENTS", 3)
+    f = await serve(start_services, channels, db, make_key, debounce_rule_cache_seconds=0)
+    await set_rule(f.sched, f.admin, "p", window=600, max_wait=3600)
+    runs = [(await send(f, tg("p", i, 8))).run_id for i in range(1, 6)]
+    assert runs[0] == runs[1] == runs[2] != runs[3] == runs[4]
+    (c,) = await f.claim(max_runs=5)
+    assert c.run.run_id == runs[0] and (await batch_of(db, runs[0]))[1]["count"] == 3
+    assert (await run_row(db, runs[3]))["wait_reason"] == "debounce"

@@ -40,6 +40,10 @@ from services.ingest import debounce_sql, metrics, store, store_sql
 from services.ingest.parsing import NewEvent
 
 MODES = ("all", "last")
+# A batch that took this many events is due at once (its window closes; the key's next event opens
+# the next batch): every event rewrites the run's input, so a storm inside a long max wait would
+# otherwise cost each event more than the one before.
+MAX_BATCH_EVENTS = 1000
 Pair = tuple[str, str]  # (project, channel)
 Key = tuple[str, str, str]  # (project, channel, key)
 
@@ -227,13 +231,14 @@ async def write_batches(
     ks = list(joined)
     firsts = [joined[k][0] for k in ks]  # a new batch's run takes its first event's options
     inputs = []
+    full = []
     batched = []
     for k in ks:
         _, opened_at, prior = batches[k]
         ds = joined[k]
-        inputs.append(
-            json.dumps(batch_input(k[2], ds[-1].rule.mode, prior, [json.loads(d.event.input_json) for d in ds]))
-        )
+        data = batch_input(k[2], ds[-1].rule.mode, prior, [json.loads(d.event.input_json) for d in ds])
+        inputs.append(json.dumps(data))
+        full.append(data["debounce"]["count"] >= MAX_BATCH_EVENTS)
         batched += [(d.event.channel, opened_at is None and n == 0) for n, d in enumerate(ds)]
     await debounce_sql.write_batches(
         conn,
@@ -245,6 +250,7 @@ async def write_batches(
         provider_event_ids=[d.event.provider_event_id for d in firsts],
         inputs=inputs,
         window_secs=[joined[k][-1].rule.window for k in ks],
+        fulls=full,
         max_wait_secs=[joined[k][-1].rule.max_wait for k in ks],
         max_attempts=[d.event.max_attempts for d in firsts],
         priorities=[d.event.options.priority for d in firsts],

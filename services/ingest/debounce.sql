@@ -60,14 +60,16 @@ RETURNING project_id, channel_type, provider_event_id
 -- attempts, priority, retry policy, keys and traceparent of its first event), with its RUN_CREATED
 -- audit row, and its window row names it from now; an open batch takes the input. Either way the
 -- batch is due when its key has been quiet for the window, and no later than the max wait after
--- its first event: not_before = least(opened + max wait, now + window).
+-- its first event: not_before = least(opened + max wait, now + window); a batch that is full
+-- (:fulls, debounce.py's MAX_BATCH_EVENTS) is due now, which closes it.
 WITH b AS (
     SELECT * FROM unnest(:run_ids::uuid[], :opened_ats::timestamptz[], :project_ids::varchar[], :channels::varchar[],
                          :keys::varchar[], :provider_event_ids::varchar[], :inputs::text[], :window_secs::float8[],
-                         :max_wait_secs::float8[], :max_attempts::int[], :priorities::int[], :retry_policies::text[],
+                         :max_wait_secs::float8[], :fulls::bool[], :max_attempts::int[], :priorities::int[],
+                         :retry_policies::text[],
                          :concurrency_keys::text[], :traceparents::varchar[], :auto_upgrades::bool[])
         AS t(run_id, opened_at, project_id, channel_type, debounce_key, provider_event_id, input, window_secs,
-             max_wait_secs, max_attempts, priority, retry_policy, concurrency_keys, traceparent, auto_upgrade)
+             max_wait_secs, is_full, max_attempts, priority, retry_policy, concurrency_keys, traceparent, auto_upgrade)
 ),
 new_runs AS (
     INSERT INTO awooop_run_state (run_id, project_id, channel_type, provider_event_id, input, max_attempts, created_by,
@@ -77,7 +79,8 @@ new_runs AS (
            COALESCE(NULLIF(b.max_attempts, 0), ((:policy_defaults::text::jsonb
         || COALESCE((SELECT f.retry_policy FROM awooop_project_flow f WHERE f.project_id = b.project_id), '{}')
         || COALESCE(b.retry_policy::jsonb, '{}'))->>'max_attempts')::int), :principal_id,
-           now() + make_interval(secs => least(b.window_secs, b.max_wait_secs)), 'debounce', b.priority,
+           CASE WHEN b.is_full THEN now() ELSE now() + make_interval(secs => least(b.window_secs, b.max_wait_secs)) END,
+           'debounce', b.priority,
            b.retry_policy::jsonb, string_to_array(b.concurrency_keys, ' '), b.traceparent, b.auto_upgrade
       FROM b WHERE b.opened_at IS NULL
     RETURNING run_id, project_id, channel_type, provider_event_id, not_before
@@ -85,8 +88,9 @@ new_runs AS (
 grown AS (
     UPDATE awooop_run_state r
        SET input = b.input::jsonb, wait_reason = 'debounce', updated_at = now(),
-           not_before = least(b.opened_at + make_interval(secs => b.max_wait_secs),
-                              now() + make_interval(secs => b.window_secs))
+           not_before = CASE WHEN b.is_full THEN now()
+                             ELSE least(b.opened_at + make_interval(secs => b.max_wait_secs),
+                                        now() + make_interval(secs => b.window_secs)) END
       FROM b
      WHERE r.run_id = ANY(:run_ids::uuid[]) AND r.run_id = b.run_id AND b.opened_at IS NOT NULL
     RETURNING r.run_id, r.not_before

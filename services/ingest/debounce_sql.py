@@ -171,6 +171,7 @@ async def write_batches(
     inputs: Sequence[str | None] | None,
     window_secs: Sequence[float | None] | None,
     max_wait_secs: Sequence[float | None] | None,
+    fulls: Sequence[bool | None] | None,
     max_attempts: Sequence[int | None] | None,
     priorities: Sequence[int | None] | None,
     retry_policies: Sequence[str | None] | None,
@@ -189,7 +190,8 @@ async def write_batches(
     attempts, priority, retry policy, keys and traceparent of its first event), with its RUN_CREATED
     audit row, and its window row names it from now; an open batch takes the input. Either way the
     batch is due when its key has been quiet for the window, and no later than the max wait after
-    its first event: not_before = least(opened + max wait, now + window).
+    its first event: not_before = least(opened + max wait, now + window); a batch that is full
+    (:fulls, debounce.py's MAX_BATCH_EVENTS) is due now, which closes it.
     """
     return cast(
         "list[WriteBatchesRow]",
@@ -204,6 +206,7 @@ async def write_batches(
             inputs,
             window_secs,
             max_wait_secs,
+            fulls,
             max_attempts,
             priorities,
             retry_policies,
