@@ -325,6 +325,37 @@ async def shorten_and_claim(sched: Any, stub: Any, admin: Any, md: Any, worker: 
     return c
 
 
+async def api_crash_points(sched: Any, admin: Any, stub: Any, md: Any, proxy: rpc_proxy.RpcProxy) -> str:
+    """The same crash points for API-channel events (their dedupe is the idempotency key): a call
+    lost before ingest is stored by its retry; a committed call whose answer was lost is replayed.
+    Returns their batch's run."""
+    rule = pb.DebounceRule(
+        project_id="p", channel_type=common_pb2.CHANNEL_TYPE_API, key_expression="to", window=secs(600)
+    )
+    await sched.SetDebounceRule(pb.SetDebounceRuleRequest(rule=rule), metadata=admin)
+
+    async def call(key: str) -> ingest_pb2.EventOutcome:
+        for _ in range(100):
+            try:
+                (o,) = (await stub.IngestEvent(api_event("p", key, {"to": "ops"}), metadata=md, timeout=5)).outcomes
+                return o
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in RETRIED:
+                    raise
+        raise AssertionError(f"{key} never answered")
+
+    first = await call("a1")
+    proxy.add("IngestEvent", rpc_proxy.fail())
+    o = await call("a2")
+    assert not o.duplicate and o.run_id == first.run_id
+    proxy.add("IngestEvent", rpc_proxy.lose_answer())
+    o = await call("a3")
+    assert o.duplicate and o.run_id == first.run_id
+    o = await call("a3")
+    assert o.duplicate and o.run_id == first.run_id
+    return first.run_id
+
+
 async def test_ingest_crash_points_and_a_sigkill_inside_a_window_lose_no_event_and_start_the_run_once(
     start_services, channels, db, make_key, settings: Settings, tmp_path: Path
 ) -> None:
@@ -359,6 +390,7 @@ async def test_ingest_crash_points_and_a_sigkill_inside_a_window_lose_no_event_a
         # after the answer: a retry anyway is a duplicate
         o = await deliver(stub, md, 3)
         assert o.duplicate and o.run_id == run_id
+        api_run = await api_crash_points(sched, admin, stub, md, proxy)
 
         answered: list[ingest_pb2.EventOutcome] = []
 
@@ -382,7 +414,9 @@ async def test_ingest_crash_points_and_a_sigkill_inside_a_window_lose_no_event_a
     assert c.run.run_id == run_id and await claimed_once(db, run_id)
     ids, meta = await batch_of(db, run_id)
     assert ids[:3] == [1, 2, 3] and sorted(ids) == [1, 2, 3, *range(10, 91)] and meta["count"] == len(ids)
-    assert await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE project_id = 'p'") == 1
+    assert await db.fetchval("SELECT count(*) FROM awooop_run_state WHERE channel_type = 'telegram'") == 1
+    api = json.loads((await run_row(db, api_run))["input"])
+    assert api["debounce"] == {"key": "ops", "mode": "all", "count": 3} and len(api["events"]) == 3
 
 
 async def test_a_postgres_restart_inside_a_window_loses_no_acknowledged_event(
