@@ -635,3 +635,32 @@ async def test_a_full_batch_is_due_at_once_and_the_next_event_opens_another(
     (c,) = await f.claim(max_runs=5)
     assert c.run.run_id == runs[0] and (await batch_of(db, runs[0]))[1]["count"] == 3
     assert (await run_row(db, runs[3]))["wait_reason"] == "debounce"
+
+
+async def test_a_batch_input_stays_within_the_payload_limit(start_services, channels, db, make_key) -> None:
+    """Events of ~500 bytes under AWOOOP_MAX_PAYLOAD_BYTES = 2000 (one IngestEvents call of six,
+    then single events): each batch's input stays within 2,000 bytes, the full ones are due at
+    once, no event is lost or doubled."""
+    f = await serve(start_services, channels, db, make_key, debounce_rule_cache_seconds=0, max_payload_bytes=2000)
+    await set_rule(f.sched, f.admin, "p", window=600, max_wait=3600)
+
+    def big(update_id: int) -> ingest_pb2.IngestEventRequest:
+        req = tg("p", update_id, 3)
+        req.payload["message"]["text"] = "x" * 450
+        return req
+
+    resp = await f.ingest.IngestEvents(
+        ingest_pb2.IngestEventsRequest(events=[big(i) for i in range(1, 7)]), metadata=f.creator
+    )
+    runs = [r.outcomes[0].run_id for r in resp.results] + [(await send(f, big(i))).run_id for i in range(7, 11)]
+    assert len(set(runs)) >= 3
+    seen = []
+    for run_id in dict.fromkeys(runs):
+        text = await db.fetchval("SELECT input::text FROM awooop_run_state WHERE run_id = $1", uuid.UUID(run_id))
+        assert len(text.encode()) <= 2000, len(text)
+        ids, meta = await batch_of(db, run_id)
+        assert meta["count"] == len(ids) == runs.count(run_id)
+        seen += ids
+    assert seen == list(range(1, 11))
+    full = await f.claim(max_runs=10)  # every batch but the last is due at once
+    assert sorted(c.run.run_id for c in full) == sorted(set(runs) - {runs[-1]})

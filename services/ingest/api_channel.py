@@ -152,11 +152,18 @@ class ApiEvents:
 
         async def once() -> tuple[list[int], list[tuple[str, bool]]]:
             async with self.pool.acquire() as conn, conn.transaction():
-                batches = await debounce.lock_batches(conn, [k.debounced for k in batch if k.debounced])
-                left = await self._statement(batch, events, fps, principal, answers, created, conn, batches)
-                fresh = [k.debounced for k in batch if k.debounced and k.created]
+                items = [k.debounced for k in batch if k.debounced]
+                batches = await debounce.lock_batches(conn, items)
+                locked = list(batches.values())  # plan replaces a full one in the dict
+                planned = debounce.plan(items, batches, self.settings.max_payload_bytes)
+                runs = {id(d): b for d, b in zip(items, planned, strict=True)}
+                left = await self._statement(batch, events, fps, principal, answers, created, conn, runs)
+                for k in batch:
+                    if k.debounced and k.created:
+                        runs[id(k.debounced)].events.append(k.debounced)
+                touched = debounce.touched(locked, planned)
                 grown = await debounce.write_batches(
-                    conn, fresh, batches, principal.principal_id, principal.actor, self.defaults_json
+                    conn, touched, principal.principal_id, principal.actor, self.defaults_json
                 )
                 return left, grown
 
@@ -174,7 +181,7 @@ class ApiEvents:
         answers: list[Answer | None],
         created: set[str],
         conn: Any = None,
-        batches: debounce.Batches | None = None,
+        runs: dict[int, debounce.Batch] | None = None,
     ) -> list[int]:
         """One IngestApiEvents for the first events of batch's keys; answers those it settles and
         returns the positions in batch it left unanswered (a key committed after its snapshot).
@@ -183,8 +190,8 @@ class ApiEvents:
         ev = [events[k.event] for k in batch]
         run_ids = [str(u) for u in store.new_run_ids(len(ev))]
         for n, k in enumerate(batch):  # a debounced event's run is its batch's (conn: their transaction)
-            if k.debounced and batches is not None:
-                run_ids[n] = str(debounce.run_of(batches, k.debounced))
+            if k.debounced and runs is not None:
+                run_ids[n] = str(runs[id(k.debounced)].run_id)
         snapshots = [_snapshot(r, legacy=False) for r in run_ids]
         s = self.settings
         call = again_on_deadlock if conn is None else _once  # a transaction is retried whole

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -44,6 +44,7 @@ MODES = ("all", "last")
 # the next batch): every event rewrites the run's input, so a storm inside a long max wait would
 # otherwise cost each event more than the one before.
 MAX_BATCH_EVENTS = 1000
+ENVELOPE_BYTES = 96  # batch_input's JSON around the events and the key, at most
 Pair = tuple[str, str]  # (project, channel)
 Key = tuple[str, str, str]  # (project, channel, key)
 
@@ -119,13 +120,14 @@ async def ingest(
     actor: str,
     retention: float,
     defaults_json: str,
+    max_bytes: int,
 ) -> list[store.Stored]:
     """Stores debounced events with distinct provider event ids; result[i] answers items[i]
-    (created: a first arrival, whose run is its batch's)."""
+    (created: a first arrival, whose run is its batch's). max_bytes: a batch input's bound."""
 
     async def once() -> tuple[list[store.Stored], list[tuple[str, bool]]]:
         async with pool.acquire() as conn, conn.transaction():
-            return await _store(conn, items, principal_id, actor, retention, defaults_json)
+            return await _store(conn, items, principal_id, actor, retention, defaults_json, max_bytes)
 
     out, batched = await again_on_deadlock(once)
     for channel, opened in batched:  # counted once committed
@@ -134,26 +136,35 @@ async def ingest(
 
 
 async def _store(
-    conn: Any, items: Sequence[Debounced], principal_id: str, actor: str, retention: float, defaults_json: str
+    conn: Any,
+    items: Sequence[Debounced],
+    principal_id: str,
+    actor: str,
+    retention: float,
+    defaults_json: str,
+    max_bytes: int,
 ) -> tuple[list[store.Stored], list[tuple[str, bool]]]:
     """The transaction's statements, in their order (debounce.sql says why that order); with each
     new event's (channel, whether it opened its batch)."""
-    batches = await lock_batches(conn, items)
+    locked = await lock_batches(conn, items)
+    opened = list(locked.values())  # (plan replaces a full one in the dict: it is closed all the same)
+    planned = plan(items, locked, max_bytes)
     ev = [d.event for d in items]
     recorded = await debounce_sql.record_debounced_events(
         conn,
         project_ids=[e.project_id for e in ev],
         channels=[e.channel for e in ev],
         provider_event_ids=[e.provider_event_id for e in ev],
-        run_ids=[batches[_key(d)][0] for d in items],
+        run_ids=[b.run_id for b in planned],
     )
     new = {(r["project_id"], r["channel_type"], r["provider_event_id"]) for r in recorded}
     out: list[store.Stored | None] = [None] * len(items)
-    fresh = [i for i, e in enumerate(ev) if (e.project_id, e.channel, e.provider_event_id) in new]
-    for i in fresh:
-        out[i] = store.Stored(str(batches[_key(items[i])][0]), True, None)
+    for i, (d, b) in enumerate(zip(items, planned, strict=True)):
+        if (d.event.project_id, d.event.channel, d.event.provider_event_id) in new:
+            out[i] = store.Stored(str(b.run_id), True, None)
+            b.events.append(d)
     await _answer_duplicates(conn, ev, [i for i, x in enumerate(out) if x is None], out, retention)
-    batched = await write_batches(conn, [items[i] for i in fresh], batches, principal_id, actor, defaults_json)
+    batched = await write_batches(conn, touched(opened, planned), principal_id, actor, defaults_json)
     return out, batched  # type: ignore[return-value]  # every slot is filled: recorded now, or before
 
 
@@ -161,12 +172,22 @@ def _key(d: Debounced) -> Key:
     return (d.event.project_id, d.event.channel, d.key)
 
 
-Batches = dict[Key, tuple[UUID, datetime | None, dict[str, Any] | None]]
+@dataclass(slots=True)
+class Batch:
+    """A batch a flush touches: an open one (opened_at, its input so far) or one it opens."""
+
+    run_id: UUID
+    key: Key
+    opened_at: datetime | None = None  # None: opened by this flush
+    prior: dict[str, Any] | None = None  # an open batch's input so far
+    size: int = 0  # bytes of its input, as planned
+    count: int = 0  # events in it, as planned
+    full: bool = False  # due at once: it takes no more events
+    events: list[Debounced] = field(default_factory=list)  # the new events it takes (after dedupe)
 
 
-async def lock_batches(conn: Any, items: Sequence[Debounced]) -> Batches:
-    """The first two statements of the transaction: each key's batch, locked: (its run, when it
-    opened, its input so far) for an open one, (a new run id, None, None) for a key that opens one."""
+async def lock_batches(conn: Any, items: Sequence[Debounced]) -> dict[Key, Batch]:
+    """The first two statements of the transaction: each key's open batch, locked, or a new one."""
     keys = sorted({_key(d) for d in items})
     windows = await debounce_sql.lock_debounce_windows(
         conn,
@@ -177,20 +198,40 @@ async def lock_batches(conn: Any, items: Sequence[Debounced]) -> Batches:
     )
     last = {keys[w["ord"]]: (w["run_id"], w["opened_at"]) for w in windows}
     rows = await debounce_sql.lock_open_batches(conn, run_ids=[r for r, _ in last.values() if r is not None])
-    open_inputs = {r["run_id"]: json.loads(r["input"]) for r in rows}
-    batches: Batches = {}
+    open_inputs = {r["run_id"]: r["input"] for r in rows}
+    batches: dict[Key, Batch] = {}
     for k, new_id in zip(keys, store.new_run_ids(len(keys)), strict=True):
         run_id, opened_at = last[k]
-        if run_id is not None and run_id in open_inputs:
-            batches[k] = (run_id, opened_at, open_inputs[run_id])
+        text = open_inputs.get(run_id) if run_id is not None else None
+        if run_id is not None and text is not None:
+            prior = json.loads(text)
+            batches[k] = Batch(run_id, k, opened_at, prior, len(text.encode()), prior["debounce"]["count"])
         else:
-            batches[k] = (new_id, None, None)
+            batches[k] = Batch(new_id, k, size=ENVELOPE_BYTES + len(k[2].encode()))
     return batches
 
 
-def run_of(batches: Batches, d: Debounced) -> UUID:
-    """The run of the batch d goes to."""
-    return batches[_key(d)][0]
+def plan(items: Sequence[Debounced], batches: dict[Key, Batch], max_bytes: int) -> list[Batch]:
+    """The batch each item goes to, in order: its key's batch while that can take it, else a new
+    one (the full one is then due at once). A batch takes at most MAX_BATCH_EVENTS events and
+    keeps its input within max_bytes (AWOOOP_MAX_PAYLOAD_BYTES: a run must stay deliverable),
+    unless one event alone is that large. Planned before the dedupe rows tell which events are
+    new, so a duplicate counts too: a batch may close a little early, never too late."""
+    out = []
+    for d in items:
+        b = batches[_key(d)]
+        size = len(d.event.input_json.encode()) + 1
+        empty = ENVELOPE_BYTES + len(b.key[2].encode())  # a batch's input without events
+        if d.rule.mode == "last":
+            b.size = empty  # it keeps the latest event only
+        if b.full or (b.count and b.size + size > max_bytes):
+            b.full = True
+            b = batches[b.key] = Batch(store.new_run_ids(1)[0], b.key, size=empty)
+        b.size += size
+        b.count += 1
+        b.full = b.count >= MAX_BATCH_EVENTS
+        out.append(b)
+    return out
 
 
 async def _answer_duplicates(
@@ -213,51 +254,48 @@ async def _answer_duplicates(
         raise errors.store_unavailable("dedupe rows changed under the request; retry")
 
 
+def touched(locked: Sequence[Batch], planned: Sequence[Batch]) -> list[Batch]:
+    """The batches a flush touched, each once: those it locked (open or new) and those it opened."""
+    return list({id(b): b for b in [*locked, *planned]}.values())
+
+
 async def write_batches(
-    conn: Any,
-    fresh: list[Debounced],
-    batches: Batches,
-    principal_id: str,
-    actor: str,
-    defaults_json: str,
+    conn: Any, touched: Sequence[Batch], principal_id: str, actor: str, defaults_json: str
 ) -> list[tuple[str, bool]]:
-    """Opens or grows each batch that new events (fresh, in arrival order) joined: one statement.
-    Returns each event's (channel, whether it opened its batch)."""
-    joined: dict[Key, list[Debounced]] = {}
-    for d in fresh:
-        joined.setdefault(_key(d), []).append(d)
-    if not joined:
+    """Opens or grows each batch new events joined (their `events`, in arrival order), and closes
+    each open one that is full: one statement. Returns each new event's (channel, whether it opened
+    its batch)."""
+    ws = [b for b in touched if b.events or (b.full and b.opened_at is not None)]
+    if not ws:
         return []
-    ks = list(joined)
-    firsts = [joined[k][0] for k in ks]  # a new batch's run takes its first event's options
+    batched = [(d.event.channel, b.opened_at is None and n == 0) for b in ws for n, d in enumerate(b.events)]
     inputs = []
-    full = []
-    batched = []
-    for k in ks:
-        _, opened_at, prior = batches[k]
-        ds = joined[k]
-        data = batch_input(k[2], ds[-1].rule.mode, prior, [json.loads(d.event.input_json) for d in ds])
-        inputs.append(json.dumps(data))
-        full.append(data["debounce"]["count"] >= MAX_BATCH_EVENTS)
-        batched += [(d.event.channel, opened_at is None and n == 0) for n, d in enumerate(ds)]
+    for b in ws:
+        rule = b.events[-1].rule if b.events else None
+        mode = rule.mode if rule else str(b.prior["debounce"]["mode"] if b.prior else "all")
+        added = [json.loads(d.event.input_json) for d in b.events]
+        inputs.append(json.dumps(batch_input(b.key[2], mode, b.prior, added)))
+    # a new batch's run takes its first event's options; an open batch's options are its own
+    firsts = [b.events[0].event if b.events else None for b in ws]
     await debounce_sql.write_batches(
         conn,
-        run_ids=[batches[k][0] for k in ks],
-        opened_ats=[batches[k][1] for k in ks],
-        project_ids=[k[0] for k in ks],
-        channels=[k[1] for k in ks],
-        keys=[k[2] for k in ks],
-        provider_event_ids=[d.event.provider_event_id for d in firsts],
+        ords=list(range(len(ws))),
+        run_ids=[b.run_id for b in ws],
+        opened_ats=[b.opened_at for b in ws],
+        project_ids=[b.key[0] for b in ws],
+        channels=[b.key[1] for b in ws],
+        keys=[b.key[2] for b in ws],
+        provider_event_ids=[e.provider_event_id if e else None for e in firsts],
         inputs=inputs,
-        window_secs=[joined[k][-1].rule.window for k in ks],
-        fulls=full,
-        max_wait_secs=[joined[k][-1].rule.max_wait for k in ks],
-        max_attempts=[d.event.max_attempts for d in firsts],
-        priorities=[d.event.options.priority for d in firsts],
-        retry_policies=[d.event.options.retry_policy_json for d in firsts],
-        concurrency_keys=store.joined_keys([d.event for d in firsts]),
-        traceparents=store.traceparents([d.event for d in firsts]),
-        auto_upgrades=[d.event.options.auto_upgrade for d in firsts],
+        window_secs=[b.events[-1].rule.window if b.events else 0.0 for b in ws],
+        max_wait_secs=[b.events[-1].rule.max_wait if b.events else 0.0 for b in ws],
+        fulls=[b.full for b in ws],
+        max_attempts=[e.max_attempts if e else 0 for e in firsts],
+        priorities=[e.options.priority if e else 0 for e in firsts],
+        retry_policies=[e.options.retry_policy_json if e else None for e in firsts],
+        concurrency_keys=[" ".join(e.options.concurrency_keys) or None if e else None for e in firsts],
+        traceparents=[e.traceparent if e else None for e in firsts],
+        auto_upgrades=[e.options.auto_upgrade if e else None for e in firsts],
         policy_defaults=defaults_json,
         principal_id=principal_id,
         actor=actor,

@@ -56,19 +56,19 @@ RETURNING project_id, channel_type, provider_event_id
 -- name: WriteBatches :many
 -- not null: run_id, not_before
 -- The batches the flush's new events went to, each with its whole new input (debounce.py builds
--- it): a new batch (:opened_ats NULL) is a PENDING run created as StoreEvents creates one (max
+-- it; :ords its order, a key's later batches last), and the open batches it closed (full): a new batch (:opened_ats NULL) is a PENDING run created as StoreEvents creates one (max
 -- attempts, priority, retry policy, keys and traceparent of its first event), with its RUN_CREATED
 -- audit row, and its window row names it from now; an open batch takes the input. Either way the
 -- batch is due when its key has been quiet for the window, and no later than the max wait after
 -- its first event: not_before = least(opened + max wait, now + window); a batch that is full
 -- (:fulls, debounce.py's MAX_BATCH_EVENTS) is due now, which closes it.
 WITH b AS (
-    SELECT * FROM unnest(:run_ids::uuid[], :opened_ats::timestamptz[], :project_ids::varchar[], :channels::varchar[],
+    SELECT * FROM unnest(:ords::int[], :run_ids::uuid[], :opened_ats::timestamptz[], :project_ids::varchar[], :channels::varchar[],
                          :keys::varchar[], :provider_event_ids::varchar[], :inputs::text[], :window_secs::float8[],
                          :max_wait_secs::float8[], :fulls::bool[], :max_attempts::int[], :priorities::int[],
                          :retry_policies::text[],
                          :concurrency_keys::text[], :traceparents::varchar[], :auto_upgrades::bool[])
-        AS t(run_id, opened_at, project_id, channel_type, debounce_key, provider_event_id, input, window_secs,
+        AS t(ord, run_id, opened_at, project_id, channel_type, debounce_key, provider_event_id, input, window_secs,
              max_wait_secs, is_full, max_attempts, priority, retry_policy, concurrency_keys, traceparent, auto_upgrade)
 ),
 new_runs AS (
@@ -98,9 +98,9 @@ grown AS (
 opened AS (
     UPDATE awooop_debounce_window w
        SET run_id = b.run_id, opened_at = now()
-      FROM b
-     WHERE b.opened_at IS NULL
-       AND w.project_id = b.project_id AND w.channel_type = b.channel_type AND w.debounce_key = b.debounce_key
+      FROM (SELECT DISTINCT ON (project_id, channel_type, debounce_key) * FROM b WHERE opened_at IS NULL
+             ORDER BY project_id, channel_type, debounce_key, ord DESC) b  -- a key's last new batch
+     WHERE w.project_id = b.project_id AND w.channel_type = b.channel_type AND w.debounce_key = b.debounce_key
 ),
 audited AS (
     SELECT awooop_record_history(array_agg(ROW(n.project_id, n.run_id, :actor, 'RUN_CREATED', NULL, 'PENDING', NULL,

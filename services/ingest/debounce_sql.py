@@ -162,6 +162,7 @@ async def write_batches(
     db: sql.Queryable,
     /,
     *,
+    ords: Sequence[int | None] | None,
     run_ids: Sequence[UUID | str | None] | None,
     opened_ats: Sequence[datetime | None] | None,
     project_ids: Sequence[str | None] | None,
@@ -186,7 +187,8 @@ async def write_batches(
     """WriteBatches (debounce.sql).
 
     The batches the flush's new events went to, each with its whole new input (debounce.py builds
-    it): a new batch (:opened_ats NULL) is a PENDING run created as StoreEvents creates one (max
+    it; :ords its order, a key's later batches last), and the open batches it closed (full): a new batch
+    (:opened_ats NULL) is a PENDING run created as StoreEvents creates one (max
     attempts, priority, retry policy, keys and traceparent of its first event), with its RUN_CREATED
     audit row, and its window row names it from now; an open batch takes the input. Either way the
     batch is due when its key has been quiet for the window, and no later than the max wait after
@@ -197,6 +199,7 @@ async def write_batches(
         "list[WriteBatchesRow]",
         await db.fetch(
             WRITE_BATCHES.sql,
+            ords,
             run_ids,
             opened_ats,
             project_ids,

@@ -65,6 +65,7 @@ class EventIngestor:
         # a Redis key must never claim a duplicate for a row retention already removed
         self.redis_ttl = min(settings.redis_dedupe_ttl, settings.dedupe_retention)
         self.max_flush = settings.max_batch
+        self.max_payload_bytes = settings.max_payload_bytes  # a debounced batch's input stays within it
         self.recent = RecentKeys(settings.dedupe_memory_keys)
         self.gate = LookupGate()
         self._lookups: Coalescer[str, tuple[str, float] | None] = Coalescer(
@@ -266,7 +267,8 @@ class EventIngestor:
                 out[i] = s
         if len(plain) < len(unique):
             held = [(i, d) for i, d in enumerate(batched) if d is not None]
-            for (i, _), s in zip(held, await debounce.ingest(self.pool, [d for _, d in held], **kw), strict=True):
+            stored = await debounce.ingest(self.pool, [d for _, d in held], **kw, max_bytes=self.max_payload_bytes)
+            for (i, _), s in zip(held, stored, strict=True):
                 out[i] = s
         return out  # type: ignore[return-value]  # every slot is filled: one path or the other
 

@@ -108,7 +108,7 @@ class RpcProxy:
             return answer
         except grpc.aio.AioRpcError as err:
             # a target that died mid-call leaves no trailing metadata, which abort() refuses as None
-            await context.abort(err.code(), err.details() or "", err.trailing_metadata() or ())
+            await context.abort(err.code(), err.details() or "", tuple(err.trailing_metadata() or ()))
             raise  # not reached: abort raises
         except asyncio.CancelledError:
             self.cancelled[method] += 1
