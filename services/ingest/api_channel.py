@@ -151,6 +151,8 @@ class ApiEvents:
         claimed for its batch's run, then the batches its new events joined opened or grown."""
 
         async def once() -> tuple[list[int], list[tuple[str, bool]]]:
+            for k in batch:  # what a rolled-back attempt (a deadlock) decided is undone
+                k.created = False
             async with self.pool.acquire() as conn, conn.transaction():
                 items = [k.debounced for k in batch if k.debounced]
                 batches = await debounce.lock_batches(conn, items)
