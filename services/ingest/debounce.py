@@ -11,8 +11,9 @@ The batch is the run itself, created by the batch's first event: PENDING with wa
 'debounce' and not_before the window's end, which the claim passes over until then. Every later
 event of the key, while the run is still that (unclaimed, its window not over), grows its input and
 pushes not_before out. All of a flush's debounced events are stored by one transaction
-(debounce.sql, in this order: lock the keys' window rows, lock their open batches, record the
-events' dedupe rows, create or grow the batches), so a crash before its commit stores none of them
+(debounce.sql, in this order: lock the keys' window rows, lock their open batches, plan which
+batch each event goes to (plan: a full batch, MAX_BATCH_EVENTS or the payload limit, is closed and
+the next opened), record the events' dedupe rows, create, grow or close the batches), so a crash before its commit stores none of them
 and the provider's retry stores them then, and after it every acknowledged event is in its run's
 input; nothing lives only in a process. The claim starts the run once its not_before has passed.
 
@@ -260,12 +261,12 @@ def touched(locked: Sequence[Batch], planned: Sequence[Batch]) -> list[Batch]:
 
 
 async def write_batches(
-    conn: Any, touched: Sequence[Batch], principal_id: str, actor: str, defaults_json: str
+    conn: Any, batches: Sequence[Batch], principal_id: str, actor: str, defaults_json: str
 ) -> list[tuple[str, bool]]:
     """Opens or grows each batch new events joined (their `events`, in arrival order), and closes
     each open one that is full: one statement. Returns each new event's (channel, whether it opened
     its batch)."""
-    ws = [b for b in touched if b.events or (b.full and b.opened_at is not None)]
+    ws = [b for b in batches if b.events or (b.full and b.opened_at is not None)]
     if not ws:
         return []
     batched = [(d.event.channel, b.opened_at is None and n == 0) for b in ws for n, d in enumerate(b.events)]
