@@ -13,9 +13,9 @@ event of the key, while the run is still that (unclaimed, its window not over), 
 pushes not_before out. All of a flush's debounced events are stored by one transaction
 (debounce.sql, in this order: lock the keys' window rows, lock their open batches, plan which
 batch each event goes to (plan: a full batch, MAX_BATCH_EVENTS or the payload limit, is closed and
-the next opened), record the events' dedupe rows, create, grow or close the batches), so a crash before its commit stores none of them
-and the provider's retry stores them then, and after it every acknowledged event is in its run's
-input; nothing lives only in a process. The claim starts the run once its not_before has passed.
+the next opened), record the events' dedupe rows, create, grow or close the batches), so a crash
+before its commit stores none of them and the provider's retry stores them then, and after it every
+acknowledged event is in its run's input; nothing lives only in a process. The claim starts the run once its not_before has passed.
 
 The run's input, defined here once (batch_input):
 
