@@ -15,7 +15,8 @@ pushes not_before out. All of a flush's debounced events are stored by one trans
 batch each event goes to (plan: a full batch, MAX_BATCH_EVENTS or the payload limit, is closed and
 the next opened), record the events' dedupe rows, create, grow or close the batches), so a crash
 before its commit stores none of them and the provider's retry stores them then, and after it every
-acknowledged event is in its run's input; nothing lives only in a process. The claim starts the run once its not_before has passed.
+acknowledged event is in its run's input; nothing lives only in a process. The claim starts the
+run once its not_before has passed.
 
 The run's input, defined here once (batch_input):
 
