@@ -25,6 +25,7 @@ import asyncpg
 import grpc
 from google.protobuf import struct_pb2
 from google.protobuf.duration_pb2 import Duration
+from google.protobuf.json_format import MessageToDict
 
 from awooop.common.v1 import common_pb2
 from awooop.ingest.v1 import ingest_pb2, ingest_pb2_grpc
@@ -664,3 +665,40 @@ async def test_a_batch_input_stays_within_the_payload_limit(start_services, chan
     assert seen == list(range(1, 11))
     full = await f.claim(max_runs=10)  # every batch but the last is due at once
     assert sorted(c.run.run_id for c in full) == sorted(set(runs) - {runs[-1]})
+
+
+async def test_events_racing_the_claim_of_their_batch_each_land_in_exactly_one_run(
+    start_services, channels, db, make_key
+) -> None:
+    """A window of 50 ms (max wait 200 ms), four senders of one chat and a worker claiming all the
+    while: a batch is claimed while events of its key keep arriving. Every event is in exactly one
+    run, and no run's input changed after its claim (what the worker got is all it holds)."""
+    f = await serve(start_services, channels, db, make_key, debounce_rule_cache_seconds=0)
+    await set_rule(f.sched, f.admin, "p", window=0.05, max_wait=0.2)
+    got: dict[str, list[int]] = {}  # run -> the update ids its input held when claimed
+    done = asyncio.Event()
+    during: list[str] = []  # runs claimed while the senders were still sending
+
+    async def sender(first: int) -> None:
+        for update_id in range(first, first + 50):
+            await send(f, tg("p", update_id, 4))
+            await asyncio.sleep(0.002 * (update_id % 7))  # uneven gaps, some longer than none
+
+    async def worker() -> None:
+        pending = "SELECT count(*) FROM awooop_run_state WHERE status = 'PENDING'"
+        while not done.is_set() or await db.fetchval(pending):
+            for c in await f.claim(max_runs=10):
+                got[c.run.run_id] = [int(e["update_id"]) for e in MessageToDict(c.run.input)["events"]]
+                if not done.is_set():
+                    during.append(c.run.run_id)
+                await f.sched.CompleteRun(pb.CompleteRunRequest(lease=c.lease), metadata=f.worker)
+            await asyncio.sleep(0.01)
+
+    claiming = asyncio.create_task(worker())
+    await asyncio.gather(*(sender(i) for i in (1, 51, 101, 151)))
+    done.set()
+    await asyncio.wait_for(claiming, 30)
+    assert len(got) > 1 and during  # the stream was cut into batches, claimed as they came due
+    assert sorted(i for ids in got.values() for i in ids) == list(range(1, 201))
+    for run_id, ids in got.items():
+        assert (await batch_of(db, run_id))[0] == ids and await claimed_once(db, run_id)
