@@ -125,3 +125,36 @@ async def test_flow_set_show_limit_and_runs_show_says_why_a_run_waits(
             assert words in out.stdout, (run_id, out.stdout)
     finally:
         await client.close()
+
+
+async def test_flow_debounce_debounces_undebounce_and_runs_show_says_a_batch_is_gathering(
+    start_services: Any, make_key: Any, tmp_path: Path
+) -> None:
+    rt = await start_services("ingest", "scheduler", auth_cache_seconds=0, debounce_rule_cache_seconds=0)
+    admin_key = (await make_key("ops-admin", {PROJECT: ["admin", "ingest", "worker"]}))[0][1].removeprefix("Bearer ")
+    client = Client(key=admin_key, **{s: f"127.0.0.1:{p}" for s, p in rt.ports.items()})
+    try:
+        out = await _cli(
+            rt, admin_key, tmp_path, "flow", "debounce", "--project", PROJECT, "telegram", "message.chat.id",
+            "--window", "600", "--mode", "last",
+        )  # fmt: skip
+        assert out.returncode == 0 and "batched by message.chat.id" in out.stdout and "600s quiet" in out.stdout, out
+        out = await _cli(rt, admin_key, tmp_path, "flow", "debounces", "--project", PROJECT)
+        assert "message.chat.id" in out.stdout and "6000s" in out.stdout and "last" in out.stdout, out
+        bad = await _cli(
+            rt, admin_key, tmp_path, "flow", "debounce", "--project", PROJECT, "line", "a..b", "--window", "1"
+        )
+        assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "key_expression" in bad.stderr, bad
+
+        payload = {"update_id": 1, "message": {"chat": {"id": 42}, "text": "hi"}}
+        req = ingest_pb2.IngestEventRequest(project_id=PROJECT, channel_type=common_pb2.CHANNEL_TYPE_TELEGRAM)
+        req.payload.update(payload)
+        (o,) = (await client.call(client.ingest.IngestEvent, req)).outcomes
+        out = await _cli(rt, admin_key, tmp_path, "runs", "show", o.run_id, "--saga", "127.0.0.1:1")
+        assert "debouncing: gathering its key's events until" in out.stdout, out.stdout
+        out = await _cli(rt, admin_key, tmp_path, "flow", "undebounce", "--project", PROJECT, "telegram", "--json")
+        assert json.loads(out.stdout) == {"deleted": True}, out
+        out = await _cli(rt, admin_key, tmp_path, "flow", "debounces", "--project", PROJECT, "--json")
+        assert json.loads(out.stdout) == {"rules": []}, out
+    finally:
+        await client.close()

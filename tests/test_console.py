@@ -825,3 +825,48 @@ async def test_the_run_page_shows_the_streamed_output_and_reloads_while_it_strea
     assert ended.run.status == common_pb2.RUN_STATUS_COMPLETED
     status, html, _ = await browser.get(f"/runs/{run_id}")
     assert "The &lt;b&gt;cause&lt;/b&gt; is cpu</pre>" in html and 'http-equiv="refresh"' not in html
+
+
+async def test_the_debounce_page_shows_the_rules_and_an_admin_sets_and_deletes_one(
+    env: ConsoleEnv, browser: Browser
+) -> None:
+    """A project's debounce rules as `awooop flow debounces` shows them; the form is the
+    scheduler's SetDebounceRule (a viewer refused, a bad key expression answered field by field),
+    Delete its DeleteDebounceRule."""
+    await browser.signin(env.viewer_key)
+    status, html, _ = await browser.get("/projects/ops/debounce")
+    assert status == 200 and "No debounce rule" in html and 'href="/projects/ops/debounce"' in html
+    csrf = await browser.csrf("/projects/ops/debounce")
+    form = {
+        "csrf": csrf,
+        "channel": "telegram",
+        "key": "message.chat.id",
+        "window": "30",
+        "max_wait": "",
+        "mode": "last",
+    }
+    status, html, _ = await browser.post("/projects/ops/debounce", form)
+    assert status == 403 and "admin" in html
+    await browser.http.close()
+    admin = Browser(env.url)
+    try:
+        await admin.signin(env.admin_key)
+        csrf = await admin.csrf("/projects/ops/debounce")
+        status, _, r = await admin.post("/projects/ops/debounce", {**form, "csrf": csrf}, allow_redirects=False)
+        assert status == 303 and r.headers["Location"] == "/projects/ops/debounce?msg=debounce_set"
+        _, html, _ = await admin.get("/projects/ops/debounce?msg=debounce_set")
+        assert "Debounce rule set" in html and "<code>message.chat.id</code>" in html and "300s" in html
+        assert "last events" in html
+        status, html, _ = await admin.post("/projects/ops/debounce", {**form, "csrf": csrf, "key": "a..b"})
+        assert status == 400 and "rule.key_expression" in html
+        status, _, r = await admin.post(
+            "/projects/ops/debounce/delete", {"csrf": csrf, "channel": "telegram"}, allow_redirects=False
+        )
+        assert status == 303 and r.headers["Location"] == "/projects/ops/debounce?msg=debounce_deleted"
+        assert await env.db.fetchval("SELECT count(*) FROM awooop_debounce_rule WHERE project_id = 'ops'") == 0
+        actions = await env.db.fetch(
+            "SELECT action FROM awooop_audit_log WHERE project_id = 'ops' AND action LIKE 'DEBOUNCE%' ORDER BY audit_id"
+        )
+        assert [a["action"] for a in actions] == ["DEBOUNCE_RULE_SET", "DEBOUNCE_RULE_DELETED"]
+    finally:
+        await admin.close()

@@ -261,6 +261,7 @@ async def test_every_json_command_prints_one_object_with_lists_under_a_named_key
         ("runs", "list"): ("runs", "next_page_token"),
         ("runs", "waits", "list"): ("waits",),
         ("flow", "schedules"): ("schedules",),
+        ("flow", "debounces"): ("rules",),
         ("channels", "list"): ("endpoints",),
         ("admin", "list"): ("principals",),
         ("admin", "list-keys"): ("keys",),
@@ -292,6 +293,9 @@ async def test_every_json_command_prints_one_object_with_lists_under_a_named_key
         ("flow", "schedule"): ["--project", PROJECT, "nightly", "0 3 * * *"],
         ("flow", "schedules"): ["--project", PROJECT],
         ("flow", "unschedule"): ["--project", PROJECT, "nightly"],
+        ("flow", "debounce"): ["--project", PROJECT, "telegram", "message.chat.id", "--window", "5"],
+        ("flow", "debounces"): ["--project", PROJECT],
+        ("flow", "undebounce"): ["--project", PROJECT, "telegram"],
         ("channels", "add"): ["alertmanager", "prod", "--project", PROJECT, "--url", "https://hooks.example"],
         ("channels", "list"): ["--project", PROJECT],
         ("channels", "rotate"): ["alertmanager", "prod", "--project", PROJECT, "--url", "https://hooks.example"],
@@ -303,7 +307,7 @@ async def test_every_json_command_prints_one_object_with_lists_under_a_named_key
     # run apart below: a stream (watch), after the retry's outcome (resolve), a long story (demo)
     apart = {("runs", "watch"), ("runs", "compensation", "resolve"), ("demo",)}
     assert set(commands) | apart == _json_commands()
-    for path, args in commands.items():  # in order: flow schedule before unschedule, add before remove
+    for path, args in commands.items():  # in order: flow schedule before unschedule (debounce too), add before remove
         out = await _cli(env, *path, *args, "--json")
         assert out.returncode == 0, (path, out.stdout, out.stderr)
         data = json.loads(out.stdout)

@@ -41,6 +41,9 @@ class WaitReason(StrEnum):
     # parked by the label sweep: no live worker has the labels it requires (not_before 'infinity'
     # until one has; services/scheduler/workers.sql)
     LABELS = "labels"
+    # a batch of debounced channel events gathering more of its key's events (issue 46; not_before =
+    # the end of its quiet window, at most its max wait after its first event)
+    DEBOUNCE = "debounce"
 
 
 @dataclass(frozen=True, slots=True)

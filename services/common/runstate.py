@@ -131,6 +131,9 @@ class Audit(StrEnum):
     PROJECT_FLOW_SET = "PROJECT_FLOW_SET"
     PROJECT_PAUSED = "PROJECT_PAUSED"
     PROJECT_RESUMED = "PROJECT_RESUMED"
+    # not a run's change: a project's debounce rule of a channel was set or deleted (issue 46)
+    DEBOUNCE_RULE_SET = "DEBOUNCE_RULE_SET"
+    DEBOUNCE_RULE_DELETED = "DEBOUNCE_RULE_DELETED"
     # not a run's change: an operator drained a worker build of a project, or undrained it
     BUILD_DRAINED = "BUILD_DRAINED"
     BUILD_UNDRAINED = "BUILD_UNDRAINED"

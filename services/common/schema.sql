@@ -939,6 +939,30 @@ CREATE TABLE public.awooop_console_session (
     revoked_at timestamp with time zone
 );
 
+-- TABLE: awooop_debounce_rule
+CREATE TABLE public.awooop_debounce_rule (
+    project_id character varying(64) NOT NULL,
+    channel_type character varying(32) NOT NULL,
+    key_expression character varying(256) NOT NULL,
+    window_secs double precision NOT NULL,
+    max_wait_secs double precision NOT NULL,
+    mode character varying(8) NOT NULL,
+    updated_by character varying(160),
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT awooop_debounce_rule_check CHECK (((max_wait_secs >= window_secs) AND (max_wait_secs <= (86400)::double precision))),
+    CONSTRAINT awooop_debounce_rule_mode_check CHECK (((mode)::text = ANY ((ARRAY['all'::character varying, 'last'::character varying])::text[]))),
+    CONSTRAINT awooop_debounce_rule_window_secs_check CHECK (((window_secs > (0)::double precision) AND (window_secs <= (86400)::double precision)))
+);
+
+-- TABLE: awooop_debounce_window
+CREATE TABLE public.awooop_debounce_window (
+    project_id character varying(64) NOT NULL,
+    channel_type character varying(32) NOT NULL,
+    debounce_key character varying(256) NOT NULL,
+    run_id uuid,
+    opened_at timestamp with time zone
+);
+
 -- TABLE: awooop_idempotency_key
 CREATE TABLE public.awooop_idempotency_key (
     idempotency_id uuid DEFAULT gen_random_uuid() NOT NULL,
@@ -1333,6 +1357,14 @@ ALTER TABLE ONLY public.awooop_concurrency_limit
 ALTER TABLE ONLY public.awooop_console_session
     ADD CONSTRAINT awooop_console_session_pkey PRIMARY KEY (session_hash);
 
+-- CONSTRAINT: awooop_debounce_rule awooop_debounce_rule_pkey
+ALTER TABLE ONLY public.awooop_debounce_rule
+    ADD CONSTRAINT awooop_debounce_rule_pkey PRIMARY KEY (project_id, channel_type);
+
+-- CONSTRAINT: awooop_debounce_window awooop_debounce_window_pkey
+ALTER TABLE ONLY public.awooop_debounce_window
+    ADD CONSTRAINT awooop_debounce_window_pkey PRIMARY KEY (project_id, channel_type, debounce_key);
+
 -- CONSTRAINT: awooop_idempotency_key awooop_idempotency_key_pkey
 ALTER TABLE ONLY public.awooop_idempotency_key
     ADD CONSTRAINT awooop_idempotency_key_pkey PRIMARY KEY (idempotency_id);
@@ -1454,6 +1486,9 @@ CREATE INDEX awooop_compensation_request_open_idx ON public.awooop_compensation_
 
 -- INDEX: awooop_console_session_expires_idx
 CREATE INDEX awooop_console_session_expires_idx ON public.awooop_console_session USING btree (expires_at);
+
+-- INDEX: awooop_debounce_window_opened_idx
+CREATE INDEX awooop_debounce_window_opened_idx ON public.awooop_debounce_window USING btree (opened_at);
 
 -- INDEX: awooop_idempotency_key_expires_idx
 CREATE INDEX awooop_idempotency_key_expires_idx ON public.awooop_idempotency_key USING btree (expires_at);

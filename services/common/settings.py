@@ -146,6 +146,8 @@ class Settings:
     # recent event ids each ingest process answers from its own memory, without Redis (0: off; ~0.4 KB each)
     dedupe_memory_keys: int = 50_000
     endpoint_cache_seconds: float = 5.0  # how long webhook endpoint secrets are trusted before re-reading them
+    # how long an ingest process trusts the debounce rules it read (a rule set or deleted takes effect within it)
+    debounce_rule_cache_seconds: float = 5.0
     endpoint_rotation_grace: float = 24 * 3600.0  # how long a rotated endpoint's previous secret still verifies
 
     # --- scheduler ---

@@ -30,6 +30,7 @@ from services.common.observability import start_metrics
 from services.common.settings import Settings
 from services.console import security
 from services.console.backend import Backend
+from services.console.debounce_views import DebounceViews
 from services.console.sessions import SessionStore
 from services.console.throttle import SigninThrottle
 from services.console.views import SESSION, TOKEN, Console
@@ -93,6 +94,10 @@ def make_app(console: Console) -> web.Application:
     app.router.add_get("/projects/{project}/schedules", c.schedules)
     app.router.add_get("/projects/{project}/workers", c.workers)
     app.router.add_post("/projects/{project}/schedules/delete", c.unschedule)
+    debounce = DebounceViews(c)
+    app.router.add_get("/projects/{project}/debounce", debounce.page)
+    app.router.add_post("/projects/{project}/debounce", debounce.set_rule)
+    app.router.add_post("/projects/{project}/debounce/delete", debounce.delete_rule)
     app.router.add_get("/runs/{run_id}", c.run)
     app.router.add_post("/runs/{run_id}/decide", c.decide)
     app.router.add_post("/runs/{run_id}/cancel", c.cancel)

@@ -54,6 +54,8 @@ MESSAGES = {
     "wait_completed": "Wait completed by hand: a run parked on it is PENDING and resumes with your result.",
     "wait_expired": "Wait expired by hand: a run parked on it is PENDING and its handler sees the timeout.",
     "unscheduled": "Schedule deleted: it starts no more runs (runs it started are kept).",
+    "debounce_set": "Debounce rule set: the channel's next events are batched by it.",
+    "debounce_deleted": "Debounce rule deleted: batches already open start when their window ends.",
     "signedout": "Signed out.",
     "expired": "Your session ended; sign in again.",
 }

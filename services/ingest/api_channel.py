@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -41,9 +42,10 @@ from services.common.db import again_on_deadlock
 from services.common.idempotency import StoredKey
 from services.common.principals import ALL_PROJECTS
 from services.common.settings import Settings
-from services.ingest import api_channel_sql, store
+from services.ingest import api_channel_sql, debounce, metrics, store
 from services.ingest.parsing import NewEvent
 
+T = TypeVar("T")
 OPERATION = "ingest.IngestEvent"
 ROLE = "ingest"
 # the roles whose membership carries ROLE (as has_role_now reads them)
@@ -79,12 +81,15 @@ class _Key:
     legacy: _Legacy | None = None
     window: tuple[dt.datetime, dt.datetime] | None = None  # a key row's created_at and expires_at now
     recorded: StoredKey | None = None  # an old-rule key to record (its replay passed)
+    debounced: debounce.Debounced | None = None  # how a debounce rule batches its first event
+    created: bool = False  # its first event claimed the key (a new event)
 
 
 class ApiEvents:
-    def __init__(self, pool: asyncpg.Pool, settings: Settings) -> None:
+    def __init__(self, pool: asyncpg.Pool, settings: Settings, rules: debounce.Rules | None = None) -> None:
         self.pool = pool
         self.settings = settings
+        self.rules = rules  # debounce rules (None: no event is debounced)
         self.defaults_json = json.dumps(retry_policy.defaults(settings))  # the service's retry policy
 
     async def ingest(self, events: Sequence[NewEvent], principal: Principal, created: set[str]) -> list[Answer]:
@@ -102,10 +107,16 @@ class ApiEvents:
                 keys.append(_Key(i))
             slot.append(j)
         answers: list[Answer | None] = [None] * len(events)
+        if self.rules is not None:
+            for k, d in zip(keys, await self.rules.split([events[k.event] for k in keys]), strict=True):
+                k.debounced = d
 
         pending = keys
         for _ in range(MAX_ATTEMPTS):
-            left = await self._statement(pending, events, fps, principal, answers, created)
+            if any(k.debounced for k in pending):
+                left = await self._debounced(pending, events, fps, principal, answers, created)
+            else:
+                left = await self._statement(pending, events, fps, principal, answers, created)
             pending = [pending[n] for n in left]
             if not pending:
                 break
@@ -126,7 +137,7 @@ class ApiEvents:
             await self._record_legacy(recorded, events, principal)
         return answers  # type: ignore[return-value]  # every event is answered
 
-    async def _statement(
+    async def _debounced(
         self,
         batch: list[_Key],
         events: Sequence[NewEvent],
@@ -135,17 +146,60 @@ class ApiEvents:
         answers: list[Answer | None],
         created: set[str],
     ) -> list[int]:
+        """_statement for a batch holding debounced events, in one transaction with their batches
+        (services/ingest/debounce.py): the keys' batches locked first, each debounced event's key
+        claimed for its batch's run, then the batches its new events joined opened or grown."""
+
+        async def once() -> tuple[list[int], list[tuple[str, bool]]]:
+            for k in batch:  # what a rolled-back attempt (a deadlock) decided is undone
+                k.created = False
+            async with self.pool.acquire() as conn, conn.transaction():
+                items = [k.debounced for k in batch if k.debounced]
+                batches = await debounce.lock_batches(conn, items)
+                locked = list(batches.values())  # plan replaces a full one in the dict
+                planned = debounce.plan(items, batches, self.settings.max_payload_bytes)
+                runs = {id(d): b for d, b in zip(items, planned, strict=True)}
+                left = await self._statement(batch, events, fps, principal, answers, created, conn, runs)
+                for k in batch:
+                    if k.debounced and k.created:
+                        runs[id(k.debounced)].events.append(k.debounced)
+                touched = debounce.touched(locked, planned)
+                grown = await debounce.write_batches(
+                    conn, touched, principal.principal_id, principal.actor, self.defaults_json
+                )
+                return left, grown
+
+        left, grown = await again_on_deadlock(once)
+        for channel, opened in grown:  # counted once committed
+            metrics.DEBOUNCED[channel, opened].inc()
+        return left
+
+    async def _statement(
+        self,
+        batch: list[_Key],
+        events: Sequence[NewEvent],
+        fps: list[str],
+        principal: Principal,
+        answers: list[Answer | None],
+        created: set[str],
+        conn: Any = None,
+        runs: dict[int, debounce.Batch] | None = None,
+    ) -> list[int]:
         """One IngestApiEvents for the first events of batch's keys; answers those it settles and
         returns the positions in batch it left unanswered (a key committed after its snapshot).
         Long because the statement takes one array per column of the batch (24 parameters) and
         each of its rows is settled right below, against the same arrays it indexes."""
         ev = [events[k.event] for k in batch]
         run_ids = [str(u) for u in store.new_run_ids(len(ev))]
+        for n, k in enumerate(batch):  # a debounced event's run is its batch's (conn: their transaction)
+            if k.debounced and runs is not None:
+                run_ids[n] = str(runs[id(k.debounced)].run_id)
         snapshots = [_snapshot(r, legacy=False) for r in run_ids]
         s = self.settings
-        rows = await again_on_deadlock(
+        call = again_on_deadlock if conn is None else _once  # a transaction is retried whole
+        rows = await call(
             lambda: api_channel_sql.ingest_api_events(
-                self.pool,
+                conn or self.pool,
                 ord=list(range(len(ev))),
                 project_id=[e.project_id for e in ev],
                 key=[e.provider_event_id for e in ev],
@@ -160,6 +214,7 @@ class ApiEvents:
                 auto_upgrade=[e.options.auto_upgrade for e in ev],
                 required_labels=[e.options.required_labels_json for e in ev],
                 preferred_labels=[e.options.preferred_labels_json for e in ev],
+                debounced=[k.debounced is not None for k in batch],
                 fingerprint=[fps[k.event] for k in batch],
                 snapshot=snapshots,
                 principal_type=principal.principal_type,
@@ -190,6 +245,7 @@ class ApiEvents:
                 r["expires_at"],
             )
             if r["created"]:
+                k.created = True
                 k.stored = StoredKey(
                     fps[i], s.policy_version, snapshots[n], run_ids[n], r["window_start"], r["window_end"]
                 )
@@ -251,6 +307,10 @@ class ApiEvents:
         return idempotency.Scope(
             e.project_id, principal.principal_type, principal.principal_id, OPERATION, e.provider_event_id
         )
+
+
+async def _once(call: Callable[[], Awaitable[T]]) -> T:
+    return await call()
 
 
 def _legacy_run(r: api_channel_sql.IngestApiEventsRow) -> _Legacy | None:

@@ -20,14 +20,18 @@
 -- this statement (a replay re-checks it; a role in :all_projects counts too). Keys of the old
 -- rule: a dedupe row (project, 'api', key) within retention whose run this principal created,
 -- for an event without a live key row; such an event claims nothing.
+-- A debounced event (:debounced, docs/flow-control.md#debounce-and-batch) claims its key with
+-- :run_id its batch's run, which this statement does not write: the caller's transaction locked
+-- the batch before and opens or grows it after (services/ingest/debounce.py).
 WITH ev AS (
     -- :traceparent is NULL while tracing is off: unnest pads it with NULLs
     SELECT * FROM unnest(:ord::int[], :project_id::varchar[], :key::varchar[], :run_id::uuid[], :input::text[],
                          :max_attempts::int[], :not_before::timestamptz[], :priority::int[], :retry_policy::text[],
                          :concurrency_keys::text[], :traceparent::varchar[], :fingerprint::text[], :snapshot::bytea[],
-                         :auto_upgrade::bool[], :required_labels::text[], :preferred_labels::text[])
+                         :auto_upgrade::bool[], :required_labels::text[], :preferred_labels::text[],
+                         :debounced::bool[])
         AS t(ord, project_id, key, run_id, input, max_attempts, not_before, priority, retry_policy, concurrency_keys,
-             traceparent, fingerprint, snapshot, auto_upgrade, required_labels, preferred_labels)
+             traceparent, fingerprint, snapshot, auto_upgrade, required_labels, preferred_labels, debounced)
 ),
 -- Each lookup is a LATERAL subquery with LIMIT 1: a probe of one index per event. As a plain join
 -- the planner may turn it around when the table looks empty (a fresh store, where the first
@@ -92,6 +96,7 @@ new_runs AS (
            ev.retry_policy::jsonb, string_to_array(ev.concurrency_keys, ' '), ev.auto_upgrade,
            ev.required_labels::jsonb, ev.preferred_labels::jsonb
       FROM ev JOIN claimed c ON c.project_id = ev.project_id AND c.key = ev.key
+     WHERE NOT ev.debounced
     RETURNING run_id, project_id, provider_event_id
 ),
 audited AS (

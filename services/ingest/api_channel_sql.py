@@ -71,6 +71,7 @@ async def ingest_api_events(
     auto_upgrade: Sequence[bool | None] | None,
     required_labels: Sequence[str | None] | None,
     preferred_labels: Sequence[str | None] | None,
+    debounced: Sequence[bool | None] | None,
     principal_type: str | None,
     principal_id: str | None,
     operation: str | None,
@@ -103,6 +104,9 @@ async def ingest_api_events(
     this statement (a replay re-checks it; a role in :all_projects counts too). Keys of the old
     rule: a dedupe row (project, 'api', key) within retention whose run this principal created,
     for an event without a live key row; such an event claims nothing.
+    A debounced event (:debounced, docs/flow-control.md#debounce-and-batch) claims its key with
+    :run_id its batch's run, which this statement does not write: the caller's transaction locked
+    the batch before and opens or grows it after (services/ingest/debounce.py).
     """
     return cast(
         "list[IngestApiEventsRow]",
@@ -124,6 +128,7 @@ async def ingest_api_events(
             auto_upgrade,
             required_labels,
             preferred_labels,
+            debounced,
             principal_type,
             principal_id,
             operation,

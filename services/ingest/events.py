@@ -29,7 +29,7 @@ from services.common.auth import Principal
 from services.common.cache import Cache
 from services.common.db import store_error
 from services.common.settings import Settings
-from services.ingest import dedupe_cache, metrics, store
+from services.ingest import debounce, dedupe_cache, metrics, store
 from services.ingest.api_channel import ApiEvents
 from services.ingest.coalesce import Coalescer
 from services.ingest.lookup_gate import LookupGate
@@ -65,6 +65,7 @@ class EventIngestor:
         # a Redis key must never claim a duplicate for a row retention already removed
         self.redis_ttl = min(settings.redis_dedupe_ttl, settings.dedupe_retention)
         self.max_flush = settings.max_batch
+        self.max_payload_bytes = settings.max_payload_bytes  # a debounced batch's input stays within it
         self.recent = RecentKeys(settings.dedupe_memory_keys)
         self.gate = LookupGate()
         self._lookups: Coalescer[str, tuple[str, float] | None] = Coalescer(
@@ -74,7 +75,8 @@ class EventIngestor:
             self._write_cache, max_in_flight=REDIS_IN_FLIGHT, max_items=max(1000, settings.max_batch), linger=LINGER
         )
         self._writers: dict[str, Coalescer[tuple[NewEvent, str], store.Stored]] = {}
-        self.api = ApiEvents(pool, settings)
+        self.debounce = debounce.Rules(pool, settings.debounce_rule_cache_seconds)
+        self.api = ApiEvents(pool, settings, self.debounce)
 
     async def ingest(
         self, events: Sequence[NewEvent], *, principal_id: str, actor: str, principal: Principal | None = None
@@ -215,14 +217,7 @@ class EventIngestor:
             else:
                 repeated.add(len(slot))
             slot.append(j)
-        stored = await store.ingest(
-            self.pool,
-            unique,
-            principal_id=principal_id,
-            actor=actor,
-            retention=self.retention,
-            defaults_json=self.policy_defaults,
-        )
+        stored = await self._store_unique(unique, principal_id, actor)
         out = []
         remember = []
         ready: set[str] = set()
@@ -254,6 +249,28 @@ class EventIngestor:
         # what Postgres answered: how often asking Redis first would have paid
         self.gate.observe(len(items), duplicates)
         return out
+
+    async def _store_unique(self, unique: list[NewEvent], principal_id: str, actor: str) -> list[store.Stored]:
+        """Events with distinct keys: those a debounce rule batches through debounce.py, the
+        others through StoreEvents; result[i] answers unique[i]."""
+        batched = await self.debounce.split(unique)
+        plain = [i for i, d in enumerate(batched) if d is None]
+        out: list[store.Stored | None] = [None] * len(unique)
+        kw: dict[str, Any] = {
+            "principal_id": principal_id,
+            "actor": actor,
+            "retention": self.retention,
+            "defaults_json": self.policy_defaults,
+        }
+        if plain:
+            for i, s in zip(plain, await store.ingest(self.pool, [unique[i] for i in plain], **kw), strict=True):
+                out[i] = s
+        if len(plain) < len(unique):
+            held = [(i, d) for i, d in enumerate(batched) if d is not None]
+            stored = await debounce.ingest(self.pool, [d for _, d in held], **kw, max_bytes=self.max_payload_bytes)
+            for (i, _), s in zip(held, stored, strict=True):
+                out[i] = s
+        return out  # type: ignore[return-value]  # every slot is filled: one path or the other
 
     async def _lookup(self, keys: list[str]) -> list[tuple[str, float] | None]:
         return await dedupe_cache.lookup(self.cache, keys)

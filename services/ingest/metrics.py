@@ -49,5 +49,14 @@ SIGNATURE_FAILURES = Counter(
 HTTP_REQUESTS = Counter(
     "awooop_http_requests_total", "HTTP requests of the ingest service, by route and status", ["route", "status"]
 )
+DEBOUNCE = Counter(
+    "awooop_ingest_debounced_events_total",
+    "Channel events a debounce rule batched: the first of a batch (opened) or a later one (joined)",
+    ["channel", "batch"],
+)
+# (channel, opened?) -> child
+DEBOUNCED = {
+    (c, opened): DEBOUNCE.labels(c, "opened" if opened else "joined") for c in CHANNELS for opened in (True, False)
+}
 preset(PRUNED, ("awooop_channel_event_dedupe", "awooop_idempotency_key"))
 preset(CREATE_RUN, ("created", "replayed", "conflict", "forbidden", "deadline"))

@@ -86,5 +86,8 @@ async def prune(pool: asyncpg.Pool, cache: Cache, settings: Settings) -> Pruned:
     runs they referenced can go in the same pass."""
     dedupe = await prune_dedupe(pool, cache, retention=settings.dedupe_retention, batch=settings.prune_batch)
     keys = await prune_idempotency_keys(pool, batch=settings.prune_batch)
+    await retention_sql.prune_debounce_windows(
+        pool, retention=float(settings.dedupe_retention), batch=settings.prune_batch
+    )
     runs = await prune_runs(pool, retention=settings.run_retention, batch=settings.prune_batch)
     return Pruned(dedupe=dedupe, idempotency_keys=keys, runs=runs)

@@ -52,3 +52,15 @@ WITH victims AS (
     DELETE FROM awooop_run_event e USING victims v WHERE e.run_id = v.run_id
 )
 DELETE FROM awooop_run_state r USING victims v WHERE r.run_id = v.run_id
+
+-- name: PruneDebounceWindows :exec
+-- One batch of window rows whose batch opened more than :retention seconds ago (chosen as
+-- PruneDedupe chooses): a key that comes back gets a row again
+-- (debounce.sql's window rows; a batch is long due by then).
+DELETE FROM awooop_debounce_window
+ WHERE (project_id, channel_type, debounce_key) IN
+       (SELECT project_id, channel_type, debounce_key FROM awooop_debounce_window
+         WHERE opened_at < now() - make_interval(secs => :retention)
+         ORDER BY opened_at
+         LIMIT :batch
+           FOR UPDATE SKIP LOCKED)

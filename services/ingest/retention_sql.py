@@ -10,6 +10,7 @@ Q = sql.load(__file__, "retention.sql")
 PRUNE_DEDUPE = Q["PruneDedupe"]
 PRUNE_IDEMPOTENCY_KEYS = Q["PruneIdempotencyKeys"]
 PRUNE_RUNS = Q["PruneRuns"]
+PRUNE_DEBOUNCE_WINDOWS = Q["PruneDebounceWindows"]
 
 
 class PruneDedupeRow(Protocol):
@@ -62,3 +63,15 @@ async def prune_runs(
     undo has saga_status not_needed (a completed run always; migration 0080): it goes too.
     """
     return await db.execute(PRUNE_RUNS.sql, retention, batch, timeout=query_timeout)
+
+
+async def prune_debounce_windows(
+    db: sql.Queryable, /, *, retention: float | None, batch: int | None, query_timeout: float | None = None
+) -> str:
+    """PruneDebounceWindows (retention.sql).
+
+    One batch of window rows whose batch opened more than :retention seconds ago (chosen as
+    PruneDedupe chooses): a key that comes back gets a row again
+    (debounce.sql's window rows; a batch is long due by then).
+    """
+    return await db.execute(PRUNE_DEBOUNCE_WINDOWS.sql, retention, batch, timeout=query_timeout)

@@ -80,6 +80,12 @@ HELD = Gauge(
     " project (sampled)",
     ["project"],
 )
+DEBOUNCING = Gauge(
+    "awooop_scheduler_runs_debouncing",
+    "Open debounce windows: batches of debounced channel events still gathering their key's events, by"
+    " project (sampled; docs/flow-control.md#debounce-and-batch)",
+    ["project"],
+)
 RUNS_WAITING_FOR_BUILD = Gauge(
     "awooop_scheduler_runs_waiting_for_build",
     "Queued runs that only a build with no live worker may take (pinned, with journaled steps), by project"

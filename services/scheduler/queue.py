@@ -31,6 +31,7 @@ class QueueSampler:
         runs: dict[tuple[str, str], int] = defaultdict(int)
         claimable: dict[str, int] = defaultdict(int)
         held: dict[str, int] = defaultdict(int)
+        debouncing: dict[str, int] = defaultdict(int)
         oldest: dict[str, float] = defaultdict(float)
         for r in rows:
             label = metrics.PROJECTS(r["project_id"])
@@ -38,12 +39,14 @@ class QueueSampler:
             runs[label, r["status"]] += r["n"]
             claimable[label] += r["claimable"]
             held[label] += r["held"]
+            debouncing[label] += r["debouncing"]
             oldest[label] = max(oldest[label], max(0.0, r["oldest"]))
         for label in self.seen:
             for status in metrics.UNFINISHED:
                 metrics.RUNS.labels(label, status).set(runs.get((label, status), 0))
             metrics.CLAIMABLE.labels(label).set(claimable.get(label, 0))
             metrics.HELD.labels(label).set(held.get(label, 0))
+            metrics.DEBOUNCING.labels(label).set(debouncing.get(label, 0))
             metrics.OLDEST_CLAIMABLE.labels(label).set(oldest.get(label, 0.0))
         await self.sample_waits()
         await self.sample_builds()

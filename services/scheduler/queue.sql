@@ -13,11 +13,13 @@
 -- run: with sequential scans priced out (services/common/planner.py) a correlated NOT EXISTS was
 -- an index probe of awooop_project_flow for every unfinished run.
 -- held: queued runs a worker held because its code did not replay their journal (HoldRun),
--- waiting for an operator.
--- not null: project_id, status, n, claimable, held, oldest
+-- waiting for an operator. debouncing: batches of debounced channel events whose quiet window is
+-- still open (wait_reason 'debounce', not_before ahead; services/ingest/debounce.py).
+-- not null: project_id, status, n, claimable, held, debouncing, oldest
 SELECT project_id, status, count(*) AS n,
        count(*) FILTER (WHERE claimable) AS claimable,
        count(*) FILTER (WHERE wait_reason = 'held') AS held,
+       count(*) FILTER (WHERE wait_reason = 'debounce' AND not_before > now()) AS debouncing,
        COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(ready_since) FILTER (WHERE claimable)), 0)::float8
            AS oldest
   FROM (SELECT project_id, status,
@@ -26,7 +28,7 @@ SELECT project_id, status, count(*) AS n,
                 AND attempt_count - released_count < max_attempts
                 AND r.project_id <> ALL (ARRAY(SELECT f.project_id FROM awooop_project_flow f WHERE f.paused)))
                    AS claimable,
-               wait_reason, GREATEST(updated_at, not_before) AS ready_since
+               wait_reason, not_before, GREATEST(updated_at, not_before) AS ready_since
           FROM awooop_run_state r
          WHERE status IN ('PENDING', 'RESUMED') OR status = 'WAITING_APPROVAL'
                OR (status IN ('RUNNING', 'WAITING_TOOL') AND worker_id IS NOT NULL)

@@ -25,6 +25,8 @@ class SampleQueueRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["held"], /) -> int: ...
     @overload
+    def __getitem__(self, key: Literal["debouncing"], /) -> int: ...
+    @overload
     def __getitem__(self, key: Literal["oldest"], /) -> float: ...
     @overload
     def __getitem__(self, key: str, /) -> object: ...
@@ -68,7 +70,8 @@ async def sample_queue(db: sql.Queryable, /, *, query_timeout: float | None = No
     run: with sequential scans priced out (services/common/planner.py) a correlated NOT EXISTS was
     an index probe of awooop_project_flow for every unfinished run.
     held: queued runs a worker held because its code did not replay their journal (HoldRun),
-    waiting for an operator.
+    waiting for an operator. debouncing: batches of debounced channel events whose quiet window is
+    still open (wait_reason 'debounce', not_before ahead; services/ingest/debounce.py).
     """
     return cast("list[SampleQueueRow]", await db.fetch(SAMPLE_QUEUE.sql, timeout=query_timeout))
 

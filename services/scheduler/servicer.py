@@ -16,6 +16,7 @@ from services.scheduler.approval_rpcs import ApprovalRpcs
 from services.scheduler.build_rpcs import BuildRpcs
 from services.scheduler.child_rpcs import ChildRpcs
 from services.scheduler.claim_rpcs import ClaimRpcs
+from services.scheduler.debounce_rpcs import DebounceRpcs
 from services.scheduler.flow_rpcs import FlowRpcs
 from services.scheduler.read_rpcs import ReadRpcs
 from services.scheduler.saga_client import SagaNudger
@@ -38,6 +39,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.flow = FlowRpcs(pool, settings)
         self.builds = BuildRpcs(pool, settings)
         self.schedules = ScheduleRpcs(pool, settings)
+        self.debounce = DebounceRpcs(pool)
         self.watch = WatchRpcs(pool, settings, listener, ctx.cache)
 
     # --- claims and leases (claim_rpcs.py) ----------------------------------------------------------
@@ -259,6 +261,23 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self, request: scheduler_pb2.DeleteScheduleRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.DeleteScheduleResponse:
         return await self.schedules.delete_schedule(request)
+
+    # --- debounce rules (debounce_rpcs.py) -----------------------------------------------------------
+
+    async def SetDebounceRule(
+        self, request: scheduler_pb2.SetDebounceRuleRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.SetDebounceRuleResponse:
+        return await self.debounce.set_rule(request)
+
+    async def ListDebounceRules(
+        self, request: scheduler_pb2.ListDebounceRulesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.ListDebounceRulesResponse:
+        return await self.debounce.list_rules(request)
+
+    async def DeleteDebounceRule(
+        self, request: scheduler_pb2.DeleteDebounceRuleRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> scheduler_pb2.DeleteDebounceRuleResponse:
+        return await self.debounce.delete_rule(request)
 
     # --- watching runs (watch_rpcs.py) --------------------------------------------------------------
 

@@ -107,7 +107,8 @@ class RpcProxy:
                 await self.release.wait()
             return answer
         except grpc.aio.AioRpcError as err:
-            await context.abort(err.code(), err.details() or "", err.trailing_metadata() or None)
+            # a target that died mid-call leaves no trailing metadata, which abort() refuses as None
+            await context.abort(err.code(), err.details() or "", tuple(err.trailing_metadata() or ()))
             raise  # not reached: abort raises
         except asyncio.CancelledError:
             self.cancelled[method] += 1

@@ -8,6 +8,7 @@
     awooop flow schedule --project P NAME CRON [--tz ZONE] [--input JSON]   one run per tick (admin)
     awooop flow schedules --project P                 list schedules
     awooop flow unschedule --project P NAME           delete a schedule (admin)
+    awooop flow debounce|debounces|undebounce ...     debounce rules (awooop.cli.debounce)
 
 Every command takes --json; errors as `awooop runs`.
 """
@@ -21,6 +22,7 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.struct_pb2 import Struct
 
+from awooop.cli import debounce
 from awooop.cli.client import add_connection_args, print_json, print_table, run_command, to_json, when
 from awooop.common.v1 import common_pb2
 from awooop.scheduler.v1 import scheduler_pb2
@@ -84,6 +86,7 @@ def register(sub: Any) -> None:
     p.add_argument("--project", required=True)
     p.add_argument("name")
     p.set_defaults(func=run_command(cmd_unschedule))
+    debounce.register(f, _leaf)
 
 
 # --versioning's words -> Versioning, and back

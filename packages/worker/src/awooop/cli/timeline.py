@@ -80,6 +80,8 @@ WAIT_REASONS = {
     "delayed": "delayed: not claimable before {t} (not_before)",
     "key_busy": "concurrency key {key} is at its limit; claimable when a run with it finishes",
     "rate_limited": "key {key} started its rate's worth in this window; claimable from {t}",
+    "debounce": "debouncing: gathering its key's events until {t} (each new one pushes that out, up to the"
+    " rule's max wait); `awooop flow debounces` shows the rule",
     "held": "held: its worker's code did not replay its journal; `awooop runs unhold` after deploying code"
     " that does, or `awooop runs cancel` (compensates)",
     "labels": "no live worker has the labels it requires ({labels}); claimable when one claims (`awooop workers list`)",

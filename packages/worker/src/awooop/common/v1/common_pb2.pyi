@@ -414,8 +414,10 @@ class Run(_message.Message):
     wait_reason: _builtins.str
     """Why a queued run is not claimable before not_before: "backoff" (after a retryable failure or a
     reaped lease), "delayed" (the not_before it was created with), "key_busy" (parked until a run
-    with the concurrency key wait_key frees a slot; not_before is then the largest timestamp) or
-    "rate_limited" (wait_key started its rate's worth in this window; not_before is its end);
+    with the concurrency key wait_key frees a slot; not_before is then the largest timestamp),
+    "rate_limited" (wait_key started its rate's worth in this window; not_before is its end),
+    "debounce" (a batch of debounced channel events still gathering its key's events; not_before
+    is the end of its quiet window);
     for a WAITING_TOOL run parked on a durable wait (no lease): "wait_token", "wait_sleep" or
     "wait_event", not_before being the wait's expiry; empty when nothing holds it back.
     """

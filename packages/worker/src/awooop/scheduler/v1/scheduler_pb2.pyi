@@ -176,6 +176,30 @@ RUN_EVENT_SOURCE_PROGRESS: RunEventSource.ValueType  # 3
 """A progress event the handler emitted (ctx.emit; kind: the handler's)."""
 Global___RunEventSource: _TypeAlias = RunEventSource  # noqa: Y015
 
+class _DebounceMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DebounceModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DebounceMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DEBOUNCE_MODE_UNSPECIFIED: _DebounceMode.ValueType  # 0
+    """As input: ALL."""
+    DEBOUNCE_MODE_ALL: _DebounceMode.ValueType  # 1
+    """Every event of the batch, oldest first."""
+    DEBOUNCE_MODE_LAST: _DebounceMode.ValueType  # 2
+    """The latest event only."""
+
+class DebounceMode(_DebounceMode, metaclass=_DebounceModeEnumTypeWrapper):
+    """What a batch run's input carries of its events."""
+
+DEBOUNCE_MODE_UNSPECIFIED: DebounceMode.ValueType  # 0
+"""As input: ALL."""
+DEBOUNCE_MODE_ALL: DebounceMode.ValueType  # 1
+"""Every event of the batch, oldest first."""
+DEBOUNCE_MODE_LAST: DebounceMode.ValueType  # 2
+"""The latest event only."""
+Global___DebounceMode: _TypeAlias = DebounceMode  # noqa: Y015
+
 @_typing.final
 class ClaimRunsRequest(_message.Message):
     """A claim for work."""
@@ -3792,3 +3816,206 @@ class StartChildRunsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StartChildRunsResponse: _TypeAlias = StartChildRunsResponse  # noqa: Y015
+
+@_typing.final
+class DebounceRule(_message.Message):
+    """A project's debounce rule for a channel (docs/flow-control.md#debounce-and-batch)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_TYPE_FIELD_NUMBER: _builtins.int
+    KEY_EXPRESSION_FIELD_NUMBER: _builtins.int
+    WINDOW_FIELD_NUMBER: _builtins.int
+    MAX_WAIT_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    UPDATED_BY_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    channel_type: _common_pb2.ChannelType.ValueType
+    """The channel whose events it batches."""
+    key_expression: _builtins.str
+    """Where an event's key is: a dotted path into the event's input (e.g. message.chat.id; 1-8
+    segments of letters, digits, '_' or '-'; an all-digit segment indexes a list). An event
+    without a value there is not debounced.
+    """
+    mode: Global___DebounceMode.ValueType
+    """What the run's input carries of its events (never UNSPECIFIED here)."""
+    updated_by: _builtins.str
+    """Who set it last."""
+    @_builtins.property
+    def window(self) -> _duration_pb2.Duration:
+        """The quiet period that ends a batch (1 ms to 1 day)."""
+
+    @_builtins.property
+    def max_wait(self) -> _duration_pb2.Duration:
+        """The longest a batch waits after its first event (at least window, at most 1 day)."""
+
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp:
+        """When (database clock)."""
+
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        channel_type: _common_pb2.ChannelType.ValueType = ...,
+        key_expression: _builtins.str = ...,
+        window: _duration_pb2.Duration | None = ...,
+        max_wait: _duration_pb2.Duration | None = ...,
+        mode: Global___DebounceMode.ValueType = ...,
+        updated_by: _builtins.str = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["max_wait", b"max_wait", "updated_at", b"updated_at", "window", b"window"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "key_expression", b"key_expression", "max_wait", b"max_wait", "mode", b"mode", "project_id", b"project_id", "updated_at", b"updated_at", "updated_by", b"updated_by", "window", b"window"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DebounceRule: _TypeAlias = DebounceRule  # noqa: Y015
+
+@_typing.final
+class SetDebounceRuleRequest(_message.Message):
+    """Sets a project's debounce rule for a channel."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rule(self) -> Global___DebounceRule:
+        """The rule (updated_by and updated_at are ignored); max_wait unset: 10 times the window, at
+        most 1 day.
+        """
+
+    def __init__(
+        self,
+        *,
+        rule: Global___DebounceRule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetDebounceRuleRequest: _TypeAlias = SetDebounceRuleRequest  # noqa: Y015
+
+@_typing.final
+class SetDebounceRuleResponse(_message.Message):
+    """The rule as stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rule(self) -> Global___DebounceRule:
+        """The rule."""
+
+    def __init__(
+        self,
+        *,
+        rule: Global___DebounceRule | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rule", b"rule"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetDebounceRuleResponse: _TypeAlias = SetDebounceRuleResponse  # noqa: Y015
+
+@_typing.final
+class ListDebounceRulesRequest(_message.Message):
+    """Lists a project's debounce rules."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDebounceRulesRequest: _TypeAlias = ListDebounceRulesRequest  # noqa: Y015
+
+@_typing.final
+class ListDebounceRulesResponse(_message.Message):
+    """The project's rules, by channel."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RULES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rules(self) -> _containers.RepeatedCompositeFieldContainer[Global___DebounceRule]:
+        """Rules."""
+
+    def __init__(
+        self,
+        *,
+        rules: _abc.Iterable[Global___DebounceRule] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rules", b"rules"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDebounceRulesResponse: _TypeAlias = ListDebounceRulesResponse  # noqa: Y015
+
+@_typing.final
+class DeleteDebounceRuleRequest(_message.Message):
+    """Deletes a project's debounce rule for a channel."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROJECT_ID_FIELD_NUMBER: _builtins.int
+    CHANNEL_TYPE_FIELD_NUMBER: _builtins.int
+    project_id: _builtins.str
+    """Tenant."""
+    channel_type: _common_pb2.ChannelType.ValueType
+    """The channel."""
+    def __init__(
+        self,
+        *,
+        project_id: _builtins.str = ...,
+        channel_type: _common_pb2.ChannelType.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["channel_type", b"channel_type", "project_id", b"project_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteDebounceRuleRequest: _TypeAlias = DeleteDebounceRuleRequest  # noqa: Y015
+
+@_typing.final
+class DeleteDebounceRuleResponse(_message.Message):
+    """Whether there was one."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELETED_FIELD_NUMBER: _builtins.int
+    deleted: _builtins.bool
+    """True when a rule was deleted."""
+    def __init__(
+        self,
+        *,
+        deleted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deleted", b"deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteDebounceRuleResponse: _TypeAlias = DeleteDebounceRuleResponse  # noqa: Y015

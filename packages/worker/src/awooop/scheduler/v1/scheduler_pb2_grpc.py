@@ -250,6 +250,21 @@ class SchedulerServiceStub:
                 request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PublishTokensRequest.SerializeToString,
                 response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PublishTokensResponse.FromString,
                 _registered_method=True)
+        self.SetDebounceRule = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/SetDebounceRule',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetDebounceRuleRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetDebounceRuleResponse.FromString,
+                _registered_method=True)
+        self.ListDebounceRules = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/ListDebounceRules',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListDebounceRulesRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListDebounceRulesResponse.FromString,
+                _registered_method=True)
+        self.DeleteDebounceRule = channel.unary_unary(
+                '/awooop.scheduler.v1.SchedulerService/DeleteDebounceRule',
+                request_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteDebounceRuleRequest.SerializeToString,
+                response_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteDebounceRuleResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -600,6 +615,30 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetDebounceRule(self, request, context):
+        """--- debounce and batch at ingest (issue 46) ---
+        Creates or replaces a project's debounce rule for a channel (admin role; DEBOUNCE_RULE_SET):
+        the channel's events with the same key arriving within the window become one run, started
+        when the key has been quiet for the window (at most max_wait after the batch's first event).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDebounceRules(self, request, context):
+        """Lists a project's debounce rules (any role in the project).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteDebounceRule(self, request, context):
+        """Deletes a project's debounce rule for a channel (admin role; DEBOUNCE_RULE_DELETED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -817,6 +856,21 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.PublishTokens,
                     request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PublishTokensRequest.FromString,
                     response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PublishTokensResponse.SerializeToString,
+            ),
+            'SetDebounceRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDebounceRule,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetDebounceRuleRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetDebounceRuleResponse.SerializeToString,
+            ),
+            'ListDebounceRules': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDebounceRules,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListDebounceRulesRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListDebounceRulesResponse.SerializeToString,
+            ),
+            'DeleteDebounceRule': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteDebounceRule,
+                    request_deserializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteDebounceRuleRequest.FromString,
+                    response_serializer=awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteDebounceRuleResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1981,6 +2035,87 @@ class SchedulerService:
             '/awooop.scheduler.v1.SchedulerService/PublishTokens',
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PublishTokensRequest.SerializeToString,
             awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.PublishTokensResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDebounceRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/SetDebounceRule',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetDebounceRuleRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.SetDebounceRuleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDebounceRules(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/ListDebounceRules',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListDebounceRulesRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.ListDebounceRulesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteDebounceRule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/awooop.scheduler.v1.SchedulerService/DeleteDebounceRule',
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteDebounceRuleRequest.SerializeToString,
+            awooop_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteDebounceRuleResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -183,6 +183,16 @@ class SchedulerServiceStub:
     event bounds). Redis down does not fail the call: `live` is false and the tokens reach
     watchers through the checkpoint.
     """
+    SetDebounceRule: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SetDebounceRuleRequest, _scheduler_pb2.SetDebounceRuleResponse]
+    """--- debounce and batch at ingest (issue 46) ---
+    Creates or replaces a project's debounce rule for a channel (admin role; DEBOUNCE_RULE_SET):
+    the channel's events with the same key arriving within the window become one run, started
+    when the key has been quiet for the window (at most max_wait after the batch's first event).
+    """
+    ListDebounceRules: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.ListDebounceRulesRequest, _scheduler_pb2.ListDebounceRulesResponse]
+    """Lists a project's debounce rules (any role in the project)."""
+    DeleteDebounceRule: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.DeleteDebounceRuleRequest, _scheduler_pb2.DeleteDebounceRuleResponse]
+    """Deletes a project's debounce rule for a channel (admin role; DEBOUNCE_RULE_DELETED)."""
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -337,6 +347,16 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     event bounds). Redis down does not fail the call: `live` is false and the tokens reach
     watchers through the checkpoint.
     """
+    SetDebounceRule: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SetDebounceRuleRequest, _scheduler_pb2.SetDebounceRuleResponse]  # type: ignore[assignment]
+    """--- debounce and batch at ingest (issue 46) ---
+    Creates or replaces a project's debounce rule for a channel (admin role; DEBOUNCE_RULE_SET):
+    the channel's events with the same key arriving within the window become one run, started
+    when the key has been quiet for the window (at most max_wait after the batch's first event).
+    """
+    ListDebounceRules: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.ListDebounceRulesRequest, _scheduler_pb2.ListDebounceRulesResponse]  # type: ignore[assignment]
+    """Lists a project's debounce rules (any role in the project)."""
+    DeleteDebounceRule: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.DeleteDebounceRuleRequest, _scheduler_pb2.DeleteDebounceRuleResponse]  # type: ignore[assignment]
+    """Deletes a project's debounce rule for a channel (admin role; DEBOUNCE_RULE_DELETED)."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """SchedulerService owns the run state machine."""
@@ -746,5 +766,33 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         event bounds). Redis down does not fail the call: `live` is false and the tokens reach
         watchers through the checkpoint.
         """
+
+    @_abc_1.abstractmethod
+    def SetDebounceRule(
+        self,
+        request: _scheduler_pb2.SetDebounceRuleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.SetDebounceRuleResponse, _abc.Awaitable[_scheduler_pb2.SetDebounceRuleResponse]]:
+        """--- debounce and batch at ingest (issue 46) ---
+        Creates or replaces a project's debounce rule for a channel (admin role; DEBOUNCE_RULE_SET):
+        the channel's events with the same key arriving within the window become one run, started
+        when the key has been quiet for the window (at most max_wait after the batch's first event).
+        """
+
+    @_abc_1.abstractmethod
+    def ListDebounceRules(
+        self,
+        request: _scheduler_pb2.ListDebounceRulesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.ListDebounceRulesResponse, _abc.Awaitable[_scheduler_pb2.ListDebounceRulesResponse]]:
+        """Lists a project's debounce rules (any role in the project)."""
+
+    @_abc_1.abstractmethod
+    def DeleteDebounceRule(
+        self,
+        request: _scheduler_pb2.DeleteDebounceRuleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_pb2.DeleteDebounceRuleResponse, _abc.Awaitable[_scheduler_pb2.DeleteDebounceRuleResponse]]:
+        """Deletes a project's debounce rule for a channel (admin role; DEBOUNCE_RULE_DELETED)."""
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
