@@ -27,7 +27,7 @@ from awooop.scheduler.v1 import scheduler_pb2
 from awooop.worker.errors import AwooopError
 
 if TYPE_CHECKING:
-    from awooop.worker.context import RunContext
+    from awooop.worker.run_scope import RunScope
 
 DEFAULT_STREAM = "output"
 BATCH_INTERVAL = 0.02  # seconds a token waits for others to share its call
@@ -39,7 +39,7 @@ TOKEN_OVERHEAD = 4  # bytes a token adds to a checkpoint's JSON ("",): the sched
 class TokenStream:
     """One stream of one attempt: the tokens not yet sent, and those since the last checkpoint."""
 
-    def __init__(self, ctx: RunContext, name: str) -> None:
+    def __init__(self, ctx: RunScope, name: str) -> None:
         self.ctx = ctx
         self.name = name
         self.seq = 0  # the last token numbered
@@ -138,9 +138,9 @@ class TokenStream:
 
 
 class TokenStreams:
-    """A RunContext's streams by name."""
+    """A RunScope's streams by name."""
 
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunScope) -> None:
         self.ctx = ctx
         self.streams: dict[str, TokenStream] = {}
 
