@@ -104,7 +104,7 @@
 -- parking only in a project with sticky resume), while that worker is live;
 -- a worker of another build than the sticky one's is not held back (the run may be moving to a
 -- new build, where the worker it sticks to cannot take it). The claim clears sticky_worker. Runs that require labels no live worker has are parked by the
--- label sweep (workers.sql ParkForLabels: not_before 'infinity', wait_reason 'labels'), so a claim
+-- label sweep (workers.sql SweepLabels: not_before 'infinity', wait_reason 'labels'), so a claim
 -- does not pass over them one by one.
 --
 -- blocked / parked / go: concurrency keys (docs/flow-control.md). A picked run is granted only

@@ -379,7 +379,7 @@ async def claim_runs(
     a worker of another build than the sticky one's is not held back (the run may be moving to a
     new build, where the worker it sticks to cannot take it). The claim clears sticky_worker. Runs that require
     labels no live worker has are parked by the
-    label sweep (workers.sql ParkForLabels: not_before 'infinity', wait_reason 'labels'), so a claim
+    label sweep (workers.sql SweepLabels: not_before 'infinity', wait_reason 'labels'), so a claim
     does not pass over them one by one.
 
     blocked / parked / go: concurrency keys (docs/flow-control.md). A picked run is granted only
