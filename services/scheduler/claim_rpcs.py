@@ -115,7 +115,7 @@ class ClaimRpcs:
         call = self._claim_call(request, context)
         if call.build_id is not None:
             await self.builds.seen(call.projects, call.build_id)
-        await self.workers.seen(call.projects, call.worker_id, call.routing)
+        self.workers.seen(call.projects, call.worker_id, call.routing)
         if call.items:  # complete, then claim, in one statement; never waits (see the proto)
             return await self._complete_and_claim(call)
         wait = min(max(call.wait, 0.0), self.settings.max_claim_wait)
@@ -245,7 +245,7 @@ class ClaimRpcs:
         projects = projects_with(current_principal(), "worker")
         renewals = await leases.heartbeat(self.pool, worker_id, lease_list, lease_ttl, projects)
         if any(r.lease_until is not None for r in renewals):
-            await self.workers.beat(worker_id)  # busy with long runs, it claims nothing: still live
+            self.workers.beat(worker_id)  # busy with long runs, it claims nothing: still live
         out = []
         stamps: dict[Any, Any] = {}  # one statement renews every lease to the same instant: convert it once
         for token, r in zip(request.leases, renewals, strict=True):

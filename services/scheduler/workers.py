@@ -6,6 +6,7 @@ claim's (claims.sql ClaimRuns, "Labels"); the statements here are workers.sql's.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -69,7 +70,11 @@ def routing(settings: Settings, build_id: str | None, worker_labels: Mapping[str
 class WorkerRegistry:
     """Marks the workers of arriving claims seen, at most every `every` seconds per project and
     worker in this process, and at once when a worker's labels or build change (then the runs
-    parked for labels it has are woken in the same statement)."""
+    parked for labels it has are woken in the same statement, which notifies their projects: a
+    waiting claim wakes and takes them). The writes run beside the claims and heartbeats that
+    cause them, never before them: a store slow to commit (a synchronous standby lagging) must
+    not hold a claim back for a registry that only informs preferences and the label sweep. A
+    write that fails is logged; the next sighting writes again."""
 
     def __init__(self, pool: asyncpg.Pool, live_seconds: float, max_kept: int = 10_000) -> None:
         self.pool = pool
@@ -77,8 +82,19 @@ class WorkerRegistry:
         self.max_kept = max_kept
         self._seen: dict[tuple[str, str], tuple[float, tuple[str, str] | None]] = {}
         self._beats: dict[str, float] = {}
+        self._writes: set[asyncio.Task[Any]] = set()  # in flight (kept referenced until done)
 
-    async def seen(self, projects: Sequence[str], worker_id: str, routing: Routing) -> None:
+    def _write(self, statement: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(statement)
+        self._writes.add(task)
+        task.add_done_callback(self._written)
+
+    def _written(self, task: asyncio.Task[Any]) -> None:
+        self._writes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("worker registry: a write failed (the next sighting writes again)", exc_info=task.exception())
+
+    def seen(self, projects: Sequence[str], worker_id: str, routing: Routing) -> None:
         now = time.monotonic()
         declared = (routing.labels_json, routing.build_id)
         due, changed = [], False
@@ -90,21 +106,23 @@ class WorkerRegistry:
                 due.append(p)
         if not due:
             return
-        await workers_sql.worker_seen(
-            self.pool,
-            projects=due,
-            worker_id=worker_id,
-            labels=routing.labels_json,
-            build_id=routing.build_id,
-            wake=changed,
-            max_workers=MAX_WORKERS,
+        self._write(
+            workers_sql.worker_seen(
+                self.pool,
+                projects=due,
+                worker_id=worker_id,
+                labels=routing.labels_json,
+                build_id=routing.build_id,
+                wake=changed,
+                max_workers=MAX_WORKERS,
+            )
         )
         if len(self._seen) > self.max_kept:  # bounded: forgetting only costs one more write
             self._seen.clear()
         for p in due:
             self._seen[p, worker_id] = (now, declared)
 
-    async def beat(self, worker_id: str) -> None:
+    def beat(self, worker_id: str) -> None:
         """A heartbeat of worker_id renewed a lease: it is marked seen (in every project it is
         registered in), at most every `every` seconds in this process."""
         now = time.monotonic()
@@ -113,7 +131,7 @@ class WorkerRegistry:
         if len(self._beats) > self.max_kept:
             self._beats.clear()
         self._beats[worker_id] = now
-        await workers_sql.worker_beat(self.pool, worker_id=worker_id)
+        self._write(workers_sql.worker_beat(self.pool, worker_id=worker_id))
 
 
 async def sweep(pool: asyncpg.Pool, live_secs: float) -> None:
