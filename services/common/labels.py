@@ -26,15 +26,9 @@ def parse(v: Violations, field: str, labels: Mapping[str, str]) -> dict[str, str
         return {}
     for key, value in labels.items():
         if not KEY_RE.match(key):
-            v.add(
-                f"{field}[{key!r}]",
-                "a label key is a name of letters, digits, '-', '_', '.' (up to 63) with an optional dns-prefix/",
-            )
+            v.add(f"{field}[{key!r}]", KEY_RULE)
         if not VALUE_RE.match(value):
-            v.add(
-                f"{field}[{key!r}]",
-                "a label value is empty or up to 63 letters, digits, '-', '_', '.', starting and ending alphanumeric",
-            )
+            v.add(f"{field}[{key!r}]", VALUE_RULE)
     return dict(sorted(labels.items()))
 
 
@@ -49,8 +43,3 @@ def from_json(value: object) -> dict[str, str]:
         return {}
     loaded: dict[str, object] = json.loads(value) if isinstance(value, str) else dict(value)  # type: ignore[call-overload]
     return {str(k): str(x) for k, x in loaded.items()}
-
-
-def words(labels: Mapping[str, str]) -> str:
-    """key=value,key=value: how the CLI, the console and why-waiting texts write labels."""
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))

@@ -91,8 +91,7 @@ class _ClaimCall:
     items: list[batch_complete.Item]
     key: claim_answers.ClaimKey | None
     gone: Callable[[], bool]
-    build_id: str | None  # the worker's build (None: it declared none)
-    routing: workers.Routing  # its build and labels, as the claim routes by them
+    routing: workers.Routing  # the worker's build ('' none) and labels, as the claim routes by them
 
 
 class ClaimRpcs:
@@ -113,8 +112,8 @@ class ClaimRpcs:
         self, request: scheduler_pb2.ClaimRunsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> scheduler_pb2.ClaimRunsResponse:
         call = self._claim_call(request, context)
-        if call.build_id is not None:
-            await self.builds.seen(call.projects, call.build_id)
+        if call.routing.build_id:
+            await self.builds.seen(call.projects, call.routing.build_id)
         self.workers.seen(call.projects, call.worker_id, call.routing)
         if call.items:  # complete, then claim, in one statement; never waits (see the proto)
             return await self._complete_and_claim(call)
@@ -185,7 +184,6 @@ class ClaimRpcs:
             items,
             key,
             _deadline_passed(context),
-            build_id or None,
             workers.routing(self.settings, build_id, worker_labels),
         )
 

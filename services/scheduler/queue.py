@@ -13,7 +13,7 @@ from collections import defaultdict
 import asyncpg
 
 from services.common.runstate import WaitKind
-from services.scheduler import builds, metrics, queue_sql, workers_sql
+from services.scheduler import builds, metrics, queue_sql
 
 BUILD_STATES = ("queued", "held", "leased", "parked")  # the state label of awooop_scheduler_build_runs
 
@@ -32,6 +32,7 @@ class QueueSampler:
         claimable: dict[str, int] = defaultdict(int)
         held: dict[str, int] = defaultdict(int)
         debouncing: dict[str, int] = defaultdict(int)
+        labels: dict[str, int] = defaultdict(int)
         oldest: dict[str, float] = defaultdict(float)
         for r in rows:
             label = metrics.PROJECTS(r["project_id"])
@@ -40,6 +41,7 @@ class QueueSampler:
             claimable[label] += r["claimable"]
             held[label] += r["held"]
             debouncing[label] += r["debouncing"]
+            labels[label] += r["waiting_for_labels"]
             oldest[label] = max(oldest[label], max(0.0, r["oldest"]))
         for label in self.seen:
             for status in metrics.UNFINISHED:
@@ -47,10 +49,10 @@ class QueueSampler:
             metrics.CLAIMABLE.labels(label).set(claimable.get(label, 0))
             metrics.HELD.labels(label).set(held.get(label, 0))
             metrics.DEBOUNCING.labels(label).set(debouncing.get(label, 0))
+            metrics.RUNS_WAITING_FOR_LABELS.labels(label).set(labels.get(label, 0))
             metrics.OLDEST_CLAIMABLE.labels(label).set(oldest.get(label, 0.0))
         await self.sample_waits()
         await self.sample_builds()
-        await self.sample_labels()
         metrics.SAMPLE_AGE.set(time.time())
 
     async def sample_builds(self) -> None:
@@ -78,16 +80,6 @@ class QueueSampler:
         self.builds_exported = exported
         for label in self.seen:
             metrics.RUNS_WAITING_FOR_BUILD.labels(label).set(waiting.get(label, 0))
-
-    async def sample_labels(self) -> None:
-        """Per project: the queued runs parked for labels no live worker has."""
-        waiting: dict[str, int] = defaultdict(int)
-        for r in await workers_sql.runs_waiting_for_labels(self.pool):
-            label = metrics.PROJECTS(r["project_id"])
-            self.seen.add(label)
-            waiting[label] += r["waiting"]
-        for label in self.seen:
-            metrics.RUNS_WAITING_FOR_LABELS.labels(label).set(waiting.get(label, 0))
 
     async def sample_waits(self) -> None:
         rows = await queue_sql.sample_waits(self.pool)

@@ -15,11 +15,14 @@
 -- held: queued runs a worker held because its code did not replay their journal (HoldRun),
 -- waiting for an operator. debouncing: batches of debounced channel events whose quiet window is
 -- still open (wait_reason 'debounce', not_before ahead; services/ingest/debounce.py).
--- not null: project_id, status, n, claimable, held, debouncing, oldest
+-- waiting_for_labels: queued runs the label sweep parked because no live worker has the labels they
+-- require (wait_reason 'labels'; services/scheduler/workers.sql).
+-- not null: project_id, status, n, claimable, held, debouncing, waiting_for_labels, oldest
 SELECT project_id, status, count(*) AS n,
        count(*) FILTER (WHERE claimable) AS claimable,
        count(*) FILTER (WHERE wait_reason = 'held') AS held,
        count(*) FILTER (WHERE wait_reason = 'debounce' AND not_before > now()) AS debouncing,
+       count(*) FILTER (WHERE wait_reason = 'labels') AS waiting_for_labels,
        COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(ready_since) FILTER (WHERE claimable)), 0)::float8
            AS oldest
   FROM (SELECT project_id, status,

@@ -27,6 +27,8 @@ class SampleQueueRow(Protocol):
     @overload
     def __getitem__(self, key: Literal["debouncing"], /) -> int: ...
     @overload
+    def __getitem__(self, key: Literal["waiting_for_labels"], /) -> int: ...
+    @overload
     def __getitem__(self, key: Literal["oldest"], /) -> float: ...
     @overload
     def __getitem__(self, key: str, /) -> object: ...
@@ -72,6 +74,8 @@ async def sample_queue(db: sql.Queryable, /, *, query_timeout: float | None = No
     held: queued runs a worker held because its code did not replay their journal (HoldRun),
     waiting for an operator. debouncing: batches of debounced channel events whose quiet window is
     still open (wait_reason 'debounce', not_before ahead; services/ingest/debounce.py).
+    waiting_for_labels: queued runs the label sweep parked because no live worker has the labels they
+    require (wait_reason 'labels'; services/scheduler/workers.sql).
     """
     return cast("list[SampleQueueRow]", await db.fetch(SAMPLE_QUEUE.sql, timeout=query_timeout))
 

@@ -104,12 +104,3 @@ SELECT project_id, worker_id, labels::text AS labels, build_id, first_seen_at, l
   FROM awooop_worker
  WHERE :project_id::text IS NULL OR project_id = :project_id::text
  ORDER BY project_id, worker_id
-
--- name: RunsWaitingForLabels :many
--- not null: project_id, waiting
--- Per project, the queued runs parked because no live worker has the labels they require (the
--- gauge awooop_scheduler_runs_waiting_for_labels; the alert AwooopRunsWaitingForLabels).
-SELECT project_id, count(*)::int AS waiting
-  FROM awooop_run_state
- WHERE required_labels IS NOT NULL AND status IN ('PENDING', 'RESUMED') AND wait_reason = 'labels'
- GROUP BY project_id

@@ -14,7 +14,6 @@ WORKER_BEAT = Q["WorkerBeat"]
 SWEEP_LABELS = Q["SweepLabels"]
 LABELED_PROJECTS = Q["LabeledProjects"]
 PROJECT_WORKERS = Q["ProjectWorkers"]
-RUNS_WAITING_FOR_LABELS = Q["RunsWaitingForLabels"]
 
 
 class SweepLabelsRow(Protocol):
@@ -60,19 +59,6 @@ class ProjectWorkersRow(Protocol):
     def __getitem__(self, key: Literal["last_seen_at"], /) -> datetime: ...
     @overload
     def __getitem__(self, key: Literal["live"], /) -> bool: ...
-    @overload
-    def __getitem__(self, key: str, /) -> object: ...
-
-    def __getitem__(self, key: str, /) -> Any: ...
-
-
-class RunsWaitingForLabelsRow(Protocol):
-    """A row of RunsWaitingForLabels."""
-
-    @overload
-    def __getitem__(self, key: Literal["project_id"], /) -> str: ...
-    @overload
-    def __getitem__(self, key: Literal["waiting"], /) -> int: ...
     @overload
     def __getitem__(self, key: str, /) -> object: ...
 
@@ -164,14 +150,3 @@ async def project_workers(
     return cast(
         "list[ProjectWorkersRow]", await db.fetch(PROJECT_WORKERS.sql, live_secs, project_id, timeout=query_timeout)
     )
-
-
-async def runs_waiting_for_labels(
-    db: sql.Queryable, /, *, query_timeout: float | None = None
-) -> list[RunsWaitingForLabelsRow]:
-    """RunsWaitingForLabels (workers.sql).
-
-    Per project, the queued runs parked because no live worker has the labels they require (the
-    gauge awooop_scheduler_runs_waiting_for_labels; the alert AwooopRunsWaitingForLabels).
-    """
-    return cast("list[RunsWaitingForLabelsRow]", await db.fetch(RUNS_WAITING_FOR_LABELS.sql, timeout=query_timeout))
