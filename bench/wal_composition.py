@@ -76,14 +76,24 @@ def _stats(waldump: Path, wal_dir: Path, start: int, end: int, items: int) -> li
 
 # a record of plain pg_waldump:
 # "rmgr: Btree len (rec/tot): 64/ 64, ... desc: INSERT_LEAF off 2, blkref #0: rel 1663/5/16390 blk 1"
-_RECORD = re.compile(r"len \(rec/tot\):\s*\d+/\s*(?P<tot>\d+),.*?blkref #0: rel \d+/\d+/(?P<node>\d+)")
+_RECORD = re.compile(
+    r"rmgr: (?P<rmgr>\S+)\s+len \(rec/tot\):\s*\d+/\s*(?P<tot>\d+),.*?desc: (?P<desc>[A-Z_+0-9]+)"
+    r".*?blkref #0: rel \d+/\d+/(?P<node>\d+)"
+)
 
 
 def _by_relation(
-    waldump: Path, wal_dir: Path, start: int, end: int, items: int, names: dict[int, str]
+    waldump: Path,
+    wal_dir: Path,
+    start: int,
+    end: int,
+    items: int,
+    names: dict[int, str],
+    by_type: bool = False,
 ) -> list[tuple[str, float, int]]:
-    """The same window's records by the relation of their first block: (name, records per item,
-    bytes per item, full-page images included). Records of no relation (commits) are left out."""
+    """The same window's records by the relation of their first block (and, with by_type, by record
+    type within it): (name, records per item, bytes per item, full-page images included). Records
+    of no relation (commits) are left out."""
     out = subprocess.run(
         [str(waldump), "-p", str(wal_dir), "-s", _lsn(start), "-e", _lsn(end)],
         capture_output=True,
@@ -97,12 +107,14 @@ def _by_relation(
         if m is None:
             continue
         name = names.get(int(m["node"]), f"other relation {m['node']}")
+        if by_type:
+            name = f"{name} {m['rmgr']}/{m['desc']}"
         count[name] = count.get(name, 0) + 1
         size[name] = size.get(name, 0) + int(m["tot"])
     return sorted(((n, round(count[n] / items, 2), round(size[n] / items)) for n in count), key=lambda r: -r[2])
 
 
-async def main(runs: int) -> None:
+async def main(runs: int, by_type: bool) -> None:
     stores = await env.resolve(
         os.environ.get("AWOOOP_DATABASE_URL") or os.environ.get("AWOOOP_TEST_DATABASE_URL"),
         os.environ.get("AWOOOP_REDIS_URL") or os.environ.get("AWOOOP_TEST_REDIS_URL"),
@@ -119,6 +131,8 @@ async def main(runs: int) -> None:
                 start, end = got["lsn"]
                 _print(name, got, _stats(waldump, wal_dir, start, end, runs))
                 _print_relations(_by_relation(waldump, wal_dir, start, end, runs, got["relations"]))
+                if by_type:
+                    _print_relations(_by_relation(waldump, wal_dir, start, end, runs, got["relations"], True))
         finally:
             await conn.execute("SELECT pg_drop_replication_slot($1)", SLOT)
             await conn.close()
@@ -146,4 +160,6 @@ def _print_relations(rows: list[tuple[str, float, int]]) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2000)
-    asyncio.run(main(parser.parse_args().runs))
+    parser.add_argument("--by-type", action="store_true", help="also each relation's records by type")
+    args = parser.parse_args()
+    asyncio.run(main(args.runs, args.by_type))

@@ -132,6 +132,11 @@ async def test_a_state_row_that_meets_a_concurrent_log_row_takes_the_next_seq_wi
     assert [tuple(r) for r in log] == [(1, "step", "pending", False), (2, "state", "COMPLETED", True)]
     rows = await db.fetch("SELECT action, actor, from_status FROM awooop_audit_log WHERE run_id = $1", run_id)
     assert [tuple(r) for r in rows] == [("COMPLETED", "new", "RUNNING")]
+    # the row of no run, undone with the set's INSERT, is written again once
+    entries = await db.fetch(
+        "SELECT details->>'key' AS key FROM awooop_audit_log WHERE run_id IS NULL AND project_id = $1", P
+    )
+    assert [r["key"] for r in entries] == ["k2"]
     # the append wrote the compact form, which WatchRun serves as the JSON of the set's rows
     assert [r.data for r in await _served(db, run_id)][1] == {
         "actor": "new",
@@ -140,6 +145,45 @@ async def test_a_state_row_that_meets_a_concurrent_log_row_takes_the_next_seq_wi
         "to_status": "COMPLETED",
         "from_status": "RUNNING",
     }
+
+
+async def test_two_appends_that_take_one_seq_write_both_rows_and_a_taken_emit_key_still_fails(
+    db: asyncpg.Connection, db_dsn: str
+) -> None:
+    """Two steps of one run written at once (two FOR SHARE leases do not order them) pick the same
+    next seq: the second append waits on the first, then takes the seq after it (migration 0420: a
+    plain INSERT whose key violation is caught). A violation of another key (an emit key used
+    twice) is not a seq taken: it still fails the call."""
+    run_id = uuid.uuid4()
+    await db.execute(SEED_RUN_SQL, run_id, P)
+    first = await asyncpg.connect(db_dsn)
+    second = await asyncpg.connect(db_dsn)
+    append = "SELECT awooop_append_run_event($1, $2, 'step', $3, '{}', 1, $4)"
+    try:
+        tx = first.transaction()
+        await tx.start()
+        assert await first.fetchval(append, run_id, P, "completed", "e-1") == 1
+        racing = asyncio.create_task(second.fetchval(append, run_id, P, "failed", "e-2"))
+
+        async def waits_for_the_first() -> bool:
+            return bool(
+                await db.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
+                    second.get_server_pid(),
+                )
+            )
+
+        await eventually(waits_for_the_first, what="the second append waiting on the first one's seq")
+        await tx.commit()
+        assert await racing == 2
+        with pytest.raises(asyncpg.UniqueViolationError) as raised:
+            await second.fetchval(append, run_id, P, "completed", "e-1")
+        assert raised.value.constraint_name == "awooop_run_event_emit_key_idx"
+    finally:
+        await first.close()
+        await second.close()
+    log = await db.fetch("SELECT seq, kind FROM awooop_run_event WHERE run_id = $1 ORDER BY seq", run_id)
+    assert [tuple(r) for r in log] == [(1, "completed"), (2, "failed")]
 
 
 async def _served(conn: asyncpg.Connection, run_id: uuid.UUID) -> list[LogRow]:

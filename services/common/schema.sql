@@ -23,24 +23,30 @@ CREATE FUNCTION public.awooop_append_run_event(p_run_id uuid, p_project_id text,
     AS $$
 DECLARE
     next_seq BIGINT;
-    written BIGINT;
+    taken TEXT;
 BEGIN
     LOOP
         next_seq := COALESCE((SELECT e.seq FROM awooop_run_event e WHERE e.run_id = p_run_id
                                ORDER BY e.seq DESC LIMIT 1), 0) + 1;
-        INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, emit_key,
-                                      progress_no, progress_bytes, audit_id, actor, from_status, to_status, reason)
-        VALUES (p_run_id, next_seq, p_project_id, p_source, COALESCE(p_kind, ''), COALESCE(p_data, '{}'),
-                COALESCE(p_attempt, 0), p_emit_key, p_progress_no, p_progress_bytes, p_audit_id, p_actor,
-                p_from_status, p_to_status, p_reason)
-        ON CONFLICT (run_id, seq) DO NOTHING
-        RETURNING seq INTO written;
-        EXIT WHEN written IS NOT NULL;
+        BEGIN
+            INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, emit_key,
+                                          progress_no, progress_bytes, audit_id, actor, from_status, to_status,
+                                          reason)
+            VALUES (p_run_id, next_seq, p_project_id, p_source, COALESCE(p_kind, ''), COALESCE(p_data, '{}'),
+                    COALESCE(p_attempt, 0), p_emit_key, p_progress_no, p_progress_bytes, p_audit_id, p_actor,
+                    p_from_status, p_to_status, p_reason);
+            EXIT;
+        EXCEPTION WHEN unique_violation THEN
+            GET STACKED DIAGNOSTICS taken = CONSTRAINT_NAME;
+            IF taken IS DISTINCT FROM 'awooop_run_event_pkey' THEN
+                RAISE;
+            END IF;
+        END;
     END LOOP;
     IF EXISTS (SELECT 1 FROM awooop_run_watch WHERE run_id = p_run_id AND watched_until > now()) THEN
         PERFORM pg_notify('awooop_run_event', p_run_id::text);
     END IF;
-    RETURN written;
+    RETURN next_seq;
 END $$;
 
 -- FUNCTION: awooop_audit_log_insert()
@@ -487,14 +493,13 @@ CREATE FUNCTION public.awooop_record_history(p_rows public.awooop_history_row[])
     AS $$
 DECLARE
     missed RECORD;
+    taken TEXT;
 BEGIN
     IF COALESCE(cardinality(p_rows), 0) = 0 THEN  -- a claim that found nothing: no statement at all
         RETURN 0;
     END IF;
-    -- the rows of no run are entries; each run's rows take the next seqs of its log in one INSERT.
-    -- A seq taken meanwhile by a concurrent writer of the same run (a step's row) sends that row
-    -- to the one append, which tries the next seq until one is free.
-    FOR missed IN
+    -- the rows of no run are entries; each run's rows take the next seqs of its log in one INSERT
+    BEGIN
         WITH entries AS (
             INSERT INTO awooop_audit_entry (project_id, actor, action, from_status, to_status, reason, details)
             SELECT h.project_id, h.actor, h.action, h.from_status, h.to_status, h.reason, COALESCE(h.details, '{}')
@@ -513,27 +518,37 @@ BEGIN
                                    ORDER BY e.seq DESC LIMIT 1), 0)
                         + row_number() OVER (PARTITION BY r.run_id ORDER BY r.ord) AS seq
               FROM rows r
-        ), ins AS (
-            INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, audit_id,
-                                          actor, from_status, to_status, reason)
-            SELECT run_id, seq, project_id, 'state', action, details, attempt, audit_id,
-                   actor, from_status, to_status, reason
-              FROM numbered
-            ON CONFLICT (run_id, seq) DO NOTHING
-            RETURNING run_id, seq
         )
-        SELECT nb.* FROM numbered nb
-         WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.run_id = nb.run_id AND ins.seq = nb.seq)
-         ORDER BY nb.ord
-    LOOP
-        PERFORM awooop_append_run_event(missed.run_id, missed.project_id, 'state', missed.action, missed.details,
-                                        missed.attempt, p_audit_id => missed.audit_id, p_actor => missed.actor,
-                                        p_from_status => missed.from_status, p_to_status => missed.to_status,
-                                        p_reason => missed.reason);
-    END LOOP;
+        INSERT INTO awooop_run_event (run_id, seq, project_id, source, kind, data, attempt, audit_id,
+                                      actor, from_status, to_status, reason)
+        SELECT run_id, seq, project_id, 'state', action, details, attempt, audit_id,
+               actor, from_status, to_status, reason
+          FROM numbered;
+    EXCEPTION WHEN unique_violation THEN
+        GET STACKED DIAGNOSTICS taken = CONSTRAINT_NAME;
+        IF taken IS DISTINCT FROM 'awooop_run_event_pkey' THEN
+            RAISE;
+        END IF;
+        -- a concurrent writer of one of these runs (a step's row) took a seq first: the block's
+        -- rows are undone, and written again one at a time, each run's through the one append
+        INSERT INTO awooop_audit_entry (project_id, actor, action, from_status, to_status, reason, details)
+        SELECT h.project_id, h.actor, h.action, h.from_status, h.to_status, h.reason, COALESCE(h.details, '{}')
+          FROM unnest(p_rows) WITH ORDINALITY AS h
+         WHERE h.run_id IS NULL
+         ORDER BY h.ordinality;
+        FOR missed IN SELECT * FROM unnest(p_rows) WITH ORDINALITY AS u WHERE u.run_id IS NOT NULL
+                       ORDER BY u.ordinality
+        LOOP
+            PERFORM awooop_append_run_event(missed.run_id, missed.project_id, 'state', missed.action,
+                                            COALESCE(missed.details, '{}'), awooop_history_attempt(missed.details),
+                                            p_audit_id => nextval('awooop_audit_log_audit_id_seq'),
+                                            p_actor => missed.actor, p_from_status => missed.from_status,
+                                            p_to_status => missed.to_status, p_reason => missed.reason);
+        END LOOP;
+    END;
     PERFORM pg_notify('awooop_run_event', w.run_id::text)
        FROM awooop_run_watch w
-      WHERE w.run_id IN (SELECT h.run_id FROM unnest(p_rows) h) AND w.watched_until > now();
+      WHERE w.run_id IN (SELECT u.run_id FROM unnest(p_rows) u) AND w.watched_until > now();
     RETURN cardinality(p_rows);
 END $$;
 
