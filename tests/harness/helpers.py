@@ -64,7 +64,10 @@ async def eventually(
 
 async def lock_waiters(db: asyncpg.Connection) -> int:
     """How many other sessions of db's database wait for a lock (a row or a transaction another
-    holds): what a test polls to know a racing statement reached the point it blocks at."""
+    holds): what a test polls to know a racing statement reached the point it blocks at. The
+    activity view is read afresh: inside a transaction Postgres keeps the first read's snapshot of
+    it, so a poll from a connection holding the lock the racer waits for saw no waiter, forever."""
+    await db.execute("SELECT pg_stat_clear_snapshot()")
     return int(
         await db.fetchval(
             """SELECT count(*) FROM pg_stat_activity
