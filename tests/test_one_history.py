@@ -16,7 +16,7 @@ from services.common import migrate
 from services.scheduler import run_events_sql
 from services.scheduler.run_events import LogRow
 from tests.harness.databases import scratch_store
-from tests.harness.helpers import eventually
+from tests.harness.helpers import eventually, lock_waiters
 
 ONE_HISTORY = 350
 COMPACT_STATE_ROWS = 360
@@ -110,15 +110,7 @@ async def test_a_state_row_that_meets_a_concurrent_log_row_takes_the_next_seq_wi
         assert await step.fetchval("SELECT awooop_append_run_event($1, $2, 'step', 'pending', '{}', 1)", run_id, P) == 1
         recorded = asyncio.create_task(history.fetchval(NEW_HISTORY_SQL, P, run_id))
 
-        async def waits_for_the_step() -> bool:
-            return bool(
-                await db.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
-                    history.get_server_pid(),
-                )
-            )
-
-        await eventually(waits_for_the_step, what="the history INSERT waiting on the step's seq")
+        await eventually(lambda: _one_waits(db), what="the history INSERT waiting on the step's seq")
         await tx.commit()
         assert await recorded == 2
     finally:
@@ -165,15 +157,7 @@ async def test_two_appends_that_take_one_seq_write_both_rows_and_a_taken_emit_ke
         assert await first.fetchval(append, run_id, P, "completed", "e-1") == 1
         racing = asyncio.create_task(second.fetchval(append, run_id, P, "failed", "e-2"))
 
-        async def waits_for_the_first() -> bool:
-            return bool(
-                await db.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'",
-                    second.get_server_pid(),
-                )
-            )
-
-        await eventually(waits_for_the_first, what="the second append waiting on the first one's seq")
+        await eventually(lambda: _one_waits(db), what="the second append waiting on the first one's seq")
         await tx.commit()
         assert await racing == 2
         with pytest.raises(asyncpg.UniqueViolationError) as raised:
@@ -184,6 +168,11 @@ async def test_two_appends_that_take_one_seq_write_both_rows_and_a_taken_emit_ke
         await second.close()
     log = await db.fetch("SELECT seq, kind FROM awooop_run_event WHERE run_id = $1 ORDER BY seq", run_id)
     assert [tuple(r) for r in log] == [(1, "completed"), (2, "failed")]
+
+
+async def _one_waits(db: asyncpg.Connection) -> bool:
+    """The racing writer (the one other session of the test's database) waits on a lock."""
+    return await lock_waiters(db) == 1
 
 
 async def _served(conn: asyncpg.Connection, run_id: uuid.UUID) -> list[LogRow]:
