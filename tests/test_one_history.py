@@ -170,6 +170,38 @@ async def test_two_appends_that_take_one_seq_write_both_rows_and_a_taken_emit_ke
     assert [tuple(r) for r in log] == [(1, "completed"), (2, "failed")]
 
 
+async def test_a_step_row_reads_as_it_did_before_0430(db: asyncpg.Connection) -> None:
+    """Since migration 0430 a step's row leaves its status (the row's kind) and attempt (its
+    column) out of its data; WatchRun's reader puts them back. A row written before, with both in
+    its data, and one written now through the journal's trigger are served the same object, key
+    for key, in jsonb's order."""
+    run_id = uuid.uuid4()
+    await db.execute(SEED_RUN_SQL, run_id, P)
+    before = {"step_id": "s1", "step_type": "tool_call", "status": "failed", "tool_id": "t", "attempt": 2, "error": "x"}
+    await db.execute(
+        "SELECT awooop_append_run_event($1, $2, 'step', 'failed', $3::jsonb, 2)", run_id, P, json.dumps(before)
+    )
+    await db.execute(
+        """INSERT INTO awooop_saga_step (run_id, step_id, project_id, seq, step_type, tool_id, status, attempt, error)
+           VALUES ($1, 's1', $2, 1, 'tool_call', 't', 'failed', 2, 'x')""",
+        run_id,
+        P,
+    )
+    stored = await db.fetch("SELECT data::text FROM awooop_run_event WHERE run_id = $1 ORDER BY seq", run_id)
+    assert json.loads(stored[1][0]) == {"error": "x", "step_id": "s1", "tool_id": "t", "step_type": "tool_call"}
+    old, new = await _served(db, run_id)
+    expected = [
+        ("error", "x"),
+        ("status", "failed"),
+        ("attempt", 2),
+        ("step_id", "s1"),
+        ("tool_id", "t"),
+        ("step_type", "tool_call"),
+    ]
+    assert list(old.data.items()) == expected
+    assert list(new.data.items()) == expected
+
+
 async def _one_waits(db: asyncpg.Connection) -> bool:
     """The racing writer (the one other session of the test's database) waits on a lock."""
     return await lock_waiters(db) == 1

@@ -724,8 +724,7 @@ BEGIN
     PERFORM awooop_append_run_event(
         NEW.run_id, NEW.project_id, 'step', NEW.status,
         jsonb_strip_nulls(jsonb_build_object(
-            'step_id', NEW.step_id, 'step_type', NEW.step_type, 'status', NEW.status,
-            'tool_id', NEW.tool_id, 'attempt', NEW.attempt, 'error', NEW.error)),
+            'step_id', NEW.step_id, 'step_type', NEW.step_type, 'tool_id', NEW.tool_id, 'error', NEW.error)),
         NEW.attempt);
     RETURN NULL;
 END $$;

@@ -109,7 +109,12 @@ class LogRow:
     @classmethod
     def of(cls, r: Row) -> LogRow:
         # the pool's jsonb codec (db.py) answers the row's object; every log row's data is one
-        data = r["data"] if r["actor"] is None else state_data(r)
+        if r["actor"] is not None:
+            data = state_data(r)
+        elif r["source"] == EventSource.STEP:
+            data = step_data(r)
+        else:
+            data = r["data"]
         return cls(int(r["seq"]), EventSource(r["source"]), r["kind"], data, r["attempt"], r["created_at"])
 
 
@@ -124,6 +129,14 @@ def state_data(r: Row) -> dict[str, Any]:
         if r[k] is not None:
             data[k] = r[k]
     return data
+
+
+def step_data(r: Row) -> dict[str, Any]:
+    """A step's row (migration 0430: its status is the row's kind, its attempt the row's column)
+    as the one JSON object a step row was before, in jsonb's key order (shorter keys first), what a
+    watcher read then. A row written before 0430 holds both already, with the same values."""
+    data = {**r["data"], "status": r["kind"], "attempt": r["attempt"]}
+    return dict(sorted(data.items(), key=lambda kv: (len(kv[0].encode()), kv[0].encode())))
 
 
 class Tail(Protocol):
