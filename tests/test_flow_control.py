@@ -472,6 +472,11 @@ async def test_redrive_requeues_the_failed_runs_a_filter_matches_with_fresh_atte
     assert json.loads(action["details"])["count"] == 2 and json.loads(action["details"])["error_code"] == "E-QUOTA"
     per_run = await db.fetchval("SELECT count(*) FROM awooop_audit_log WHERE action = 'REDRIVEN'")
     assert per_run == 2
+    # a filter that matches nothing requeues nothing, and the operator's action is recorded all the same
+    none = await f.sched.RedriveRuns(pb.RedriveRunsRequest(project_id="p", error_code="E-NONE"), metadata=f.admin)
+    assert list(none.run_ids) == [] and none.redriven == 0
+    entries = await db.fetch("SELECT details FROM awooop_audit_log WHERE action = 'RUNS_REDRIVEN' ORDER BY audit_id")
+    assert [json.loads(e["details"])["count"] for e in entries] == [2, 0]
 
 
 # --- schedules ------------------------------------------------------------------------------------------

@@ -62,12 +62,14 @@ ins AS (
            nextval('awooop_child_seq'), s.required_labels, s.preferred_labels
       FROM (SELECT * FROM spec WHERE step_id NOT IN (SELECT parent_step_id FROM known) ORDER BY ord) s, parent p
     ON CONFLICT (project_id, parent_run_id, parent_step_id) WHERE parent_run_id IS NOT NULL DO NOTHING
-    RETURNING run_id, project_id, parent_step_id, status, output, failure_reason, error_code
+    RETURNING run_id, project_id, parent_step_id, status, output, failure_reason, error_code, child_seq
 ),
+-- the children's history rows, as one array: one call of the log's writer however many children
+-- (a row at a time through the audit view was one subtransaction each, migration 0420)
 audited AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT i.project_id, i.run_id, :actor, 'RUN_CREATED', NULL, 'PENDING', NULL,
-           jsonb_build_object('channel_type', 'api', 'parent_run_id', :run_id::uuid, 'step_id', i.parent_step_id)
+    SELECT awooop_record_history(array_agg(ROW(i.project_id, i.run_id, :actor, 'RUN_CREATED', NULL, 'PENDING', NULL,
+               jsonb_build_object('channel_type', 'api', 'parent_run_id', :run_id::uuid, 'step_id', i.parent_step_id)
+           )::awooop_history_row ORDER BY i.child_seq)) AS recorded
       FROM ins i
 ),
 kids AS (
@@ -103,6 +105,7 @@ notified AS (
 SELECT k.ord, k.step_id, k.run_id, k.status, k.output, k.failure_reason, k.error_code, k.started,
        (SELECT count(*) FROM parent) > 0 AS leased, (SELECT count(*) FROM notified) AS notified, w.*
   FROM kids k LEFT JOIN wait w ON true
+ CROSS JOIN audited  -- its one row: the join is what runs it
  ORDER BY k.ord
 
 -- name: ChildrenOf :many

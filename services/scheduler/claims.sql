@@ -326,16 +326,16 @@ upd AS (
        AND r.status = 'RUNNING' AND NOT r.cancel_requested
  RETURNING r.run_id, r.project_id, r.attempt_count, r.status
 ),
-aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'RELEASED', 'RUNNING', status, :reason::text,
-           jsonb_build_object('attempt', attempt_count, 'worker_id', :worker_id::text)
+aud AS (  -- one call of the log's writer for the batch (not a subtransaction per run: migration 0420)
+    SELECT awooop_record_history(array_agg(ROW(project_id, run_id, :actor, 'RELEASED', 'RUNNING', status,
+               :reason::text, jsonb_build_object('attempt', attempt_count, 'worker_id', :worker_id::text)
+           )::awooop_history_row ORDER BY run_id)) AS recorded
       FROM upd
 ),
 notified AS (
     SELECT count(pg_notify('awooop_run_ready', project_id)) AS n FROM (SELECT DISTINCT project_id FROM upd) p
 )
-SELECT (SELECT count(*) FROM upd) AS handed_back, (SELECT n FROM notified) AS notified
+SELECT (SELECT count(*) FROM upd) AS handed_back, (SELECT n FROM notified) AS notified, (SELECT recorded FROM aud)
 
 -- name: ReplayClaimAnswer :many
 -- The answer recorded for a claim id (:principal, :worker_id, :claim_id; claim_answers.py): its

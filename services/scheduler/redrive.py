@@ -34,4 +34,4 @@ async def redrive(
         actor=actor,
         reason=reason,
     )
-    return [str(r["run_id"]) for r in rows]
+    return [str(r["run_id"]) for r in rows if r["run_id"] is not None]  # NULL: none requeued

@@ -28,18 +28,24 @@ upd AS (
      WHERE r.run_id = p.run_id
  RETURNING r.run_id, r.project_id, r.attempt_count, p.status AS from_status
 ),
+-- the runs' history rows and the operator's entry, as one array: one call of the log's writer
+-- however many runs (not a subtransaction per run through the audit view: migration 0420)
 aud AS (
-    INSERT INTO awooop_audit_log (project_id, run_id, actor, action, from_status, to_status, reason, details)
-    SELECT project_id, run_id, :actor, 'REDRIVEN', from_status, 'PENDING', NULLIF(:reason, ''),
-           jsonb_build_object('attempt', attempt_count)
-      FROM upd
-    UNION ALL
-    SELECT :project_id::text, NULL, :actor, 'RUNS_REDRIVEN', NULL, NULL, NULLIF(:reason, ''),
-           jsonb_build_object('count', (SELECT count(*) FROM upd), 'error_code', :error_code::text,
-                              'failed_after', :failed_after::timestamptz, 'failed_before', :failed_before::timestamptz,
-                              'limit', :max_runs::int)
+    SELECT awooop_record_history(ARRAY(
+               SELECT ROW(project_id, run_id, :actor, 'REDRIVEN', from_status, 'PENDING', NULLIF(:reason, ''),
+                          jsonb_build_object('attempt', attempt_count))::awooop_history_row
+                 FROM upd
+               UNION ALL
+               SELECT ROW(:project_id::text, NULL, :actor, 'RUNS_REDRIVEN', NULL, NULL, NULLIF(:reason, ''),
+                          jsonb_build_object('count', (SELECT count(*) FROM upd), 'error_code', :error_code::text,
+                                             'failed_after', :failed_after::timestamptz,
+                                             'failed_before', :failed_before::timestamptz,
+                                             'limit', :max_runs::int))::awooop_history_row)) AS recorded
 ),
 notified AS (
     SELECT count(pg_notify('awooop_run_ready', :project_id::text)) AS n FROM (SELECT 1 FROM upd LIMIT 1) x
 )
-SELECT upd.run_id, (SELECT n FROM notified) AS notified FROM upd
+-- aud's one row first: the join is what runs it, so the operator's entry is written when no run
+-- was requeued too (then the one row's run_id is NULL)
+SELECT upd.run_id, (SELECT n FROM notified) AS notified
+  FROM aud LEFT JOIN upd ON true
