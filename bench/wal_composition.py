@@ -1,8 +1,10 @@
-"""What the WAL of one store-cost window is made of: `python -m bench.wal_composition [--runs N]`.
+"""What the WAL of one store-cost window is made of:
+`python -m bench.wal_composition [--runs N] [--by-type]`.
 
 Runs bench/store_cost.py's two cycles (awooop: ingest → claim → heartbeat → one journaled step →
 complete; PgQueuer: enqueue → dequeue → complete) on the configured Postgres, and prints
-pg_waldump's per-record statistics of each window, per completed item. It reads the server's
+pg_waldump's per-record statistics of each window, per completed item, then the same by table
+and index (with --by-type, also by record type within each). It reads the server's
 WAL files, so it runs on the database host, as a user that can read the data directory, on a
 quiet machine (the WAL is the whole server's). AWOOOP_DATABASE_URL / AWOOOP_REDIS_URL (or the
 test variables) name the stores.
