@@ -1,5 +1,6 @@
 """Child runs (docs/worker-sdk.md "Child runs"): a fan-out of 100 children over the SDK, on a
-scheduler and an ingest process of their own, one SDK Worker (concurrency 50) in this process.
+scheduler, an ingest and a saga process of their own (a resumed parent reads its journal from the
+saga), one SDK Worker (concurrency 50) in this process.
 
 - children_fan_out: parent handler start -> all 100 children's handlers started (one process,
   one clock), against the baseline measured in the same run: IngestEvents of 100 runs returned ->
@@ -60,7 +61,7 @@ def declare(cfg: Config) -> list[Figure]:
 
 
 class _Bench:
-    def __init__(self, key: str, scheduler: str) -> None:
+    def __init__(self, key: str, scheduler: str, saga: str) -> None:
         self.started: dict[str, float] = {}  # run_id -> its first handler start (perf_counter)
         self.parents: dict[str, asyncio.Event] = {}
         self.all_started = asyncio.Event()
@@ -76,7 +77,10 @@ class _Bench:
             self.parents[ctx.run_id].set()
             return {"children": len(outcomes)}
 
-        self.worker = Worker(handle, projects=[PROJECT], key=key, scheduler=scheduler, concurrency=50, claim_wait=20)
+        # the saga service: a resumed parent reads its journal (the children's wait step) there
+        self.worker = Worker(
+            handle, projects=[PROJECT], key=key, scheduler=scheduler, saga=saga, concurrency=50, claim_wait=20
+        )
 
 
 async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
@@ -88,8 +92,13 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
     base = procs.service_env(dsn, stores.redis_url, stores.redis_prefix, max_children_per_run=FAN_OUT)
     svc = await procs.spawn("scheduler", base, "children")
     ing = await procs.spawn("ingest", base, "children")
+    # the saga is SERVING only with an internal key (bench/journal.py: no gateway, any valid key)
+    saga_env = procs.service_env(
+        dsn, stores.redis_url, stores.redis_prefix, internal_api_key=key, gateway_addr="127.0.0.1:1"
+    )
+    saga = await procs.spawn("saga", saga_env, "children")
     conn = await asyncpg.connect(dsn)
-    b = _Bench(key, svc.address)
+    b = _Bench(key, svc.address, saga.address)
     task = asyncio.create_task(b.worker.run(install_signal_handlers=False))
     fan: list[float] = []
     fan_base: list[float] = []
@@ -160,6 +169,7 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
         await conn.close()
         svc.stop()
         ing.stop()
+        saga.stop()
         await stores.drop_database(dsn)
     f, fb = statistics.median(fan), statistics.median(fan_base)
     rs, d = statistics.median(resume), statistics.median(dispatch)
