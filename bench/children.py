@@ -92,11 +92,7 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
     base = procs.service_env(dsn, stores.redis_url, stores.redis_prefix, max_children_per_run=FAN_OUT)
     svc = await procs.spawn("scheduler", base, "children")
     ing = await procs.spawn("ingest", base, "children")
-    # the saga is SERVING only with an internal key (bench/journal.py: no gateway, any valid key)
-    saga_env = procs.service_env(
-        dsn, stores.redis_url, stores.redis_prefix, internal_api_key=key, gateway_addr="127.0.0.1:1"
-    )
-    saga = await procs.spawn("saga", saga_env, "children")
+    saga = await procs.spawn_journal_saga(dsn, stores.redis_url, stores.redis_prefix, key, "children")
     conn = await asyncpg.connect(dsn)
     b = _Bench(key, svc.address, saga.address)
     task = asyncio.create_task(b.worker.run(install_signal_handlers=False))

@@ -205,13 +205,8 @@ async def run(stores: env.Stores, cfg: Config, figures: list[Figure]) -> None:
     finally:
         await conn.close()
     md = await env.bench_key(dsn, PROJECT, ("worker",))
-    # the saga is SERVING only with an internal key; no gateway here (the journal needs none), so
-    # its key check has no verdict and the key is any valid one
     key = md[0][1].removeprefix("Bearer ")
-    svc_env = procs.service_env(
-        dsn, stores.redis_url, stores.redis_prefix, internal_api_key=key, gateway_addr="127.0.0.1:1"
-    )
-    svc = await procs.spawn("saga", svc_env)
+    svc = await procs.spawn_journal_saga(dsn, stores.redis_url, stores.redis_prefix, key)
     try:
         (ours,) = await asyncio.to_thread(
             run_processes,

@@ -118,6 +118,14 @@ async def spawn(name: str, env: dict[str, str], tag: str = "") -> Service:
     return svc
 
 
+async def spawn_journal_saga(database_url: str, redis_url: str, redis_prefix: str, key: str, tag: str = "") -> Service:
+    """A saga service for the journal alone: it is SERVING only with an internal key, and with no
+    tool gateway (an address nothing listens on; the journal needs none) its key check has no
+    verdict, so `key` may be any valid one."""
+    env = service_env(database_url, redis_url, redis_prefix, internal_api_key=key, gateway_addr="127.0.0.1:1")
+    return await spawn("saga", env, tag)
+
+
 def start_profiler(pid: int, stem: Path) -> subprocess.Popen[bytes] | None:
     """py-spy sampling `pid` until it exits: collapsed stacks in <stem>.txt (read them with
     `python -m bench.profile <stem>.txt`) and a flame graph in <stem>.svg is left to py-spy."""
